@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# Compare fedmesh's CPU training throughput with PyTorch on this machine, in
+# the same run: same model, batch size, optimizer (AdamW lr=1e-3 wd=1e-4),
+# thread count and data (Fashion-MNIST).  Prints a table and one JSON line per
+# model with the ratio fedmesh/PyTorch (samples per second).
+#
+# Missing a target is reported, never an error; the exit status is non-zero
+# only when a run itself fails or the setup is broken.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: bench/compare_torch.sh [options]
+
+Runs `fedmesh train ... --json` and bench/torch_train.py with identical
+settings for each model and prints samples/s of both, the ratio
+fedmesh/PyTorch, the target and both test accuracies.
+
+Options:
+  --models LIST        comma-separated models (default: mlp,cnn)
+  --batch-size B       batch size (default: 64)
+  --threads T          compute threads for both frameworks (default: 2)
+  --epochs E           train E epochs (default: 1)
+  --steps N            train N optimizer steps instead of epochs
+  --repeat R           run each framework R times, alternating which goes
+                       first, and report the median samples/s (default: 1)
+  --seed S             seed passed to both (default: 0)
+  --data-dir DIR       Fashion-MNIST IDX directory for the PyTorch script
+                       (default: /usr/share/datasets/fashion-mnist)
+  --fedmesh PATH       fedmesh binary (default: ${FEDMESH_BUILD_DIR:-build}/cli/fedmesh)
+  --python PATH        python with torch+numpy (default: auto; python3, then /usr/bin/python3)
+  --out-dir DIR        keep raw outputs of every run here (default: a temp dir, removed)
+  --no-install         do not apt-get install python3-torch/python3-numpy when missing
+  -h, --help           show this help
+
+Environment:
+  FEDMESH_BUILD_DIR    fedmesh build directory, relative to the repository root
+                       or absolute (default: build); if
+                       $FEDMESH_BUILD_DIR/cli/fedmesh is missing, deploy/setup.sh is run
+  FEDMESH_EXTRA_ARGS   extra arguments appended to every `fedmesh train` call
+  TORCH_EXTRA_ARGS     extra arguments appended to every torch_train.py call
+
+Targets (fedmesh/PyTorch samples/s): mlp >= 1.5, cnn >= 1.0.
+EOF
+}
+
+die() { echo "compare_torch.sh: $*" >&2; exit 2; }
+log() { echo "[compare_torch] $*" >&2; }
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
+
+MODELS="mlp,cnn"
+BATCH=64
+THREADS=2
+EPOCHS=""
+STEPS=""
+REPEAT=1
+SEED=0
+DATA_DIR="/usr/share/datasets/fashion-mnist"
+FEDMESH=""
+PYTHON="${PYTHON:-}"
+OUT_DIR=""
+INSTALL=1
+
+need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --models)     need_arg "$@"; MODELS="$2"; shift 2 ;;
+    --batch-size) need_arg "$@"; BATCH="$2"; shift 2 ;;
+    --threads)    need_arg "$@"; THREADS="$2"; shift 2 ;;
+    --epochs)     need_arg "$@"; EPOCHS="$2"; shift 2 ;;
+    --steps)      need_arg "$@"; STEPS="$2"; shift 2 ;;
+    --repeat)     need_arg "$@"; REPEAT="$2"; shift 2 ;;
+    --seed)       need_arg "$@"; SEED="$2"; shift 2 ;;
+    --data-dir)   need_arg "$@"; DATA_DIR="$2"; shift 2 ;;
+    --fedmesh)    need_arg "$@"; FEDMESH="$2"; shift 2 ;;
+    --python)     need_arg "$@"; PYTHON="$2"; shift 2 ;;
+    --out-dir)    need_arg "$@"; OUT_DIR="$2"; shift 2 ;;
+    --no-install) INSTALL=0; shift ;;
+    -h|--help)    usage; exit 0 ;;
+    *) usage >&2; die "unknown argument: $1" ;;
+  esac
+done
+
+is_uint() { [[ "$1" =~ ^[0-9]+$ ]] && (( 10#$1 > 0 )); }
+[[ -n "$EPOCHS" && -n "$STEPS" ]] && die "--epochs and --steps are mutually exclusive"
+[[ -z "$EPOCHS" && -z "$STEPS" ]] && EPOCHS=1
+is_uint "$BATCH" || die "--batch-size must be a positive integer (got '$BATCH')"
+is_uint "$THREADS" || die "--threads must be a positive integer (got '$THREADS')"
+is_uint "$REPEAT" || die "--repeat must be a positive integer (got '$REPEAT')"
+[[ -z "$EPOCHS" ]] || is_uint "$EPOCHS" || die "--epochs must be a positive integer"
+[[ -z "$STEPS" ]] || { is_uint "$STEPS" && (( STEPS >= 2 )); } || die "--steps must be an integer >= 2"
+[[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer"
+IFS=',' read -r -a MODEL_LIST <<< "$MODELS"
+[[ ${#MODEL_LIST[@]} -gt 0 ]] || die "--models is empty"
+for m in "${MODEL_LIST[@]}"; do
+  [[ "$m" == mlp || "$m" == cnn ]] || die "unknown model '$m' (expected mlp or cnn)"
+done
+
+cd "$REPO_ROOT"
+
+# ---------------------------------------------------------------------------
+# Python with torch + numpy (Debian's python3-torch lives in /usr/bin/python3's
+# dist-packages; a pyenv/venv python3 earlier on PATH will not see it).
+# ---------------------------------------------------------------------------
+has_torch() { "$1" -c 'import torch, numpy' >/dev/null 2>&1; }
+find_python() {
+  local c
+  for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
+    if command -v "$c" >/dev/null 2>&1 && has_torch "$c"; then command -v "$c"; return 0; fi
+  done
+  return 1
+}
+
+if ! PY="$(find_python)"; then
+  [[ -n "$PYTHON" ]] && die "$PYTHON cannot import torch and numpy"
+  [[ $INSTALL -eq 1 ]] || die "no python3 can import torch and numpy (install python3-torch python3-numpy)"
+  if [[ $(id -u) -eq 0 ]]; then SUDO=()
+  elif command -v sudo >/dev/null 2>&1; then SUDO=(sudo)
+  else die "python3-torch/python3-numpy missing and not root (no sudo) to apt-get install them"; fi
+  log "installing python3-torch python3-numpy with apt-get"
+  "${SUDO[@]}" apt-get update
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-torch python3-numpy
+  PY="$(find_python)" || die "torch still not importable after apt-get install"
+fi
+log "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__)'))"
+
+# ---------------------------------------------------------------------------
+# fedmesh binary
+# ---------------------------------------------------------------------------
+if [[ -z "$FEDMESH" ]]; then
+  FEDMESH="${FEDMESH_BUILD_DIR:-build}/cli/fedmesh"
+  if [[ ! -x "$FEDMESH" ]]; then
+    [[ -f deploy/setup.sh ]] || die "$FEDMESH not found and deploy/setup.sh missing"
+    log "$FEDMESH not found; running deploy/setup.sh"
+    bash deploy/setup.sh >&2   # keep stdout for the report
+  fi
+fi
+[[ -x "$FEDMESH" ]] || die "fedmesh binary not found or not executable: $FEDMESH"
+log "fedmesh: $FEDMESH"
+
+# ---------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------
+if [[ -n "$OUT_DIR" ]]; then
+  mkdir -p "$OUT_DIR"
+else
+  OUT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/fedmesh-vs-torch.XXXXXX")"
+  trap 'rm -rf "$OUT_DIR"' EXIT
+fi
+
+if [[ -n "$STEPS" ]]; then LEN_ARGS=(--steps "$STEPS"); else LEN_ARGS=(--epochs "$EPOCHS"); fi
+read -r -a FM_EXTRA <<< "${FEDMESH_EXTRA_ARGS:-}"
+read -r -a PT_EXTRA <<< "${TORCH_EXTRA_ARGS:-}"
+
+run_fedmesh() {  # model rep
+  local out="$OUT_DIR/fedmesh-$1-$2"
+  log "fedmesh $1 run $2/$REPEAT"
+  if "$FEDMESH" train --model "$1" "${LEN_ARGS[@]}" --batch-size "$BATCH" --threads "$THREADS" \
+       --seed "$SEED" --json "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+    echo 0 >"$out.rc"
+  else
+    echo $? >"$out.rc"; log "fedmesh $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
+  fi
+}
+run_torch() {  # model rep
+  local out="$OUT_DIR/pytorch-$1-$2"
+  log "pytorch $1 run $2/$REPEAT"
+  if "$PY" "$SCRIPT_DIR/torch_train.py" --model "$1" "${LEN_ARGS[@]}" --batch-size "$BATCH" \
+       --threads "$THREADS" --seed "$SEED" --data-dir "$DATA_DIR" "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+    echo 0 >"$out.rc"
+  else
+    echo $? >"$out.rc"; log "pytorch $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
+  fi
+}
+
+for m in "${MODEL_LIST[@]}"; do
+  for ((r = 1; r <= REPEAT; r++)); do
+    # Alternate the order so slow drifts of a noisy machine hit both sides.
+    if (( r % 2 == 1 )); then run_fedmesh "$m" "$r"; run_torch "$m" "$r"
+    else run_torch "$m" "$r"; run_fedmesh "$m" "$r"; fi
+  done
+done
+
+# ---------------------------------------------------------------------------
+# Report (stdlib-only python: any python3 will do, prefer the torch one)
+# ---------------------------------------------------------------------------
+set +e
+"$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "${EPOCHS:-}" "${STEPS:-}" <<'PYEOF'
+import json, os, statistics, sys
+
+out_dir, models, repeat, batch, threads, epochs, steps = sys.argv[1:8]
+models = models.split(",")
+repeat, batch, threads = int(repeat), int(batch), int(threads)
+TARGETS = {"mlp": 1.5, "cnn": 1.0}
+
+def json_lines(path):
+    objs = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    o = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(o, dict):
+                    objs.append(o)
+    except OSError:
+        pass
+    return objs
+
+def load(framework, model, rep):
+    base = os.path.join(out_dir, f"{framework}-{model}-{rep}")
+    try:
+        rc = int(open(base + ".rc").read().strip())
+    except (OSError, ValueError):
+        rc = None
+    objs = json_lines(base + ".out")
+    if framework == "fedmesh":
+        cand = [o for o in objs if o.get("event") == "summary"]
+    else:
+        cand = [o for o in objs if o.get("framework") == "pytorch"]
+    rec = cand[-1] if cand else None
+    err = None
+    if rc != 0:
+        err = f"exit status {rc}"
+    elif rec is None:
+        err = "no summary JSON line in output"
+    elif not isinstance(rec.get("samples_per_second"), (int, float)) or rec["samples_per_second"] <= 0:
+        err = "summary has no positive samples_per_second"
+    return rec, err
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+def num(x):
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+failed = False
+rows, records = [], []
+for m in models:
+    res = {}
+    for fw in ("fedmesh", "pytorch"):
+        sps, acc, errs, extra = [], [], [], {}
+        for r in range(1, repeat + 1):
+            rec, err = load(fw, m, r)
+            if err:
+                errs.append(f"run {r}: {err}")
+                continue
+            sps.append(float(rec["samples_per_second"]))
+            a = num(rec.get("test_accuracy"))
+            if a is not None:
+                acc.append(a)
+            if fw == "pytorch":
+                extra["torch_version"] = rec.get("torch_version")
+        res[fw] = dict(sps=sps, acc=acc, errs=errs, extra=extra)
+    fm, pt = res["fedmesh"], res["pytorch"]
+    fm_med, pt_med = median(fm["sps"]), median(pt["sps"])
+    ratio = fm_med / pt_med if fm_med and pt_med else None
+    target = TARGETS.get(m)
+    meets = (ratio >= target) if (ratio is not None and target is not None) else None
+    errors = [f"fedmesh {e}" for e in fm["errs"]] + [f"pytorch {e}" for e in pt["errs"]]
+    if errors:
+        failed = True
+    rec = {
+        "benchmark": "fedmesh_vs_pytorch",
+        "model": m,
+        "batch_size": batch,
+        "threads": threads,
+        "epochs": int(epochs) if epochs else None,
+        "steps": int(steps) if steps else None,
+        "repeat": repeat,
+        "fedmesh_samples_per_second": fm_med,
+        "pytorch_samples_per_second": pt_med,
+        "ratio": ratio,
+        "target": target,
+        "meets_target": meets,
+        "fedmesh_test_accuracy": median(fm["acc"]),
+        "pytorch_test_accuracy": median(pt["acc"]),
+        "fedmesh_runs_samples_per_second": fm["sps"],
+        "pytorch_runs_samples_per_second": pt["sps"],
+        "torch_version": pt["extra"].get("torch_version"),
+        "errors": errors,
+    }
+    records.append(rec)
+
+def f(x, fmt):
+    if x is None:
+        width = "".join(ch for ch in fmt.split(".")[0] if ch.isdigit())
+        return format("n/a", ">" + width)
+    return format(x, fmt)
+
+length = f"{steps} steps" if steps else f"{epochs} epoch(s)"
+agg = f", median of {repeat}" if repeat > 1 else ""
+print(f"fedmesh vs PyTorch (CPU) -- batch {batch}, {threads} thread(s), {length}{agg}")
+hdr = f"{'model':<6} {'fedmesh sps':>12} {'pytorch sps':>12} {'ratio':>7} {'target':>8} {'status':<7} {'fm acc':>7} {'pt acc':>7}"
+print(hdr)
+print("-" * len(hdr))
+for r in records:
+    status = "ERROR" if r["ratio"] is None else ("met" if r["meets_target"] else ("MISSED" if r["meets_target"] is False else "-"))
+    print(f"{r['model']:<6} {f(r['fedmesh_samples_per_second'], '12.1f')} {f(r['pytorch_samples_per_second'], '12.1f')} "
+          f"{f(r['ratio'], '7.3f')} {'>= ' + f(r['target'], 'g'):>8} {status:<7} "
+          f"{f(r['fedmesh_test_accuracy'], '7.4f')} {f(r['pytorch_test_accuracy'], '7.4f')}")
+    for e in r["errors"]:
+        print(f"  ! {r['model']}: {e}")
+print()
+for r in records:
+    print(json.dumps(r))
+sys.exit(1 if failed else 0)
+PYEOF
+rc=$?
+if [[ $rc -ne 0 ]]; then log "some runs failed; raw outputs in $OUT_DIR"; trap - EXIT; fi
+exit $rc

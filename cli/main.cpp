@@ -1,0 +1,20 @@
+// fedmesh: one binary for every role of a federation.
+#include <CLI/CLI.hpp>
+
+#include "cli/doctor_command.h"
+#include "cli/train_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "fedmesh: federated and decentralized training. Each site trains on its own data and shares only "
+      "compressed, signed, encrypted model updates.\n"
+      "Start with `fedmesh train --model cnn` (local training on Fashion-MNIST) or `fedmesh doctor`.",
+      "fedmesh"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "fedmesh 0.1.0");
+  int exit_code = 0;
+  fedmesh::cli::add_train_command(app, exit_code);
+  fedmesh::cli::add_doctor_command(app, exit_code);
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}

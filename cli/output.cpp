@@ -1,0 +1,48 @@
+#include "cli/output.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <iostream>
+
+namespace fedmesh::cli {
+
+void emit_json(const nlohmann::json& event) {
+  std::cout << event.dump() << std::endl;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  char buffer[64];
+  if (seconds < 60) {
+    std::snprintf(buffer, sizeof buffer, "%.1fs", seconds);
+  } else if (seconds < 3600) {
+    std::snprintf(buffer, sizeof buffer, "%dm %02ds", static_cast<int>(seconds) / 60, static_cast<int>(seconds) % 60);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%dh %02dm", static_cast<int>(seconds) / 3600,
+                  (static_cast<int>(seconds) / 60) % 60);
+  }
+  return buffer;
+}
+
+ProgressLine::ProgressLine() : terminal_(isatty(STDERR_FILENO) != 0), last_(std::chrono::steady_clock::now()) {}
+
+void ProgressLine::update(const std::string& text, bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!terminal_) {
+    if (force) std::fprintf(stderr, "%s\n", text.c_str());
+    return;
+  }
+  if (!force && std::chrono::duration<double>(now - last_).count() < kMinRedrawSeconds) return;
+  last_ = now;
+  std::fprintf(stderr, "\r\033[2K%s", text.c_str());
+  std::fflush(stderr);
+  dirty_ = true;
+}
+
+void ProgressLine::finish() {
+  if (terminal_ && dirty_) std::fprintf(stderr, "\n");
+  dirty_ = false;
+}
+
+}  // namespace fedmesh::cli

@@ -1,0 +1,35 @@
+// Output for people and for machines: JSON lines on stdout with --json, a
+// live progress line on a terminal otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace fedmesh::cli {
+
+// Prints one JSON object as one line and flushes.
+void emit_json(const nlohmann::json& event);
+
+// "1m 05s", "12.3s"
+std::string format_duration(double seconds);
+
+// A status line rewritten in place on a terminal (at most every
+// kMinRedrawSeconds), or printed once per call when stderr is not a terminal
+// and `always` is set.
+class ProgressLine {
+ public:
+  ProgressLine();
+  void update(const std::string& text, bool force = false);
+  void finish();  // ends the line so later output starts on a new one
+
+ private:
+  static constexpr double kMinRedrawSeconds = 0.2;
+  bool terminal_;
+  bool dirty_ = false;
+  std::chrono::steady_clock::time_point last_;
+};
+
+}  // namespace fedmesh::cli

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# fedmesh: set up and build, run the test suite, print a one-line summary.
+set -euo pipefail
+
+DEPLOY=$(cd -- "$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")" && pwd -P)
+
+usage() {
+  cat <<'EOF'
+Usage: deploy/test.sh [--sanitize] [-- MESON TEST ARGS...]
+
+Runs deploy/setup.sh (installs missing packages, configures, builds), then
+  meson test -C BUILD --print-errorlogs --num-processes 2 [MESON TEST ARGS...]
+and prints the wall time and, as its last line,
+  N passed, N failed, N skipped
+(OK and EXPECTEDFAIL count as passed; FAIL, TIMEOUT, ERROR, UNEXPECTEDPASS and
+INTERRUPT as failed). Exits nonzero when the build fails, a test fails, or no
+test ran.
+
+Options:
+  --sanitize   build and test with AddressSanitizer + UBSan (build-sanitize/)
+  -h, --help   show this help
+  -- ARGS      the rest goes to meson test, e.g.
+                 deploy/test.sh -- --suite kernels
+                 deploy/test.sh -- tensor_test --num-processes 8
+
+BUILD is FEDMESH_BUILD_DIR (default build/ at the repository root); see
+deploy/setup.sh --help for the other environment variables.
+EOF
+}
+
+# Reads meson testlog files (one JSON object per line) and prints
+# "PASSED FAILED SKIPPED" on the first line, then the failed tests' names.
+summarize() {
+  python3 - "$@" <<'PY'
+import json, sys
+
+passed, failed, skipped, failed_names = 0, 0, 0, []
+for path in sys.argv[1:]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"fedmesh test: error: {path}:{lineno}: bad JSON: {e}")
+            result = entry.get("result")
+            if result in ("OK", "EXPECTEDFAIL"):
+                passed += 1
+            elif result == "SKIP":
+                skipped += 1
+            else:  # FAIL, TIMEOUT, ERROR, UNEXPECTEDPASS, INTERRUPT, unknown
+                failed += 1
+                failed_names.append(f"{entry.get('name', '?')} ({result})")
+print(passed, failed, skipped)
+for name in failed_names:
+    print(name)
+PY
+}
+
+main() {
+  local start=$EPOCHREALTIME
+  local sanitize=0
+  local -a setup_args=() test_args=()
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --sanitize) sanitize=1 setup_args+=(--sanitize) ;;
+      -h|--help) usage; return 0 ;;
+      --) shift; test_args=("$@"); break ;;
+      *) printf 'fedmesh test: unknown argument: %s (meson test arguments go after --; see --help)\n' "$1" >&2
+         return 2 ;;
+    esac
+    shift
+  done
+
+  local dir
+  dir=$(bash "$DEPLOY/setup.sh" --print-build-dir "${setup_args[@]}")
+
+  local passed=0 failed=0 skipped=0 status=0 why=
+  if ! bash "$DEPLOY/setup.sh" "${setup_args[@]}"; then
+    status=1 why="build failed"
+  else
+    if [[ $sanitize == 1 ]]; then
+      # ASan under the CUDA runtime needs protect_shadow_gap=0; the rest is
+      # what meson test would set.
+      export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:print_summary=1:protect_shadow_gap=0}
+    fi
+    # A stale log from an earlier run must not be counted.
+    rm -f -- "$dir"/meson-logs/testlog*.json
+    local meson_rc=0
+    meson test -C "$dir" --print-errorlogs --num-processes 2 "${test_args[@]}" || meson_rc=$?
+
+    local -a logs=()
+    shopt -s nullglob
+    logs=("$dir"/meson-logs/testlog*.json)
+    shopt -u nullglob
+    local -a lines=()
+    if [[ ${#logs[@]} -gt 0 ]]; then
+      local out
+      out=$(summarize "${logs[@]}") || { status=1 why="could not read ${logs[*]}"; }
+      if [[ -n $out ]]; then mapfile -t lines <<<"$out"; fi
+    fi
+    if [[ ${#lines[@]} -gt 0 ]]; then
+      read -r passed failed skipped <<<"${lines[0]}"
+    fi
+    if [[ ${#lines[@]} -gt 1 ]]; then
+      printf 'fedmesh test: failed: %s\n' "${lines[@]:1}"
+    fi
+    if [[ -n $why ]]; then
+      :
+    elif ((passed + failed + skipped == 0)); then
+      status=1 why="no tests ran (tests disabled with -Dtests=false, or no test matched the arguments?)"
+    elif ((failed > 0)); then
+      status=1 why="$failed test(s) failed"
+    elif ((meson_rc != 0)); then
+      status=1 why="meson test exited with status $meson_rc"
+    fi
+  fi
+
+  if [[ -n $why ]]; then printf 'fedmesh test: error: %s\n' "$why"; fi
+  local end=$EPOCHREALTIME
+  # EPOCHREALTIME has 6 decimals; the separator follows the locale.
+  local us=$(( ${end//[!0-9]/} - ${start//[!0-9]/} ))
+  printf 'fedmesh test: wall time %d.%01d s\n' $((us / 1000000)) $((us % 1000000 / 100000))
+  printf '%d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
+  return "$status"
+}
+
+main "$@"

@@ -1,0 +1,65 @@
+#include "kernels/convert.h"
+
+#include <cstring>
+
+#include "kernels/parallel.h"
+
+namespace fedmesh {
+namespace {
+constexpr int64_t kConvertGrain = 1 << 15;
+}
+
+void widen_to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
+  visit_dtype(src_dtype, [&]<class T>() {
+    const T* in = static_cast<const T*>(src);
+    if constexpr (std::is_same_v<T, float>) {
+      std::memcpy(dst, in, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      parallel_for(n, kConvertGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) dst[i] = to_float(in[i]);
+      });
+    }
+  });
+}
+
+void narrow_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
+  visit_dtype(dst_dtype, [&]<class T>() {
+    T* out = static_cast<T*>(dst);
+    if constexpr (std::is_same_v<T, float>) {
+      std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      parallel_for(n, kConvertGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] = from_float<T>(src[i]);
+      });
+    }
+  });
+}
+
+void convert(const Tensor& src, Tensor& dst) {
+  FEDMESH_CHECK(src.numel() == dst.numel(), "convert: element counts differ");
+  if (src.dtype() == dst.dtype()) {
+    if (src.raw() != dst.raw()) std::memcpy(dst.raw(), src.raw(), src.nbytes());
+    return;
+  }
+  if (src.dtype() == DType::kF32) {
+    narrow_from_f32(src.data<float>(), dst.raw(), dst.dtype(), src.numel());
+  } else if (dst.dtype() == DType::kF32) {
+    widen_to_f32(src.raw(), src.dtype(), dst.data<float>(), src.numel());
+  } else {
+    visit_dtype(src.dtype(), [&]<class In>() {
+      visit_dtype(dst.dtype(), [&]<class Out>() {
+        const In* in = src.data<In>();
+        Out* out = dst.data<Out>();
+        for (int64_t i = 0; i < src.numel(); ++i) out[i] = from_float<Out>(to_float(in[i]));
+      });
+    });
+  }
+}
+
+Tensor to_dtype(const Tensor& src, DType dtype) {
+  Tensor out = Tensor::empty(src.shape(), dtype);
+  convert(src, out);
+  return out;
+}
+
+}  // namespace fedmesh

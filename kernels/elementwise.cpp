@@ -1,0 +1,228 @@
+#include "kernels/elementwise.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/parallel.h"
+
+namespace fedmesh {
+namespace {
+
+constexpr int64_t kElementwiseGrain = 1 << 14;
+
+void check_same_numel(const Tensor& a, const Tensor& b, const char* op) {
+  FEDMESH_CHECK(a.numel() == b.numel(), std::string(op) + ": " + shape_to_string(a.shape()) + " vs " +
+                                            shape_to_string(b.shape()));
+}
+
+// out[i] = f(a[i]) for every dtype pair.
+template <class F>
+void map_unary(const Tensor& a, Tensor& out, F f) {
+  visit_dtype(a.dtype(), [&]<class In>() {
+    visit_dtype(out.dtype(), [&]<class Out>() {
+      const In* in = static_cast<const In*>(a.raw());
+      Out* o = static_cast<Out*>(out.raw());
+      parallel_for(a.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) o[i] = from_float<Out>(f(to_float(in[i])));
+      });
+    });
+  });
+}
+
+// out[i] = f(a[i], b[i]).
+template <class F>
+void map_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+  visit_dtype(a.dtype(), [&]<class A>() {
+    visit_dtype(b.dtype(), [&]<class B>() {
+      visit_dtype(out.dtype(), [&]<class Out>() {
+        const A* pa = static_cast<const A*>(a.raw());
+        const B* pb = static_cast<const B*>(b.raw());
+        Out* o = static_cast<Out*>(out.raw());
+        parallel_for(a.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) o[i] = from_float<Out>(f(to_float(pa[i]), to_float(pb[i])));
+        });
+      });
+    });
+  });
+}
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+
+}  // namespace
+
+void fill(Tensor& x, float value) {
+  visit_dtype(x.dtype(), [&]<class T>() {
+    const T v = from_float<T>(value);
+    T* p = x.data<T>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] = v;
+  });
+}
+
+void scale(Tensor& x, float factor) {
+  map_unary(x, x, [factor](float v) { return v * factor; });
+}
+
+void axpy(float alpha, const Tensor& x, Tensor& y) {
+  check_same_numel(x, y, "axpy");
+  map_binary(x, y, y, [alpha](float xv, float yv) { return yv + alpha * xv; });
+}
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check_same_numel(a, b, "add");
+  check_same_numel(a, out, "add");
+  map_binary(a, b, out, [](float x, float y) { return x + y; });
+}
+
+void mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  check_same_numel(a, b, "mul");
+  check_same_numel(a, out, "mul");
+  map_binary(a, b, out, [](float x, float y) { return x * y; });
+}
+
+void add_bias(Tensor& y, const Tensor& bias) {
+  const int64_t n = bias.numel();
+  FEDMESH_CHECK(n > 0 && y.numel() % n == 0, "add_bias: bias does not divide the output");
+  const int64_t rows = y.numel() / n;
+  const float* b = bias.data<float>();
+  visit_dtype(y.dtype(), [&]<class T>() {
+    T* p = y.data<T>();
+    parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / n), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        T* row = p + r * n;
+        for (int64_t j = 0; j < n; ++j) row[j] = from_float<T>(to_float(row[j]) + b[j]);
+      }
+    });
+  });
+}
+
+void bias_grad(const Tensor& dy, Tensor& db, bool accumulate) {
+  const int64_t n = db.numel();
+  FEDMESH_CHECK(n > 0 && dy.numel() % n == 0, "bias_grad: shapes do not match");
+  const int64_t rows = dy.numel() / n;
+  float* out = db.data<float>();
+  if (!accumulate) std::memset(out, 0, static_cast<size_t>(n) * sizeof(float));
+  visit_dtype(dy.dtype(), [&]<class T>() {
+    const T* p = dy.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = p + r * n;
+      for (int64_t j = 0; j < n; ++j) out[j] += to_float(row[j]);
+    }
+  });
+}
+
+void channel_bias_grad(const Tensor& dy, Tensor& db, bool accumulate) {
+  FEDMESH_CHECK(dy.rank() >= 2 && dy.dim(1) == db.numel(), "channel_bias_grad: shapes do not match");
+  const int64_t batch = dy.dim(0), channels = dy.dim(1);
+  const int64_t positions = dy.numel() / (batch * channels);
+  float* out = db.data<float>();
+  visit_dtype(dy.dtype(), [&]<class T>() {
+    const T* p = dy.data<T>();
+    parallel_for(channels, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        float total = 0.0f;
+        for (int64_t b = 0; b < batch; ++b) {
+          const T* plane = p + (b * channels + c) * positions;
+          for (int64_t i = 0; i < positions; ++i) total += to_float(plane[i]);
+        }
+        out[c] = accumulate ? out[c] + total : total;
+      }
+    });
+  });
+}
+
+void relu_forward(const Tensor& x, Tensor& y) {
+  check_same_numel(x, y, "relu");
+  map_unary(x, y, [](float v) { return v > 0.0f ? v : 0.0f; });
+}
+
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  check_same_numel(y, dy, "relu_backward");
+  check_same_numel(y, dx, "relu_backward");
+  map_binary(y, dy, dx, [](float out, float grad) { return out > 0.0f ? grad : 0.0f; });
+}
+
+void gelu_forward(const Tensor& x, Tensor& y) {
+  check_same_numel(x, y, "gelu");
+  map_unary(x, y, [](float v) {
+    const float inner = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+    return 0.5f * v * (1.0f + std::tanh(inner));
+  });
+}
+
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  check_same_numel(x, dy, "gelu_backward");
+  check_same_numel(x, dx, "gelu_backward");
+  map_binary(x, dy, dx, [](float v, float grad) {
+    const float inner = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+    const float t = std::tanh(inner);
+    const float d_inner = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+    return grad * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * d_inner);
+  });
+}
+
+namespace {
+template <class F>
+double reduce(const Tensor& x, F f) {
+  return visit_dtype(x.dtype(), [&]<class T>() {
+    const T* p = static_cast<const T*>(x.raw());
+    std::vector<double> partial(static_cast<size_t>(cpu_threads()) + 1, 0.0);
+    // Fixed chunking (independent of scheduling) keeps the result deterministic.
+    const int64_t chunks = static_cast<int64_t>(partial.size());
+    parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t begin = x.numel() * c / chunks, end = x.numel() * (c + 1) / chunks;
+        double total = 0.0;
+        for (int64_t i = begin; i < end; ++i) total += f(to_float(p[i]));
+        partial[static_cast<size_t>(c)] = total;
+      }
+    });
+    double total = 0.0;
+    for (double v : partial) total += v;
+    return total;
+  });
+}
+}  // namespace
+
+double sum(const Tensor& x) {
+  return reduce(x, [](float v) { return static_cast<double>(v); });
+}
+
+double squared_l2_norm(const Tensor& x) {
+  return reduce(x, [](float v) { return static_cast<double>(v) * v; });
+}
+
+float max_abs(const Tensor& x) {
+  return visit_dtype(x.dtype(), [&]<class T>() {
+    const T* p = static_cast<const T*>(x.raw());
+    float best = 0.0f;
+    for (int64_t i = 0; i < x.numel(); ++i) best = std::max(best, std::fabs(to_float(p[i])));
+    return best;
+  });
+}
+
+bool all_finite(const Tensor& x) {
+  return visit_dtype(x.dtype(), [&]<class T>() {
+    const T* p = static_cast<const T*>(x.raw());
+    bool finite = true;
+    for (int64_t i = 0; i < x.numel(); ++i) finite &= std::isfinite(to_float(p[i]));
+    return finite;
+  });
+}
+
+void argmax_rows(const Tensor& x, std::span<int32_t> out) {
+  FEDMESH_CHECK(x.rank() == 2 && static_cast<int64_t>(out.size()) == x.dim(0), "argmax_rows: shapes");
+  const int64_t n = x.dim(1);
+  visit_dtype(x.dtype(), [&]<class T>() {
+    const T* p = x.data<T>();
+    for (int64_t r = 0; r < x.dim(0); ++r) {
+      int32_t best = 0;
+      for (int64_t j = 1; j < n; ++j)
+        if (to_float(p[r * n + j]) > to_float(p[r * n + best])) best = static_cast<int32_t>(j);
+      out[static_cast<size_t>(r)] = best;
+    }
+  });
+}
+
+}  // namespace fedmesh

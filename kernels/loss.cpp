@@ -1,0 +1,54 @@
+#include "kernels/loss.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace fedmesh {
+
+CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const int32_t> labels, Tensor* dlogits,
+                                         float grad_scale, float normalizer) {
+  FEDMESH_CHECK(logits.rank() == 2 && static_cast<int64_t>(labels.size()) == logits.dim(0),
+                "softmax_cross_entropy: logits " + shape_to_string(logits.shape()) + " vs " +
+                    std::to_string(labels.size()) + " labels");
+  FEDMESH_CHECK(dlogits == nullptr || dlogits->numel() == logits.numel(), "softmax_cross_entropy: dlogits shape");
+  const int64_t rows = logits.dim(0), classes = logits.dim(1);
+  const float grad_factor = grad_scale / normalizer;
+  CrossEntropyResult result;
+  std::vector<float> row_values(static_cast<size_t>(classes));
+  visit_dtype(logits.dtype(), [&]<class T>() {
+    const T* in = logits.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t label = labels[static_cast<size_t>(r)];
+      FEDMESH_CHECK(label >= 0 && label < classes, "label " + std::to_string(label) + " out of range");
+      float max_value = -std::numeric_limits<float>::infinity();
+      int64_t argmax = 0;
+      for (int64_t j = 0; j < classes; ++j) {
+        const float v = to_float(in[r * classes + j]);
+        row_values[static_cast<size_t>(j)] = v;
+        if (v > max_value) {
+          max_value = v;
+          argmax = j;
+        }
+      }
+      double denominator = 0.0;
+      for (int64_t j = 0; j < classes; ++j) denominator += std::exp(static_cast<double>(row_values[j] - max_value));
+      const double log_denominator = std::log(denominator);
+      result.loss_sum += log_denominator - static_cast<double>(row_values[label] - max_value);
+      result.correct += argmax == label ? 1 : 0;
+      if (dlogits != nullptr) {
+        visit_dtype(dlogits->dtype(), [&]<class G>() {
+          G* out = dlogits->data<G>() + r * classes;
+          for (int64_t j = 0; j < classes; ++j) {
+            const double p = std::exp(static_cast<double>(row_values[j] - max_value) - log_denominator);
+            const double g = (p - (j == label ? 1.0 : 0.0)) * grad_factor;
+            out[j] = from_float<G>(static_cast<float>(g));
+          }
+        });
+      }
+    }
+  });
+  return result;
+}
+
+}  // namespace fedmesh

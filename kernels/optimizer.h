@@ -1,0 +1,69 @@
+// Optimizers over fp32 master weights: SGD (momentum, Nesterov, decoupled or
+// L2 weight decay) and AdamW; and learning-rate schedules.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "kernels/parameter.h"
+
+namespace fedmesh {
+
+struct SgdOptions {
+  float momentum = 0.0f;
+  bool nesterov = false;
+  float weight_decay = 0.0f;  // L2 added to the gradient, as torch.optim.SGD does
+};
+
+struct AdamWOptions {
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float weight_decay = 0.01f;  // decoupled (Loshchilov & Hutter)
+};
+
+// One SGD step on n elements. momentum_buffer may be null when momentum == 0.
+void sgd_step(float* weights, const float* grads, float* momentum_buffer, int64_t n, float lr,
+              const SgdOptions& options);
+// One AdamW step; `step` counts from 1 (bias correction).
+void adamw_step(float* weights, const float* grads, float* first_moment, float* second_moment, int64_t n,
+                int64_t step, float lr, const AdamWOptions& options);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Applies one step to every parameter from its grad, at learning rate lr.
+  virtual void step(std::vector<Parameter*>& parameters, float lr) = 0;
+  virtual std::string name() const = 0;
+  int64_t steps_taken() const { return steps_; }
+
+ protected:
+  int64_t steps_ = 0;
+};
+
+std::unique_ptr<Optimizer> make_sgd(const SgdOptions& options);
+std::unique_ptr<Optimizer> make_adamw(const AdamWOptions& options);
+
+// Learning-rate schedules, parsed from "constant", "step:EVERY:GAMMA" (multiply
+// by GAMMA every EVERY steps) or "cosine:WARMUP" (linear warm-up over WARMUP
+// steps, then cosine decay to zero at the last step).
+class LrSchedule {
+ public:
+  static Result<LrSchedule> parse(std::string_view text);
+  // Learning rate for 0-based `step` of `total_steps`.
+  float lr_at(float base_lr, int64_t step, int64_t total_steps) const;
+  std::string to_string() const;
+
+ private:
+  enum class Kind { kConstant, kStep, kCosine };
+  Kind kind_ = Kind::kConstant;
+  int64_t every_ = 0;
+  float gamma_ = 1.0f;
+  int64_t warmup_ = 0;
+};
+
+}  // namespace fedmesh

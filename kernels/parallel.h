@@ -1,0 +1,20 @@
+// CPU parallelism for the kernels: one process-wide worker pool (like
+// OpenBLAS's own), sized together with OpenBLAS's thread count so the two
+// never oversubscribe the cores.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace fedmesh {
+
+// Sets the threads used by parallel_for and by OpenBLAS. n <= 0 means all cores.
+void set_cpu_threads(int n);
+int cpu_threads();
+
+// Runs body(begin, end) over [0, n) split into at most cpu_threads() chunks of
+// at least `grain` items each. Runs inline when the work is too small or when
+// called from inside another parallel_for.
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
+
+}  // namespace fedmesh

@@ -1,0 +1,19 @@
+#include "kernels/parameter.h"
+
+#include "kernels/convert.h"
+
+namespace fedmesh {
+
+Parameter::Parameter(std::string parameter_name, Shape shape)
+    : name(std::move(parameter_name)), value(Tensor::zeros(shape)), grad(Tensor::zeros(shape)), compute(value) {}
+
+void Parameter::set_compute_dtype(DType dtype) {
+  compute = dtype == DType::kF32 ? value : Tensor::empty(value.shape(), dtype);
+  refresh_compute();
+}
+
+void Parameter::refresh_compute() {
+  if (compute.raw() != value.raw()) convert(value, compute);
+}
+
+}  // namespace fedmesh

@@ -1,0 +1,148 @@
+#include "kernels/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace fedmesh {
+
+size_t dtype_size(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "fp32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "fp16";
+  }
+  return "?";
+}
+
+Result<DType> parse_dtype(std::string_view text) {
+  if (text == "fp32" || text == "f32" || text == "float32") return DType::kF32;
+  if (text == "bf16" || text == "bfloat16") return DType::kBF16;
+  if (text == "fp16" || text == "f16" || text == "float16") return DType::kF16;
+  return invalid_argument("unknown precision '" + std::string(text) + "' (expected fp32, bf16 or fp16)");
+}
+
+const char* device_name(Device device) { return device == Device::kCpu ? "cpu" : "cuda"; }
+
+namespace {
+
+class CpuAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    constexpr size_t kAlignment = 64;
+    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* pointer = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+    if (pointer == nullptr) throw std::bad_alloc();
+    return pointer;
+  }
+  void deallocate(void* pointer, size_t) override { std::free(pointer); }
+  Device device() const override { return Device::kCpu; }
+};
+
+}  // namespace
+
+Allocator& cpu_allocator() {
+  static CpuAllocator allocator;
+  return allocator;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    FEDMESH_CHECK(d >= 0, "negative dimension in shape " + shape_to_string(shape));
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_to_string(const Shape& shape) {
+  std::string text = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + ")";
+}
+
+struct Tensor::Storage {
+  void* data = nullptr;
+  size_t bytes = 0;
+  Allocator* allocator = nullptr;  // null for a view
+  ~Storage() {
+    if (allocator) allocator->deallocate(data, bytes);
+  }
+};
+
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  FEDMESH_CHECK(device == Device::kCpu, "CUDA tensors are created by kernels/cuda");
+  Tensor t;
+  t.numel_ = shape_numel(shape);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>();
+  t.storage_->bytes = t.nbytes();
+  t.storage_->allocator = &cpu_allocator();
+  t.storage_->data = t.storage_->allocator->allocate(t.storage_->bytes);
+  t.data_ = t.storage_->data;
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  std::memset(t.data_, 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::view_of(void* data, Shape shape, DType dtype, Device device) {
+  Tensor t;
+  t.numel_ = shape_numel(shape);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>();
+  t.storage_->data = data;
+  t.storage_->bytes = t.nbytes();
+  t.data_ = data;
+  return t;
+}
+
+int64_t Tensor::dim(int axis) const {
+  FEDMESH_CHECK(axis >= 0 && axis < rank(), "axis " + std::to_string(axis) + " out of range for shape " +
+                                                shape_to_string(shape_));
+  return shape_[static_cast<size_t>(axis)];
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  FEDMESH_CHECK(shape_numel(shape) == numel_,
+                "cannot reshape " + shape_to_string(shape_) + " to " + shape_to_string(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
+  FEDMESH_CHECK(rank() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],
+                "bad row slice of " + shape_to_string(shape_));
+  Tensor t = *this;
+  const int64_t row_elements = shape_[0] == 0 ? 0 : numel_ / shape_[0];
+  t.shape_[0] = end - begin;
+  t.numel_ = row_elements * (end - begin);
+  t.data_ = static_cast<char*>(data_) + static_cast<size_t>(begin * row_elements) * dtype_size(dtype_);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device_);
+  if (nbytes() > 0) std::memcpy(t.data_, data_, nbytes());
+  return t;
+}
+
+void Tensor::check_type(DType requested) const {
+  FEDMESH_CHECK(requested == dtype_, std::string("tensor holds ") + dtype_name(dtype_) + ", asked for " +
+                                         dtype_name(requested));
+}
+
+}  // namespace fedmesh

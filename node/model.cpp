@@ -1,0 +1,111 @@
+#include "node/model.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "base/random.h"
+#include "kernels/elementwise.h"
+#include "node/layers/layers.h"
+
+namespace fedmesh::node {
+
+Tensor Sequential::forward(const Tensor& x, bool training) {
+  Tensor activation = x;
+  for (auto& layer : layers_) activation = layer->forward(activation, training);
+  return activation;
+}
+
+void Sequential::backward(const Tensor& dlogits) {
+  Tensor grad = dlogits;
+  for (size_t i = layers_.size(); i-- > 0;) grad = layers_[i]->backward(grad, /*need_input_grad=*/i > 0);
+}
+
+std::vector<Parameter*> Sequential::parameters() {
+  std::vector<Parameter*> all;
+  for (auto& layer : layers_)
+    for (Parameter* p : layer->parameters()) all.push_back(p);
+  return all;
+}
+
+int64_t Sequential::parameter_count() {
+  int64_t n = 0;
+  for (Parameter* p : parameters()) n += p->value.numel();
+  return n;
+}
+
+void Sequential::zero_grad() {
+  for (Parameter* p : parameters()) std::memset(p->grad.raw(), 0, p->grad.nbytes());
+}
+
+void Sequential::set_compute_dtype(DType dtype) {
+  compute_dtype_ = dtype;
+  for (Parameter* p : parameters()) p->set_compute_dtype(dtype);
+}
+
+void Sequential::refresh_compute() {
+  for (Parameter* p : parameters()) p->refresh_compute();
+}
+
+std::string Sequential::summary() {
+  std::ostringstream out;
+  Shape shape = sample_shape_;
+  shape.insert(shape.begin(), 1);
+  out << name_ << " (input " << shape_to_string(sample_shape_) << ")\n";
+  for (auto& layer : layers_) {
+    shape = layer->output_shape(shape);
+    int64_t count = 0;
+    std::string names;
+    for (Parameter* p : layer->parameters()) {
+      count += p->value.numel();
+      names += (names.empty() ? "" : ", ") + p->name;
+    }
+    Shape without_batch(shape.begin() + 1, shape.end());
+    out << "  " << layer->kind() << " -> " << shape_to_string(without_batch);
+    if (count) out << "  " << count << " parameters (" << names << ")";
+    out << "\n";
+  }
+  out << "  total parameters: " << parameter_count() << "\n";
+  return out.str();
+}
+
+std::vector<std::string> model_names() { return {"mlp", "cnn"}; }
+
+Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed) {
+  Rng rng(seed);
+  const Shape image = {1, kFashionMnistSide, kFashionMnistSide};
+  auto model = std::make_unique<Sequential>(std::string(name), image);
+  const auto linear = [&](const std::string& layer_name, int64_t in, int64_t out) {
+    auto layer = std::make_unique<Linear>(layer_name, in, out);
+    layer->initialize(rng);
+    model->add(std::move(layer));
+  };
+  const auto conv = [&](const std::string& layer_name, int64_t in, int64_t out) {
+    auto layer = std::make_unique<Conv2d>(layer_name, in, out, /*kernel=*/3, /*stride=*/1, /*padding=*/1);
+    layer->initialize(rng);
+    model->add(std::move(layer));
+  };
+  if (name == "mlp") {
+    model->add(std::make_unique<Flatten>());
+    linear("fc1", kFashionMnistSide * kFashionMnistSide, 512);
+    model->add(std::make_unique<ReLU>());
+    linear("fc2", 512, 256);
+    model->add(std::make_unique<ReLU>());
+    linear("fc3", 256, kFashionMnistClasses);
+  } else if (name == "cnn") {
+    conv("conv1", 1, 32);
+    model->add(std::make_unique<ReLU>());
+    model->add(std::make_unique<MaxPool2d>(2, 2));
+    conv("conv2", 32, 64);
+    model->add(std::make_unique<ReLU>());
+    model->add(std::make_unique<MaxPool2d>(2, 2));
+    model->add(std::make_unique<Flatten>());
+    linear("fc1", 64 * 7 * 7, 128);
+    model->add(std::make_unique<ReLU>());
+    linear("fc2", 128, kFashionMnistClasses);
+  } else {
+    return invalid_argument("unknown model '" + std::string(name) + "' (available: mlp, cnn)");
+  }
+  return model;
+}
+
+}  // namespace fedmesh::node

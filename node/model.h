@@ -1,0 +1,58 @@
+// A model: a named sequence of layers, its parameters by stable names, and
+// its compute precision (fp32, or bf16/fp16 copies of fp32 master weights).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "node/layers/layer.h"
+
+namespace fedmesh::node {
+
+class Sequential {
+ public:
+  explicit Sequential(std::string name, Shape sample_shape) : name_(std::move(name)), sample_shape_(std::move(sample_shape)) {}
+
+  void add(std::unique_ptr<Layer> layer) { layers_.push_back(std::move(layer)); }
+  const std::string& name() const { return name_; }
+  const Shape& sample_shape() const { return sample_shape_; }  // one input sample, without the batch
+  DType compute_dtype() const { return compute_dtype_; }
+  size_t layer_count() const { return layers_.size(); }
+  Layer& layer(size_t i) { return *layers_[i]; }
+
+  // x (batch, sample_shape...) in the compute dtype -> logits (batch, classes).
+  Tensor forward(const Tensor& x, bool training);
+  // Backpropagates d loss / d logits through every layer, accumulating grads.
+  void backward(const Tensor& dlogits);
+
+  std::vector<Parameter*> parameters();
+  int64_t parameter_count();
+  void zero_grad();
+  // Switches the compute copies to `dtype` (fp32: the masters themselves).
+  void set_compute_dtype(DType dtype);
+  // Re-rounds compute copies after the masters changed (after an optimizer step).
+  void refresh_compute();
+  // A human-readable table: layer, output shape, parameters.
+  std::string summary();
+
+ private:
+  std::string name_;
+  Shape sample_shape_;
+  DType compute_dtype_ = DType::kF32;
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+inline constexpr int64_t kFashionMnistSide = 28;
+inline constexpr int64_t kFashionMnistClasses = 10;
+
+// "mlp": 784-512-256-10 with ReLU; "cnn": two 3x3 conv (32, 64 channels) each
+// with ReLU and 2x2 max-pool, then 3136-128-10. Parameters are initialized
+// from `seed` as PyTorch initializes the same layers.
+Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed);
+std::vector<std::string> model_names();
+
+}  // namespace fedmesh::node

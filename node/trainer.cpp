@@ -1,0 +1,208 @@
+#include "node/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/elementwise.h"
+#include "kernels/loss.h"
+#include "node/data/batch.h"
+
+namespace fedmesh::node {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+DynamicLossScaler make_loss_scaler(const TrainOptions& options) {
+  if (options.precision != DType::kF16) return DynamicLossScaler::fixed_unit_scale();
+  return DynamicLossScaler(options.loss_scaling);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& options) {
+  if (options.optimizer == "sgd") {
+    SgdOptions sgd;
+    sgd.momentum = options.momentum;
+    sgd.nesterov = options.nesterov;
+    sgd.weight_decay = options.weight_decay;
+    return make_sgd(sgd);
+  }
+  AdamWOptions adamw;
+  adamw.weight_decay = options.weight_decay;
+  return make_adamw(adamw);
+}
+
+}  // namespace
+
+Status TrainOptions::validate() const {
+  if (epochs < 1 && max_steps < 1) return invalid_argument("--epochs must be at least 1 (or give --steps)");
+  if (max_steps < 0) return invalid_argument("--steps must not be negative");
+  if (batch_size < 1 || batch_size > 65536) return invalid_argument("--batch-size must be in [1, 65536]");
+  if (grad_accumulation < 1 || grad_accumulation > 4096)
+    return invalid_argument("--grad-accumulation must be in [1, 4096]");
+  if (optimizer != "adamw" && optimizer != "sgd")
+    return invalid_argument("unknown --optimizer '" + optimizer + "' (expected adamw or sgd)");
+  if (!(lr > 0.0f) || !std::isfinite(lr)) return invalid_argument("--lr must be a positive number");
+  if (!(momentum >= 0.0f && momentum < 1.0f)) return invalid_argument("--momentum must be in [0, 1)");
+  if (!(weight_decay >= 0.0f) || !std::isfinite(weight_decay))
+    return invalid_argument("--weight-decay must be a non-negative number");
+  if (!(clip_grad_norm >= 0.0f) || !std::isfinite(clip_grad_norm))
+    return invalid_argument("--clip-grad-norm must be a non-negative number (0 disables clipping)");
+  if (eval_batch_size < 1 || eval_batch_size > 65536) return invalid_argument("eval batch size must be in [1, 65536]");
+  if (!(loss_scaling.initial_scale > 0.0f) || !std::isfinite(loss_scaling.initial_scale))
+    return invalid_argument("--loss-scale must be a positive number");
+  return Status::ok();
+}
+
+Trainer::Trainer(Sequential& model, TrainOptions options)
+    : model_(model),
+      options_(std::move(options)),
+      optimizer_(make_optimizer(options_)),
+      loss_scaler_(make_loss_scaler(options_)),
+      shuffle_rng_(options_.seed ^ 0x5eed5eed5eedull) {
+  FEDMESH_CHECK(options_.validate().is_ok(), options_.validate().to_string());
+  model_.set_compute_dtype(options_.precision);
+}
+
+StepResult Trainer::train_step(const data::ImageDataset& dataset, std::span<const int64_t> indices, float lr) {
+  StepResult result;
+  model_.zero_grad();
+  const float scale = loss_scaler_.scale();
+  const float normalizer = static_cast<float>(indices.size());
+  double loss_sum = 0.0;
+  for (size_t begin = 0; begin < indices.size(); begin += static_cast<size_t>(options_.batch_size)) {
+    const size_t end = std::min(indices.size(), begin + static_cast<size_t>(options_.batch_size));
+    data::make_image_batch(dataset, indices.subspan(begin, end - begin), model_.compute_dtype(), images_, labels_);
+    const Tensor logits = model_.forward(images_, /*training=*/true);
+    if (!dlogits_.defined() || dlogits_.numel() != logits.numel() || dlogits_.dtype() != logits.dtype()) {
+      dlogits_ = Tensor::empty(logits.shape(), logits.dtype());
+    }
+    dlogits_ = dlogits_.reshape(logits.shape());
+    const CrossEntropyResult ce = softmax_cross_entropy(logits, labels_, &dlogits_, scale, normalizer);
+    loss_sum += ce.loss_sum;
+    result.correct += ce.correct;
+    model_.backward(dlogits_);
+  }
+  result.samples = static_cast<int64_t>(indices.size());
+  result.loss = loss_sum / static_cast<double>(indices.size());
+
+  std::vector<Parameter*> parameters = model_.parameters();
+  bool finite = true;
+  double squared_norm = 0.0;
+  for (Parameter* p : parameters) {
+    const double s = squared_l2_norm(p->grad);
+    finite &= std::isfinite(s);
+    squared_norm += s;
+  }
+  if (!loss_scaler_.update(finite)) {
+    result.applied = false;
+    return result;
+  }
+  // Unscale and clip in one multiplication.
+  const double norm = std::sqrt(squared_norm) / scale;
+  result.grad_norm = norm;
+  double factor = 1.0 / scale;
+  if (options_.clip_grad_norm > 0.0f && norm > options_.clip_grad_norm) factor *= options_.clip_grad_norm / norm;
+  if (factor != 1.0) {
+    for (Parameter* p : parameters) fedmesh::scale(p->grad, static_cast<float>(factor));
+  }
+  optimizer_->step(parameters, lr);
+  model_.refresh_compute();
+  return result;
+}
+
+EvalResult Trainer::evaluate(const data::ImageDataset& dataset) {
+  EvalResult result;
+  std::vector<int64_t> indices(static_cast<size_t>(options_.eval_batch_size));
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  for (int64_t begin = 0; begin < dataset.count; begin += options_.eval_batch_size) {
+    const int64_t end = std::min(dataset.count, begin + options_.eval_batch_size);
+    indices.resize(static_cast<size_t>(end - begin));
+    std::iota(indices.begin(), indices.end(), begin);
+    data::make_image_batch(dataset, indices, model_.compute_dtype(), images_, labels_);
+    const Tensor logits = model_.forward(images_, /*training=*/false);
+    const CrossEntropyResult ce = softmax_cross_entropy(logits, labels_, nullptr);
+    loss_sum += ce.loss_sum;
+    correct += ce.correct;
+  }
+  result.count = dataset.count;
+  if (dataset.count > 0) {
+    result.loss = loss_sum / static_cast<double>(dataset.count);
+    result.accuracy = static_cast<double>(correct) / static_cast<double>(dataset.count);
+  }
+  return result;
+}
+
+TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageDataset* test,
+                          const TrainCallbacks& callbacks) {
+  TrainSummary summary;
+  const int64_t step_samples = options_.batch_size * options_.grad_accumulation;
+  const int64_t steps_per_epoch = (train.count + step_samples - 1) / step_samples;
+  int64_t epochs = options_.epochs;
+  int64_t total_steps = epochs * steps_per_epoch;
+  if (options_.max_steps > 0) {
+    total_steps = options_.max_steps;
+    epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(train.count));
+  int64_t step = 0;
+  for (int64_t epoch = 1; epoch <= epochs && step < total_steps; ++epoch) {
+    const auto epoch_start = Clock::now();
+    std::iota(order.begin(), order.end(), 0);
+    shuffle_rng_.shuffle(std::span<int64_t>(order));
+    double epoch_loss = 0.0;
+    int64_t epoch_samples = 0, epoch_correct = 0;
+    for (int64_t begin = 0; begin < train.count && step < total_steps; begin += step_samples) {
+      const int64_t end = std::min(train.count, begin + step_samples);
+      const float lr = options_.schedule.lr_at(options_.lr, step, total_steps);
+      const auto step_start = Clock::now();
+      const StepResult result =
+          train_step(train, std::span<const int64_t>(order).subspan(static_cast<size_t>(begin),
+                                                                    static_cast<size_t>(end - begin)),
+                     lr);
+      summary.train_seconds += seconds_since(step_start);
+      ++step;
+      summary.samples += result.samples;
+      if (!result.applied) ++summary.skipped_steps;
+      epoch_loss += result.loss * static_cast<double>(result.samples);
+      epoch_samples += result.samples;
+      epoch_correct += result.correct;
+      summary.final_train_loss = result.loss;
+      if (callbacks.on_step) {
+        StepProgress progress;
+        progress.epoch = epoch;
+        progress.epochs = epochs;
+        progress.step = step;
+        progress.total_steps = total_steps;
+        progress.result = result;
+        progress.lr = lr;
+        progress.loss_scale = loss_scaler_.scale();
+        progress.samples_per_second = static_cast<double>(summary.samples) / summary.train_seconds;
+        progress.eta_seconds = summary.train_seconds / static_cast<double>(step) *
+                               static_cast<double>(total_steps - step);
+        callbacks.on_step(progress);
+      }
+    }
+    EpochReport report;
+    report.epoch = epoch;
+    report.train_loss = epoch_samples ? epoch_loss / static_cast<double>(epoch_samples) : 0.0;
+    report.train_accuracy = epoch_samples ? static_cast<double>(epoch_correct) / static_cast<double>(epoch_samples) : 0.0;
+    if (test != nullptr) report.test = evaluate(*test);
+    report.seconds = seconds_since(epoch_start);
+    summary.epochs_completed = epoch;
+    summary.test = report.test;
+    if (callbacks.on_epoch) callbacks.on_epoch(report);
+  }
+  summary.steps = step;
+  summary.samples_per_second =
+      summary.train_seconds > 0.0 ? static_cast<double>(summary.samples) / summary.train_seconds : 0.0;
+  summary.final_loss_scale = loss_scaler_.scale();
+  return summary;
+}
+
+}  // namespace fedmesh::node

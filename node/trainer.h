@@ -1,0 +1,111 @@
+// The local trainer: epochs or steps of mini-batch training with gradient
+// accumulation, gradient-norm clipping, learning-rate schedules, mixed
+// precision with loss scaling, and evaluation. Deterministic for a seed and a
+// thread count on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/random.h"
+#include "base/status.h"
+#include "kernels/optimizer.h"
+#include "node/data/fashion_mnist.h"
+#include "node/loss_scaler.h"
+#include "node/model.h"
+
+namespace fedmesh::node {
+
+struct TrainOptions {
+  int64_t epochs = 1;
+  int64_t max_steps = 0;  // > 0: stop after this many optimizer steps, whatever the epochs
+  int64_t batch_size = 64;
+  int64_t grad_accumulation = 1;  // micro-batches of batch_size per optimizer step
+  std::string optimizer = "adamw";  // "adamw" | "sgd"
+  float lr = 1e-3f;
+  float momentum = 0.9f;  // sgd only
+  bool nesterov = false;  // sgd only
+  float weight_decay = 1e-4f;
+  LrSchedule schedule;
+  float clip_grad_norm = 0.0f;  // 0: no clipping
+  DType precision = DType::kF32;
+  LossScalerOptions loss_scaling;  // used for fp16 only
+  uint64_t seed = 0;
+  int64_t eval_batch_size = 256;
+
+  // Checks ranges and names; the message says which option is wrong.
+  Status validate() const;
+};
+
+struct EvalResult {
+  double loss = 0.0;
+  double accuracy = 0.0;
+  int64_t count = 0;
+};
+
+struct StepResult {
+  double loss = 0.0;        // mean loss of the step's samples
+  int64_t samples = 0;
+  int64_t correct = 0;
+  double grad_norm = 0.0;   // before clipping, after unscaling; 0 when skipped
+  bool applied = true;      // false when skipped for non-finite gradients
+};
+
+struct StepProgress {
+  int64_t epoch = 0, epochs = 0;
+  int64_t step = 0, total_steps = 0;
+  StepResult result;
+  float lr = 0.0f;
+  float loss_scale = 1.0f;
+  double samples_per_second = 0.0;
+  double eta_seconds = 0.0;
+};
+
+struct EpochReport {
+  int64_t epoch = 0;
+  double train_loss = 0.0, train_accuracy = 0.0;
+  EvalResult test;  // count == 0 when no test set
+  double seconds = 0.0;
+};
+
+struct TrainSummary {
+  int64_t steps = 0, skipped_steps = 0, epochs_completed = 0;
+  int64_t samples = 0;
+  double train_seconds = 0.0;  // time in training steps, excluding evaluation
+  double samples_per_second = 0.0;
+  double final_train_loss = 0.0;
+  float final_loss_scale = 1.0f;
+  EvalResult test;
+};
+
+struct TrainCallbacks {
+  std::function<void(const StepProgress&)> on_step;
+  std::function<void(const EpochReport&)> on_epoch;
+};
+
+class Trainer {
+ public:
+  // Model must outlive the trainer. Call only with validated options.
+  Trainer(Sequential& model, TrainOptions options);
+
+  TrainSummary fit(const data::ImageDataset& train, const data::ImageDataset* test, const TrainCallbacks& callbacks);
+  // One optimizer step over `indices`, split in micro-batches of batch_size.
+  StepResult train_step(const data::ImageDataset& dataset, std::span<const int64_t> indices, float lr);
+  EvalResult evaluate(const data::ImageDataset& dataset);
+  const DynamicLossScaler& loss_scaler() const { return loss_scaler_; }
+
+ private:
+  Sequential& model_;
+  TrainOptions options_;
+  std::unique_ptr<Optimizer> optimizer_;
+  DynamicLossScaler loss_scaler_;
+  Rng shuffle_rng_;
+  Tensor images_, dlogits_;
+  std::vector<int32_t> labels_;
+};
+
+}  // namespace fedmesh::node

@@ -71,7 +71,10 @@ Tensor Linear::forward(const Tensor& x, bool training) {
     gemm(false, true, 1.0f, input, w, 0.0f, y);
     add_bias(y, bias_.value);
   }
-  if (training) input_ = input;
+  if (training) {
+    input_ = input;
+    input_shape_ = x.shape();
+  }
   return y;
 }
 
@@ -83,7 +86,7 @@ Tensor Linear::backward(const Tensor& dy, bool need_input_grad) {
   if (!need_input_grad) return {};
   Tensor& dx = reuse_buffer(input_grad_, input_.shape(), input_.dtype());
   gemm(false, false, 1.0f, grad, weight_.compute, 0.0f, dx);  // (batch, in) = dy · W
-  return dx;
+  return dx.reshape(input_shape_);
 }
 
 // ---- ReLU / GELU ---------------------------------------------------------------

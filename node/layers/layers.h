@@ -28,6 +28,7 @@ class Linear final : public Layer {
  private:
   int64_t in_, out_;
   Parameter weight_, bias_;
+  Shape input_shape_;  // as given, before flattening
   Tensor input_, output_, input_grad_;
 };
 

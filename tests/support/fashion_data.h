@@ -1,0 +1,22 @@
+// The real Fashion-MNIST files, loaded once per test binary.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include "node/data/fashion_mnist.h"
+
+namespace fedmesh::testing {
+
+inline const data::ImageDataset& fashion_split(data::Split split) {
+  static const auto load = [](data::Split s) {
+    auto dataset = data::load_fashion_mnist(data::kDefaultFashionMnistDir, s);
+    // deploy/setup.sh installs dataset-fashion-mnist, so its absence is a setup failure.
+    if (!dataset.is_ok()) ADD_FAILURE() << dataset.status().to_string();
+    return dataset.is_ok() ? std::move(dataset).value() : data::ImageDataset{};
+  };
+  static const data::ImageDataset train = load(data::Split::kTrain);
+  static const data::ImageDataset test = load(data::Split::kTest);
+  return split == data::Split::kTrain ? train : test;
+}
+
+}  // namespace fedmesh::testing

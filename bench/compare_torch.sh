@@ -156,7 +156,8 @@ read -r -a PT_EXTRA <<< "${TORCH_EXTRA_ARGS:-}"
 
 run_fedmesh() {  # model rep
   local out="$OUT_DIR/fedmesh-$1-$2"
-  log "fedmesh $1 run $2/$REPEAT"
+  log "fedmesh $1 run $2/$REPEAT (load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo n/a))"
+  cut -d' ' -f1 /proc/loadavg >"$out.load" 2>/dev/null || true
   if "$FEDMESH" train --model "$1" "${LEN_ARGS[@]}" --batch-size "$BATCH" --threads "$THREADS" \
        --seed "$SEED" --json "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
@@ -166,7 +167,8 @@ run_fedmesh() {  # model rep
 }
 run_torch() {  # model rep
   local out="$OUT_DIR/pytorch-$1-$2"
-  log "pytorch $1 run $2/$REPEAT"
+  log "pytorch $1 run $2/$REPEAT (load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo n/a))"
+  cut -d' ' -f1 /proc/loadavg >"$out.load" 2>/dev/null || true
   if "$PY" "$SCRIPT_DIR/torch_train.py" --model "$1" "${LEN_ARGS[@]}" --batch-size "$BATCH" \
        --threads "$THREADS" --seed "$SEED" --data-dir "$DATA_DIR" "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
@@ -187,10 +189,11 @@ done
 # Report (stdlib-only python: any python3 will do, prefer the torch one)
 # ---------------------------------------------------------------------------
 set +e
-"$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "${EPOCHS:-}" "${STEPS:-}" <<'PYEOF'
+"$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "${EPOCHS:-}" "${STEPS:-}" "$(nproc 2>/dev/null || echo 0)" <<'PYEOF'
 import json, os, statistics, sys
 
-out_dir, models, repeat, batch, threads, epochs, steps = sys.argv[1:8]
+out_dir, models, repeat, batch, threads, epochs, steps, ncpu = sys.argv[1:9]
+ncpu = int(ncpu)
 models = models.split(",")
 repeat, batch, threads = int(repeat), int(batch), int(threads)
 TARGETS = {"mlp": 1.5, "cnn": 1.0}
@@ -234,6 +237,12 @@ def load(framework, model, rep):
         err = "summary has no positive samples_per_second"
     return rec, err
 
+def load_avg(framework, model, rep):
+    try:
+        return float(open(os.path.join(out_dir, f"{framework}-{model}-{rep}.load")).read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
 def median(xs):
     return statistics.median(xs) if xs else None
 
@@ -244,9 +253,13 @@ failed = False
 rows, records = [], []
 for m in models:
     res = {}
+    loads = []
     for fw in ("fedmesh", "pytorch"):
         sps, acc, errs, extra = [], [], [], {}
         for r in range(1, repeat + 1):
+            la = load_avg(fw, m, r)
+            if la is not None:
+                loads.append(la)
             rec, err = load(fw, m, r)
             if err:
                 errs.append(f"run {r}: {err}")
@@ -257,6 +270,8 @@ for m in models:
                 acc.append(a)
             if fw == "pytorch":
                 extra["torch_version"] = rec.get("torch_version")
+                if num(rec.get("median_step_ms")) is not None:
+                    extra.setdefault("median_step_ms", []).append(rec["median_step_ms"])
         res[fw] = dict(sps=sps, acc=acc, errs=errs, extra=extra)
     fm, pt = res["fedmesh"], res["pytorch"]
     fm_med, pt_med = median(fm["sps"]), median(pt["sps"])
@@ -284,6 +299,9 @@ for m in models:
         "fedmesh_runs_samples_per_second": fm["sps"],
         "pytorch_runs_samples_per_second": pt["sps"],
         "torch_version": pt["extra"].get("torch_version"),
+        "pytorch_median_step_ms": median(pt["extra"].get("median_step_ms", [])),
+        "max_load_average_before_runs": max(loads) if loads else None,
+        "cpus": ncpu,
         "errors": errors,
     }
     records.append(rec)
@@ -307,6 +325,13 @@ for r in records:
           f"{f(r['fedmesh_test_accuracy'], '7.4f')} {f(r['pytorch_test_accuracy'], '7.4f')}")
     for e in r["errors"]:
         print(f"  ! {r['model']}: {e}")
+busy = [r for r in records if r["max_load_average_before_runs"] is not None and ncpu
+        and r["max_load_average_before_runs"] > 0.5 * ncpu]
+if busy:
+    worst = max(r["max_load_average_before_runs"] for r in busy)
+    print(f"WARNING: 1-min load average reached {worst:.2f} on {ncpu} CPU(s) before some runs; "
+          "other work was competing for the cores, so these numbers are unreliable (rerun on an idle machine, "
+          "or use --repeat).")
 print()
 for r in records:
     print(json.dumps(r))

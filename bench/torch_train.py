@@ -224,7 +224,8 @@ def main():
     model.train()
     step = 0
     timed_samples = 0
-    t0 = None
+    t0 = t_prev = None
+    step_times = []
     last_loss = None
     epoch = 0
     while step < total_steps:
@@ -237,9 +238,12 @@ def main():
             step += 1
             if step == 1:
                 last_loss = loss.item()  # also syncs; nothing is async on CPU anyway
-                t0 = time.perf_counter()  # timing starts after the warm-up step
+                t0 = t_prev = time.perf_counter()  # timing starts after the warm-up step
             else:
                 timed_samples += xb.shape[0]
+                t_now = time.perf_counter()
+                step_times.append(t_now - t_prev)  # includes fetching the batch
+                t_prev = t_now
             if step >= total_steps:
                 break
     train_seconds = time.perf_counter() - t0
@@ -247,6 +251,11 @@ def main():
     sps = timed_samples / train_seconds if train_seconds > 0 else None
     log(f"{step} steps ({epoch} epoch(s)), {timed_samples} timed samples in {train_seconds:.3f}s "
         f"-> {sps:.1f} samples/s, last loss {last_loss:.4f}")
+
+    step_times.sort()
+    median_step_ms = 1e3 * step_times[len(step_times) // 2]
+    p90_step_ms = 1e3 * step_times[min(len(step_times) - 1, (9 * len(step_times)) // 10)]
+    log(f"step time: median {median_step_ms:.2f} ms, p90 {p90_step_ms:.2f} ms")
 
     test_acc = test_loss = None
     if not args.no_eval:
@@ -270,6 +279,9 @@ def main():
         "epochs": args.epochs if args.steps is None else None,
         "train_samples": int(x_train.shape[0]),
         "final_train_loss": last_loss,
+        # Diagnostics for noisy machines: per-step wall time of the timed steps.
+        "median_step_ms": median_step_ms,
+        "p90_step_ms": p90_step_ms,
         "seed": args.seed,
         "mkldnn": bool(torch.backends.mkldnn.is_available()),
         "python": platform.python_version(),

@@ -20,7 +20,7 @@ struct TrainFlags {
   std::string data = "fashion-mnist";
   std::string precision = "fp32";
   std::string device = "cpu";
-  std::string schedule = "constant";
+  std::string schedule = "cosine";
   int64_t train_limit = 0;
   int64_t test_limit = 0;
   int threads = 0;

@@ -119,6 +119,8 @@ main() {
   fi
 
   if [[ -n $why ]]; then printf 'fedmesh test: error: %s\n' "$why"; fi
+  # A broken build or an empty run must read as a failure on the last line too.
+  if ((status != 0 && failed == 0)); then failed=1; fi
   local end=$EPOCHREALTIME
   # EPOCHREALTIME has 6 decimals; the separator follows the locale.
   local us=$(( ${end//[!0-9]/} - ${start//[!0-9]/} ))

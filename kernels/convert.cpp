@@ -10,6 +10,7 @@ constexpr int64_t kConvertGrain = 1 << 15;
 }
 
 void widen_to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
+  if (n <= 0) return;  // empty buffers may be null, and memcpy(null, null, 0) is undefined
   visit_dtype(src_dtype, [&]<class T>() {
     const T* in = static_cast<const T*>(src);
     if constexpr (std::is_same_v<T, float>) {
@@ -23,6 +24,7 @@ void widen_to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
 }
 
 void narrow_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
+  if (n <= 0) return;  // empty buffers may be null, and memcpy(null, null, 0) is undefined
   visit_dtype(dst_dtype, [&]<class T>() {
     T* out = static_cast<T*>(dst);
     if constexpr (std::is_same_v<T, float>) {

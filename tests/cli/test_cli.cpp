@@ -12,7 +12,7 @@
 
 namespace {
 
-struct Run {
+struct CommandRun {
   int exit_code = -1;
   std::string output;  // stdout and stderr together
   std::string stdout_only;
@@ -23,8 +23,8 @@ std::string binary() {
   return path ? path : "fedmesh";
 }
 
-Run run(const std::string& arguments, bool with_stderr = true) {
-  Run result;
+CommandRun run(const std::string& arguments, bool with_stderr = true) {
+  CommandRun result;
   const std::string command = binary() + " " + arguments + (with_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -49,11 +49,11 @@ std::vector<nlohmann::json> json_lines(const std::string& text) {
 }
 
 TEST(Cli, HelpExplainsEverySubcommand) {
-  const Run top = run("--help");
+  const CommandRun top = run("--help");
   EXPECT_EQ(top.exit_code, 0);
   EXPECT_NE(top.output.find("train"), std::string::npos);
   EXPECT_NE(top.output.find("doctor"), std::string::npos);
-  const Run train = run("train --help");
+  const CommandRun train = run("train --help");
   EXPECT_EQ(train.exit_code, 0);
   for (const char* flag : {"--model", "--epochs", "--steps", "--batch-size", "--precision", "--seed", "--json",
                            "--grad-accumulation", "--clip-grad-norm", "--schedule", "--threads", "--data"}) {
@@ -62,7 +62,7 @@ TEST(Cli, HelpExplainsEverySubcommand) {
 }
 
 TEST(Cli, DoctorReportsTheBuild) {
-  const Run doctor = run("doctor --json", /*with_stderr=*/false);
+  const CommandRun doctor = run("doctor --json", /*with_stderr=*/false);
   ASSERT_EQ(doctor.exit_code, 0) << doctor.output;
   const auto lines = json_lines(doctor.stdout_only);
   ASSERT_EQ(lines.size(), 1u);
@@ -71,11 +71,13 @@ TEST(Cli, DoctorReportsTheBuild) {
   EXPECT_TRUE(report.contains("cuda_compiled"));
   EXPECT_TRUE(report.contains("gpu_count"));
   EXPECT_NE(report["blas"].get<std::string>().find("OpenBLAS"), std::string::npos);
-  if (report["gpu_count"] == 0) EXPECT_FALSE(report["gpu_unavailable_reason"].get<std::string>().empty());
+  if (report["gpu_count"] == 0) {
+    EXPECT_FALSE(report["gpu_unavailable_reason"].get<std::string>().empty());
+  }
 }
 
 TEST(Cli, TrainPrintsJsonLinesEndingInASummary) {
-  const Run train = run(
+  const CommandRun train = run(
       "train --model mlp --steps 60 --train-limit 3840 --test-limit 500 --log-every 20 --seed 3 --json",
       /*with_stderr=*/false);
   ASSERT_EQ(train.exit_code, 0) << train.output;
@@ -97,7 +99,7 @@ TEST(Cli, TrainPrintsJsonLinesEndingInASummary) {
 }
 
 TEST(Cli, HumanOutputShowsProgressAndAResult) {
-  const Run train = run("train --model mlp --steps 20 --train-limit 1280 --test-limit 200 --log-every 10");
+  const CommandRun train = run("train --model mlp --steps 20 --train-limit 1280 --test-limit 200 --log-every 10");
   ASSERT_EQ(train.exit_code, 0) << train.output;
   EXPECT_NE(train.output.find("step 10/20"), std::string::npos) << train.output;
   EXPECT_NE(train.output.find("test accuracy"), std::string::npos);
@@ -105,28 +107,28 @@ TEST(Cli, HumanOutputShowsProgressAndAResult) {
 }
 
 TEST(Cli, BadInputGivesAClearErrorNotACrash) {
-  const Run precision = run("train --precision fp8 --steps 1");
+  const CommandRun precision = run("train --precision fp8 --steps 1");
   EXPECT_EQ(precision.exit_code, 2);
   EXPECT_NE(precision.output.find("unknown precision 'fp8'"), std::string::npos) << precision.output;
 
-  const Run data = run("train --data /nonexistent/fashion --steps 1");
+  const CommandRun data = run("train --data /nonexistent/fashion --steps 1");
   EXPECT_EQ(data.exit_code, 2);
   EXPECT_NE(data.output.find("/nonexistent/fashion"), std::string::npos) << data.output;
   EXPECT_NE(data.output.find("dataset-fashion-mnist"), std::string::npos) << data.output;
 
-  const Run model = run("train --model resnet");
+  const CommandRun model = run("train --model resnet");
   EXPECT_NE(model.exit_code, 0);
   EXPECT_NE(model.output.find("resnet"), std::string::npos) << model.output;
 
-  const Run schedule = run("train --schedule step:0:2 --steps 1");
+  const CommandRun schedule = run("train --schedule step:0:2 --steps 1");
   EXPECT_EQ(schedule.exit_code, 2);
   EXPECT_NE(schedule.output.find("EVERY"), std::string::npos) << schedule.output;
 
-  const Run cuda = run("train --device cuda --steps 1");
+  const CommandRun cuda = run("train --device cuda --steps 1");
   EXPECT_EQ(cuda.exit_code, 2);
   EXPECT_NE(cuda.output.find("--device cpu"), std::string::npos) << cuda.output;
 
-  const Run unknown = run("frobnicate");
+  const CommandRun unknown = run("frobnicate");
   EXPECT_NE(unknown.exit_code, 0);
 }
 
@@ -141,7 +143,7 @@ TEST(Cli, CorruptDataFilesAreRejectedByName) {
     std::fputs("this is not an IDX file", f);
     std::fclose(f);
   }
-  const Run train = run("train --data " + directory + " --steps 1");
+  const CommandRun train = run("train --data " + directory + " --steps 1");
   EXPECT_EQ(train.exit_code, 2);
   EXPECT_NE(train.output.find("train-images-idx3-ubyte"), std::string::npos) << train.output;
   EXPECT_NE(train.output.find("magic"), std::string::npos) << train.output;

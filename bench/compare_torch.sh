@@ -25,11 +25,13 @@ Options:
   --repeat R           run each framework R times, alternating which goes
                        first, and report the median samples/s (default: 1)
   --seed S             seed passed to both (default: 0)
-  --data-dir DIR       Fashion-MNIST IDX directory for the PyTorch script
-                       (default: /usr/share/datasets/fashion-mnist)
+  --data-dir DIR       Fashion-MNIST IDX directory (default: /usr/share/datasets/fashion-mnist);
+                       when given it is also passed to fedmesh as --data DIR
   --fedmesh PATH       fedmesh binary (default: ${FEDMESH_BUILD_DIR:-build}/cli/fedmesh)
   --python PATH        python with torch+numpy (default: auto; python3, then /usr/bin/python3)
   --out-dir DIR        keep raw outputs of every run here (default: a temp dir, removed)
+  --torch-tuned        run PyTorch with OMP_WAIT_POLICY=passive (a tuned baseline;
+                       the default is PyTorch as a typical user runs it)
   --no-install         do not apt-get install python3-torch/python3-numpy when missing
   -h, --help           show this help
 
@@ -38,7 +40,10 @@ Environment:
                        or absolute (default: build); if
                        $FEDMESH_BUILD_DIR/cli/fedmesh is missing, deploy/setup.sh is run
   FEDMESH_EXTRA_ARGS   extra arguments appended to every `fedmesh train` call
-  TORCH_EXTRA_ARGS     extra arguments appended to every torch_train.py call
+  TORCH_EXTRA_ARGS     extra arguments appended to every torch_train.py call, e.g.
+                       "--omp-wait-policy passive" for a tuned PyTorch baseline (Debian's
+                       torch otherwise loses up to ~2x on small models to libgomp workers
+                       spinning against OpenBLAS's own thread pool)
 
 Targets (fedmesh/PyTorch samples/s): mlp >= 1.5, cnn >= 1.0.
 EOF
@@ -62,6 +67,8 @@ FEDMESH=""
 PYTHON="${PYTHON:-}"
 OUT_DIR=""
 INSTALL=1
+TORCH_TUNED=0
+DATA_DIR_SET=0
 
 need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
@@ -73,11 +80,12 @@ while [[ $# -gt 0 ]]; do
     --steps)      need_arg "$@"; STEPS="$2"; shift 2 ;;
     --repeat)     need_arg "$@"; REPEAT="$2"; shift 2 ;;
     --seed)       need_arg "$@"; SEED="$2"; shift 2 ;;
-    --data-dir)   need_arg "$@"; DATA_DIR="$2"; shift 2 ;;
+    --data-dir)   need_arg "$@"; DATA_DIR="$2"; DATA_DIR_SET=1; shift 2 ;;
     --fedmesh)    need_arg "$@"; FEDMESH="$2"; shift 2 ;;
     --python)     need_arg "$@"; PYTHON="$2"; shift 2 ;;
     --out-dir)    need_arg "$@"; OUT_DIR="$2"; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
+    --torch-tuned) TORCH_TUNED=1; shift ;;
     -h|--help)    usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
@@ -152,12 +160,31 @@ fi
 
 if [[ -n "$STEPS" ]]; then LEN_ARGS=(--steps "$STEPS"); else LEN_ARGS=(--epochs "$EPOCHS"); fi
 read -r -a FM_EXTRA <<< "${FEDMESH_EXTRA_ARGS:-}"
+[[ $DATA_DIR_SET -eq 1 ]] && FM_EXTRA=(--data "$DATA_DIR" "${FM_EXTRA[@]}")
 read -r -a PT_EXTRA <<< "${TORCH_EXTRA_ARGS:-}"
+[[ $TORCH_TUNED -eq 1 ]] && PT_EXTRA=(--omp-wait-policy passive "${PT_EXTRA[@]}")
+
+# CPUs kept busy by other processes right before a run (we are idle then):
+# sampled from /proc/stat over 0.5 s.  The load average would mostly show our
+# own previous run.
+busy_cpus() {
+  local a b
+  a=$(head -n1 /proc/stat 2>/dev/null) || { echo n/a; return; }
+  sleep 0.5
+  b=$(head -n1 /proc/stat 2>/dev/null) || { echo n/a; return; }
+  awk -v a="$a" -v b="$b" -v n="$(nproc 2>/dev/null || echo 1)" 'BEGIN {
+    split(a, x); split(b, y); tot = 0
+    for (i = 2; i <= 9; i++) tot += y[i] - x[i]
+    idle = (y[5] - x[5]) + (y[6] - x[6])
+    busy = 0
+    if (tot > 0) busy = n * (1 - idle / tot)
+    printf "%.2f\n", busy }'
+}
 
 run_fedmesh() {  # model rep
   local out="$OUT_DIR/fedmesh-$1-$2"
-  log "fedmesh $1 run $2/$REPEAT (load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo n/a))"
-  cut -d' ' -f1 /proc/loadavg >"$out.load" 2>/dev/null || true
+  busy_cpus >"$out.busy"
+  log "fedmesh $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
   if "$FEDMESH" train --model "$1" "${LEN_ARGS[@]}" --batch-size "$BATCH" --threads "$THREADS" \
        --seed "$SEED" --json "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
@@ -167,8 +194,8 @@ run_fedmesh() {  # model rep
 }
 run_torch() {  # model rep
   local out="$OUT_DIR/pytorch-$1-$2"
-  log "pytorch $1 run $2/$REPEAT (load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo n/a))"
-  cut -d' ' -f1 /proc/loadavg >"$out.load" 2>/dev/null || true
+  busy_cpus >"$out.busy"
+  log "pytorch $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
   if "$PY" "$SCRIPT_DIR/torch_train.py" --model "$1" "${LEN_ARGS[@]}" --batch-size "$BATCH" \
        --threads "$THREADS" --seed "$SEED" --data-dir "$DATA_DIR" "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
@@ -189,10 +216,10 @@ done
 # Report (stdlib-only python: any python3 will do, prefer the torch one)
 # ---------------------------------------------------------------------------
 set +e
-"$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "${EPOCHS:-}" "${STEPS:-}" "$(nproc 2>/dev/null || echo 0)" <<'PYEOF'
+"$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "${EPOCHS:-}" "${STEPS:-}" "$(nproc 2>/dev/null || echo 0)" "${PT_EXTRA[*]}" <<'PYEOF'
 import json, os, statistics, sys
 
-out_dir, models, repeat, batch, threads, epochs, steps, ncpu = sys.argv[1:9]
+out_dir, models, repeat, batch, threads, epochs, steps, ncpu, torch_extra = sys.argv[1:10]
 ncpu = int(ncpu)
 models = models.split(",")
 repeat, batch, threads = int(repeat), int(batch), int(threads)
@@ -237,9 +264,9 @@ def load(framework, model, rep):
         err = "summary has no positive samples_per_second"
     return rec, err
 
-def load_avg(framework, model, rep):
+def busy_before(framework, model, rep):
     try:
-        return float(open(os.path.join(out_dir, f"{framework}-{model}-{rep}.load")).read().split()[0])
+        return float(open(os.path.join(out_dir, f"{framework}-{model}-{rep}.busy")).read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -257,7 +284,7 @@ for m in models:
     for fw in ("fedmesh", "pytorch"):
         sps, acc, errs, extra = [], [], [], {}
         for r in range(1, repeat + 1):
-            la = load_avg(fw, m, r)
+            la = busy_before(fw, m, r)
             if la is not None:
                 loads.append(la)
             rec, err = load(fw, m, r)
@@ -270,6 +297,7 @@ for m in models:
                 acc.append(a)
             if fw == "pytorch":
                 extra["torch_version"] = rec.get("torch_version")
+                extra["omp_wait_policy"] = rec.get("omp_wait_policy")
                 if num(rec.get("median_step_ms")) is not None:
                     extra.setdefault("median_step_ms", []).append(rec["median_step_ms"])
         res[fw] = dict(sps=sps, acc=acc, errs=errs, extra=extra)
@@ -299,8 +327,10 @@ for m in models:
         "fedmesh_runs_samples_per_second": fm["sps"],
         "pytorch_runs_samples_per_second": pt["sps"],
         "torch_version": pt["extra"].get("torch_version"),
+        "pytorch_omp_wait_policy": pt["extra"].get("omp_wait_policy"),
+        "pytorch_extra_args": torch_extra,
         "pytorch_median_step_ms": median(pt["extra"].get("median_step_ms", [])),
-        "max_load_average_before_runs": max(loads) if loads else None,
+        "max_busy_cpus_before_runs": max(loads) if loads else None,
         "cpus": ncpu,
         "errors": errors,
     }
@@ -314,7 +344,8 @@ def f(x, fmt):
 
 length = f"{steps} steps" if steps else f"{epochs} epoch(s)"
 agg = f", median of {repeat}" if repeat > 1 else ""
-print(f"fedmesh vs PyTorch (CPU) -- batch {batch}, {threads} thread(s), {length}{agg}")
+print(f"fedmesh vs PyTorch (CPU) -- batch {batch}, {threads} thread(s), {length}{agg}"
+      + (f"; torch_train.py {torch_extra}" if torch_extra else ""))
 hdr = f"{'model':<6} {'fedmesh sps':>12} {'pytorch sps':>12} {'ratio':>7} {'target':>8} {'status':<7} {'fm acc':>7} {'pt acc':>7}"
 print(hdr)
 print("-" * len(hdr))
@@ -325,12 +356,12 @@ for r in records:
           f"{f(r['fedmesh_test_accuracy'], '7.4f')} {f(r['pytorch_test_accuracy'], '7.4f')}")
     for e in r["errors"]:
         print(f"  ! {r['model']}: {e}")
-busy = [r for r in records if r["max_load_average_before_runs"] is not None and ncpu
-        and r["max_load_average_before_runs"] > 0.5 * ncpu]
+busy = [r for r in records if r["max_busy_cpus_before_runs"] is not None
+        and r["max_busy_cpus_before_runs"] > 0.25]
 if busy:
-    worst = max(r["max_load_average_before_runs"] for r in busy)
-    print(f"WARNING: 1-min load average reached {worst:.2f} on {ncpu} CPU(s) before some runs; "
-          "other work was competing for the cores, so these numbers are unreliable (rerun on an idle machine, "
+    worst = max(r["max_busy_cpus_before_runs"] for r in busy)
+    print(f"WARNING: other processes kept {worst:.2f} of {ncpu} CPU(s) busy just before some runs; "
+          "they compete for the cores, so these numbers are unreliable (rerun on an idle machine, "
           "or use --repeat).")
 print()
 for r in records:

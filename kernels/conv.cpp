@@ -1,13 +1,30 @@
 #include "kernels/conv.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/parallel.h"
 
 namespace fedmesh {
+
+namespace {
+
+// Output positions j in [0, outputs) whose input position j*stride - offset
+// falls inside [0, size): the part of a row that is not padding.
+std::pair<int64_t, int64_t> valid_output_range(int64_t offset, int64_t stride, int64_t size, int64_t outputs) {
+  // j*stride >= offset  and  j*stride - offset <= size - 1
+  const int64_t first = offset <= 0 ? 0 : (offset + stride - 1) / stride;
+  const int64_t last = (size - 1 + offset) < 0 ? -1 : (size - 1 + offset) / stride;  // inclusive
+  const int64_t begin = std::min(first, outputs);
+  const int64_t end = std::max(begin, std::min(outputs, last + 1));
+  return {begin, end};
+}
+
+}  // namespace
 
 void im2col(const Conv2dGeometry& g, const Tensor& x, float* col) {
   const int64_t oh = g.out_height(), ow = g.out_width(), plane = oh * ow;
@@ -30,10 +47,16 @@ void im2col(const Conv2dGeometry& g, const Tensor& x, float* col) {
               continue;
             }
             const T* line = image + hi * g.width;
-            for (int64_t j = 0; j < ow; ++j) {
-              const int64_t wj = j * g.stride - g.padding + kj;
-              out_line[j] = (wj >= 0 && wj < g.width) ? to_float(line[wj]) : 0.0f;
+            // Output columns [j0, j1) read inside the image; the rest is padding.
+            const auto [j0, j1] = valid_output_range(g.padding - kj, g.stride, g.width, ow);
+            std::fill(out_line, out_line + j0, 0.0f);
+            if (g.stride == 1) {
+              const T* src = line + j0 - g.padding + kj;
+              for (int64_t j = j0; j < j1; ++j) out_line[j] = to_float(src[j - j0]);
+            } else {
+              for (int64_t j = j0; j < j1; ++j) out_line[j] = to_float(line[j * g.stride - g.padding + kj]);
             }
+            std::fill(out_line + j1, out_line + ow, 0.0f);
           }
         }
       }
@@ -59,9 +82,13 @@ void col2im(const Conv2dGeometry& g, const float* dcol, Tensor& dx) {
               const int64_t hi = i * g.stride - g.padding + ki;
               if (hi < 0 || hi >= g.height) continue;
               float* line = accumulator.data() + hi * g.width;
-              for (int64_t j = 0; j < ow; ++j) {
-                const int64_t wj = j * g.stride - g.padding + kj;
-                if (wj >= 0 && wj < g.width) line[wj] += in[i * ow + j];
+              const float* src = in + i * ow;
+              const auto [j0, j1] = valid_output_range(g.padding - kj, g.stride, g.width, ow);
+              if (g.stride == 1) {
+                float* dst = line - g.padding + kj;
+                for (int64_t j = j0; j < j1; ++j) dst[j] += src[j];
+              } else {
+                for (int64_t j = j0; j < j1; ++j) line[j * g.stride - g.padding + kj] += src[j];
               }
             }
           }
@@ -173,6 +200,30 @@ void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, std:
       parallel_for(planes, 8, [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p) {
           const In* src = in + p * in_plane;
+          if (g.kernel == 2 && g.stride == 2) {  // the common case, without the generic window loops
+            for (int64_t i = 0; i < oh; ++i) {
+              const In* top = src + 2 * i * g.width;
+              const In* bottom = top + g.width;
+              Out* dst = out + p * out_plane + i * ow;
+              int32_t* chosen = argmax.data() + p * out_plane + i * ow;
+              for (int64_t j = 0; j < ow; ++j) {
+                const float a = to_float(top[2 * j]), b = to_float(top[2 * j + 1]);
+                const float c = to_float(bottom[2 * j]), d = to_float(bottom[2 * j + 1]);
+                // First maximum in row-major window order, as the generic path
+                // picks; selects rather than branches (random data mispredicts).
+                const bool right_top = b > a;
+                const float top_best = right_top ? b : a;
+                const bool right_bottom = d > c;
+                const float bottom_best = right_bottom ? d : c;
+                const bool below = bottom_best > top_best;
+                const int64_t base = 2 * i * g.width + 2 * j;
+                const int64_t index = below ? base + g.width + right_bottom : base + right_top;
+                dst[j] = from_float<Out>(below ? bottom_best : top_best);
+                chosen[j] = static_cast<int32_t>(index);
+              }
+            }
+            continue;
+          }
           for (int64_t i = 0; i < oh; ++i) {
             for (int64_t j = 0; j < ow; ++j) {
               float best = -std::numeric_limits<float>::infinity();

@@ -11,6 +11,15 @@
 namespace fedmesh {
 namespace {
 
+// Every test asks twice: the query clears CUDA's sticky error, so a second
+// call must give the same answer. On a CUDA build without a usable GPU every
+// test here skips, and the binary reports SKIP (tests/support/main.cpp).
+void expect_same_answer(const CudaReport& first, const CudaReport& second) {
+  EXPECT_EQ(first.compiled, second.compiled);
+  EXPECT_EQ(first.gpus.size(), second.gpus.size());
+  EXPECT_EQ(first.unavailable_reason, second.unavailable_reason);
+}
+
 TEST(DeviceInfo, CpuOnlyBuildExplainsWhy) {
   const CudaReport report = query_cuda();
   if (report.compiled) GTEST_SKIP() << "this build has the CUDA backend";
@@ -19,12 +28,14 @@ TEST(DeviceInfo, CpuOnlyBuildExplainsWhy) {
   EXPECT_EQ(report.runtime_version, 0);
   EXPECT_EQ(report.cublas_version, 0);
   EXPECT_EQ(report.nccl_version, 0);
+  expect_same_answer(report, query_cuda());
 }
 
 TEST(DeviceInfo, CudaBuildDescribesEveryGpu) {
   const CudaReport report = query_cuda();
   if (!report.compiled) GTEST_SKIP() << "CPU-only build: " << report.unavailable_reason;
   EXPECT_GT(report.runtime_version, 0) << "a CUDA build links a runtime";
+  expect_same_answer(report, query_cuda());
   if (report.gpus.empty()) {
     // No usable device (e.g. no driver: cudaErrorInsufficientDriver): the
     // report must say so, and GPU tests skip rather than fail.
@@ -32,6 +43,7 @@ TEST(DeviceInfo, CudaBuildDescribesEveryGpu) {
     GTEST_SKIP() << "no usable GPU on this machine: " << report.unavailable_reason;
   }
   EXPECT_GT(report.driver_version, 0) << "GPUs were found, so a driver is installed";
+  EXPECT_GT(report.cublas_version, 0);
   std::set<int> indices;
   for (const GpuInfo& gpu : report.gpus) {
     SCOPED_TRACE("GPU " + std::to_string(gpu.index) + " " + gpu.name);
@@ -39,17 +51,9 @@ TEST(DeviceInfo, CudaBuildDescribesEveryGpu) {
     EXPECT_GT(gpu.memory_bytes, 0u);
     EXPECT_GE(gpu.compute_major, 5) << "Maxwell or newer";
     EXPECT_GE(gpu.compute_minor, 0);
-    EXPECT_TRUE(indices.insert(gpu.index).second) << "indices are distinct";
     EXPECT_GE(gpu.index, 0);
+    EXPECT_TRUE(indices.insert(gpu.index).second) << "indices are distinct";
   }
-}
-
-TEST(DeviceInfo, RepeatedQueriesAgree) {
-  // The query clears CUDA's sticky error: asking twice gives the same answer.
-  const CudaReport first = query_cuda(), second = query_cuda();
-  EXPECT_EQ(first.compiled, second.compiled);
-  EXPECT_EQ(first.gpus.size(), second.gpus.size());
-  EXPECT_EQ(first.unavailable_reason, second.unavailable_reason);
 }
 
 }  // namespace

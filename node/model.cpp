@@ -16,8 +16,14 @@ Tensor Sequential::forward(const Tensor& x, bool training) {
 }
 
 void Sequential::backward(const Tensor& dlogits) {
+  // Layers before the first one with parameters (a leading Flatten, say) need
+  // no gradient, so neither does the input of that first trainable layer.
+  size_t first_trainable = 0;
+  while (first_trainable < layers_.size() && layers_[first_trainable]->parameters().empty()) ++first_trainable;
   Tensor grad = dlogits;
-  for (size_t i = layers_.size(); i-- > 0;) grad = layers_[i]->backward(grad, /*need_input_grad=*/i > 0);
+  for (size_t i = layers_.size(); i-- > first_trainable;) {
+    grad = layers_[i]->backward(grad, /*need_input_grad=*/i > first_trainable);
+  }
 }
 
 std::vector<Parameter*> Sequential::parameters() {

@@ -1,5 +1,6 @@
 #include "kernels/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -190,7 +191,32 @@ double sum(const Tensor& x) {
 }
 
 double squared_l2_norm(const Tensor& x) {
-  return reduce(x, [](float v) { return static_cast<double>(v) * v; });
+  if (x.dtype() != DType::kF32) return reduce(x, [](float v) { return static_cast<double>(v) * v; });
+  // fp32 fast path: 8 double lanes per block of kNormBlock values (explicit
+  // lanes vectorize without reassociation flags), blocks summed in order.
+  // Fixed chunking, so the result depends only on the data.
+  constexpr int64_t kNormBlock = 1024;
+  constexpr int kLanes = 8;
+  const float* p = x.data<float>();
+  const int64_t n = x.numel();
+  const int64_t blocks = (n + kNormBlock - 1) / kNormBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  parallel_for(blocks, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t begin = b * kNormBlock, end = std::min(n, begin + kNormBlock);
+      double lanes[kLanes] = {};
+      int64_t i = begin;
+      for (; i + kLanes <= end; i += kLanes)
+        for (int l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(p[i + l]) * p[i + l];
+      double total = 0.0;
+      for (; i < end; ++i) total += static_cast<double>(p[i]) * p[i];
+      for (double lane : lanes) total += lane;
+      partial[static_cast<size_t>(b)] = total;
+    }
+  });
+  double total = 0.0;
+  for (double v : partial) total += v;
+  return total;
 }
 
 float max_abs(const Tensor& x) {

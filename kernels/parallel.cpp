@@ -26,16 +26,27 @@ thread_local bool tls_inside_parallel_region = false;
 // before sleeping: training issues many short regions back to back.
 constexpr int kSpinIterations = 4000;
 
+// generation_ packs a region's sequence number (high bits) with its task
+// count (low kCountBits bits), so a worker reads both in one load: read
+// separately, a worker idle in region N could pair N's generation with region
+// N+1's count (published meanwhile), run N+1's task, then run it again on
+// seeing N+1, decrementing pending_ twice and letting run() return while
+// another worker still uses the task.
+constexpr int kCountBits = 16;
+constexpr uint64_t kCountMask = (uint64_t{1} << kCountBits) - 1;
+constexpr uint64_t kOneGeneration = uint64_t{1} << kCountBits;
+
 class WorkerPool {
  public:
   explicit WorkerPool(int threads) {
+    threads = std::min(threads, static_cast<int>(kCountMask));
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
   }
   ~WorkerPool() {
     {
       std::lock_guard lock(mutex_);
       stopping_.store(true);
-      generation_.fetch_add(1, std::memory_order_release);
+      generation_.fetch_add(kOneGeneration, std::memory_order_release);
     }
     wake_.notify_all();
     for (auto& worker : workers_) worker.join();
@@ -47,11 +58,11 @@ class WorkerPool {
   void run(int count, const std::function<void(int)>& task) {
     std::lock_guard serialize(run_mutex_);  // one parallel region at a time
     task_ = &task;
-    task_count_ = count;
     pending_.store(count - 1, std::memory_order_relaxed);
     {
       std::lock_guard lock(mutex_);
-      generation_.fetch_add(1, std::memory_order_release);
+      const uint64_t next = (generation_.load(std::memory_order_relaxed) & ~kCountMask) + kOneGeneration;
+      generation_.store(next | static_cast<uint64_t>(count), std::memory_order_release);
     }
     wake_.notify_all();
     tls_inside_parallel_region = true;
@@ -77,7 +88,7 @@ class WorkerPool {
       }
       if (stopping_.load()) return;
       seen = generation_.load(std::memory_order_acquire);
-      if (index >= task_count_) continue;
+      if (index >= static_cast<int>(seen & kCountMask)) continue;  // not needed in this region
       (*task_)(index);
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard lock(mutex_);
@@ -92,7 +103,6 @@ class WorkerPool {
   std::condition_variable wake_;
   std::condition_variable done_;
   const std::function<void(int)>* task_ = nullptr;
-  int task_count_ = 0;
   std::atomic<int> pending_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stopping_{false};

@@ -300,14 +300,19 @@ std::string format_label_histograms(const std::vector<std::vector<int64_t>>& his
   };
 
   std::string table = pad(site_header, site_width) + "  " + pad(total_header, total_width) + " |";
-  for (size_t label = 0; label < classes; ++label) table += " " + pad(std::to_string(label), class_width);
+  // Appending piecewise: GCC 12 warns falsely (-Wrestrict) on `" " + std::string`.
+  for (size_t label = 0; label < classes; ++label) {
+    table += ' ';
+    table += pad(std::to_string(label), class_width);
+  }
   table += '\n';
   for (size_t site = 0; site < histograms.size(); ++site) {
     const std::vector<int64_t>& row = histograms[site];
     table += pad(std::to_string(site), site_width) + "  " +
              pad(std::to_string(std::accumulate(row.begin(), row.end(), int64_t{0})), total_width) + " |";
     for (size_t label = 0; label < classes; ++label) {
-      table += " " + pad(std::to_string(label < row.size() ? row[label] : 0), class_width);
+      table += ' ';
+      table += pad(std::to_string(label < row.size() ? row[label] : 0), class_width);
     }
     table += '\n';
   }

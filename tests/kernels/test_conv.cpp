@@ -55,7 +55,8 @@ std::string describe(const Conv2dGeometry& g) {
 }
 
 // 7x5 images, 3 input and 4 output channels, batch 1 and 3, every kernel,
-// stride and padding asked for; plus a 1x1 image and a wider odd case.
+// stride and padding asked for; plus a 1x1 image, a wider odd case and a
+// larger one.
 std::vector<Conv2dGeometry> geometries() {
   std::vector<Conv2dGeometry> all;
   for (const int64_t batch : {1, 3})
@@ -69,6 +70,9 @@ std::vector<Conv2dGeometry> geometries() {
   all.push_back(Conv2dGeometry{1, 1, 1, 1, 1, 1, 1, 0});
   all.push_back(Conv2dGeometry{2, 1, 3, 3, 2, 3, 1, 1});
   all.push_back(Conv2dGeometry{2, 5, 11, 13, 6, 3, 2, 1});
+  // Large enough (16 x 1024 x 72 multiply-adds) that sgemm splits its GEMMs
+  // across threads, forward and backward.
+  all.push_back(Conv2dGeometry{4, 8, 16, 16, 16, 3, 1, 1});
   return all;
 }
 

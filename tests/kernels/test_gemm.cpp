@@ -22,6 +22,7 @@
 #include "base/random.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
+#include "kernels/parallel.h"
 #include "kernels/tensor.h"
 
 namespace fedmesh {
@@ -55,6 +56,15 @@ std::vector<float> widen(const Tensor& t) {
   widen_to_f32(t.raw(), t.dtype(), out.data(), t.numel());
   return out;
 }
+
+// Restores the default thread count when a test that changes it ends.
+class ThreadCountGuard {
+ public:
+  ThreadCountGuard() = default;
+  ThreadCountGuard(const ThreadCountGuard&) = delete;
+  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
+  ~ThreadCountGuard() { set_cpu_threads(0); }
+};
 
 // Uniform values in [-1, 1), rounded to `dtype`.
 Tensor random_tensor(Shape shape, DType dtype, Rng& rng) {
@@ -138,10 +148,13 @@ struct Shape3 {
 };
 
 // Zeros, ones, primes, and k around and across the kGemmBlockK = 256 block of
-// the low-precision path (256, 257, 513, 600, 1000).
+// the low-precision path (256, 257, 513, 600, 1000). The last three have
+// m * n * k (and m * n * 256) above sgemm's threshold for splitting c into
+// per-thread slabs: by columns (n >= m) or by rows, with uneven last slabs.
 const Shape3 kShapes[] = {
-    {0, 5, 3}, {5, 0, 3}, {4, 5, 0},    {0, 0, 0},    {1, 1, 1},      {7, 13, 31},  {13, 7, 600},
-    {31, 1, 257}, {1, 31, 513}, {257, 13, 7}, {3, 257, 300}, {17, 19, 256}, {2, 3, 1000},
+    {0, 5, 3},    {5, 0, 3},    {4, 5, 0},      {0, 0, 0},     {1, 1, 1},     {7, 13, 31},
+    {13, 7, 600}, {31, 1, 257}, {1, 31, 513},   {257, 13, 7},  {3, 257, 300}, {17, 19, 256},
+    {2, 3, 1000}, {65, 97, 300}, {257, 33, 40}, {31, 257, 35},
 };
 
 struct Scalars {
@@ -206,6 +219,24 @@ TEST(Gemm, LowPrecisionOperandsAndOutputs) {
       for (const bool tb : {false, true})
         for (const Shape3& s : kShapes)
           for (const Scalars& sc : kScalars) check_gemm(ta, tb, s, sc, d.a, d.b, d.c, rng);
+}
+
+TEST(Gemm, SplitAcrossThreads) {
+  // sgemm splits large products into per-thread slabs of c: every thread
+  // count (1 = no split; 3 and 5: more slabs than this machine may have
+  // cores) must give the reference result and leave the guard rows alone.
+  ThreadCountGuard restore;
+  const Shape3 shapes[] = {{65, 97, 300}, {257, 33, 40}, {31, 257, 35}, {100, 1000, 3}, {1000, 70, 5}};
+  Rng rng(6);
+  for (const int threads : {1, 2, 3, 5}) {
+    set_cpu_threads(threads);
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const Shape3& s : shapes) {
+          check_gemm(ta, tb, s, Scalars{1.5f, -0.5f}, DType::kF32, DType::kF32, DType::kF32, rng);
+          check_gemm(ta, tb, s, Scalars{1.0f, 0.0f}, DType::kBF16, DType::kF32, DType::kF16, rng);
+        }
+  }
 }
 
 TEST(Gemm, AccumulatesIntoCAcrossCalls) {

@@ -175,6 +175,31 @@ TEST(ParallelFor, ConcurrentCallersBothComplete) {
   }
 }
 
+TEST(ParallelFor, BackToBackRegionsWithIdleWorkers) {
+  // Regions of 2..threads+1 chunks in quick succession, so that in many of
+  // them some workers sit idle and the next region is published while they
+  // wake. Each region must still run every chunk exactly once, and return
+  // only after all of them finished. (A worker that paired one region's
+  // generation with the next region's count ran a chunk twice and another
+  // not at all; ThreadSanitizer reports that race on every run, this loop
+  // only sometimes.)
+  ThreadCountGuard restore;
+  for (const int threads : {3, 4}) {
+    set_cpu_threads(threads);
+    std::vector<std::atomic<int>> visits(static_cast<size_t>(threads + 1));
+    int bad_regions = 0;
+    for (int round = 0; round < 3000; ++round) {
+      const int64_t n = 2 + round % threads;  // grain 1: n chunks, capped at threads
+      for (int64_t i = 0; i < n; ++i) visits[static_cast<size_t>(i)].store(0);
+      parallel_for(n, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) visits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) bad_regions += visits[static_cast<size_t>(i)].load() != 1 ? 1 : 0;
+    }
+    EXPECT_EQ(bad_regions, 0) << "threads=" << threads;
+  }
+}
+
 TEST(ParallelFor, CallerOnAnotherThreadWhileMainThreadWorks) {
   // The main thread and a std::thread use the pool at the same time, each
   // with its own output: neither result is disturbed.

@@ -458,6 +458,22 @@ TEST(Reductions, SumAndSquaredNormMatchDoubleAndAreDeterministic) {
   }
 }
 
+TEST(Reductions, Fp32SquaredNormIndependentOfThreadCount) {
+  // The fp32 squared norm uses fixed blocks (elementwise.cpp), so its value
+  // depends only on the data: bit-identical for every thread count.
+  ThreadCountGuard restore;
+  Rng rng(18);
+  for (const int64_t n : {int64_t{17}, int64_t{100003}, int64_t{1000003}}) {
+    const Tensor x = random_tensor({n}, DType::kF32, rng, -3, 5);
+    set_cpu_threads(1);
+    const double reference = squared_l2_norm(x);
+    for (const int threads : {2, 3, 5}) {
+      set_cpu_threads(threads);
+      EXPECT_EQ(squared_l2_norm(x), reference) << "n=" << n << " threads=" << threads;
+    }
+  }
+}
+
 TEST(Reductions, MaxAbs) {
   Rng rng(13);
   for (const DType dtype : kAllDtypes) {

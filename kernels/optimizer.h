@@ -50,7 +50,7 @@ std::unique_ptr<Optimizer> make_adamw(const AdamWOptions& options);
 
 // Learning-rate schedules, parsed from "constant", "step:EVERY:GAMMA" (multiply
 // by GAMMA every EVERY steps) or "cosine:WARMUP" (linear warm-up over WARMUP
-// steps, then cosine decay to zero at the last step).
+// steps, then cosine decay that reaches zero at step total_steps).
 class LrSchedule {
  public:
   static Result<LrSchedule> parse(std::string_view text);

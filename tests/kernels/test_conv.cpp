@@ -18,34 +18,14 @@
 #include "kernels/conv.h"
 #include "kernels/convert.h"
 #include "kernels/tensor.h"
+#include "tests/support/tensor_testing.h"
 
 namespace fedmesh {
 namespace {
 
+using namespace fedmesh::testing;  // NOLINT: test helpers
+
 constexpr double kU32 = 0x1p-24;
-
-std::vector<float> widen(const Tensor& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  widen_to_f32(t.raw(), t.dtype(), out.data(), t.numel());
-  return out;
-}
-
-Tensor from_values(const std::vector<float>& values, Shape shape, DType dtype) {
-  Tensor t = Tensor::empty(std::move(shape), dtype);
-  narrow_from_f32(values.data(), t.raw(), dtype, t.numel());
-  return t;
-}
-
-Tensor random_tensor(Shape shape, DType dtype, Rng& rng, double lo = -1.0, double hi = 1.0) {
-  std::vector<float> values(static_cast<size_t>(shape_numel(shape)));
-  for (auto& v : values) v = static_cast<float>(lo + (hi - lo) * rng.uniform());
-  return from_values(values, std::move(shape), dtype);
-}
-
-Tensor nan_tensor(Shape shape, DType dtype) {
-  std::vector<float> values(static_cast<size_t>(shape_numel(shape)), std::numeric_limits<float>::quiet_NaN());
-  return from_values(values, std::move(shape), dtype);
-}
 
 std::string describe(const Conv2dGeometry& g) {
   return "batch " + std::to_string(g.batch) + ", " + std::to_string(g.in_channels) + "x" +

@@ -24,9 +24,12 @@
 #include "kernels/embedding.h"
 #include "kernels/parallel.h"
 #include "kernels/tensor.h"
+#include "tests/support/tensor_testing.h"
 
 namespace fedmesh {
 namespace {
+
+using namespace fedmesh::testing;  // NOLINT: test helpers
 
 constexpr double kU32 = 0x1p-24;
 constexpr DType kAllDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
@@ -36,52 +39,6 @@ constexpr int64_t kSizes[] = {1, 17, 100003};
 // parallel_for splits into at most cpu_threads() chunks: run with one thread
 // (inline) and with three (more chunks than this machine may have cores).
 constexpr int kThreadCounts[] = {1, 3};
-
-double unit_roundoff(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return 0x1p-8;
-    case DType::kF16: return 0x1p-11;
-    case DType::kF32: break;
-  }
-  return kU32;
-}
-
-double subnormal_floor(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return 0x1p-134;
-    case DType::kF16: return 0x1p-25;
-    case DType::kF32: break;
-  }
-  return 0x1p-150;
-}
-
-// Restores the default thread count when a test that changes it ends.
-class ThreadCountGuard {
- public:
-  ThreadCountGuard() = default;
-  ThreadCountGuard(const ThreadCountGuard&) = delete;
-  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
-  ~ThreadCountGuard() { set_cpu_threads(0); }
-};
-
-std::vector<float> widen(const Tensor& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  widen_to_f32(t.raw(), t.dtype(), out.data(), t.numel());
-  return out;
-}
-
-Tensor from_values(const std::vector<float>& values, Shape shape, DType dtype) {
-  Tensor t = Tensor::empty(std::move(shape), dtype);
-  narrow_from_f32(values.data(), t.raw(), dtype, t.numel());
-  return t;
-}
-
-// Uniform in [lo, hi), rounded to dtype.
-Tensor random_tensor(Shape shape, DType dtype, Rng& rng, double lo = -1.0, double hi = 1.0) {
-  std::vector<float> values(static_cast<size_t>(shape_numel(shape)));
-  for (auto& v : values) v = static_cast<float>(lo + (hi - lo) * rng.uniform());
-  return from_values(values, std::move(shape), dtype);
-}
 
 // out[i] == expected[i] within fp32_error[i] + one rounding to out's dtype.
 void expect_close(const Tensor& out, const std::vector<double>& expected, const std::vector<double>& fp32_error,

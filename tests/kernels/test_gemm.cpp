@@ -24,57 +24,16 @@
 #include "kernels/gemm.h"
 #include "kernels/parallel.h"
 #include "kernels/tensor.h"
+#include "tests/support/tensor_testing.h"
 
 namespace fedmesh {
 namespace {
 
+using namespace fedmesh::testing;  // NOLINT: test helpers
+
 constexpr double kF32Unit = 0x1p-24;  // unit roundoff of fp32
 constexpr int64_t kGuardRows = 3;
 constexpr unsigned char kGuardByte = 0xA5;
-
-double unit_roundoff(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return 0x1p-8;
-    case DType::kF16: return 0x1p-11;
-    case DType::kF32: break;
-  }
-  return kF32Unit;
-}
-
-// Half the smallest subnormal of the dtype: the absolute error floor of one rounding.
-double subnormal_floor(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return 0x1p-134;
-    case DType::kF16: return 0x1p-25;
-    case DType::kF32: break;
-  }
-  return 0x1p-150;
-}
-
-std::vector<float> widen(const Tensor& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  widen_to_f32(t.raw(), t.dtype(), out.data(), t.numel());
-  return out;
-}
-
-// Restores the default thread count when a test that changes it ends.
-class ThreadCountGuard {
- public:
-  ThreadCountGuard() = default;
-  ThreadCountGuard(const ThreadCountGuard&) = delete;
-  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
-  ~ThreadCountGuard() { set_cpu_threads(0); }
-};
-
-// Uniform values in [-1, 1), rounded to `dtype`.
-Tensor random_tensor(Shape shape, DType dtype, Rng& rng) {
-  const int64_t n = shape_numel(shape);
-  std::vector<float> values(static_cast<size_t>(n));
-  for (auto& v : values) v = static_cast<float>(2.0 * rng.uniform() - 1.0);
-  Tensor t = Tensor::empty(std::move(shape), dtype);
-  narrow_from_f32(values.data(), t.raw(), dtype, n);
-  return t;
-}
 
 // A (rows, cols) output viewed inside a larger tensor whose first and last
 // kGuardRows rows hold a byte pattern that no correct gemm touches.

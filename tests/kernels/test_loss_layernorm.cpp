@@ -20,40 +20,16 @@
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
 #include "kernels/tensor.h"
+#include "tests/support/tensor_testing.h"
 
 namespace fedmesh {
 namespace {
 
+using namespace fedmesh::testing;  // NOLINT: test helpers
+
 constexpr double kU32 = 0x1p-24;
 constexpr DType kAllDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 constexpr double kStep = 1e-4;  // finite-difference step, see the file comment
-
-double unit_roundoff(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return 0x1p-8;
-    case DType::kF16: return 0x1p-11;
-    case DType::kF32: break;
-  }
-  return kU32;
-}
-
-std::vector<float> widen(const Tensor& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  widen_to_f32(t.raw(), t.dtype(), out.data(), t.numel());
-  return out;
-}
-
-Tensor from_values(const std::vector<float>& values, Shape shape, DType dtype) {
-  Tensor t = Tensor::empty(std::move(shape), dtype);
-  narrow_from_f32(values.data(), t.raw(), dtype, t.numel());
-  return t;
-}
-
-Tensor random_tensor(Shape shape, DType dtype, Rng& rng, double lo, double hi) {
-  std::vector<float> values(static_cast<size_t>(shape_numel(shape)));
-  for (auto& v : values) v = static_cast<float>(lo + (hi - lo) * rng.uniform());
-  return from_values(values, std::move(shape), dtype);
-}
 
 // ------------------------------------------------------- cross-entropy ----
 

@@ -13,17 +13,12 @@
 #include <vector>
 
 #include "kernels/parallel.h"
+#include "tests/support/tensor_testing.h"
 
 namespace fedmesh {
 namespace {
 
-class ThreadCountGuard {
- public:
-  ThreadCountGuard() = default;
-  ThreadCountGuard(const ThreadCountGuard&) = delete;
-  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
-  ~ThreadCountGuard() { set_cpu_threads(0); }
-};
+using namespace fedmesh::testing;  // NOLINT: test helpers
 
 int hardware_threads() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 

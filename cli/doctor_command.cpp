@@ -46,7 +46,7 @@ int run_doctor(bool json) {
     emit_json({{"event", "summary"},
                {"command", "doctor"},
                {"cpu_cores", cores},
-               {"blas", std::string("OpenBLAS ") + blas_config},
+               {"blas", std::string(blas_config)},
                {"cuda_compiled", cuda.compiled},
                {"cuda_runtime", version_string(cuda.runtime_version, 1000, 10)},
                {"cuda_driver", version_string(cuda.driver_version, 1000, 10)},
@@ -60,7 +60,7 @@ int run_doctor(bool json) {
   }
   std::printf("fedmesh doctor\n");
   std::printf("  CPU cores      %d\n", cores);
-  std::printf("  BLAS           OpenBLAS %s\n", blas_config);
+  std::printf("  BLAS           %s\n", blas_config);
   std::printf("  CUDA backend   %s\n", cuda.compiled ? "compiled" : "not compiled");
   if (cuda.compiled) {
     std::printf("  CUDA runtime   %s\n", version_string(cuda.runtime_version, 1000, 10).c_str());

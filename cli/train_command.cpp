@@ -200,7 +200,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--weight-decay", o.weight_decay, "Weight decay (decoupled for adamw, L2 for sgd)")
       ->capture_default_str();
   cmd->add_option("--schedule", flags->schedule,
-                  "Learning-rate schedule: constant, step:EVERY:GAMMA, cosine:WARMUP (steps)")
+                  "Learning-rate schedule: cosine (decays to 0 over the run), cosine:WARMUP (linear warm-up steps first), constant, step:EVERY:GAMMA")
       ->capture_default_str();
   cmd->add_option("--clip-grad-norm", o.clip_grad_norm, "Clip the global gradient norm to this (0 = off)")
       ->capture_default_str();

@@ -8,7 +8,9 @@
 
 namespace fedmesh {
 
-// Sets the threads used by parallel_for and by OpenBLAS. n <= 0 means all cores.
+// Sets the threads used by parallel_for and by the GEMMs it splits (n <= 0:
+// all cores). Rebuilds the pool: call it between pieces of work, never while
+// another thread is inside parallel_for.
 void set_cpu_threads(int n);
 int cpu_threads();
 

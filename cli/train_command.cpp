@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <new>
+#include <string>
 
 #include "cli/output.h"
 #include "kernels/parallel.h"
@@ -14,6 +16,8 @@
 namespace fedmesh::cli {
 
 namespace {
+
+constexpr int kMaxThreads = 1024;
 
 struct TrainFlags {
   std::string model = "cnn";
@@ -57,6 +61,8 @@ int run_train(TrainFlags& flags) {
   if (Status s = flags.options.validate(); !s.is_ok()) return fail(flags, s);
   if (flags.train_limit < 0 || flags.test_limit < 0) return fail(flags, invalid_argument("limits must be >= 0"));
   if (flags.log_every < 1) return fail(flags, invalid_argument("--log-every must be at least 1"));
+  if (flags.threads < 0 || flags.threads > kMaxThreads)
+    return fail(flags, invalid_argument("--threads must be in [0, " + std::to_string(kMaxThreads) + "] (0 = all cores)"));
   set_cpu_threads(flags.threads);
 
   const std::string directory = data_directory(flags.data);
@@ -221,7 +227,13 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", o.seed, "Seed for initialization and shuffling (runs replay exactly)")
       ->capture_default_str();
   cmd->add_flag("--json", flags->json, "Print JSON lines; the last is {\"event\":\"summary\",...}");
-  cmd->callback([flags, &exit_code] { exit_code = run_train(*flags); });
+  cmd->callback([flags, &exit_code] {
+    try {
+      exit_code = run_train(*flags);
+    } catch (const std::bad_alloc&) {
+      exit_code = fail(*flags, unavailable("out of memory: try a smaller --batch-size or --eval-batch-size"));
+    }
+  });
 }
 
 }  // namespace fedmesh::cli

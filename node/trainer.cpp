@@ -141,6 +141,7 @@ EvalResult Trainer::evaluate(const data::ImageDataset& dataset) {
 TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageDataset* test,
                           const TrainCallbacks& callbacks) {
   TrainSummary summary;
+  if (train.count == 0) return summary;  // nothing to learn from; the loaders reject empty files
   const int64_t step_samples = options_.batch_size * options_.grad_accumulation;
   const int64_t steps_per_epoch = (train.count + step_samples - 1) / step_samples;
   int64_t epochs = options_.epochs;

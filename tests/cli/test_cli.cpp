@@ -128,6 +128,10 @@ TEST(Cli, BadInputGivesAClearErrorNotACrash) {
   EXPECT_EQ(cuda.exit_code, 2);
   EXPECT_NE(cuda.output.find("--device cpu"), std::string::npos) << cuda.output;
 
+  const CommandRun threads = run("train --threads 100000 --steps 1");
+  EXPECT_EQ(threads.exit_code, 2);
+  EXPECT_NE(threads.output.find("--threads"), std::string::npos) << threads.output;
+
   const CommandRun unknown = run("frobnicate");
   EXPECT_NE(unknown.exit_code, 0);
 }

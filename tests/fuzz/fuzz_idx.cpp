@@ -32,17 +32,17 @@
 #include <vector>
 
 #include "node/data/fashion_mnist.h"
+#include "tests/support/idx_reference.h"
 
 namespace {
 
 using fedmesh::Result;
 using fedmesh::StatusCode;
 using fedmesh::data::ImageDataset;
-using Bytes = std::vector<uint8_t>;
+using Bytes = fedmesh::testing::IdxBytes;
 
 constexpr size_t kInputHeaderBytes = 4;
 constexpr uint8_t kGzipImagesFlag = 1, kGzipLabelsFlag = 2, kSamePathFlag = 4;
-constexpr size_t kImagesHeaderBytes = 16, kLabelsHeaderBytes = 8;
 // The reference decodes whole files; past this (a gzip bomb from an input
 // made large with -max_len) it gives up and only the invariants are checked.
 constexpr size_t kReferenceLimitBytes = size_t{256} << 20;
@@ -97,11 +97,6 @@ Bytes gzip(const uint8_t* data, size_t size) {
   return out;
 }
 
-uint32_t load_be32(const Bytes& bytes, size_t at) {
-  return (uint32_t{bytes[at]} << 24) | (uint32_t{bytes[at + 1]} << 16) | (uint32_t{bytes[at + 2]} << 8) |
-         uint32_t{bytes[at + 3]};
-}
-
 enum class Decoded { kOk, kError, kTooLarge };
 
 Decoded reference_decode(const std::string& path, Bytes& out) {
@@ -126,35 +121,12 @@ Decoded reference_decode(const std::string& path, Bytes& out) {
 // `unknown` set where the reference gave up.
 std::optional<ImageDataset> reference_load(const std::string& images_path, const std::string& labels_path,
                                            int num_classes, bool& unknown) {
-  using namespace fedmesh::data;
   Bytes images, labels;
   const Decoded images_state = reference_decode(images_path, images);
   const Decoded labels_state = reference_decode(labels_path, labels);
   unknown = images_state == Decoded::kTooLarge || labels_state == Decoded::kTooLarge;
   if (images_state != Decoded::kOk || labels_state != Decoded::kOk) return std::nullopt;
-  if (images.size() < kImagesHeaderBytes || labels.size() < kLabelsHeaderBytes) return std::nullopt;
-  if (load_be32(images, 0) != kIdxImagesMagic || load_be32(labels, 0) != kIdxLabelsMagic) return std::nullopt;
-  const int64_t count = load_be32(images, 4), rows = load_be32(images, 8), cols = load_be32(images, 12);
-  if (count < 1 || count > kMaxIdxImages || rows < 1 || rows > kMaxIdxSide || cols < 1 ||
-      cols > kMaxIdxSide) {
-    return std::nullopt;
-  }
-  if (count * rows * cols > kMaxIdxPixelBytes || load_be32(labels, 4) != count) return std::nullopt;
-  if (static_cast<int64_t>(images.size()) != static_cast<int64_t>(kImagesHeaderBytes) + count * rows * cols ||
-      static_cast<int64_t>(labels.size()) != static_cast<int64_t>(kLabelsHeaderBytes) + count) {
-    return std::nullopt;
-  }
-  ImageDataset out;
-  out.count = count;
-  out.rows = rows;
-  out.cols = cols;
-  out.num_classes = num_classes;
-  out.pixels.assign(images.begin() + kImagesHeaderBytes, images.end());
-  out.labels.assign(labels.begin() + kLabelsHeaderBytes, labels.end());
-  for (uint8_t label : out.labels) {
-    if (label >= num_classes) return std::nullopt;
-  }
-  return out;
+  return fedmesh::testing::reference_parse_idx(images, labels, num_classes);
 }
 
 }  // namespace

@@ -31,28 +31,25 @@
 
 #include "base/random.h"
 #include "node/data/fashion_mnist.h"
+#include "tests/support/idx_reference.h"
 
 namespace fedmesh::data {
 namespace {
 
 namespace fs = std::filesystem;
-using Bytes = std::vector<uint8_t>;
+using Bytes = fedmesh::testing::IdxBytes;
 
 constexpr uint64_t kDefaultSeed = 0x1d5eed;
 constexpr int kDefaultVariants = 4000;
 constexpr int kMaxReportedFailures = 10;
 constexpr uint32_t kCount = 20, kRows = 4, kCols = 3;
 constexpr int kNumClasses = 10;
-constexpr size_t kImagesHeaderBytes = 16, kLabelsHeaderBytes = 8;
+constexpr size_t kImagesHeaderBytes = fedmesh::testing::kIdxImagesHeaderBytes;
+constexpr size_t kLabelsHeaderBytes = fedmesh::testing::kIdxLabelsHeaderBytes;
 
 uint64_t env_or(const char* name, uint64_t fallback) {
   const char* text = std::getenv(name);
   return text != nullptr && *text != '\0' ? std::strtoull(text, nullptr, 0) : fallback;
-}
-
-uint32_t load_be32(const Bytes& bytes, size_t at) {
-  return (uint32_t{bytes[at]} << 24) | (uint32_t{bytes[at + 1]} << 16) | (uint32_t{bytes[at + 2]} << 8) |
-         uint32_t{bytes[at + 3]};
 }
 
 void store_be32(Bytes& bytes, size_t at, uint32_t value) {
@@ -123,33 +120,7 @@ std::optional<ImageDataset> reference_load(const std::string& images_path, const
   const std::optional<Bytes> images = reference_decode(images_path);
   const std::optional<Bytes> labels = reference_decode(labels_path);
   if (!images || !labels) return std::nullopt;
-  if (images->size() < kImagesHeaderBytes || labels->size() < kLabelsHeaderBytes) return std::nullopt;
-  if (load_be32(*images, 0) != kIdxImagesMagic || load_be32(*labels, 0) != kIdxLabelsMagic) {
-    return std::nullopt;
-  }
-  const int64_t count = load_be32(*images, 4), rows = load_be32(*images, 8), cols = load_be32(*images, 12);
-  if (count < 1 || count > kMaxIdxImages || rows < 1 || rows > kMaxIdxSide || cols < 1 ||
-      cols > kMaxIdxSide) {
-    return std::nullopt;
-  }
-  if (count * rows * cols > kMaxIdxPixelBytes) return std::nullopt;
-  if (load_be32(*labels, 4) != count) return std::nullopt;
-  if (static_cast<int64_t>(images->size()) !=
-          static_cast<int64_t>(kImagesHeaderBytes) + count * rows * cols ||
-      static_cast<int64_t>(labels->size()) != static_cast<int64_t>(kLabelsHeaderBytes) + count) {
-    return std::nullopt;
-  }
-  ImageDataset out;
-  out.count = count;
-  out.rows = rows;
-  out.cols = cols;
-  out.num_classes = num_classes;
-  out.pixels.assign(images->begin() + kImagesHeaderBytes, images->end());
-  out.labels.assign(labels->begin() + kLabelsHeaderBytes, labels->end());
-  for (uint8_t label : out.labels) {
-    if (label >= num_classes) return std::nullopt;
-  }
-  return out;
+  return fedmesh::testing::reference_parse_idx(*images, *labels, num_classes);
 }
 
 // A message with the file paths taken out and cut before its first number:

@@ -134,6 +134,15 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor& Tensor::reuse(Tensor& slot, const Shape& shape, DType dtype) {
+  if (slot.defined() && slot.dtype() == dtype && slot.device() == Device::kCpu && slot.numel() == shape_numel(shape)) {
+    slot = slot.reshape(shape);
+  } else {
+    slot = empty(shape, dtype);
+  }
+  return slot;
+}
+
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device_);
   if (nbytes() > 0) std::memcpy(t.data_, data_, nbytes());

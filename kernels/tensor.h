@@ -95,6 +95,11 @@ class Tensor {
   // A deep copy (same dtype and device).
   Tensor clone() const;
 
+  // Makes `slot` a (shape, dtype) tensor, keeping its memory when it already
+  // has that element count and dtype (contents then unspecified), else
+  // allocating. For buffers rewritten on every step.
+  static Tensor& reuse(Tensor& slot, const Shape& shape, DType dtype);
+
  private:
   struct Storage;
   void check_type(DType requested) const;

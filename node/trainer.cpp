@@ -78,10 +78,7 @@ StepResult Trainer::train_step(const data::ImageDataset& dataset, std::span<cons
     const size_t end = std::min(indices.size(), begin + static_cast<size_t>(options_.batch_size));
     data::make_image_batch(dataset, indices.subspan(begin, end - begin), model_.compute_dtype(), images_, labels_);
     const Tensor logits = model_.forward(images_, /*training=*/true);
-    if (!dlogits_.defined() || dlogits_.numel() != logits.numel() || dlogits_.dtype() != logits.dtype()) {
-      dlogits_ = Tensor::empty(logits.shape(), logits.dtype());
-    }
-    dlogits_ = dlogits_.reshape(logits.shape());
+    Tensor::reuse(dlogits_, logits.shape(), logits.dtype());
     const CrossEntropyResult ce = softmax_cross_entropy(logits, labels_, &dlogits_, scale, normalizer);
     loss_sum += ce.loss_sum;
     result.correct += ce.correct;

@@ -9,11 +9,7 @@ void make_image_batch(const ImageDataset& dataset, std::span<const int64_t> indi
   const int64_t batch = static_cast<int64_t>(indices.size());
   const int64_t pixels = dataset.pixels_per_image();
   const Shape shape = {batch, 1, dataset.rows, dataset.cols};
-  if (!images.defined() || images.dtype() != dtype || images.numel() != shape_numel(shape)) {
-    images = Tensor::empty(shape, dtype);
-  } else {
-    images = images.reshape(shape);
-  }
+  Tensor::reuse(images, shape, dtype);
   // One lookup table per byte value: normalization costs a load per pixel.
   std::array<float, 256> table;
   for (int v = 0; v < 256; ++v)

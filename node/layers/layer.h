@@ -1,6 +1,9 @@
 // Layers with explicit forward and backward passes. A layer keeps what its
 // backward pass needs from the last training-mode forward, computes in fp32,
 // and stores activations in the dtype of its input (the model's compute dtype).
+// Output and gradient buffers are reused across steps (Tensor::reuse): safe
+// because a layer only rewrites them in its next forward, after the backward
+// that read them.
 #pragma once
 
 #include <memory>
@@ -25,9 +28,5 @@ class Layer {
   virtual std::vector<Parameter*> parameters() { return {}; }
 };
 
-// Returns `slot` reshaped/reallocated to (shape, dtype), reusing its memory when
-// it already has that size and dtype. Safe because a layer's buffers are only
-// rewritten by its next forward, after the backward that read them.
-Tensor& reuse_buffer(Tensor& slot, const Shape& shape, DType dtype);
 
 }  // namespace fedmesh::node

@@ -9,15 +9,6 @@
 
 namespace fedmesh::node {
 
-Tensor& reuse_buffer(Tensor& slot, const Shape& shape, DType dtype) {
-  if (slot.defined() && slot.dtype() == dtype && slot.numel() == shape_numel(shape)) {
-    slot = slot.reshape(shape);
-  } else {
-    slot = Tensor::empty(shape, dtype);
-  }
-  return slot;
-}
-
 namespace {
 
 void uniform_fill(Tensor& t, Rng& rng, float bound) {
@@ -59,7 +50,7 @@ Shape Linear::output_shape(const Shape& input) const {
 Tensor Linear::forward(const Tensor& x, bool training) {
   const int64_t batch = x.dim(0);
   const Tensor input = x.reshape({batch, in_});
-  Tensor& y = reuse_buffer(output_, output_shape(x.shape()), x.dtype());
+  Tensor& y = Tensor::reuse(output_, output_shape(x.shape()), x.dtype());
   const Tensor& w = weight_.compute;
   if (y.dtype() == DType::kF32 && input.dtype() == DType::kF32 && w.dtype() == DType::kF32) {
     // Start from the bias and let the GEMM accumulate onto it (beta = 1).
@@ -84,7 +75,7 @@ Tensor Linear::backward(const Tensor& dy, bool need_input_grad) {
   gemm(true, false, 1.0f, grad, input_, 1.0f, weight_.grad);  // (out, in) += dy^T · x
   bias_grad(grad, bias_.grad, /*accumulate=*/true);
   if (!need_input_grad) return {};
-  Tensor& dx = reuse_buffer(input_grad_, input_.shape(), input_.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, input_.shape(), input_.dtype());
   gemm(false, false, 1.0f, grad, weight_.compute, 0.0f, dx);  // (batch, in) = dy · W
   return dx.reshape(input_shape_);
 }
@@ -92,20 +83,20 @@ Tensor Linear::backward(const Tensor& dy, bool need_input_grad) {
 // ---- ReLU / GELU ---------------------------------------------------------------
 
 Tensor ReLU::forward(const Tensor& x, bool) {
-  Tensor& y = reuse_buffer(output_, x.shape(), x.dtype());
+  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype());
   relu_forward(x, y);
   return y;
 }
 
 Tensor ReLU::backward(const Tensor& dy, bool need_input_grad) {
   if (!need_input_grad) return {};
-  Tensor& dx = reuse_buffer(input_grad_, dy.shape(), dy.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, dy.shape(), dy.dtype());
   relu_backward(output_, dy, dx);
   return dx;
 }
 
 Tensor Gelu::forward(const Tensor& x, bool training) {
-  Tensor& y = reuse_buffer(output_, x.shape(), x.dtype());
+  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype());
   gelu_forward(x, y);
   if (training) input_ = x;
   return y;
@@ -113,7 +104,7 @@ Tensor Gelu::forward(const Tensor& x, bool training) {
 
 Tensor Gelu::backward(const Tensor& dy, bool need_input_grad) {
   if (!need_input_grad) return {};
-  Tensor& dx = reuse_buffer(input_grad_, dy.shape(), dy.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, dy.shape(), dy.dtype());
   gelu_backward(input_, dy, dx);
   return dx;
 }
@@ -179,7 +170,7 @@ Shape Conv2d::output_shape(const Shape& input) const {
 
 Tensor Conv2d::forward(const Tensor& x, bool training) {
   const Conv2dGeometry g = geometry(x.shape());
-  Tensor& y = reuse_buffer(output_, output_shape(x.shape()), x.dtype());
+  Tensor& y = Tensor::reuse(output_, output_shape(x.shape()), x.dtype());
   thread_local std::vector<float> inference_columns;
   conv2d_forward(g, x, weight_.compute, bias_.value, y, training ? columns_ : inference_columns);
   if (training) input_shape_ = x.shape();
@@ -190,7 +181,7 @@ Tensor Conv2d::backward(const Tensor& dy, bool need_input_grad) {
   FEDMESH_CHECK(!input_shape_.empty(), "Conv2d::backward before a training forward");
   const Conv2dGeometry g = geometry(input_shape_);
   Tensor* dx = nullptr;
-  if (need_input_grad) dx = &reuse_buffer(input_grad_, input_shape_, dy.dtype());
+  if (need_input_grad) dx = &Tensor::reuse(input_grad_, input_shape_, dy.dtype());
   conv2d_backward(g, columns_, weight_.compute, dy, weight_.grad, bias_.grad, dx);
   return need_input_grad ? *dx : Tensor{};
 }
@@ -216,7 +207,7 @@ Shape MaxPool2d::output_shape(const Shape& input) const {
 }
 
 Tensor MaxPool2d::forward(const Tensor& x, bool training) {
-  Tensor& y = reuse_buffer(output_, output_shape(x.shape()), x.dtype());
+  Tensor& y = Tensor::reuse(output_, output_shape(x.shape()), x.dtype());
   maxpool2d_forward(geometry(x.shape()), x, y, argmax_);
   if (training) input_shape_ = x.shape();
   return y;
@@ -224,7 +215,7 @@ Tensor MaxPool2d::forward(const Tensor& x, bool training) {
 
 Tensor MaxPool2d::backward(const Tensor& dy, bool need_input_grad) {
   if (!need_input_grad) return {};
-  Tensor& dx = reuse_buffer(input_grad_, input_shape_, dy.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, input_shape_, dy.dtype());
   maxpool2d_backward(geometry(input_shape_), argmax_, dy, dx);
   return dx;
 }
@@ -241,9 +232,9 @@ Tensor LayerNorm::forward(const Tensor& x, bool training) {
   FEDMESH_CHECK(x.rank() >= 1 && x.shape().back() == features_, "layernorm: last dimension must be " +
                                                                      std::to_string(features_));
   const int64_t rows = x.numel() / features_;
-  Tensor& y = reuse_buffer(output_, x.shape(), x.dtype());
-  reuse_buffer(mean_, {rows}, DType::kF32);
-  reuse_buffer(rstd_, {rows}, DType::kF32);
+  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype());
+  Tensor::reuse(mean_, {rows}, DType::kF32);
+  Tensor::reuse(rstd_, {rows}, DType::kF32);
   layernorm_forward(x, gamma_.value, beta_.value, y, mean_, rstd_);
   if (training) input_ = x;
   return y;
@@ -251,7 +242,7 @@ Tensor LayerNorm::forward(const Tensor& x, bool training) {
 
 Tensor LayerNorm::backward(const Tensor& dy, bool need_input_grad) {
   FEDMESH_CHECK(input_.defined(), "LayerNorm::backward before a training forward");
-  Tensor& dx = reuse_buffer(input_grad_, input_.shape(), dy.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, input_.shape(), dy.dtype());
   layernorm_backward(input_, dy, gamma_.value, mean_, rstd_, dx, gamma_.grad, beta_.grad);
   return need_input_grad ? dx : Tensor{};
 }

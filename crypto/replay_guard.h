@@ -1,0 +1,46 @@
+// Replay protection: for each sender, the highest update sequence number ever
+// accepted. An update whose sequence is not above it is a replay. The table is
+// persisted (written to a temporary file, fsynced, renamed, directory fsynced)
+// before commit() returns, so a restart does not reopen a replay window.
+//
+// File format, one line per sender, sorted by name:
+//   fedmesh-replay-v1
+//   <sender> <sequence>
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace fedmesh::crypto {
+
+inline constexpr size_t kMaxReplaySenders = 1u << 16;
+
+class ReplayGuard {
+ public:
+  // Loads `file` if it exists (a missing file is an empty table; a corrupt
+  // one is an error, never silently reset).
+  static Result<ReplayGuard> open(std::filesystem::path file);
+  // An in-memory guard (tests, --insecure experiments): nothing persisted.
+  static ReplayGuard in_memory();
+
+  // ok if sequence > last accepted for sender; kInvalidArgument naming the
+  // sender, the sequence and the last accepted one otherwise.
+  Status check(std::string_view sender, uint64_t sequence) const;
+  // check(), then record and persist. Only after it returns ok may the
+  // update be acknowledged.
+  Status commit(std::string_view sender, uint64_t sequence);
+  uint64_t last_accepted(std::string_view sender) const;  // 0 if none
+
+ private:
+  ReplayGuard() = default;
+  Status persist() const;
+  std::filesystem::path file_;  // empty: in memory
+  std::map<std::string, uint64_t, std::less<>> last_;
+};
+
+}  // namespace fedmesh::crypto

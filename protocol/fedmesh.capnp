@@ -1,0 +1,222 @@
+# The fedmesh wire protocol: every message between two fedmesh processes is
+# one `Message`, preceded on the wire by the fixed envelope of protocol/wire.h
+# (magic, protocol version, message kind, byte length). Fields are only ever
+# added, never renumbered or retyped; the protocol version rises when a peer
+# must know of a change to talk correctly.
+@0x90dd2baa0c828ef2;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("fedmesh::wire");
+
+const protocolVersion :UInt16 = 1;
+const minProtocolVersion :UInt16 = 1;  # the oldest version this build still speaks
+
+enum Role {
+  site @0;
+  aggregator @1;
+  peer @2;
+}
+
+# Tensor encodings of the update codec (protocol/codec.h describes the bytes).
+enum TensorEncoding {
+  denseF32 @0;
+  denseBf16 @1;
+  denseF16 @2;
+  sparseF32 @3;
+  sparseF16 @4;
+  sparseInt8 @5;
+  blockInt8 @6;
+  blockInt4 @7;
+}
+
+enum DType {
+  f32 @0;
+  bf16 @1;
+  f16 @2;
+}
+
+struct Capabilities {
+  encodings @0 :List(TensorEncoding);   # encodings this peer decodes
+  dtypes @1 :List(DType);               # compute dtypes it trains in
+  maxMessageBytes @2 :UInt32;           # largest message it accepts
+  chunkBytes @3 :UInt32;                # chunk size it sends
+}
+
+# First message on every connection, from the side that dialled.
+struct Hello {
+  federation @0 :Text;
+  siteName @1 :Text;
+  role @2 :Role;
+  protocolVersion @3 :UInt16;      # the newest version the sender speaks
+  minProtocolVersion @4 :UInt16;   # the oldest it still speaks
+  capabilities @5 :Capabilities;
+}
+
+# The answer to Hello: the version both will use (the highest both speak)
+# and the capabilities in common. A peer with no version in common gets a
+# Reject with code versionUnsupported instead.
+struct Welcome {
+  siteName @0 :Text;
+  role @1 :Role;
+  protocolVersion @2 :UInt16;
+  capabilities @3 :Capabilities;
+  round @4 :UInt64;
+  modelVersion @5 :UInt64;
+}
+
+struct RoundAnnounce {
+  round @0 :UInt64;
+  modelVersion @1 :UInt64;
+  modelHash @2 :Data;          # BLAKE2b-256 of the model's chunks
+  deadlineUnixMs @3 :UInt64;
+  localSteps @4 :UInt32;
+}
+
+# One tensor of an update or a model: its shape in the manifest and how it is
+# encoded. The receiver checks name and shape against its own manifest.
+struct TensorDescriptor {
+  name @0 :Text;
+  shape @1 :List(UInt64);
+  encoding @2 :TensorEncoding;
+  blockSize @3 :UInt32;        # block encodings only
+}
+
+# A piece of one tensor, decodable on its own (protocol/codec.h).
+struct TensorSegment {
+  tensor @0 :UInt32;           # index into the descriptors
+  encoding @1 :TensorEncoding;
+  offset @2 :UInt64;
+  count @3 :UInt64;
+  nnz @4 :UInt64;
+  blockSize @5 :UInt32;
+  indices @6 :Data;
+  values @7 :Data;
+  scales @8 :Data;
+}
+
+struct ModelRequest {
+  version @0 :UInt64;
+  fromChunk @1 :UInt32;        # resume: the first chunk still missing
+}
+
+struct ModelChunk {
+  version @0 :UInt64;
+  modelHash @1 :Data;
+  chunkIndex @2 :UInt32;
+  chunkCount @3 :UInt32;
+  tensors @4 :List(TensorDescriptor);   # in chunk 0 only
+  segments @5 :List(TensorSegment);
+}
+
+# Opens (or, resent, resumes) the transfer of one update. Signed: the
+# signature covers federation, round, baseVersion, sender, recipient,
+# sequence, sampleCount, the hash of `tensors` and the list of chunk hashes
+# (crypto/update_signature.h), so every chunk is checked on arrival.
+struct UpdateHeader {
+  federation @0 :Text;
+  round @1 :UInt64;
+  baseVersion @2 :UInt64;
+  sender @3 :Text;
+  recipient @4 :Text;
+  sequence @5 :UInt64;         # per sender, strictly increasing
+  sampleCount @6 :UInt64;
+  tensors @7 :List(TensorDescriptor);
+  chunkCount @8 :UInt32;
+  chunkHashes @9 :List(Data);  # BLAKE2b-256 of each chunk's segments
+  signature @10 :Data;         # Ed25519, 64 bytes
+}
+
+struct UpdateChunk {
+  sequence @0 :UInt64;
+  chunkIndex @1 :UInt32;
+  segments @2 :List(TensorSegment);
+}
+
+# Acknowledges an update header or chunk. `nextChunk` is the first chunk the
+# receiver does not yet hold: a sender that reconnects resumes from it.
+struct Ack {
+  sequence @0 :UInt64;
+  nextChunk @1 :UInt32;
+  complete @2 :Bool;           # every chunk held, verified and committed
+}
+
+enum RejectCode {
+  malformed @0;          # does not parse, or fields inconsistent
+  tooLarge @1;           # over the message size limit
+  unauthenticated @2;    # sender field does not match the transport identity
+  badSignature @3;
+  replayed @4;           # sequence not above the last accepted one
+  wrongShape @5;         # tensors do not match the model's manifest
+  nonFinite @6;          # NaN or Inf in a value
+  versionUnsupported @7;
+  rateLimited @8;
+  wrongRound @9;         # round or base version the receiver will not take
+  tooManyChunks @10;
+  unknownTransfer @11;   # a chunk with no accepted header
+  badChunkHash @12;
+  wrongRecipient @13;
+  wrongFederation @14;
+  busy @15;              # too many transfers in flight
+}
+
+struct Reject {
+  sequence @0 :UInt64;
+  code @1 :RejectCode;
+  text @2 :Text;
+}
+
+struct Heartbeat {
+  sentUnixMs @0 :UInt64;
+  round @1 :UInt64;
+  modelVersion @2 :UInt64;
+}
+
+# Membership (SWIM-style, used by the gossip issue).
+enum MemberStatus {
+  alive @0;
+  suspect @1;
+  dead @2;
+  left @3;
+}
+
+struct MembershipDelta {
+  site @0 :Text;
+  status @1 :MemberStatus;
+  incarnation @2 :UInt64;
+}
+
+struct Ping {
+  probe @0 :UInt64;
+  deltas @1 :List(MembershipDelta);
+}
+
+# Ask the receiver to ping `target` on the sender's behalf.
+struct PingReq {
+  probe @0 :UInt64;
+  target @1 :Text;
+  deltas @2 :List(MembershipDelta);
+}
+
+struct PingAck {
+  probe @0 :UInt64;
+  target @1 :Text;             # who answered (the pinged site)
+  deltas @2 :List(MembershipDelta);
+}
+
+struct Message {
+  union {
+    hello @0 :Hello;
+    welcome @1 :Welcome;
+    roundAnnounce @2 :RoundAnnounce;
+    modelRequest @3 :ModelRequest;
+    modelChunk @4 :ModelChunk;
+    updateHeader @5 :UpdateHeader;
+    updateChunk @6 :UpdateChunk;
+    ack @7 :Ack;
+    reject @8 :Reject;
+    heartbeat @9 :Heartbeat;
+    ping @10 :Ping;
+    pingReq @11 :PingReq;
+    pingAck @12 :PingAck;
+  }
+}

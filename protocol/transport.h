@@ -1,0 +1,149 @@
+// ZeroMQ sockets secured with CurveZMQ, admitting only roster keys.
+//
+// Security by default: a ServerSocket is a ROUTER with CURVE on, and a ZAP
+// handler (ZapAuthenticator) bound in the same context *before* the socket,
+// because libzmq's CURVE server with no ZAP handler admits any client key.
+// The handler answers 200 only for keys on its allowlist and names the
+// client (its roster name) as the ZAP User-Id, which every received frame
+// carries: that name, not anything inside the message, is who sent it.
+// bind() ends with a self-test: a client with a random key dials the socket
+// and must be refused, or bind() fails and the process does not run.
+// A ClientSocket is a DEALER that dials out (institution firewalls allow
+// outbound only) and authenticates the server by the key the roster gives.
+//
+// Bounds (everything a peer controls): libzmq cuts a connection whose
+// message is over kTransportCapFactor times the message limit (ZMQ_MAXMSGSIZE)
+// before allocating it; messages between the limit and that cap are read and
+// then refused with a Reject (too-large) the sender can act on. Queues are
+// bounded by high-water marks; ROUTER sends to a gone peer fail instead of
+// silently dropping (ZMQ_ROUTER_MANDATORY).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+#include "crypto/keys.h"
+#include "crypto/roster.h"
+#include "protocol/wire.h"
+
+namespace fedmesh::protocol {
+
+inline constexpr size_t kTransportCapFactor = 16;
+inline constexpr int kDefaultHighWaterMark = 64;        // messages queued per peer
+inline constexpr int kHeartbeatIntervalMs = 1000;       // ZMTP PING
+inline constexpr int kHeartbeatTimeoutMs = 10000;       // no traffic: connection dropped
+inline constexpr int kHandshakeTimeoutMs = 5000;
+inline constexpr int kReconnectIntervalMs = 100;        // first retry, jittered +-50%
+inline constexpr int kReconnectIntervalMaxMs = 5000;    // doubling up to this
+inline constexpr int kSelfTestTimeoutMs = 5000;
+
+// Counters every socket keeps; read by metrics and by tests.
+struct TransportCounters {
+  std::atomic<uint64_t> messages_received{0};
+  std::atomic<uint64_t> bytes_received{0};
+  std::atomic<uint64_t> messages_sent{0};
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> zap_allowed{0};
+  std::atomic<uint64_t> zap_denied{0};
+  std::array<std::atomic<uint64_t>, kRejectCodeCount> rejected{};
+  void count_rejection(wire::RejectCode code) { rejected[static_cast<size_t>(code)].fetch_add(1); }
+  uint64_t rejections(wire::RejectCode code) const { return rejected[static_cast<size_t>(code)].load(); }
+};
+
+struct TransportOptions {
+  bool insecure = false;                       // no CURVE, no ZAP: local experiments only
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+  int high_water_mark = kDefaultHighWaterMark;
+  uint64_t jitter_seed = 0;                    // reconnect jitter; 0: from the clock
+};
+
+// Who may connect: Curve25519 public key -> roster name.
+using Allowlist = std::map<crypto::BoxPublicKey, std::string>;
+// All roster entries, optionally only some roles.
+Allowlist allowlist_from_roster(const crypto::Roster& roster);
+
+// The curve key pair a socket uses, copied out of SiteKeys.
+struct CurveKeys {
+  crypto::BoxPublicKey public_key{};
+  crypto::SecretBytes<crypto::kBoxSecretBytes> secret_key;
+  static CurveKeys from(const crypto::SiteKeys& keys);
+};
+
+class ZmqContext;
+
+// A received frame: who sent it (ZAP User-Id; empty when insecure), the
+// ROUTER routing id to answer to, and the bytes, owned by `frame`.
+struct Incoming {
+  std::string peer;
+  std::string routing_id;
+  std::shared_ptr<const void> frame;  // keeps `bytes` alive
+  std::span<const uint8_t> bytes;
+};
+
+class ServerSocket {
+ public:
+  // Binds `endpoint` (e.g. "tcp://127.0.0.1:*"), starts the ZAP handler
+  // first, then runs the self-test. Errors: kUnavailable (address in use),
+  // kInternal (self-test admitted a stranger).
+  static Result<std::unique_ptr<ServerSocket>> bind(const std::string& endpoint, const CurveKeys& keys,
+                                                    Allowlist allowlist, const TransportOptions& options);
+  ~ServerSocket();
+  ServerSocket(const ServerSocket&) = delete;
+  ServerSocket& operator=(const ServerSocket&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }  // resolved, e.g. tcp://127.0.0.1:41234
+  // Waits up to timeout for one frame. nullopt on timeout. Frames over the
+  // message limit come back too: the caller rejects them (read_envelope).
+  Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout);
+  Status send(const std::string& routing_id, OutgoingMessage message);
+  TransportCounters& counters() { return *counters_; }
+  const TransportOptions& options() const { return options_; }
+
+ private:
+  ServerSocket() = default;
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string endpoint_;
+  TransportOptions options_;
+  std::shared_ptr<TransportCounters> counters_;
+};
+
+class ClientSocket {
+ public:
+  // Dials out; ZeroMQ connects (and reconnects, with backoff) in the
+  // background. server_public is the server's roster box key.
+  static Result<std::unique_ptr<ClientSocket>> connect(const std::string& endpoint, const CurveKeys& keys,
+                                                       const crypto::BoxPublicKey& server_public,
+                                                       const TransportOptions& options);
+  ~ClientSocket();
+  ClientSocket(const ClientSocket&) = delete;
+  ClientSocket& operator=(const ClientSocket&) = delete;
+
+  Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout);
+  // Waits up to timeout for room in the send queue; kUnavailable if none.
+  Status send(OutgoingMessage message, std::chrono::milliseconds timeout);
+  // True once a CURVE handshake completed; false after the server refused
+  // our key (handshake_refused) or while disconnected.
+  bool connected();
+  bool handshake_refused();
+  TransportCounters& counters() { return *counters_; }
+
+ private:
+  ClientSocket() = default;
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<TransportCounters> counters_;
+};
+
+}  // namespace fedmesh::protocol

@@ -1,0 +1,503 @@
+#include "protocol/update_transfer.h"
+
+#include <kj/exception.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace fedmesh::protocol {
+namespace {
+
+void append_u64(std::vector<uint8_t>& out, uint64_t value) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
+
+void append_text(std::vector<uint8_t>& out, std::string_view text) {
+  append_u64(out, text.size());
+  out.insert(out.end(), text.begin(), text.end());
+}
+
+std::vector<uint8_t> to_vector(OutgoingMessage message) {
+  const auto bytes = message.bytes();
+  return {bytes.begin(), bytes.end()};
+}
+
+crypto::UpdateSigningFields signing_fields(const UpdateMetadata& metadata, const crypto::Hash& descriptors,
+                                           std::vector<crypto::Hash> chunk_hashes) {
+  crypto::UpdateSigningFields fields;
+  fields.federation = metadata.federation;
+  fields.round = metadata.round;
+  fields.base_version = metadata.base_version;
+  fields.sender = metadata.sender;
+  fields.recipient = metadata.recipient;
+  fields.sequence = metadata.sequence;
+  fields.sample_count = metadata.sample_count;
+  fields.descriptor_hash = descriptors;
+  fields.chunk_hashes = std::move(chunk_hashes);
+  return fields;
+}
+
+OutgoingMessage serialize_chunk(uint64_t sequence, uint32_t index, const std::vector<const EncodedSegment*>& segments) {
+  size_t payload = 0;
+  for (const auto* segment : segments) payload += segment->payload_bytes();
+  // One segment for the whole message: serialization is then one copy.
+  capnp::MallocMessageBuilder builder(static_cast<unsigned>((payload + 8 * 64 * (segments.size() + 4)) / 8 + 64),
+                                      capnp::AllocationStrategy::FIXED_SIZE);
+  auto chunk = builder.initRoot<wire::Message>().initUpdateChunk();
+  chunk.setSequence(sequence);
+  chunk.setChunkIndex(index);
+  auto list = chunk.initSegments(static_cast<unsigned>(segments.size()));
+  for (size_t i = 0; i < segments.size(); ++i) fill_segment(list[static_cast<unsigned>(i)], *segments[i]);
+  return serialize(builder, index, sequence);
+}
+
+}  // namespace
+
+crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors) {
+  std::vector<uint8_t> bytes;
+  append_text(bytes, "fedmesh-tensor-descriptors-v1");
+  append_u64(bytes, descriptors.size());
+  for (const auto& d : descriptors) {
+    append_text(bytes, d.name);
+    append_u64(bytes, d.dims.size());
+    for (int64_t dim : d.dims) append_u64(bytes, static_cast<uint64_t>(dim));
+    append_u64(bytes, static_cast<uint64_t>(d.encoding));
+    append_u64(bytes, d.block_size);
+  }
+  return crypto::hash_bytes(bytes);
+}
+
+OutgoingMessage copy_message(std::span<const uint8_t> bytes) { return OutgoingMessage::from_bytes(bytes); }
+
+PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vector<EncodedTensor> tensors,
+                                      const crypto::SiteKeys& sender_keys, size_t chunk_bytes) {
+  PreparedUpdate prepared;
+  prepared.metadata = metadata;
+  std::vector<TensorDescriptorFields> descriptors;
+  for (const auto& tensor : tensors) descriptors.push_back(tensor.descriptor);
+
+  // Pack segments into chunks of at most chunk_bytes of payload.
+  std::vector<crypto::Hash> hashes;
+  std::vector<const EncodedSegment*> pending;
+  size_t pending_bytes = 0;
+  auto flush = [&] {
+    if (pending.empty()) return;
+    OutgoingMessage chunk = serialize_chunk(metadata.sequence, static_cast<uint32_t>(prepared.chunks.size()), pending);
+    hashes.push_back(crypto::hash_bytes(chunk.body()));
+    prepared.chunks.push_back(to_vector(std::move(chunk)));
+    pending.clear();
+    pending_bytes = 0;
+  };
+  for (const auto& tensor : tensors) {
+    for (const auto& segment : tensor.segments) {
+      if (pending_bytes + segment.payload_bytes() > chunk_bytes) flush();
+      pending.push_back(&segment);
+      pending_bytes += segment.payload_bytes();
+      prepared.encoded_payload_bytes += segment.payload_bytes();
+    }
+  }
+  flush();
+
+  const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
+  const crypto::Signature signature =
+      crypto::sign_update(signing_fields(metadata, descriptors_digest, hashes), sender_keys);
+
+  capnp::MallocMessageBuilder builder;
+  auto header = builder.initRoot<wire::Message>().initUpdateHeader();
+  header.setFederation(metadata.federation);
+  header.setRound(metadata.round);
+  header.setBaseVersion(metadata.base_version);
+  header.setSender(metadata.sender);
+  header.setRecipient(metadata.recipient);
+  header.setSequence(metadata.sequence);
+  header.setSampleCount(metadata.sample_count);
+  auto list = header.initTensors(static_cast<unsigned>(descriptors.size()));
+  for (size_t i = 0; i < descriptors.size(); ++i) {
+    auto out = list[static_cast<unsigned>(i)];
+    out.setName(descriptors[i].name);
+    auto shape = out.initShape(static_cast<unsigned>(descriptors[i].dims.size()));
+    for (size_t d = 0; d < descriptors[i].dims.size(); ++d) {
+      shape.set(static_cast<unsigned>(d), static_cast<uint64_t>(descriptors[i].dims[d]));
+    }
+    out.setEncoding(to_wire(descriptors[i].encoding));
+    out.setBlockSize(descriptors[i].block_size);
+  }
+  header.setChunkCount(static_cast<uint32_t>(hashes.size()));
+  auto hash_list = header.initChunkHashes(static_cast<unsigned>(hashes.size()));
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    hash_list.set(static_cast<unsigned>(i), kj::arrayPtr(hashes[i].data(), hashes[i].size()));
+  }
+  header.setSignature(kj::arrayPtr(signature.data(), signature.size()));
+  prepared.header = to_vector(serialize(builder));
+  return prepared;
+}
+
+Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<const TensorShape> manifest,
+                                      std::span<const std::span<const float>> tensors,
+                                      std::span<const TensorPlan> plans, const crypto::SiteKeys& sender_keys,
+                                      size_t chunk_bytes) {
+  if (tensors.size() != manifest.size() || plans.size() != manifest.size()) {
+    return invalid_argument("update has " + std::to_string(tensors.size()) + " tensors and " +
+                            std::to_string(plans.size()) + " plans for a manifest of " +
+                            std::to_string(manifest.size()));
+  }
+  if (chunk_bytes < 1024) return invalid_argument("chunk size under 1 KiB");
+  std::vector<EncodedTensor> encoded;
+  for (size_t t = 0; t < manifest.size(); ++t) {
+    const auto index = static_cast<uint32_t>(t);
+    if (tensors[t].size() != manifest[t].element_count()) {
+      return invalid_argument("tensor " + manifest[t].name + " has " + std::to_string(tensors[t].size()) +
+                              " values; its shape holds " + std::to_string(manifest[t].element_count()));
+    }
+    EncodedTensor tensor;
+    tensor.descriptor = {manifest[t].name, manifest[t].dims, plans[t].encoding,
+                         encoding_is_block(plans[t].encoding) ? plans[t].block_size : 0};
+    Result<std::vector<EncodedSegment>> segments = [&]() -> Result<std::vector<EncodedSegment>> {
+      if (encoding_is_block(plans[t].encoding)) {
+        return encode_blocks(index, tensors[t], plans[t].encoding, plans[t].block_size, chunk_bytes);
+      }
+      if (encoding_is_sparse(plans[t].encoding)) {
+        std::vector<uint64_t> indices;
+        std::vector<float> values;
+        for (size_t i = 0; i < tensors[t].size(); ++i) {
+          if (tensors[t][i] != 0.0f) {
+            indices.push_back(i);
+            values.push_back(tensors[t][i]);
+          }
+        }
+        return encode_sparse(index, tensors[t].size(), indices, values, plans[t].encoding, chunk_bytes);
+      }
+      return encode_dense(index, tensors[t], plans[t].encoding, chunk_bytes);
+    }();
+    if (!segments.is_ok()) return segments.status();
+    tensor.segments = std::move(segments.value());
+    encoded.push_back(std::move(tensor));
+  }
+  return prepare_encoded_update(metadata, std::move(encoded), sender_keys, chunk_bytes);
+}
+
+// ---- receiver -------------------------------------------------------------------
+
+UpdateReceiver::UpdateReceiver(ReceiverPolicy policy, const crypto::Roster& roster, crypto::ReplayGuard& replay)
+    : policy_(std::move(policy)), roster_(roster), replay_(replay) {}
+
+OutgoingMessage make_reject(uint64_t sequence, const Rejection& rejection) {
+  capnp::MallocMessageBuilder builder;
+  auto reject = builder.initRoot<wire::Message>().initReject();
+  reject.setSequence(sequence);
+  reject.setCode(rejection.code);
+  reject.setText(rejection.reason.substr(0, kMaxTextBytes));
+  return serialize(builder);
+}
+
+OutgoingMessage UpdateReceiver::reject(uint64_t sequence, wire::RejectCode code, std::string reason) {
+  last_rejection_ = Rejection{code, std::move(reason)};
+  return make_reject(sequence, *last_rejection_);
+}
+
+OutgoingMessage UpdateReceiver::ack(const Transfer& transfer, bool complete) {
+  capnp::MallocMessageBuilder builder;
+  auto ack = builder.initRoot<wire::Message>().initAck();
+  ack.setSequence(transfer.metadata.sequence);
+  ack.setNextChunk(transfer.next_chunk);
+  ack.setComplete(complete);
+  return serialize(builder);
+}
+
+namespace {
+
+bool text_field(capnp::Text::Reader text, std::string& out, const char* what, Rejection& rejection) {
+  if (text.size() > kMaxTextBytes) {
+    rejection = {wire::RejectCode::MALFORMED, std::string(what) + " is over " + std::to_string(kMaxTextBytes) + " bytes"};
+    return false;
+  }
+  out.assign(text.cStr(), text.size());
+  return true;
+}
+
+}  // namespace
+
+bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer) {
+  Rejection rejection;
+  UpdateMetadata& m = transfer.metadata;
+  m.sequence = header.getSequence();
+  auto fail = [&](wire::RejectCode code, std::string reason) {
+    last_rejection_ = Rejection{code, std::move(reason)};
+    return false;
+  };
+  if (!text_field(header.getSender(), m.sender, "sender", rejection) ||
+      !text_field(header.getFederation(), m.federation, "federation", rejection) ||
+      !text_field(header.getRecipient(), m.recipient, "recipient", rejection)) {
+    last_rejection_ = rejection;
+    return false;
+  }
+  // Who: the name inside must be the name the handshake proved.
+  if (!policy_.insecure && m.sender != peer) {
+    return fail(wire::RejectCode::UNAUTHENTICATED,
+                "update claims sender '" + m.sender + "' but the connection is authenticated as '" + peer + "'");
+  }
+  const crypto::RosterEntry* entry = roster_.find(m.sender);
+  if (entry == nullptr) return fail(wire::RejectCode::UNAUTHENTICATED, "sender '" + m.sender + "' is not on the roster");
+  if (m.federation != policy_.federation) {
+    return fail(wire::RejectCode::WRONG_FEDERATION, "update is for federation '" + m.federation + "', this is '" +
+                                                        policy_.federation + "'");
+  }
+  if (m.recipient != policy_.self) {
+    return fail(wire::RejectCode::WRONG_RECIPIENT, "update is addressed to '" + m.recipient + "', this is '" +
+                                                       policy_.self + "'");
+  }
+  m.round = header.getRound();
+  m.base_version = header.getBaseVersion();
+  m.sample_count = header.getSampleCount();
+
+  const uint32_t chunk_count = header.getChunkCount();
+  if (chunk_count > policy_.max_chunks) {
+    return fail(wire::RejectCode::TOO_MANY_CHUNKS, "update declares " + std::to_string(chunk_count) +
+                                                       " chunks; the limit is " + std::to_string(policy_.max_chunks));
+  }
+  const auto hashes = header.getChunkHashes();
+  if (hashes.size() != chunk_count) {
+    return fail(wire::RejectCode::MALFORMED, "update declares " + std::to_string(chunk_count) + " chunks but carries " +
+                                                 std::to_string(hashes.size()) + " chunk hashes");
+  }
+  transfer.chunk_hashes.resize(chunk_count);
+  for (uint32_t i = 0; i < chunk_count; ++i) {
+    const auto hash = hashes[i];
+    if (hash.size() != crypto::kHashBytes) {
+      return fail(wire::RejectCode::MALFORMED, "chunk hash " + std::to_string(i) + " is not 32 bytes");
+    }
+    std::memcpy(transfer.chunk_hashes[i].data(), hash.begin(), crypto::kHashBytes);
+  }
+  const auto tensors = header.getTensors();
+  if (tensors.size() > kMaxTensorsPerUpdate) {
+    return fail(wire::RejectCode::MALFORMED, "update declares " + std::to_string(tensors.size()) + " tensors");
+  }
+  std::vector<TensorDescriptorFields> descriptors(tensors.size());
+  for (uint32_t t = 0; t < tensors.size(); ++t) {
+    const auto in = tensors[t];
+    auto& d = descriptors[t];
+    if (!text_field(in.getName(), d.name, "tensor name", rejection)) {
+      last_rejection_ = rejection;
+      return false;
+    }
+    const auto shape = in.getShape();
+    if (shape.size() > kMaxTensorRank) {
+      return fail(wire::RejectCode::WRONG_SHAPE, "tensor '" + d.name + "' has rank " + std::to_string(shape.size()));
+    }
+    for (uint64_t dim : shape) d.dims.push_back(static_cast<int64_t>(dim));
+    if (!from_wire(in.getEncoding(), d.encoding)) {
+      return fail(wire::RejectCode::MALFORMED, "tensor '" + d.name + "' has an unknown encoding");
+    }
+    d.block_size = in.getBlockSize();
+  }
+  // The signature, before any state is touched.
+  const auto signature_bytes = header.getSignature();
+  if (signature_bytes.size() != crypto::kSignatureBytes) {
+    return fail(wire::RejectCode::BAD_SIGNATURE, "signature is " + std::to_string(signature_bytes.size()) +
+                                                     " bytes, not 64");
+  }
+  crypto::Signature signature{};
+  std::memcpy(signature.data(), signature_bytes.begin(), signature.size());
+  const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
+  const auto fields = signing_fields(m, descriptors_digest, transfer.chunk_hashes);
+  if (!crypto::verify_update(fields, signature, entry->identity.sign_public)) {
+    return fail(wire::RejectCode::BAD_SIGNATURE,
+                "signature on update " + std::to_string(m.sequence) + " from '" + m.sender + "' does not verify");
+  }
+  transfer.header_hash = crypto::hash_bytes(crypto::canonical_bytes(fields));
+
+  // Resume of a transfer in flight is handled by the caller; here a known
+  // sequence is a replay.
+  if (const Status replay = replay_.check(m.sender, m.sequence); !replay.is_ok()) {
+    return fail(wire::RejectCode::REPLAYED, replay.message());
+  }
+  const uint64_t oldest_round = policy_.current_round > policy_.max_round_lag ? policy_.current_round - policy_.max_round_lag : 0;
+  if (m.round > policy_.current_round || m.round < oldest_round || m.base_version > policy_.current_version) {
+    return fail(wire::RejectCode::WRONG_ROUND,
+                "update is for round " + std::to_string(m.round) + " from version " + std::to_string(m.base_version) +
+                    "; this receiver takes rounds " + std::to_string(oldest_round) + ".." +
+                    std::to_string(policy_.current_round) + " from versions up to " +
+                    std::to_string(policy_.current_version));
+  }
+  // Shapes against our manifest, never against what the peer declares.
+  if (descriptors.size() != policy_.manifest.size()) {
+    return fail(wire::RejectCode::WRONG_SHAPE, "update has " + std::to_string(descriptors.size()) +
+                                                   " tensors; the model has " + std::to_string(policy_.manifest.size()));
+  }
+  for (size_t t = 0; t < descriptors.size(); ++t) {
+    const auto& expected = policy_.manifest[t];
+    if (descriptors[t].name != expected.name || descriptors[t].dims != expected.dims) {
+      std::string got, want;
+      for (int64_t d : descriptors[t].dims) got += (got.empty() ? "" : "x") + std::to_string(d);
+      for (int64_t d : expected.dims) want += (want.empty() ? "" : "x") + std::to_string(d);
+      return fail(wire::RejectCode::WRONG_SHAPE, "tensor " + std::to_string(t) + " is '" + descriptors[t].name + "' " +
+                                                     got + "; the model has '" + expected.name + "' " + want);
+    }
+    if (encoding_is_block(descriptors[t].encoding) &&
+        (descriptors[t].block_size == 0 || descriptors[t].block_size > kMaxBlockSize)) {
+      return fail(wire::RejectCode::MALFORMED, "tensor '" + expected.name + "' has block size " +
+                                                   std::to_string(descriptors[t].block_size));
+    }
+    transfer.encodings.push_back(descriptors[t].encoding);
+    transfer.block_sizes.push_back(descriptors[t].block_size);
+  }
+  if (chunk_count == 0 && !policy_.manifest.empty()) {
+    return fail(wire::RejectCode::MALFORMED, "update has no chunks");
+  }
+  return true;
+}
+
+OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const ParsedMessage& message) {
+  last_rejection_.reset();
+  uint64_t sequence = 0;
+  try {
+    const auto header = message.root().getUpdateHeader();
+    sequence = header.getSequence();
+    // A resent header of a transfer in flight resumes it.
+    const TransferKey key{policy_.insecure ? std::string(header.getSender().cStr()) : peer, sequence};
+    Transfer candidate;
+    if (!check_header(peer, header, candidate)) return make_reject(sequence, *last_rejection_);
+    if (auto found = transfers_.find(key); found != transfers_.end()) {
+      if (found->second.header_hash == candidate.header_hash) {
+        found->second.last_activity = std::chrono::steady_clock::now();
+        return ack(found->second, false);
+      }
+      return reject(sequence, wire::RejectCode::REPLAYED,
+                    "a different update with sequence " + std::to_string(sequence) + " is already in flight");
+    }
+    if (transfers_.size() >= kMaxTransfersInFlight) {
+      return reject(sequence, wire::RejectCode::BUSY, std::to_string(transfers_.size()) + " transfers in flight");
+    }
+    candidate.received.assign(candidate.chunk_hashes.size(), false);
+    candidate.staging.resize(policy_.manifest.size());
+    for (size_t t = 0; t < policy_.manifest.size(); ++t) {
+      candidate.staging[t].assign(policy_.manifest[t].element_count(), 0.0f);
+    }
+    candidate.last_activity = std::chrono::steady_clock::now();
+    auto [slot, inserted] = transfers_.emplace(key, std::move(candidate));
+    (void)inserted;
+    return ack(slot->second, false);
+  } catch (const kj::Exception& e) {
+    return reject(sequence, wire::RejectCode::MALFORMED, std::string("update header does not parse: ") +
+                                                             e.getDescription().cStr());
+  } catch (const std::bad_alloc&) {
+    return reject(sequence, wire::RejectCode::BUSY, "not enough memory to stage the update");
+  }
+}
+
+OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Envelope& envelope,
+                                             std::span<const uint8_t> frame) {
+  last_rejection_.reset();
+  const uint64_t sequence = envelope.sequence;
+  // In insecure mode the key is the sender named in the header; chunks are
+  // matched by sequence among that peer's transfers. With no transport
+  // identity there is none to match: take the only transfer with the sequence.
+  auto found = transfers_.end();
+  if (policy_.insecure) {
+    for (auto it = transfers_.begin(); it != transfers_.end(); ++it) {
+      if (it->first.second == sequence) found = it;
+    }
+  } else {
+    found = transfers_.find({peer, sequence});
+  }
+  if (found == transfers_.end()) {
+    return reject(sequence, wire::RejectCode::UNKNOWN_TRANSFER,
+                  "chunk of update " + std::to_string(sequence) + " with no accepted header from '" + peer + "'");
+  }
+  Transfer& transfer = found->second;
+  const uint32_t index = envelope.chunk_index;
+  if (index >= transfer.chunk_hashes.size()) {
+    return reject(sequence, wire::RejectCode::MALFORMED, "chunk " + std::to_string(index) + " of an update with " +
+                                                             std::to_string(transfer.chunk_hashes.size()) + " chunks");
+  }
+  transfer.last_activity = std::chrono::steady_clock::now();
+  if (transfer.received[index]) return ack(transfer, false);  // a duplicate after resume
+
+  // Authenticate the bytes before parsing them.
+  const auto body = frame.subspan(kEnvelopeBytes, envelope.body_bytes);
+  if (crypto::hash_bytes(body) != transfer.chunk_hashes[index]) {
+    transfers_.erase(found);
+    return reject(sequence, wire::RejectCode::BAD_CHUNK_HASH,
+                  "chunk " + std::to_string(index) + " does not match the hash signed in its header; transfer dropped");
+  }
+  std::unique_ptr<ParsedMessage> parsed;
+  Rejection rejection;
+  if (!parse_body(frame, envelope, nullptr, parsed, rejection)) {
+    transfers_.erase(found);
+    return reject(sequence, rejection.code, rejection.reason);
+  }
+  try {
+    const auto chunk = parsed->root().getUpdateChunk();
+    if (chunk.getSequence() != sequence || chunk.getChunkIndex() != index) {
+      transfers_.erase(found);
+      return reject(sequence, wire::RejectCode::MALFORMED, "chunk body names another sequence or index than its envelope");
+    }
+    const auto segments = chunk.getSegments();
+    if (segments.size() > kMaxSegmentsPerChunk) {
+      transfers_.erase(found);
+      return reject(sequence, wire::RejectCode::MALFORMED, std::to_string(segments.size()) + " segments in one chunk");
+    }
+    // Check every segment, then decode: a bad segment leaves staging as
+    // it was (decode_segment validates before it writes).
+    for (uint32_t s = 0; s < segments.size(); ++s) {
+      SegmentView view;
+      if (!read_segment(segments[s], view, rejection)) {
+        transfers_.erase(found);
+        return reject(sequence, rejection.code, rejection.reason);
+      }
+      if (view.tensor >= transfer.encodings.size() || view.encoding != transfer.encodings[view.tensor] ||
+          (encoding_is_block(view.encoding) && view.block_size != transfer.block_sizes[view.tensor])) {
+        transfers_.erase(found);
+        return reject(sequence, wire::RejectCode::WRONG_SHAPE,
+                      "segment " + std::to_string(s) + " of chunk " + std::to_string(index) +
+                          " does not match its tensor's declared encoding");
+      }
+      const Status decoded = decode_segment(view, policy_.manifest, transfer.staging[view.tensor]);
+      if (!decoded.is_ok()) {
+        const bool non_finite = decoded.message().find("finite") != std::string::npos;
+        const std::string reason = "chunk " + std::to_string(index) + ": " + decoded.message();
+        transfers_.erase(found);
+        return reject(sequence, non_finite ? wire::RejectCode::NON_FINITE : wire::RejectCode::MALFORMED, reason);
+      }
+    }
+  } catch (const kj::Exception& e) {
+    transfers_.erase(found);
+    return reject(sequence, wire::RejectCode::MALFORMED, std::string("chunk does not parse: ") + e.getDescription().cStr());
+  }
+  transfer.received[index] = true;
+  ++transfer.chunks_held;
+  while (transfer.next_chunk < transfer.received.size() && transfer.received[transfer.next_chunk]) ++transfer.next_chunk;
+  if (transfer.chunks_held < transfer.received.size()) return ack(transfer, false);
+
+  // Every chunk verified: persist the replay counter, then hand it on.
+  if (const Status committed = replay_.commit(transfer.metadata.sender, sequence); !committed.is_ok()) {
+    transfers_.erase(found);
+    return reject(sequence, wire::RejectCode::REPLAYED, committed.message());
+  }
+  OutgoingMessage reply = ack(transfer, true);
+  completed_.push_back(ReceivedUpdate{std::move(transfer.metadata), std::move(transfer.staging)});
+  transfers_.erase(found);
+  return reply;
+}
+
+std::vector<ReceivedUpdate> UpdateReceiver::take_completed() { return std::exchange(completed_, {}); }
+
+void UpdateReceiver::expire(std::chrono::steady_clock::time_point now) {
+  std::erase_if(transfers_, [&](const auto& item) { return now - item.second.last_activity > kTransferIdleTimeout; });
+}
+
+bool negotiate_version(uint16_t their_min, uint16_t their_max, uint16_t& chosen, Rejection& rejection) {
+  const uint16_t high = std::min(their_max, kProtocolVersion);
+  const uint16_t low = std::max(their_min, kMinProtocolVersion);
+  if (their_min > their_max || high < low) {
+    rejection = {wire::RejectCode::VERSION_UNSUPPORTED,
+                 "peer speaks protocol versions " + std::to_string(their_min) + ".." + std::to_string(their_max) +
+                     "; this build speaks " + std::to_string(kMinProtocolVersion) + ".." +
+                     std::to_string(kProtocolVersion)};
+    return false;
+  }
+  chosen = high;
+  return true;
+}
+
+}  // namespace fedmesh::protocol

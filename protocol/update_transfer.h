@@ -1,0 +1,157 @@
+// Moving one signed model update from a sender to a receiver, as data: the
+// sender prepares a header and its chunks (PreparedUpdate); the receiver's
+// UpdateReceiver checks each message in order (who sent it, the signature,
+// the replay counter, the round, the shapes; then each chunk's hash before
+// it is parsed, then every value) and decodes chunks into a per-transfer
+// staging copy as they arrive. Only a transfer whose every chunk verified is
+// committed (replay counter persisted) and handed on: nothing half-received
+// reaches an aggregate.
+//
+// Resume: a sender that lost its connection resends the same header; the
+// receiver recognises the transfer in flight and answers Ack{nextChunk}, the
+// first chunk it does not hold, and the sender continues from there.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "crypto/keys.h"
+#include "crypto/replay_guard.h"
+#include "crypto/roster.h"
+#include "crypto/update_signature.h"
+#include "protocol/codec.h"
+#include "protocol/wire.h"
+
+namespace fedmesh::protocol {
+
+inline constexpr size_t kMaxTransfersInFlight = 8;
+inline constexpr std::chrono::seconds kTransferIdleTimeout{120};
+
+struct UpdateMetadata {
+  std::string federation;
+  uint64_t round = 0;
+  uint64_t base_version = 0;
+  std::string sender;
+  std::string recipient;
+  uint64_t sequence = 0;
+  uint64_t sample_count = 0;
+};
+
+// How one tensor of the manifest is sent.
+struct TensorPlan {
+  Encoding encoding = Encoding::kDenseF32;
+  uint32_t block_size = kDefaultBlockSize;  // block encodings
+};
+
+struct TensorDescriptorFields {
+  std::string name;
+  std::vector<int64_t> dims;
+  Encoding encoding = Encoding::kDenseF32;
+  uint32_t block_size = 0;
+};
+crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors);
+
+// An update ready to send: header and chunks serialized, chunk hashes
+// signed. Kept whole so that any chunk can be resent on resume.
+struct PreparedUpdate {
+  UpdateMetadata metadata;
+  std::vector<uint8_t> header;               // envelope + body
+  std::vector<std::vector<uint8_t>> chunks;  // envelope + body each
+  uint64_t encoded_payload_bytes = 0;
+};
+
+// Segments already encoded, one list per tensor (for senders that encode
+// themselves, e.g. sparse top-k, or tests that need hand-made bytes).
+struct EncodedTensor {
+  TensorDescriptorFields descriptor;
+  std::vector<EncodedSegment> segments;
+};
+
+// Encodes `tensors` (one flattened fp32 span per manifest entry) by `plans`,
+// packs segments into chunks of at most chunk_bytes of payload, hashes and
+// signs. Fails on non-finite input or a span that does not fit its shape.
+Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<const TensorShape> manifest,
+                                      std::span<const std::span<const float>> tensors,
+                                      std::span<const TensorPlan> plans, const crypto::SiteKeys& sender_keys,
+                                      size_t chunk_bytes = kDefaultChunkBytes);
+PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vector<EncodedTensor> tensors,
+                                      const crypto::SiteKeys& sender_keys, size_t chunk_bytes = kDefaultChunkBytes);
+
+OutgoingMessage copy_message(std::span<const uint8_t> bytes);
+
+// What the receiver accepts.
+struct ReceiverPolicy {
+  std::string federation;
+  std::string self;                    // our roster name: the only recipient we take
+  std::vector<TensorShape> manifest;
+  uint64_t current_round = 0;
+  uint64_t max_round_lag = 0;          // accept rounds in [current - lag, current]
+  uint64_t current_version = 0;        // base versions above it are refused
+  uint32_t max_chunks = kMaxChunksPerUpdate;
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+  bool insecure = false;               // no transport identity: trust the signed sender name alone
+};
+
+struct ReceivedUpdate {
+  UpdateMetadata metadata;
+  std::vector<std::vector<float>> tensors;  // decoded, one per manifest entry
+};
+
+class UpdateReceiver {
+ public:
+  UpdateReceiver(ReceiverPolicy policy, const crypto::Roster& roster, crypto::ReplayGuard& replay);
+
+  // Handles an UpdateHeader or UpdateChunk frame from `peer` (the ZAP
+  // User-Id). Returns the reply (an Ack, or a Reject whose code and reason
+  // are also stored in last_rejection()).
+  OutgoingMessage handle_header(const std::string& peer, const ParsedMessage& message);
+  OutgoingMessage handle_chunk(const std::string& peer, const Envelope& envelope, std::span<const uint8_t> frame);
+
+  std::vector<ReceivedUpdate> take_completed();
+  const std::optional<Rejection>& last_rejection() const { return last_rejection_; }
+  size_t transfers_in_flight() const { return transfers_.size(); }
+  // Drops transfers idle for longer than kTransferIdleTimeout.
+  void expire(std::chrono::steady_clock::time_point now);
+  void set_round(uint64_t round, uint64_t version) { policy_.current_round = round; policy_.current_version = version; }
+
+ private:
+  struct Transfer {
+    UpdateMetadata metadata;
+    crypto::Hash header_hash{};
+    std::vector<crypto::Hash> chunk_hashes;
+    std::vector<Encoding> encodings;
+    std::vector<uint32_t> block_sizes;
+    std::vector<bool> received;
+    uint32_t next_chunk = 0;
+    uint32_t chunks_held = 0;
+    std::vector<std::vector<float>> staging;
+    std::chrono::steady_clock::time_point last_activity;
+  };
+  using TransferKey = std::pair<std::string, uint64_t>;
+
+  OutgoingMessage reject(uint64_t sequence, wire::RejectCode code, std::string reason);
+  OutgoingMessage ack(const Transfer& transfer, bool complete);
+  bool check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer);
+
+  ReceiverPolicy policy_;
+  const crypto::Roster& roster_;
+  crypto::ReplayGuard& replay_;
+  std::map<TransferKey, Transfer> transfers_;
+  std::vector<ReceivedUpdate> completed_;
+  std::optional<Rejection> last_rejection_;
+};
+
+// Hello/Welcome: the highest version both speak, or a Reject naming both
+// ranges.
+bool negotiate_version(uint16_t their_min, uint16_t their_max, uint16_t& chosen, Rejection& rejection);
+
+OutgoingMessage make_reject(uint64_t sequence, const Rejection& rejection);
+
+}  // namespace fedmesh::protocol

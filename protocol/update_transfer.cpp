@@ -141,7 +141,7 @@ Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<
                             std::to_string(plans.size()) + " plans for a manifest of " +
                             std::to_string(manifest.size()));
   }
-  if (chunk_bytes < 1024) return invalid_argument("chunk size under 1 KiB");
+  if (chunk_bytes < kMinChunkBytes) return invalid_argument("chunk size under " + std::to_string(kMinChunkBytes) + " bytes");
   std::vector<EncodedTensor> encoded;
   for (size_t t = 0; t < manifest.size(); ++t) {
     const auto index = static_cast<uint32_t>(t);

@@ -32,6 +32,7 @@
 namespace fedmesh::protocol {
 
 inline constexpr size_t kMaxTransfersInFlight = 8;
+inline constexpr size_t kMinChunkBytes = 64;
 inline constexpr std::chrono::seconds kTransferIdleTimeout{120};
 
 struct UpdateMetadata {

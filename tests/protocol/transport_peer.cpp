@@ -18,6 +18,7 @@
 #include "crypto/keys.h"
 #include "crypto/replay_guard.h"
 #include "crypto/roster.h"
+#include "protocol/rate_limiter.h"
 #include "protocol/transport.h"
 #include "protocol/update_transfer.h"
 #include "protocol/update_upload.h"
@@ -69,12 +70,13 @@ fm::crypto::Roster load_roster(const std::string& file, const std::string& admin
 
 int run_sink(const std::string& roster_file, const std::string& admin_file, const std::string& key_file,
              const std::string& listen, const std::string& replay_file, int64_t rows, size_t max_message_bytes,
-             uint64_t round) {
+             uint64_t round, bool insecure, double rate_messages) {
   const auto roster = load_roster(roster_file, admin_file);
   const auto keys = must(fm::crypto::read_site_keys(key_file), "site key");
   auto replay = must(fm::crypto::ReplayGuard::open(replay_file), "replay table");
   fp::TransportOptions options;
   options.max_message_bytes = max_message_bytes;
+  options.insecure = insecure;
   auto server = must(fp::ServerSocket::bind(listen, fp::CurveKeys::from(keys), fp::allowlist_from_roster(roster), options),
                      "listening");
   fp::ReceiverPolicy policy;
@@ -84,6 +86,8 @@ int run_sink(const std::string& roster_file, const std::string& admin_file, cons
   policy.current_round = round;
   policy.current_version = round;
   policy.max_message_bytes = max_message_bytes;
+  policy.insecure = insecure;
+  fp::RateLimiter limiter({rate_messages, fp::kDefaultBytesPerSecond});
   fp::UpdateReceiver receiver(policy, roster, replay);
   emit({{"event", "listening"}, {"endpoint", server->endpoint()}, {"self_test", "passed"}});
 
@@ -107,6 +111,12 @@ int run_sink(const std::string& roster_file, const std::string& admin_file, cons
         emit({{"event", "reply-lost"}, {"peer", incoming.peer}, {"reason", sent.message()}});
       }
     };
+    if (!limiter.admit(incoming.peer, incoming.bytes.size(), fp::RateLimiter::Clock::now())) {
+      rejection = {fedmesh::wire::RejectCode::RATE_LIMITED, "over " + std::to_string(rate_messages) + " messages/s"};
+      count_reject(rejection, incoming.peer);
+      reply(fp::make_reject(0, rejection));
+      continue;
+    }
     if (!fp::read_envelope(incoming.bytes, max_message_bytes, envelope, rejection)) {
       count_reject(rejection, incoming.peer);
       reply(fp::make_reject(0, rejection));
@@ -166,12 +176,14 @@ int run_sink(const std::string& roster_file, const std::string& admin_file, cons
 int run_source(const std::string& roster_file, const std::string& admin_file, const std::string& key_file,
                const std::string& server_name, const std::string& connect, const std::string& attack,
                uint64_t sequence, int64_t rows, uint64_t round, size_t chunk_bytes, std::optional<uint32_t> stop_after,
-               size_t max_message_bytes) {
+               size_t max_message_bytes, bool insecure) {
   const auto roster = load_roster(roster_file, admin_file);
   const auto keys = must(fm::crypto::read_site_keys(key_file), "site key");
   const fm::crypto::RosterEntry* server_entry = roster.find(server_name);
   if (server_entry == nullptr) fail("server '" + server_name + "' is not on the roster");
-  auto client = must(fp::ClientSocket::connect(connect, fp::CurveKeys::from(keys), server_entry->identity.box_public, {}),
+  fp::TransportOptions options;
+  options.insecure = insecure;
+  auto client = must(fp::ClientSocket::connect(connect, fp::CurveKeys::from(keys), server_entry->identity.box_public, options),
                      "dialling");
   if (const fm::Status up = fp::wait_connected(*client, std::chrono::seconds(10)); !up.is_ok()) {
     emit({{"event", "refused"}, {"reason", up.message()}});
@@ -271,6 +283,8 @@ int main(int argc, char** argv) {
   int64_t rows = 16;
   size_t max_message_bytes = fp::kDefaultMaxMessageBytes, chunk_bytes = fp::kDefaultChunkBytes;
   std::optional<uint32_t> stop_after;
+  bool insecure = false;
+  double rate_messages = fp::kDefaultMessagesPerSecond;
   for (CLI::App* sub : {app.add_subcommand("sink", "receive updates and print what happened to each"),
                         app.add_subcommand("source", "send one update")}) {
     sub->add_option("--roster", roster, "signed roster")->required();
@@ -279,9 +293,11 @@ int main(int argc, char** argv) {
     sub->add_option("--rows", rows, "rows of the test layer");
     sub->add_option("--round", round, "current round");
     sub->add_option("--max-message-bytes", max_message_bytes, "message size limit");
+    sub->add_flag("--insecure", insecure, "no CurveZMQ, no ZAP: local experiments only");
   }
   CLI::App* sink = app.get_subcommand("sink");
   sink->add_option("--listen", listen, "endpoint to bind");
+  sink->add_option("--rate-messages", rate_messages, "per-peer message rate limit (messages/s)");
   sink->add_option("--replay-file", replay, "replay counter file")->required();
   CLI::App* source = app.get_subcommand("source");
   source->add_option("--server", server, "the sink's roster name");
@@ -292,9 +308,13 @@ int main(int argc, char** argv) {
   source->add_option("--chunk-bytes", chunk_bytes, "chunk payload size");
   source->add_option("--stop-after-chunks", stop_after, "abandon the transfer after N chunks");
   CLI11_PARSE(app, argc, argv);
+  if (insecure) {
+    std::fprintf(stderr, "fedmesh: WARNING: --insecure: no encryption and no authentication of peers; "
+                         "for local experiments only\n");
+  }
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
-  if (sink->parsed()) return run_sink(roster, admin, key, listen, replay, rows, max_message_bytes, round);
+  if (sink->parsed()) return run_sink(roster, admin, key, listen, replay, rows, max_message_bytes, round, insecure, rate_messages);
   return run_source(roster, admin, key, server, connect, attack, sequence, rows, round, chunk_bytes, stop_after,
-                    max_message_bytes);
+                    max_message_bytes, insecure);
 }

@@ -1,0 +1,285 @@
+// The update transfer state machine without sockets: prepare_update on one
+// side, UpdateReceiver on the other, with every check the receiver makes
+// exercised by a message that fails exactly that check.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "base/random.h"
+#include "crypto/replay_guard.h"
+#include "protocol/rate_limiter.h"
+#include "protocol/update_transfer.h"
+
+namespace fp = fedmesh::protocol;
+namespace fc = fedmesh::crypto;
+namespace wire = fedmesh::wire;
+
+namespace {
+
+class UpdateTransfer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    admin_ = std::make_unique<fc::SiteKeys>(fc::generate_site_keys("admin").value());
+    site_ = std::make_unique<fc::SiteKeys>(fc::generate_site_keys("site-a").value());
+    other_ = std::make_unique<fc::SiteKeys>(fc::generate_site_keys("site-b").value());
+    roster_.federation = "fed";
+    roster_.admin_public = admin_->identity.sign_public;
+    roster_.sites.push_back({site_->identity, fc::Role::kSite, ""});
+    roster_.sites.push_back({other_->identity, fc::Role::kSite, ""});
+    manifest_ = {{"w", {37, 11}}, {"b", {37}}};
+    fedmesh::Rng rng(7);
+    for (const auto& shape : manifest_) {
+      std::vector<float> values(shape.element_count());
+      for (auto& v : values) v = static_cast<float>(rng.normal() * 0.1);
+      values_.push_back(std::move(values));
+    }
+  }
+
+  fp::ReceiverPolicy policy() const {
+    fp::ReceiverPolicy p;
+    p.federation = "fed";
+    p.self = "aggregator";
+    p.manifest = manifest_;
+    p.current_round = 5;
+    p.max_round_lag = 1;
+    p.current_version = 5;
+    return p;
+  }
+
+  fp::UpdateMetadata metadata(uint64_t sequence) const {
+    return {"fed", 5, 5, "site-a", "aggregator", sequence, 40};
+  }
+
+  fp::PreparedUpdate prepare(const fp::UpdateMetadata& m, fp::Encoding encoding = fp::Encoding::kDenseF32,
+                             size_t chunk_bytes = 256, const fc::SiteKeys* signer = nullptr) {
+    std::vector<std::span<const float>> spans(values_.begin(), values_.end());
+    std::vector<fp::TensorPlan> plans(manifest_.size(), fp::TensorPlan{encoding, 32});
+    auto prepared = fp::prepare_update(m, manifest_, spans, plans, signer ? *signer : *site_, chunk_bytes);
+    EXPECT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+    return std::move(prepared.value());
+  }
+
+  static std::unique_ptr<fp::ParsedMessage> parse(std::span<const uint8_t> bytes) {
+    std::unique_ptr<fp::ParsedMessage> parsed;
+    fp::Rejection rejection;
+    EXPECT_TRUE(fp::parse_message(bytes, fp::kDefaultMaxMessageBytes, nullptr, parsed, rejection)) << rejection.reason;
+    return parsed;
+  }
+
+  // Sends header and every chunk; returns the last reply.
+  std::unique_ptr<fp::ParsedMessage> deliver(fp::UpdateReceiver& receiver, const fp::PreparedUpdate& update,
+                                             const std::string& peer = "site-a") {
+    auto header = parse(update.header);
+    auto reply = receiver.handle_header(peer, *header);
+    auto parsed = parse(reply.bytes());
+    if (!parsed->root().isAck()) return parsed;
+    for (uint32_t c = parsed->root().getAck().getNextChunk(); c < update.chunks.size(); ++c) {
+      fp::Envelope envelope;
+      fp::Rejection rejection;
+      EXPECT_TRUE(fp::read_envelope(update.chunks[c], fp::kDefaultMaxMessageBytes, envelope, rejection));
+      auto out = receiver.handle_chunk(peer, envelope, update.chunks[c]);
+      parsed = parse(out.bytes());
+      if (!parsed->root().isAck()) return parsed;
+    }
+    return parsed;
+  }
+
+  static wire::RejectCode code_of(const fp::ParsedMessage& reply) {
+    EXPECT_TRUE(reply.root().isReject());
+    return reply.root().isReject() ? reply.root().getReject().getCode() : wire::RejectCode::MALFORMED;
+  }
+
+  std::unique_ptr<fc::SiteKeys> admin_, site_, other_;
+  fc::Roster roster_;
+  std::vector<fp::TensorShape> manifest_;
+  std::vector<std::vector<float>> values_;
+};
+
+TEST_F(UpdateTransfer, LosslessUpdateArrivesBitForBitInManyChunks) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  const auto update = prepare(metadata(1));
+  ASSERT_GT(update.chunks.size(), 5u);
+  auto reply = deliver(receiver, update);
+  ASSERT_TRUE(reply->root().isAck());
+  EXPECT_TRUE(reply->root().getAck().getComplete());
+  auto done = receiver.take_completed();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].metadata.sample_count, 40u);
+  EXPECT_EQ(done[0].tensors, values_);
+  EXPECT_EQ(replay.last_accepted("site-a"), 1u);
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+}
+
+TEST_F(UpdateTransfer, EveryEncodingDecodesWithinItsBound) {
+  const std::pair<fp::Encoding, double> cases[] = {
+      {fp::Encoding::kDenseBf16, 1.0 / 256}, {fp::Encoding::kDenseF16, 1.0 / 2048},
+      {fp::Encoding::kBlockInt8, 0.5 / 127}, {fp::Encoding::kBlockInt4, 0.5 / 7},
+      {fp::Encoding::kSparseF32, 0.0},       {fp::Encoding::kSparseF16, 1.0 / 2048},
+      {fp::Encoding::kSparseInt8, 0.5 / 127},
+  };
+  uint64_t sequence = 1;
+  for (const auto& [encoding, relative] : cases) {
+    auto replay = fc::ReplayGuard::in_memory();
+    fp::UpdateReceiver receiver(policy(), roster_, replay);
+    auto reply = deliver(receiver, prepare(metadata(sequence++), encoding));
+    ASSERT_TRUE(reply->root().isAck()) << fp::encoding_name(encoding);
+    auto done = receiver.take_completed();
+    ASSERT_EQ(done.size(), 1u);
+    for (size_t t = 0; t < values_.size(); ++t) {
+      float max_abs = 0;
+      for (float v : values_[t]) max_abs = std::max(max_abs, std::fabs(v));
+      for (size_t i = 0; i < values_[t].size(); ++i) {
+        // Relative bound for the float forms; scale-relative for quantized ones.
+        const double bound = relative * (encoding == fp::Encoding::kDenseBf16 || encoding == fp::Encoding::kDenseF16 ||
+                                                  encoding == fp::Encoding::kSparseF16
+                                              ? std::fabs(values_[t][i]) + 1e-7
+                                              : max_abs) + 1e-9;
+        ASSERT_LE(std::fabs(done[0].tensors[t][i] - values_[t][i]), bound)
+            << fp::encoding_name(encoding) << " tensor " << t << " element " << i;
+      }
+    }
+  }
+}
+
+TEST_F(UpdateTransfer, EachHeaderDefectIsRefusedForItsReason) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  struct Case {
+    const char* name;
+    fp::UpdateMetadata metadata;
+    std::string peer;
+    wire::RejectCode code;
+    const fc::SiteKeys* signer;
+  };
+  auto m = [&](auto change) {
+    fp::UpdateMetadata x = metadata(10);
+    change(x);
+    return x;
+  };
+  const Case cases[] = {
+      {"impostor", metadata(10), "site-b", wire::RejectCode::UNAUTHENTICATED, nullptr},
+      {"not on roster", m([](auto& x) { x.sender = "site-z"; }), "site-z", wire::RejectCode::UNAUTHENTICATED, nullptr},
+      {"other federation", m([](auto& x) { x.federation = "evil"; }), "site-a", wire::RejectCode::WRONG_FEDERATION, nullptr},
+      {"other recipient", m([](auto& x) { x.recipient = "site-b"; }), "site-a", wire::RejectCode::WRONG_RECIPIENT, nullptr},
+      {"forged", metadata(10), "site-a", wire::RejectCode::BAD_SIGNATURE, other_.get()},
+      {"future round", m([](auto& x) { x.round = 6; }), "site-a", wire::RejectCode::WRONG_ROUND, nullptr},
+      {"stale round", m([](auto& x) { x.round = 3; }), "site-a", wire::RejectCode::WRONG_ROUND, nullptr},
+      {"future version", m([](auto& x) { x.base_version = 6; }), "site-a", wire::RejectCode::WRONG_ROUND, nullptr},
+  };
+  for (const auto& c : cases) {
+    auto header = parse(prepare(c.metadata, fp::Encoding::kDenseF32, 4096, c.signer).header);
+    auto reply = parse(receiver.handle_header(c.peer, *header).bytes());
+    EXPECT_EQ(code_of(*reply), c.code) << c.name << ": " << reply->root().getReject().getText().cStr();
+    ASSERT_TRUE(receiver.last_rejection().has_value()) << c.name;
+  }
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+
+  // Wrong shape: the same layer with another width.
+  auto wrong = manifest_;
+  wrong[0].dims = {37, 12};
+  std::vector<float> w(37 * 12, 0.5f), b(37, 0.5f);
+  const std::vector<std::span<const float>> spans = {w, b};
+  const std::vector<fp::TensorPlan> plans(2);
+  auto prepared = fp::prepare_update(metadata(11), wrong, spans, plans, *site_, 4096);
+  ASSERT_TRUE(prepared.is_ok());
+  auto reply = parse(receiver.handle_header("site-a", *parse(prepared->header)).bytes());
+  EXPECT_EQ(code_of(*reply), wire::RejectCode::WRONG_SHAPE);
+  EXPECT_NE(std::string(reply->root().getReject().getText().cStr()).find("37x11"), std::string::npos);
+}
+
+TEST_F(UpdateTransfer, ReplayedUpdatesAreRefusedAndCountersPersist) {
+  const auto file = std::filesystem::temp_directory_path() / ("fedmesh-replay-" + std::to_string(getpid()));
+  std::filesystem::remove(file);
+  {
+    auto replay = fc::ReplayGuard::open(file);
+    ASSERT_TRUE(replay.is_ok());
+    fp::UpdateReceiver receiver(policy(), roster_, *replay);
+    const auto update = prepare(metadata(3));
+    ASSERT_TRUE(deliver(receiver, update)->root().getAck().getComplete());
+    EXPECT_EQ(code_of(*deliver(receiver, update)), wire::RejectCode::REPLAYED);
+    EXPECT_EQ(code_of(*deliver(receiver, prepare(metadata(2)))), wire::RejectCode::REPLAYED);
+  }
+  auto reopened = fc::ReplayGuard::open(file);
+  ASSERT_TRUE(reopened.is_ok());
+  fp::UpdateReceiver receiver(policy(), roster_, *reopened);
+  EXPECT_EQ(code_of(*deliver(receiver, prepare(metadata(3)))), wire::RejectCode::REPLAYED);
+  EXPECT_TRUE(deliver(receiver, prepare(metadata(4)))->root().getAck().getComplete());
+  std::filesystem::remove(file);
+}
+
+TEST_F(UpdateTransfer, ChunksAreAuthenticatedBeforeTheyAreParsed) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  auto update = prepare(metadata(1));
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+  auto tampered = update.chunks[0];
+  tampered.back() ^= 1;
+  fp::Envelope envelope;
+  fp::Rejection rejection;
+  ASSERT_TRUE(fp::read_envelope(tampered, fp::kDefaultMaxMessageBytes, envelope, rejection));
+  EXPECT_EQ(code_of(*parse(receiver.handle_chunk("site-a", envelope, tampered).bytes())), wire::RejectCode::BAD_CHUNK_HASH);
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);  // dropped, nothing delivered
+  EXPECT_TRUE(receiver.take_completed().empty());
+  // A chunk with no header in flight.
+  ASSERT_TRUE(fp::read_envelope(update.chunks[1], fp::kDefaultMaxMessageBytes, envelope, rejection));
+  EXPECT_EQ(code_of(*parse(receiver.handle_chunk("site-a", envelope, update.chunks[1]).bytes())),
+            wire::RejectCode::UNKNOWN_TRANSFER);
+  // Another site cannot send chunks into site-a's transfer.
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+  EXPECT_EQ(code_of(*parse(receiver.handle_chunk("site-b", envelope, update.chunks[1]).bytes())),
+            wire::RejectCode::UNKNOWN_TRANSFER);
+}
+
+TEST_F(UpdateTransfer, AResentHeaderResumesFromTheFirstMissingChunk) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  const auto update = prepare(metadata(1));
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+  for (uint32_t c = 0; c < 3; ++c) {
+    fp::Envelope envelope;
+    fp::Rejection rejection;
+    ASSERT_TRUE(fp::read_envelope(update.chunks[c], fp::kDefaultMaxMessageBytes, envelope, rejection));
+    (void)receiver.handle_chunk("site-a", envelope, update.chunks[c]);
+  }
+  auto resumed = parse(receiver.handle_header("site-a", *parse(update.header)).bytes());
+  ASSERT_TRUE(resumed->root().isAck());
+  EXPECT_EQ(resumed->root().getAck().getNextChunk(), 3u);
+  ASSERT_TRUE(deliver(receiver, update)->root().getAck().getComplete());
+  auto done = receiver.take_completed();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].tensors, values_);
+}
+
+TEST_F(UpdateTransfer, TooManyChunksAndTooManyTransfersAreBounded) {
+  auto replay = fc::ReplayGuard::in_memory();
+  auto p = policy();
+  p.max_chunks = 3;
+  fp::UpdateReceiver small(p, roster_, replay);
+  EXPECT_EQ(code_of(*parse(small.handle_header("site-a", *parse(prepare(metadata(1)).header)).bytes())),
+            wire::RejectCode::TOO_MANY_CHUNKS);
+
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  for (uint64_t s = 1; s <= fp::kMaxTransfersInFlight; ++s) {
+    ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(prepare(metadata(s)).header)).bytes())->root().isAck());
+  }
+  EXPECT_EQ(code_of(*parse(receiver.handle_header("site-a", *parse(prepare(metadata(99)).header)).bytes())),
+            wire::RejectCode::BUSY);
+  receiver.expire(std::chrono::steady_clock::now() + fp::kTransferIdleTimeout + std::chrono::seconds(1));
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+}
+
+TEST(RateLimiter, RefusesBeyondTheBurstAndRefillsWithTime) {
+  fp::RateLimiter limiter({/*messages_per_second=*/10, /*bytes_per_second=*/1000});
+  const auto start = fp::RateLimiter::Clock::time_point{};
+  int admitted = 0;
+  for (int i = 0; i < 100; ++i) admitted += limiter.admit("site-a", 1, start) ? 1 : 0;
+  EXPECT_EQ(admitted, 20);  // two seconds of burst
+  EXPECT_TRUE(limiter.admit("site-b", 1, start));  // per peer
+  EXPECT_FALSE(limiter.admit("site-a", 1, start + std::chrono::milliseconds(50)));
+  EXPECT_TRUE(limiter.admit("site-a", 1, start + std::chrono::milliseconds(150)));
+  EXPECT_FALSE(limiter.admit("site-c", 5000, start));  // more bytes than the bucket holds
+}
+
+}  // namespace

@@ -12,11 +12,15 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev libfmt-dev libspdlog-dev
   nlohmann-json3-dev libcpp-httplib-dev
+  clang libclang-rt-dev
   dataset-fashion-mnist
 )
 
 # Meson options of the --sanitize build (FEDMESH_MESON_ARGS come after them).
 SANITIZE_ARGS=('-Db_sanitize=address,undefined' -Db_lundef=false -Dbuildtype=debugoptimized)
+# The --fuzz build: clang, CPU only, and only the libFuzzer targets built.
+FUZZ_ARGS=(-Dcuda=disabled -Dbenchmarks=false -Dfuzz=enabled)
+FUZZ_TARGETS=(tests/fuzz/fuzz_idx tests/fuzz/fuzz_roster tests/fuzz/fuzz_codec tests/fuzz/fuzz_wire)
 
 CUDA_BIN=/usr/local/cuda/bin
 # Written into the build directory: the meson arguments it was configured with.
@@ -26,7 +30,7 @@ ROOT=$(cd -- "$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -
 
 usage() {
   cat <<EOF
-Usage: deploy/setup.sh [--sanitize] [--dry-run] [--print-build-dir] [--help]
+Usage: deploy/setup.sh [--sanitize | --fuzz] [--dry-run] [--print-build-dir] [--help]
 
 Installs the Debian packages fedmesh needs (only those missing; as root, or
 through sudo), then configures the build with meson and builds it with ninja.
@@ -36,6 +40,9 @@ Options:
   --sanitize         build with AddressSanitizer + UBSan in the build directory
                      with "-sanitize" appended (default build-sanitize/), using
                      ${SANITIZE_ARGS[*]}
+  --fuzz             build only the libFuzzer targets (tests/fuzz) with clang
+                     in the build directory with "-fuzz" appended (default
+                     build-fuzz/), using ${FUZZ_ARGS[*]}
   --dry-run          print what would be installed and run, change nothing
   --print-build-dir  print the absolute build directory (honours --sanitize
                      and FEDMESH_BUILD_DIR) and exit
@@ -65,6 +72,7 @@ build_dir() {
   [[ -n $dir ]] || dir=build
   dir=${dir%/}
   if [[ $1 == 1 ]]; then dir=${dir}-sanitize; fi
+  if [[ $1 == fuzz ]]; then dir=${dir}-fuzz; fi
   if [[ $dir != /* ]]; then dir=$ROOT/$dir; fi
   printf '%s\n' "$dir"
 }
@@ -176,7 +184,7 @@ configure_and_build() {
   say "building in $shown"
   local -a jobs=()
   if [[ -n ${FEDMESH_JOBS:-} ]]; then jobs=(-j "$FEDMESH_JOBS"); fi
-  run ninja -C "$dir" "${jobs[@]}" || die "build failed in $shown"
+  run ninja -C "$dir" "${jobs[@]}" "${NINJA_TARGETS[@]}" || die "build failed in $shown"
 }
 
 main() {
@@ -185,6 +193,7 @@ main() {
   while [[ $# -gt 0 ]]; do
     case $1 in
       --sanitize) sanitize=1 ;;
+      --fuzz) sanitize=fuzz ;;
       --dry-run) DRY_RUN=1 ;;
       --print-build-dir) print_dir=1 ;;
       -h|--help) usage; return 0 ;;
@@ -201,7 +210,13 @@ main() {
   fi
 
   local -a args=() extra=()
+  NINJA_TARGETS=()
   if [[ $sanitize == 1 ]]; then args+=("${SANITIZE_ARGS[@]}"); fi
+  if [[ $sanitize == fuzz ]]; then
+    args+=("${FUZZ_ARGS[@]}")
+    NINJA_TARGETS=("${FUZZ_TARGETS[@]}")
+    export CC=clang CXX=clang++
+  fi
   read -r -a extra <<<"${FEDMESH_MESON_ARGS:-}"
   args+=("${extra[@]}")
 

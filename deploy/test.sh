@@ -6,11 +6,16 @@ DEPLOY=$(cd -- "$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")" && pwd -P
 
 usage() {
   cat <<'EOF'
-Usage: deploy/test.sh [--sanitize] [-- MESON TEST ARGS...]
+Usage: deploy/test.sh [--sanitize] [--no-fuzz] [-- MESON TEST ARGS...]
 
 Runs deploy/setup.sh (installs missing packages, configures, builds), then
   meson test -C BUILD --print-errorlogs --num-processes 2 [MESON TEST ARGS...]
-and prints the wall time and, as its last line,
+then (unless --no-fuzz, --sanitize or MESON TEST ARGS are given) builds the
+libFuzzer targets with clang (deploy/setup.sh --fuzz, in BUILD-fuzz/) and runs
+  meson test -C BUILD-fuzz --suite fuzz --suite fuzz-run
+which replays every committed corpus and fuzzes each target for
+FEDMESH_FUZZ_SECONDS (default 60) seconds. It prints the wall time and, as
+its last line, counting both runs,
   N passed, N failed, N skipped
 (OK and EXPECTEDFAIL count as passed; FAIL, TIMEOUT, ERROR, UNEXPECTEDPASS and
 INTERRUPT as failed). Exits nonzero when the build fails, a test fails, or no
@@ -18,6 +23,7 @@ test ran.
 
 Options:
   --sanitize   build and test with AddressSanitizer + UBSan (build-sanitize/)
+  --no-fuzz    skip the libFuzzer build and runs
   -h, --help   show this help
   -- ARGS      the rest goes to meson test, e.g.
                  deploy/test.sh -- --suite kernels
@@ -61,13 +67,14 @@ PY
 
 main() {
   local start=$EPOCHREALTIME
-  local sanitize=0
+  local sanitize=0 fuzz=1
   local -a setup_args=() test_args=()
   while [[ $# -gt 0 ]]; do
     case $1 in
-      --sanitize) sanitize=1 setup_args+=(--sanitize) ;;
+      --sanitize) sanitize=1 fuzz=0 setup_args+=(--sanitize) ;;
+      --no-fuzz) fuzz=0 ;;
       -h|--help) usage; return 0 ;;
-      --) shift; test_args=("$@"); break ;;
+      --) shift; test_args=("$@"); fuzz=0; break ;;
       *) printf 'fedmesh test: unknown argument: %s (meson test arguments go after --; see --help)\n' "$1" >&2
          return 2 ;;
     esac
@@ -95,6 +102,21 @@ main() {
     shopt -s nullglob
     logs=("$dir"/meson-logs/testlog*.json)
     shopt -u nullglob
+
+    if [[ $fuzz == 1 ]]; then
+      local fuzz_dir
+      fuzz_dir=$(bash "$DEPLOY/setup.sh" --print-build-dir --fuzz)
+      rm -f -- "$fuzz_dir"/meson-logs/testlog*.json
+      if ! bash "$DEPLOY/setup.sh" --fuzz; then
+        why="the libFuzzer build failed" status=1
+      else
+        meson test -C "$fuzz_dir" --no-rebuild --print-errorlogs --num-processes 2 \
+          --suite fuzz --suite fuzz-run || meson_rc=$?
+        shopt -s nullglob
+        logs+=("$fuzz_dir"/meson-logs/testlog*.json)
+        shopt -u nullglob
+      fi
+    fi
     local -a lines=()
     if [[ ${#logs[@]} -gt 0 ]]; then
       local out

@@ -1,1 +1,870 @@
-// placeholder: being written
+// The update codec (protocol/codec.h). Everything a SegmentView carries comes
+// from a peer: every length is checked against the manifest and against the
+// bytes actually present before a value is read, nothing is allocated from a
+// declared size, and each decoder runs a validation pass over the whole
+// segment before a write pass, so a rejected segment never touches target.
+#include "protocol/codec.h"
+
+#include <algorithm>
+#include <bit>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "kernels/half.h"
+
+namespace fedmesh::protocol {
+
+// Values are copied between the wire and floats as they are: the layouts are
+// little-endian by definition and so is every host we build for.
+static_assert(std::endian::native == std::endian::little, "the codec assumes a little-endian host");
+
+namespace {
+
+constexpr uint32_t kF32ExponentMask = 0x7f800000u;
+constexpr uint16_t kF16ExponentMask = 0x7c00u;
+constexpr uint16_t kBf16ExponentMask = 0x7f80u;
+constexpr size_t kMaxVarintBytes = 10;
+constexpr size_t kScaleBytes = 4;
+constexpr int kInt8Max = 127;
+constexpr int kInt4Max = 7;
+// Encoders clamp max_segment_bytes to this before doing arithmetic on it: no
+// segment of a tensor within kMaxTensorElements comes near it, and below it
+// nothing in the segment-size formulas overflows.
+constexpr uint64_t kSegmentBytesCap = uint64_t{1} << 40;
+// element_count() of a shape with a negative dimension or more than
+// kMaxTensorElements elements; check_segment rejects it as it is above the limit.
+constexpr uint64_t kInvalidElementCount = std::numeric_limits<uint64_t>::max();
+
+// ---- small helpers -----------------------------------------------------------
+
+// 1 where x is NaN or Inf, as an integer so that a loop can OR it into a flag
+// without a branch (and so vectorize).
+inline uint32_t non_finite(float x) {
+  return static_cast<uint32_t>((std::bit_cast<uint32_t>(x) & kF32ExponentMask) == kF32ExponentMask);
+}
+inline bool is_finite(float x) { return non_finite(x) == 0; }
+
+inline float load_f32(const uint8_t* bytes) {
+  float x;
+  std::memcpy(&x, bytes, sizeof x);
+  return x;
+}
+inline uint16_t load_u16(const uint8_t* bytes) {
+  uint16_t x;
+  std::memcpy(&x, bytes, sizeof x);
+  return x;
+}
+inline void append_f32(std::vector<uint8_t>& out, float x) {
+  uint8_t bytes[4];
+  std::memcpy(bytes, &x, sizeof bytes);
+  out.insert(out.end(), bytes, bytes + 4);
+}
+inline void append_u16(std::vector<uint8_t>& out, uint16_t x) {
+  out.push_back(static_cast<uint8_t>(x));
+  out.push_back(static_cast<uint8_t>(x >> 8));
+}
+
+// The one expression both the validation and the write pass of an accumulate
+// use, so that what was checked to be finite is exactly what is stored.
+inline float accumulated(float target, float weight, float value) { return target + weight * value; }
+
+// Low nibble first, two's complement.
+inline int int4_at(const uint8_t* bytes, uint64_t i) {
+  const int nibble = (bytes[i / 2] >> (4 * (i & 1))) & 0xf;
+  return (nibble ^ 8) - 8;
+}
+
+// Rounds |x| <= 2^22 to the nearest integer, ties to even, with two additions
+// (vectorizable, unlike a call to roundf on baseline x86-64). Both additions are
+// exact or correctly rounded because the sum stays in [2^23, 2^24).
+inline float round_small(float x) {
+  constexpr float kMagic = 0x1.8p23f;
+  return (x + kMagic) - kMagic;
+}
+
+std::string format_float(double x) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.9g", x);
+  return buffer;
+}
+
+size_t varint_bytes(uint64_t value) {
+  size_t n = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+void append_varint(std::vector<uint8_t>& out, uint64_t value) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<uint8_t>(value | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<uint8_t>(value));
+}
+
+enum class VarintError { kNone, kTruncated, kTooLong, kOverflow, kNotMinimal };
+
+// Unsigned LEB128 at bytes[pos...]; advances pos past it. Only the shortest
+// form is accepted, so that an update has one encoding (its signature covers
+// these bytes) and a peer cannot pad a varint to ten bytes.
+VarintError read_varint(std::span<const uint8_t> bytes, size_t& pos, uint64_t& value) {
+  uint64_t result = 0;
+  for (size_t i = 0; i < kMaxVarintBytes; ++i) {
+    if (pos == bytes.size()) return VarintError::kTruncated;
+    const uint8_t byte = bytes[pos++];
+    if (i == kMaxVarintBytes - 1 && byte > 1) {
+      // The tenth byte holds bit 63 only.
+      return (byte & 0x80) ? VarintError::kTooLong : VarintError::kOverflow;
+    }
+    result |= static_cast<uint64_t>(byte & 0x7f) << (7 * i);
+    if ((byte & 0x80) == 0) {
+      if (byte == 0 && i > 0) return VarintError::kNotMinimal;
+      value = result;
+      return VarintError::kNone;
+    }
+  }
+  return VarintError::kTooLong;  // not reached: the tenth byte returns above
+}
+
+const char* varint_error_text(VarintError error) {
+  switch (error) {
+    case VarintError::kNone: return "ok";
+    case VarintError::kTruncated: return "is truncated (the bytes end inside it)";
+    case VarintError::kTooLong: return "is longer than 10 bytes";
+    case VarintError::kOverflow: return "does not fit in 64 bits";
+    case VarintError::kNotMinimal: return "is not in its shortest form (overlong)";
+  }
+  return "is invalid";
+}
+
+// ---- per-encoding facts ------------------------------------------------------
+
+bool encoding_known(Encoding encoding) { return static_cast<uint8_t>(encoding) < kEncodingCount; }
+
+// Bytes per stored value; int4 (half a byte) is handled apart.
+uint64_t value_bytes(Encoding encoding) {
+  switch (encoding) {
+    case Encoding::kDenseF32:
+    case Encoding::kSparseF32: return 4;
+    case Encoding::kDenseBf16:
+    case Encoding::kDenseF16:
+    case Encoding::kSparseF16: return 2;
+    case Encoding::kSparseInt8:
+    case Encoding::kBlockInt8:
+    case Encoding::kBlockInt4: return 1;
+  }
+  return 1;
+}
+
+const char* value_type(Encoding encoding) {
+  switch (encoding) {
+    case Encoding::kDenseF32:
+    case Encoding::kSparseF32: return "fp32";
+    case Encoding::kDenseBf16: return "bf16";
+    case Encoding::kDenseF16:
+    case Encoding::kSparseF16: return "fp16";
+    case Encoding::kSparseInt8:
+    case Encoding::kBlockInt8: return "int8";
+    case Encoding::kBlockInt4: return "int4";
+  }
+  return "?";
+}
+
+// "tensor 3 ('fc.weight') segment at offset 128 (dense-f32): "
+std::string where(const SegmentView& segment, std::span<const TensorShape> manifest) {
+  std::string text = "tensor " + std::to_string(segment.tensor);
+  if (segment.tensor < manifest.size()) text += " ('" + manifest[segment.tensor].name + "')";
+  text += " segment at offset " + std::to_string(segment.offset) + " (";
+  text += encoding_known(segment.encoding)
+              ? encoding_name(segment.encoding)
+              : "encoding " + std::to_string(static_cast<unsigned>(segment.encoding));
+  return text + "): ";
+}
+
+std::string bytes_expected(const char* field, size_t actual, uint64_t expected, const std::string& for_what) {
+  return std::string(field) + " has " + std::to_string(actual) + " bytes, " + std::to_string(expected) +
+         " expected for " + for_what;
+}
+
+// ---- validation of the header and the byte lengths ------------------------------
+
+Status check_lengths(const SegmentView& s, std::span<const TensorShape> manifest, uint64_t& element_count) {
+  if (s.tensor >= manifest.size()) {
+    return corrupt("segment names tensor " + std::to_string(s.tensor) + ", but the manifest has " +
+                   std::to_string(manifest.size()) + " tensors");
+  }
+  const TensorShape& shape = manifest[s.tensor];
+  element_count = shape.element_count();
+  if (element_count > kMaxTensorElements) {
+    // The manifest is ours, not the peer's: the caller can fix it.
+    return invalid_argument("manifest tensor " + std::to_string(s.tensor) + " ('" + shape.name +
+                            "') has a negative dimension or more than 2^36 elements");
+  }
+  if (!encoding_known(s.encoding)) {
+    return corrupt(where(s, manifest) + "unknown encoding " + std::to_string(static_cast<unsigned>(s.encoding)));
+  }
+  if (s.count == 0) return corrupt(where(s, manifest) + "covers no elements (count 0)");
+  if (s.offset > element_count || s.count > element_count - s.offset) {
+    return corrupt(where(s, manifest) + "covers " + std::to_string(s.count) + " elements from offset " +
+                   std::to_string(s.offset) + ", outside the tensor's " + std::to_string(element_count) +
+                   " elements");
+  }
+  const Encoding e = s.encoding;
+  const uint64_t vb = value_bytes(e);
+  if (!encoding_is_block(e) && s.block_size != 0) {
+    return corrupt(where(s, manifest) + "block_size is " + std::to_string(s.block_size) +
+                   ", 0 expected for a non-block encoding");
+  }
+  if (!encoding_is_sparse(e) && s.nnz != 0) {
+    return corrupt(where(s, manifest) + "nnz is " + std::to_string(s.nnz) + ", 0 expected for a non-sparse encoding");
+  }
+  if (!encoding_is_sparse(e) && !s.indices.empty()) {
+    return corrupt(where(s, manifest) + "indices has " + std::to_string(s.indices.size()) +
+                   " bytes, 0 expected for a non-sparse encoding");
+  }
+
+  if (!encoding_is_sparse(e) && !encoding_is_block(e)) {  // dense
+    if (!s.scales.empty()) {
+      return corrupt(where(s, manifest) + "scales has " + std::to_string(s.scales.size()) +
+                     " bytes, 0 expected for a dense encoding");
+    }
+    const uint64_t expected = s.count * vb;  // count <= 2^36: no overflow
+    if (s.values.size() != expected) {
+      return corrupt(where(s, manifest) + bytes_expected("values", s.values.size(), expected,
+                                                         std::to_string(s.count) + " " + value_type(e) + " values"));
+    }
+    return Status::ok();
+  }
+
+  if (encoding_is_sparse(e)) {
+    if (s.nnz > s.count) {
+      return corrupt(where(s, manifest) + "nnz " + std::to_string(s.nnz) + " is more than the " +
+                     std::to_string(s.count) + " elements the segment covers");
+    }
+    const uint64_t expected_values = s.nnz * vb;  // nnz <= count <= 2^36
+    if (s.values.size() != expected_values) {
+      return corrupt(where(s, manifest) + bytes_expected("values", s.values.size(), expected_values,
+                                                         std::to_string(s.nnz) + " " + value_type(e) + " values"));
+    }
+    // Each varint takes 1 to 10 bytes: a cheap bound before parsing.
+    if (s.indices.size() < s.nnz) {
+      return corrupt(where(s, manifest) + "indices has " + std::to_string(s.indices.size()) +
+                     " bytes, too few for " + std::to_string(s.nnz) + " varints (at least 1 byte each)");
+    }
+    if (s.indices.size() > s.nnz * kMaxVarintBytes) {
+      return corrupt(where(s, manifest) + "indices has " + std::to_string(s.indices.size()) +
+                     " bytes, more than " + std::to_string(s.nnz) + " varints can take (10 bytes each)");
+    }
+    const uint64_t expected_scales = e == Encoding::kSparseInt8 ? kScaleBytes : 0;
+    if (s.scales.size() != expected_scales) {
+      return corrupt(where(s, manifest) +
+                     bytes_expected("scales", s.scales.size(), expected_scales,
+                                    e == Encoding::kSparseInt8 ? "one fp32 scale" : "a sparse float encoding"));
+    }
+  } else {  // block
+    if (s.block_size == 0 || s.block_size > kMaxBlockSize) {
+      return corrupt(where(s, manifest) + "block_size " + std::to_string(s.block_size) + " is outside [1, " +
+                     std::to_string(kMaxBlockSize) + "]");
+    }
+    const uint64_t blocks = (s.count + s.block_size - 1) / s.block_size;
+    if (s.scales.size() != blocks * kScaleBytes) {
+      return corrupt(where(s, manifest) + bytes_expected("scales", s.scales.size(), blocks * kScaleBytes,
+                                                         std::to_string(blocks) + " fp32 scales (" +
+                                                             std::to_string(s.count) + " elements in blocks of " +
+                                                             std::to_string(s.block_size) + ")"));
+    }
+    const uint64_t expected_values = e == Encoding::kBlockInt8 ? s.count : (s.count + 1) / 2;
+    if (s.values.size() != expected_values) {
+      return corrupt(where(s, manifest) + bytes_expected("values", s.values.size(), expected_values,
+                                                         std::to_string(s.count) + " " + value_type(e) + " values"));
+    }
+  }
+
+  // Scales: finite and >= 0 (the sign lives in the quantized values).
+  for (size_t b = 0; b < s.scales.size() / kScaleBytes; ++b) {
+    const float scale = load_f32(s.scales.data() + b * kScaleBytes);
+    if (!is_finite(scale) || !(scale >= 0.0f)) {
+      return corrupt(where(s, manifest) + "scale " + std::to_string(b) + " is " + format_float(scale) +
+                     ", a finite value >= 0 expected");
+    }
+  }
+  return Status::ok();
+}
+
+// ---- the two passes ------------------------------------------------------------
+
+// Where the decoded values go: decode writes them, accumulate adds weight times
+// them. out points at target[offset].
+struct Sink {
+  float* out;
+  float weight;
+  bool accumulate;
+};
+
+// Validation pass over n values: 1 if a decoded value, or what accumulating it
+// would store, is not finite. Branch-free so that it vectorizes.
+template <class Load>
+uint32_t scan_range(const Sink& sink, const float* out, uint64_t n, Load load) {
+  uint32_t bad = 0;
+  if (sink.accumulate) {
+    const float weight = sink.weight;
+    for (uint64_t i = 0; i < n; ++i) bad |= non_finite(accumulated(out[i], weight, load(i)));
+  } else {
+    for (uint64_t i = 0; i < n; ++i) bad |= non_finite(load(i));
+  }
+  return bad;
+}
+
+template <class Load>
+void write_range(const Sink& sink, float* out, uint64_t n, Load load) {
+  if (sink.accumulate) {
+    const float weight = sink.weight;
+    for (uint64_t i = 0; i < n; ++i) out[i] = accumulated(out[i], weight, load(i));
+  } else {
+    for (uint64_t i = 0; i < n; ++i) out[i] = load(i);
+  }
+}
+
+// The slow path after a scan found something: names the first bad element.
+// position is the element's index in the tensor.
+Status describe_value(const std::string& prefix, const Sink& sink, uint64_t position, float target, float value,
+                      const char* what) {
+  if (!is_finite(value)) {
+    return corrupt(prefix + what + " at element " + std::to_string(position) + " decodes to " + format_float(value));
+  }
+  if (sink.accumulate && !is_finite(accumulated(target, sink.weight, value))) {
+    return corrupt(prefix + what + " at element " + std::to_string(position) + " (" + format_float(value) +
+                   ") times weight " + format_float(sink.weight) + " added to " + format_float(target) +
+                   " is not finite in fp32");
+  }
+  return Status::ok();
+}
+
+template <class Load>
+Status find_bad(const std::string& prefix, const Sink& sink, const float* out, uint64_t first_position, uint64_t n,
+                Load load, const char* what) {
+  for (uint64_t i = 0; i < n; ++i) {
+    Status status = describe_value(prefix, sink, first_position + i, sink.accumulate ? out[i] : 0.0f, load(i), what);
+    if (!status.is_ok()) return status;
+  }
+  return corrupt(prefix + "a value is not finite");  // not reached when the scan found one
+}
+
+template <class Load>
+Status apply_dense(const SegmentView& s, std::span<const TensorShape> manifest, const Sink& sink, Load load) {
+  if (scan_range(sink, sink.out, s.count, load) != 0) {
+    return find_bad(where(s, manifest), sink, sink.out, s.offset, s.count, load, "value");
+  }
+  write_range(sink, sink.out, s.count, load);
+  return Status::ok();
+}
+
+Status apply_blocks(const SegmentView& s, std::span<const TensorShape> manifest, const Sink& sink) {
+  const bool int4 = s.encoding == Encoding::kBlockInt4;
+  const uint8_t* values = s.values.data();
+  if (int4) {
+    // -8 is outside the symmetric range, and an odd count leaves the last
+    // high nibble unused: it must be 0 so that the encoding is unique.
+    uint32_t bad = 0;
+    for (size_t i = 0; i < s.values.size(); ++i) {
+      bad |= static_cast<uint32_t>((values[i] & 0xf) == 8) | static_cast<uint32_t>((values[i] >> 4) == 8);
+    }
+    if (bad != 0) {
+      for (uint64_t i = 0; i < s.count; ++i) {
+        if (int4_at(values, i) == -8) {
+          return corrupt(where(s, manifest) + "int4 value " + std::to_string(i) + " is -8, outside -7..7");
+        }
+      }
+    }
+    if ((s.count & 1) != 0 && (values[s.count / 2] >> 4) != 0) {
+      return corrupt(where(s, manifest) + "the unused high nibble of the last values byte is " +
+                     std::to_string(values[s.count / 2] >> 4) + ", 0 expected for an odd count");
+    }
+  }
+
+  const uint64_t block_size = s.block_size;
+  const uint64_t blocks = (s.count + block_size - 1) / block_size;
+  // Runs f(first element of the block, its length, its scale) for every block.
+  auto for_each_block = [&](auto&& f) -> bool {
+    for (uint64_t b = 0; b < blocks; ++b) {
+      const uint64_t first = b * block_size;
+      const uint64_t n = std::min(block_size, s.count - first);
+      if (!f(first, n, load_f32(s.scales.data() + b * kScaleBytes))) return false;
+    }
+    return true;
+  };
+  auto int8_loader = [values](uint64_t first, float scale) {
+    return [values, first, scale](uint64_t i) {
+      return static_cast<float>(static_cast<int8_t>(values[first + i])) * scale;
+    };
+  };
+  auto int4_loader = [values](uint64_t first, float scale) {
+    return [values, first, scale](uint64_t i) { return static_cast<float>(int4_at(values, first + i)) * scale; };
+  };
+
+  std::string prefix;
+  Status failure;
+  const bool all_good = for_each_block([&](uint64_t first, uint64_t n, float scale) {
+    const float* out = sink.out + first;
+    const uint32_t bad = int4 ? scan_range(sink, out, n, int4_loader(first, scale))
+                              : scan_range(sink, out, n, int8_loader(first, scale));
+    if (bad == 0) return true;
+    prefix = where(s, manifest);
+    failure = int4 ? find_bad(prefix, sink, out, s.offset + first, n, int4_loader(first, scale), "q * scale")
+                   : find_bad(prefix, sink, out, s.offset + first, n, int8_loader(first, scale), "q * scale");
+    return false;
+  });
+  if (!all_good) return failure;
+
+  for_each_block([&](uint64_t first, uint64_t n, float scale) {
+    float* out = sink.out + first;
+    if (int4) {
+      write_range(sink, out, n, int4_loader(first, scale));
+    } else {
+      write_range(sink, out, n, int8_loader(first, scale));
+    }
+    return true;
+  });
+  return Status::ok();
+}
+
+// Parses the index varints and calls visit(k, index) for each, in order, with
+// every index checked to be strictly increasing and inside the segment.
+template <class Visit>
+Status walk_sparse(const SegmentView& s, std::span<const TensorShape> manifest, Visit visit) {
+  const uint64_t end = s.offset + s.count;  // checked against the tensor already
+  size_t pos = 0;
+  uint64_t previous = 0;
+  for (uint64_t k = 0; k < s.nnz; ++k) {
+    const size_t start = pos;
+    uint64_t gap = 0;
+    const VarintError error = read_varint(s.indices, pos, gap);
+    if (error != VarintError::kNone) {
+      return corrupt(where(s, manifest) + "index " + std::to_string(k) + ": the varint at indices byte " +
+                     std::to_string(start) + " " + varint_error_text(error));
+    }
+    uint64_t index = 0;
+    if (k == 0) {
+      if (gap >= s.count) {
+        return corrupt(where(s, manifest) + "index 0 is offset + " + std::to_string(gap) +
+                       ", outside the segment's " + std::to_string(s.count) + " elements");
+      }
+      index = s.offset + gap;
+    } else {
+      if (gap == 0) {
+        return corrupt(where(s, manifest) + "index " + std::to_string(k) + " repeats index " +
+                       std::to_string(k - 1) + " (" + std::to_string(previous) + "): indices must strictly increase");
+      }
+      if (gap >= end - previous) {
+        return corrupt(where(s, manifest) + "index " + std::to_string(k) + " is " + std::to_string(previous) +
+                       " + " + std::to_string(gap) + ", past the segment's end " + std::to_string(end) +
+                       " (out of order or out of range)");
+      }
+      index = previous + gap;
+    }
+    Status status = visit(k, index);
+    if (!status.is_ok()) return status;
+    previous = index;
+  }
+  if (pos != s.indices.size()) {
+    return corrupt(where(s, manifest) + "indices has " + std::to_string(s.indices.size() - pos) +
+                   " trailing bytes after " + std::to_string(s.nnz) + " varints");
+  }
+  return Status::ok();
+}
+
+template <class Load>
+Status apply_sparse_with(const SegmentView& s, std::span<const TensorShape> manifest, const Sink& sink, Load load) {
+  float* const target = sink.out;  // target[offset]: index - offset below
+  std::string prefix;
+  FEDMESH_RETURN_IF_ERROR(walk_sparse(s, manifest, [&](uint64_t k, uint64_t index) -> Status {
+    const float value = load(k);
+    const float current = sink.accumulate ? target[index - s.offset] : 0.0f;
+    const float stored = sink.accumulate ? accumulated(current, sink.weight, value) : value;
+    if (is_finite(stored) && is_finite(value)) return Status::ok();
+    if (prefix.empty()) prefix = where(s, manifest);
+    return describe_value(prefix, sink, index, current, value, "value");
+  }));
+  if (!sink.accumulate) std::fill(target, target + s.count, 0.0f);
+  return walk_sparse(s, manifest, [&](uint64_t k, uint64_t index) -> Status {
+    float& slot = target[index - s.offset];
+    slot = sink.accumulate ? accumulated(slot, sink.weight, load(k)) : load(k);
+    return Status::ok();
+  });
+}
+
+Status apply_sparse(const SegmentView& s, std::span<const TensorShape> manifest, const Sink& sink) {
+  const uint8_t* values = s.values.data();
+  switch (s.encoding) {
+    case Encoding::kSparseF32:
+      return apply_sparse_with(s, manifest, sink, [values](uint64_t k) { return load_f32(values + 4 * k); });
+    case Encoding::kSparseF16:
+      return apply_sparse_with(s, manifest, sink,
+                               [values](uint64_t k) { return to_float(fp16{load_u16(values + 2 * k)}); });
+    case Encoding::kSparseInt8: {
+      const float scale = load_f32(s.scales.data());
+      return apply_sparse_with(s, manifest, sink, [values, scale](uint64_t k) {
+        return static_cast<float>(static_cast<int8_t>(values[k])) * scale;
+      });
+    }
+    default: break;
+  }
+  return corrupt(where(s, manifest) + "not a sparse encoding");
+}
+
+Status apply_segment(const SegmentView& s, std::span<const TensorShape> manifest, std::span<float> target,
+                     float weight, bool accumulate) {
+  uint64_t element_count = 0;
+  FEDMESH_RETURN_IF_ERROR(check_lengths(s, manifest, element_count));
+  if (target.size() != element_count) {
+    return invalid_argument("target has " + std::to_string(target.size()) + " elements, tensor " +
+                            std::to_string(s.tensor) + " ('" + manifest[s.tensor].name + "') has " +
+                            std::to_string(element_count));
+  }
+  if (accumulate && !is_finite(weight)) {
+    return invalid_argument("accumulate weight is " + format_float(weight) + ", a finite value expected");
+  }
+  const Sink sink{target.data() + s.offset, weight, accumulate};
+  const uint8_t* values = s.values.data();
+  switch (s.encoding) {
+    case Encoding::kDenseF32:
+      return apply_dense(s, manifest, sink, [values](uint64_t i) { return load_f32(values + 4 * i); });
+    case Encoding::kDenseBf16:
+      return apply_dense(s, manifest, sink, [values](uint64_t i) { return to_float(bf16{load_u16(values + 2 * i)}); });
+    case Encoding::kDenseF16:
+      return apply_dense(s, manifest, sink, [values](uint64_t i) { return to_float(fp16{load_u16(values + 2 * i)}); });
+    case Encoding::kSparseF32:
+    case Encoding::kSparseF16:
+    case Encoding::kSparseInt8: return apply_sparse(s, manifest, sink);
+    case Encoding::kBlockInt8:
+    case Encoding::kBlockInt4: return apply_blocks(s, manifest, sink);
+  }
+  return corrupt(where(s, manifest) + "unknown encoding");
+}
+
+// ---- encoder helpers -------------------------------------------------------------
+
+Status check_input_value(float x, uint64_t position, Encoding encoding) {
+  if (!is_finite(x)) {
+    return invalid_argument(std::string(encoding_name(encoding)) + " input value at element " +
+                            std::to_string(position) + " is " + format_float(x));
+  }
+  // A finite fp32 can round to Inf in a half type; the receiver would reject
+  // the segment, so refuse to build it.
+  const bool overflows = (encoding == Encoding::kDenseBf16 && (to_bf16(x).bits & kBf16ExponentMask) == kBf16ExponentMask) ||
+                         ((encoding == Encoding::kDenseF16 || encoding == Encoding::kSparseF16) &&
+                          (to_fp16(x).bits & kF16ExponentMask) == kF16ExponentMask);
+  if (overflows) {
+    return invalid_argument(std::string(encoding_name(encoding)) + " input value at element " +
+                            std::to_string(position) + " (" + format_float(x) + ") overflows " + value_type(encoding));
+  }
+  return Status::ok();
+}
+
+// The scale for a block (or a sparse int8 segment) whose largest magnitude is
+// max_abs: max_abs / q_max, nudged down where q_max * scale would round to Inf
+// (max_abs near FLT_MAX), so that every q * scale decodes to a finite value.
+float quantization_scale(float max_abs, int q_max) {
+  float scale = max_abs / static_cast<float>(q_max);
+  while (scale > 0.0f && !is_finite(static_cast<float>(q_max) * scale)) scale = std::nextafter(scale, 0.0f);
+  return scale;
+}
+
+inline int quantize(float x, float scale, int q_max) {
+  if (!(scale > 0.0f)) return 0;  // an all-zero block, or max_abs too small for a nonzero scale
+  const float q = round_small(x / scale);
+  return static_cast<int>(std::clamp(q, -static_cast<float>(q_max), static_cast<float>(q_max)));
+}
+
+uint64_t clamp_segment_bytes(size_t max_segment_bytes) {
+  return std::min<uint64_t>(max_segment_bytes, kSegmentBytesCap);
+}
+
+}  // namespace
+
+// ---- public -----------------------------------------------------------------------
+
+const char* encoding_name(Encoding encoding) {
+  switch (encoding) {
+    case Encoding::kDenseF32: return "dense-f32";
+    case Encoding::kDenseBf16: return "dense-bf16";
+    case Encoding::kDenseF16: return "dense-f16";
+    case Encoding::kSparseF32: return "sparse-f32";
+    case Encoding::kSparseF16: return "sparse-f16";
+    case Encoding::kSparseInt8: return "sparse-int8";
+    case Encoding::kBlockInt8: return "block-int8";
+    case Encoding::kBlockInt4: return "block-int4";
+  }
+  return "unknown";
+}
+
+bool encoding_is_sparse(Encoding encoding) {
+  return encoding == Encoding::kSparseF32 || encoding == Encoding::kSparseF16 || encoding == Encoding::kSparseInt8;
+}
+
+bool encoding_is_block(Encoding encoding) {
+  return encoding == Encoding::kBlockInt8 || encoding == Encoding::kBlockInt4;
+}
+
+bool encoding_is_lossless(Encoding encoding) {
+  return encoding == Encoding::kDenseF32 || encoding == Encoding::kSparseF32;
+}
+
+// A negative dimension, or a product above kMaxTensorElements (including one
+// that would overflow 64 bits), gives kInvalidElementCount, which is above the
+// limit, so check_segment rejects the tensor. A zero dimension gives 0 however
+// large the others are.
+uint64_t TensorShape::element_count() const {
+  for (const int64_t dim : dims) {
+    if (dim < 0) return kInvalidElementCount;
+  }
+  for (const int64_t dim : dims) {
+    if (dim == 0) return 0;
+  }
+  uint64_t product = 1;
+  for (const int64_t dim : dims) {
+    const uint64_t d = static_cast<uint64_t>(dim);
+    if (d > kMaxTensorElements || product > kMaxTensorElements / d) return kInvalidElementCount;
+    product *= d;
+  }
+  return product;
+}
+
+SegmentView EncodedSegment::view() const {
+  SegmentView view;
+  view.tensor = tensor;
+  view.encoding = encoding;
+  view.offset = offset;
+  view.count = count;
+  view.nnz = nnz;
+  view.block_size = block_size;
+  view.indices = indices;
+  view.values = values;
+  view.scales = scales;
+  return view;
+}
+
+Status check_segment(const SegmentView& segment, std::span<const TensorShape> manifest) {
+  uint64_t element_count = 0;
+  return check_lengths(segment, manifest, element_count);
+}
+
+Status accumulate_segment(const SegmentView& segment, std::span<const TensorShape> manifest, float weight,
+                          std::span<float> target) {
+  return apply_segment(segment, manifest, target, weight, /*accumulate=*/true);
+}
+
+Status decode_segment(const SegmentView& segment, std::span<const TensorShape> manifest, std::span<float> target) {
+  return apply_segment(segment, manifest, target, 1.0f, /*accumulate=*/false);
+}
+
+Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values, Encoding encoding,
+                                                 size_t max_segment_bytes) {
+  if (!encoding_known(encoding) || encoding_is_sparse(encoding) || encoding_is_block(encoding)) {
+    return invalid_argument(std::string("encode_dense: ") + encoding_name(encoding) + " is not a dense encoding");
+  }
+  if (values.size() > kMaxTensorElements) {
+    return invalid_argument("encode_dense: " + std::to_string(values.size()) + " values, more than 2^36");
+  }
+  const uint64_t vb = value_bytes(encoding);
+  const uint64_t per_segment = clamp_segment_bytes(max_segment_bytes) / vb;
+  if (per_segment == 0) {
+    return invalid_argument("encode_dense: max_segment_bytes " + std::to_string(max_segment_bytes) +
+                            " is smaller than one " + value_type(encoding) + " value");
+  }
+  for (size_t i = 0; i < values.size(); ++i) FEDMESH_RETURN_IF_ERROR(check_input_value(values[i], i, encoding));
+
+  std::vector<EncodedSegment> segments;
+  for (uint64_t offset = 0; offset < values.size(); offset += per_segment) {
+    EncodedSegment& segment = segments.emplace_back();
+    segment.tensor = tensor;
+    segment.encoding = encoding;
+    segment.offset = offset;
+    segment.count = std::min<uint64_t>(per_segment, values.size() - offset);
+    segment.values.resize(segment.count * vb);
+    const float* in = values.data() + offset;
+    uint8_t* out = segment.values.data();
+    switch (encoding) {
+      case Encoding::kDenseF32: std::memcpy(out, in, segment.count * 4); break;
+      case Encoding::kDenseBf16:
+        for (uint64_t i = 0; i < segment.count; ++i) {
+          const uint16_t bits = to_bf16(in[i]).bits;
+          std::memcpy(out + 2 * i, &bits, 2);
+        }
+        break;
+      default:  // kDenseF16
+        for (uint64_t i = 0; i < segment.count; ++i) {
+          const uint16_t bits = to_fp16(in[i]).bits;
+          std::memcpy(out + 2 * i, &bits, 2);
+        }
+        break;
+    }
+  }
+  return segments;
+}
+
+Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t element_count,
+                                                  std::span<const uint64_t> indices, std::span<const float> values,
+                                                  Encoding encoding, size_t max_segment_bytes) {
+  if (!encoding_is_sparse(encoding)) {
+    return invalid_argument(std::string("encode_sparse: ") + encoding_name(encoding) + " is not a sparse encoding");
+  }
+  if (element_count > kMaxTensorElements) {
+    return invalid_argument("encode_sparse: element_count " + std::to_string(element_count) + " is more than 2^36");
+  }
+  if (indices.size() != values.size()) {
+    return invalid_argument("encode_sparse: " + std::to_string(indices.size()) + " indices but " +
+                            std::to_string(values.size()) + " values");
+  }
+  for (size_t k = 0; k < indices.size(); ++k) {
+    if (indices[k] >= element_count) {
+      return invalid_argument("encode_sparse: index " + std::to_string(k) + " (" + std::to_string(indices[k]) +
+                              ") is outside the tensor's " + std::to_string(element_count) + " elements");
+    }
+    if (k > 0 && indices[k] <= indices[k - 1]) {
+      return invalid_argument("encode_sparse: index " + std::to_string(k) + " (" + std::to_string(indices[k]) +
+                              ") does not follow index " + std::to_string(k - 1) + " (" +
+                              std::to_string(indices[k - 1]) + "): indices must strictly increase");
+    }
+    FEDMESH_RETURN_IF_ERROR(check_input_value(values[k], indices[k], encoding));
+  }
+  std::vector<EncodedSegment> segments;
+  if (element_count == 0) return segments;
+
+  const uint64_t vb = value_bytes(encoding);
+  const uint64_t fixed = encoding == Encoding::kSparseInt8 ? kScaleBytes : 0;
+  const uint64_t budget = clamp_segment_bytes(max_segment_bytes);
+  // The smallest segment that holds a value: its index is the segment's
+  // offset, so its varint is the one byte 0.
+  if (budget < fixed + 1 + vb) {
+    return invalid_argument("encode_sparse: max_segment_bytes " + std::to_string(max_segment_bytes) +
+                            " is smaller than one " + encoding_name(encoding) + " entry (" +
+                            std::to_string(fixed + 1 + vb) + " bytes)");
+  }
+
+  // Segments tile [0, element_count) so that decoding them all defines every
+  // element. Greedy: an entry that does not fit closes the segment just before
+  // its index and opens the next one there (where its gap costs one byte).
+  struct Range {
+    uint64_t offset, first, last;  // covers [offset, next offset); entries [first, last)
+  };
+  std::vector<Range> ranges;
+  Range current{0, 0, 0};
+  uint64_t used = fixed;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const uint64_t gap = current.last == current.first ? indices[k] - current.offset : indices[k] - indices[k - 1];
+    const uint64_t cost = varint_bytes(gap) + vb;
+    if (used + cost > budget) {
+      ranges.push_back(current);
+      current = Range{indices[k], k, k};
+      used = fixed + 1 + vb;
+    } else {
+      used += cost;
+    }
+    current.last = k + 1;
+  }
+  ranges.push_back(current);
+
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const Range& range = ranges[r];
+    EncodedSegment& segment = segments.emplace_back();
+    segment.tensor = tensor;
+    segment.encoding = encoding;
+    segment.offset = range.offset;
+    segment.count = (r + 1 < ranges.size() ? ranges[r + 1].offset : element_count) - range.offset;
+    segment.nnz = range.last - range.first;
+    uint64_t previous = range.offset;
+    float scale = 0.0f;
+    if (encoding == Encoding::kSparseInt8) {
+      float max_abs = 0.0f;
+      for (uint64_t k = range.first; k < range.last; ++k) max_abs = std::max(max_abs, std::fabs(values[k]));
+      scale = quantization_scale(max_abs, kInt8Max);
+      append_f32(segment.scales, scale);
+    }
+    segment.values.reserve(segment.nnz * vb);
+    for (uint64_t k = range.first; k < range.last; ++k) {
+      append_varint(segment.indices, indices[k] - previous);
+      previous = indices[k];
+      switch (encoding) {
+        case Encoding::kSparseF32: append_f32(segment.values, values[k]); break;
+        case Encoding::kSparseF16: append_u16(segment.values, to_fp16(values[k]).bits); break;
+        default:
+          segment.values.push_back(static_cast<uint8_t>(static_cast<int8_t>(quantize(values[k], scale, kInt8Max))));
+          break;
+      }
+    }
+  }
+  return segments;
+}
+
+Result<std::vector<EncodedSegment>> encode_blocks(uint32_t tensor, std::span<const float> values, Encoding encoding,
+                                                  uint32_t block_size, size_t max_segment_bytes) {
+  if (!encoding_is_block(encoding)) {
+    return invalid_argument(std::string("encode_blocks: ") + encoding_name(encoding) + " is not a block encoding");
+  }
+  if (block_size == 0 || block_size > kMaxBlockSize) {
+    return invalid_argument("encode_blocks: block_size " + std::to_string(block_size) + " is outside [1, " +
+                            std::to_string(kMaxBlockSize) + "]");
+  }
+  if (values.size() > kMaxTensorElements) {
+    return invalid_argument("encode_blocks: " + std::to_string(values.size()) + " values, more than 2^36");
+  }
+  const bool int4 = encoding == Encoding::kBlockInt4;
+  const uint64_t budget = clamp_segment_bytes(max_segment_bytes);
+  // Whole blocks per segment: k blocks take 4k bytes of scales plus k*block_size
+  // (int8) or ceil(k*block_size / 2) (int4) bytes of values. ceil(a/2) <= b
+  // exactly when a <= 2b, hence the int4 formula.
+  const uint64_t blocks_per_segment = int4 ? 2 * budget / (block_size + 2 * kScaleBytes) : budget / (block_size + kScaleBytes);
+  if (blocks_per_segment == 0) {
+    return invalid_argument("encode_blocks: max_segment_bytes " + std::to_string(max_segment_bytes) +
+                            " is smaller than one " + encoding_name(encoding) + " block of " +
+                            std::to_string(block_size) + " elements");
+  }
+  for (size_t i = 0; i < values.size(); ++i) FEDMESH_RETURN_IF_ERROR(check_input_value(values[i], i, encoding));
+
+  const int q_max = int4 ? kInt4Max : kInt8Max;
+  const uint64_t per_segment = blocks_per_segment * block_size;
+  std::vector<EncodedSegment> segments;
+  for (uint64_t offset = 0; offset < values.size(); offset += per_segment) {
+    EncodedSegment& segment = segments.emplace_back();
+    segment.tensor = tensor;
+    segment.encoding = encoding;
+    segment.offset = offset;
+    segment.count = std::min<uint64_t>(per_segment, values.size() - offset);
+    segment.block_size = block_size;
+    const uint64_t blocks = (segment.count + block_size - 1) / block_size;
+    segment.scales.resize(blocks * kScaleBytes);
+    segment.values.assign(int4 ? (segment.count + 1) / 2 : segment.count, 0);
+    const float* in = values.data() + offset;
+    for (uint64_t b = 0; b < blocks; ++b) {
+      const uint64_t first = b * block_size;
+      const uint64_t n = std::min<uint64_t>(block_size, segment.count - first);
+      float max_abs = 0.0f;
+      for (uint64_t i = 0; i < n; ++i) max_abs = std::max(max_abs, std::fabs(in[first + i]));
+      const float scale = quantization_scale(max_abs, q_max);
+      std::memcpy(segment.scales.data() + b * kScaleBytes, &scale, kScaleBytes);
+      uint8_t* out = segment.values.data();
+      if (int4) {
+        for (uint64_t i = first; i < first + n; ++i) {
+          const int q = quantize(in[i], scale, q_max);
+          out[i / 2] |= static_cast<uint8_t>((q & 0xf) << (4 * (i & 1)));
+        }
+      } else {
+        for (uint64_t i = first; i < first + n; ++i) {
+          out[i] = static_cast<uint8_t>(static_cast<int8_t>(quantize(in[i], scale, q_max)));
+        }
+      }
+    }
+  }
+  return segments;
+}
+
+}  // namespace fedmesh::protocol

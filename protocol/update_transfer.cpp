@@ -69,6 +69,41 @@ crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors
 
 OutgoingMessage copy_message(std::span<const uint8_t> bytes) { return OutgoingMessage::from_bytes(bytes); }
 
+std::vector<uint8_t> signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+                                   std::span<const crypto::Hash> hashes, const crypto::SiteKeys& sender_keys) {
+  const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
+  const crypto::Signature signature =
+      crypto::sign_update(signing_fields(metadata, descriptors_digest, {hashes.begin(), hashes.end()}), sender_keys);
+
+  capnp::MallocMessageBuilder builder;
+  auto header = builder.initRoot<wire::Message>().initUpdateHeader();
+  header.setFederation(metadata.federation);
+  header.setRound(metadata.round);
+  header.setBaseVersion(metadata.base_version);
+  header.setSender(metadata.sender);
+  header.setRecipient(metadata.recipient);
+  header.setSequence(metadata.sequence);
+  header.setSampleCount(metadata.sample_count);
+  auto list = header.initTensors(static_cast<unsigned>(descriptors.size()));
+  for (size_t i = 0; i < descriptors.size(); ++i) {
+    auto out = list[static_cast<unsigned>(i)];
+    out.setName(descriptors[i].name);
+    auto shape = out.initShape(static_cast<unsigned>(descriptors[i].dims.size()));
+    for (size_t d = 0; d < descriptors[i].dims.size(); ++d) {
+      shape.set(static_cast<unsigned>(d), static_cast<uint64_t>(descriptors[i].dims[d]));
+    }
+    out.setEncoding(to_wire(descriptors[i].encoding));
+    out.setBlockSize(descriptors[i].block_size);
+  }
+  header.setChunkCount(static_cast<uint32_t>(hashes.size()));
+  auto hash_list = header.initChunkHashes(static_cast<unsigned>(hashes.size()));
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    hash_list.set(static_cast<unsigned>(i), kj::arrayPtr(hashes[i].data(), hashes[i].size()));
+  }
+  header.setSignature(kj::arrayPtr(signature.data(), signature.size()));
+  return to_vector(serialize(builder));
+}
+
 PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vector<EncodedTensor> tensors,
                                       const crypto::SiteKeys& sender_keys, size_t chunk_bytes) {
   PreparedUpdate prepared;
@@ -98,37 +133,7 @@ PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vecto
   }
   flush();
 
-  const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
-  const crypto::Signature signature =
-      crypto::sign_update(signing_fields(metadata, descriptors_digest, hashes), sender_keys);
-
-  capnp::MallocMessageBuilder builder;
-  auto header = builder.initRoot<wire::Message>().initUpdateHeader();
-  header.setFederation(metadata.federation);
-  header.setRound(metadata.round);
-  header.setBaseVersion(metadata.base_version);
-  header.setSender(metadata.sender);
-  header.setRecipient(metadata.recipient);
-  header.setSequence(metadata.sequence);
-  header.setSampleCount(metadata.sample_count);
-  auto list = header.initTensors(static_cast<unsigned>(descriptors.size()));
-  for (size_t i = 0; i < descriptors.size(); ++i) {
-    auto out = list[static_cast<unsigned>(i)];
-    out.setName(descriptors[i].name);
-    auto shape = out.initShape(static_cast<unsigned>(descriptors[i].dims.size()));
-    for (size_t d = 0; d < descriptors[i].dims.size(); ++d) {
-      shape.set(static_cast<unsigned>(d), static_cast<uint64_t>(descriptors[i].dims[d]));
-    }
-    out.setEncoding(to_wire(descriptors[i].encoding));
-    out.setBlockSize(descriptors[i].block_size);
-  }
-  header.setChunkCount(static_cast<uint32_t>(hashes.size()));
-  auto hash_list = header.initChunkHashes(static_cast<unsigned>(hashes.size()));
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    hash_list.set(static_cast<unsigned>(i), kj::arrayPtr(hashes[i].data(), hashes[i].size()));
-  }
-  header.setSignature(kj::arrayPtr(signature.data(), signature.size()));
-  prepared.header = to_vector(serialize(builder));
+  prepared.header = signed_header(metadata, descriptors, hashes, sender_keys);
   return prepared;
 }
 

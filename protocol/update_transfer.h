@@ -85,6 +85,10 @@ Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<
 PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vector<EncodedTensor> tensors,
                                       const crypto::SiteKeys& sender_keys, size_t chunk_bytes = kDefaultChunkBytes);
 
+// The serialized, signed UpdateHeader for chunks whose hashes are given.
+std::vector<uint8_t> signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+                                   std::span<const crypto::Hash> chunk_hashes, const crypto::SiteKeys& sender_keys);
+
 OutgoingMessage copy_message(std::span<const uint8_t> bytes);
 
 // What the receiver accepts.

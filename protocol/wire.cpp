@@ -146,9 +146,9 @@ bool parse_body(std::span<const uint8_t> frame, const Envelope& envelope, std::s
     aligned = reinterpret_cast<const capnp::word*>(body.data());
     message->keep_alive_ = std::move(keep_alive);
   } else {
-    message->aligned_copy_.resize(words);
-    std::memcpy(message->aligned_copy_.data(), body.data(), body.size());
-    aligned = message->aligned_copy_.data();
+    message->aligned_copy_ = kj::heapArray<capnp::word>(words);
+    std::memcpy(message->aligned_copy_.begin(), body.data(), body.size());
+    aligned = message->aligned_copy_.begin();
   }
   capnp::ReaderOptions options;
   options.traversalLimitInWords = words * kTraversalWordsPerBodyWord + 64;

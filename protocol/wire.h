@@ -113,7 +113,7 @@ class ParsedMessage {
                          std::unique_ptr<ParsedMessage>&, Rejection&);
   Envelope envelope_;
   std::shared_ptr<const void> keep_alive_;
-  std::vector<capnp::word> aligned_copy_;
+  kj::Array<capnp::word> aligned_copy_;
   std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
   wire::Message::Reader root_;
 };

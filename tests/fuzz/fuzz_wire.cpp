@@ -1,0 +1,180 @@
+// libFuzzer target for everything the receiver does with a peer's bytes:
+// the envelope, the Cap'n Proto parse under limits, the update header
+// checks, and, past authentication, the chunk decode of a signed update.
+//
+// byte 0, bit 0 clear: the rest is one received frame. It is parsed; an
+//   UpdateHeader goes through UpdateReceiver::handle_header (a roster of one
+//   site, "site-a"), any other message has every field walked.
+// byte 0, bit 0 set: the rest is the body of an UpdateChunk. The target
+//   signs a header whose one chunk hash is that body's (as an authenticated
+//   but hostile site could), then delivers header and chunk: this reaches
+//   segment decoding, which sits behind the hash check.
+// Either way the receiver must answer with an Ack or a Reject, never crash,
+// and never hand on an update with a non-finite value.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "crypto/keys.h"
+#include "crypto/replay_guard.h"
+#include "crypto/roster.h"
+#include "protocol/update_transfer.h"
+#include "protocol/wire.h"
+
+namespace fp = fedmesh::protocol;
+namespace fc = fedmesh::crypto;
+
+namespace {
+
+struct Fixture {
+  fc::SiteKeys site = fc::generate_site_keys("site-a").value();
+  fc::Roster roster;
+  std::vector<fp::TensorShape> manifest = {{"w", {8, 4}}, {"b", {8}}};
+  Fixture() {
+    roster.federation = "fed";
+    roster.sites.push_back({site.identity, fc::Role::kSite, ""});
+  }
+  fp::ReceiverPolicy policy() const {
+    fp::ReceiverPolicy p;
+    p.federation = "fed";
+    p.self = "aggregator";
+    p.manifest = manifest;
+    p.current_round = 1;
+    p.current_version = 1;
+    return p;
+  }
+};
+
+const Fixture& fixture() {
+  static const Fixture f;
+  return f;
+}
+
+void require(bool condition, const char* what) {
+  if (!condition) {
+    std::fprintf(stderr, "fuzz_wire: %s\n", what);
+    std::abort();
+  }
+}
+
+// The reply must itself parse and be an Ack or a Reject.
+void check_reply(const fp::OutgoingMessage& reply) {
+  std::unique_ptr<fp::ParsedMessage> parsed;
+  fp::Rejection rejection;
+  require(fp::parse_message(reply.bytes(), fp::kDefaultMaxMessageBytes, nullptr, parsed, rejection), "reply does not parse");
+  require(parsed->root().isAck() || parsed->root().isReject(), "reply is neither Ack nor Reject");
+}
+
+void check_completed(fp::UpdateReceiver& receiver) {
+  for (const auto& update : receiver.take_completed()) {
+    for (const auto& tensor : update.tensors) {
+      for (float v : tensor) require(std::isfinite(v), "a completed update holds a non-finite value");
+    }
+  }
+}
+
+void walk(const fp::ParsedMessage& message) {
+  // Touch every field a handler might read; kj exceptions are the parser's
+  // way of refusing and are caught by every real handler.
+  try {
+    const auto root = message.root();
+    switch (root.which()) {
+      case fedmesh::wire::Message::HELLO: {
+        const auto h = root.getHello();
+        (void)h.getFederation().size();
+        (void)h.getSiteName().size();
+        for (auto e : h.getCapabilities().getEncodings()) (void)e;
+        break;
+      }
+      case fedmesh::wire::Message::MODEL_CHUNK: {
+        for (auto s : root.getModelChunk().getSegments()) {
+          fp::SegmentView view;
+          fp::Rejection rejection;
+          if (fp::read_segment(s, view, rejection)) {
+            std::vector<float> target(fixture().manifest[0].element_count());
+            (void)fp::check_segment(view, fixture().manifest);
+          }
+        }
+        break;
+      }
+      case fedmesh::wire::Message::PING_REQ:
+        for (auto d : root.getPingReq().getDeltas()) (void)d.getSite().size();
+        break;
+      case fedmesh::wire::Message::REJECT:
+        (void)root.getReject().getText().size();
+        break;
+      default:
+        break;
+    }
+  } catch (const kj::Exception&) {
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const Fixture& f = fixture();
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(f.policy(), f.roster, replay);
+  const std::span<const uint8_t> rest(data + 1, size - 1);
+
+  if ((data[0] & 1) == 0) {
+    std::unique_ptr<fp::ParsedMessage> parsed;
+    fp::Rejection rejection;
+    if (!fp::parse_message(rest, fp::kDefaultMaxMessageBytes, nullptr, parsed, rejection)) {
+      require(!rejection.reason.empty(), "a rejection without a reason");
+      return 0;
+    }
+    if (parsed->envelope().kind == fedmesh::wire::Message::UPDATE_HEADER) {
+      check_reply(receiver.handle_header("site-a", *parsed));
+    } else if (parsed->envelope().kind == fedmesh::wire::Message::UPDATE_CHUNK) {
+      check_reply(receiver.handle_chunk("site-a", parsed->envelope(), rest));
+    } else {
+      walk(*parsed);
+    }
+    check_completed(receiver);
+    return 0;
+  }
+
+  // A chunk body of whole words, with an envelope in front.
+  const size_t body_bytes = rest.size() / 8 * 8;
+  if (body_bytes == 0) return 0;
+  std::vector<uint8_t> frame(fp::kEnvelopeBytes + body_bytes);
+  const uint32_t magic = fp::kEnvelopeMagic, body32 = static_cast<uint32_t>(body_bytes), chunk_index = 0;
+  const uint16_t version = fp::kProtocolVersion, kind = static_cast<uint16_t>(fedmesh::wire::Message::UPDATE_CHUNK);
+  const uint64_t sequence = 1;
+  std::memcpy(frame.data(), &magic, 4);
+  std::memcpy(frame.data() + 4, &version, 2);
+  std::memcpy(frame.data() + 6, &kind, 2);
+  std::memcpy(frame.data() + 8, &body32, 4);
+  std::memcpy(frame.data() + 12, &chunk_index, 4);
+  std::memcpy(frame.data() + 16, &sequence, 8);
+  std::memcpy(frame.data() + fp::kEnvelopeBytes, rest.data(), body_bytes);
+
+  // A header signed over that body: built by the real sender path with an
+  // empty update, then given this chunk's hash.
+  fp::UpdateMetadata metadata{"fed", 1, 1, "site-a", "aggregator", sequence, 1};
+  std::vector<fp::TensorDescriptorFields> descriptors;
+  for (const auto& shape : f.manifest) {
+    const fp::Encoding encoding = static_cast<fp::Encoding>((data[0] >> 1) % fp::kEncodingCount);
+    descriptors.push_back({shape.name, shape.dims, encoding, fp::encoding_is_block(encoding) ? 4u : 0u});
+  }
+  const fc::Hash chunk_hash = fc::hash_bytes(std::span(frame).subspan(fp::kEnvelopeBytes));
+  const std::vector<uint8_t> signed_header = fp::signed_header(metadata, descriptors, {&chunk_hash, 1}, f.site);
+  std::unique_ptr<fp::ParsedMessage> header;
+  fp::Rejection rejection;
+  require(fp::parse_message(signed_header, fp::kDefaultMaxMessageBytes, nullptr, header, rejection),
+          "own header does not parse");
+  const fp::OutgoingMessage accepted = receiver.handle_header("site-a", *header);
+  check_reply(accepted);
+  require(!receiver.last_rejection().has_value(), "own signed header refused");
+  fp::Envelope envelope;
+  require(fp::read_envelope(frame, fp::kDefaultMaxMessageBytes, envelope, rejection), "own envelope refused");
+  check_reply(receiver.handle_chunk("site-a", envelope, frame));
+  check_completed(receiver);
+  return 0;
+}

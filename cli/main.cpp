@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/doctor_command.h"
+#include "cli/keygen_command.h"
+#include "cli/roster_command.h"
 #include "cli/train_command.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +17,8 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   fedmesh::cli::add_train_command(app, exit_code);
   fedmesh::cli::add_doctor_command(app, exit_code);
+  fedmesh::cli::add_keygen_command(app, exit_code);
+  fedmesh::cli::add_roster_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -32,6 +32,8 @@ constexpr size_t kMaxVarintBytes = 10;
 constexpr size_t kScaleBytes = 4;
 constexpr int kInt8Max = 127;
 constexpr int kInt4Max = 7;
+// int4 elements decoded per step into a stack buffer (4 KiB).
+constexpr uint64_t kInt4ChunkElements = 1024;
 // Encoders clamp max_segment_bytes to this before doing arithmetic on it: no
 // segment of a tensor within kMaxTensorElements comes near it, and below it
 // nothing in the segment-size formulas overflows.
@@ -293,6 +295,7 @@ Status check_lengths(const SegmentView& s, std::span<const TensorShape> manifest
     const float scale = load_f32(s.scales.data() + b * kScaleBytes);
     if (!is_finite(scale) || !(scale >= 0.0f)) {
       return corrupt(where(s, manifest) + "scale " + std::to_string(b) + " is " + format_float(scale) +
+                     (is_finite(scale) ? "" : " (" + std::string(kNonFiniteMarker) + ")") +
                      ", a finite value >= 0 expected");
     }
   }
@@ -338,12 +341,13 @@ void write_range(const Sink& sink, float* out, uint64_t n, Load load) {
 Status describe_value(const std::string& prefix, const Sink& sink, uint64_t position, float target, float value,
                       const char* what) {
   if (!is_finite(value)) {
-    return corrupt(prefix + what + " at element " + std::to_string(position) + " decodes to " + format_float(value));
+    return corrupt(prefix + what + " at element " + std::to_string(position) + " decodes to " + format_float(value) +
+                   " (" + std::string(kNonFiniteMarker) + ")");
   }
   if (sink.accumulate && !is_finite(accumulated(target, sink.weight, value))) {
     return corrupt(prefix + what + " at element " + std::to_string(position) + " (" + format_float(value) +
                    ") times weight " + format_float(sink.weight) + " added to " + format_float(target) +
-                   " is not finite in fp32");
+                   " is " + std::string(kNonFiniteMarker) + " in fp32");
   }
   return Status::ok();
 }
@@ -355,7 +359,7 @@ Status find_bad(const std::string& prefix, const Sink& sink, const float* out, u
     Status status = describe_value(prefix, sink, first_position + i, sink.accumulate ? out[i] : 0.0f, load(i), what);
     if (!status.is_ok()) return status;
   }
-  return corrupt(prefix + "a value is not finite");  // not reached when the scan found one
+  return corrupt(prefix + "a value is " + std::string(kNonFiniteMarker));  // not reached when the scan found one
 }
 
 template <class Load>
@@ -365,6 +369,24 @@ Status apply_dense(const SegmentView& s, std::span<const TensorShape> manifest, 
   }
   write_range(sink, sink.out, s.count, load);
   return Status::ok();
+}
+
+// Decodes int4 elements [first, first + n) of a segment's values times scale
+// into out: the odd element at either end alone, the rest a byte at a time.
+void unpack_int4(const uint8_t* values, uint64_t first, uint64_t n, float scale, float* out) {
+  uint64_t i = 0;
+  if ((first & 1) != 0 && n > 0) {
+    out[0] = static_cast<float>(int4_at(values, first)) * scale;
+    i = 1;
+  }
+  const uint8_t* bytes = values + (first + i) / 2;
+  const uint64_t pairs = (n - i) / 2;
+  for (uint64_t p = 0; p < pairs; ++p) {
+    const uint8_t byte = bytes[p];
+    out[i + 2 * p] = static_cast<float>(((byte & 0xf) ^ 8) - 8) * scale;
+    out[i + 2 * p + 1] = static_cast<float>(((byte >> 4) ^ 8) - 8) * scale;
+  }
+  if (i + 2 * pairs < n) out[n - 1] = static_cast<float>(int4_at(values, first + n - 1)) * scale;
 }
 
 Status apply_blocks(const SegmentView& s, std::span<const TensorShape> manifest, const Sink& sink) {
@@ -406,30 +428,41 @@ Status apply_blocks(const SegmentView& s, std::span<const TensorShape> manifest,
       return static_cast<float>(static_cast<int8_t>(values[first + i])) * scale;
     };
   };
-  auto int4_loader = [values](uint64_t first, float scale) {
-    return [values, first, scale](uint64_t i) { return static_cast<float>(int4_at(values, first + i)) * scale; };
-  };
 
-  std::string prefix;
+  // int4 values are unpacked a chunk at a time into decoded[], two per byte,
+  // which is what lets the loops below vectorize.
+  float decoded[kInt4ChunkElements];
+  auto from_decoded = [&decoded](uint64_t i) { return decoded[i]; };
+
   Status failure;
   const bool all_good = for_each_block([&](uint64_t first, uint64_t n, float scale) {
     const float* out = sink.out + first;
-    const uint32_t bad = int4 ? scan_range(sink, out, n, int4_loader(first, scale))
-                              : scan_range(sink, out, n, int8_loader(first, scale));
-    if (bad == 0) return true;
-    prefix = where(s, manifest);
-    failure = int4 ? find_bad(prefix, sink, out, s.offset + first, n, int4_loader(first, scale), "q * scale")
-                   : find_bad(prefix, sink, out, s.offset + first, n, int8_loader(first, scale), "q * scale");
-    return false;
+    if (!int4) {
+      if (scan_range(sink, out, n, int8_loader(first, scale)) == 0) return true;
+      failure = find_bad(where(s, manifest), sink, out, s.offset + first, n, int8_loader(first, scale), "q * scale");
+      return false;
+    }
+    for (uint64_t done = 0; done < n; done += kInt4ChunkElements) {
+      const uint64_t m = std::min<uint64_t>(kInt4ChunkElements, n - done);
+      unpack_int4(values, first + done, m, scale, decoded);
+      if (scan_range(sink, out + done, m, from_decoded) == 0) continue;
+      failure = find_bad(where(s, manifest), sink, out + done, s.offset + first + done, m, from_decoded, "q * scale");
+      return false;
+    }
+    return true;
   });
   if (!all_good) return failure;
 
   for_each_block([&](uint64_t first, uint64_t n, float scale) {
     float* out = sink.out + first;
-    if (int4) {
-      write_range(sink, out, n, int4_loader(first, scale));
-    } else {
+    if (!int4) {
       write_range(sink, out, n, int8_loader(first, scale));
+      return true;
+    }
+    for (uint64_t done = 0; done < n; done += kInt4ChunkElements) {
+      const uint64_t m = std::min<uint64_t>(kInt4ChunkElements, n - done);
+      unpack_int4(values, first + done, m, scale, decoded);
+      write_range(sink, out + done, m, from_decoded);
     }
     return true;
   });
@@ -559,13 +592,34 @@ Status check_input_value(float x, uint64_t position, Encoding encoding) {
   }
   // A finite fp32 can round to Inf in a half type; the receiver would reject
   // the segment, so refuse to build it.
-  const bool overflows = (encoding == Encoding::kDenseBf16 && (to_bf16(x).bits & kBf16ExponentMask) == kBf16ExponentMask) ||
-                         ((encoding == Encoding::kDenseF16 || encoding == Encoding::kSparseF16) &&
-                          (to_fp16(x).bits & kF16ExponentMask) == kF16ExponentMask);
+  const bool to_bf16_overflows = (to_bf16(x).bits & kBf16ExponentMask) == kBf16ExponentMask;
+  const bool to_fp16_overflows = (to_fp16(x).bits & kF16ExponentMask) == kF16ExponentMask;
+  const bool overflows = (encoding == Encoding::kDenseBf16 && to_bf16_overflows) ||
+                         ((encoding == Encoding::kDenseF16 || encoding == Encoding::kSparseF16) && to_fp16_overflows);
   if (overflows) {
     return invalid_argument(std::string(encoding_name(encoding)) + " input value at element " +
                             std::to_string(position) + " (" + format_float(x) + ") overflows " + value_type(encoding));
   }
+  return Status::ok();
+}
+
+// All of values at once: a branch-free scan (finite in fp32, and for the
+// half types once rounded), then the slow path only to name the culprit.
+Status check_input_values(std::span<const float> values, Encoding encoding) {
+  uint32_t bad = 0;
+  if (encoding == Encoding::kDenseBf16) {
+    for (const float x : values) {
+      bad |= static_cast<uint32_t>((to_bf16(x).bits & kBf16ExponentMask) == kBf16ExponentMask);
+    }
+  } else if (encoding == Encoding::kDenseF16) {
+    for (const float x : values) {
+      bad |= static_cast<uint32_t>((to_fp16(x).bits & kF16ExponentMask) == kF16ExponentMask);
+    }
+  } else {
+    for (const float x : values) bad |= non_finite(x);
+  }
+  if (bad == 0) return Status::ok();
+  for (size_t i = 0; i < values.size(); ++i) FEDMESH_RETURN_IF_ERROR(check_input_value(values[i], i, encoding));
   return Status::ok();
 }
 
@@ -578,8 +632,9 @@ float quantization_scale(float max_abs, int q_max) {
   return scale;
 }
 
+// Callers skip blocks whose scale is 0 (all zeros, or max|x| too small for a
+// nonzero fp32 scale): their values stay 0.
 inline int quantize(float x, float scale, int q_max) {
-  if (!(scale > 0.0f)) return 0;  // an all-zero block, or max_abs too small for a nonzero scale
   const float q = round_small(x / scale);
   return static_cast<int>(std::clamp(q, -static_cast<float>(q_max), static_cast<float>(q_max)));
 }
@@ -591,6 +646,10 @@ uint64_t clamp_segment_bytes(size_t max_segment_bytes) {
 }  // namespace
 
 // ---- public -----------------------------------------------------------------------
+
+bool is_non_finite_error(const Status& status) {
+  return status.code() == StatusCode::kCorrupt && status.message().find(kNonFiniteMarker) != std::string::npos;
+}
 
 const char* encoding_name(Encoding encoding) {
   switch (encoding) {
@@ -680,7 +739,7 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
     return invalid_argument("encode_dense: max_segment_bytes " + std::to_string(max_segment_bytes) +
                             " is smaller than one " + value_type(encoding) + " value");
   }
-  for (size_t i = 0; i < values.size(); ++i) FEDMESH_RETURN_IF_ERROR(check_input_value(values[i], i, encoding));
+  FEDMESH_RETURN_IF_ERROR(check_input_values(values, encoding));
 
   std::vector<EncodedSegment> segments;
   for (uint64_t offset = 0; offset < values.size(); offset += per_segment) {
@@ -797,7 +856,8 @@ Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t elem
         case Encoding::kSparseF32: append_f32(segment.values, values[k]); break;
         case Encoding::kSparseF16: append_u16(segment.values, to_fp16(values[k]).bits); break;
         default:
-          segment.values.push_back(static_cast<uint8_t>(static_cast<int8_t>(quantize(values[k], scale, kInt8Max))));
+          segment.values.push_back(
+              scale > 0.0f ? static_cast<uint8_t>(static_cast<int8_t>(quantize(values[k], scale, kInt8Max))) : 0);
           break;
       }
     }
@@ -822,13 +882,14 @@ Result<std::vector<EncodedSegment>> encode_blocks(uint32_t tensor, std::span<con
   // Whole blocks per segment: k blocks take 4k bytes of scales plus k*block_size
   // (int8) or ceil(k*block_size / 2) (int4) bytes of values. ceil(a/2) <= b
   // exactly when a <= 2b, hence the int4 formula.
-  const uint64_t blocks_per_segment = int4 ? 2 * budget / (block_size + 2 * kScaleBytes) : budget / (block_size + kScaleBytes);
+  const uint64_t blocks_per_segment =
+      int4 ? 2 * budget / (block_size + 2 * kScaleBytes) : budget / (block_size + kScaleBytes);
   if (blocks_per_segment == 0) {
     return invalid_argument("encode_blocks: max_segment_bytes " + std::to_string(max_segment_bytes) +
                             " is smaller than one " + encoding_name(encoding) + " block of " +
                             std::to_string(block_size) + " elements");
   }
-  for (size_t i = 0; i < values.size(); ++i) FEDMESH_RETURN_IF_ERROR(check_input_value(values[i], i, encoding));
+  FEDMESH_RETURN_IF_ERROR(check_input_values(values, encoding));
 
   const int q_max = int4 ? kInt4Max : kInt8Max;
   const uint64_t per_segment = blocks_per_segment * block_size;
@@ -851,6 +912,7 @@ Result<std::vector<EncodedSegment>> encode_blocks(uint32_t tensor, std::span<con
       for (uint64_t i = 0; i < n; ++i) max_abs = std::max(max_abs, std::fabs(in[first + i]));
       const float scale = quantization_scale(max_abs, q_max);
       std::memcpy(segment.scales.data() + b * kScaleBytes, &scale, kScaleBytes);
+      if (!(scale > 0.0f)) continue;
       uint8_t* out = segment.values.data();
       if (int4) {
         for (uint64_t i = first; i < first + n; ++i) {

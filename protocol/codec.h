@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -95,6 +96,11 @@ struct EncodedSegment {
   SegmentView view() const;
   size_t payload_bytes() const { return indices.size() + values.size() + scales.size(); }
 };
+
+// Errors about NaN/Inf values (or scales) carry this phrase, so a receiver
+// can answer with its own reason code (non-finite rather than malformed).
+inline constexpr std::string_view kNonFiniteMarker = "non-finite";
+bool is_non_finite_error(const Status& status);
 
 // Validates a segment against the manifest without decoding it: tensor index,
 // range inside the tensor, byte lengths consistent with count/nnz/block_size,

@@ -459,7 +459,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
       }
       const Status decoded = decode_segment(view, policy_.manifest, transfer.staging[view.tensor]);
       if (!decoded.is_ok()) {
-        const bool non_finite = decoded.message().find("finite") != std::string::npos;
+        const bool non_finite = is_non_finite_error(decoded);
         const std::string reason = "chunk " + std::to_string(index) + ": " + decoded.message();
         transfers_.erase(found);
         return reject(sequence, non_finite ? wire::RejectCode::NON_FINITE : wire::RejectCode::MALFORMED, reason);

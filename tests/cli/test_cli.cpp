@@ -1,9 +1,11 @@
 // The real `fedmesh` binary, run as a user would run it.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -151,6 +153,186 @@ TEST(Cli, CorruptDataFilesAreRejectedByName) {
   EXPECT_EQ(train.exit_code, 2);
   EXPECT_NE(train.output.find("train-images-idx3-ubyte"), std::string::npos) << train.output;
   EXPECT_NE(train.output.find("magic"), std::string::npos) << train.output;
+  std::system(("rm -rf " + directory).c_str());
+}
+
+std::string make_temp_directory() {
+  char directory_template[] = "/tmp/fedmesh-cli-XXXXXX";
+  if (mkdtemp(directory_template) == nullptr) return "";
+  return directory_template;
+}
+
+std::string read_text(const std::string& file) {
+  std::ifstream in(file);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+unsigned file_mode(const std::string& file) {
+  struct stat info {};
+  if (::stat(file.c_str(), &info) != 0) return 0;
+  return info.st_mode & 07777;
+}
+
+TEST(Cli, KeygenWritesAPrivateKeyAndRefusesToOverwrite) {
+  const std::string directory = make_temp_directory();
+  ASSERT_FALSE(directory.empty());
+  const CommandRun keygen = run("keygen --name site-a --out " + directory + "/keys --json", /*with_stderr=*/false);
+  ASSERT_EQ(keygen.exit_code, 0) << keygen.output;
+  const auto lines = json_lines(keygen.stdout_only);
+  ASSERT_EQ(lines.size(), 1u);
+  const auto& report = lines[0];
+  EXPECT_EQ(report["event"], "summary");
+  EXPECT_EQ(report["name"], "site-a");
+  EXPECT_EQ(report["sign_public"].get<std::string>().size(), 64u);
+  EXPECT_EQ(report["box_public"].get<std::string>().size(), 64u);
+  const std::string key_file = report["key_file"];
+  const std::string pub_file = report["pub_file"];
+  EXPECT_EQ(key_file, directory + "/keys/site-a.key");
+  EXPECT_EQ(file_mode(key_file), 0600u);
+  EXPECT_EQ(file_mode(pub_file), 0644u);
+  const std::string pub = read_text(pub_file);
+  EXPECT_NE(pub.find(report["sign_public"].get<std::string>()), std::string::npos);
+  EXPECT_EQ(pub.find("secret"), std::string::npos);
+  const std::string key = read_text(key_file);
+
+  // Without --json the public part is what is printed.
+  const CommandRun human = run("keygen --name site-b --out " + directory + "/keys", /*with_stderr=*/false);
+  ASSERT_EQ(human.exit_code, 0);
+  EXPECT_EQ(human.stdout_only, read_text(directory + "/keys/site-b.pub"));
+
+  const CommandRun again = run("keygen --name site-a --out " + directory + "/keys");
+  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_NE(again.output.find("already exists"), std::string::npos) << again.output;
+  EXPECT_EQ(read_text(key_file), key);  // untouched
+
+  const CommandRun again_json = run("keygen --name site-a --out " + directory + "/keys --json", false);
+  EXPECT_EQ(again_json.exit_code, 2);
+  const auto error_lines = json_lines(again_json.stdout_only);
+  ASSERT_EQ(error_lines.size(), 1u);
+  EXPECT_EQ(error_lines[0]["event"], "error");
+
+  const CommandRun bad_name = run("keygen --name 'Site A' --out " + directory);
+  EXPECT_EQ(bad_name.exit_code, 2);
+  EXPECT_NE(bad_name.output.find("--name"), std::string::npos) << bad_name.output;
+  std::system(("rm -rf " + directory).c_str());
+}
+
+TEST(Cli, RosterInitAddSignVerify) {
+  const std::string directory = make_temp_directory();
+  ASSERT_FALSE(directory.empty());
+  const std::string keys = directory + "/keys";
+  const std::string roster = directory + "/roster.toml";
+  for (const char* name : {"admin", "site-a", "agg"}) {
+    ASSERT_EQ(run("keygen --name " + std::string(name) + " --out " + keys).exit_code, 0);
+  }
+  const CommandRun help = run("roster --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.output.find("pins the admin's public key"), std::string::npos) << help.output;
+  for (const char* sub : {"init", "add", "sign", "verify"}) EXPECT_NE(help.output.find(sub), std::string::npos);
+
+  const CommandRun init =
+      run("roster init --federation fed-demo --admin-public " + keys + "/admin.pub --out " + roster);
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  const CommandRun init_again =
+      run("roster init --federation fed-demo --admin-public " + keys + "/admin.pub --out " + roster);
+  EXPECT_EQ(init_again.exit_code, 2) << init_again.output;
+
+  const CommandRun unsigned_verify = run("roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub");
+  EXPECT_EQ(unsigned_verify.exit_code, 1);
+  EXPECT_NE(unsigned_verify.output.find("unsigned"), std::string::npos) << unsigned_verify.output;
+
+  const CommandRun add_site = run("roster add --roster " + roster + " --public " + keys +
+                                  "/site-a.pub --role site --address tcp://10.0.0.5:7400 --json",
+                                  /*with_stderr=*/false);
+  ASSERT_EQ(add_site.exit_code, 0) << add_site.output;
+  const auto added = json_lines(add_site.stdout_only);
+  ASSERT_EQ(added.size(), 1u);
+  EXPECT_EQ(added[0]["sites"], 1);
+  EXPECT_EQ(added[0]["signature_removed"], false);
+
+  const CommandRun sign = run("roster sign --roster " + roster + " --admin-key " + keys + "/admin.key");
+  ASSERT_EQ(sign.exit_code, 0) << sign.output;
+  const CommandRun verify = run("roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub");
+  ASSERT_EQ(verify.exit_code, 0) << verify.output;
+  EXPECT_NE(verify.output.find("roster OK: federation fed-demo, 1 sites, signed by "), std::string::npos)
+      << verify.output;
+
+  // Adding a site voids the signature, and says so.
+  const CommandRun add_aggregator = run("roster add --roster " + roster + " --public " + keys +
+                                        "/agg.pub --role aggregator --address tcp://10.0.0.1:7500");
+  ASSERT_EQ(add_aggregator.exit_code, 0) << add_aggregator.output;
+  EXPECT_NE(add_aggregator.output.find("removed the roster's signature"), std::string::npos) << add_aggregator.output;
+  EXPECT_EQ(run("roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub").exit_code, 1);
+  ASSERT_EQ(run("roster sign --roster " + roster + " --admin-key " + keys + "/admin.key").exit_code, 0);
+  const CommandRun verify_json = run(
+      "roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub --json", /*with_stderr=*/false);
+  ASSERT_EQ(verify_json.exit_code, 0) << verify_json.output;
+  const auto verified = json_lines(verify_json.stdout_only);
+  ASSERT_EQ(verified.size(), 1u);
+  EXPECT_EQ(verified[0]["event"], "summary");
+  EXPECT_EQ(verified[0]["federation"], "fed-demo");
+  EXPECT_EQ(verified[0]["sites"], 2);
+
+  // Pinning another key: signed by a different admin.
+  const CommandRun other = run("roster verify --roster " + roster + " --admin-public " + keys + "/site-a.pub");
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_NE(other.output.find("different admin"), std::string::npos) << other.output;
+
+  // Bad input: exit 2 with a reason.
+  const CommandRun duplicate = run("roster add --roster " + roster + " --public " + keys + "/agg.pub --role peer");
+  EXPECT_EQ(duplicate.exit_code, 2);
+  EXPECT_NE(duplicate.output.find("already on"), std::string::npos) << duplicate.output;
+  const CommandRun role = run("roster add --roster " + roster + " --public " + keys + "/admin.pub --role boss");
+  EXPECT_EQ(role.exit_code, 2);
+  EXPECT_NE(role.output.find("unknown role 'boss'"), std::string::npos) << role.output;
+  const CommandRun secret = run("roster add --roster " + roster + " --public " + keys + "/admin.key --role peer");
+  EXPECT_EQ(secret.exit_code, 2);
+  EXPECT_NE(secret.output.find("pass the .pub file"), std::string::npos) << secret.output;
+  ASSERT_EQ(::chmod((keys + "/admin.key").c_str(), 0644), 0);
+  const CommandRun exposed = run("roster sign --roster " + roster + " --admin-key " + keys + "/admin.key");
+  EXPECT_EQ(exposed.exit_code, 2);
+  EXPECT_NE(exposed.output.find("chmod 600"), std::string::npos) << exposed.output;
+  std::system(("rm -rf " + directory).c_str());
+}
+
+TEST(Cli, RosterVerifyFailsAfterTheFileIsEdited) {
+  const std::string directory = make_temp_directory();
+  ASSERT_FALSE(directory.empty());
+  const std::string keys = directory + "/keys";
+  const std::string roster = directory + "/roster.toml";
+  ASSERT_EQ(run("keygen --name admin --out " + keys).exit_code, 0);
+  ASSERT_EQ(run("keygen --name site-a --out " + keys).exit_code, 0);
+  ASSERT_EQ(run("roster init --federation fed --admin-public " + keys + "/admin.pub --out " + roster).exit_code, 0);
+  ASSERT_EQ(run("roster add --roster " + roster + " --public " + keys +
+                "/site-a.pub --role site --address tcp://10.0.0.5:7400")
+                .exit_code,
+            0);
+  ASSERT_EQ(run("roster sign --roster " + roster + " --admin-key " + keys + "/admin.key").exit_code, 0);
+  ASSERT_EQ(run("roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub").exit_code, 0);
+
+  std::string text = read_text(roster);
+  const size_t at = text.find("10.0.0.5");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 8, "10.6.6.6");
+  { std::ofstream(roster, std::ios::trunc) << text; }
+  const CommandRun verify = run("roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub");
+  EXPECT_EQ(verify.exit_code, 1);
+  EXPECT_NE(verify.output.find("signature does not verify"), std::string::npos) << verify.output;
+  const CommandRun verify_json =
+      run("roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub --json", false);
+  EXPECT_EQ(verify_json.exit_code, 1);
+  const auto lines = json_lines(verify_json.stdout_only);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["event"], "error");
+  EXPECT_EQ(lines[0]["reason"], "tampered");
+
+  // Garbage is bad input, not a verification verdict.
+  { std::ofstream(roster, std::ios::trunc) << "federation = = broken\n"; }
+  const CommandRun broken = run("roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub");
+  EXPECT_EQ(broken.exit_code, 2);
+  EXPECT_NE(broken.output.find("line 1"), std::string::npos) << broken.output;
   std::system(("rm -rf " + directory).c_str());
 }
 

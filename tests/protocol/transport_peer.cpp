@@ -20,6 +20,7 @@
 #include "crypto/roster.h"
 #include "protocol/rate_limiter.h"
 #include "protocol/transport.h"
+#include "protocol/update_service.h"
 #include "protocol/update_transfer.h"
 #include "protocol/update_upload.h"
 
@@ -87,80 +88,28 @@ int run_sink(const std::string& roster_file, const std::string& admin_file, cons
   policy.current_version = round;
   policy.max_message_bytes = max_message_bytes;
   policy.insecure = insecure;
-  fp::RateLimiter limiter({rate_messages, fp::kDefaultBytesPerSecond});
-  fp::UpdateReceiver receiver(policy, roster, replay);
-  emit({{"event", "listening"}, {"endpoint", server->endpoint()}, {"self_test", "passed"}});
+  fp::UpdateService service(policy, roster, replay, {rate_messages, fp::kDefaultBytesPerSecond}, server->counters());
+  emit({{"event", "listening"}, {"endpoint", server->endpoint()}, {"self_test", insecure ? "skipped" : "passed"}});
 
   uint64_t accepted = 0;
   json rejected = json::object();
-  auto count_reject = [&](const fp::Rejection& rejection, const std::string& peer) {
-    server->counters().count_rejection(rejection.code);
-    const std::string code = fp::reject_code_name(rejection.code);
-    rejected[code] = rejected.value(code, 0) + 1;
-    emit({{"event", "rejected"}, {"peer", peer}, {"code", code}, {"reason", rejection.reason}});
-  };
   while (!g_stop.load()) {
     auto received = server->receive(std::chrono::milliseconds(100));
     if (!received.is_ok()) fail(received.status().to_string());
     if (!received->has_value()) continue;
-    fp::Incoming incoming = std::move(**received);
-    fp::Envelope envelope;
-    fp::Rejection rejection;
-    auto reply = [&](fp::OutgoingMessage message) {
-      if (const fm::Status sent = server->send(incoming.routing_id, std::move(message)); !sent.is_ok()) {
+    const fp::Incoming incoming = std::move(**received);
+    std::optional<fp::OutgoingMessage> reply = service.handle(incoming);
+    if (const auto& refused = service.last_rejection()) {
+      const std::string code = fp::reject_code_name(refused->code);
+      rejected[code] = rejected.value(code, 0) + 1;
+      emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", code}, {"reason", refused->reason}});
+    }
+    if (reply) {
+      if (const fm::Status sent = server->send(incoming.routing_id, std::move(*reply)); !sent.is_ok()) {
         emit({{"event", "reply-lost"}, {"peer", incoming.peer}, {"reason", sent.message()}});
       }
-    };
-    if (!limiter.admit(incoming.peer, incoming.bytes.size(), fp::RateLimiter::Clock::now())) {
-      rejection = {fedmesh::wire::RejectCode::RATE_LIMITED, "over " + std::to_string(rate_messages) + " messages/s"};
-      count_reject(rejection, incoming.peer);
-      reply(fp::make_reject(0, rejection));
-      continue;
     }
-    if (!fp::read_envelope(incoming.bytes, max_message_bytes, envelope, rejection)) {
-      count_reject(rejection, incoming.peer);
-      reply(fp::make_reject(0, rejection));
-      continue;
-    }
-    if (envelope.kind == fedmesh::wire::Message::UPDATE_CHUNK) {
-      reply(receiver.handle_chunk(incoming.peer, envelope, incoming.bytes));
-    } else {
-      std::unique_ptr<fp::ParsedMessage> parsed;
-      if (!fp::parse_body(incoming.bytes, envelope, incoming.frame, parsed, rejection)) {
-        count_reject(rejection, incoming.peer);
-        reply(fp::make_reject(0, rejection));
-        continue;
-      }
-      if (envelope.kind == fedmesh::wire::Message::UPDATE_HEADER) {
-        reply(receiver.handle_header(incoming.peer, *parsed));
-      } else if (envelope.kind == fedmesh::wire::Message::HELLO) {
-        const auto hello = parsed->root().getHello();
-        uint16_t version = 0;
-        if (!fp::negotiate_version(hello.getMinProtocolVersion(), hello.getProtocolVersion(), version, rejection)) {
-          count_reject(rejection, incoming.peer);
-          reply(fp::make_reject(0, rejection));
-          continue;
-        }
-        capnp::MallocMessageBuilder builder;
-        auto welcome = builder.initRoot<fedmesh::wire::Message>().initWelcome();
-        welcome.setSiteName(keys.identity.name);
-        welcome.setRole(fedmesh::wire::Role::AGGREGATOR);
-        welcome.setProtocolVersion(version);
-        welcome.setRound(round);
-        welcome.setModelVersion(round);
-        reply(fp::serialize(builder));
-        continue;
-      } else if (envelope.kind == fedmesh::wire::Message::HEARTBEAT) {
-        continue;
-      } else {
-        rejection = {fedmesh::wire::RejectCode::MALFORMED, "unexpected message kind for a sink"};
-        count_reject(rejection, incoming.peer);
-        reply(fp::make_reject(0, rejection));
-        continue;
-      }
-    }
-    if (const auto& last = receiver.last_rejection()) count_reject(*last, incoming.peer);
-    for (auto& update : receiver.take_completed()) {
+    for (auto& update : service.take_completed()) {
       ++accepted;
       emit({{"event", "accepted"}, {"sender", update.metadata.sender}, {"sequence", update.metadata.sequence},
             {"sample_count", update.metadata.sample_count}, {"sum", sum_of(update.tensors)}});

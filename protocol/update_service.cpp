@@ -1,0 +1,80 @@
+#include "protocol/update_service.h"
+
+#include <kj/exception.h>
+
+namespace fedmesh::protocol {
+
+UpdateService::UpdateService(ReceiverPolicy policy, const crypto::Roster& roster, crypto::ReplayGuard& replay,
+                             RateLimits limits, TransportCounters& counters)
+    : policy_(policy), receiver_(std::move(policy), roster, replay), limiter_(limits), counters_(counters) {}
+
+OutgoingMessage UpdateService::refuse(Rejection rejection) {
+  counters_.count_rejection(rejection.code);
+  last_rejection_ = std::move(rejection);
+  return make_reject(0, *last_rejection_);
+}
+
+OutgoingMessage UpdateService::welcome(const ParsedMessage& message) {
+  try {
+    const auto hello = message.root().getHello();
+    uint16_t version = 0;
+    Rejection rejection;
+    if (!negotiate_version(hello.getMinProtocolVersion(), hello.getProtocolVersion(), version, rejection)) {
+      return refuse(std::move(rejection));
+    }
+    capnp::MallocMessageBuilder builder;
+    auto welcome = builder.initRoot<wire::Message>().initWelcome();
+    welcome.setSiteName(policy_.self);
+    welcome.setRole(wire::Role::AGGREGATOR);
+    welcome.setProtocolVersion(version);
+    welcome.setRound(policy_.current_round);
+    welcome.setModelVersion(policy_.current_version);
+    auto capabilities = welcome.initCapabilities();
+    auto encodings = capabilities.initEncodings(kEncodingCount);
+    for (int e = 0; e < kEncodingCount; ++e) encodings.set(static_cast<unsigned>(e), to_wire(static_cast<Encoding>(e)));
+    capabilities.setMaxMessageBytes(static_cast<uint32_t>(policy_.max_message_bytes));
+    return serialize(builder);
+  } catch (const kj::Exception& e) {
+    return refuse({wire::RejectCode::MALFORMED, std::string("Hello does not parse: ") + e.getDescription().cStr()});
+  }
+}
+
+std::optional<OutgoingMessage> UpdateService::handle(const Incoming& incoming) {
+  last_rejection_.reset();
+  if (!limiter_.admit(incoming.peer, incoming.bytes.size(), RateLimiter::Clock::now())) {
+    return refuse({wire::RejectCode::RATE_LIMITED, "peer '" + incoming.peer + "' is over its message or byte rate"});
+  }
+  Envelope envelope;
+  Rejection rejection;
+  if (!read_envelope(incoming.bytes, policy_.max_message_bytes, envelope, rejection)) return refuse(std::move(rejection));
+
+  if (envelope.kind == wire::Message::UPDATE_CHUNK) {
+    OutgoingMessage reply = receiver_.handle_chunk(incoming.peer, envelope, incoming.bytes);
+    if (const auto& refused = receiver_.last_rejection()) {
+      counters_.count_rejection(refused->code);
+      last_rejection_ = refused;
+    }
+    return reply;
+  }
+  std::unique_ptr<ParsedMessage> parsed;
+  if (!parse_body(incoming.bytes, envelope, incoming.frame, parsed, rejection)) return refuse(std::move(rejection));
+  switch (envelope.kind) {
+    case wire::Message::UPDATE_HEADER: {
+      OutgoingMessage reply = receiver_.handle_header(incoming.peer, *parsed);
+      if (const auto& refused = receiver_.last_rejection()) {
+        counters_.count_rejection(refused->code);
+        last_rejection_ = refused;
+      }
+      return reply;
+    }
+    case wire::Message::HELLO:
+      return welcome(*parsed);
+    case wire::Message::HEARTBEAT:
+      return std::nullopt;
+    default:
+      return refuse({wire::RejectCode::MALFORMED, "a " + std::to_string(static_cast<int>(envelope.kind)) +
+                                                      " message is not one this endpoint takes"});
+  }
+}
+
+}  // namespace fedmesh::protocol

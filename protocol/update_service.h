@@ -1,0 +1,46 @@
+// The receiving end of the protocol for one process: every frame a
+// ServerSocket hands over goes through handle(), in the order of checks the
+// protocol promises: the per-peer rate limit and the size limit, the
+// envelope, then (chunks) the hash before the parse or (everything else)
+// the parse, then the message's own checks. Each refusal is a Reject with a
+// reason code, counted in the socket's counters, and remembered for logging;
+// the process carries on with the next frame.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "crypto/replay_guard.h"
+#include "crypto/roster.h"
+#include "protocol/rate_limiter.h"
+#include "protocol/transport.h"
+#include "protocol/update_transfer.h"
+
+namespace fedmesh::protocol {
+
+class UpdateService {
+ public:
+  UpdateService(ReceiverPolicy policy, const crypto::Roster& roster, crypto::ReplayGuard& replay, RateLimits limits,
+                TransportCounters& counters);
+
+  // The reply to send back to the frame's sender (none for a Heartbeat).
+  std::optional<OutgoingMessage> handle(const Incoming& incoming);
+
+  std::vector<ReceivedUpdate> take_completed() { return receiver_.take_completed(); }
+  // Why the last handled frame was refused, if it was.
+  const std::optional<Rejection>& last_rejection() const { return last_rejection_; }
+  UpdateReceiver& receiver() { return receiver_; }
+
+ private:
+  OutgoingMessage refuse(Rejection rejection);
+  OutgoingMessage welcome(const ParsedMessage& hello);
+
+  ReceiverPolicy policy_;
+  UpdateReceiver receiver_;
+  RateLimiter limiter_;
+  TransportCounters& counters_;
+  std::optional<Rejection> last_rejection_;
+};
+
+}  // namespace fedmesh::protocol

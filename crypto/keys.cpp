@@ -1,17 +1,16 @@
 #include "crypto/keys.h"
 
-#include <fcntl.h>
 #include <sodium.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include <toml++/toml.h>
+
+#include "base/file_io.h"
 
 namespace fedmesh::crypto {
 
@@ -35,8 +34,6 @@ constexpr size_t kMaxPublicFileBytes = kMaxKeyFileBytes;
 constexpr mode_t kSecretFileMode = 0600;
 constexpr mode_t kPublicFileMode = 0644;
 constexpr mode_t kKeyDirectoryMode = 0700;
-
-std::string errno_text(int error) { return std::error_code(error, std::generic_category()).message(); }
 
 // Untrusted text shown in a message: control bytes could rewrite a terminal.
 std::string printable(std::string_view text, size_t max_bytes) {
@@ -127,107 +124,6 @@ Status check_only_keys(const toml::table& table, std::initializer_list<std::stri
       return corrupt(std::string(what) + ": unknown field '" + printable(key.str(), kMaxSiteNameBytes) + "'");
     }
   }
-  return Status::ok();
-}
-
-// Reads a whole regular file of at most max_bytes. With secret set, refuses
-// a file that group or others may access, before reading a byte of it.
-Result<std::string> read_small_file(const std::filesystem::path& file, size_t max_bytes, bool secret) {
-  // A secret is read only from the file named, never through a link someone
-  // may have planted; a public file may be a link (a mounted config, say).
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | (secret ? O_NOFOLLOW : 0));
-  if (fd < 0) {
-    const int error = errno;
-    if (error == ENOENT) return not_found(file.string() + ": no such file");
-    if (error == ELOOP) return invalid_argument(file.string() + ": is a symbolic link; pass the file itself");
-    return io_error(file.string() + ": cannot open: " + errno_text(error));
-  }
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return io_error(file.string() + ": cannot stat: " + errno_text(error));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    return invalid_argument(file.string() + ": not a regular file");
-  }
-  if (secret && (info.st_mode & 077) != 0) {
-    ::close(fd);
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(info.st_mode & 07777));
-    return invalid_argument(file.string() + ": secret key file has mode " + mode +
-                            ", readable by group or others; run `chmod 600 " + file.string() +
-                            "` (and consider the key exposed if others could read it)");
-  }
-  if (static_cast<uint64_t>(info.st_size) > max_bytes) {
-    ::close(fd);
-    return corrupt(file.string() + ": " + std::to_string(info.st_size) + " bytes, more than the " +
-                   std::to_string(max_bytes) + " such a file may have");
-  }
-  // One byte more than allowed, so a file that grew since fstat is caught.
-  std::string text(max_bytes + 1, '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      if (secret) sodium_memzero(text.data(), text.size());
-      ::close(fd);
-      return io_error(file.string() + ": read failed: " + errno_text(error));
-    }
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (got > max_bytes) {
-    if (secret) sodium_memzero(text.data(), text.size());
-    return corrupt(file.string() + ": more than the " + std::to_string(max_bytes) + " bytes such a file may have");
-  }
-  text.resize(got);  // shrinking never reallocates, so no unwiped copy is left behind
-  return text;
-}
-
-Status write_all(int fd, std::string_view bytes, const std::filesystem::path& file) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return io_error(file.string() + ": write failed: " + errno_text(errno));
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) return io_error(file.string() + ": fsync failed: " + errno_text(errno));
-  return Status::ok();
-}
-
-// Creates `file` (never replacing one), writes, fsyncs.
-Status create_exclusive(const std::filesystem::path& file, std::string_view bytes, mode_t mode) {
-  const int fd = ::open(file.c_str(), O_CREAT | O_EXCL | O_NOFOLLOW | O_WRONLY | O_CLOEXEC, mode);
-  if (fd < 0) {
-    const int error = errno;
-    if (error == EEXIST) {
-      return invalid_argument(file.string() + " already exists; refusing to overwrite a key (move it away or "
-                                              "choose another name)");
-    }
-    return io_error(file.string() + ": cannot create: " + errno_text(error));
-  }
-  // The umask may have narrowed the mode; it must be exactly this.
-  Status status = ::fchmod(fd, mode) == 0 ? Status::ok()
-                                           : io_error(file.string() + ": chmod failed: " + errno_text(errno));
-  if (status.is_ok()) status = write_all(fd, bytes, file);
-  ::close(fd);
-  if (!status.is_ok()) ::unlink(file.c_str());
-  return status;
-}
-
-Status fsync_directory(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return io_error(dir.string() + ": cannot open directory: " + errno_text(errno));
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0) return io_error(dir.string() + ": fsync failed: " + errno_text(error));
   return Status::ok();
 }
 
@@ -337,12 +233,12 @@ Status write_site_keys(const SiteKeys& keys, const std::filesystem::path& dir) {
   append_hex_line(text, "sign_secret", keys.sign_secret.span());
   append_hex_line(text, "box_secret", keys.box_secret.span());
   FEDMESH_CHECK(text.data() == buffer, "key text reallocated");
-  Status status = create_exclusive(key_file, text, kSecretFileMode);
+  Status status = create_file_exclusively(key_file, text, kSecretFileMode);
   text.resize(text.capacity());  // within capacity: no reallocation, and the whole buffer is ours to wipe
   sodium_memzero(text.data(), text.size());
   FEDMESH_RETURN_IF_ERROR(status);
 
-  status = create_exclusive(pub_file, format_public_identity(keys.identity), kPublicFileMode);
+  status = create_file_exclusively(pub_file, format_public_identity(keys.identity), kPublicFileMode);
   if (!status.is_ok()) {
     ::unlink(key_file.c_str());  // a .key without its .pub would only confuse
     return status;
@@ -352,7 +248,7 @@ Status write_site_keys(const SiteKeys& keys, const std::filesystem::path& dir) {
 
 Result<SiteKeys> read_site_keys(const std::filesystem::path& key_file) {
   ensure_sodium();
-  Result<std::string> text = read_small_file(key_file, kMaxKeyFileBytes, /*secret=*/true);
+  Result<std::string> text = read_file_bounded(key_file, kMaxKeyFileBytes, {.refuse_symlinks = true, .secret = true});
   if (!text.is_ok()) return text.status();
   const std::string what = key_file.string();
   Result<toml::table> parsed = parse_toml(*text, what);
@@ -392,7 +288,7 @@ Result<SiteKeys> read_site_keys(const std::filesystem::path& key_file) {
 }
 
 Result<PublicIdentity> read_public_identity(const std::filesystem::path& pub_file) {
-  Result<std::string> text = read_small_file(pub_file, kMaxPublicFileBytes, /*secret=*/false);
+  Result<std::string> text = read_file_bounded(pub_file, kMaxPublicFileBytes);
   if (!text.is_ok()) return text.status();
   Result<PublicIdentity> identity = parse_public_identity(*text);
   if (!identity.is_ok()) {

@@ -1,13 +1,8 @@
 #include "crypto/replay_guard.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <string>
-#include <system_error>
 
+#include "base/file_io.h"
 #include "crypto/keys.h"
 
 namespace fedmesh::crypto {
@@ -20,8 +15,6 @@ constexpr size_t kMaxSequenceDigits = 20;  // UINT64_MAX = 18446744073709551615
 constexpr size_t kMaxReplayFileBytes =
     kReplayHeader.size() + 1 + kMaxReplaySenders * (kMaxSiteNameBytes + 1 + kMaxSequenceDigits + 1);
 constexpr mode_t kReplayFileMode = 0600;
-
-std::string errno_text(int error) { return std::error_code(error, std::generic_category()).message(); }
 
 Result<uint64_t> parse_sequence(std::string_view text) {
   if (text.empty() || text.size() > kMaxSequenceDigits || (text.size() > 1 && text[0] == '0')) {
@@ -39,93 +32,14 @@ Result<uint64_t> parse_sequence(std::string_view text) {
   return value;
 }
 
-Status fsync_directory(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return io_error(dir.string() + ": cannot open directory: " + errno_text(errno));
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0) return io_error(dir.string() + ": fsync failed: " + errno_text(error));
-  return Status::ok();
-}
-
-// Temporary file in the same directory, fsync, rename, fsync the directory.
-Status write_atomically(const std::filesystem::path& file, std::string_view bytes, mode_t mode) {
-  const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
-  std::string temp_name = ".";  // hidden, so a directory listing does not show it
-  temp_name += file.filename().string();
-  temp_name += ".tmp-XXXXXX";
-  std::string temp = (dir / temp_name).string();
-  const int fd = ::mkstemp(temp.data());
-  if (fd < 0) return io_error(file.string() + ": cannot create a temporary file: " + errno_text(errno));
-  Status status;
-  if (::fchmod(fd, mode) != 0) status = io_error(temp + ": chmod failed: " + errno_text(errno));
-  size_t done = 0;
-  while (status.is_ok() && done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) status = io_error(temp + ": write failed: " + errno_text(errno));
-    else done += static_cast<size_t>(n);
-  }
-  if (status.is_ok() && ::fsync(fd) != 0) status = io_error(temp + ": fsync failed: " + errno_text(errno));
-  if (::close(fd) != 0 && status.is_ok()) status = io_error(temp + ": close failed: " + errno_text(errno));
-  if (status.is_ok() && ::rename(temp.c_str(), file.c_str()) != 0) {
-    status = io_error(file.string() + ": rename failed: " + errno_text(errno));
-  }
-  if (!status.is_ok()) {
-    ::unlink(temp.c_str());
-    return status;
-  }
-  return fsync_directory(dir);
-}
-
-Result<std::string> read_file(const std::filesystem::path& file, bool& missing) {
-  missing = false;
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int error = errno;
-    if (error == ENOENT) {
-      missing = true;
-      return std::string();
-    }
-    return io_error(file.string() + ": cannot open replay table: " + errno_text(error));
-  }
-  struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd);
-    return invalid_argument(file.string() + ": replay table is not a regular file");
-  }
-  if (static_cast<uint64_t>(info.st_size) > kMaxReplayFileBytes) {
-    ::close(fd);
-    return corrupt(file.string() + ": replay table has " + std::to_string(info.st_size) +
-                   " bytes, more than the limit of " + std::to_string(kMaxReplayFileBytes));
-  }
-  std::string text(static_cast<size_t>(info.st_size) + 1, '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      return io_error(file.string() + ": read failed: " + errno_text(error));
-    }
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (got > static_cast<size_t>(info.st_size)) return io_error(file.string() + ": changed while being read");
-  text.resize(got);
-  return text;
-}
-
 }  // namespace
 
 Result<ReplayGuard> ReplayGuard::open(std::filesystem::path file) {
   FEDMESH_CHECK(!file.empty(), "ReplayGuard::open needs a path; use in_memory() for none");
-  bool missing = false;
-  Result<std::string> text = read_file(file, missing);
-  if (!text.is_ok()) return text.status();
+  Result<std::string> text = read_file_bounded(file, kMaxReplayFileBytes);
+  // No table yet: nothing has been accepted, and the first commit creates it.
+  const bool missing = !text.is_ok() && text.status().code() == StatusCode::kNotFound;
+  if (!text.is_ok() && !missing) return text.status();
   ReplayGuard guard;
   guard.file_ = std::move(file);
   if (missing) return guard;
@@ -213,7 +127,7 @@ Status ReplayGuard::persist() const {
     text += std::to_string(sequence);
     text += '\n';
   }
-  return write_atomically(file_, text, kReplayFileMode);
+  return write_file_atomically(file_, text, kReplayFileMode);
 }
 
 }  // namespace fedmesh::crypto

@@ -1,18 +1,14 @@
 #include "crypto/roster.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cctype>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
-#include <system_error>
 
 #include <toml++/toml.h>
+
+#include "base/file_io.h"
 
 namespace fedmesh::crypto {
 
@@ -21,8 +17,6 @@ namespace {
 constexpr std::string_view kRosterDomain = "fedmesh-roster-v1";
 constexpr mode_t kRosterFileMode = 0644;  // public: every site reads it
 constexpr uint16_t kMaxPort = 65535;
-
-std::string errno_text(int error) { return std::error_code(error, std::generic_category()).message(); }
 
 void append_u32(std::vector<uint8_t>& out, uint32_t value) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
@@ -249,47 +243,6 @@ Status check_unique(const std::vector<RosterEntry>& sites) {
   return Status::ok();
 }
 
-Status fsync_directory(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return io_error(dir.string() + ": cannot open directory: " + errno_text(errno));
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0) return io_error(dir.string() + ": fsync failed: " + errno_text(error));
-  return Status::ok();
-}
-
-// Temporary file in the same directory, fsync, rename over `file`, fsync the
-// directory: a reader sees the old roster or the new one, never a torn one.
-Status write_atomically(const std::filesystem::path& file, std::string_view bytes, mode_t mode) {
-  const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
-  std::string temp_name = ".";  // hidden, so a directory listing does not show it
-  temp_name += file.filename().string();
-  temp_name += ".tmp-XXXXXX";
-  std::string temp = (dir / temp_name).string();
-  const int fd = ::mkstemp(temp.data());
-  if (fd < 0) return io_error(file.string() + ": cannot create a temporary file: " + errno_text(errno));
-  Status status;
-  if (::fchmod(fd, mode) != 0) status = io_error(temp + ": chmod failed: " + errno_text(errno));
-  size_t done = 0;
-  while (status.is_ok() && done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) status = io_error(temp + ": write failed: " + errno_text(errno));
-    else done += static_cast<size_t>(n);
-  }
-  if (status.is_ok() && ::fsync(fd) != 0) status = io_error(temp + ": fsync failed: " + errno_text(errno));
-  if (::close(fd) != 0 && status.is_ok()) status = io_error(temp + ": close failed: " + errno_text(errno));
-  if (status.is_ok() && ::rename(temp.c_str(), file.c_str()) != 0) {
-    status = io_error(file.string() + ": rename failed: " + errno_text(errno));
-  }
-  if (!status.is_ok()) {
-    ::unlink(temp.c_str());
-    return status;
-  }
-  return fsync_directory(dir);
-}
-
 }  // namespace
 
 const char* role_name(Role role) {
@@ -369,42 +322,9 @@ Result<Roster> parse_roster(std::string_view toml_text) {
 }
 
 Result<Roster> read_roster(const std::filesystem::path& file) {
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int error = errno;
-    if (error == ENOENT) return not_found(file.string() + ": no such file");
-    return io_error(file.string() + ": cannot open: " + errno_text(error));
-  }
-  struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd);
-    return invalid_argument(file.string() + ": not a regular file");
-  }
-  if (static_cast<uint64_t>(info.st_size) > kMaxRosterFileBytes) {
-    ::close(fd);
-    return corrupt(file.string() + ": " + std::to_string(info.st_size) + " bytes, more than the roster limit of " +
-                   std::to_string(kMaxRosterFileBytes));
-  }
-  // One byte more than allowed, so a file that grew since fstat is caught.
-  std::string text(static_cast<size_t>(info.st_size) + 1, '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      return io_error(file.string() + ": read failed: " + errno_text(error));
-    }
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (got > static_cast<size_t>(info.st_size)) {
-    return io_error(file.string() + ": changed while being read; try again");
-  }
-  text.resize(got);
-  Result<Roster> roster = parse_roster(text);
+  Result<std::string> text = read_file_bounded(file, kMaxRosterFileBytes);
+  if (!text.is_ok()) return text.status();
+  Result<Roster> roster = parse_roster(*text);
   if (!roster.is_ok()) return Status(roster.status().code(), file.string() + ": " + roster.status().message());
   return roster;
 }
@@ -427,7 +347,7 @@ std::string format_roster(const Roster& roster) {
 }
 
 Status write_roster(const Roster& roster, const std::filesystem::path& file) {
-  return write_atomically(file, format_roster(roster), kRosterFileMode);
+  return write_file_atomically(file, format_roster(roster), kRosterFileMode);
 }
 
 // Layout (every field a u32 little-endian length, then its bytes):

@@ -123,6 +123,26 @@ Status send_payload(void* socket, OutgoingMessage message, int flags, TransportC
   return Status::ok();
 }
 
+Status send_shared(void* socket, const SharedMessage& message, int flags, TransportCounters& counters) {
+  const auto bytes = message.bytes();
+  auto* reference = new std::shared_ptr<const OutgoingMessage>(message.shared());
+  zmq_msg_t msg;
+  auto release = [](void*, void* hint) { delete static_cast<std::shared_ptr<const OutgoingMessage>*>(hint); };
+  if (zmq_msg_init_data(&msg, const_cast<uint8_t*>(bytes.data()), bytes.size(), release, reference) != 0) {
+    delete reference;
+    return io_error(zmq_error("zmq_msg_init_data"));
+  }
+  if (zmq_msg_send(&msg, socket, flags) < 0) {
+    const int error = zmq_errno();
+    zmq_msg_close(&msg);
+    if (error == EAGAIN) return unavailable("send queue full (peer not reading)");
+    return io_error(std::string("zmq_msg_send: ") + zmq_strerror(error));
+  }
+  counters.messages_sent.fetch_add(1);
+  counters.bytes_sent.fetch_add(bytes.size());
+  return Status::ok();
+}
+
 // Socket monitor events read from the inproc PAIR that zmq_socket_monitor feeds.
 struct MonitorEvent {
   uint16_t event = 0;
@@ -506,13 +526,26 @@ Result<std::optional<Incoming>> ClientSocket::receive(std::chrono::milliseconds 
   return receive_payload(impl_->socket.get(), *counters_, std::string());
 }
 
-Status ClientSocket::send(OutgoingMessage message, std::chrono::milliseconds timeout) {
-  void* socket = impl_->socket.get();
+namespace {
+
+Status wait_writable(void* socket, std::chrono::milliseconds timeout) {
   zmq_pollitem_t item{socket, 0, ZMQ_POLLOUT, 0};
   const int rc = zmq_poll(&item, 1, static_cast<long>(timeout.count()));
   if (rc < 0) return io_error(zmq_error("zmq_poll"));
   if (rc == 0) return unavailable("no connection to the server within " + std::to_string(timeout.count()) + " ms");
-  return send_payload(socket, std::move(message), ZMQ_DONTWAIT, *counters_);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status ClientSocket::send(OutgoingMessage message, std::chrono::milliseconds timeout) {
+  FEDMESH_RETURN_IF_ERROR(wait_writable(impl_->socket.get(), timeout));
+  return send_payload(impl_->socket.get(), std::move(message), ZMQ_DONTWAIT, *counters_);
+}
+
+Status ClientSocket::send(const SharedMessage& message, std::chrono::milliseconds timeout) {
+  FEDMESH_RETURN_IF_ERROR(wait_writable(impl_->socket.get(), timeout));
+  return send_shared(impl_->socket.get(), message, ZMQ_DONTWAIT, *counters_);
 }
 
 }  // namespace fedmesh::protocol

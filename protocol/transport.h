@@ -133,6 +133,8 @@ class ClientSocket {
   Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout);
   // Waits up to timeout for room in the send queue; kUnavailable if none.
   Status send(OutgoingMessage message, std::chrono::milliseconds timeout);
+  // Zero-copy: ZeroMQ holds a reference until the bytes are on the wire.
+  Status send(const SharedMessage& message, std::chrono::milliseconds timeout);
   // True once a CURVE handshake completed; false after the server refused
   // our key (handshake_refused) or while disconnected.
   bool connected();

@@ -49,7 +49,7 @@ std::optional<OutgoingMessage> UpdateService::handle(const Incoming& incoming) {
   if (!read_envelope(incoming.bytes, policy_.max_message_bytes, envelope, rejection)) return refuse(std::move(rejection));
 
   if (envelope.kind == wire::Message::UPDATE_CHUNK) {
-    OutgoingMessage reply = receiver_.handle_chunk(incoming.peer, envelope, incoming.bytes);
+    OutgoingMessage reply = receiver_.handle_chunk(incoming.peer, envelope, incoming.bytes, incoming.frame);
     if (const auto& refused = receiver_.last_rejection()) {
       counters_.count_rejection(refused->code);
       last_rejection_ = refused;

@@ -2,8 +2,12 @@
 
 #include <kj/exception.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 namespace fedmesh::protocol {
 namespace {
@@ -15,11 +19,6 @@ void append_u64(std::vector<uint8_t>& out, uint64_t value) {
 void append_text(std::vector<uint8_t>& out, std::string_view text) {
   append_u64(out, text.size());
   out.insert(out.end(), text.begin(), text.end());
-}
-
-std::vector<uint8_t> to_vector(OutgoingMessage message) {
-  const auto bytes = message.bytes();
-  return {bytes.begin(), bytes.end()};
 }
 
 crypto::UpdateSigningFields signing_fields(const UpdateMetadata& metadata, const crypto::Hash& descriptors,
@@ -51,6 +50,34 @@ OutgoingMessage serialize_chunk(uint64_t sequence, uint32_t index, const std::ve
   return serialize(builder, index, sequence);
 }
 
+// Runs f(0..count-1) on up to hardware_concurrency threads. Preparing an
+// update (encode, serialize, hash) is the sender's whole job while it runs,
+// and chunks are independent. The first exception is rethrown after all
+// threads have stopped.
+template <class F>
+void for_each_index_in_parallel(size_t count, F&& f) {
+  const size_t workers = std::min<size_t>(count, std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < count;) {
+      try {
+        f(i);
+      } catch (...) {
+        std::lock_guard lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+        next.store(count);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t w = 1; w < workers; ++w) threads.emplace_back(work);
+  work();
+  for (auto& thread : threads) thread.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
 }  // namespace
 
 crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors) {
@@ -69,7 +96,7 @@ crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors
 
 OutgoingMessage copy_message(std::span<const uint8_t> bytes) { return OutgoingMessage::from_bytes(bytes); }
 
-std::vector<uint8_t> signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
                                    std::span<const crypto::Hash> hashes, const crypto::SiteKeys& sender_keys) {
   const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
   const crypto::Signature signature =
@@ -101,7 +128,7 @@ std::vector<uint8_t> signed_header(const UpdateMetadata& metadata, std::span<con
     hash_list.set(static_cast<unsigned>(i), kj::arrayPtr(hashes[i].data(), hashes[i].size()));
   }
   header.setSignature(kj::arrayPtr(signature.data(), signature.size()));
-  return to_vector(serialize(builder));
+  return SharedMessage(serialize(builder));
 }
 
 PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vector<EncodedTensor> tensors,
@@ -111,27 +138,29 @@ PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vecto
   std::vector<TensorDescriptorFields> descriptors;
   for (const auto& tensor : tensors) descriptors.push_back(tensor.descriptor);
 
-  // Pack segments into chunks of at most chunk_bytes of payload.
-  std::vector<crypto::Hash> hashes;
-  std::vector<const EncodedSegment*> pending;
+  // Pack segments into chunks of at most chunk_bytes of payload (pointers
+  // only), then serialize and hash the chunks on every core.
+  std::vector<std::vector<const EncodedSegment*>> groups(1);
   size_t pending_bytes = 0;
-  auto flush = [&] {
-    if (pending.empty()) return;
-    OutgoingMessage chunk = serialize_chunk(metadata.sequence, static_cast<uint32_t>(prepared.chunks.size()), pending);
-    hashes.push_back(crypto::hash_bytes(chunk.body()));
-    prepared.chunks.push_back(to_vector(std::move(chunk)));
-    pending.clear();
-    pending_bytes = 0;
-  };
   for (const auto& tensor : tensors) {
     for (const auto& segment : tensor.segments) {
-      if (pending_bytes + segment.payload_bytes() > chunk_bytes) flush();
-      pending.push_back(&segment);
+      if (!groups.back().empty() && pending_bytes + segment.payload_bytes() > chunk_bytes) {
+        groups.emplace_back();
+        pending_bytes = 0;
+      }
+      groups.back().push_back(&segment);
       pending_bytes += segment.payload_bytes();
       prepared.encoded_payload_bytes += segment.payload_bytes();
     }
   }
-  flush();
+  if (groups.back().empty()) groups.pop_back();
+  std::vector<crypto::Hash> hashes(groups.size());
+  prepared.chunks.resize(groups.size());
+  for_each_index_in_parallel(groups.size(), [&](size_t c) {
+    OutgoingMessage chunk = serialize_chunk(metadata.sequence, static_cast<uint32_t>(c), groups[c]);
+    hashes[c] = crypto::hash_bytes(chunk.body());
+    prepared.chunks[c] = SharedMessage(std::move(chunk));
+  });
 
   prepared.header = signed_header(metadata, descriptors, hashes, sender_keys);
   return prepared;
@@ -147,16 +176,19 @@ Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<
                             std::to_string(manifest.size()));
   }
   if (chunk_bytes < kMinChunkBytes) return invalid_argument("chunk size under " + std::to_string(kMinChunkBytes) + " bytes");
-  std::vector<EncodedTensor> encoded;
   for (size_t t = 0; t < manifest.size(); ++t) {
-    const auto index = static_cast<uint32_t>(t);
     if (tensors[t].size() != manifest[t].element_count()) {
       return invalid_argument("tensor " + manifest[t].name + " has " + std::to_string(tensors[t].size()) +
                               " values; its shape holds " + std::to_string(manifest[t].element_count()));
     }
-    EncodedTensor tensor;
-    tensor.descriptor = {manifest[t].name, manifest[t].dims, plans[t].encoding,
-                         encoding_is_block(plans[t].encoding) ? plans[t].block_size : 0};
+  }
+  // Tensors encode independently: one per core at a time.
+  std::vector<EncodedTensor> encoded(manifest.size());
+  std::vector<Status> statuses(manifest.size());
+  for_each_index_in_parallel(manifest.size(), [&](size_t t) {
+    const auto index = static_cast<uint32_t>(t);
+    encoded[t].descriptor = {manifest[t].name, manifest[t].dims, plans[t].encoding,
+                             encoding_is_block(plans[t].encoding) ? plans[t].block_size : 0};
     Result<std::vector<EncodedSegment>> segments = [&]() -> Result<std::vector<EncodedSegment>> {
       if (encoding_is_block(plans[t].encoding)) {
         return encode_blocks(index, tensors[t], plans[t].encoding, plans[t].block_size, chunk_bytes);
@@ -174,10 +206,13 @@ Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<
       }
       return encode_dense(index, tensors[t], plans[t].encoding, chunk_bytes);
     }();
-    if (!segments.is_ok()) return segments.status();
-    tensor.segments = std::move(segments.value());
-    encoded.push_back(std::move(tensor));
-  }
+    if (segments.is_ok()) {
+      encoded[t].segments = std::move(segments.value());
+    } else {
+      statuses[t] = segments.status();
+    }
+  });
+  for (const Status& status : statuses) FEDMESH_RETURN_IF_ERROR(status);
   return prepare_encoded_update(metadata, std::move(encoded), sender_keys, chunk_bytes);
 }
 
@@ -391,7 +426,7 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
 }
 
 OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Envelope& envelope,
-                                             std::span<const uint8_t> frame) {
+                                             std::span<const uint8_t> frame, std::shared_ptr<const void> keep_alive) {
   last_rejection_.reset();
   const uint64_t sequence = envelope.sequence;
   // In insecure mode the key is the sender named in the header; chunks are
@@ -427,7 +462,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   }
   std::unique_ptr<ParsedMessage> parsed;
   Rejection rejection;
-  if (!parse_body(frame, envelope, nullptr, parsed, rejection)) {
+  if (!parse_body(frame, envelope, std::move(keep_alive), parsed, rejection)) {
     transfers_.erase(found);
     return reject(sequence, rejection.code, rejection.reason);
   }

@@ -63,8 +63,8 @@ crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors
 // signed. Kept whole so that any chunk can be resent on resume.
 struct PreparedUpdate {
   UpdateMetadata metadata;
-  std::vector<uint8_t> header;               // envelope + body
-  std::vector<std::vector<uint8_t>> chunks;  // envelope + body each
+  SharedMessage header;               // envelope + body
+  std::vector<SharedMessage> chunks;  // envelope + body each
   uint64_t encoded_payload_bytes = 0;
 };
 
@@ -86,7 +86,7 @@ PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vecto
                                       const crypto::SiteKeys& sender_keys, size_t chunk_bytes = kDefaultChunkBytes);
 
 // The serialized, signed UpdateHeader for chunks whose hashes are given.
-std::vector<uint8_t> signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
                                    std::span<const crypto::Hash> chunk_hashes, const crypto::SiteKeys& sender_keys);
 
 OutgoingMessage copy_message(std::span<const uint8_t> bytes);
@@ -117,7 +117,9 @@ class UpdateReceiver {
   // User-Id). Returns the reply (an Ack, or a Reject whose code and reason
   // are also stored in last_rejection()).
   OutgoingMessage handle_header(const std::string& peer, const ParsedMessage& message);
-  OutgoingMessage handle_chunk(const std::string& peer, const Envelope& envelope, std::span<const uint8_t> frame);
+  // keep_alive, if given, owns `frame`: the parse then reads it in place.
+  OutgoingMessage handle_chunk(const std::string& peer, const Envelope& envelope, std::span<const uint8_t> frame,
+                               std::shared_ptr<const void> keep_alive = nullptr);
 
   std::vector<ReceivedUpdate> take_completed();
   const std::optional<Rejection>& last_rejection() const { return last_rejection_; }

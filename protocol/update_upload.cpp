@@ -69,7 +69,7 @@ Result<uint16_t> say_hello(ClientSocket& socket, const HelloFields& fields, std:
 Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& update, const UploadOptions& options) {
   UploadOutcome outcome;
   const auto chunk_count = static_cast<uint32_t>(update.chunks.size());
-  FEDMESH_RETURN_IF_ERROR(socket.send(copy_message(update.header), options.reply_timeout));
+  FEDMESH_RETURN_IF_ERROR(socket.send(update.header, options.reply_timeout));
   uint32_t next_to_send = 0;
   uint32_t acknowledged = 0;
   bool header_acked = false;
@@ -77,7 +77,7 @@ Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& 
     // Keep the window full.
     while (header_acked && next_to_send < chunk_count && next_to_send < acknowledged + options.window_chunks) {
       if (options.stop_after_chunks && outcome.chunks_sent >= *options.stop_after_chunks) break;
-      FEDMESH_RETURN_IF_ERROR(socket.send(copy_message(update.chunks[next_to_send]), options.reply_timeout));
+      FEDMESH_RETURN_IF_ERROR(socket.send(update.chunks[next_to_send], options.reply_timeout));
       ++next_to_send;
       ++outcome.chunks_sent;
     }

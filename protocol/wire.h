@@ -96,6 +96,22 @@ class OutgoingMessage {
   size_t size_ = 0;
 };
 
+// Serialized bytes held by a prepared update and, without a copy, by
+// ZeroMQ's send queue; a chunk resent on resume is the same buffer.
+class SharedMessage {
+ public:
+  SharedMessage() = default;
+  explicit SharedMessage(OutgoingMessage message)
+      : message_(std::make_shared<const OutgoingMessage>(std::move(message))) {}
+  std::span<const uint8_t> bytes() const { return message_ ? message_->bytes() : std::span<const uint8_t>(); }
+  operator std::span<const uint8_t>() const { return bytes(); }  // NOLINT: reads as bytes anywhere
+  size_t size() const { return bytes().size(); }
+  const std::shared_ptr<const OutgoingMessage>& shared() const { return message_; }
+
+ private:
+  std::shared_ptr<const OutgoingMessage> message_;
+};
+
 // Serializes the builder's Message with its envelope. The kind comes from
 // the root's union; chunk_index and sequence from the caller (nonzero only
 // for chunks).

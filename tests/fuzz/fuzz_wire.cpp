@@ -164,7 +164,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     descriptors.push_back({shape.name, shape.dims, encoding, fp::encoding_is_block(encoding) ? 4u : 0u});
   }
   const fc::Hash chunk_hash = fc::hash_bytes(std::span(frame).subspan(fp::kEnvelopeBytes));
-  const std::vector<uint8_t> signed_header = fp::signed_header(metadata, descriptors, {&chunk_hash, 1}, f.site);
+  const fp::SharedMessage signed_header = fp::signed_header(metadata, descriptors, {&chunk_hash, 1}, f.site);
   std::unique_ptr<fp::ParsedMessage> header;
   fp::Rejection rejection;
   require(fp::parse_message(signed_header, fp::kDefaultMaxMessageBytes, nullptr, header, rejection),

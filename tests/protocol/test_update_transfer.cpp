@@ -214,7 +214,7 @@ TEST_F(UpdateTransfer, ChunksAreAuthenticatedBeforeTheyAreParsed) {
   fp::UpdateReceiver receiver(policy(), roster_, replay);
   auto update = prepare(metadata(1));
   ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
-  auto tampered = update.chunks[0];
+  std::vector<uint8_t> tampered(update.chunks[0].bytes().begin(), update.chunks[0].bytes().end());
   tampered.back() ^= 1;
   fp::Envelope envelope;
   fp::Rejection rejection;

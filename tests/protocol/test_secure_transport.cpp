@@ -161,6 +161,7 @@ TEST_F(SecureTransport, HostileMessagesAreRefusedWhileHonestSitesAreServed) {
     EXPECT_EQ(summary["rejected"].value(expected.second, 0), 1) << expected.second << " in " << summary.dump();
   }
   EXPECT_GE(summary["zap_denied"].get<int>(), 1) << summary.dump();
+  EXPECT_EQ(summary["discarded_in_flight"], 0) << summary.dump();
 }
 
 TEST_F(SecureTransport, ReplayWindowStaysClosedAcrossARestart) {

@@ -116,7 +116,10 @@ int run_sink(const std::string& roster_file, const std::string& admin_file, cons
     }
   }
   const auto& c = server->counters();
+  // Shutdown: transfers still in flight are dropped whole (their staging
+  // copies never reached anything) and said so; no replay counter moved.
   emit({{"event", "summary"}, {"accepted", accepted}, {"rejected", rejected},
+        {"discarded_in_flight", service.receiver().transfers_in_flight()},
         {"zap_denied", c.zap_denied.load()}, {"zap_allowed", c.zap_allowed.load()},
         {"messages_received", c.messages_received.load()}, {"bytes_received", c.bytes_received.load()}});
   return 0;

@@ -385,7 +385,7 @@ Result<std::unique_ptr<ServerSocket>> ServerSocket::bind(const std::string& endp
   if (!options.insecure) {
     // The ZAP handler first: a CURVE socket bound without one admits anyone.
     impl.zap = std::make_unique<ZapAuthenticator>(context, std::move(allowlist), server->counters_);
-    FEDMESH_RETURN_IF_ERROR(impl.zap->start());
+    if (!options.omit_zap_handler_to_test_the_self_test) FEDMESH_RETURN_IF_ERROR(impl.zap->start());
   }
   impl.socket = OwnedSocket(context, ZMQ_ROUTER);
   void* socket = impl.socket.get();
@@ -396,7 +396,11 @@ Result<std::unique_ptr<ServerSocket>> ServerSocket::bind(const std::string& endp
     FEDMESH_RETURN_IF_ERROR(set_int(socket, ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER"));
     FEDMESH_RETURN_IF_ERROR(set_bytes(socket, ZMQ_CURVE_SECRETKEY, keys.secret_key.data(), 32, "ZMQ_CURVE_SECRETKEY"));
     FEDMESH_RETURN_IF_ERROR(set_bytes(socket, ZMQ_ZAP_DOMAIN, kZapDomain, std::strlen(kZapDomain), "ZMQ_ZAP_DOMAIN"));
-    FEDMESH_RETURN_IF_ERROR(set_int(socket, kZapEnforceDomainOption, 1, "ZMQ_ZAP_ENFORCE_DOMAIN"));
+    // (With enforcement and no handler, libzmq refuses everyone; the test
+    // knob turns both off to recreate the admit-anyone configuration.)
+    if (!options.omit_zap_handler_to_test_the_self_test) {
+      FEDMESH_RETURN_IF_ERROR(set_int(socket, kZapEnforceDomainOption, 1, "ZMQ_ZAP_ENFORCE_DOMAIN"));
+    }
   }
   if (zmq_bind(socket, endpoint.c_str()) != 0) {
     return unavailable("cannot listen on " + endpoint + ": " + zmq_strerror(zmq_errno()));

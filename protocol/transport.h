@@ -66,6 +66,10 @@ struct TransportOptions {
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   int high_water_mark = kDefaultHighWaterMark;
   uint64_t jitter_seed = 0;                    // reconnect jitter; 0: from the clock
+  // Tests only: bind a CURVE socket with no ZAP handler and no domain
+  // enforcement, which libzmq then opens to any key, to prove that the
+  // start-up self-test refuses to run.
+  bool omit_zap_handler_to_test_the_self_test = false;
 };
 
 // Who may connect: Curve25519 public key -> roster name.

@@ -1,0 +1,125 @@
+// The transport in one process, over real loopback TCP: roster keys get in
+// and are named by the handshake, strangers are refused, the self-test
+// refuses to run a socket that would admit anyone, and a message over the
+// hard cap costs its sender the connection but not the server its service.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "crypto/keys.h"
+#include "crypto/roster.h"
+#include "protocol/transport.h"
+#include "protocol/update_upload.h"
+
+namespace fp = fedmesh::protocol;
+namespace fc = fedmesh::crypto;
+using namespace std::chrono_literals;
+
+namespace {
+
+class Transport : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_keys_ = std::make_unique<fc::SiteKeys>(fc::generate_site_keys("aggregator").value());
+    site_keys_ = std::make_unique<fc::SiteKeys>(fc::generate_site_keys("site-a").value());
+    stranger_keys_ = std::make_unique<fc::SiteKeys>(fc::generate_site_keys("stranger").value());
+    allowlist_[server_keys_->identity.box_public] = "aggregator";
+    allowlist_[site_keys_->identity.box_public] = "site-a";
+  }
+
+  std::unique_ptr<fp::ServerSocket> bind(fp::TransportOptions options = {}) {
+    auto server = fp::ServerSocket::bind("tcp://127.0.0.1:*", fp::CurveKeys::from(*server_keys_), allowlist_, options);
+    EXPECT_TRUE(server.is_ok()) << server.status().to_string();
+    return server.is_ok() ? std::move(server.value()) : nullptr;
+  }
+
+  std::unique_ptr<fp::ClientSocket> dial(const fp::ServerSocket& server, const fc::SiteKeys& keys) {
+    auto client = fp::ClientSocket::connect(server.endpoint(), fp::CurveKeys::from(keys),
+                                            server_keys_->identity.box_public, {});
+    EXPECT_TRUE(client.is_ok()) << client.status().to_string();
+    return std::move(client.value());
+  }
+
+  static fp::OutgoingMessage heartbeat(uint64_t round) {
+    capnp::MallocMessageBuilder builder;
+    builder.initRoot<fedmesh::wire::Message>().initHeartbeat().setRound(round);
+    return fp::serialize(builder);
+  }
+
+  // Receives on the server until a frame arrives or the time is up.
+  static std::optional<fp::Incoming> next(fp::ServerSocket& server, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto frame = server.receive(50ms);
+      if (frame.is_ok() && frame->has_value()) return std::move(**frame);
+    }
+    return std::nullopt;
+  }
+
+  std::unique_ptr<fc::SiteKeys> server_keys_, site_keys_, stranger_keys_;
+  fp::Allowlist allowlist_;
+};
+
+TEST_F(Transport, ARosterSiteIsNamedByTheHandshake) {
+  auto server = bind();
+  ASSERT_TRUE(server);
+  EXPECT_NE(server->endpoint().find("tcp://127.0.0.1:"), std::string::npos);
+  auto client = dial(*server, *site_keys_);
+  ASSERT_TRUE(fp::wait_connected(*client, 10s).is_ok());
+  ASSERT_TRUE(client->send(heartbeat(7), 5s).is_ok());
+  auto frame = next(*server, 10s);
+  ASSERT_TRUE(frame.has_value());
+  EXPECT_EQ(frame->peer, "site-a");  // the ZAP User-Id, not anything the message says
+  std::unique_ptr<fp::ParsedMessage> parsed;
+  fp::Rejection rejection;
+  ASSERT_TRUE(fp::parse_message(frame->bytes, fp::kDefaultMaxMessageBytes, frame->frame, parsed, rejection));
+  EXPECT_EQ(parsed->root().getHeartbeat().getRound(), 7u);
+  // And the answer finds its way back by routing id.
+  ASSERT_TRUE(server->send(frame->routing_id, heartbeat(8)).is_ok());
+  auto reply = client->receive(10s);
+  ASSERT_TRUE(reply.is_ok() && reply->has_value());
+  EXPECT_EQ(server->counters().zap_allowed.load(), 1u);
+}
+
+TEST_F(Transport, AStrangerIsRefusedAtTheHandshakeAndNothingArrives) {
+  auto server = bind();
+  ASSERT_TRUE(server);
+  auto client = dial(*server, *stranger_keys_);
+  const fedmesh::Status connected = fp::wait_connected(*client, 10s);
+  EXPECT_FALSE(connected.is_ok());
+  EXPECT_NE(connected.message().find("refused"), std::string::npos) << connected.message();
+  (void)client->send(heartbeat(1), 200ms);
+  EXPECT_FALSE(next(*server, 500ms).has_value());
+  EXPECT_GE(server->counters().zap_denied.load(), 1u);
+}
+
+TEST_F(Transport, TheSelfTestRefusesASocketThatAdmitsAnyone) {
+  fp::TransportOptions options;
+  options.omit_zap_handler_to_test_the_self_test = true;
+  auto server = fp::ServerSocket::bind("tcp://127.0.0.1:*", fp::CurveKeys::from(*server_keys_), allowlist_, options);
+  ASSERT_FALSE(server.is_ok());
+  EXPECT_EQ(server.status().code(), fedmesh::StatusCode::kInternal);
+  EXPECT_NE(server.status().message().find("completed the CURVE handshake"), std::string::npos)
+      << server.status().message();
+}
+
+TEST_F(Transport, AMessageOverTheHardCapCostsOnlyItsSenderTheConnection) {
+  fp::TransportOptions options;
+  options.max_message_bytes = 4096;  // hard cap: kTransportCapFactor times that
+  auto server = bind(options);
+  ASSERT_TRUE(server);
+  auto flooder = dial(*server, *site_keys_);
+  ASSERT_TRUE(fp::wait_connected(*flooder, 10s).is_ok());
+  std::vector<uint8_t> huge(options.max_message_bytes * fp::kTransportCapFactor * 2, 0);
+  ASSERT_TRUE(flooder->send(fp::OutgoingMessage::from_bytes(huge), 5s).is_ok());
+  EXPECT_FALSE(next(*server, 1s).has_value());  // libzmq dropped it (and the connection) unread
+
+  auto honest = dial(*server, *site_keys_);
+  ASSERT_TRUE(fp::wait_connected(*honest, 10s).is_ok());
+  ASSERT_TRUE(honest->send(heartbeat(3), 5s).is_ok());
+  auto frame = next(*server, 10s);
+  ASSERT_TRUE(frame.has_value());
+  EXPECT_EQ(frame->peer, "site-a");
+}
+
+}  // namespace

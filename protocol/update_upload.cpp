@@ -115,4 +115,28 @@ Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& 
   }
 }
 
+std::chrono::milliseconds backoff_delay(int attempt, const RetryPolicy& policy, Rng& rng) {
+  int64_t delay = policy.first_backoff.count();
+  for (int i = 1; i < attempt && delay < policy.max_backoff.count(); ++i) delay *= 2;
+  delay = std::min<int64_t>(delay, policy.max_backoff.count());
+  const int64_t low = delay / 2;
+  return std::chrono::milliseconds(low + static_cast<int64_t>(rng.below(static_cast<uint64_t>(delay - low) + 1)));
+}
+
+Result<UploadOutcome> upload_with_retries(ClientSocket& socket, const PreparedUpdate& update,
+                                          const UploadOptions& options, const RetryPolicy& retry, int* attempts) {
+  Rng rng(retry.jitter_seed != 0 ? retry.jitter_seed
+                                 : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  Status last = unavailable("no attempt made");
+  for (int attempt = 1; attempt <= std::max(1, retry.max_attempts); ++attempt) {
+    if (attempts != nullptr) *attempts = attempt;
+    if (attempt > 1) std::this_thread::sleep_for(backoff_delay(attempt - 1, retry, rng));
+    auto outcome = upload_update(socket, update, options);
+    if (outcome.is_ok()) return outcome;
+    if (outcome.status().code() != StatusCode::kUnavailable) return outcome.status();
+    last = outcome.status();
+  }
+  return unavailable("gave up after " + std::to_string(retry.max_attempts) + " attempts: " + last.message());
+}
+
 }  // namespace fedmesh::protocol

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "base/random.h"
 #include "base/status.h"
 #include "protocol/transport.h"
 #include "protocol/update_transfer.h"
@@ -27,6 +28,21 @@ struct UploadOutcome {
   uint32_t chunks_sent = 0;
 };
 
+// How a sender retries when the receiver goes quiet: waits a doubling,
+// jittered delay (so that sites cut off together do not return together),
+// then resends the header, which resumes the transfer from the receiver's
+// Ack{nextChunk}.
+struct RetryPolicy {
+  int max_attempts = 6;
+  std::chrono::milliseconds first_backoff{200};
+  std::chrono::milliseconds max_backoff{10000};
+  uint64_t jitter_seed = 0;  // 0: from the clock
+};
+
+// The wait before retry number `attempt` (1, 2, ...): uniform in [d/2, d]
+// with d = min(max_backoff, first_backoff * 2^(attempt-1)).
+std::chrono::milliseconds backoff_delay(int attempt, const RetryPolicy& policy, Rng& rng);
+
 struct HelloFields {
   std::string federation;
   std::string site_name;
@@ -40,6 +56,13 @@ struct HelloFields {
 Result<uint16_t> say_hello(ClientSocket& socket, const HelloFields& hello, std::chrono::milliseconds timeout);
 
 Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& update, const UploadOptions& options);
+
+// upload_update, retried under `retry` while the failure is kUnavailable (no
+// reply, no connection). A Reject or an accepted update ends it; so does any
+// other error. `attempts` (if given) receives how many uploads were made.
+Result<UploadOutcome> upload_with_retries(ClientSocket& socket, const PreparedUpdate& update,
+                                          const UploadOptions& options, const RetryPolicy& retry,
+                                          int* attempts = nullptr);
 
 // Waits for the handshake: ok once connected; kUnavailable if the server
 // refused our key or nothing happened within timeout.

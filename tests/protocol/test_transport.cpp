@@ -9,6 +9,8 @@
 #include "crypto/keys.h"
 #include "crypto/roster.h"
 #include "protocol/transport.h"
+#include "crypto/replay_guard.h"
+#include "protocol/update_service.h"
 #include "protocol/update_upload.h"
 
 namespace fp = fedmesh::protocol;
@@ -120,6 +122,97 @@ TEST_F(Transport, AMessageOverTheHardCapCostsOnlyItsSenderTheConnection) {
   auto frame = next(*server, 10s);
   ASSERT_TRUE(frame.has_value());
   EXPECT_EQ(frame->peer, "site-a");
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Backoff, DoublesWithJitterUpToTheCap) {
+  fp::RetryPolicy policy;
+  policy.first_backoff = 100ms;
+  policy.max_backoff = 1000ms;
+  fedmesh::Rng rng(1);
+  for (int attempt = 1; attempt <= 8; ++attempt) {
+    const int64_t full = std::min<int64_t>(1000, 100 << (attempt - 1));
+    for (int trial = 0; trial < 50; ++trial) {
+      const auto wait = fp::backoff_delay(attempt, policy, rng).count();
+      EXPECT_GE(wait, full / 2);
+      EXPECT_LE(wait, full);
+    }
+  }
+  // Two sites with different seeds do not wait the same.
+  fedmesh::Rng a(1), b(2);
+  int same = 0;
+  for (int i = 0; i < 20; ++i) same += fp::backoff_delay(5, policy, a) == fp::backoff_delay(5, policy, b) ? 1 : 0;
+  EXPECT_LT(same, 5);
+}
+
+TEST_F(Transport, AQuietReceiverIsRetriedAndTheTransferResumes) {
+  auto server = bind();
+  ASSERT_TRUE(server);
+  fc::Roster roster;
+  roster.federation = "fed";
+  roster.sites.push_back({site_keys_->identity, fc::Role::kSite, ""});
+  fp::ReceiverPolicy policy;
+  policy.federation = "fed";
+  policy.self = "aggregator";
+  policy.manifest = {{"w", {64, 64}}};
+  auto replay = fc::ReplayGuard::in_memory();
+
+  // The server goes quiet once, after the third chunk: it drops what arrives
+  // for 800 ms, as a receiver behind a flapping link would.
+  std::atomic<bool> stop{false};
+  std::vector<fp::ReceivedUpdate> received;
+  std::thread receiver([&] {
+    fp::UpdateService service(policy, roster, replay, {}, server->counters());
+    int chunks_seen = 0;
+    std::optional<std::chrono::steady_clock::time_point> quiet_until;
+    while (!stop.load()) {
+      auto frame = server->receive(20ms);
+      if (!frame.is_ok() || !frame->has_value()) continue;
+      if (quiet_until && std::chrono::steady_clock::now() < *quiet_until) continue;
+      auto reply = service.handle(**frame);
+      fp::Envelope envelope;
+      fp::Rejection rejection;
+      if (fp::read_envelope((**frame).bytes, fp::kDefaultMaxMessageBytes, envelope, rejection) &&
+          envelope.kind == fedmesh::wire::Message::UPDATE_CHUNK && ++chunks_seen == 3 && !quiet_until) {
+        quiet_until = std::chrono::steady_clock::now() + 800ms;
+        continue;  // this Ack is lost too
+      }
+      if (reply) (void)server->send((**frame).routing_id, std::move(*reply));
+      for (auto& update : service.take_completed()) received.push_back(std::move(update));
+    }
+  });
+
+  std::vector<float> values(64 * 64);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  const std::vector<std::span<const float>> spans = {values};
+  const std::vector<fp::TensorPlan> plans(1);
+  auto update = fp::prepare_update({"fed", 0, 0, "site-a", "aggregator", 1, 10}, policy.manifest, spans, plans,
+                                   *site_keys_, 1024);
+  ASSERT_TRUE(update.is_ok());
+  ASSERT_GE(update->chunks.size(), 10u);
+
+  auto client = dial(*server, *site_keys_);
+  ASSERT_TRUE(fp::wait_connected(*client, 10s).is_ok());
+  fp::UploadOptions options;
+  options.window_chunks = 1;  // one chunk at a time: the quiet spell hits mid-transfer
+  options.reply_timeout = 300ms;
+  fp::RetryPolicy retry;
+  retry.first_backoff = 200ms;
+  retry.jitter_seed = 9;
+  retry.max_attempts = 20;  // a slow CI machine may time out more often; each retry resumes
+  int attempts = 0;
+  auto outcome = fp::upload_with_retries(*client, *update, options, retry, &attempts);
+  stop.store(true);
+  receiver.join();
+  ASSERT_TRUE(outcome.is_ok()) << outcome.status().to_string();
+  EXPECT_TRUE(outcome->accepted);
+  EXPECT_GE(attempts, 2);
+  EXPECT_GT(outcome->started_at_chunk, 0u);  // resumed, not restarted
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].tensors[0], values);
 }
 
 }  // namespace

@@ -32,9 +32,9 @@ class Hasher {
   alignas(64) std::array<uint8_t, 384> state_{};  // crypto_generichash_state
 };
 
-// What the update signature covers. `descriptor_hash` is the hash of the
-// header's tensor descriptors as sent (so shapes and encodings are signed).
-struct UpdateSigningFields {
+// Who sent an update, to whom, for which round: the header fields the
+// signature covers (protocol/ carries them as its UpdateMetadata).
+struct UpdateMetadata {
   std::string federation;
   uint64_t round = 0;
   uint64_t base_version = 0;
@@ -42,6 +42,11 @@ struct UpdateSigningFields {
   std::string recipient;
   uint64_t sequence = 0;
   uint64_t sample_count = 0;
+};
+
+// What the update signature covers. `descriptor_hash` is the hash of the
+// header's tensor descriptors as sent (so shapes and encodings are signed).
+struct UpdateSigningFields : UpdateMetadata {
   Hash descriptor_hash{};
   std::vector<Hash> chunk_hashes;
 };

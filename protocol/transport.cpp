@@ -103,27 +103,17 @@ Result<std::optional<Incoming>> receive_payload(void* socket, TransportCounters&
   return std::optional<Incoming>(std::move(incoming));
 }
 
-Status send_payload(void* socket, OutgoingMessage message, int flags, TransportCounters& counters) {
-  const size_t size = message.size();
-  zmq_msg_t msg;
-  uint8_t* data = message.release();
-  if (zmq_msg_init_data(&msg, data, size, &OutgoingMessage::free_released, nullptr) != 0) {
-    OutgoingMessage::free_released(data, nullptr);
-    return io_error(zmq_error("zmq_msg_init_data"));
-  }
-  if (zmq_msg_send(&msg, socket, flags) < 0) {
-    const int error = zmq_errno();
-    zmq_msg_close(&msg);
-    if (error == EAGAIN) return unavailable("send queue full (peer not reading)");
-    if (error == EHOSTUNREACH) return unavailable("peer is not connected");
-    return io_error(std::string("zmq_msg_send: ") + zmq_strerror(error));
-  }
-  counters.messages_sent.fetch_add(1);
-  counters.bytes_sent.fetch_add(size);
-  return Status::ok();
+// What a failed send means to the caller: a full queue or a gone peer is
+// kUnavailable (retry later); anything else is an I/O error.
+Status send_failure(const char* call, int error) {
+  if (error == EAGAIN) return unavailable("send queue full (peer not reading)");
+  if (error == EHOSTUNREACH) return unavailable("peer is not connected");
+  return io_error(std::string(call) + ": " + zmq_strerror(error));
 }
 
-Status send_shared(void* socket, const SharedMessage& message, int flags, TransportCounters& counters) {
+// Sends without a copy: ZeroMQ holds a reference to the bytes until they are
+// on the wire (a prepared chunk stays resendable; a one-off reply is freed).
+Status send_message(void* socket, const SharedMessage& message, int flags, TransportCounters& counters) {
   const auto bytes = message.bytes();
   auto* reference = new std::shared_ptr<const OutgoingMessage>(message.shared());
   zmq_msg_t msg;
@@ -135,8 +125,7 @@ Status send_shared(void* socket, const SharedMessage& message, int flags, Transp
   if (zmq_msg_send(&msg, socket, flags) < 0) {
     const int error = zmq_errno();
     zmq_msg_close(&msg);
-    if (error == EAGAIN) return unavailable("send queue full (peer not reading)");
-    return io_error(std::string("zmq_msg_send: ") + zmq_strerror(error));
+    return send_failure("zmq_msg_send", error);
   }
   counters.messages_sent.fetch_add(1);
   counters.bytes_sent.fetch_add(bytes.size());
@@ -437,12 +426,9 @@ Result<std::optional<Incoming>> ServerSocket::receive(std::chrono::milliseconds 
 Status ServerSocket::send(const std::string& routing_id, OutgoingMessage message) {
   void* socket = impl_->socket.get();
   if (zmq_send(socket, routing_id.data(), routing_id.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
-    const int error = zmq_errno();
-    if (error == EHOSTUNREACH) return unavailable("peer is not connected");
-    if (error == EAGAIN) return unavailable("send queue full (peer not reading)");
-    return io_error(std::string("zmq_send: ") + zmq_strerror(error));
+    return send_failure("zmq_send", zmq_errno());
   }
-  return send_payload(socket, std::move(message), ZMQ_DONTWAIT, *counters_);
+  return send_message(socket, SharedMessage(std::move(message)), ZMQ_DONTWAIT, *counters_);
 }
 
 // ---- ClientSocket ----------------------------------------------------------------
@@ -544,12 +530,12 @@ Status wait_writable(void* socket, std::chrono::milliseconds timeout) {
 
 Status ClientSocket::send(OutgoingMessage message, std::chrono::milliseconds timeout) {
   FEDMESH_RETURN_IF_ERROR(wait_writable(impl_->socket.get(), timeout));
-  return send_payload(impl_->socket.get(), std::move(message), ZMQ_DONTWAIT, *counters_);
+  return send_message(impl_->socket.get(), SharedMessage(std::move(message)), ZMQ_DONTWAIT, *counters_);
 }
 
 Status ClientSocket::send(const SharedMessage& message, std::chrono::milliseconds timeout) {
   FEDMESH_RETURN_IF_ERROR(wait_writable(impl_->socket.get(), timeout));
-  return send_shared(impl_->socket.get(), message, ZMQ_DONTWAIT, *counters_);
+  return send_message(impl_->socket.get(), message, ZMQ_DONTWAIT, *counters_);
 }
 
 }  // namespace fedmesh::protocol

@@ -14,6 +14,14 @@ OutgoingMessage UpdateService::refuse(Rejection rejection) {
   return make_reject(0, *last_rejection_);
 }
 
+OutgoingMessage UpdateService::noted(OutgoingMessage reply) {
+  if (const auto& refused = receiver_.last_rejection()) {
+    counters_.count_rejection(refused->code);
+    last_rejection_ = refused;
+  }
+  return reply;
+}
+
 OutgoingMessage UpdateService::welcome(const ParsedMessage& message) {
   try {
     const auto hello = message.root().getHello();
@@ -49,24 +57,13 @@ std::optional<OutgoingMessage> UpdateService::handle(const Incoming& incoming) {
   if (!read_envelope(incoming.bytes, policy_.max_message_bytes, envelope, rejection)) return refuse(std::move(rejection));
 
   if (envelope.kind == wire::Message::UPDATE_CHUNK) {
-    OutgoingMessage reply = receiver_.handle_chunk(incoming.peer, envelope, incoming.bytes, incoming.frame);
-    if (const auto& refused = receiver_.last_rejection()) {
-      counters_.count_rejection(refused->code);
-      last_rejection_ = refused;
-    }
-    return reply;
+    return noted(receiver_.handle_chunk(incoming.peer, envelope, incoming.bytes, incoming.frame));
   }
   std::unique_ptr<ParsedMessage> parsed;
   if (!parse_body(incoming.bytes, envelope, incoming.frame, parsed, rejection)) return refuse(std::move(rejection));
   switch (envelope.kind) {
-    case wire::Message::UPDATE_HEADER: {
-      OutgoingMessage reply = receiver_.handle_header(incoming.peer, *parsed);
-      if (const auto& refused = receiver_.last_rejection()) {
-        counters_.count_rejection(refused->code);
-        last_rejection_ = refused;
-      }
-      return reply;
-    }
+    case wire::Message::UPDATE_HEADER:
+      return noted(receiver_.handle_header(incoming.peer, *parsed));
     case wire::Message::HELLO:
       return welcome(*parsed);
     case wire::Message::HEARTBEAT:

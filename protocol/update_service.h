@@ -34,6 +34,8 @@ class UpdateService {
 
  private:
   OutgoingMessage refuse(Rejection rejection);
+  // The receiver's reply, its rejection (if any) counted and remembered.
+  OutgoingMessage noted(OutgoingMessage reply);
   OutgoingMessage welcome(const ParsedMessage& hello);
 
   ReceiverPolicy policy_;

@@ -23,17 +23,7 @@ void append_text(std::vector<uint8_t>& out, std::string_view text) {
 
 crypto::UpdateSigningFields signing_fields(const UpdateMetadata& metadata, const crypto::Hash& descriptors,
                                            std::vector<crypto::Hash> chunk_hashes) {
-  crypto::UpdateSigningFields fields;
-  fields.federation = metadata.federation;
-  fields.round = metadata.round;
-  fields.base_version = metadata.base_version;
-  fields.sender = metadata.sender;
-  fields.recipient = metadata.recipient;
-  fields.sequence = metadata.sequence;
-  fields.sample_count = metadata.sample_count;
-  fields.descriptor_hash = descriptors;
-  fields.chunk_hashes = std::move(chunk_hashes);
-  return fields;
+  return {metadata, descriptors, std::move(chunk_hashes)};
 }
 
 OutgoingMessage serialize_chunk(uint64_t sequence, uint32_t index, const std::vector<const EncodedSegment*>& segments) {

@@ -35,15 +35,7 @@ inline constexpr size_t kMaxTransfersInFlight = 8;
 inline constexpr size_t kMinChunkBytes = 64;
 inline constexpr std::chrono::seconds kTransferIdleTimeout{120};
 
-struct UpdateMetadata {
-  std::string federation;
-  uint64_t round = 0;
-  uint64_t base_version = 0;
-  std::string sender;
-  std::string recipient;
-  uint64_t sequence = 0;
-  uint64_t sample_count = 0;
-};
+using UpdateMetadata = crypto::UpdateMetadata;
 
 // How one tensor of the manifest is sent.
 struct TensorPlan {

@@ -97,7 +97,6 @@ bool read_envelope(std::span<const uint8_t> frame, size_t max_message_bytes, Env
 }
 
 void OutgoingMessage::Free::operator()(uint8_t* p) const { std::free(p); }
-void OutgoingMessage::free_released(void* data, void*) { std::free(data); }
 
 uint8_t* OutgoingMessage::allocate(size_t size) {
   auto* data = static_cast<uint8_t*>(std::aligned_alloc(64, (size + 63) / 64 * 64));

@@ -82,9 +82,6 @@ class OutgoingMessage {
   std::span<const uint8_t> bytes() const { return {data_.get(), size_}; }
   std::span<const uint8_t> body() const { return bytes().subspan(kEnvelopeBytes); }
   size_t size() const { return size_; }
-  // Gives the buffer away (to zmq_msg_init_data); free with release_deleter.
-  uint8_t* release() { size_ = 0; return data_.release(); }
-  static void free_released(void* data, void* hint);
   // A copy of bytes already serialized (a chunk resent on resume).
   static OutgoingMessage from_bytes(std::span<const uint8_t> bytes);
 

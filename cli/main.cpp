@@ -1,6 +1,7 @@
 // fedmesh: one binary for every role of a federation.
 #include <CLI/CLI.hpp>
 
+#include "cli/checkpoint_command.h"
 #include "cli/doctor_command.h"
 #include "cli/keygen_command.h"
 #include "cli/roster_command.h"
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   fedmesh::cli::add_doctor_command(app, exit_code);
   fedmesh::cli::add_keygen_command(app, exit_code);
   fedmesh::cli::add_roster_command(app, exit_code);
+  fedmesh::cli::add_checkpoint_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,0 +1,822 @@
+#include "store/checkpoint_store.h"
+
+#include <sodium.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <system_error>
+
+#include "store/schema.h"
+
+namespace fedmesh::store {
+
+namespace {
+
+// A database created here uses 64 KiB pages: a 1 MiB chunk then spans 16
+// overflow pages instead of 256, and the write-ahead log carries 16 frame
+// headers per chunk instead of 256.
+constexpr int kNewDatabasePageSize = 65536;
+// After a checkpoint of the write-ahead log, SQLite truncates the log to this
+// size, so one large commit does not leave a log of its size on disk forever.
+constexpr int64_t kWalSizeLimitBytes = int64_t{64} << 20;
+
+std::string round_name(int64_t round) { return "round " + std::to_string(round); }
+
+std::string hex(std::span<const uint8_t> bytes, size_t limit = 8) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string text;
+  for (size_t i = 0; i < std::min(bytes.size(), limit); ++i) {
+    text += kDigits[bytes[i] >> 4];
+    text += kDigits[bytes[i] & 15];
+  }
+  return text;
+}
+
+std::string shape_json(const Shape& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) text += ',';
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+// Parses what shape_json writes; anything else is nullopt.
+std::optional<Shape> parse_shape_json(std::string_view text) {
+  if (text.size() < 2 || text.front() != '[' || text.back() != ']') return std::nullopt;
+  text = text.substr(1, text.size() - 2);
+  Shape shape;
+  while (!text.empty()) {
+    if (shape.size() >= static_cast<size_t>(kMaxTensorRank)) return std::nullopt;
+    int64_t dim = -1;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), dim);
+    if (error != std::errc() || dim < 0) return std::nullopt;
+    shape.push_back(dim);
+    text.remove_prefix(static_cast<size_t>(end - text.data()));
+    if (text.empty()) break;
+    if (text.front() != ',' || text.size() == 1) return std::nullopt;
+    text.remove_prefix(1);
+  }
+  return shape;
+}
+
+int64_t chunks_for(int64_t bytes) { return (bytes + kTensorChunkBytes - 1) / kTensorChunkBytes; }
+
+// Checked element count times element size; nullopt on overflow or beyond the bound.
+std::optional<int64_t> shape_bytes(const Shape& shape, DType dtype) {
+  int64_t count = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) return std::nullopt;
+    if (dim != 0 && count > kMaxTensorBytes / dim) return std::nullopt;
+    count *= dim;
+  }
+  const int64_t bytes = count * static_cast<int64_t>(dtype_size(dtype));
+  if (bytes > kMaxTensorBytes) return std::nullopt;
+  return bytes;
+}
+
+void hash_u64(crypto::Hasher& hasher, uint64_t value) {
+  uint8_t bytes[8];
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(value >> (8 * i));
+  hasher.update(bytes);
+}
+
+void hash_text(crypto::Hasher& hasher, std::string_view text) {
+  hash_u64(hasher, text.size());
+  hasher.update({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+}
+
+std::span<const uint8_t> tensor_bytes(const Tensor& tensor) {
+  return {static_cast<const uint8_t*>(tensor.raw()), tensor.nbytes()};
+}
+
+bool valid_name(std::string_view name) { return !name.empty() && name.size() <= kMaxNameBytes; }
+
+bool valid_metric_name(std::string_view name) {
+  return !name.empty() && name.size() <= 128 &&
+         std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+Status check_json_object(Database& database, std::string_view what, const std::string& json) {
+  if (json.size() > kMaxJsonBytes) {
+    return invalid_argument(std::string(what) + " JSON is " + std::to_string(json.size()) +
+                            " bytes, above the limit of " + std::to_string(kMaxJsonBytes));
+  }
+  Result<Statement> statement = database.prepare("SELECT json_valid(?1) AND json_type(?1) = 'object'");
+  if (!statement.is_ok()) return statement.status();
+  statement->bind(1, std::string_view(json));
+  Result<bool> row = statement->step();
+  if (!row.is_ok()) return row.status();
+  if (!*row || statement->column_int(0) == 0) {
+    return invalid_argument(std::string(what) + " must be a JSON object, got '" + json.substr(0, 60) + "'");
+  }
+  return Status::ok();
+}
+
+// Inserts `bytes` as rows of at most kTensorChunkBytes through `insert`
+// (parameters: 1 = owner key, bound by the caller; 2 = chunk index; 3 = data).
+Status insert_chunks(Statement& insert, const std::function<void(Statement&)>& bind_owner,
+                     std::span<const uint8_t> bytes) {
+  int64_t chunk = 0;
+  for (size_t offset = 0; offset < bytes.size(); offset += static_cast<size_t>(kTensorChunkBytes), ++chunk) {
+    const size_t size = std::min(bytes.size() - offset, static_cast<size_t>(kTensorChunkBytes));
+    bind_owner(insert);
+    insert.bind(2, chunk).bind_blob(3, bytes.subspan(offset, size));
+    FEDMESH_RETURN_IF_ERROR(insert.run());
+  }
+  return Status::ok();
+}
+
+const char* kSelectTensorColumns =
+    "SELECT id, role, name, dtype, shape, encoding, byte_size, chunk_count, checksum FROM tensors ";
+
+}  // namespace
+
+Status StoreOptions::validate() const {
+  if (keep_last < 1) return invalid_argument("keep-last must be at least 1 (got " + std::to_string(keep_last) + ")");
+  if (!best_metric.empty() && !valid_metric_name(best_metric)) {
+    return invalid_argument("best metric '" + best_metric + "' must be a metric name of letters, digits and _");
+  }
+  return Status::ok();
+}
+
+const StoredTensor* LoadedCheckpoint::find(std::string_view role, std::string_view name) const {
+  for (const StoredTensor& tensor : tensors) {
+    if (tensor.info.role == role && tensor.info.name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+Result<CheckpointStore> CheckpointStore::open(const std::string& path, StoreOptions options) {
+  return open_with(path, std::move(options), Database::Mode::kReadWriteCreate);
+}
+
+Result<CheckpointStore> CheckpointStore::open_existing(const std::string& path, StoreOptions options) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) return not_found(path + ": no such checkpoint database");
+  return open_with(path, std::move(options), Database::Mode::kReadWrite);
+}
+
+Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, StoreOptions options,
+                                                   Database::Mode mode) {
+  FEDMESH_RETURN_IF_ERROR(options.validate());
+  if (sodium_init() < 0) return unavailable("libsodium failed to initialize");
+  Result<Database> database = Database::open(path, mode);
+  if (!database.is_ok()) return database.status();
+  // The first read tells an SQLite file from anything else.
+  Result<int64_t> tables = database->query_int("SELECT count(*) FROM sqlite_master");
+  if (!tables.is_ok()) {
+    return Status(tables.status().code(), tables.status().message() + " (is it a fedmesh checkpoint database?)");
+  }
+  if (*tables == 0) {
+    FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA page_size = " + std::to_string(kNewDatabasePageSize)));
+  }
+  Result<std::string> journal = database->query_text("PRAGMA journal_mode = WAL");
+  if (!journal.is_ok()) return journal.status();
+  if (*journal != "wal") return io_error(path + ": cannot switch to WAL mode (journal mode is " + *journal + ")");
+  // FULL: every commit fsyncs the write-ahead log, so a committed round
+  // survives power loss, not only a process crash. Nothing here relaxes it.
+  FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA synchronous = FULL"));
+  FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA foreign_keys = ON"));
+  FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA journal_size_limit = " + std::to_string(kWalSizeLimitBytes)));
+  FEDMESH_RETURN_IF_ERROR(migrate(*database));
+  return CheckpointStore(std::move(*database), std::move(options));
+}
+
+Status CheckpointStore::commit_round(const RoundToCommit& round) {
+  if (round.round < 0 || round.model_version < 0) return invalid_argument("round and model version must be >= 0");
+  if (static_cast<int64_t>(round.tensors.size()) > kMaxTensorsPerRound) {
+    return invalid_argument(round_name(round.round) + ": more than " + std::to_string(kMaxTensorsPerRound) + " tensors");
+  }
+  FEDMESH_RETURN_IF_ERROR(check_json_object(database_, "metrics", round.metrics_json));
+  FEDMESH_RETURN_IF_ERROR(check_json_object(database_, "state", round.state_json));
+  std::vector<TensorInfo> infos;
+  infos.reserve(round.tensors.size());
+  for (const TensorToCommit& tensor : round.tensors) {
+    if (!valid_name(tensor.role) || !valid_name(tensor.name)) {
+      return invalid_argument(round_name(round.round) + ": tensor role and name must be 1.." +
+                              std::to_string(kMaxNameBytes) + " bytes");
+    }
+    if (tensor.tensor == nullptr || !tensor.tensor->defined() || tensor.tensor->device() != Device::kCpu) {
+      return invalid_argument(round_name(round.round) + ": tensor " + tensor.role + "/" + tensor.name +
+                              " is not a CPU tensor");
+    }
+    if (tensor.tensor->rank() > kMaxTensorRank || static_cast<int64_t>(tensor.tensor->nbytes()) > kMaxTensorBytes) {
+      return invalid_argument(round_name(round.round) + ": tensor " + tensor.role + "/" + tensor.name +
+                              " is beyond the store's bounds");
+    }
+    TensorInfo info;
+    info.role = tensor.role;
+    info.name = tensor.name;
+    info.dtype = tensor.tensor->dtype();
+    info.shape = tensor.tensor->shape();
+    info.encoding = "raw";
+    info.byte_size = static_cast<int64_t>(tensor.tensor->nbytes());
+    info.chunk_count = chunks_for(info.byte_size);
+    infos.push_back(std::move(info));
+  }
+
+  Result<Transaction> transaction = Transaction::begin(database_);
+  if (!transaction.is_ok()) return transaction.status();
+  Result<int64_t> newest = database_.query_int("SELECT coalesce(max(round), -1) FROM rounds");
+  if (!newest.is_ok()) return newest.status();
+  if (round.round <= *newest) {
+    return invalid_argument(round_name(round.round) + " is not above the newest committed round " +
+                            std::to_string(*newest) + ": rounds only move forward");
+  }
+  for (const AppliedUpdate& update : round.applied_updates) {
+    Result<std::optional<int64_t>> applied = applied_round(update.update_id);
+    if (!applied.is_ok()) return applied.status();
+    if (applied->has_value()) {
+      return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
+                              " was already applied in round " + std::to_string(**applied) +
+                              "; it is never applied twice");
+    }
+  }
+
+  // Hash on a second thread while this one hands the same bytes to SQLite.
+  auto hashes = std::async(std::launch::async, [&round] {
+    std::vector<crypto::Hash> result;
+    result.reserve(round.tensors.size());
+    for (const TensorToCommit& tensor : round.tensors) result.push_back(crypto::hash_bytes(tensor_bytes(*tensor.tensor)));
+    return result;
+  });
+  // Whatever happens below, the hashing thread is joined before `round` can go away.
+  struct JoinOnExit {
+    std::future<std::vector<crypto::Hash>>& future;
+    ~JoinOnExit() {
+      if (future.valid()) future.wait();
+    }
+  } join_on_exit{hashes};
+
+  Result<Statement> insert_round = database_.prepare(
+      "INSERT INTO rounds(round, model_version, wall_time, metrics, state, tensor_count, checksum) "
+      "VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?3, ?4, ?5, zeroblob(32))");
+  if (!insert_round.is_ok()) return insert_round.status();
+  insert_round->bind(1, round.round)
+      .bind(2, round.model_version)
+      .bind(3, std::string_view(round.metrics_json))
+      .bind(4, std::string_view(round.state_json))
+      .bind(5, static_cast<int64_t>(infos.size()));
+  FEDMESH_RETURN_IF_ERROR(insert_round->run());
+
+  Result<Statement> insert_tensor = database_.prepare(
+      "INSERT INTO tensors(round, role, name, dtype, shape, encoding, byte_size, chunk_count, checksum) "
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, zeroblob(32))");
+  if (!insert_tensor.is_ok()) return insert_tensor.status();
+  Result<Statement> insert_chunk =
+      database_.prepare("INSERT INTO tensor_chunks(tensor_id, chunk, data) VALUES (?1, ?2, ?3)");
+  if (!insert_chunk.is_ok()) return insert_chunk.status();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    TensorInfo& info = infos[i];
+    const std::string shape = shape_json(info.shape);
+    insert_tensor->bind(1, round.round)
+        .bind(2, std::string_view(info.role))
+        .bind(3, std::string_view(info.name))
+        .bind(4, std::string_view(dtype_name(info.dtype)))
+        .bind(5, std::string_view(shape))
+        .bind(6, std::string_view(info.encoding))
+        .bind(7, info.byte_size)
+        .bind(8, info.chunk_count);
+    if (Status s = insert_tensor->run(); !s.is_ok()) {
+      if (s.code() == StatusCode::kInvalidArgument) {
+        return invalid_argument(round_name(round.round) + ": tensor " + info.role + "/" + info.name +
+                                " appears twice");
+      }
+      return s;
+    }
+    info.id = database_.last_insert_rowid();
+    const int64_t id = info.id;
+    FEDMESH_RETURN_IF_ERROR(insert_chunks(*insert_chunk, [id](Statement& s) { s.bind(1, id); },
+                                          tensor_bytes(*round.tensors[i].tensor)));
+  }
+
+  const std::vector<crypto::Hash> checksums = hashes.get();
+  Result<Statement> set_tensor_checksum = database_.prepare("UPDATE tensors SET checksum = ?2 WHERE id = ?1");
+  if (!set_tensor_checksum.is_ok()) return set_tensor_checksum.status();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    infos[i].checksum = checksums[i];
+    set_tensor_checksum->bind(1, infos[i].id).bind_blob(2, infos[i].checksum);
+    FEDMESH_RETURN_IF_ERROR(set_tensor_checksum->run());
+  }
+  RoundInfo info;
+  info.round = round.round;
+  info.model_version = round.model_version;
+  info.metrics_json = round.metrics_json;
+  info.state_json = round.state_json;
+  Result<crypto::Hash> checksum = round_checksum(info, infos);
+  if (!checksum.is_ok()) return checksum.status();
+  Result<Statement> set_round_checksum = database_.prepare("UPDATE rounds SET checksum = ?2 WHERE round = ?1");
+  if (!set_round_checksum.is_ok()) return set_round_checksum.status();
+  set_round_checksum->bind(1, round.round).bind_blob(2, *checksum);
+  FEDMESH_RETURN_IF_ERROR(set_round_checksum->run());
+
+  Result<Statement> insert_applied = database_.prepare(
+      "INSERT INTO applied_updates(update_id, round, sender, staleness) VALUES (?1, ?2, ?3, ?4)");
+  if (!insert_applied.is_ok()) return insert_applied.status();
+  Result<Statement> delete_pending = database_.prepare("DELETE FROM pending_updates WHERE update_id = ?1");
+  if (!delete_pending.is_ok()) return delete_pending.status();
+  for (const AppliedUpdate& update : round.applied_updates) {
+    if (update.update_id.empty() || update.update_id.size() > kMaxNameBytes) {
+      return invalid_argument("an applied update id must be 1.." + std::to_string(kMaxNameBytes) + " bytes");
+    }
+    insert_applied->bind_blob(1, update.update_id)
+        .bind(2, round.round)
+        .bind(3, std::string_view(update.sender))
+        .bind(4, update.staleness);
+    if (Status s = insert_applied->run(); !s.is_ok()) {
+      return invalid_argument(round_name(round.round) + ": update " + hex(update.update_id) +
+                              " is listed twice in the round");
+    }
+    delete_pending->bind_blob(1, update.update_id);
+    FEDMESH_RETURN_IF_ERROR(delete_pending->run());
+  }
+
+  if (round.peers.has_value()) {
+    FEDMESH_RETURN_IF_ERROR(database_.execute("DELETE FROM peers"));
+    Result<Statement> insert_peer = database_.prepare(
+        "INSERT INTO peers(site, address, status, incarnation, updated_round) VALUES (?1, ?2, ?3, ?4, ?5)");
+    if (!insert_peer.is_ok()) return insert_peer.status();
+    for (const PeerRecord& peer : *round.peers) {
+      if (!valid_name(peer.site) || peer.address.size() > kMaxNameBytes) {
+        return invalid_argument("peer '" + peer.site.substr(0, 64) + "': site must be 1.." +
+                                std::to_string(kMaxNameBytes) + " bytes");
+      }
+      if (peer.status != "alive" && peer.status != "suspect" && peer.status != "dead" && peer.status != "left") {
+        return invalid_argument("peer " + peer.site + ": status '" + peer.status +
+                                "' is not alive, suspect, dead or left");
+      }
+      insert_peer->bind(1, std::string_view(peer.site))
+          .bind(2, std::string_view(peer.address))
+          .bind(3, std::string_view(peer.status))
+          .bind(4, peer.incarnation)
+          .bind(5, peer.updated_round);
+      if (Status s = insert_peer->run(); !s.is_ok()) {
+        return invalid_argument("peer " + peer.site + " is listed twice");
+      }
+    }
+  }
+
+  Result<Statement> raise_counter = database_.prepare(
+      "INSERT INTO replay_counters(sender, sequence) VALUES (?1, ?2) "
+      "ON CONFLICT(sender) DO UPDATE SET sequence = max(sequence, excluded.sequence)");
+  if (!raise_counter.is_ok()) return raise_counter.status();
+  for (const auto& [sender, sequence] : round.replay_counters) {
+    if (!valid_name(sender)) return invalid_argument("a replay counter's sender must be 1..1024 bytes");
+    raise_counter->bind(1, std::string_view(sender)).bind(2, static_cast<int64_t>(sequence));
+    FEDMESH_RETURN_IF_ERROR(raise_counter->run());
+  }
+
+  FEDMESH_RETURN_IF_ERROR(apply_retention());
+  return transaction->commit();
+}
+
+Status CheckpointStore::apply_retention() {
+  std::string sql =
+      "DELETE FROM rounds WHERE round NOT IN (SELECT round FROM rounds ORDER BY round DESC LIMIT ?1)";
+  if (!options_.best_metric.empty()) {
+    // The metric name was checked to be [A-Za-z0-9_]+, so it can be spliced into a JSON path.
+    const std::string path = "'$.\"" + options_.best_metric + "\"'";
+    sql += " AND round IS NOT (SELECT round FROM rounds WHERE json_type(metrics, " + path +
+           ") IN ('integer', 'real') ORDER BY json_extract(metrics, " + path + ") " +
+           (options_.best_is_max ? "DESC" : "ASC") + ", round DESC LIMIT 1)";
+  }
+  Result<Statement> statement = database_.prepare(sql);
+  if (!statement.is_ok()) return statement.status();
+  statement->bind(1, options_.keep_last);
+  return statement->run();
+}
+
+Result<crypto::Hash> CheckpointStore::round_checksum(const RoundInfo& round, const std::vector<TensorInfo>& tensors) {
+  crypto::Hasher hasher;
+  hash_text(hasher, "fedmesh-round-v1");
+  hash_u64(hasher, static_cast<uint64_t>(round.round));
+  hash_u64(hasher, static_cast<uint64_t>(round.model_version));
+  hash_text(hasher, round.metrics_json);
+  hash_text(hasher, round.state_json);
+  hash_u64(hasher, tensors.size());
+  for (const TensorInfo& tensor : tensors) {
+    hash_text(hasher, tensor.role);
+    hash_text(hasher, tensor.name);
+    hash_text(hasher, dtype_name(tensor.dtype));
+    hash_text(hasher, shape_json(tensor.shape));
+    hash_text(hasher, tensor.encoding);
+    hash_u64(hasher, static_cast<uint64_t>(tensor.byte_size));
+    hasher.update(tensor.checksum);
+  }
+  return hasher.finish();
+}
+
+Result<std::vector<RoundInfo>> CheckpointStore::rounds() {
+  Result<Statement> statement = database_.prepare(
+      "SELECT r.round, r.model_version, r.wall_time, r.metrics, r.state, r.tensor_count, "
+      "(SELECT coalesce(sum(t.byte_size), 0) FROM tensors t WHERE t.round = r.round) "
+      "FROM rounds r ORDER BY r.round");
+  if (!statement.is_ok()) return statement.status();
+  std::vector<RoundInfo> result;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    RoundInfo info;
+    info.round = statement->column_int(0);
+    info.model_version = statement->column_int(1);
+    info.wall_time = statement->column_text(2);
+    info.metrics_json = statement->column_text(3);
+    info.state_json = statement->column_text(4);
+    info.tensor_count = statement->column_int(5);
+    info.byte_size = statement->column_int(6);
+    result.push_back(std::move(info));
+  }
+  return result;
+}
+
+Result<RoundInfo> CheckpointStore::round_info(int64_t round) {
+  Result<std::vector<RoundInfo>> all = rounds();
+  if (!all.is_ok()) return all.status();
+  for (RoundInfo& info : *all) {
+    if (info.round == round) return std::move(info);
+  }
+  return not_found(path() + ": no committed " + round_name(round) + " (`fedmesh checkpoint list " + path() +
+                   "` shows the rounds kept)");
+}
+
+Result<TensorInfo> CheckpointStore::read_tensor_info(Statement& statement) {
+  TensorInfo info;
+  info.id = statement.column_int(0);
+  info.role = statement.column_text(1);
+  info.name = statement.column_text(2);
+  const std::string what = "tensor " + info.role + "/" + info.name;
+  Result<DType> dtype = parse_dtype(statement.column_text(3));
+  if (!dtype.is_ok()) return corrupt(what + ": unknown dtype '" + statement.column_text(3) + "'");
+  info.dtype = *dtype;
+  std::optional<Shape> shape = parse_shape_json(statement.column_text(4));
+  if (!shape) return corrupt(what + ": malformed shape '" + statement.column_text(4).substr(0, 64) + "'");
+  info.shape = std::move(*shape);
+  info.encoding = statement.column_text(5);
+  if (info.encoding != "raw") return corrupt(what + ": unknown encoding '" + info.encoding.substr(0, 64) + "'");
+  info.byte_size = statement.column_int(6);
+  info.chunk_count = statement.column_int(7);
+  const std::optional<int64_t> expected = shape_bytes(info.shape, info.dtype);
+  if (!expected || *expected != info.byte_size) {
+    return corrupt(what + ": byte size " + std::to_string(info.byte_size) + " does not match shape " +
+                   shape_json(info.shape) + " of " + dtype_name(info.dtype) + " (or exceeds the store's bounds)");
+  }
+  if (info.chunk_count != chunks_for(info.byte_size)) {
+    return corrupt(what + ": " + std::to_string(info.chunk_count) + " chunks recorded for " +
+                   std::to_string(info.byte_size) + " bytes");
+  }
+  const std::span<const uint8_t> checksum = statement.column_blob(8);
+  if (checksum.size() != info.checksum.size()) return corrupt(what + ": checksum is not 32 bytes");
+  std::memcpy(info.checksum.data(), checksum.data(), checksum.size());
+  return info;
+}
+
+Result<std::vector<TensorInfo>> CheckpointStore::tensors(int64_t round) {
+  Result<Statement> statement = database_.prepare(std::string(kSelectTensorColumns) + "WHERE round = ?1 ORDER BY id");
+  if (!statement.is_ok()) return statement.status();
+  statement->bind(1, round);
+  std::vector<TensorInfo> result;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    Result<TensorInfo> info = read_tensor_info(*statement);
+    if (!info.is_ok()) return corrupt(round_name(round) + ": " + info.status().message());
+    result.push_back(std::move(*info));
+  }
+  return result;
+}
+
+Status CheckpointStore::read_tensor(const TensorInfo& tensor,
+                                    const std::function<Status(std::span<const uint8_t>)>& consume) {
+  const std::string what = "tensor " + tensor.role + "/" + tensor.name;
+  Result<Statement> statement =
+      database_.prepare("SELECT chunk, data FROM tensor_chunks WHERE tensor_id = ?1 ORDER BY chunk");
+  if (!statement.is_ok()) return statement.status();
+  statement->bind(1, tensor.id);
+  crypto::Hasher hasher;
+  int64_t expected_chunk = 0, bytes = 0;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    const int64_t chunk = statement->column_int(0);
+    const std::span<const uint8_t> data = statement->column_blob(1);
+    if (chunk != expected_chunk) {
+      return corrupt(what + ": chunk " + std::to_string(expected_chunk) + " is missing (found " +
+                     std::to_string(chunk) + ")");
+    }
+    if (static_cast<int64_t>(data.size()) > kTensorChunkBytes || bytes + static_cast<int64_t>(data.size()) > tensor.byte_size) {
+      return corrupt(what + ": chunk " + std::to_string(chunk) + " holds more bytes than recorded");
+    }
+    hasher.update(data);
+    FEDMESH_RETURN_IF_ERROR(consume(data));
+    bytes += static_cast<int64_t>(data.size());
+    ++expected_chunk;
+  }
+  if (expected_chunk != tensor.chunk_count || bytes != tensor.byte_size) {
+    return corrupt(what + ": " + std::to_string(bytes) + " bytes in " + std::to_string(expected_chunk) +
+                   " chunks, recorded " + std::to_string(tensor.byte_size) + " in " +
+                   std::to_string(tensor.chunk_count));
+  }
+  const crypto::Hash computed = hasher.finish();
+  if (computed != tensor.checksum) {
+    return corrupt(what + ": checksum mismatch (recorded " + hex(tensor.checksum) + "..., computed " +
+                   hex(computed) + "...): its bytes changed on disk");
+  }
+  return Status::ok();
+}
+
+Status CheckpointStore::verify_round(int64_t round) {
+  Result<LoadedCheckpoint> loaded = load_round(round);
+  return loaded.status();
+}
+
+Result<LoadedCheckpoint> CheckpointStore::load_round(int64_t round) {
+  Result<RoundInfo> info = round_info(round);
+  if (!info.is_ok()) return info.status();
+  Result<std::vector<TensorInfo>> infos = tensors(round);
+  if (!infos.is_ok()) return infos.status();
+  LoadedCheckpoint checkpoint;
+  if (static_cast<int64_t>(infos->size()) != info->tensor_count) {
+    return corrupt(round_name(round) + ": " + std::to_string(infos->size()) + " tensors found, " +
+                   std::to_string(info->tensor_count) + " recorded");
+  }
+  Result<Statement> stored = database_.prepare("SELECT checksum FROM rounds WHERE round = ?1");
+  if (!stored.is_ok()) return stored.status();
+  stored->bind(1, round);
+  Result<bool> row = stored->step();
+  if (!row.is_ok()) return row.status();
+  if (!*row) return not_found(round_name(round) + " vanished while loading");
+  const std::span<const uint8_t> stored_checksum = stored->column_blob(0);
+  Result<crypto::Hash> computed = round_checksum(*info, *infos);
+  if (!computed.is_ok()) return computed.status();
+  if (stored_checksum.size() != computed->size() ||
+      std::memcmp(stored_checksum.data(), computed->data(), computed->size()) != 0) {
+    return corrupt(round_name(round) + ": round checksum mismatch: its metrics, state or tensor records changed");
+  }
+  checkpoint.tensors.reserve(infos->size());
+  for (TensorInfo& tensor : *infos) {
+    StoredTensor stored_tensor;
+    stored_tensor.value = Tensor::empty(tensor.shape, tensor.dtype);
+    auto* destination = static_cast<uint8_t*>(stored_tensor.value.raw());
+    size_t offset = 0;
+    Status s = read_tensor(tensor, [&](std::span<const uint8_t> data) {
+      std::memcpy(destination + offset, data.data(), data.size());
+      offset += data.size();
+      return Status::ok();
+    });
+    if (!s.is_ok()) return corrupt(round_name(round) + ": " + s.message());
+    stored_tensor.info = std::move(tensor);
+    checkpoint.tensors.push_back(std::move(stored_tensor));
+  }
+  checkpoint.round = std::move(*info);
+  return checkpoint;
+}
+
+Result<LoadedCheckpoint> CheckpointStore::load_latest(std::vector<Status>* skipped) {
+  Result<std::vector<RoundInfo>> all = rounds();
+  if (!all.is_ok()) return all.status();
+  for (auto it = all->rbegin(); it != all->rend(); ++it) {
+    Result<LoadedCheckpoint> loaded = load_round(it->round);
+    if (loaded.is_ok()) return loaded;
+    if (loaded.status().code() != StatusCode::kCorrupt) return loaded.status();
+    if (skipped != nullptr) skipped->push_back(loaded.status());
+  }
+  if (all->empty()) return not_found(path() + ": no committed checkpoint yet");
+  return corrupt(path() + ": every one of the " + std::to_string(all->size()) + " checkpoints kept is corrupt");
+}
+
+Status CheckpointStore::set_meta(const std::string& key, const std::string& value) {
+  if (!valid_name(key) || value.size() > kMaxJsonBytes) return invalid_argument("meta key or value out of bounds");
+  Result<Statement> statement = database_.prepare(
+      "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value");
+  if (!statement.is_ok()) return statement.status();
+  statement->bind(1, std::string_view(key)).bind(2, std::string_view(value));
+  return statement->run();
+}
+
+Result<std::optional<std::string>> CheckpointStore::meta(const std::string& key) {
+  Result<Statement> statement = database_.prepare("SELECT value FROM meta WHERE key = ?1");
+  if (!statement.is_ok()) return statement.status();
+  statement->bind(1, std::string_view(key));
+  Result<bool> row = statement->step();
+  if (!row.is_ok()) return row.status();
+  if (!*row) return std::optional<std::string>();
+  return std::optional<std::string>(statement->column_text(0));
+}
+
+Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::span<const uint8_t> payload) {
+  if (update.update_id.empty() || update.update_id.size() > kMaxNameBytes || !valid_name(update.sender)) {
+    return invalid_argument("a pending update needs an id and a sender of 1.." + std::to_string(kMaxNameBytes) +
+                            " bytes");
+  }
+  if (static_cast<int64_t>(payload.size()) > kMaxUpdateBytes) {
+    return invalid_argument("update " + hex(update.update_id) + " is " + std::to_string(payload.size()) +
+                            " bytes, above the limit of " + std::to_string(kMaxUpdateBytes));
+  }
+  Result<Transaction> transaction = Transaction::begin(database_);
+  if (!transaction.is_ok()) return transaction.status();
+  Result<std::optional<int64_t>> applied = applied_round(update.update_id);
+  if (!applied.is_ok()) return applied.status();
+  if (applied->has_value()) {
+    return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
+                            " was already applied in round " + std::to_string(**applied));
+  }
+  const crypto::Hash checksum = crypto::hash_bytes(payload);
+  Result<Statement> existing = database_.prepare("SELECT checksum FROM pending_updates WHERE update_id = ?1");
+  if (!existing.is_ok()) return existing.status();
+  existing->bind_blob(1, update.update_id);
+  Result<bool> row = existing->step();
+  if (!row.is_ok()) return row.status();
+  if (*row) {
+    // A retransmission after a crash or a lost acknowledgement: same id, same bytes.
+    const std::span<const uint8_t> stored = existing->column_blob(0);
+    if (stored.size() == checksum.size() && std::memcmp(stored.data(), checksum.data(), checksum.size()) == 0) {
+      return Status::ok();
+    }
+    return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
+                            " is already pending with different bytes");
+  }
+  existing->reset();
+  Result<Statement> insert = database_.prepare(
+      "INSERT INTO pending_updates(update_id, sender, base_version, sample_count, received_at, byte_size, "
+      "chunk_count, checksum) VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?5, ?6, ?7)");
+  if (!insert.is_ok()) return insert.status();
+  insert->bind_blob(1, update.update_id)
+      .bind(2, std::string_view(update.sender))
+      .bind(3, update.base_version)
+      .bind(4, update.sample_count)
+      .bind(5, static_cast<int64_t>(payload.size()))
+      .bind(6, chunks_for(static_cast<int64_t>(payload.size())))
+      .bind_blob(7, checksum);
+  FEDMESH_RETURN_IF_ERROR(insert->run());
+  Result<Statement> insert_chunk =
+      database_.prepare("INSERT INTO pending_update_chunks(update_id, chunk, data) VALUES (?1, ?2, ?3)");
+  if (!insert_chunk.is_ok()) return insert_chunk.status();
+  const std::span<const uint8_t> id = update.update_id;
+  FEDMESH_RETURN_IF_ERROR(insert_chunks(*insert_chunk, [id](Statement& s) { s.bind_blob(1, id); }, payload));
+  return transaction->commit();
+}
+
+Result<std::vector<PendingUpdate>> CheckpointStore::pending_updates() {
+  Result<Statement> statement = database_.prepare(
+      "SELECT update_id, sender, base_version, sample_count, received_at, byte_size FROM pending_updates "
+      "ORDER BY rowid");
+  if (!statement.is_ok()) return statement.status();
+  std::vector<PendingUpdate> result;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    PendingUpdate update;
+    const std::span<const uint8_t> id = statement->column_blob(0);
+    update.update_id.assign(id.begin(), id.end());
+    update.sender = statement->column_text(1);
+    update.base_version = statement->column_int(2);
+    update.sample_count = statement->column_int(3);
+    update.received_at = statement->column_text(4);
+    update.byte_size = statement->column_int(5);
+    result.push_back(std::move(update));
+  }
+  return result;
+}
+
+Result<std::vector<uint8_t>> CheckpointStore::read_pending_update(std::span<const uint8_t> update_id) {
+  const std::string what = "pending update " + hex(update_id);
+  Result<Statement> header =
+      database_.prepare("SELECT byte_size, chunk_count, checksum FROM pending_updates WHERE update_id = ?1");
+  if (!header.is_ok()) return header.status();
+  header->bind_blob(1, update_id);
+  Result<bool> row = header->step();
+  if (!row.is_ok()) return row.status();
+  if (!*row) return not_found(what + " is not in the store");
+  const int64_t byte_size = header->column_int(0);
+  const int64_t chunk_count = header->column_int(1);
+  const std::span<const uint8_t> stored_checksum = header->column_blob(2);
+  if (byte_size < 0 || byte_size > kMaxUpdateBytes || chunk_count != chunks_for(byte_size) ||
+      stored_checksum.size() != crypto::kHashBytes) {
+    return corrupt(what + ": its record is out of bounds");
+  }
+  crypto::Hash expected;
+  std::memcpy(expected.data(), stored_checksum.data(), expected.size());
+  Result<Statement> chunks =
+      database_.prepare("SELECT chunk, data FROM pending_update_chunks WHERE update_id = ?1 ORDER BY chunk");
+  if (!chunks.is_ok()) return chunks.status();
+  chunks->bind_blob(1, update_id);
+  std::vector<uint8_t> payload;
+  payload.reserve(static_cast<size_t>(byte_size));
+  for (int64_t expected_chunk = 0;; ++expected_chunk) {
+    Result<bool> chunk_row = chunks->step();
+    if (!chunk_row.is_ok()) return chunk_row.status();
+    if (!*chunk_row) break;
+    const std::span<const uint8_t> data = chunks->column_blob(1);
+    if (chunks->column_int(0) != expected_chunk || static_cast<int64_t>(data.size()) > kTensorChunkBytes ||
+        static_cast<int64_t>(payload.size() + data.size()) > byte_size) {
+      return corrupt(what + ": chunk " + std::to_string(expected_chunk) + " is missing or oversized");
+    }
+    payload.insert(payload.end(), data.begin(), data.end());
+  }
+  if (static_cast<int64_t>(payload.size()) != byte_size || crypto::hash_bytes(payload) != expected) {
+    return corrupt(what + ": its bytes do not match the recorded size and checksum");
+  }
+  return payload;
+}
+
+Result<std::optional<int64_t>> CheckpointStore::applied_round(std::span<const uint8_t> update_id) {
+  Result<Statement> statement = database_.prepare("SELECT round FROM applied_updates WHERE update_id = ?1");
+  if (!statement.is_ok()) return statement.status();
+  statement->bind_blob(1, update_id);
+  Result<bool> row = statement->step();
+  if (!row.is_ok()) return row.status();
+  if (!*row) return std::optional<int64_t>();
+  return std::optional<int64_t>(statement->column_int(0));
+}
+
+Result<std::vector<PeerRecord>> CheckpointStore::peers() {
+  Result<Statement> statement =
+      database_.prepare("SELECT site, address, status, incarnation, updated_round FROM peers ORDER BY site");
+  if (!statement.is_ok()) return statement.status();
+  std::vector<PeerRecord> result;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    result.push_back({statement->column_text(0), statement->column_text(1), statement->column_text(2),
+                      statement->column_int(3), statement->column_int(4)});
+  }
+  return result;
+}
+
+Result<std::map<std::string, uint64_t>> CheckpointStore::replay_counters() {
+  Result<Statement> statement = database_.prepare("SELECT sender, sequence FROM replay_counters");
+  if (!statement.is_ok()) return statement.status();
+  std::map<std::string, uint64_t> result;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    result[statement->column_text(0)] = static_cast<uint64_t>(statement->column_int(1));
+  }
+  return result;
+}
+
+Status CheckpointStore::record_replay_counter(const std::string& sender, uint64_t sequence) {
+  if (!valid_name(sender)) return invalid_argument("a replay counter's sender must be 1..1024 bytes");
+  Result<Transaction> transaction = Transaction::begin(database_);
+  if (!transaction.is_ok()) return transaction.status();
+  Result<Statement> current = database_.prepare("SELECT sequence FROM replay_counters WHERE sender = ?1");
+  if (!current.is_ok()) return current.status();
+  current->bind(1, std::string_view(sender));
+  Result<bool> row = current->step();
+  if (!row.is_ok()) return row.status();
+  if (*row && static_cast<uint64_t>(current->column_int(0)) >= sequence) {
+    return invalid_argument("replay counter of " + sender + " is already " +
+                            std::to_string(static_cast<uint64_t>(current->column_int(0))) + ", not below " +
+                            std::to_string(sequence) + ": counters only rise");
+  }
+  current->reset();
+  Result<Statement> upsert = database_.prepare(
+      "INSERT INTO replay_counters(sender, sequence) VALUES (?1, ?2) "
+      "ON CONFLICT(sender) DO UPDATE SET sequence = excluded.sequence");
+  if (!upsert.is_ok()) return upsert.status();
+  upsert->bind(1, std::string_view(sender)).bind(2, static_cast<int64_t>(sequence));
+  FEDMESH_RETURN_IF_ERROR(upsert->run());
+  return transaction->commit();
+}
+
+Status CheckpointStore::integrity_check() {
+  Result<Statement> statement = database_.prepare("PRAGMA integrity_check");
+  if (!statement.is_ok()) return statement.status();
+  std::string findings;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    const std::string line = statement->column_text(0);
+    if (line == "ok") continue;
+    if (!findings.empty()) findings += "; ";
+    findings += line;
+  }
+  if (findings.empty()) return Status::ok();
+  return corrupt(path() + ": integrity check failed: " + findings.substr(0, 2000));
+}
+
+Status CheckpointStore::checkpoint_wal() { return database_.execute("PRAGMA wal_checkpoint(PASSIVE)"); }
+
+int64_t CheckpointStore::disk_bytes() const {
+  std::error_code error;
+  int64_t total = 0;
+  for (const std::string& file : {path(), path() + "-wal"}) {
+    const auto size = std::filesystem::file_size(file, error);
+    if (!error) total += static_cast<int64_t>(size);
+  }
+  return total;
+}
+
+}  // namespace fedmesh::store

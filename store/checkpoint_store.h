@@ -1,0 +1,190 @@
+// CheckpointStore: one SQLite database per process holding its committed
+// rounds (or training steps): model and optimizer tensors, error-feedback
+// residuals, the JSON state that decides the rest of a run (RNG states, data
+// position, counters), metrics, the membership view, replay counters,
+// updates received but not yet applied, and the ids of applied updates.
+//
+// Guarantees (the aggregator, gossip and training rely on them):
+// - commit_round() is one transaction in WAL mode with synchronous=FULL: when
+//   it returns ok, the round is on disk and survives kill -9 or power loss;
+//   when the process dies inside it, the round is absent as a whole. Announce
+//   a new model version only after commit_round() returned ok.
+// - Every tensor carries a BLAKE2b-256 checksum of its bytes and every round
+//   a checksum over its metrics, state and tensor records; both are verified
+//   on load. load_latest() reports a corrupt round by number and what failed,
+//   and falls back to the newest round that verifies.
+// - An update id recorded as applied in a committed round cannot be applied
+//   again: commit_round() refuses it, and is_applied() says so after restart.
+// - Tensor bytes live in rows of at most kTensorChunkBytes, written and read
+//   one chunk at a time: no single allocation beyond the tensor itself.
+// - Retention runs inside the commit: the newest keep_last rounds plus the
+//   best by a chosen metric survive; deleted rounds' pages are reused.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "crypto/update_signature.h"
+#include "kernels/tensor.h"
+#include "store/sqlite.h"
+
+namespace fedmesh::store {
+
+// Rows of tensor and update payload bytes.
+inline constexpr int64_t kTensorChunkBytes = int64_t{1} << 20;
+// Bounds on what a database may declare before it decides an allocation:
+// a database is a file from outside the process.
+inline constexpr int64_t kMaxTensorBytes = int64_t{64} << 30;
+inline constexpr int64_t kMaxUpdateBytes = int64_t{16} << 30;
+inline constexpr int kMaxTensorRank = 8;
+inline constexpr int64_t kMaxTensorsPerRound = 1'000'000;
+inline constexpr size_t kMaxJsonBytes = size_t{16} << 20;
+inline constexpr size_t kMaxNameBytes = 1024;
+
+struct StoreOptions {
+  int64_t keep_last = 3;     // newest committed rounds kept, >= 1
+  std::string best_metric;   // a key of the metrics JSON, e.g. "test_accuracy"; "" keeps no best
+  bool best_is_max = true;   // false: the lowest value is best (e.g. "val_loss")
+  Status validate() const;
+};
+
+struct TensorToCommit {
+  std::string role;  // "model", "optimizer", "residual", ...
+  std::string name;  // e.g. "fc1.weight"
+  const Tensor* tensor = nullptr;  // a CPU tensor
+};
+
+struct AppliedUpdate {
+  std::vector<uint8_t> update_id;  // unique per update, e.g. its header hash
+  std::string sender;
+  int64_t staleness = 0;  // server version at apply time - the version it was based on
+};
+
+struct PeerRecord {
+  std::string site;
+  std::string address;
+  std::string status;  // alive | suspect | dead | left
+  int64_t incarnation = 0;
+  int64_t updated_round = 0;
+};
+
+struct RoundToCommit {
+  int64_t round = 0;  // strictly above every committed round
+  int64_t model_version = 0;
+  std::string metrics_json = "{}";  // a JSON object
+  std::string state_json = "{}";    // a JSON object
+  std::vector<TensorToCommit> tensors;
+  std::vector<AppliedUpdate> applied_updates;     // removed from pending in the same transaction
+  std::optional<std::vector<PeerRecord>> peers;   // replaces the stored view when set
+  std::map<std::string, uint64_t> replay_counters;  // raised to these values, never lowered
+};
+
+struct RoundInfo {
+  int64_t round = 0;
+  int64_t model_version = 0;
+  std::string wall_time;
+  std::string metrics_json;
+  std::string state_json;
+  int64_t tensor_count = 0;
+  int64_t byte_size = 0;  // sum of its tensors' bytes
+};
+
+struct TensorInfo {
+  int64_t id = 0;
+  std::string role, name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::string encoding;
+  int64_t byte_size = 0;
+  int64_t chunk_count = 0;
+  crypto::Hash checksum{};
+};
+
+struct StoredTensor {
+  TensorInfo info;
+  Tensor value;
+};
+
+struct LoadedCheckpoint {
+  RoundInfo round;
+  std::vector<StoredTensor> tensors;
+  // The tensor with this role and name, or null.
+  const StoredTensor* find(std::string_view role, std::string_view name) const;
+};
+
+struct PendingUpdate {
+  std::vector<uint8_t> update_id;
+  std::string sender;
+  int64_t base_version = 0;
+  int64_t sample_count = 0;
+  std::string received_at;  // filled by the store
+  int64_t byte_size = 0;    // filled by the store
+};
+
+class CheckpointStore {
+ public:
+  // Opens or creates `path`, migrates it to kSchemaVersion, and sets WAL mode
+  // with synchronous=FULL.
+  static Result<CheckpointStore> open(const std::string& path, StoreOptions options = {});
+  // Opens an existing store (kNotFound when absent), migrating it forward.
+  static Result<CheckpointStore> open_existing(const std::string& path, StoreOptions options = {});
+
+  const std::string& path() const { return database_.path(); }
+
+  Status commit_round(const RoundToCommit& round);
+
+  Result<std::vector<RoundInfo>> rounds();  // ascending by round
+  Result<RoundInfo> round_info(int64_t round);
+  Result<std::vector<TensorInfo>> tensors(int64_t round);
+  // Streams a tensor's bytes in chunk order; the checksum is verified after the
+  // last chunk, so a consumer must discard what it received on error.
+  Status read_tensor(const TensorInfo& tensor, const std::function<Status(std::span<const uint8_t>)>& consume);
+  // Recomputes every checksum of the round; kCorrupt names the round and what failed.
+  Status verify_round(int64_t round);
+  // Reads and verifies one round.
+  Result<LoadedCheckpoint> load_round(int64_t round);
+  // The newest round that verifies. Each newer round that failed is appended
+  // to `skipped` (when given) with its reason. kNotFound when there is none.
+  Result<LoadedCheckpoint> load_latest(std::vector<Status>* skipped = nullptr);
+
+  // Run-wide facts (e.g. the configuration a run was started with).
+  Status set_meta(const std::string& key, const std::string& value);
+  Result<std::optional<std::string>> meta(const std::string& key);
+
+  // Durable when it returns ok, before any acknowledgement is sent.
+  Status add_pending_update(const PendingUpdate& update, std::span<const uint8_t> payload);
+  Result<std::vector<PendingUpdate>> pending_updates();  // by arrival
+  Result<std::vector<uint8_t>> read_pending_update(std::span<const uint8_t> update_id);
+  // The round an update was applied in, or nullopt.
+  Result<std::optional<int64_t>> applied_round(std::span<const uint8_t> update_id);
+
+  Result<std::vector<PeerRecord>> peers();
+  Result<std::map<std::string, uint64_t>> replay_counters();
+  // Raises one sender's counter (durably); lowering is refused.
+  Status record_replay_counter(const std::string& sender, uint64_t sequence);
+
+  // PRAGMA integrity_check: ok, or kCorrupt with SQLite's findings.
+  Status integrity_check();
+  // Copies the write-ahead log into the database file (a PASSIVE checkpoint).
+  Status checkpoint_wal();
+  // Bytes of the database file plus its write-ahead log.
+  int64_t disk_bytes() const;
+
+ private:
+  CheckpointStore(Database database, StoreOptions options) : database_(std::move(database)), options_(std::move(options)) {}
+  static Result<CheckpointStore> open_with(const std::string& path, StoreOptions options, Database::Mode mode);
+  Status apply_retention();
+  Result<TensorInfo> read_tensor_info(Statement& statement);
+  Result<crypto::Hash> round_checksum(const RoundInfo& round, const std::vector<TensorInfo>& tensors);
+
+  Database database_;
+  StoreOptions options_;
+};
+
+}  // namespace fedmesh::store

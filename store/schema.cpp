@@ -1,0 +1,122 @@
+#include "store/schema.h"
+
+#include <array>
+#include <string>
+
+namespace fedmesh::store {
+
+namespace {
+
+// Index i holds migration i + 1.
+constexpr std::array<const char*, kSchemaVersion> kMigrations = {
+    // 1: training checkpoints.
+    R"sql(
+CREATE TABLE meta(
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL);
+CREATE TABLE rounds(
+  round INTEGER PRIMARY KEY,          -- a federation round, or a training step
+  model_version INTEGER NOT NULL,
+  wall_time TEXT NOT NULL,            -- UTC, ISO 8601
+  metrics TEXT NOT NULL,              -- JSON object
+  state TEXT NOT NULL,                -- JSON: RNG states, data position, counters
+  tensor_count INTEGER NOT NULL,
+  checksum BLOB NOT NULL);            -- BLAKE2b over metrics, state and every tensor's record
+CREATE TABLE tensors(
+  id INTEGER PRIMARY KEY,
+  round INTEGER NOT NULL REFERENCES rounds(round) ON DELETE CASCADE,
+  role TEXT NOT NULL,                 -- model, optimizer, residual, ...
+  name TEXT NOT NULL,
+  dtype TEXT NOT NULL,
+  shape TEXT NOT NULL,                -- JSON array
+  encoding TEXT NOT NULL,             -- raw: little-endian elements, row-major
+  byte_size INTEGER NOT NULL,
+  chunk_count INTEGER NOT NULL,
+  checksum BLOB NOT NULL,             -- BLAKE2b-256 of the bytes
+  UNIQUE(round, role, name));
+CREATE TABLE tensor_chunks(
+  tensor_id INTEGER NOT NULL REFERENCES tensors(id) ON DELETE CASCADE,
+  chunk INTEGER NOT NULL,
+  data BLOB NOT NULL,
+  PRIMARY KEY(tensor_id, chunk));
+)sql",
+    // 2: federation membership.
+    R"sql(
+CREATE TABLE peers(
+  site TEXT PRIMARY KEY,
+  address TEXT NOT NULL,
+  status TEXT NOT NULL,               -- alive, suspect, dead, left
+  incarnation INTEGER NOT NULL,
+  updated_round INTEGER NOT NULL);
+CREATE TABLE replay_counters(
+  sender TEXT PRIMARY KEY,
+  sequence INTEGER NOT NULL);
+)sql",
+    // 3: update bookkeeping.
+    R"sql(
+CREATE TABLE pending_updates(
+  update_id BLOB PRIMARY KEY,
+  sender TEXT NOT NULL,
+  base_version INTEGER NOT NULL,
+  sample_count INTEGER NOT NULL,
+  received_at TEXT NOT NULL,
+  byte_size INTEGER NOT NULL,
+  chunk_count INTEGER NOT NULL,
+  checksum BLOB NOT NULL);
+CREATE TABLE pending_update_chunks(
+  update_id BLOB NOT NULL REFERENCES pending_updates(update_id) ON DELETE CASCADE,
+  chunk INTEGER NOT NULL,
+  data BLOB NOT NULL,
+  PRIMARY KEY(update_id, chunk));
+CREATE TABLE applied_updates(
+  update_id BLOB PRIMARY KEY,
+  round INTEGER NOT NULL,
+  sender TEXT NOT NULL,
+  staleness INTEGER NOT NULL);
+CREATE INDEX applied_updates_by_round ON applied_updates(round);
+)sql",
+};
+
+}  // namespace
+
+Result<int> schema_version(Database& database) {
+  Result<int64_t> has_table =
+      database.query_int("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'");
+  if (!has_table.is_ok()) return has_table.status();
+  if (*has_table == 0) return 0;
+  Result<int64_t> version = database.query_int("SELECT coalesce(max(version), 0) FROM schema_version");
+  if (!version.is_ok()) return version.status();
+  return static_cast<int>(*version);
+}
+
+Status migrate(Database& database, int target) {
+  if (target < 1 || target > kSchemaVersion) {
+    return invalid_argument("schema version " + std::to_string(target) + " does not exist (1.." +
+                            std::to_string(kSchemaVersion) + ")");
+  }
+  Result<int> current = schema_version(database);
+  if (!current.is_ok()) return current.status();
+  if (*current > kSchemaVersion) {
+    return invalid_argument(database.path() + ": schema version " + std::to_string(*current) +
+                            " was written by a newer fedmesh (this one knows up to " +
+                            std::to_string(kSchemaVersion) + "); upgrade fedmesh to open it");
+  }
+  if (*current > target) {
+    return invalid_argument(database.path() + ": already at schema version " + std::to_string(*current) +
+                            ", cannot go back to " + std::to_string(target));
+  }
+  for (int version = *current + 1; version <= target; ++version) {
+    Result<Transaction> transaction = Transaction::begin(database);
+    if (!transaction.is_ok()) return transaction.status();
+    FEDMESH_RETURN_IF_ERROR(database.execute(
+        "CREATE TABLE IF NOT EXISTS schema_version(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"));
+    FEDMESH_RETURN_IF_ERROR(database.execute(kMigrations[static_cast<size_t>(version - 1)]));
+    FEDMESH_RETURN_IF_ERROR(database.execute("INSERT INTO schema_version(version, applied_at) VALUES (" +
+                                             std::to_string(version) +
+                                             ", strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"));
+    FEDMESH_RETURN_IF_ERROR(transaction->commit());
+  }
+  return Status::ok();
+}
+
+}  // namespace fedmesh::store

@@ -3,6 +3,7 @@
 // replays a run exactly.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -14,6 +15,19 @@ namespace fedmesh {
 class Rng {
  public:
   explicit Rng(uint64_t seed = 0) { reseed(seed); }
+
+  // Everything that decides the rest of the stream, for checkpoints.
+  struct State {
+    std::array<uint64_t, 4> words{};
+    double spare_normal = 0.0;
+    bool has_spare_normal = false;
+  };
+  State state() const { return {{state_[0], state_[1], state_[2], state_[3]}, spare_normal_, has_spare_normal_}; }
+  void set_state(const State& state) {
+    for (size_t i = 0; i < 4; ++i) state_[i] = state.words[i];
+    spare_normal_ = state.spare_normal;
+    has_spare_normal_ = state.has_spare_normal;
+  }
 
   void reseed(uint64_t seed) {
     uint64_t x = seed;

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <iostream>
 #include <memory>
 #include <new>
@@ -12,6 +14,8 @@
 #include "node/data/fashion_mnist.h"
 #include "node/model.h"
 #include "node/trainer.h"
+#include "node/training_checkpoint.h"
+#include "store/checkpoint_store.h"
 
 namespace fedmesh::cli {
 
@@ -30,6 +34,12 @@ struct TrainFlags {
   int threads = 0;
   int64_t log_every = 50;
   bool json = false;
+  // Checkpoints: none without --db.
+  std::string db;
+  int64_t checkpoint_every = 100;
+  bool resume = false;
+  int64_t keep_last = 3;
+  std::string keep_best = "test_accuracy";
   node::TrainOptions options;
 };
 
@@ -37,12 +47,69 @@ std::string data_directory(const std::string& data) {
   return data == "fashion-mnist" ? std::string(data::kDefaultFashionMnistDir) : data;
 }
 
-int fail(const TrainFlags& flags, const Status& status) {
+// Exit codes: 2 for input the user must fix, 1 for a failure while training.
+int fail(const TrainFlags& flags, const Status& status, int exit_code = 2) {
   if (flags.json) {
     emit_json({{"event", "error"}, {"code", status_code_name(status.code())}, {"message", status.message()}});
   }
   std::fprintf(stderr, "fedmesh train: %s\n", status.message().c_str());
-  return 2;
+  return exit_code;
+}
+
+// Thrown from the step callback to leave Trainer::fit when a checkpoint
+// cannot be committed.
+struct CheckpointFailed {};
+
+// The flags that decide a run's trajectory: a resumed run must use the same
+// ones, or it would not continue the run it claims to continue.
+nlohmann::json trajectory_flags(const TrainFlags& flags) {
+  const node::TrainOptions& o = flags.options;
+  return {{"model", flags.model},
+          {"data", flags.data},
+          {"train_limit", flags.train_limit},
+          {"test_limit", flags.test_limit},
+          {"epochs", o.epochs},
+          {"steps", o.max_steps},
+          {"batch_size", o.batch_size},
+          {"grad_accumulation", o.grad_accumulation},
+          {"optimizer", o.optimizer},
+          {"lr", o.lr},
+          {"momentum", o.momentum},
+          {"nesterov", o.nesterov},
+          {"weight_decay", o.weight_decay},
+          {"schedule", flags.schedule},
+          {"clip_grad_norm", o.clip_grad_norm},
+          {"precision", flags.precision},
+          {"loss_scale", o.loss_scaling.initial_scale},
+          {"seed", o.seed}};
+}
+
+constexpr const char* kTrainConfigKey = "train_config";
+constexpr const char* kTrainThreadsKey = "train_threads";
+
+// Compares this command's trajectory flags with those the database's run was
+// started with; the message names every flag that differs.
+Status check_same_run(const nlohmann::json& stored, const nlohmann::json& now, const std::string& db) {
+  std::string differences;
+  for (const auto& [key, value] : now.items()) {
+    const auto it = stored.find(key);
+    if (it != stored.end() && *it == value) continue;
+    if (!differences.empty()) differences += ", ";
+    differences += "--" + key + " " + value.dump() + " (the run in the database used " +
+                   (it == stored.end() ? std::string("nothing") : it->dump()) + ")";
+  }
+  for (char& c : differences) {
+    if (c == '_' ) c = '-';
+  }
+  if (differences.empty()) return Status::ok();
+  return invalid_argument(db + " holds checkpoints of a different run: " + differences +
+                          ". Give the same flags to resume it, or a new --db to start another run");
+}
+
+int64_t total_steps_of(const node::TrainOptions& options, int64_t train_count) {
+  const int64_t step_samples = options.batch_size * options.grad_accumulation;
+  const int64_t steps_per_epoch = (train_count + step_samples - 1) / step_samples;
+  return options.max_steps > 0 ? options.max_steps : options.epochs * steps_per_epoch;
 }
 
 int run_train(TrainFlags& flags) {
@@ -61,6 +128,12 @@ int run_train(TrainFlags& flags) {
   if (Status s = flags.options.validate(); !s.is_ok()) return fail(flags, s);
   if (flags.train_limit < 0 || flags.test_limit < 0) return fail(flags, invalid_argument("limits must be >= 0"));
   if (flags.log_every < 1) return fail(flags, invalid_argument("--log-every must be at least 1"));
+  if (flags.checkpoint_every < 1) return fail(flags, invalid_argument("--checkpoint-every must be at least 1"));
+  if (flags.resume && flags.db.empty()) return fail(flags, invalid_argument("--resume needs --db PATH"));
+  store::StoreOptions store_options;
+  store_options.keep_last = flags.keep_last;
+  store_options.best_metric = flags.keep_best == "none" ? "" : flags.keep_best;
+  if (Status s = store_options.validate(); !s.is_ok()) return fail(flags, invalid_argument("--keep-last/--keep-best: " + s.message()));
   if (flags.threads < 0 || flags.threads > kMaxThreads)
     return fail(flags, invalid_argument("--threads must be in [0, " + std::to_string(kMaxThreads) + "] (0 = all cores)"));
   set_cpu_threads(flags.threads);
@@ -77,6 +150,102 @@ int run_train(TrainFlags& flags) {
   if (!model.is_ok()) return fail(flags, model.status());
   node::Sequential& net = **model;
   node::Trainer trainer(net, flags.options);
+  const int64_t total_steps = total_steps_of(flags.options, train->count);
+
+  // The checkpoint store: created on first use; when it already holds a
+  // committed step of this run, training continues from there.
+  std::optional<store::CheckpointStore> checkpoints;
+  int64_t resumed_step = 0;
+  nlohmann::json last_test = nlohmann::json::object();  // the latest evaluation, carried in later checkpoints' metrics
+  if (!flags.db.empty()) {
+    if (flags.resume && !std::filesystem::exists(flags.db)) {
+      return fail(flags, not_found(flags.db + ": no such checkpoint database to resume (drop --resume to start a run)"));
+    }
+    Result<store::CheckpointStore> opened = store::CheckpointStore::open(flags.db, store_options);
+    if (!opened.is_ok()) return fail(flags, opened.status());
+    checkpoints.emplace(std::move(*opened));
+    Result<std::vector<store::RoundInfo>> rounds = checkpoints->rounds();
+    if (!rounds.is_ok()) return fail(flags, rounds.status());
+    const nlohmann::json config = trajectory_flags(flags);
+    if (rounds->empty()) {
+      if (flags.resume) return fail(flags, not_found(flags.db + ": no committed checkpoint to resume from"));
+      // Nothing committed yet (or a run killed before its first commit): this run's flags are the run's.
+      if (Status s = checkpoints->set_meta(kTrainConfigKey, config.dump()); !s.is_ok()) return fail(flags, s);
+      if (Status s = checkpoints->set_meta(kTrainThreadsKey, std::to_string(cpu_threads())); !s.is_ok()) return fail(flags, s);
+    } else {
+      Result<std::optional<std::string>> stored = checkpoints->meta(kTrainConfigKey);
+      if (!stored.is_ok()) return fail(flags, stored.status());
+      const nlohmann::json stored_config =
+          stored->has_value() ? nlohmann::json::parse(**stored, nullptr, false) : nlohmann::json::object();
+      if (Status s = check_same_run(stored_config, config, flags.db); !s.is_ok()) return fail(flags, s);
+      Result<std::optional<std::string>> threads = checkpoints->meta(kTrainThreadsKey);
+      if (threads.is_ok() && threads->has_value() && **threads != std::to_string(cpu_threads())) {
+        std::fprintf(stderr,
+                     "fedmesh train: warning: the run started with %s threads, this one has %d: CPU kernels split "
+                     "work by thread count, so the resumed run's last bits may differ from an uninterrupted one "
+                     "(give --threads %s for bit-exact resumption)\n",
+                     (*threads)->c_str(), cpu_threads(), (*threads)->c_str());
+      }
+      std::vector<Status> skipped;
+      Result<store::LoadedCheckpoint> latest = checkpoints->load_latest(&skipped);
+      for (const Status& s : skipped) std::fprintf(stderr, "fedmesh train: skipping corrupt checkpoint: %s\n", s.message().c_str());
+      if (!latest.is_ok()) return fail(flags, latest.status());
+      if (Status s = node::restore_training_checkpoint(*latest, net, trainer); !s.is_ok()) return fail(flags, s);
+      resumed_step = latest->round.round;
+      const nlohmann::json metrics = nlohmann::json::parse(latest->round.metrics_json, nullptr, false);
+      if (metrics.is_object() && metrics.contains("test_accuracy")) {
+        last_test = {{"test_accuracy", metrics["test_accuracy"]}, {"test_loss", metrics.value("test_loss", 0.0)}};
+      }
+      const node::TrainerState state = trainer.state();
+      if (flags.json) {
+        emit_json({{"event", "resume"},
+                   {"db", flags.db},
+                   {"step", resumed_step},
+                   {"total_steps", total_steps},
+                   {"epoch", state.epoch},
+                   {"committed_at", latest->round.wall_time},
+                   {"corrupt_checkpoints_skipped", skipped.size()}});
+      }
+      std::fprintf(stderr, "fedmesh train: resuming from %s: step %lld of %lld (epoch %lld), committed %s\n",
+                   flags.db.c_str(), static_cast<long long>(resumed_step), static_cast<long long>(total_steps),
+                   static_cast<long long>(state.epoch), latest->round.wall_time.c_str());
+      if (resumed_step >= total_steps) {
+        std::fprintf(stderr, "fedmesh train: the run in %s is already complete; nothing to train\n", flags.db.c_str());
+        if (flags.json) {
+          emit_json({{"event", "summary"},
+                     {"command", "train"},
+                     {"model", flags.model},
+                     {"precision", flags.precision},
+                     {"test_accuracy", metrics.value("test_accuracy", 0.0)},
+                     {"test_loss", metrics.value("test_loss", 0.0)},
+                     {"train_loss", metrics.value("train_loss", 0.0)},
+                     {"steps", resumed_step},
+                     {"resumed_from_step", resumed_step},
+                     {"already_complete", true},
+                     {"rounds", 0},
+                     {"bytes_sent", 0},
+                     {"bytes_received", 0},
+                     {"wall_seconds", 0.0}});
+        } else {
+          std::printf("%s %s: test accuracy %.2f%% (run already complete at step %lld)\n", flags.model.c_str(),
+                      flags.precision.c_str(), 100.0 * metrics.value("test_accuracy", 0.0),
+                      static_cast<long long>(resumed_step));
+        }
+        return 0;
+      }
+    }
+  }
+  // Commits the trainer's current position; a failure stops the run (a
+  // checkpoint that cannot be written must not be silently skipped).
+  Status checkpoint_status = Status::ok();
+  const auto commit_checkpoint = [&](nlohmann::json metrics) {
+    if (!checkpoints || !checkpoint_status.is_ok()) return;
+    metrics.update(last_test);
+    checkpoint_status = node::commit_training_checkpoint(*checkpoints, net, trainer, metrics);
+    if (!checkpoint_status.is_ok()) return;
+    const int64_t step = trainer.state().step;
+    if (flags.json) emit_json({{"event", "checkpoint"}, {"step", step}, {"db", flags.db}});
+  };
 
   if (flags.json) {
     emit_json({{"event", "start"},
@@ -105,6 +274,10 @@ int run_train(TrainFlags& flags) {
   ProgressLine line;
   node::TrainCallbacks callbacks;
   callbacks.on_step = [&](const node::StepProgress& p) {
+    if (p.step % flags.checkpoint_every == 0 && p.step < p.total_steps) {
+      commit_checkpoint({{"train_loss", p.result.loss}, {"lr", p.lr}, {"epoch", p.epoch}});
+      if (!checkpoint_status.is_ok()) throw CheckpointFailed{};
+    }
     const bool report = p.step % flags.log_every == 0 || p.step == p.total_steps;
     if (flags.json) {
       if (!report) return;
@@ -129,6 +302,7 @@ int run_train(TrainFlags& flags) {
     line.update(text, report);
   };
   callbacks.on_epoch = [&](const node::EpochReport& r) {
+    last_test = {{"test_accuracy", r.test.accuracy}, {"test_loss", r.test.loss}};
     if (flags.json) {
       emit_json({{"event", "epoch"},
                  {"epoch", r.epoch},
@@ -145,8 +319,20 @@ int run_train(TrainFlags& flags) {
                  100.0 * r.test.accuracy, format_duration(r.seconds).c_str());
   };
 
-  const node::TrainSummary summary = trainer.fit(*train, &*test, callbacks);
+  node::TrainSummary summary;
+  try {
+    summary = trainer.fit(*train, &*test, callbacks);
+  } catch (const CheckpointFailed&) {
+    line.finish();
+    return fail(flags, Status(checkpoint_status.code(), "checkpoint failed, training stopped: " + checkpoint_status.message()), 1);
+  }
   line.finish();
+  if (checkpoints) {
+    commit_checkpoint({{"train_loss", summary.final_train_loss}, {"epoch", summary.epochs_completed}});
+    if (!checkpoint_status.is_ok()) {
+      return fail(flags, Status(checkpoint_status.code(), "final checkpoint failed: " + checkpoint_status.message()), 1);
+    }
+  }
   const double wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   if (flags.json) {
@@ -165,6 +351,7 @@ int run_train(TrainFlags& flags) {
                {"train_seconds", summary.train_seconds},
                {"loss_scale", summary.final_loss_scale},
                {"threads", cpu_threads()},
+               {"resumed_from_step", resumed_step},
                {"rounds", 0},
                {"bytes_sent", 0},
                {"bytes_received", 0},
@@ -225,6 +412,18 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--log-every", flags->log_every, "Steps between progress reports (JSON and logs)")
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed for initialization and shuffling (runs replay exactly)")
+      ->capture_default_str();
+  cmd->add_option("--db", flags->db,
+                  "SQLite checkpoint database: commits every --checkpoint-every steps and at the end; when it already "
+                  "holds a checkpoint of this run, training resumes from the newest intact one");
+  cmd->add_option("--checkpoint-every", flags->checkpoint_every, "Optimizer steps between checkpoints (with --db)")
+      ->capture_default_str();
+  cmd->add_flag("--resume", flags->resume,
+                "Require a checkpoint in --db to resume from (without it, an empty --db starts a new run)");
+  cmd->add_option("--keep-last", flags->keep_last, "Checkpoints kept besides the best one (with --db)")
+      ->capture_default_str();
+  cmd->add_option("--keep-best", flags->keep_best,
+                  "Also keep the checkpoint with the highest value of this metric (none: keep only the last ones)")
       ->capture_default_str();
   cmd->add_flag("--json", flags->json, "Print JSON lines; the last is {\"event\":\"summary\",...}");
   cmd->callback([flags, &exit_code] {

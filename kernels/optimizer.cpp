@@ -65,18 +65,24 @@ class Sgd final : public Optimizer {
   void step(std::vector<Parameter*>& parameters, float lr) override {
     ++steps_;
     for (Parameter* p : parameters) {
-      float* momentum = nullptr;
-      if (options_.momentum != 0.0f) {
-        auto [it, inserted] = momentum_.try_emplace(p->name);
-        if (inserted) it->second = Tensor::zeros(p->value.shape());
-        momentum = it->second.data<float>();
-      }
+      float* momentum = options_.momentum != 0.0f ? momentum_buffer(*p).data<float>() : nullptr;
       sgd_step(p->value.data<float>(), p->grad.data<float>(), momentum, p->value.numel(), lr, options_);
     }
   }
   std::string name() const override { return "sgd"; }
+  std::vector<OptimizerStateTensor> state_tensors(const std::vector<Parameter*>& parameters) override {
+    std::vector<OptimizerStateTensor> result;
+    if (options_.momentum == 0.0f) return result;
+    for (Parameter* p : parameters) result.push_back({p->name + ".momentum", &momentum_buffer(*p)});
+    return result;
+  }
 
  private:
+  Tensor& momentum_buffer(const Parameter& p) {
+    auto [it, inserted] = momentum_.try_emplace(p.name);
+    if (inserted) it->second = Tensor::zeros(p.value.shape());
+    return it->second;
+  }
   SgdOptions options_;
   std::unordered_map<std::string, Tensor> momentum_;
 };
@@ -87,15 +93,28 @@ class AdamW final : public Optimizer {
   void step(std::vector<Parameter*>& parameters, float lr) override {
     ++steps_;
     for (Parameter* p : parameters) {
-      auto [it, inserted] = moments_.try_emplace(p->name);
-      if (inserted) it->second = {Tensor::zeros(p->value.shape()), Tensor::zeros(p->value.shape())};
-      adamw_step(p->value.data<float>(), p->grad.data<float>(), it->second.first.data<float>(),
-                 it->second.second.data<float>(), p->value.numel(), steps_, lr, options_);
+      auto& [first, second] = moments(*p);
+      adamw_step(p->value.data<float>(), p->grad.data<float>(), first.data<float>(), second.data<float>(),
+                 p->value.numel(), steps_, lr, options_);
     }
   }
   std::string name() const override { return "adamw"; }
+  std::vector<OptimizerStateTensor> state_tensors(const std::vector<Parameter*>& parameters) override {
+    std::vector<OptimizerStateTensor> result;
+    for (Parameter* p : parameters) {
+      auto& [first, second] = moments(*p);
+      result.push_back({p->name + ".exp_avg", &first});
+      result.push_back({p->name + ".exp_avg_sq", &second});
+    }
+    return result;
+  }
 
  private:
+  std::pair<Tensor, Tensor>& moments(const Parameter& p) {
+    auto [it, inserted] = moments_.try_emplace(p.name);
+    if (inserted) it->second = {Tensor::zeros(p.value.shape()), Tensor::zeros(p.value.shape())};
+    return it->second;
+  }
   AdamWOptions options_;
   std::unordered_map<std::string, std::pair<Tensor, Tensor>> moments_;
 };

@@ -33,6 +33,13 @@ void sgd_step(float* weights, const float* grads, float* momentum_buffer, int64_
 void adamw_step(float* weights, const float* grads, float* first_moment, float* second_moment, int64_t n,
                 int64_t step, float lr, const AdamWOptions& options);
 
+// One piece of optimizer state, e.g. "fc1.weight.exp_avg" (AdamW's first
+// moment), "fc1.weight.exp_avg_sq", "fc1.weight.momentum" (SGD).
+struct OptimizerStateTensor {
+  std::string name;
+  Tensor* tensor = nullptr;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -40,6 +47,12 @@ class Optimizer {
   virtual void step(std::vector<Parameter*>& parameters, float lr) = 0;
   virtual std::string name() const = 0;
   int64_t steps_taken() const { return steps_; }
+  // Every state tensor for these parameters, in parameter order, created as
+  // zeros where missing (as the first step would), so that a fresh optimizer
+  // can be loaded from a checkpoint. SGD without momentum has none.
+  virtual std::vector<OptimizerStateTensor> state_tensors(const std::vector<Parameter*>& parameters) = 0;
+  // With state_tensors(), restores a checkpoint (AdamW's bias correction reads it).
+  void set_steps_taken(int64_t steps) { steps_ = steps; }
 
  protected:
   int64_t steps_ = 0;

@@ -30,6 +30,19 @@ class DynamicLossScaler {
   int64_t skipped_steps() const { return skipped_; }
   int64_t clean_steps_in_a_row() const { return clean_run_; }
 
+  // What a checkpoint keeps of the scaler (its options come from the run's flags).
+  struct State {
+    float scale = 1.0f;
+    int64_t clean_run = 0;
+    int64_t skipped = 0;
+  };
+  State state() const { return {scale_, clean_run_, skipped_}; }
+  void restore(const State& state) {
+    scale_ = state.scale;
+    clean_run_ = state.clean_run;
+    skipped_ = state.skipped;
+  }
+
  private:
   LossScalerOptions options_;
   float scale_;

@@ -135,6 +135,42 @@ EvalResult Trainer::evaluate(const data::ImageDataset& dataset) {
   return result;
 }
 
+TrainerState Trainer::state() const {
+  TrainerState state = position_;
+  state.optimizer_steps = optimizer_->steps_taken();
+  state.loss_scaler = loss_scaler_.state();
+  return state;
+}
+
+Status Trainer::restore(const TrainerState& state) {
+  if (state.step < 0) return invalid_argument("trainer state: step " + std::to_string(state.step) + " is negative");
+  if (state.epoch < 1) return invalid_argument("trainer state: epoch " + std::to_string(state.epoch) + " is below 1");
+  if (state.epoch_offset < 0) return invalid_argument("trainer state: epoch offset is negative");
+  if (state.optimizer_steps < 0 || state.optimizer_steps > state.step) {
+    return invalid_argument("trainer state: optimizer steps " + std::to_string(state.optimizer_steps) +
+                            " outside [0, step " + std::to_string(state.step) + "]");
+  }
+  if (state.epochs_completed != state.epoch - 1) {
+    return invalid_argument("trainer state: " + std::to_string(state.epochs_completed) +
+                            " epochs completed does not fit epoch " + std::to_string(state.epoch));
+  }
+  if (state.epoch_samples < 0 || state.epoch_correct < 0 || state.epoch_correct > state.epoch_samples ||
+      state.samples < 0 || state.skipped_steps < 0 || state.skipped_steps > state.step) {
+    return invalid_argument("trainer state: negative or inconsistent running totals");
+  }
+  if (!(state.loss_scaler.scale > 0.0f) || !std::isfinite(state.loss_scaler.scale) || state.loss_scaler.clean_run < 0 ||
+      state.loss_scaler.skipped < 0) {
+    return invalid_argument("trainer state: loss scale must be a positive number");
+  }
+  if (options_.precision != DType::kF16 && state.loss_scaler.scale != 1.0f) {
+    return invalid_argument("trainer state: a loss scale other than 1 outside fp16 training");
+  }
+  position_ = state;
+  optimizer_->set_steps_taken(state.optimizer_steps);
+  loss_scaler_.restore(state.loss_scaler);
+  return Status::ok();
+}
+
 TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageDataset* test,
                           const TrainCallbacks& callbacks) {
   TrainSummary summary;
@@ -147,56 +183,80 @@ TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageData
     total_steps = options_.max_steps;
     epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
   }
+  // A fresh trainer starts at epoch 1 with the generator as seeded; a
+  // restored one where its checkpoint left off.
+  if (position_.step == 0 && position_.epoch == 1 && position_.epoch_offset == 0) {
+    position_.epoch_rng = shuffle_rng_.state();
+  }
+  TrainerState& at = position_;
+  summary.samples = at.samples;
+  summary.skipped_steps = at.skipped_steps;
+  summary.train_seconds = at.train_seconds;
+  summary.final_train_loss = at.final_train_loss;
+  summary.epochs_completed = at.epochs_completed;
   std::vector<int64_t> order(static_cast<size_t>(train.count));
-  int64_t step = 0;
-  for (int64_t epoch = 1; epoch <= epochs && step < total_steps; ++epoch) {
+  while (at.epoch <= epochs && (at.step < total_steps || at.epoch_offset > 0)) {
     const auto epoch_start = Clock::now();
+    shuffle_rng_.set_state(at.epoch_rng);
     std::iota(order.begin(), order.end(), 0);
     shuffle_rng_.shuffle(std::span<int64_t>(order));
-    double epoch_loss = 0.0;
-    int64_t epoch_samples = 0, epoch_correct = 0;
-    for (int64_t begin = 0; begin < train.count && step < total_steps; begin += step_samples) {
+    for (; at.epoch_offset < train.count && at.step < total_steps; ) {
+      const int64_t begin = at.epoch_offset;
       const int64_t end = std::min(train.count, begin + step_samples);
-      const float lr = options_.schedule.lr_at(options_.lr, step, total_steps);
+      const float lr = options_.schedule.lr_at(options_.lr, at.step, total_steps);
       const auto step_start = Clock::now();
       const StepResult result =
           train_step(train, std::span<const int64_t>(order).subspan(static_cast<size_t>(begin),
                                                                     static_cast<size_t>(end - begin)),
                      lr);
-      summary.train_seconds += seconds_since(step_start);
-      ++step;
-      summary.samples += result.samples;
-      if (!result.applied) ++summary.skipped_steps;
-      epoch_loss += result.loss * static_cast<double>(result.samples);
-      epoch_samples += result.samples;
-      epoch_correct += result.correct;
-      summary.final_train_loss = result.loss;
+      at.train_seconds += seconds_since(step_start);
+      ++at.step;
+      at.epoch_offset = end;
+      at.samples += result.samples;
+      if (!result.applied) ++at.skipped_steps;
+      at.epoch_loss_sum += result.loss * static_cast<double>(result.samples);
+      at.epoch_samples += result.samples;
+      at.epoch_correct += result.correct;
+      at.final_train_loss = result.loss;
       if (callbacks.on_step) {
         StepProgress progress;
-        progress.epoch = epoch;
+        progress.epoch = at.epoch;
         progress.epochs = epochs;
-        progress.step = step;
+        progress.step = at.step;
         progress.total_steps = total_steps;
         progress.result = result;
         progress.lr = lr;
         progress.loss_scale = loss_scaler_.scale();
-        progress.samples_per_second = static_cast<double>(summary.samples) / summary.train_seconds;
-        progress.eta_seconds = summary.train_seconds / static_cast<double>(step) *
-                               static_cast<double>(total_steps - step);
+        progress.samples_per_second = static_cast<double>(at.samples) / at.train_seconds;
+        progress.eta_seconds = at.train_seconds / static_cast<double>(at.step) *
+                               static_cast<double>(total_steps - at.step);
         callbacks.on_step(progress);
       }
     }
     EpochReport report;
-    report.epoch = epoch;
-    report.train_loss = epoch_samples ? epoch_loss / static_cast<double>(epoch_samples) : 0.0;
-    report.train_accuracy = epoch_samples ? static_cast<double>(epoch_correct) / static_cast<double>(epoch_samples) : 0.0;
+    report.epoch = at.epoch;
+    report.train_loss = at.epoch_samples ? at.epoch_loss_sum / static_cast<double>(at.epoch_samples) : 0.0;
+    report.train_accuracy =
+        at.epoch_samples ? static_cast<double>(at.epoch_correct) / static_cast<double>(at.epoch_samples) : 0.0;
     if (test != nullptr) report.test = evaluate(*test);
     report.seconds = seconds_since(epoch_start);
-    summary.epochs_completed = epoch;
     summary.test = report.test;
+    // The next epoch begins (so a state taken in on_epoch resumes there): its
+    // generator state is the one after this epoch's shuffle.
+    at.epochs_completed = at.epoch;
+    ++at.epoch;
+    at.epoch_offset = 0;
+    at.epoch_loss_sum = 0.0;
+    at.epoch_samples = at.epoch_correct = 0;
+    at.epoch_rng = shuffle_rng_.state();
     if (callbacks.on_epoch) callbacks.on_epoch(report);
   }
-  summary.steps = step;
+  summary.steps = at.step;
+  summary.epochs_completed = at.epochs_completed;
+  summary.samples = at.samples;
+  summary.skipped_steps = at.skipped_steps;
+  summary.train_seconds = at.train_seconds;
+  summary.final_train_loss = at.final_train_loss;
   summary.samples_per_second =
       summary.train_seconds > 0.0 ? static_cast<double>(summary.samples) / summary.train_seconds : 0.0;
   summary.final_loss_scale = loss_scaler_.scale();

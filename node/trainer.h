@@ -82,6 +82,26 @@ struct TrainSummary {
   EvalResult test;
 };
 
+// Everything besides the model's weights and the optimizer's tensors that
+// decides the rest of a run: where it is, the shuffle generator, the loss
+// scaler, the optimizer's step count, and the running totals its reports are
+// made of. A checkpoint holds this, the weights and the optimizer tensors.
+struct TrainerState {
+  int64_t step = 0;          // optimizer steps done (skipped ones included)
+  int64_t epoch = 1;         // 1-based epoch in progress
+  int64_t epoch_offset = 0;  // samples of this epoch's shuffled order already consumed
+  Rng::State epoch_rng;      // the shuffle generator as it was before this epoch's shuffle
+  int64_t optimizer_steps = 0;
+  DynamicLossScaler::State loss_scaler;
+  // Running totals of the epoch in progress and of the run.
+  double epoch_loss_sum = 0.0;
+  int64_t epoch_samples = 0, epoch_correct = 0;
+  int64_t samples = 0, skipped_steps = 0;
+  double train_seconds = 0.0;
+  double final_train_loss = 0.0;
+  int64_t epochs_completed = 0;
+};
+
 struct TrainCallbacks {
   std::function<void(const StepProgress&)> on_step;
   std::function<void(const EpochReport&)> on_epoch;
@@ -98,12 +118,23 @@ class Trainer {
   EvalResult evaluate(const data::ImageDataset& dataset);
   const DynamicLossScaler& loss_scaler() const { return loss_scaler_; }
 
+  // The position after the last step: consistent inside on_step and after fit().
+  TrainerState state() const;
+  // Continues a run from a checkpoint. Order: build the model and this trainer
+  // with the run's options, copy the weights into the model's parameters and
+  // call model.refresh_compute(), copy the optimizer tensors into
+  // optimizer().state_tensors(model.parameters()), then restore(state) and
+  // fit(). kInvalidArgument names a field out of range.
+  Status restore(const TrainerState& state);
+  Optimizer& optimizer() { return *optimizer_; }
+
  private:
   Sequential& model_;
   TrainOptions options_;
   std::unique_ptr<Optimizer> optimizer_;
   DynamicLossScaler loss_scaler_;
   Rng shuffle_rng_;
+  TrainerState position_;  // step, epoch, offset, totals; the rest is read from the parts
   Tensor images_, dlogits_;
   std::vector<int32_t> labels_;
 };

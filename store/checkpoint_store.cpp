@@ -7,7 +7,10 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <condition_variable>
 #include <future>
+#include <mutex>
+#include <thread>
 #include <system_error>
 
 #include "store/schema.h"
@@ -106,7 +109,7 @@ Status check_json_object(Database& database, std::string_view what, const std::s
     return invalid_argument(std::string(what) + " JSON is " + std::to_string(json.size()) +
                             " bytes, above the limit of " + std::to_string(kMaxJsonBytes));
   }
-  Result<Statement> statement = database.prepare("SELECT json_valid(?1) AND json_type(?1) = 'object'");
+  Result<Statement> statement = database.prepare("SELECT CASE WHEN json_valid(?1) THEN json_type(?1) = 'object' ELSE 0 END");
   if (!statement.is_ok()) return statement.status();
   statement->bind(1, std::string_view(json));
   Result<bool> row = statement->step();
@@ -151,6 +154,60 @@ const StoredTensor* LoadedCheckpoint::find(std::string_view role, std::string_vi
   return nullptr;
 }
 
+// A thread with its own connection that runs a PASSIVE WAL checkpoint each
+// time it is poked: it copies committed frames into the database file while
+// the owner goes on (a PASSIVE checkpoint never blocks a writer, and a writer
+// never waits for it). Its failures are kept and reported by checkpoint_wal().
+class CheckpointStore::WalCopier {
+ public:
+  explicit WalCopier(Database database) : database_(std::move(database)), thread_([this] { run(); }) {}
+  ~WalCopier() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  void poke() {
+    {
+      std::lock_guard lock(mutex_);
+      ++requested_;
+    }
+    wake_.notify_all();
+  }
+  // Waits until every poke so far has been served; returns the first failure.
+  Status drain() {
+    std::unique_lock lock(mutex_);
+    idle_.wait(lock, [&] { return served_ == requested_; });
+    return std::exchange(failure_, Status::ok());
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || served_ != requested_; });
+      if (served_ == requested_ && stopping_) return;
+      const uint64_t target = requested_;
+      lock.unlock();
+      Status s = database_.execute("PRAGMA wal_checkpoint(PASSIVE)");
+      lock.lock();
+      if (!s.is_ok() && failure_.is_ok()) failure_ = s;
+      served_ = target;
+      idle_.notify_all();
+    }
+  }
+
+  Database database_;
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  uint64_t requested_ = 0, served_ = 0;
+  bool stopping_ = false;
+  Status failure_;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
 Result<CheckpointStore> CheckpointStore::open(const std::string& path, StoreOptions options) {
   return open_with(path, std::move(options), Database::Mode::kReadWriteCreate);
 }
@@ -183,8 +240,26 @@ Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, Stor
   FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA synchronous = FULL"));
   FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA foreign_keys = ON"));
   FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA journal_size_limit = " + std::to_string(kWalSizeLimitBytes)));
+  std::unique_ptr<WalCopier> copier;
+  if (options.background_wal_copy) {
+    // Commits only append to the log; the copier moves it into the database.
+    FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA wal_autocheckpoint = 0"));
+    Result<Database> second = Database::open(path, Database::Mode::kReadWrite);
+    if (!second.is_ok()) return second.status();
+    copier = std::make_unique<WalCopier>(std::move(*second));
+  }
   FEDMESH_RETURN_IF_ERROR(migrate(*database));
-  return CheckpointStore(std::move(*database), std::move(options));
+  return CheckpointStore(std::move(*database), std::move(options), std::move(copier));
+}
+
+CheckpointStore::CheckpointStore(Database database, StoreOptions options, std::unique_ptr<WalCopier> copier)
+    : database_(std::move(database)), options_(std::move(options)), wal_copier_(std::move(copier)) {}
+CheckpointStore::CheckpointStore(CheckpointStore&&) noexcept = default;
+CheckpointStore& CheckpointStore::operator=(CheckpointStore&&) noexcept = default;
+CheckpointStore::~CheckpointStore() {
+  // Stop the copier first; then one last copy leaves a short log behind.
+  wal_copier_.reset();
+  if (database_.handle() != nullptr) (void)database_.execute("PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
 Status CheckpointStore::commit_round(const RoundToCommit& round) {
@@ -372,7 +447,9 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
   }
 
   FEDMESH_RETURN_IF_ERROR(apply_retention());
-  return transaction->commit();
+  FEDMESH_RETURN_IF_ERROR(transaction->commit());
+  if (wal_copier_) wal_copier_->poke();
+  return Status::ok();
 }
 
 Status CheckpointStore::apply_retention() {
@@ -807,7 +884,10 @@ Status CheckpointStore::integrity_check() {
   return corrupt(path() + ": integrity check failed: " + findings.substr(0, 2000));
 }
 
-Status CheckpointStore::checkpoint_wal() { return database_.execute("PRAGMA wal_checkpoint(PASSIVE)"); }
+Status CheckpointStore::checkpoint_wal() {
+  if (wal_copier_) FEDMESH_RETURN_IF_ERROR(wal_copier_->drain());
+  return database_.execute("PRAGMA wal_checkpoint(TRUNCATE)");
+}
 
 int64_t CheckpointStore::disk_bytes() const {
   std::error_code error;

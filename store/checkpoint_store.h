@@ -19,11 +19,17 @@
 //   one chunk at a time: no single allocation beyond the tensor itself.
 // - Retention runs inside the commit: the newest keep_last rounds plus the
 //   best by a chosen metric survive; deleted rounds' pages are reused.
+// - Copying the write-ahead log into the database file (SQLite's WAL
+//   checkpoint) is taken off the commit path: a background thread with its
+//   own connection does it after each commit (with background_wal_copy), so
+//   a commit costs one write of its bytes plus an fsync. The copy needs no
+//   care on a crash: SQLite replays the committed log when the store reopens.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -51,6 +57,9 @@ struct StoreOptions {
   int64_t keep_last = 3;     // newest committed rounds kept, >= 1
   std::string best_metric;   // a key of the metrics JSON, e.g. "test_accuracy"; "" keeps no best
   bool best_is_max = true;   // false: the lowest value is best (e.g. "val_loss")
+  // Copy the log into the database on a background thread after each commit;
+  // false: SQLite copies it inside commits once the log passes 1000 pages.
+  bool background_wal_copy = true;
   Status validate() const;
 };
 
@@ -171,13 +180,15 @@ class CheckpointStore {
 
   // PRAGMA integrity_check: ok, or kCorrupt with SQLite's findings.
   Status integrity_check();
-  // Copies the write-ahead log into the database file (a PASSIVE checkpoint).
+  // Copies the write-ahead log into the database file now (waiting for a
+  // background copy in progress first) and truncates the log.
   Status checkpoint_wal();
   // Bytes of the database file plus its write-ahead log.
   int64_t disk_bytes() const;
 
  private:
-  CheckpointStore(Database database, StoreOptions options) : database_(std::move(database)), options_(std::move(options)) {}
+  class WalCopier;
+  CheckpointStore(Database database, StoreOptions options, std::unique_ptr<WalCopier> copier);
   static Result<CheckpointStore> open_with(const std::string& path, StoreOptions options, Database::Mode mode);
   Status apply_retention();
   Result<TensorInfo> read_tensor_info(Statement& statement);
@@ -185,6 +196,12 @@ class CheckpointStore {
 
   Database database_;
   StoreOptions options_;
+  std::unique_ptr<WalCopier> wal_copier_;  // null without background_wal_copy
+
+ public:
+  CheckpointStore(CheckpointStore&&) noexcept;
+  CheckpointStore& operator=(CheckpointStore&&) noexcept;
+  ~CheckpointStore();
 };
 
 }  // namespace fedmesh::store

@@ -61,8 +61,10 @@ std::string human_bytes(int64_t bytes) {
     std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
   } else if (bytes >= (1 << 20)) {
     std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  } else {
+  } else if (bytes >= 1024) {
     std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / 1024);
+  } else {
+    std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
   }
   return text;
 }

@@ -238,11 +238,13 @@ int run_train(TrainFlags& flags) {
   // Commits the trainer's current position; a failure stops the run (a
   // checkpoint that cannot be written must not be silently skipped).
   Status checkpoint_status = Status::ok();
+  int64_t checkpoints_committed = 0;
   const auto commit_checkpoint = [&](nlohmann::json metrics) {
     if (!checkpoints || !checkpoint_status.is_ok()) return;
     metrics.update(last_test);
     checkpoint_status = node::commit_training_checkpoint(*checkpoints, net, trainer, metrics);
     if (!checkpoint_status.is_ok()) return;
+    ++checkpoints_committed;
     const int64_t step = trainer.state().step;
     if (flags.json) emit_json({{"event", "checkpoint"}, {"step", step}, {"db", flags.db}});
   };
@@ -352,6 +354,7 @@ int run_train(TrainFlags& flags) {
                {"loss_scale", summary.final_loss_scale},
                {"threads", cpu_threads()},
                {"resumed_from_step", resumed_step},
+               {"checkpoints_committed", checkpoints_committed},
                {"rounds", 0},
                {"bytes_sent", 0},
                {"bytes_received", 0},
@@ -361,6 +364,11 @@ int run_train(TrainFlags& flags) {
                 flags.model.c_str(), flags.precision.c_str(), 100.0 * summary.test.accuracy, summary.test.loss,
                 static_cast<long long>(summary.steps), static_cast<long long>(summary.skipped_steps),
                 summary.samples_per_second, format_duration(wall_seconds).c_str());
+    if (checkpoints) {
+      std::printf("%lld checkpoints committed to %s (newest: step %lld)%s\n", static_cast<long long>(checkpoints_committed),
+                  flags.db.c_str(), static_cast<long long>(summary.steps),
+                  resumed_step > 0 ? (", resumed from step " + std::to_string(resumed_step)).c_str() : "");
+    }
   }
   return 0;
 }

@@ -21,7 +21,7 @@ PACKAGES=(
 SANITIZE_ARGS=('-Db_sanitize=address,undefined' -Db_lundef=false -Dbuildtype=debugoptimized)
 # The --fuzz build: clang, CPU only, and only the libFuzzer targets built.
 FUZZ_ARGS=(-Dcuda=disabled -Dbenchmarks=false -Dfuzz=enabled)
-FUZZ_TARGETS=(tests/fuzz/fuzz_idx tests/fuzz/fuzz_roster tests/fuzz/fuzz_codec tests/fuzz/fuzz_wire)
+FUZZ_TARGETS=(tests/fuzz/fuzz_idx tests/fuzz/fuzz_roster tests/fuzz/fuzz_codec tests/fuzz/fuzz_wire tests/fuzz/fuzz_checkpoint)
 
 CUDA_BIN=/usr/local/cuda/bin
 # Written into the build directory: the meson arguments it was configured with.

@@ -120,18 +120,39 @@ Status check_json_object(Database& database, std::string_view what, const std::s
   return Status::ok();
 }
 
-// Inserts `bytes` as rows of at most kTensorChunkBytes through `insert`
-// (parameters: 1 = owner key, bound by the caller; 2 = chunk index; 3 = data).
-Status insert_chunks(Statement& insert, const std::function<void(Statement&)>& bind_owner,
-                     std::span<const uint8_t> bytes) {
+// Inserts `bytes` as rows of at most kTensorChunkBytes of `table` through
+// `insert` (parameters: 1 = owner key, bound by the caller; 2 = chunk index;
+// 3 = data). Each row is inserted with a zeroblob and its bytes written
+// through incremental blob I/O, straight into the pages.
+Status insert_chunks(Database& database, const char* table, Statement& insert,
+                     const std::function<void(Statement&)>& bind_owner, std::span<const uint8_t> bytes) {
   int64_t chunk = 0;
   for (size_t offset = 0; offset < bytes.size(); offset += static_cast<size_t>(kTensorChunkBytes), ++chunk) {
     const size_t size = std::min(bytes.size() - offset, static_cast<size_t>(kTensorChunkBytes));
     bind_owner(insert);
-    insert.bind(2, chunk).bind_blob(3, bytes.subspan(offset, size));
+    insert.bind(2, chunk).bind_zeroblob(3, static_cast<int64_t>(size));
     FEDMESH_RETURN_IF_ERROR(insert.run());
+    FEDMESH_RETURN_IF_ERROR(database.write_blob(table, "data", database.last_insert_rowid(), bytes.subspan(offset, size)));
   }
   return Status::ok();
+}
+
+// Deletes the rounds retention does not keep (their tensors and chunks go
+// with them, by cascade); their pages join the free list and are reused.
+Status apply_retention(Database& database, const StoreOptions& options) {
+  std::string sql =
+      "DELETE FROM rounds WHERE round NOT IN (SELECT round FROM rounds ORDER BY round DESC LIMIT ?1)";
+  if (!options.best_metric.empty()) {
+    // The metric name was checked to be [A-Za-z0-9_]+, so it can be spliced into a JSON path.
+    const std::string path = "'$.\"" + options.best_metric + "\"'";
+    sql += " AND round IS NOT (SELECT round FROM rounds WHERE json_type(metrics, " + path +
+           ") IN ('integer', 'real') ORDER BY json_extract(metrics, " + path + ") " +
+           (options.best_is_max ? "DESC" : "ASC") + ", round DESC LIMIT 1)";
+  }
+  Result<Statement> statement = database.prepare(sql);
+  if (!statement.is_ok()) return statement.status();
+  statement->bind(1, options.keep_last);
+  return statement->run();
 }
 
 const char* kSelectTensorColumns =
@@ -154,14 +175,18 @@ const StoredTensor* LoadedCheckpoint::find(std::string_view role, std::string_vi
   return nullptr;
 }
 
-// A thread with its own connection that runs a PASSIVE WAL checkpoint each
-// time it is poked: it copies committed frames into the database file while
-// the owner goes on (a PASSIVE checkpoint never blocks a writer, and a writer
-// never waits for it). Its failures are kept and reported by checkpoint_wal().
-class CheckpointStore::WalCopier {
+// A thread with its own connection that, each time it is poked after a
+// commit, applies retention (its own transaction: deleting a large round
+// means walking its pages, which need not delay the commit) and then runs a
+// PASSIVE WAL checkpoint, copying committed frames into the database file (a
+// PASSIVE checkpoint never blocks a writer). A commit that arrives while the
+// retention transaction holds the write lock waits for it (busy timeout).
+// Failures are kept and reported by settle().
+class CheckpointStore::BackgroundMaintenance {
  public:
-  explicit WalCopier(Database database) : database_(std::move(database)), thread_([this] { run(); }) {}
-  ~WalCopier() {
+  BackgroundMaintenance(Database database, StoreOptions options)
+      : database_(std::move(database)), options_(std::move(options)), thread_([this] { run(); }) {}
+  ~BackgroundMaintenance() {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
@@ -191,7 +216,8 @@ class CheckpointStore::WalCopier {
       if (served_ == requested_ && stopping_) return;
       const uint64_t target = requested_;
       lock.unlock();
-      Status s = database_.execute("PRAGMA wal_checkpoint(PASSIVE)");
+      Status s = retain();
+      if (s.is_ok()) s = database_.execute("PRAGMA wal_checkpoint(PASSIVE)");
       lock.lock();
       if (!s.is_ok() && failure_.is_ok()) failure_ = s;
       served_ = target;
@@ -199,7 +225,15 @@ class CheckpointStore::WalCopier {
     }
   }
 
+  Status retain() {
+    Result<Transaction> transaction = Transaction::begin(database_);
+    if (!transaction.is_ok()) return transaction.status();
+    FEDMESH_RETURN_IF_ERROR(apply_retention(database_, options_));
+    return transaction->commit();
+  }
+
   Database database_;
+  StoreOptions options_;
   std::mutex mutex_;
   std::condition_variable wake_, idle_;
   uint64_t requested_ = 0, served_ = 0;
@@ -240,25 +274,29 @@ Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, Stor
   FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA synchronous = FULL"));
   FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA foreign_keys = ON"));
   FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA journal_size_limit = " + std::to_string(kWalSizeLimitBytes)));
-  std::unique_ptr<WalCopier> copier;
-  if (options.background_wal_copy) {
-    // Commits only append to the log; the copier moves it into the database.
+  std::unique_ptr<BackgroundMaintenance> maintenance;
+  if (options.background_maintenance) {
+    // Commits only append to the log; the maintenance thread moves it into the database.
     FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA wal_autocheckpoint = 0"));
     Result<Database> second = Database::open(path, Database::Mode::kReadWrite);
     if (!second.is_ok()) return second.status();
-    copier = std::make_unique<WalCopier>(std::move(*second));
+    FEDMESH_RETURN_IF_ERROR(second->execute("PRAGMA foreign_keys = ON"));
+    FEDMESH_RETURN_IF_ERROR(second->execute("PRAGMA synchronous = FULL"));
+    maintenance = std::make_unique<BackgroundMaintenance>(std::move(*second), options);
   }
   FEDMESH_RETURN_IF_ERROR(migrate(*database));
-  return CheckpointStore(std::move(*database), std::move(options), std::move(copier));
+  return CheckpointStore(std::move(*database), std::move(options), std::move(maintenance));
 }
 
-CheckpointStore::CheckpointStore(Database database, StoreOptions options, std::unique_ptr<WalCopier> copier)
-    : database_(std::move(database)), options_(std::move(options)), wal_copier_(std::move(copier)) {}
+CheckpointStore::CheckpointStore(Database database, StoreOptions options,
+                                 std::unique_ptr<BackgroundMaintenance> maintenance)
+    : database_(std::move(database)), options_(std::move(options)), maintenance_(std::move(maintenance)) {}
 CheckpointStore::CheckpointStore(CheckpointStore&&) noexcept = default;
 CheckpointStore& CheckpointStore::operator=(CheckpointStore&&) noexcept = default;
 CheckpointStore::~CheckpointStore() {
-  // Stop the copier first; then one last copy leaves a short log behind.
-  wal_copier_.reset();
+  // Stop the maintenance thread first (it finishes what it was asked to do);
+  // then one last copy leaves a short log behind.
+  maintenance_.reset();
   if (database_.handle() != nullptr) (void)database_.execute("PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
@@ -295,6 +333,14 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
     infos.push_back(std::move(info));
   }
 
+  // The previous commit's retention and log copy finish first: they are at
+  // most one commit behind, so the store never holds more than keep_last + 1
+  // rounds besides the best, however fast commits come.
+  if (maintenance_) {
+    if (Status s = maintenance_->drain(); !s.is_ok()) {
+      return Status(s.code(), "the store's background retention or log copy failed: " + s.message());
+    }
+  }
   Result<Transaction> transaction = Transaction::begin(database_);
   if (!transaction.is_ok()) return transaction.status();
   Result<int64_t> newest = database_.query_int("SELECT coalesce(max(round), -1) FROM rounds");
@@ -366,8 +412,8 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
     }
     info.id = database_.last_insert_rowid();
     const int64_t id = info.id;
-    FEDMESH_RETURN_IF_ERROR(insert_chunks(*insert_chunk, [id](Statement& s) { s.bind(1, id); },
-                                          tensor_bytes(*round.tensors[i].tensor)));
+    FEDMESH_RETURN_IF_ERROR(insert_chunks(database_, "tensor_chunks", *insert_chunk,
+                                          [id](Statement& s) { s.bind(1, id); }, tensor_bytes(*round.tensors[i].tensor)));
   }
 
   const std::vector<crypto::Hash> checksums = hashes.get();
@@ -446,26 +492,10 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
     FEDMESH_RETURN_IF_ERROR(raise_counter->run());
   }
 
-  FEDMESH_RETURN_IF_ERROR(apply_retention());
+  if (!maintenance_) FEDMESH_RETURN_IF_ERROR(apply_retention(database_, options_));
   FEDMESH_RETURN_IF_ERROR(transaction->commit());
-  if (wal_copier_) wal_copier_->poke();
+  if (maintenance_) maintenance_->poke();
   return Status::ok();
-}
-
-Status CheckpointStore::apply_retention() {
-  std::string sql =
-      "DELETE FROM rounds WHERE round NOT IN (SELECT round FROM rounds ORDER BY round DESC LIMIT ?1)";
-  if (!options_.best_metric.empty()) {
-    // The metric name was checked to be [A-Za-z0-9_]+, so it can be spliced into a JSON path.
-    const std::string path = "'$.\"" + options_.best_metric + "\"'";
-    sql += " AND round IS NOT (SELECT round FROM rounds WHERE json_type(metrics, " + path +
-           ") IN ('integer', 'real') ORDER BY json_extract(metrics, " + path + ") " +
-           (options_.best_is_max ? "DESC" : "ASC") + ", round DESC LIMIT 1)";
-  }
-  Result<Statement> statement = database_.prepare(sql);
-  if (!statement.is_ok()) return statement.status();
-  statement->bind(1, options_.keep_last);
-  return statement->run();
 }
 
 Result<crypto::Hash> CheckpointStore::round_checksum(const RoundInfo& round, const std::vector<TensorInfo>& tensors) {
@@ -737,7 +767,8 @@ Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::spa
       database_.prepare("INSERT INTO pending_update_chunks(update_id, chunk, data) VALUES (?1, ?2, ?3)");
   if (!insert_chunk.is_ok()) return insert_chunk.status();
   const std::span<const uint8_t> id = update.update_id;
-  FEDMESH_RETURN_IF_ERROR(insert_chunks(*insert_chunk, [id](Statement& s) { s.bind_blob(1, id); }, payload));
+  FEDMESH_RETURN_IF_ERROR(
+      insert_chunks(database_, "pending_update_chunks", *insert_chunk, [id](Statement& s) { s.bind_blob(1, id); }, payload));
   return transaction->commit();
 }
 
@@ -884,8 +915,8 @@ Status CheckpointStore::integrity_check() {
   return corrupt(path() + ": integrity check failed: " + findings.substr(0, 2000));
 }
 
-Status CheckpointStore::checkpoint_wal() {
-  if (wal_copier_) FEDMESH_RETURN_IF_ERROR(wal_copier_->drain());
+Status CheckpointStore::settle() {
+  if (maintenance_) FEDMESH_RETURN_IF_ERROR(maintenance_->drain());
   return database_.execute("PRAGMA wal_checkpoint(TRUNCATE)");
 }
 

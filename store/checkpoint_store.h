@@ -17,13 +17,17 @@
 //   again: commit_round() refuses it, and is_applied() says so after restart.
 // - Tensor bytes live in rows of at most kTensorChunkBytes, written and read
 //   one chunk at a time: no single allocation beyond the tensor itself.
-// - Retention runs inside the commit: the newest keep_last rounds plus the
-//   best by a chosen metric survive; deleted rounds' pages are reused.
-// - Copying the write-ahead log into the database file (SQLite's WAL
-//   checkpoint) is taken off the commit path: a background thread with its
-//   own connection does it after each commit (with background_wal_copy), so
-//   a commit costs one write of its bytes plus an fsync. The copy needs no
-//   care on a crash: SQLite replays the committed log when the store reopens.
+// - Retention: the newest keep_last rounds plus the best by a chosen metric
+//   survive; deleted rounds' pages are reused.
+// - Two chores are taken off the commit path (with background_maintenance,
+//   the default): a thread with its own connection applies retention after
+//   each commit, in its own transaction, and copies the write-ahead log into
+//   the database file (SQLite's WAL checkpoint). A commit then costs one
+//   write of its bytes plus an fsync. Neither needs care on a crash: a round
+//   that should have been deleted is deleted after the next commit, and
+//   SQLite replays the committed log when the store reopens. A commit waits
+//   for the previous commit's chores, so they run while the caller trains
+//   and never fall more than one commit behind. settle() waits for both.
 #pragma once
 
 #include <cstdint>
@@ -57,9 +61,10 @@ struct StoreOptions {
   int64_t keep_last = 3;     // newest committed rounds kept, >= 1
   std::string best_metric;   // a key of the metrics JSON, e.g. "test_accuracy"; "" keeps no best
   bool best_is_max = true;   // false: the lowest value is best (e.g. "val_loss")
-  // Copy the log into the database on a background thread after each commit;
-  // false: SQLite copies it inside commits once the log passes 1000 pages.
-  bool background_wal_copy = true;
+  // Retention and the log copy on a background thread after each commit;
+  // false: retention inside the commit's transaction, and SQLite copies the
+  // log inside commits once it passes 1000 pages.
+  bool background_maintenance = true;
   Status validate() const;
 };
 
@@ -180,23 +185,23 @@ class CheckpointStore {
 
   // PRAGMA integrity_check: ok, or kCorrupt with SQLite's findings.
   Status integrity_check();
-  // Copies the write-ahead log into the database file now (waiting for a
-  // background copy in progress first) and truncates the log.
-  Status checkpoint_wal();
+  // Waits for background retention and log copying to finish, then copies
+  // what is left of the write-ahead log into the database file and truncates
+  // the log. Reports a failure of the background work since the last call.
+  Status settle();
   // Bytes of the database file plus its write-ahead log.
   int64_t disk_bytes() const;
 
  private:
-  class WalCopier;
-  CheckpointStore(Database database, StoreOptions options, std::unique_ptr<WalCopier> copier);
+  class BackgroundMaintenance;
+  CheckpointStore(Database database, StoreOptions options, std::unique_ptr<BackgroundMaintenance> maintenance);
   static Result<CheckpointStore> open_with(const std::string& path, StoreOptions options, Database::Mode mode);
-  Status apply_retention();
   Result<TensorInfo> read_tensor_info(Statement& statement);
   Result<crypto::Hash> round_checksum(const RoundInfo& round, const std::vector<TensorInfo>& tensors);
 
   Database database_;
   StoreOptions options_;
-  std::unique_ptr<WalCopier> wal_copier_;  // null without background_wal_copy
+  std::unique_ptr<BackgroundMaintenance> maintenance_;  // null without background_maintenance
 
  public:
   CheckpointStore(CheckpointStore&&) noexcept;

@@ -104,6 +104,17 @@ Result<std::string> Database::query_text(std::string_view sql) {
   return statement->column_text(0);
 }
 
+Status Database::write_blob(const char* table, const char* column, int64_t rowid, std::span<const uint8_t> bytes) {
+  sqlite3_blob* blob = nullptr;
+  int code = sqlite3_blob_open(db_, "main", table, column, rowid, /*writable=*/1, &blob);
+  if (code != SQLITE_OK) return error(std::string("opening blob ") + table + "." + column, code);
+  code = sqlite3_blob_write(blob, bytes.data(), static_cast<int>(bytes.size()), 0);
+  const int closed = sqlite3_blob_close(blob);
+  if (code == SQLITE_OK) code = closed;
+  if (code != SQLITE_OK) return error(std::string("writing blob ") + table + "." + column, code);
+  return Status::ok();
+}
+
 int64_t Database::last_insert_rowid() const { return sqlite3_last_insert_rowid(db_); }
 int64_t Database::changes() const { return sqlite3_changes64(db_); }
 
@@ -147,6 +158,12 @@ Statement& Statement::bind_blob(int index, std::span<const uint8_t> bytes) {
   static const uint8_t kEmpty = 0;
   const int code = sqlite3_bind_blob64(statement_, index, bytes.empty() ? &kEmpty : bytes.data(), bytes.size(),
                                        SQLITE_STATIC);
+  if (code != SQLITE_OK && bind_error_ == 0) bind_error_ = code;
+  return *this;
+}
+
+Statement& Statement::bind_zeroblob(int index, int64_t bytes) {
+  const int code = sqlite3_bind_zeroblob64(statement_, index, static_cast<sqlite3_uint64>(bytes));
   if (code != SQLITE_OK && bind_error_ == 0) bind_error_ = code;
   return *this;
 }

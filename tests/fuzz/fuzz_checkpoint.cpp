@@ -81,7 +81,7 @@ const std::string& template_bytes() {
       }
     }
     store::StoreOptions options;
-    options.background_wal_copy = false;
+    options.background_maintenance = false;
     auto checkpoints = store::CheckpointStore::open(db.string(), options);
     if (!checkpoints.is_ok()) violated("cannot open the template: " + checkpoints.status().message());
     for (int64_t round = 1; round <= 2; ++round) {
@@ -97,7 +97,7 @@ const std::string& template_bytes() {
       if (!checkpoints->commit_round(commit).is_ok()) violated("cannot commit to the template");
     }
     if (!checkpoints->add_pending_update({{1, 2}, "site-a", 2, 5, "", 0}, std::vector<uint8_t>(600, 7)).is_ok() ||
-        !checkpoints->checkpoint_wal().is_ok()) {
+        !checkpoints->settle().is_ok()) {
       violated("cannot finish the template");
     }
     checkpoints = fedmesh::Status(fedmesh::StatusCode::kInternal, "closed");
@@ -133,7 +133,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   write_bytes(db, bytes);
 
   store::StoreOptions options;
-  options.background_wal_copy = false;
+  options.background_maintenance = false;
   auto checkpoints = store::CheckpointStore::open_existing(db.string(), options);
   if (!checkpoints.is_ok()) {
     check_refusal(checkpoints.status(), "open");

@@ -125,7 +125,7 @@ TEST(StoreCommits, AFlippedByteInAChunkIsFoundByNameAndTheOlderRoundIsUsed) {
     CheckpointStore store = open_store(db);
     ASSERT_TRUE(store.commit_round(round_with(1, {{"fc1.weight", &old_weights}})).is_ok());
     ASSERT_TRUE(store.commit_round(round_with(2, {{"fc1.weight", &new_weights}})).is_ok());
-    ASSERT_TRUE(store.checkpoint_wal().is_ok());
+    ASSERT_TRUE(store.settle().is_ok());
   }
   ASSERT_FALSE(std::filesystem::exists(dir / "store.db-wal") && std::filesystem::file_size(dir / "store.db-wal") > 0)
       << "closing the store leaves everything in the database file";
@@ -191,6 +191,7 @@ TEST(StoreCommits, RetentionKeepsTheLastRoundsAndTheBest) {
   for (int r = 1; r <= 10; ++r) {
     ASSERT_TRUE(store.commit_round(round_with(r, {{"w", &t}}, R"({"test_accuracy":)" + std::to_string(accuracy[r - 1]) + "}")).is_ok());
   }
+  ASSERT_TRUE(store.settle().is_ok());  // retention runs after the commits, on the store's own thread
   auto rounds = store.rounds();
   ASSERT_TRUE(rounds.is_ok());
   std::vector<int64_t> kept;
@@ -217,14 +218,19 @@ TEST(StoreCommits, RetentionOfTheLowestAndWithoutABestMetric) {
   for (int r = 1; r <= 5; ++r) {
     ASSERT_TRUE(store.commit_round(round_with(r, {{"w", &t}}, R"({"val_loss":)" + std::to_string(loss[r - 1]) + "}")).is_ok());
   }
+  ASSERT_TRUE(store.settle().is_ok());
   auto rounds = store.rounds();
   ASSERT_EQ(rounds->size(), 3u);
   EXPECT_EQ((*rounds)[0].round, 2);
 
   StoreOptions last_only;
   last_only.keep_last = 1;
+  last_only.background_maintenance = false;  // retention inside each commit
   CheckpointStore plain = open_store(dir / "plain.db", last_only);
-  for (int r = 1; r <= 4; ++r) ASSERT_TRUE(plain.commit_round(round_with(r, {{"w", &t}})).is_ok());
+  for (int r = 1; r <= 4; ++r) {
+    ASSERT_TRUE(plain.commit_round(round_with(r, {{"w", &t}})).is_ok());
+    ASSERT_EQ(plain.rounds()->size(), 1u);
+  }
   ASSERT_EQ(plain.rounds()->size(), 1u);
   EXPECT_EQ(plain.rounds()->front().round, 4);
 
@@ -243,10 +249,10 @@ TEST(StoreCommits, SpaceOfDeletedRoundsIsReused) {
   CheckpointStore store = open_store(db, options);
   const Tensor t = patterned({512 * 1024}, DType::kF32, 8);  // 2 MiB per round
   for (int r = 1; r <= 5; ++r) ASSERT_TRUE(store.commit_round(round_with(r, {{"w", &t}})).is_ok());
-  ASSERT_TRUE(store.checkpoint_wal().is_ok());
+  ASSERT_TRUE(store.settle().is_ok());
   const int64_t after_five = store.disk_bytes();
   for (int r = 6; r <= 55; ++r) ASSERT_TRUE(store.commit_round(round_with(r, {{"w", &t}})).is_ok());
-  ASSERT_TRUE(store.checkpoint_wal().is_ok());
+  ASSERT_TRUE(store.settle().is_ok());
   const int64_t after_fifty_five = store.disk_bytes();
   EXPECT_LE(after_fifty_five, after_five + static_cast<int64_t>(t.nbytes()))
       << "the store grew from " << after_five << " to " << after_fifty_five << " bytes keeping 2 rounds";

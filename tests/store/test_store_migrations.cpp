@@ -70,7 +70,9 @@ void write_database_at_version(const std::filesystem::path& path, int version, c
     round.tensors.push_back({"model", "fc.weight", &weights});
     ASSERT_TRUE(store->commit_round(round).is_ok());
     ASSERT_TRUE(store->set_meta("train_config", R"({"lr":0.001})").is_ok());
-    if (version >= 2) ASSERT_TRUE(store->record_replay_counter("site-a", 12).is_ok());
+    if (version >= 2) {
+      ASSERT_TRUE(store->record_replay_counter("site-a", 12).is_ok());
+    }
   }
   Database database = open_database(path);
   for (int v = version + 1; v <= kSchemaVersion; ++v) {
@@ -108,7 +110,9 @@ TEST(StoreMigrations, EveryEarlierVersionOpensWithItsDataAndTheNewestSchema) {
     EXPECT_EQ(loaded->round.round, 3);
     EXPECT_TRUE(same_bytes(loaded->find("model", "fc.weight")->value, weights));
     EXPECT_EQ(**store->meta("train_config"), R"({"lr":0.001})");
-    if (version >= 2) EXPECT_EQ((*store->replay_counters())["site-a"], 12u);
+    if (version >= 2) {
+      EXPECT_EQ((*store->replay_counters())["site-a"], 12u);
+    }
     // The tables the migration added work.
     ASSERT_TRUE(store->add_pending_update({{1, 2, 3}, "site-b", 3, 10, "", 0}, std::vector<uint8_t>{9, 9}).is_ok());
     ASSERT_TRUE(store->record_replay_counter("site-b", 1).is_ok());

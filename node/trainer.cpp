@@ -1,5 +1,6 @@
 #include "node/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -65,6 +66,7 @@ Trainer::Trainer(Sequential& model, TrainOptions options)
       loss_scaler_(make_loss_scaler(options_)),
       shuffle_rng_(options_.seed ^ 0x5eed5eed5eedull) {
   FEDMESH_CHECK(options_.validate().is_ok(), options_.validate().to_string());
+  position_.epoch_rng = shuffle_rng_.state();
   model_.set_compute_dtype(options_.precision);
 }
 
@@ -143,29 +145,54 @@ TrainerState Trainer::state() const {
 }
 
 Status Trainer::restore(const TrainerState& state) {
-  if (state.step < 0) return invalid_argument("trainer state: step " + std::to_string(state.step) + " is negative");
-  if (state.epoch < 1) return invalid_argument("trainer state: epoch " + std::to_string(state.epoch) + " is below 1");
-  if (state.epoch_offset < 0) return invalid_argument("trainer state: epoch offset is negative");
-  if (state.optimizer_steps < 0 || state.optimizer_steps > state.step) {
-    return invalid_argument("trainer state: optimizer steps " + std::to_string(state.optimizer_steps) +
-                            " outside [0, step " + std::to_string(state.step) + "]");
+  const auto bad = [](const std::string& why) { return invalid_argument("trainer state: " + why); };
+  using std::to_string;
+  if (state.step < 0) return bad("step " + to_string(state.step) + " is negative");
+  if (options_.max_steps > 0 && state.step > options_.max_steps) {
+    return bad("step " + to_string(state.step) + " is beyond the run's " + to_string(options_.max_steps) + " steps");
+  }
+  if (state.epoch < 1) return bad("epoch " + to_string(state.epoch) + " is below 1");
+  // After the last epoch's on_epoch the run is at epoch `epochs + 1`.
+  if (options_.max_steps == 0 && state.epoch > options_.epochs + 1) {
+    return bad("epoch " + to_string(state.epoch) + " is beyond the run's " + to_string(options_.epochs) + " epochs");
   }
   if (state.epochs_completed != state.epoch - 1) {
-    return invalid_argument("trainer state: " + std::to_string(state.epochs_completed) +
-                            " epochs completed does not fit epoch " + std::to_string(state.epoch));
+    return bad("epochs_completed " + to_string(state.epochs_completed) + " does not fit epoch " +
+               to_string(state.epoch));
   }
-  if (state.epoch_samples < 0 || state.epoch_correct < 0 || state.epoch_correct > state.epoch_samples ||
-      state.samples < 0 || state.skipped_steps < 0 || state.skipped_steps > state.step) {
-    return invalid_argument("trainer state: negative or inconsistent running totals");
+  if (state.epoch_offset < 0) return bad("epoch_offset " + to_string(state.epoch_offset) + " is negative");
+  // Every sample of the epoch's order consumed so far is counted once.
+  if (state.epoch_samples != state.epoch_offset) {
+    return bad("epoch_samples " + to_string(state.epoch_samples) + " differs from epoch_offset " +
+               to_string(state.epoch_offset));
   }
-  if (!(state.loss_scaler.scale > 0.0f) || !std::isfinite(state.loss_scaler.scale) || state.loss_scaler.clean_run < 0 ||
-      state.loss_scaler.skipped < 0) {
-    return invalid_argument("trainer state: loss scale must be a positive number");
+  if (state.epoch_correct < 0 || state.epoch_correct > state.epoch_samples) {
+    return bad("epoch_correct " + to_string(state.epoch_correct) + " outside [0, epoch_samples]");
   }
-  if (options_.precision != DType::kF16 && state.loss_scaler.scale != 1.0f) {
-    return invalid_argument("trainer state: a loss scale other than 1 outside fp16 training");
+  if (state.samples < state.epoch_samples) {
+    return bad("samples " + to_string(state.samples) + " fewer than the epoch's " + to_string(state.epoch_samples));
   }
+  if (state.skipped_steps < 0 || state.skipped_steps > state.step) {
+    return bad("skipped_steps " + to_string(state.skipped_steps) + " outside [0, step]");
+  }
+  // Not bounded by `step`: the optimizer's count goes on across fit() calls
+  // and train_step() calls outside fit().
+  if (state.optimizer_steps < 0) return bad("optimizer_steps " + to_string(state.optimizer_steps) + " is negative");
+  if (!(state.train_seconds >= 0.0) || !std::isfinite(state.train_seconds)) {
+    return bad("train_seconds must be a non-negative number");
+  }
+  if (std::all_of(state.epoch_rng.words.begin(), state.epoch_rng.words.end(), [](uint64_t w) { return w == 0; })) {
+    return bad("epoch_rng is all zeros, which xoshiro256** never reaches");
+  }
+  const DynamicLossScaler::State& scaler = state.loss_scaler;
+  if (!(scaler.scale > 0.0f) || !std::isfinite(scaler.scale)) return bad("loss scale must be a positive number");
+  if (options_.precision != DType::kF16 && scaler.scale != 1.0f) {
+    return bad("a loss scale other than 1 outside fp16 training");
+  }
+  if (scaler.clean_run < 0) return bad("loss scaler clean_run " + to_string(scaler.clean_run) + " is negative");
+  if (scaler.skipped < 0) return bad("loss scaler skipped " + to_string(scaler.skipped) + " is negative");
   position_ = state;
+  run_in_progress_ = true;
   optimizer_->set_steps_taken(state.optimizer_steps);
   loss_scaler_.restore(state.loss_scaler);
   return Status::ok();
@@ -183,17 +210,14 @@ TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageData
     total_steps = options_.max_steps;
     epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
   }
-  // A fresh trainer starts at epoch 1 with the generator as seeded; a
-  // restored one where its checkpoint left off.
-  if (position_.step == 0 && position_.epoch == 1 && position_.epoch_offset == 0) {
+  // A new run starts at epoch 1 with the generator where it is (as seeded, in
+  // a fresh trainer); a restored or interrupted one where it left off.
+  if (!run_in_progress_) {
+    position_ = TrainerState{};
     position_.epoch_rng = shuffle_rng_.state();
   }
+  run_in_progress_ = true;
   TrainerState& at = position_;
-  summary.samples = at.samples;
-  summary.skipped_steps = at.skipped_steps;
-  summary.train_seconds = at.train_seconds;
-  summary.final_train_loss = at.final_train_loss;
-  summary.epochs_completed = at.epochs_completed;
   std::vector<int64_t> order(static_cast<size_t>(train.count));
   while (at.epoch <= epochs && (at.step < total_steps || at.epoch_offset > 0)) {
     const auto epoch_start = Clock::now();
@@ -251,6 +275,7 @@ TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageData
     at.epoch_rng = shuffle_rng_.state();
     if (callbacks.on_epoch) callbacks.on_epoch(report);
   }
+  run_in_progress_ = false;
   summary.steps = at.step;
   summary.epochs_completed = at.epochs_completed;
   summary.samples = at.samples;

@@ -112,19 +112,26 @@ class Trainer {
   // Model must outlive the trainer. Call only with validated options.
   Trainer(Sequential& model, TrainOptions options);
 
+  // Runs to the end of the options' epochs or steps. Continues the run in
+  // progress after restore(), or after a callback threw out of fit(); starts a
+  // new run otherwise (also on a second call after one that finished: step 0,
+  // epoch 1, while the generator, the optimizer and the loss scaler go on).
   TrainSummary fit(const data::ImageDataset& train, const data::ImageDataset* test, const TrainCallbacks& callbacks);
   // One optimizer step over `indices`, split in micro-batches of batch_size.
   StepResult train_step(const data::ImageDataset& dataset, std::span<const int64_t> indices, float lr);
   EvalResult evaluate(const data::ImageDataset& dataset);
   const DynamicLossScaler& loss_scaler() const { return loss_scaler_; }
 
-  // The position after the last step: consistent inside on_step and after fit().
+  // The position after the last step: consistent inside on_step (the step just
+  // taken is counted), inside on_epoch (the next epoch is in progress) and
+  // after fit().
   TrainerState state() const;
   // Continues a run from a checkpoint. Order: build the model and this trainer
-  // with the run's options, copy the weights into the model's parameters and
-  // call model.refresh_compute(), copy the optimizer tensors into
-  // optimizer().state_tensors(model.parameters()), then restore(state) and
-  // fit(). kInvalidArgument names a field out of range.
+  // with the run's options (same seed, thread count and training set), copy
+  // the weights into the model's parameters and call model.refresh_compute(),
+  // copy the optimizer tensors into optimizer().state_tensors(model.parameters()),
+  // then restore(state) and fit(). kInvalidArgument names a field out of range
+  // or inconsistent with the others; the trainer is unchanged then.
   Status restore(const TrainerState& state);
   Optimizer& optimizer() { return *optimizer_; }
 
@@ -135,6 +142,7 @@ class Trainer {
   DynamicLossScaler loss_scaler_;
   Rng shuffle_rng_;
   TrainerState position_;  // step, epoch, offset, totals; the rest is read from the parts
+  bool run_in_progress_ = false;  // restored, or fit() left by an exception: the next fit() continues
   Tensor images_, dlogits_;
   std::vector<int32_t> labels_;
 };

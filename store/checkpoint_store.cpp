@@ -1,9 +1,13 @@
 #include "store/checkpoint_store.h"
 
+#include <fcntl.h>
 #include <sodium.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +17,7 @@
 #include <thread>
 #include <system_error>
 
+#include "base/file_io.h"
 #include "store/schema.h"
 
 namespace fedmesh::store {
@@ -242,8 +247,49 @@ class CheckpointStore::BackgroundMaintenance {
   std::thread thread_;  // last: starts after the members it uses exist
 };
 
+// An flock on PATH.owner for as long as the store is open. flock locks are
+// separate from the POSIX record locks SQLite takes on the database file, and
+// this descriptor is of another file, so closing it never drops SQLite's.
+class CheckpointStore::OwnerLock {
+ public:
+  static Result<std::unique_ptr<OwnerLock>> acquire(const std::string& database_path) {
+    const std::string path = database_path + ".owner";
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return io_error(path + ": cannot open the owner lock: " + errno_text(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int error = errno;
+      char pid[32] = {};
+      const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+      ::close(fd);
+      if (error == EWOULDBLOCK) {
+        return unavailable(database_path + " is in use by another process (pid " +
+                           std::string(pid, static_cast<size_t>(std::max<ssize_t>(n, 0))) +
+                           "): one process owns a checkpoint store at a time; stop it or give another --db");
+      }
+      return io_error(path + ": cannot lock: " + errno_text(error));
+    }
+    const std::string text = std::to_string(::getpid());
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+      ::close(fd);
+      return io_error(path + ": cannot record the owner's pid: " + errno_text(errno));
+    }
+    return std::unique_ptr<OwnerLock>(new OwnerLock(fd));
+  }
+  ~OwnerLock() { ::close(fd_); }
+  OwnerLock(const OwnerLock&) = delete;
+  OwnerLock& operator=(const OwnerLock&) = delete;
+
+ private:
+  explicit OwnerLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
 Result<CheckpointStore> CheckpointStore::open(const std::string& path, StoreOptions options) {
-  return open_with(path, std::move(options), Database::Mode::kReadWriteCreate);
+  Result<std::unique_ptr<OwnerLock>> owner = OwnerLock::acquire(path);
+  if (!owner.is_ok()) return owner.status();
+  Result<CheckpointStore> store = open_with(path, std::move(options), Database::Mode::kReadWriteCreate);
+  if (store.is_ok()) store->owner_ = std::move(*owner);
+  return store;
 }
 
 Result<CheckpointStore> CheckpointStore::open_existing(const std::string& path, StoreOptions options) {
@@ -285,12 +331,15 @@ Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, Stor
     maintenance = std::make_unique<BackgroundMaintenance>(std::move(*second), options);
   }
   FEDMESH_RETURN_IF_ERROR(migrate(*database));
-  return CheckpointStore(std::move(*database), std::move(options), std::move(maintenance));
+  return CheckpointStore(nullptr, std::move(*database), std::move(options), std::move(maintenance));
 }
 
-CheckpointStore::CheckpointStore(Database database, StoreOptions options,
+CheckpointStore::CheckpointStore(std::unique_ptr<OwnerLock> owner, Database database, StoreOptions options,
                                  std::unique_ptr<BackgroundMaintenance> maintenance)
-    : database_(std::move(database)), options_(std::move(options)), maintenance_(std::move(maintenance)) {}
+    : owner_(std::move(owner)),
+      database_(std::move(database)),
+      options_(std::move(options)),
+      maintenance_(std::move(maintenance)) {}
 CheckpointStore::CheckpointStore(CheckpointStore&&) noexcept = default;
 CheckpointStore& CheckpointStore::operator=(CheckpointStore&&) noexcept = default;
 CheckpointStore::~CheckpointStore() {

@@ -143,10 +143,14 @@ struct PendingUpdate {
 
 class CheckpointStore {
  public:
-  // Opens or creates `path`, migrates it to kSchemaVersion, and sets WAL mode
-  // with synchronous=FULL.
+  // Opens or creates `path` as its owner: the process that commits its
+  // rounds. Migrates it to kSchemaVersion and sets WAL mode with
+  // synchronous=FULL. Only one process owns a store at a time: an flock on
+  // PATH.owner (which holds the owner's pid) is held while the store is open,
+  // and a second owner is refused with kUnavailable naming that pid.
   static Result<CheckpointStore> open(const std::string& path, StoreOptions options = {});
-  // Opens an existing store (kNotFound when absent), migrating it forward.
+  // Opens an existing store (kNotFound when absent) to inspect it, as the
+  // operator commands do, also while its owner runs; migrates it forward.
   static Result<CheckpointStore> open_existing(const std::string& path, StoreOptions options = {});
 
   const std::string& path() const { return database_.path(); }
@@ -194,11 +198,14 @@ class CheckpointStore {
 
  private:
   class BackgroundMaintenance;
-  CheckpointStore(Database database, StoreOptions options, std::unique_ptr<BackgroundMaintenance> maintenance);
+  class OwnerLock;
+  CheckpointStore(std::unique_ptr<OwnerLock> owner, Database database, StoreOptions options,
+                  std::unique_ptr<BackgroundMaintenance> maintenance);
   static Result<CheckpointStore> open_with(const std::string& path, StoreOptions options, Database::Mode mode);
   Result<TensorInfo> read_tensor_info(Statement& statement);
   Result<crypto::Hash> round_checksum(const RoundInfo& round, const std::vector<TensorInfo>& tensors);
 
+  std::unique_ptr<OwnerLock> owner_;  // first: released after the database is closed
   Database database_;
   StoreOptions options_;
   std::unique_ptr<BackgroundMaintenance> maintenance_;  // null without background_maintenance

@@ -206,6 +206,24 @@ TEST_F(TrainCrash, ResumingWithDifferentFlagsIsRefusedByName) {
   EXPECT_NE(missing.find("exit 2"), std::string::npos) << missing;
 }
 
+TEST_F(TrainCrash, ASecondRunOnTheSameStoreIsRefusedWhileTheFirstRuns) {
+  const fs::path db = directory_ / "busy.db";
+  ChildProcess first({binary(), "train", "--model", "mlp", "--steps", "100000", "--train-limit", "640",
+                      "--test-limit", "100", "--threads", "1", "--json", "--db", db.string()});
+  RunOutput output;
+  read_events(first, output, 60s, /*until_started=*/true);
+  ASSERT_TRUE(output.started);
+  const std::string second = run_to_string("train --model mlp --steps 100000 --train-limit 640 --test-limit 100 "
+                                           "--threads 1 --db " + db.string());
+  EXPECT_NE(second.find("in use by another process"), std::string::npos) << second;
+  EXPECT_NE(second.find("exit 2"), std::string::npos) << second;
+  // Inspecting it is fine while it runs.
+  const std::string list = run_to_string("checkpoint list " + db.string());
+  EXPECT_NE(list.find("exit 0"), std::string::npos) << list;
+  first.signal(SIGKILL);
+  first.wait();
+}
+
 TEST_F(TrainCrash, OperatorCommandsListVerifyAndExport) {
   const fs::path db = directory_ / "reference.db";
   const std::string list = run_to_string("checkpoint list --json " + db.string());

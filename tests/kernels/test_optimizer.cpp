@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -257,6 +258,126 @@ TEST(OptimizerClasses, AdamWKeepsSeparateMomentsPerParameter) {
     EXPECT_EQ(values_of(b.value), b_ref) << "step " << step;
   }
   EXPECT_EQ(optimizer->steps_taken(), 4);
+}
+
+// ------------------------------------------------------ state tensors ----
+
+std::vector<std::string> names_of(const std::vector<OptimizerStateTensor>& tensors) {
+  std::vector<std::string> names;
+  for (const OptimizerStateTensor& t : tensors) names.push_back(t.name);
+  return names;
+}
+
+TEST(OptimizerState, NamesInParameterOrderAndZerosBeforeTheFirstStep) {
+  Parameter a("fc1.weight", {3, 2}), b("fc1.bias", {2});
+  std::vector<Parameter*> parameters = {&a, &b};
+
+  auto adamw = make_adamw(AdamWOptions{});
+  const std::vector<OptimizerStateTensor> moments = adamw->state_tensors(parameters);
+  EXPECT_EQ(names_of(moments), (std::vector<std::string>{"fc1.weight.exp_avg", "fc1.weight.exp_avg_sq",
+                                                          "fc1.bias.exp_avg", "fc1.bias.exp_avg_sq"}));
+  for (const OptimizerStateTensor& t : moments) {
+    ASSERT_NE(t.tensor, nullptr);
+    EXPECT_EQ(t.tensor->dtype(), DType::kF32);
+    EXPECT_EQ(t.tensor->numel(), t.name.starts_with("fc1.weight") ? 6 : 2);
+    EXPECT_EQ(values_of(*t.tensor), std::vector<float>(static_cast<size_t>(t.tensor->numel()), 0.0f));
+  }
+  // Asked again, the same tensors.
+  EXPECT_EQ(adamw->state_tensors(parameters)[2].tensor, moments[2].tensor);
+
+  auto sgd = make_sgd(SgdOptions{0.9f, false, 0.0f});
+  EXPECT_EQ(names_of(sgd->state_tensors(parameters)),
+            (std::vector<std::string>{"fc1.weight.momentum", "fc1.bias.momentum"}));
+  EXPECT_TRUE(make_sgd(SgdOptions{})->state_tensors(parameters).empty());
+}
+
+// Creating the state before the first step (to load a checkpoint into it)
+// leaves every step's arithmetic as it was.
+TEST(OptimizerState, CreatingTheStateEarlyChangesNoStep) {
+  for (const bool use_adamw : {true, false}) {
+    SCOPED_TRACE(use_adamw ? "adamw" : "sgd");
+    Rng rng(7);
+    Parameter early("w", {37}), late("w", {37});
+    fill_random(early.value, rng);
+    std::copy(early.value.data<float>(), early.value.data<float>() + 37, late.value.data<float>());
+    const auto make = [&] {
+      return use_adamw ? make_adamw(AdamWOptions{}) : make_sgd(SgdOptions{0.9f, true, 1e-2f});
+    };
+    auto early_optimizer = make(), late_optimizer = make();
+    std::vector<Parameter*> early_parameters = {&early}, late_parameters = {&late};
+    early_optimizer->state_tensors(early_parameters);
+    for (int step = 0; step < 3; ++step) {
+      fill_random(early.grad, rng);
+      std::copy(early.grad.data<float>(), early.grad.data<float>() + 37, late.grad.data<float>());
+      early_optimizer->step(early_parameters, 1e-2f);
+      late_optimizer->step(late_parameters, 1e-2f);
+      EXPECT_EQ(std::memcmp(early.value.raw(), late.value.raw(), early.value.nbytes()), 0) << "step " << step;
+    }
+  }
+}
+
+// A fresh optimizer loaded with another's state tensors and step count goes
+// on exactly as the other does; without the step count AdamW's bias
+// correction would differ.
+TEST(OptimizerState, LoadedIntoAFreshOptimizerContinuesBitForBit) {
+  for (const bool use_adamw : {true, false}) {
+    SCOPED_TRACE(use_adamw ? "adamw" : "sgd");
+    const auto make = [&] {
+      return use_adamw ? make_adamw(AdamWOptions{}) : make_sgd(SgdOptions{0.9f, true, 1e-2f});
+    };
+    Rng rng(8);
+    Parameter a("layer.weight", {5, 3}), b("layer.bias", {3});
+    fill_random(a.value, rng);
+    fill_random(b.value, rng);
+    std::vector<Parameter*> parameters = {&a, &b};
+    auto original = make();
+    for (int step = 0; step < 4; ++step) {
+      fill_random(a.grad, rng);
+      fill_random(b.grad, rng);
+      original->step(parameters, 1e-2f);
+    }
+
+    Parameter a2("layer.weight", {5, 3}), b2("layer.bias", {3});
+    std::copy(a.value.data<float>(), a.value.data<float>() + 15, a2.value.data<float>());
+    std::copy(b.value.data<float>(), b.value.data<float>() + 3, b2.value.data<float>());
+    std::vector<Parameter*> parameters2 = {&a2, &b2};
+    auto loaded = make();
+    const std::vector<OptimizerStateTensor> from = original->state_tensors(parameters);
+    const std::vector<OptimizerStateTensor> into = loaded->state_tensors(parameters2);
+    ASSERT_EQ(names_of(from), names_of(into));
+    for (size_t i = 0; i < from.size(); ++i) {
+      std::memcpy(into[i].tensor->raw(), from[i].tensor->raw(), from[i].tensor->nbytes());
+    }
+    loaded->set_steps_taken(original->steps_taken());
+
+    for (int step = 0; step < 3; ++step) {
+      fill_random(a.grad, rng);
+      fill_random(b.grad, rng);
+      std::copy(a.grad.data<float>(), a.grad.data<float>() + 15, a2.grad.data<float>());
+      std::copy(b.grad.data<float>(), b.grad.data<float>() + 3, b2.grad.data<float>());
+      original->step(parameters, 1e-2f);
+      loaded->step(parameters2, 1e-2f);
+    }
+    EXPECT_EQ(loaded->steps_taken(), 7);
+    EXPECT_EQ(values_of(a2.value), values_of(a.value));
+    EXPECT_EQ(values_of(b2.value), values_of(b.value));
+  }
+}
+
+TEST(OptimizerState, AdamWStepCountDecidesTheBiasCorrection) {
+  Rng rng(9);
+  Parameter a("w", {9}), b("w", {9});
+  fill_random(a.value, rng);
+  fill_random(a.grad, rng);
+  std::copy(a.value.data<float>(), a.value.data<float>() + 9, b.value.data<float>());
+  std::copy(a.grad.data<float>(), a.grad.data<float>() + 9, b.grad.data<float>());
+  auto first = make_adamw(AdamWOptions{}), later = make_adamw(AdamWOptions{});
+  later->set_steps_taken(100);
+  std::vector<Parameter*> pa = {&a}, pb = {&b};
+  first->step(pa, 1e-2f);
+  later->step(pb, 1e-2f);
+  EXPECT_EQ(later->steps_taken(), 101);
+  EXPECT_NE(values_of(a.value), values_of(b.value));
 }
 
 // ------------------------------------------------------------ schedules ----

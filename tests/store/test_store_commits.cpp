@@ -350,3 +350,35 @@ TEST(StoreCommits, PeersAreReplacedAndReplayCountersOnlyRise) {
 
 }  // namespace
 }  // namespace fedmesh::store
+
+namespace fedmesh::store {
+namespace {
+
+TEST(StoreOwner, OneProcessOwnsAStoreOthersMayInspectIt) {
+  const auto db = testing::fresh_directory() / "store.db";
+  const Tensor t = testing::patterned({8}, DType::kF32, 12);
+  {
+    auto owner = CheckpointStore::open(db.string());
+    ASSERT_TRUE(owner.is_ok()) << owner.status().to_string();
+    RoundToCommit round;
+    round.round = 1;
+    round.tensors.push_back({"model", "w", &t});
+    ASSERT_TRUE(owner->commit_round(round).is_ok());
+
+    auto second = CheckpointStore::open(db.string());
+    ASSERT_FALSE(second.is_ok());
+    EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(second.status().message().find("pid " + std::to_string(::getpid())), std::string::npos)
+        << second.status().message();
+    auto inspector = CheckpointStore::open_existing(db.string());
+    ASSERT_TRUE(inspector.is_ok()) << inspector.status().to_string();
+    EXPECT_EQ(inspector->rounds()->size(), 1u);
+    EXPECT_TRUE(inspector->verify_round(1).is_ok());
+  }
+  auto next_owner = CheckpointStore::open(db.string());
+  ASSERT_TRUE(next_owner.is_ok()) << "the lock goes with the store that held it: " << next_owner.status().to_string();
+  EXPECT_TRUE(next_owner->verify_round(1).is_ok());
+}
+
+}  // namespace
+}  // namespace fedmesh::store

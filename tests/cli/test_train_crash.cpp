@@ -34,8 +34,8 @@ std::string binary() {
   return path ? path : "fedmesh";
 }
 
-// A small run: the mlp, 640 images, 6 epochs of 20 steps; every step a checkpoint.
-constexpr int64_t kSteps = 120;
+// A small run: the mlp, 640 images, 8 epochs of 20 steps; every step a checkpoint.
+constexpr int64_t kSteps = 160;
 std::vector<std::string> train_command(const fs::path& db, int64_t checkpoint_every) {
   return {binary(), "train", "--model", "mlp", "--steps", std::to_string(kSteps), "--train-limit", "640", "--test-limit", "200",
           "--batch-size", "32", "--threads", "2", "--seed", "5", "--log-every", "1000", "--json",
@@ -123,7 +123,7 @@ TEST_F(TrainCrash, KilledAtRandomMomentsResumesToTheSameWeightsBitForBit) {
   // transaction every step is where the run spends most of its time), and
   // now and then before it printed anything or while it loads.
   std::uniform_int_distribution<int> delay_ms(0, 400);
-  constexpr int kKills = 16;
+  constexpr int kKills = 24;
   std::vector<int64_t> all_steps;  // every step reported committed, over every run
   int64_t newest_committed = -1;
   int kills_that_hit = 0;
@@ -189,14 +189,14 @@ TEST_F(TrainCrash, KilledAtRandomMomentsResumesToTheSameWeightsBitForBit) {
   EXPECT_GT(reference_metrics["test_accuracy"].get<double>(), 0.5);
 
   // Running the finished run again changes nothing and says so.
-  const std::string again = run_to_string("train --model mlp --steps 120 --train-limit 640 --test-limit 200 "
+  const std::string again = run_to_string("train --model mlp --steps 160 --train-limit 640 --test-limit 200 "
                                           "--batch-size 32 --threads 2 --seed 5 --db " + db.string());
   EXPECT_NE(again.find("already complete"), std::string::npos) << again;
   EXPECT_NE(again.find("exit 0"), std::string::npos) << again;
 }
 
 TEST_F(TrainCrash, ResumingWithDifferentFlagsIsRefusedByName) {
-  const std::string output = run_to_string("train --model mlp --steps 120 --train-limit 640 --test-limit 200 "
+  const std::string output = run_to_string("train --model mlp --steps 160 --train-limit 640 --test-limit 200 "
                                            "--batch-size 32 --threads 2 --seed 5 --lr 0.01 --db " +
                                            (directory_ / "reference.db").string());
   EXPECT_NE(output.find("--lr"), std::string::npos) << output;
@@ -227,7 +227,7 @@ TEST_F(TrainCrash, ASecondRunOnTheSameStoreIsRefusedWhileTheFirstRuns) {
 TEST_F(TrainCrash, OperatorCommandsListVerifyAndExport) {
   const fs::path db = directory_ / "reference.db";
   const std::string list = run_to_string("checkpoint list --json " + db.string());
-  EXPECT_NE(list.find("\"round\":120"), std::string::npos) << list;
+  EXPECT_NE(list.find("\"round\":160"), std::string::npos) << list;
   EXPECT_NE(list.find("exit 0"), std::string::npos) << list;
   const std::string verify = run_to_string("checkpoint verify " + db.string());
   EXPECT_NE(verify.find("integrity check: ok"), std::string::npos) << verify;

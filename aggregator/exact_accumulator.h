@@ -1,0 +1,56 @@
+// Exact, order-independent weighted sums of updates. Each term w * x is
+// rounded once, on its own, to a 64-bit fixed-point integer (units of
+// 2^-kFractionBits); integer addition is exact and associative, so the same
+// set of updates gives a bit-identical sum, and mean, whatever order they
+// arrive in, and a committed aggregate can be recomputed from its recorded
+// inputs and compared by hash. (A float or double sum depends on the order.)
+//
+// Resolution: 2^-40 (about 9.1e-13) absolute per term. Range: every term must
+// satisfy |w * x| < 2^22 (about 4.2e6), and the sum of the largest terms of
+// all updates added must stay below 2^23: an update that could break either
+// bound is refused before it touches the sum (kInvalidArgument), so no sum
+// ever overflows. Weights are in [0, 1] (the caller scales sample counts and
+// staleness into that range); the total weight is summed the same way.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+
+namespace fedmesh::aggregator {
+
+inline constexpr int kFractionBits = 40;
+inline constexpr double kMaxTermMagnitude = 4194304.0;         // 2^22
+inline constexpr double kMaxSumOfLargestTerms = 8388607.0;     // 2^23 - 1: room for every term's rounding
+
+class ExactAccumulator {
+ public:
+  explicit ExactAccumulator(int64_t elements);
+
+  int64_t elements() const { return static_cast<int64_t>(sum_.size()); }
+  int64_t updates() const { return updates_; }
+  // The summed weights, exactly as summed.
+  double total_weight() const;
+
+  // sum += weight * values. Refuses (and changes nothing) when a value is not
+  // finite, the weight is outside [0, 1], the length differs, or the bounds
+  // above could be broken; the message says which.
+  Status add(std::span<const float> values, double weight);
+  // out = sum / total weight (zeros when nothing was added).
+  void mean(std::span<float> out) const;
+  // out = sum.
+  void sum(std::span<float> out) const;
+  // The raw fixed-point sums, for hashing and for tests of exactness.
+  std::span<const int64_t> raw() const { return sum_; }
+  void clear();
+
+ private:
+  std::vector<int64_t> sum_;
+  int64_t weight_sum_ = 0;
+  double bound_used_ = 0.0;  // sum over added updates of max |w * x|
+  int64_t updates_ = 0;
+};
+
+}  // namespace fedmesh::aggregator

@@ -5,6 +5,7 @@
 #include "cli/doctor_command.h"
 #include "cli/keygen_command.h"
 #include "cli/roster_command.h"
+#include "cli/sim_command.h"
 #include "cli/train_command.h"
 
 int main(int argc, char** argv) {
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   fedmesh::cli::add_keygen_command(app, exit_code);
   fedmesh::cli::add_roster_command(app, exit_code);
   fedmesh::cli::add_checkpoint_command(app, exit_code);
+  fedmesh::cli::add_sim_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,0 +1,242 @@
+#include "aggregator/round_manager.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "aggregator/robust_aggregation.h"
+
+namespace fedmesh::aggregator {
+
+Status RoundOptions::validate() const {
+  if (sites_per_round < 0 || sites_per_round > kMaxSitesPerRound) {
+    return invalid_argument("sites per round must be in [0, " + std::to_string(kMaxSitesPerRound) + "]");
+  }
+  if (min_updates < 1) return invalid_argument("min updates must be at least 1");
+  if (!(round_deadline_seconds > 0.0)) return invalid_argument("the round deadline must be positive");
+  if (buffer_size < 1 || buffer_size > kMaxSitesPerRound) return invalid_argument("--async K: K must be at least 1");
+  if (!(fedasync_mixing >= 0.0 && fedasync_mixing <= 1.0)) return invalid_argument("FedAsync mixing must be in [0, 1]");
+  if (rule != "mean" && rule != "median" && rule != "trimmed_mean" && rule != "krum") {
+    return invalid_argument("unknown aggregation rule '" + rule + "' (expected mean, median, trimmed_mean or krum)");
+  }
+  if (!(trim_beta >= 0.0 && trim_beta < 0.5)) return invalid_argument("trimmed mean beta must be in [0, 0.5)");
+  if (krum_byzantine < 0 || krum_keep < 0) return invalid_argument("krum f and m must not be negative");
+  if (!(norm_bound >= 0.0) || !std::isfinite(norm_bound)) return invalid_argument("the norm bound must be >= 0");
+  if (max_sample_count < 1) return invalid_argument("the sample count cap must be at least 1");
+  if (rule != "mean" && (asynchronous || fold_late_updates) && fedasync_mixing > 0.0) {
+    return invalid_argument("FedAsync applies one update at a time: it has no aggregation rule but the mean");
+  }
+  return server.validate();
+}
+
+RoundManager::RoundManager(RoundOptions options, std::vector<std::string> names, std::vector<Tensor> model)
+    : options_(std::move(options)), names_(std::move(names)), model_(std::move(model)), rng_(options_.seed) {
+  for (const Tensor& t : model_) parameter_count_ += t.numel();
+}
+
+Result<RoundManager> RoundManager::create(RoundOptions options, std::vector<std::string> names,
+                                          std::vector<Tensor> model) {
+  FEDMESH_RETURN_IF_ERROR(options.validate());
+  if (names.size() != model.size() || model.empty()) return invalid_argument("the model needs one name per tensor");
+  for (const Tensor& t : model) {
+    if (!t.defined() || t.dtype() != DType::kF32 || t.device() != Device::kCpu) {
+      return invalid_argument("the global model must be fp32 CPU tensors");
+    }
+  }
+  Result<std::unique_ptr<ServerOptimizer>> server = make_server_optimizer(options.server);
+  if (!server.is_ok()) return server.status();
+  RoundManager manager(std::move(options), std::move(names), std::move(model));
+  manager.server_ = std::move(*server);
+  return manager;
+}
+
+Status RoundManager::start_round(const std::vector<std::string>& available, double now) {
+  if (options_.asynchronous) return invalid_argument("asynchronous mode has no rounds to start");
+  if (round_open_) return invalid_argument("round " + std::to_string(round_) + " is still open");
+  if (available.empty()) return unavailable("no site is available for a round");
+  std::vector<std::string> pool = available;
+  std::sort(pool.begin(), pool.end());  // the sample depends on the seed, not on the order sites connected
+  pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
+  rng_.shuffle(std::span<std::string>(pool));
+  const size_t m = options_.sites_per_round == 0 ? pool.size()
+                                                 : std::min(pool.size(), static_cast<size_t>(options_.sites_per_round));
+  pool.resize(m);
+  std::sort(pool.begin(), pool.end());
+  sampled_ = std::move(pool);
+  ++round_;
+  round_open_ = true;
+  deadline_ = now + options_.round_deadline_seconds;
+  return Status::ok();
+}
+
+Status RoundManager::check(SiteUpdate& update, double& norm) const {
+  const std::string who = "update " + update.id + " from " + update.site;
+  if (update.id.empty()) return invalid_argument("an update needs an id");
+  if (static_cast<int64_t>(update.delta.size()) != parameter_count_) {
+    return invalid_argument(who + ": " + std::to_string(update.delta.size()) + " values, the model has " +
+                            std::to_string(parameter_count_));
+  }
+  if (update.sample_count < 1 || update.sample_count > options_.max_sample_count) {
+    return invalid_argument(who + ": sample count " + std::to_string(update.sample_count) + " outside [1, " +
+                            std::to_string(options_.max_sample_count) + "]");
+  }
+  if (update.base_version > version_ || update.base_version < 0) {
+    return invalid_argument(who + ": based on version " + std::to_string(update.base_version) +
+                            ", the server is at " + std::to_string(version_));
+  }
+  if (std::find(applied_ids_.begin(), applied_ids_.end(), update.id) != applied_ids_.end()) {
+    return invalid_argument(who + " was already applied");
+  }
+  for (const SiteUpdate& pending : buffer_) {
+    if (pending.id == update.id) return invalid_argument(who + " is already in the buffer");
+  }
+  // Finite and in range first: a NaN passes any norm comparison, and the
+  // exact accumulator takes terms below 2^22 only.
+  for (float v : update.delta) {
+    if (!std::isfinite(v)) return invalid_argument(who + ": holds a non-finite value");
+    if (std::fabs(v) >= kMaxTermMagnitude) {
+      return invalid_argument(who + ": holds a value of magnitude " + std::to_string(std::fabs(v)) +
+                              ", beyond what an update may carry (2^22)");
+    }
+  }
+  if (options_.norm_bound > 0.0) {
+    Result<double> measured = bound_norm(update.delta, options_.norm_bound);
+    if (!measured.is_ok()) return invalid_argument(who + ": " + measured.status().message());
+    norm = *measured;
+  } else {
+    double squares = 0.0;
+    for (float v : update.delta) {
+      if (!std::isfinite(v)) return invalid_argument(who + ": holds a non-finite value");
+      squares += static_cast<double>(v) * v;
+    }
+    norm = std::sqrt(squares);
+  }
+  return Status::ok();
+}
+
+Result<std::optional<RoundRecord>> RoundManager::submit(SiteUpdate update, double now) {
+  (void)now;
+  double norm = 0.0;
+  if (Status s = check(update, norm); !s.is_ok()) {
+    ++refused_;
+    return s;
+  }
+  const int64_t tau = version_ - update.base_version;
+  const double staleness_weight = options_.staleness.weight(tau);
+  const std::string who = "update " + update.id + " from " + update.site;
+  if (staleness_weight <= 0.0) {
+    ++refused_;
+    return invalid_argument(who + ": staleness " + std::to_string(tau) + " is beyond the cut-off");
+  }
+  if (!options_.asynchronous) {
+    const bool on_time = round_open_ && update.round == round_;
+    const bool late = update.round < round_ || (update.round == round_ && !round_open_);
+    if (!on_time && !(late && options_.fold_late_updates && round_open_)) {
+      ++refused_;
+      return invalid_argument(who + " answers round " + std::to_string(update.round) + ", the open round is " +
+                              (round_open_ ? std::to_string(round_) : std::string("none")) +
+                              (late ? " (late updates are dropped)" : ""));
+    }
+    if (on_time && std::find(sampled_.begin(), sampled_.end(), update.site) == sampled_.end()) {
+      ++refused_;
+      return invalid_argument(who + ": the site was not sampled for round " + std::to_string(round_));
+    }
+    for (const SiteUpdate& pending : buffer_) {
+      if (on_time && pending.site == update.site && pending.round == round_) {
+        ++refused_;
+        return invalid_argument(who + ": the site already reported for round " + std::to_string(round_));
+      }
+    }
+  }
+  const double weight = static_cast<double>(update.sample_count) / static_cast<double>(options_.max_sample_count) *
+                        staleness_weight;
+  buffer_info_.push_back({update.id, update.site, tau, weight, norm});
+  buffer_.push_back(std::move(update));
+  ++accepted_;
+  if (options_.asynchronous &&
+      (options_.fedasync_mixing > 0.0 || static_cast<int64_t>(buffer_.size()) >= options_.buffer_size)) {
+    Result<RoundRecord> record = apply_buffer(false);
+    if (!record.is_ok()) return record.status();
+    return std::optional<RoundRecord>(std::move(*record));
+  }
+  return std::optional<RoundRecord>();
+}
+
+bool RoundManager::ready_to_close(double now) const {
+  if (options_.asynchronous || !round_open_) return false;
+  size_t on_time = 0;
+  for (const SiteUpdate& update : buffer_) on_time += update.round == round_ ? 1 : 0;
+  if (on_time >= sampled_.size()) return true;
+  return now >= deadline_;
+}
+
+Result<RoundRecord> RoundManager::close_round(double now) {
+  if (options_.asynchronous || !round_open_) return invalid_argument("no open round to close");
+  const bool by_deadline = now >= deadline_;
+  round_open_ = false;
+  if (static_cast<int64_t>(buffer_.size()) < options_.min_updates) {
+    RoundRecord abandoned;  // no server step: the version stays
+    abandoned.round = round_;
+    abandoned.version = version_;
+    abandoned.closed_by_deadline = by_deadline;
+    buffer_.clear();
+    buffer_info_.clear();
+    return abandoned;
+  }
+  return apply_buffer(by_deadline);
+}
+
+Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
+  std::vector<float> delta(static_cast<size_t>(parameter_count_), 0.0f);
+  if (options_.rule == "mean" || options_.fedasync_mixing > 0.0) {
+    ExactAccumulator accumulator(parameter_count_);
+    for (size_t i = 0; i < buffer_.size(); ++i) {
+      FEDMESH_RETURN_IF_ERROR(accumulator.add(buffer_[i].delta, buffer_info_[i].weight));
+    }
+    accumulator.mean(delta);
+    if (options_.fedasync_mixing > 0.0) {
+      // FedAsync: x <- x + a s(tau) (x_site - x), with x_site - x taken as the
+      // site's delta (exact when the update is based on the current version).
+      const double mix = options_.fedasync_mixing * options_.staleness.weight(buffer_info_.front().staleness);
+      for (float& value : delta) value = static_cast<float>(value * mix);
+    }
+  } else {
+    std::vector<BufferedUpdate> updates;
+    for (const SiteUpdate& update : buffer_) updates.push_back({update.id, update.delta});
+    Status s;
+    if (options_.rule == "median") s = coordinate_median(updates, delta);
+    if (options_.rule == "trimmed_mean") s = trimmed_mean(updates, options_.trim_beta, delta);
+    if (options_.rule == "krum") {
+      const int n = static_cast<int>(updates.size());
+      const int keep = options_.krum_keep > 0 ? options_.krum_keep : n - options_.krum_byzantine;
+      s = multi_krum(updates, options_.krum_byzantine, keep, delta);
+    }
+    FEDMESH_RETURN_IF_ERROR(s);
+  }
+  std::vector<Tensor> delta_views;
+  std::vector<ServerStepTensor> step;
+  delta_views.reserve(model_.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < model_.size(); ++i) {
+    delta_views.push_back(Tensor::view_of(delta.data() + offset, model_[i].shape(), DType::kF32));
+    offset += model_[i].numel();
+  }
+  for (size_t i = 0; i < model_.size(); ++i) step.push_back({names_[i], &model_[i], &delta_views[i]});
+  FEDMESH_RETURN_IF_ERROR(server_->step(step));
+  ++version_;
+
+  RoundRecord record;
+  record.round = options_.asynchronous ? version_ : round_;
+  record.version = version_;
+  record.closed_by_deadline = closed_by_deadline;
+  record.applied = buffer_info_;
+  for (const SiteUpdate& update : buffer_) {
+    record.mean_local_loss += update.local_loss / static_cast<double>(buffer_.size());
+    record.mean_local_accuracy += update.local_accuracy / static_cast<double>(buffer_.size());
+    applied_ids_.push_back(update.id);
+  }
+  buffer_.clear();
+  buffer_info_.clear();
+  return record;
+}
+
+}  // namespace fedmesh::aggregator

@@ -1,0 +1,142 @@
+// The aggregator's round logic as a state machine with no clock, network or
+// disk of its own: the caller (the aggregator process, or `fedmesh sim`)
+// passes the time in and moves updates in and out. The same code then runs
+// against real sites and virtual ones, and a seed replays a run.
+//
+// Synchronous rounds: start_round() samples m of the available sites (seeded)
+// and sets a deadline; each update for the round is checked and folded in;
+// the round can close once every sampled site has reported, or at the
+// deadline with at least min_updates. An update that arrives after its round
+// closed is dropped or, with fold_late_updates, carried into the round in
+// progress with staleness weight s(tau).
+//
+// Asynchronous (FedBuff): updates arrive whenever sites finish; each is
+// weighted by sample count and s(tau), tau = current version - the version
+// it was computed from; every buffer_size updates the buffer is aggregated
+// and applied. FedAsync (buffer_size 1 with mixing) applies each update at
+// once: x <- (1 - a s(tau)) x + a s(tau) x_site.
+//
+// Every update is checked before it touches the aggregate: its length, every
+// value finite, its sample count within the cap, its base version not in the
+// future, its norm bounded (scaled down to norm_bound when above), its id not
+// already applied. Streaming rules (fedavg family) fold into the exact
+// accumulator; median, trimmed mean and Krum buffer the round's updates.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aggregator/exact_accumulator.h"
+#include "aggregator/server_optimizer.h"
+#include "aggregator/staleness.h"
+#include "base/random.h"
+#include "base/status.h"
+#include "kernels/tensor.h"
+
+namespace fedmesh::aggregator {
+
+inline constexpr int64_t kMaxSitesPerRound = 100'000;
+
+struct RoundOptions {
+  // Rounds
+  bool asynchronous = false;
+  int64_t sites_per_round = 0;     // sync: sampled per round (0: every available site)
+  int64_t min_updates = 1;         // sync: needed to close at the deadline
+  double round_deadline_seconds = 60.0;
+  bool fold_late_updates = false;  // sync: late updates join the next round, weighted by s(tau)
+  int64_t buffer_size = 4;         // async FedBuff: updates per server step
+  double fedasync_mixing = 0.0;    // async: > 0 selects FedAsync with this alpha (buffer size ignored)
+  StalenessFunction staleness;
+  // Aggregation
+  std::string rule = "mean";       // mean | median | trimmed_mean | krum
+  double trim_beta = 0.2;          // trimmed_mean
+  int krum_byzantine = 1;          // krum: f
+  int krum_keep = 0;               // krum: m (0: n - f)
+  double norm_bound = 0.0;         // > 0: scale every update to at most this L2 norm
+  int64_t max_sample_count = 1'000'000;  // an update claiming more is refused
+  ServerOptimizerOptions server;
+  uint64_t seed = 0;
+
+  Status validate() const;
+};
+
+struct SiteUpdate {
+  std::string id;                  // unique per update
+  std::string site;
+  int64_t round = 0;               // sync: the round it answers
+  int64_t base_version = 0;        // the global version the site trained from
+  int64_t sample_count = 0;
+  std::vector<float> delta;        // x_site - x_base, the model's tensors back to back
+  double local_loss = 0.0;         // reported metrics
+  double local_accuracy = 0.0;
+};
+
+struct AppliedUpdateRecord {
+  std::string id, site;
+  int64_t staleness = 0;
+  double weight = 0.0;
+  double norm = 0.0;
+};
+
+// What one server step did: the round record of the store.
+struct RoundRecord {
+  int64_t round = 0;
+  int64_t version = 0;  // the model version the step produced
+  std::vector<AppliedUpdateRecord> applied;
+  double mean_local_loss = 0.0, mean_local_accuracy = 0.0;
+  bool closed_by_deadline = false;
+};
+
+class RoundManager {
+ public:
+  // `model`: the global model's tensors (fp32), in a fixed order.
+  static Result<RoundManager> create(RoundOptions options, std::vector<std::string> names, std::vector<Tensor> model);
+
+  int64_t version() const { return version_; }
+  int64_t round() const { return round_; }
+  bool round_open() const { return round_open_; }
+  const std::vector<std::string>& sampled() const { return sampled_; }
+  const std::vector<Tensor>& model() const { return model_; }
+  const std::vector<std::string>& names() const { return names_; }
+  int64_t parameter_count() const { return parameter_count_; }
+  ServerOptimizer& server_optimizer() { return *server_; }
+
+  // Sync: opens round `round() + 1` for a seeded sample of `available`.
+  Status start_round(const std::vector<std::string>& available, double now);
+  // Checks and folds in one update. Returns the server step's record when
+  // this update completed an asynchronous buffer; nullopt otherwise. A
+  // refused update leaves everything unchanged; the message says why.
+  Result<std::optional<RoundRecord>> submit(SiteUpdate update, double now);
+  // Sync: whether the round may close now.
+  bool ready_to_close(double now) const;
+  // Sync: aggregates, applies the server step, and returns the record.
+  Result<RoundRecord> close_round(double now);
+
+  // Counters for metrics.
+  int64_t accepted() const { return accepted_; }
+  int64_t refused() const { return refused_; }
+
+ private:
+  RoundManager(RoundOptions options, std::vector<std::string> names, std::vector<Tensor> model);
+  Status check(SiteUpdate& update, double& norm) const;
+  Result<RoundRecord> apply_buffer(bool closed_by_deadline);
+
+  RoundOptions options_;
+  std::vector<std::string> names_;
+  std::vector<Tensor> model_;
+  int64_t parameter_count_ = 0;
+  std::unique_ptr<ServerOptimizer> server_;
+  Rng rng_;
+  int64_t version_ = 0, round_ = 0;
+  bool round_open_ = false;
+  double deadline_ = 0.0;
+  std::vector<std::string> sampled_;
+  std::vector<SiteUpdate> buffer_;               // updates of the round (or async buffer)
+  std::vector<AppliedUpdateRecord> buffer_info_;  // their weights and norms
+  std::vector<std::string> applied_ids_;          // ids ever applied (the store keeps them durably)
+  int64_t accepted_ = 0, refused_ = 0;
+};
+
+}  // namespace fedmesh::aggregator

@@ -1,0 +1,67 @@
+// `fedmesh sim`: a whole federation in one process. Virtual sites hold
+// shards of Fashion-MNIST split by a partitioner, train locally with the
+// node's real Trainer, and hand their updates to the real RoundManager; time
+// is virtual (a site's round takes local_steps x its speed factor), so a run
+// is deterministic for a seed and replays exactly, stragglers and dropouts
+// included. Sites are trained one after another on one worker model (the
+// kernels use every core inside each step).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "aggregator/round_manager.h"
+#include "base/status.h"
+#include "node/data/fashion_mnist.h"
+#include "node/data/partition.h"
+#include "node/trainer.h"
+
+namespace fedmesh::aggregator {
+
+inline constexpr int kMaxSimulatedSites = 10'000;
+
+struct SimulationOptions {
+  int sites = 10;
+  data::PartitionSpec partition;        // default iid
+  std::string model = "mlp";
+  int64_t rounds = 10;                  // sync rounds, or async server steps
+  int64_t local_steps = 20;             // optimizer steps per site per round
+  node::TrainOptions local;             // batch size, optimizer, lr... (max_steps set from local_steps)
+  double dropout = 0.0;                 // chance a sampled site never reports in a round
+  double straggler_fraction = 0.0;      // share of sites that are slow ...
+  double straggler_factor = 1.0;        // ... by this factor
+  int poisoned_sites = 0;               // the first N sites send -scale x their update
+  double poison_scale = 10.0;
+  RoundOptions rounds_options;
+  uint64_t seed = 0;
+
+  Status validate() const;
+};
+
+struct SimulationRound {
+  RoundRecord record;
+  double virtual_time = 0.0;   // when the step was applied, in local-step units
+  double test_accuracy = 0.0;
+  double test_loss = 0.0;
+  int64_t updates = 0;
+  int64_t dropped = 0;         // sampled sites that did not report
+  int64_t bytes = 0;           // update bytes sent (dense fp32, before the protocol's framing)
+};
+
+struct SimulationSummary {
+  std::vector<SimulationRound> rounds;
+  double final_accuracy = 0.0, final_loss = 0.0;
+  double virtual_time = 0.0;
+  int64_t bytes_sent = 0;      // sites -> aggregator
+  int64_t bytes_received = 0;  // aggregator -> sites (the global model, dense fp32)
+  int64_t refused_updates = 0;
+};
+
+// Runs the federation; `on_round` sees each server step as it happens.
+Result<SimulationSummary> run_simulation(const SimulationOptions& options, const data::ImageDataset& train,
+                                         const data::ImageDataset& test,
+                                         const std::function<void(const SimulationRound&)>& on_round);
+
+}  // namespace fedmesh::aggregator

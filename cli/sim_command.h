@@ -1,0 +1,10 @@
+// `fedmesh sim`: a whole federation in one process (aggregator/simulation.h).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace fedmesh::cli {
+
+void add_sim_command(CLI::App& app, int& exit_code);
+
+}  // namespace fedmesh::cli

@@ -1,0 +1,229 @@
+// The round manager as a state machine: sampling, deadlines, late and
+// refused updates, FedBuff buffers with staleness, and aggregates that do not
+// depend on the order updates arrive in.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "aggregator/round_manager.h"
+
+namespace fedmesh::aggregator {
+namespace {
+
+RoundManager make_manager(RoundOptions options, float start = 0.0f, int64_t elements = 4) {
+  Tensor w = Tensor::empty({elements});
+  std::fill(w.data<float>(), w.data<float>() + elements, start);
+  auto manager = RoundManager::create(std::move(options), {"w"}, {w});
+  EXPECT_TRUE(manager.is_ok()) << manager.status().to_string();
+  return std::move(manager).value();
+}
+
+SiteUpdate update(const std::string& site, int64_t round, int64_t base, std::vector<float> delta, int64_t samples = 100) {
+  SiteUpdate u;
+  u.id = site + "/" + std::to_string(round) + "/" + std::to_string(base);
+  u.site = site;
+  u.round = round;
+  u.base_version = base;
+  u.sample_count = samples;
+  u.delta = std::move(delta);
+  return u;
+}
+
+const std::vector<std::string> kSites = {"a", "b", "c", "d"};
+
+TEST(RoundManager, SyncRoundAveragesBySampleCount) {
+  RoundManager manager = make_manager({});
+  ASSERT_TRUE(manager.start_round(kSites, 0.0).is_ok());
+  EXPECT_EQ(manager.sampled(), kSites);
+  ASSERT_TRUE(manager.submit(update("a", 1, 0, {1, 1, 1, 1}, 100), 1.0).is_ok());
+  ASSERT_TRUE(manager.submit(update("b", 1, 0, {4, 4, 4, 4}, 200), 1.0).is_ok());
+  EXPECT_FALSE(manager.ready_to_close(2.0));
+  ASSERT_TRUE(manager.submit(update("c", 1, 0, {0, 0, 0, 0}, 100), 1.0).is_ok());
+  ASSERT_TRUE(manager.submit(update("d", 1, 0, {-1, -1, -1, -1}, 100), 1.0).is_ok());
+  EXPECT_TRUE(manager.ready_to_close(2.0)) << "every sampled site reported";
+  auto record = manager.close_round(2.0);
+  ASSERT_TRUE(record.is_ok());
+  EXPECT_EQ(record->version, 1);
+  EXPECT_EQ(record->applied.size(), 4u);
+  EXPECT_FALSE(record->closed_by_deadline);
+  // (100*1 + 200*4 + 0 - 100*1) / 500 = 1.6, applied with FedAvg lr 1
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[0], 1.6f);
+}
+
+TEST(RoundManager, SamplingIsSeededAndIgnoresConnectionOrder) {
+  RoundOptions options;
+  options.sites_per_round = 2;
+  options.seed = 3;
+  RoundManager one = make_manager(options), two = make_manager(options);
+  std::vector<std::string> shuffled = {"d", "b", "a", "c"};
+  ASSERT_TRUE(one.start_round(kSites, 0).is_ok());
+  ASSERT_TRUE(two.start_round(shuffled, 0).is_ok());
+  EXPECT_EQ(one.sampled(), two.sampled());
+  EXPECT_EQ(one.sampled().size(), 2u);
+}
+
+TEST(RoundManager, RefusesWhatDoesNotBelongAndChangesNothing) {
+  RoundOptions options;
+  options.sites_per_round = 2;
+  options.seed = 1;
+  RoundManager manager = make_manager(options);
+  ASSERT_TRUE(manager.start_round(kSites, 0).is_ok());
+  const std::string in = manager.sampled()[0];
+  std::string out;
+  for (const auto& s : kSites) {
+    if (std::find(manager.sampled().begin(), manager.sampled().end(), s) == manager.sampled().end()) out = s;
+  }
+  const auto refused = [&](SiteUpdate u, const std::string& why) {
+    auto result = manager.submit(std::move(u), 1.0);
+    ASSERT_FALSE(result.is_ok()) << why;
+    EXPECT_NE(result.status().message().find(why), std::string::npos) << result.status().message();
+  };
+  refused(update(out, 1, 0, {1, 1, 1, 1}), "not sampled");
+  refused(update(in, 2, 0, {1, 1, 1, 1}), "answers round 2");
+  refused(update(in, 1, 5, {1, 1, 1, 1}), "server is at 0");
+  refused(update(in, 1, 0, {1, 1, 1}), "3 values");
+  refused(update(in, 1, 0, {NAN, 1, 1, 1}), "non-finite");
+  refused(update(in, 1, 0, {1e7f, 1, 1, 1}), "magnitude");
+  refused(update(in, 1, 0, {1, 1, 1, 1}, 0), "sample count");
+  ASSERT_TRUE(manager.submit(update(in, 1, 0, {1, 1, 1, 1}), 1.0).is_ok());
+  SiteUpdate again = update(in, 1, 0, {2, 2, 2, 2});
+  again.id = "another id";
+  refused(std::move(again), "already reported");
+  EXPECT_EQ(manager.refused(), 8);
+  EXPECT_EQ(manager.accepted(), 1);
+}
+
+TEST(RoundManager, DeadlineClosesWithEnoughUpdatesOrAbandonsTheRound) {
+  RoundOptions options;
+  options.round_deadline_seconds = 10.0;
+  options.min_updates = 2;
+  RoundManager manager = make_manager(options);
+  ASSERT_TRUE(manager.start_round(kSites, 0.0).is_ok());
+  ASSERT_TRUE(manager.submit(update("a", 1, 0, {1, 1, 1, 1}), 1.0).is_ok());
+  EXPECT_FALSE(manager.ready_to_close(9.9)) << "a silent site holds the round until the deadline, no longer";
+  EXPECT_TRUE(manager.ready_to_close(10.0));
+  auto abandoned = manager.close_round(10.0);
+  ASSERT_TRUE(abandoned.is_ok());
+  EXPECT_EQ(abandoned->version, 0) << "one update is below min_updates: no server step";
+  EXPECT_TRUE(abandoned->applied.empty());
+  ASSERT_TRUE(manager.start_round(kSites, 10.0).is_ok());
+  ASSERT_TRUE(manager.submit(update("a", 2, 0, {1, 1, 1, 1}), 11.0).is_ok());
+  ASSERT_TRUE(manager.submit(update("b", 2, 0, {3, 3, 3, 3}), 11.0).is_ok());
+  auto record = manager.close_round(20.0);
+  ASSERT_TRUE(record.is_ok());
+  EXPECT_TRUE(record->closed_by_deadline);
+  EXPECT_EQ(record->version, 1);
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[0], 2.0f);
+  auto late = manager.submit(update("c", 2, 0, {1, 1, 1, 1}), 21.0);
+  EXPECT_FALSE(late.is_ok());
+  EXPECT_NE(late.status().message().find("late"), std::string::npos) << late.status().message();
+}
+
+TEST(RoundManager, LateUpdatesFoldIntoTheNextRoundWithTheirStalenessWeight) {
+  RoundOptions options;
+  options.fold_late_updates = true;
+  options.staleness = *StalenessFunction::parse("polynomial:1");  // s(1) = 1/2
+  options.min_updates = 1;
+  RoundManager manager = make_manager(options);
+  ASSERT_TRUE(manager.start_round({"a", "b"}, 0).is_ok());
+  ASSERT_TRUE(manager.submit(update("a", 1, 0, {2, 2, 2, 2}), 1).is_ok());
+  ASSERT_TRUE(manager.close_round(100).is_ok());  // b missed round 1; version 1, x = 2
+  ASSERT_TRUE(manager.start_round({"a", "b"}, 100).is_ok());
+  ASSERT_TRUE(manager.submit(update("b", 1, 0, {4, 4, 4, 4}), 101).is_ok()) << "late, folded in with s(1)";
+  ASSERT_TRUE(manager.submit(update("a", 2, 1, {1, 1, 1, 1}), 101).is_ok());
+  auto record = manager.close_round(200);
+  ASSERT_TRUE(record.is_ok());
+  ASSERT_EQ(record->applied.size(), 2u);
+  EXPECT_EQ(record->applied[0].staleness, 1);
+  // weights 0.5 and 1: (0.5*4 + 1*1) / 1.5 = 2 on top of x = 2
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[0], 4.0f);
+}
+
+TEST(RoundManager, FedBuffAppliesEveryKUpdatesWeightedByStaleness) {
+  RoundOptions options;
+  options.asynchronous = true;
+  options.buffer_size = 2;
+  options.staleness = *StalenessFunction::parse("polynomial:0.5");
+  options.max_sample_count = 100;
+  RoundManager manager = make_manager(options);
+  auto first = manager.submit(update("a", 0, 0, {1, 1, 1, 1}), 1);
+  ASSERT_TRUE(first.is_ok());
+  EXPECT_FALSE(first->has_value());
+  auto second = manager.submit(update("b", 0, 0, {3, 3, 3, 3}), 2);
+  ASSERT_TRUE(second.is_ok());
+  ASSERT_TRUE(second->has_value()) << "the second update fills the buffer";
+  EXPECT_EQ((*second)->version, 1);
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[0], 2.0f);
+  // c trained from version 0: tau = 1, s = 1/sqrt(2); d from version 1: tau = 0.
+  ASSERT_TRUE(manager.submit(update("c", 0, 0, {2, 2, 2, 2}), 3).is_ok());
+  auto third = manager.submit(update("d", 0, 1, {0, 0, 0, 0}), 4);
+  ASSERT_TRUE(third.is_ok() && third->has_value());
+  EXPECT_EQ((*third)->applied[0].staleness, 1);
+  EXPECT_EQ((*third)->applied[1].staleness, 0);
+  const double s = 1.0 / std::sqrt(2.0);
+  EXPECT_NEAR(manager.model()[0].data<float>()[0], 2.0 + (s * 2.0) / (s + 1.0), 1e-6);
+  EXPECT_FALSE(manager.start_round(kSites, 0).is_ok()) << "no rounds in asynchronous mode";
+
+  RoundOptions cut = options;
+  cut.staleness = *StalenessFunction::parse("constant", 0);
+  RoundManager strict = make_manager(cut);
+  ASSERT_TRUE(strict.submit(update("a", 0, 0, {1, 1, 1, 1}), 1).is_ok());
+  ASSERT_TRUE(strict.submit(update("b", 0, 0, {1, 1, 1, 1}), 1).is_ok());
+  auto stale = strict.submit(update("c", 0, 0, {1, 1, 1, 1}), 2);
+  EXPECT_FALSE(stale.is_ok());
+  EXPECT_NE(stale.status().message().find("cut-off"), std::string::npos);
+}
+
+TEST(RoundManager, ShuffledDeliveryGivesBitIdenticalAggregates) {
+  std::mt19937 random(12);
+  std::normal_distribution<float> noise(0.0f, 0.05f);
+  std::vector<SiteUpdate> updates;
+  std::vector<std::string> sites;
+  for (int s = 0; s < 12; ++s) {
+    std::vector<float> delta(257);
+    for (float& v : delta) v = noise(random);
+    sites.push_back("site-" + std::to_string(s));
+    updates.push_back(update(sites.back(), 1, 0, delta, 50 + 37 * s));
+  }
+  for (const char* rule : {"mean", "median", "trimmed_mean", "krum"}) {
+    SCOPED_TRACE(rule);
+    std::vector<float> first;
+    for (int trial = 0; trial < 6; ++trial) {
+      RoundOptions options;
+      options.rule = rule;
+      options.krum_byzantine = 2;
+      options.server = *ServerOptimizerOptions::defaults_for("fedadam");
+      RoundManager manager = make_manager(options, 0.1f, 257);
+      ASSERT_TRUE(manager.start_round(sites, 0).is_ok());
+      std::vector<SiteUpdate> order = updates;
+      std::shuffle(order.begin(), order.end(), random);
+      for (SiteUpdate& u : order) ASSERT_TRUE(manager.submit(std::move(u), 1).is_ok());
+      ASSERT_TRUE(manager.close_round(2).is_ok());
+      const float* x = manager.model()[0].data<float>();
+      if (trial == 0) {
+        first.assign(x, x + 257);
+      } else {
+        EXPECT_EQ(std::memcmp(first.data(), x, 257 * sizeof(float)), 0) << "trial " << trial;
+      }
+    }
+  }
+}
+
+TEST(RoundManager, NormBoundScalesLongUpdates) {
+  RoundOptions options;
+  options.norm_bound = 1.0;
+  RoundManager manager = make_manager(options, 0.0f, 2);
+  ASSERT_TRUE(manager.start_round({"a"}, 0).is_ok());
+  ASSERT_TRUE(manager.submit(update("a", 1, 0, {30, 40}), 1).is_ok());
+  auto record = manager.close_round(2);
+  ASSERT_TRUE(record.is_ok());
+  EXPECT_DOUBLE_EQ(record->applied[0].norm, 50.0);
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[0], 0.6f);
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[1], 0.8f);
+}
+
+}  // namespace
+}  // namespace fedmesh::aggregator

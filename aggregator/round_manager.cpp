@@ -193,6 +193,19 @@ Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
       FEDMESH_RETURN_IF_ERROR(accumulator.add(buffer_[i].delta, buffer_info_[i].weight));
     }
     accumulator.mean(delta);
+    if (options_.asynchronous && options_.fedasync_mixing == 0.0) {
+      // FedBuff divides by the sample weights without staleness, so stale
+      // updates shrink the step instead of only trading places with fresh
+      // ones: delta = sum(n s(tau) d) / sum(n). Both sums in fixed point.
+      int64_t with_staleness = 0, without = 0;
+      for (const AppliedUpdateRecord& info : buffer_info_) {
+        with_staleness += static_cast<int64_t>(std::nearbyint(info.weight * 1099511627776.0));
+        without += static_cast<int64_t>(std::nearbyint(info.weight / options_.staleness.weight(info.staleness) *
+                                                       1099511627776.0));
+      }
+      const double factor = without > 0 ? static_cast<double>(with_staleness) / static_cast<double>(without) : 0.0;
+      for (float& value : delta) value = static_cast<float>(value * factor);
+    }
     if (options_.fedasync_mixing > 0.0) {
       // FedAsync: x <- x + a s(tau) (x_site - x), with x_site - x taken as the
       // site's delta (exact when the update is based on the current version).

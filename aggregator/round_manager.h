@@ -13,7 +13,8 @@
 // Asynchronous (FedBuff): updates arrive whenever sites finish; each is
 // weighted by sample count and s(tau), tau = current version - the version
 // it was computed from; every buffer_size updates the buffer is aggregated
-// and applied. FedAsync (buffer_size 1 with mixing) applies each update at
+// as sum(n s(tau) delta) / sum(n), as FedBuff does (a stale update shrinks
+// the step), and applied. FedAsync (buffer_size 1 with mixing) applies each update at
 // once: x <- (1 - a s(tau)) x + a s(tau) x_site.
 //
 // Every update is checked before it touches the aggregate: its length, every

@@ -337,3 +337,36 @@ TEST(Cli, RosterVerifyFailsAfterTheFileIsEdited) {
 }
 
 }  // namespace
+
+TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
+  const CommandRun sim = run(
+      "sim --sites 3 --rounds 2 --local-steps 5 --train-limit 1500 --test-limit 300 --partition dirichlet:0.5 "
+      "--strategy fedadam --seed 4 --threads 2 --json",
+      /*with_stderr=*/false);
+  ASSERT_EQ(sim.exit_code, 0) << sim.output;
+  const auto lines = json_lines(sim.stdout_only);
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_EQ(lines.front()["event"], "start");
+  int rounds = 0;
+  for (const auto& line : lines) rounds += line["event"] == "round" ? 1 : 0;
+  EXPECT_EQ(rounds, 2);
+  const auto& summary = lines.back();
+  ASSERT_EQ(summary["event"], "summary");
+  for (const char* field : {"test_accuracy", "rounds", "bytes_sent", "bytes_received", "wall_seconds"}) {
+    EXPECT_TRUE(summary.contains(field)) << field;
+  }
+  EXPECT_EQ(summary["rounds"], 2);
+  EXPECT_GT(summary["test_accuracy"].get<double>(), 0.3);
+
+  const CommandRun help = run("sim --help");
+  for (const char* flag : {"--sites", "--partition", "--strategy", "--rule", "--async", "--staleness", "--dropout",
+                           "--straggler", "--rounds", "--seed", "--json"}) {
+    EXPECT_NE(help.output.find(flag), std::string::npos) << flag;
+  }
+  for (const char* bad : {"--strategy fedsgd", "--rule mode", "--staleness linear", "--partition dirichlet:-1",
+                          "--sites 0", "--dropout 1.5", "--straggler x", "--rule krum:z"}) {
+    const CommandRun refused = run(std::string("sim --rounds 1 ") + bad);
+    EXPECT_EQ(refused.exit_code, 2) << bad << ": " << refused.output;
+    EXPECT_NE(refused.output.find("fedmesh sim:"), std::string::npos) << bad << ": " << refused.output;
+  }
+}

@@ -1,8 +1,14 @@
 #include "aggregator/exact_accumulator.h"
 
+#include <emmintrin.h>
+
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <string>
+
+#include "kernels/parallel.h"
 
 namespace fedmesh::aggregator {
 
@@ -10,8 +16,11 @@ namespace {
 
 constexpr double kScale = 1099511627776.0;  // 2^40
 
-// One term, rounded to nearest (ties to even, the FPU's mode) on its own.
-int64_t fixed(double value) { return static_cast<int64_t>(std::nearbyint(value * kScale)); }
+constexpr int64_t kGrain = 1 << 16;
+
+// One term, rounded to nearest, ties to even (cvtsd2si under the default
+// rounding mode), on its own: the same term whatever else is summed.
+inline int64_t fixed(double value) { return _mm_cvtsd_si64(_mm_set_sd(value * kScale)); }
 
 }  // namespace
 
@@ -25,13 +34,23 @@ Status ExactAccumulator::add(std::span<const float> values, double weight) {
                             std::to_string(sum_.size()));
   }
   if (!(weight >= 0.0 && weight <= 1.0)) return invalid_argument("update weight must be in [0, 1]");
-  float largest = 0.0f;
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i])) {
-      return invalid_argument("update value " + std::to_string(i) + " is not finite");
+  // One vectorizable pass: the largest magnitude as bits; an exponent of all
+  // ones (Inf or NaN) sorts above every finite magnitude.
+  std::atomic<uint32_t> largest_bits{0};
+  parallel_for(static_cast<int64_t>(values.size()), kGrain, [&](int64_t begin, int64_t end) {
+    uint32_t local = 0;
+    const float* v = values.data();
+    for (int64_t i = begin; i < end; ++i) local = std::max(local, std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu);
+    uint32_t seen = largest_bits.load();
+    while (local > seen && !largest_bits.compare_exchange_weak(seen, local)) {
     }
-    largest = std::max(largest, std::fabs(values[i]));
+  });
+  if (largest_bits.load() >= 0x7f800000u) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i])) return invalid_argument("update value " + std::to_string(i) + " is not finite");
+    }
   }
+  const float largest = std::bit_cast<float>(largest_bits.load());
   const double largest_term = weight * static_cast<double>(largest);
   if (largest_term >= kMaxTermMagnitude) {
     return invalid_argument("update has a weighted value of magnitude " + std::to_string(largest_term) +
@@ -41,7 +60,11 @@ Status ExactAccumulator::add(std::span<const float> values, double weight) {
     return invalid_argument("the exact accumulator is full: its sum could overflow with this update; "
                             "apply the aggregate and start a new one");
   }
-  for (size_t i = 0; i < values.size(); ++i) sum_[i] += fixed(weight * static_cast<double>(values[i]));
+  parallel_for(static_cast<int64_t>(values.size()), kGrain, [&](int64_t begin, int64_t end) {
+    int64_t* __restrict sum = sum_.data();
+    const float* __restrict v = values.data();
+    for (int64_t i = begin; i < end; ++i) sum[i] += fixed(weight * static_cast<double>(v[i]));
+  });
   weight_sum_ += fixed(weight);
   bound_used_ += largest_term;
   ++updates_;

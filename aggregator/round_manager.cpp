@@ -49,6 +49,35 @@ Result<RoundManager> RoundManager::create(RoundOptions options, std::vector<std:
   return manager;
 }
 
+Result<RoundManagerState> RoundManager::state() const {
+  if (round_open_ || !buffer_.empty()) return invalid_argument("a round manager is checkpointed between rounds only");
+  RoundManagerState state;
+  state.version = version_;
+  state.round = round_;
+  state.rng = rng_.state();
+  state.server_steps = server_->steps_taken();
+  state.accepted = accepted_;
+  state.refused = refused_;
+  state.applied_ids = applied_ids_;
+  return state;
+}
+
+Status RoundManager::restore(const RoundManagerState& state) {
+  if (round_open_ || !buffer_.empty()) return invalid_argument("restore a round manager before its first round");
+  if (state.version < 0 || state.round < 0 || state.server_steps < 0 || state.server_steps > state.version ||
+      state.accepted < 0 || state.refused < 0) {
+    return invalid_argument("round manager state out of range");
+  }
+  version_ = state.version;
+  round_ = state.round;
+  rng_.set_state(state.rng);
+  server_->set_steps_taken(state.server_steps);
+  accepted_ = state.accepted;
+  refused_ = state.refused;
+  applied_ids_ = state.applied_ids;
+  return Status::ok();
+}
+
 Status RoundManager::start_round(const std::vector<std::string>& available, double now) {
   if (options_.asynchronous) return invalid_argument("asynchronous mode has no rounds to start");
   if (round_open_) return invalid_argument("round " + std::to_string(round_) + " is still open");

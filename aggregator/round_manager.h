@@ -90,6 +90,16 @@ struct RoundRecord {
   bool closed_by_deadline = false;
 };
 
+// What a checkpoint keeps of a RoundManager besides the model and the server
+// optimizer's tensors. Only taken and restored between rounds.
+struct RoundManagerState {
+  int64_t version = 0, round = 0;
+  Rng::State rng;
+  int64_t server_steps = 0;
+  int64_t accepted = 0, refused = 0;
+  std::vector<std::string> applied_ids;
+};
+
 class RoundManager {
  public:
   // `model`: the global model's tensors (fp32), in a fixed order.
@@ -114,6 +124,14 @@ class RoundManager {
   bool ready_to_close(double now) const;
   // Sync: aggregates, applies the server step, and returns the record.
   Result<RoundRecord> close_round(double now);
+
+  // Between rounds (nothing open or buffered): the state to checkpoint, and
+  // its restoration into a manager created with the same options and a model
+  // of the same shapes. Restore the model's values through mutable_model()
+  // and the server optimizer's through server_optimizer().state_tensors().
+  Result<RoundManagerState> state() const;
+  Status restore(const RoundManagerState& state);
+  std::vector<Tensor>& mutable_model() { return model_; }
 
   // Counters for metrics.
   int64_t accepted() const { return accepted_; }

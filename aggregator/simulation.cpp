@@ -4,8 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "node/model.h"
+#include "store/checkpoint_store.h"
 
 namespace fedmesh::aggregator {
 
@@ -123,6 +127,116 @@ class Simulation {
 
   int64_t model_bytes() const { return manager_->parameter_count() * static_cast<int64_t>(sizeof(float)); }
 
+  // The flags that decide a simulation's trajectory, kept in the store so a
+  // resumed run is the same run.
+  nlohmann::json fingerprint() const {
+    const RoundOptions& r = options_.rounds_options;
+    return {{"sites", options_.sites}, {"partition", options_.partition.to_string()}, {"model", options_.model},
+            {"local_steps", options_.local_steps}, {"batch_size", options_.local.batch_size},
+            {"lr", options_.local.lr}, {"optimizer", options_.local.optimizer}, {"dropout", options_.dropout},
+            {"straggler", {options_.straggler_fraction, options_.straggler_factor}},
+            {"poisoned", options_.poisoned_sites}, {"seed", options_.seed}, {"strategy", r.server.name},
+            {"server_lr", r.server.lr}, {"rule", r.rule}, {"norm_bound", r.norm_bound},
+            {"sites_per_round", r.sites_per_round}, {"staleness", r.staleness.to_string()}};
+  }
+
+  std::vector<std::pair<std::string, Shape>> model_shapes() const {
+    std::vector<std::pair<std::string, Shape>> shapes;
+    for (size_t i = 0; i < manager_->model().size(); ++i) shapes.emplace_back(manager_->names()[i], manager_->model()[i].shape());
+    return shapes;
+  }
+
+  Status commit(store::CheckpointStore& checkpoints, const SimulationRound& round, int64_t round_index, double time,
+                int64_t serial, const Rng& dropout, const SimulationSummary& summary) {
+    Result<RoundManagerState> manager_state = manager_->state();
+    if (!manager_state.is_ok()) return manager_state.status();
+    nlohmann::json state = {
+        {"round_index", round_index}, {"time", time}, {"serial", serial},
+        {"dropout_rng", {{"words", dropout.state().words}, {"spare", dropout.state().spare_normal},
+                         {"has_spare", dropout.state().has_spare_normal}}},
+        {"bytes_sent", summary.bytes_sent}, {"bytes_received", summary.bytes_received},
+        {"refused_updates", summary.refused_updates},
+        {"manager", {{"version", manager_state->version}, {"round", manager_state->round},
+                     {"rng", {{"words", manager_state->rng.words}, {"spare", manager_state->rng.spare_normal},
+                              {"has_spare", manager_state->rng.has_spare_normal}}},
+                     {"server_steps", manager_state->server_steps}, {"accepted", manager_state->accepted},
+                     {"refused", manager_state->refused}, {"applied_ids", manager_state->applied_ids}}}};
+    store::RoundToCommit commit;
+    commit.round = round.record.round;
+    commit.model_version = round.record.version;
+    nlohmann::json staleness = nlohmann::json::array();
+    for (const AppliedUpdateRecord& applied : round.record.applied) {
+      staleness.push_back(applied.staleness);
+      commit.applied_updates.push_back(
+          {std::vector<uint8_t>(applied.id.begin(), applied.id.end()), applied.site, applied.staleness});
+    }
+    commit.metrics_json = nlohmann::json({{"test_accuracy", round.test_accuracy}, {"test_loss", round.test_loss},
+                                          {"updates", round.updates}, {"dropped", round.dropped},
+                                          {"staleness", staleness}})
+                              .dump();
+    commit.state_json = state.dump();
+    for (size_t i = 0; i < manager_->model().size(); ++i) {
+      commit.tensors.push_back({"model", manager_->names()[i], &manager_->model()[i]});
+    }
+    for (const OptimizerStateTensor& tensor : manager_->server_optimizer().state_tensors(model_shapes())) {
+      commit.tensors.push_back({"server_optimizer", tensor.name, tensor.tensor});
+    }
+    return checkpoints.commit_round(commit);
+  }
+
+  // Restores the newest intact round; returns the round index to go on from.
+  Result<int64_t> resume(store::CheckpointStore& checkpoints, double& time, int64_t& serial, Rng& dropout,
+                         SimulationSummary& summary) {
+    std::vector<Status> skipped;
+    Result<store::LoadedCheckpoint> latest = checkpoints.load_latest(&skipped);
+    for (const Status& s : skipped) std::fprintf(stderr, "fedmesh sim: skipping corrupt checkpoint: %s\n", s.message().c_str());
+    if (!latest.is_ok()) return latest.status();
+    try {
+      const nlohmann::json state = nlohmann::json::parse(latest->round.state_json);
+      const nlohmann::json& m = state.at("manager");
+      RoundManagerState manager_state;
+      manager_state.version = m.at("version").get<int64_t>();
+      manager_state.round = m.at("round").get<int64_t>();
+      manager_state.rng.words = m.at("rng").at("words").get<std::array<uint64_t, 4>>();
+      manager_state.rng.spare_normal = m.at("rng").at("spare").get<double>();
+      manager_state.rng.has_spare_normal = m.at("rng").at("has_spare").get<bool>();
+      manager_state.server_steps = m.at("server_steps").get<int64_t>();
+      manager_state.accepted = m.at("accepted").get<int64_t>();
+      manager_state.refused = m.at("refused").get<int64_t>();
+      manager_state.applied_ids = m.at("applied_ids").get<std::vector<std::string>>();
+      for (size_t i = 0; i < manager_->model().size(); ++i) {
+        const store::StoredTensor* stored = latest->find("model", manager_->names()[i]);
+        Tensor& destination = manager_->mutable_model()[i];
+        if (stored == nullptr || stored->value.shape() != destination.shape() || stored->value.dtype() != DType::kF32) {
+          return corrupt("checkpoint has no model tensor " + manager_->names()[i] + " of the model's shape");
+        }
+        std::memcpy(destination.raw(), stored->value.raw(), destination.nbytes());
+      }
+      for (const OptimizerStateTensor& tensor : manager_->server_optimizer().state_tensors(model_shapes())) {
+        const store::StoredTensor* stored = latest->find("server_optimizer", tensor.name);
+        if (stored == nullptr || stored->value.shape() != tensor.tensor->shape()) {
+          return corrupt("checkpoint has no server optimizer state " + tensor.name);
+        }
+        std::memcpy(tensor.tensor->raw(), stored->value.raw(), tensor.tensor->nbytes());
+      }
+      FEDMESH_RETURN_IF_ERROR(manager_->restore(manager_state));
+      Rng::State rng;
+      rng.words = state.at("dropout_rng").at("words").get<std::array<uint64_t, 4>>();
+      rng.spare_normal = state.at("dropout_rng").at("spare").get<double>();
+      rng.has_spare_normal = state.at("dropout_rng").at("has_spare").get<bool>();
+      dropout.set_state(rng);
+      time = state.at("time").get<double>();
+      serial = state.at("serial").get<int64_t>();
+      summary.bytes_sent = state.at("bytes_sent").get<int64_t>();
+      summary.bytes_received = state.at("bytes_received").get<int64_t>();
+      summary.refused_updates = state.at("refused_updates").get<int64_t>();
+      summary.resumed_from_round = latest->round.round;
+      return state.at("round_index").get<int64_t>() + 1;
+    } catch (const nlohmann::json::exception& error) {
+      return corrupt(std::string("the simulation state in the checkpoint is malformed: ") + error.what());
+    }
+  }
+
   Result<SimulationSummary> run_sync(const std::function<void(const SimulationRound&)>& on_round) {
     SimulationSummary summary;
     Rng dropout(mix(options_.seed, 0xd20b));
@@ -130,7 +244,32 @@ class Simulation {
     for (const VirtualSite& site : sites_) names.push_back(site.name);
     double time = 0.0;
     int64_t serial = 0;
-    for (int64_t r = 0; r < options_.rounds; ++r) {
+    int64_t first_round = 0;
+    std::optional<store::CheckpointStore> checkpoints;
+    if (!options_.db.empty()) {
+      Result<store::CheckpointStore> opened = store::CheckpointStore::open(options_.db);
+      if (!opened.is_ok()) return opened.status();
+      checkpoints.emplace(std::move(*opened));
+      Result<std::optional<std::string>> stored = checkpoints->meta("sim_config");
+      if (!stored.is_ok()) return stored.status();
+      Result<std::vector<store::RoundInfo>> committed = checkpoints->rounds();
+      if (!committed.is_ok()) return committed.status();
+      if (committed->empty()) {
+        FEDMESH_RETURN_IF_ERROR(checkpoints->set_meta("sim_config", fingerprint().dump()));
+      } else {
+        if (!stored->has_value() || nlohmann::json::parse(**stored, nullptr, false) != fingerprint()) {
+          return invalid_argument(options_.db + " holds checkpoints of a different simulation (its flags were " +
+                                  (stored->has_value() ? **stored : std::string("unrecorded")) +
+                                  "); give the same flags to resume it, or a new --db");
+        }
+        Result<int64_t> next = resume(*checkpoints, time, serial, dropout, summary);
+        if (!next.is_ok()) return next.status();
+        first_round = *next;
+        std::fprintf(stderr, "fedmesh sim: resuming from %s: round %lld of %lld committed\n", options_.db.c_str(),
+                     static_cast<long long>(summary.resumed_from_round), static_cast<long long>(options_.rounds));
+      }
+    }
+    for (int64_t r = first_round; r < options_.rounds; ++r) {
       FEDMESH_RETURN_IF_ERROR(manager_->start_round(names, time));
       const std::vector<std::string> sampled = manager_->sampled();
       double round_time = 0.0;
@@ -160,6 +299,8 @@ class Simulation {
       round.bytes = bytes;
       summary.bytes_sent += bytes;
       summary.rounds.push_back(round);
+      // Commit, then announce.
+      if (checkpoints) FEDMESH_RETURN_IF_ERROR(commit(*checkpoints, round, r, time, serial, dropout, summary));
       if (on_round) on_round(round);
     }
     finish(summary, time);
@@ -235,6 +376,10 @@ Status SimulationOptions::validate() const {
     return invalid_argument("--straggler P:FACTOR needs P in [0, 1] and FACTOR >= 1");
   }
   if (poisoned_sites < 0 || poisoned_sites > sites) return invalid_argument("poisoned sites must be in [0, sites]");
+  if (!db.empty() && rounds_options.asynchronous) {
+    return invalid_argument("--db checkpoints synchronous simulations only: an asynchronous run has updates in "
+                            "flight that a checkpoint does not capture yet");
+  }
   node::TrainOptions local_check = local;
   local_check.max_steps = local_steps;
   FEDMESH_RETURN_IF_ERROR(local_check.validate());

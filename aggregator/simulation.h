@@ -36,6 +36,10 @@ struct SimulationOptions {
   double poison_scale = 10.0;
   RoundOptions rounds_options;
   uint64_t seed = 0;
+  // Synchronous runs only: commit every round to this checkpoint store (the
+  // model, the server optimizer, the round manager and the simulation's own
+  // state) before reporting it, and resume from its newest intact round.
+  std::string db;
 
   Status validate() const;
 };
@@ -51,7 +55,8 @@ struct SimulationRound {
 };
 
 struct SimulationSummary {
-  std::vector<SimulationRound> rounds;
+  std::vector<SimulationRound> rounds;  // the rounds this run did (after a resume, the rest)
+  int64_t resumed_from_round = 0;       // 0: started fresh
   double final_accuracy = 0.0, final_loss = 0.0;
   double virtual_time = 0.0;
   int64_t bytes_sent = 0;      // sites -> aggregator
@@ -59,7 +64,8 @@ struct SimulationSummary {
   int64_t refused_updates = 0;
 };
 
-// Runs the federation; `on_round` sees each server step as it happens.
+// Runs the federation; `on_round` sees each server step as it happens (after
+// its checkpoint is committed, with db).
 Result<SimulationSummary> run_simulation(const SimulationOptions& options, const data::ImageDataset& train,
                                          const data::ImageDataset& test,
                                          const std::function<void(const SimulationRound&)>& on_round);

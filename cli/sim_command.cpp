@@ -151,6 +151,7 @@ int run_sim(SimFlags& flags) {
                {"test_loss", summary->final_loss}, {"rounds", summary->rounds.size()},
                {"bytes_sent", summary->bytes_sent}, {"bytes_received", summary->bytes_received},
                {"refused_updates", summary->refused_updates}, {"virtual_time", summary->virtual_time},
+               {"resumed_from_round", summary->resumed_from_round},
                {"wall_seconds", wall_seconds}});
   } else {
     std::printf("sim %s %s: test accuracy %.2f%% after %zu server steps, %.1f MB sent by sites, %s\n", mode.c_str(),
@@ -207,6 +208,9 @@ void add_sim_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--poisoned", o.poisoned_sites, "Sites that send -10x their update (robustness experiments)")
       ->capture_default_str();
+  cmd->add_option("--db", o.db,
+                  "Checkpoint store: every round is committed before it is reported; the same command resumes from "
+                  "the newest intact round (synchronous rounds only)");
   cmd->add_option("--data", flags->data, "fashion-mnist or a directory with the four IDX files")->capture_default_str();
   cmd->add_option("--train-limit", flags->train_limit, "Use only the first N training images (0 = all)")
       ->capture_default_str();

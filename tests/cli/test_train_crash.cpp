@@ -1,7 +1,9 @@
 // `fedmesh train --db` killed with SIGKILL at random moments, over and over,
 // and resumed each time: the store stays intact, no committed step is lost or
 // repeated, and the final weights equal those of a run that never stopped,
-// bit for bit. Then the operator commands on the store it left behind.
+// bit for bit. Then the operator commands on the store it left behind; and
+// the same for `fedmesh sim --db`, whose rounds are committed before they
+// are reported.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -57,7 +59,11 @@ void read_events(ChildProcess& child, RunOutput& output, std::chrono::millisecon
     const nlohmann::json event = nlohmann::json::parse(*line, nullptr, false);
     if (!event.is_object()) continue;  // a line cut by the kill
     if (event["event"] == "checkpoint") output.checkpoint_steps.push_back(event["step"].get<int64_t>());
+    if (event["event"] == "round") output.checkpoint_steps.push_back(event["round"].get<int64_t>());
     if (event["event"] == "resume") output.resumed_from = event["step"].get<int64_t>();
+    if (event["event"] == "summary" && event.contains("resumed_from_round")) {
+      output.resumed_from = event["resumed_from_round"].get<int64_t>();
+    }
     if (event["event"] == "start") output.started = true;
     if (event["event"] == "summary") {
       output.finished = true;
@@ -290,6 +296,63 @@ TEST_F(TrainCrash, OperatorCommandsListVerifyAndExport) {
   }();
   EXPECT_NE(check.find("6 tensors agree"), std::string::npos) << check;
   EXPECT_NE(check.find("exit 0"), std::string::npos) << check;
+}
+
+TEST(SimCrash, KilledAtRandomMomentsResumesToTheSameModel) {
+  const fs::path dir = fresh_directory("sim-crash");
+  const auto command = [&](const fs::path& db) {
+    return std::vector<std::string>{binary(), "sim", "--sites", "4", "--rounds", "12", "--local-steps", "10",
+                                    "--train-limit", "4000", "--test-limit", "300", "--partition", "dirichlet:0.5",
+                                    "--strategy", "fedadam", "--dropout", "0.2", "--seed", "6", "--threads", "2",
+                                    "--json", "--db", db.string()};
+  };
+  {
+    ChildProcess reference(command(dir / "reference.db"));
+    const RunOutput output = parse_output(reference, 120s);
+    ASSERT_EQ(reference.wait(), 0);
+    ASSERT_TRUE(output.finished);
+  }
+  const fs::path db = dir / "crashed.db";
+  std::mt19937 random(77);
+  std::uniform_int_distribution<int> delay_ms(0, 300);
+  std::vector<int64_t> reported;  // rounds reported, over every run: each only after its commit
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    ChildProcess run(command(db));
+    RunOutput output;
+    read_events(run, output, 60s, /*until_started=*/true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(random)));
+    run.signal(SIGKILL);
+    read_events(run, output, 10s, /*until_started=*/false);
+    run.wait();
+    reported.insert(reported.end(), output.checkpoint_steps.begin(), output.checkpoint_steps.end());
+    if (!fs::exists(db)) continue;
+    auto store = fedmesh::store::CheckpointStore::open_existing(db.string());
+    ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+    ASSERT_TRUE(store->integrity_check().is_ok());
+    auto rounds = store->rounds();
+    ASSERT_TRUE(rounds.is_ok());
+    if (!reported.empty()) {
+      ASSERT_FALSE(rounds->empty());
+      EXPECT_GE(rounds->back().round, reported.back()) << "a reported round is not in the store";
+    }
+  }
+  for (size_t i = 1; i < reported.size(); ++i) {
+    EXPECT_LT(reported[i - 1], reported[i]) << "round " << reported[i] << " was reported twice";
+  }
+  ChildProcess last(command(db));
+  const RunOutput output = parse_output(last, 120s);
+  ASSERT_EQ(last.wait(), 0);
+  ASSERT_TRUE(output.finished);
+  const auto reference = load_newest(dir / "reference.db");
+  const auto resumed = load_newest(db);
+  EXPECT_EQ(resumed.round.round, reference.round.round);
+  ASSERT_EQ(reference.tensors.size(), resumed.tensors.size());
+  for (const auto& tensor : reference.tensors) {
+    const auto* other = resumed.find(tensor.info.role, tensor.info.name);
+    ASSERT_NE(other, nullptr) << tensor.info.name;
+    EXPECT_EQ(std::memcmp(other->value.raw(), tensor.value.raw(), tensor.value.nbytes()), 0)
+        << tensor.info.role << "/" << tensor.info.name << " differs from the uninterrupted simulation";
+  }
 }
 
 }  // namespace

@@ -46,6 +46,8 @@ Result<RoundManager> RoundManager::create(RoundOptions options, std::vector<std:
   if (!server.is_ok()) return server.status();
   RoundManager manager(std::move(options), std::move(names), std::move(model));
   manager.server_ = std::move(*server);
+  manager.link_.version = 0;
+  manager.link_.hash = model_version_hash(0, manager.link_.parent, manager.names_, manager.model_);
   return manager;
 }
 
@@ -59,6 +61,7 @@ Result<RoundManagerState> RoundManager::state() const {
   state.accepted = accepted_;
   state.refused = refused_;
   state.applied_ids = applied_ids_;
+  state.link = link_;
   return state;
 }
 
@@ -68,6 +71,8 @@ Status RoundManager::restore(const RoundManagerState& state) {
       state.accepted < 0 || state.refused < 0) {
     return invalid_argument("round manager state out of range");
   }
+  if (state.link.version != state.version) return invalid_argument("round manager state: chain link of another version");
+  FEDMESH_RETURN_IF_ERROR(verify_model(state.link, names_, model_));
   version_ = state.version;
   round_ = state.round;
   rng_.set_state(state.rng);
@@ -75,6 +80,7 @@ Status RoundManager::restore(const RoundManagerState& state) {
   accepted_ = state.accepted;
   refused_ = state.refused;
   applied_ids_ = state.applied_ids;
+  link_ = state.link;
   return Status::ok();
 }
 
@@ -206,6 +212,7 @@ Result<RoundRecord> RoundManager::close_round(double now) {
     RoundRecord abandoned;  // no server step: the version stays
     abandoned.round = round_;
     abandoned.version = version_;
+    abandoned.link = link_;
     abandoned.closed_by_deadline = by_deadline;
     buffer_.clear();
     buffer_info_.clear();
@@ -265,11 +272,17 @@ Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
   for (size_t i = 0; i < model_.size(); ++i) step.push_back({names_[i], &model_[i], &delta_views[i]});
   FEDMESH_RETURN_IF_ERROR(server_->step(step));
   ++version_;
+  ChainLink next;
+  next.version = version_;
+  next.parent = link_.hash;
+  next.hash = model_version_hash(version_, next.parent, names_, model_);
+  link_ = next;
 
   RoundRecord record;
   record.round = options_.asynchronous ? version_ : round_;
   record.version = version_;
   record.closed_by_deadline = closed_by_deadline;
+  record.link = link_;
   record.applied = buffer_info_;
   for (const SiteUpdate& update : buffer_) {
     record.mean_local_loss += update.local_loss / static_cast<double>(buffer_.size());

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "aggregator/exact_accumulator.h"
+#include "aggregator/model_chain.h"
 #include "aggregator/server_optimizer.h"
 #include "aggregator/staleness.h"
 #include "base/random.h"
@@ -85,6 +86,7 @@ struct AppliedUpdateRecord {
 struct RoundRecord {
   int64_t round = 0;
   int64_t version = 0;  // the model version the step produced
+  ChainLink link;       // its place in the model hash chain
   std::vector<AppliedUpdateRecord> applied;
   double mean_local_loss = 0.0, mean_local_accuracy = 0.0;
   bool closed_by_deadline = false;
@@ -98,6 +100,7 @@ struct RoundManagerState {
   int64_t server_steps = 0;
   int64_t accepted = 0, refused = 0;
   std::vector<std::string> applied_ids;
+  ChainLink link;  // the current version's
 };
 
 class RoundManager {
@@ -106,6 +109,8 @@ class RoundManager {
   static Result<RoundManager> create(RoundOptions options, std::vector<std::string> names, std::vector<Tensor> model);
 
   int64_t version() const { return version_; }
+  // The current version's link in the model hash chain.
+  const ChainLink& link() const { return link_; }
   int64_t round() const { return round_; }
   bool round_open() const { return round_open_; }
   const std::vector<std::string>& sampled() const { return sampled_; }
@@ -128,7 +133,8 @@ class RoundManager {
   // Between rounds (nothing open or buffered): the state to checkpoint, and
   // its restoration into a manager created with the same options and a model
   // of the same shapes. Restore the model's values through mutable_model()
-  // and the server optimizer's through server_optimizer().state_tensors().
+  // and the server optimizer's through server_optimizer().state_tensors()
+  // first: restore() refuses a model that does not hash to state.link.
   Result<RoundManagerState> state() const;
   Status restore(const RoundManagerState& state);
   std::vector<Tensor>& mutable_model() { return model_; }
@@ -155,6 +161,7 @@ class RoundManager {
   std::vector<SiteUpdate> buffer_;               // updates of the round (or async buffer)
   std::vector<AppliedUpdateRecord> buffer_info_;  // their weights and norms
   std::vector<std::string> applied_ids_;          // ids ever applied (the store keeps them durably)
+  ChainLink link_;
   int64_t accepted_ = 0, refused_ = 0;
 };
 

@@ -160,7 +160,9 @@ class Simulation {
                      {"rng", {{"words", manager_state->rng.words}, {"spare", manager_state->rng.spare_normal},
                               {"has_spare", manager_state->rng.has_spare_normal}}},
                      {"server_steps", manager_state->server_steps}, {"accepted", manager_state->accepted},
-                     {"refused", manager_state->refused}, {"applied_ids", manager_state->applied_ids}}}};
+                     {"refused", manager_state->refused}, {"applied_ids", manager_state->applied_ids},
+                     {"model_hash", hash_hex(manager_state->link.hash)},
+                     {"parent_hash", hash_hex(manager_state->link.parent)}}}};
     store::RoundToCommit commit;
     commit.round = round.record.round;
     commit.model_version = round.record.version;
@@ -172,7 +174,8 @@ class Simulation {
     }
     commit.metrics_json = nlohmann::json({{"test_accuracy", round.test_accuracy}, {"test_loss", round.test_loss},
                                           {"updates", round.updates}, {"dropped", round.dropped},
-                                          {"staleness", staleness}})
+                                          {"staleness", staleness},
+                                          {"model_hash", hash_hex(round.record.link.hash)}})
                               .dump();
     commit.state_json = state.dump();
     for (size_t i = 0; i < manager_->model().size(); ++i) {
@@ -204,6 +207,13 @@ class Simulation {
       manager_state.accepted = m.at("accepted").get<int64_t>();
       manager_state.refused = m.at("refused").get<int64_t>();
       manager_state.applied_ids = m.at("applied_ids").get<std::vector<std::string>>();
+      manager_state.link.version = manager_state.version;
+      Result<crypto::Hash> model_hash = parse_hash_hex(m.at("model_hash").get<std::string>());
+      Result<crypto::Hash> parent_hash = parse_hash_hex(m.at("parent_hash").get<std::string>());
+      if (!model_hash.is_ok()) return model_hash.status();
+      if (!parent_hash.is_ok()) return parent_hash.status();
+      manager_state.link.hash = *model_hash;
+      manager_state.link.parent = *parent_hash;
       for (size_t i = 0; i < manager_->model().size(); ++i) {
         const store::StoredTensor* stored = latest->find("model", manager_->names()[i]);
         Tensor& destination = manager_->mutable_model()[i];

@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   const int64_t small = std::max<int64_t>(parameters / 10, 1);
   std::vector<fedmesh::aggregator::BufferedUpdate> round;
   for (int u = 0; u < 9; ++u) {
-    round.push_back({"u" + std::to_string(u), std::span<const float>(distinct[static_cast<size_t>(u % 4)].data(), static_cast<size_t>(small))});
+    round.push_back({std::string("update ") + std::to_string(u), std::span<const float>(distinct[static_cast<size_t>(u % 4)].data(), static_cast<size_t>(small))});
   }
   std::vector<float> out(static_cast<size_t>(small));
   start = Clock::now();

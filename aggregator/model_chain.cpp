@@ -1,0 +1,89 @@
+#include "aggregator/model_chain.h"
+
+namespace fedmesh::aggregator {
+
+namespace {
+
+void hash_u64(crypto::Hasher& hasher, uint64_t value) {
+  uint8_t bytes[8];
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(value >> (8 * i));
+  hasher.update(bytes);
+}
+
+void hash_text(crypto::Hasher& hasher, const std::string& text) {
+  hash_u64(hasher, text.size());
+  hasher.update({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+}
+
+}  // namespace
+
+crypto::Hash model_version_hash(int64_t version, const crypto::Hash& parent, const std::vector<std::string>& names,
+                                const std::vector<Tensor>& tensors) {
+  crypto::Hasher hasher;
+  hash_text(hasher, "fedmesh-model-v1");
+  hash_u64(hasher, static_cast<uint64_t>(version));
+  hasher.update(parent);
+  hash_u64(hasher, tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    hash_text(hasher, i < names.size() ? names[i] : std::string());
+    hash_text(hasher, dtype_name(tensors[i].dtype()));
+    hash_u64(hasher, tensors[i].shape().size());
+    for (int64_t dim : tensors[i].shape()) hash_u64(hasher, static_cast<uint64_t>(dim));
+    hasher.update({static_cast<const uint8_t*>(tensors[i].raw()), tensors[i].nbytes()});
+  }
+  return hasher.finish();
+}
+
+Status verify_chain(const crypto::Hash& trusted, const std::vector<ChainLink>& links) {
+  crypto::Hash expected_parent = trusted;
+  for (size_t i = 0; i < links.size(); ++i) {
+    if (i > 0 && links[i].version != links[i - 1].version + 1) {
+      return corrupt("model chain: version " + std::to_string(links[i].version) + " follows version " +
+                     std::to_string(links[i - 1].version));
+    }
+    if (links[i].parent != expected_parent) {
+      return corrupt("model chain: version " + std::to_string(links[i].version) + " names parent " +
+                     hash_hex(links[i].parent).substr(0, 16) + "..., expected " +
+                     hash_hex(expected_parent).substr(0, 16) + "...");
+    }
+    expected_parent = links[i].hash;
+  }
+  return Status::ok();
+}
+
+Status verify_model(const ChainLink& link, const std::vector<std::string>& names, const std::vector<Tensor>& tensors) {
+  const crypto::Hash computed = model_version_hash(link.version, link.parent, names, tensors);
+  if (computed != link.hash) {
+    return corrupt("model version " + std::to_string(link.version) + " does not hash to its chain entry (" +
+                   hash_hex(computed).substr(0, 16) + "... vs " + hash_hex(link.hash).substr(0, 16) + "...)");
+  }
+  return Status::ok();
+}
+
+std::string hash_hex(const crypto::Hash& hash) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string text;
+  for (uint8_t byte : hash) {
+    text += kDigits[byte >> 4];
+    text += kDigits[byte & 15];
+  }
+  return text;
+}
+
+Result<crypto::Hash> parse_hash_hex(const std::string& text) {
+  crypto::Hash hash{};
+  if (text.size() != 2 * hash.size()) return corrupt("a model hash must be 64 hex digits");
+  const auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < hash.size(); ++i) {
+    const int high = digit(text[2 * i]), low = digit(text[2 * i + 1]);
+    if (high < 0 || low < 0) return corrupt("a model hash must be 64 lowercase hex digits");
+    hash[i] = static_cast<uint8_t>(high << 4 | low);
+  }
+  return hash;
+}
+
+}  // namespace fedmesh::aggregator

@@ -60,29 +60,12 @@ Status verify_model(const ChainLink& link, const std::vector<std::string>& names
   return Status::ok();
 }
 
-std::string hash_hex(const crypto::Hash& hash) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string text;
-  for (uint8_t byte : hash) {
-    text += kDigits[byte >> 4];
-    text += kDigits[byte & 15];
-  }
-  return text;
-}
+std::string hash_hex(const crypto::Hash& hash) { return crypto::to_hex(hash); }
 
 Result<crypto::Hash> parse_hash_hex(const std::string& text) {
   crypto::Hash hash{};
-  if (text.size() != 2 * hash.size()) return corrupt("a model hash must be 64 hex digits");
-  const auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < hash.size(); ++i) {
-    const int high = digit(text[2 * i]), low = digit(text[2 * i + 1]);
-    if (high < 0 || low < 0) return corrupt("a model hash must be 64 lowercase hex digits");
-    hash[i] = static_cast<uint8_t>(high << 4 | low);
-  }
+  Status s = crypto::from_hex(text, hash, "model hash");
+  if (!s.is_ok()) return corrupt(s.message());
   return hash;
 }
 

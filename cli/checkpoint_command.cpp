@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/output.h"
+#include "crypto/keys.h"
 #include "store/checkpoint_store.h"
 #include "store/schema.h"
 #include "store/tensor_export.h"
@@ -40,15 +41,7 @@ int fail(const CheckpointFlags& flags, const std::string& command, const Status&
   return exit_code;
 }
 
-std::string hex(const crypto::Hash& hash) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string text;
-  for (uint8_t byte : hash) {
-    text += kDigits[byte >> 4];
-    text += kDigits[byte & 15];
-  }
-  return text;
-}
+std::string hex(const crypto::Hash& hash) { return crypto::to_hex(hash); }
 
 nlohmann::json parse_object(const std::string& text) {
   nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);

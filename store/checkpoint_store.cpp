@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "base/file_io.h"
+#include "crypto/keys.h"
 #include "store/schema.h"
 
 namespace fedmesh::store {
@@ -34,14 +35,9 @@ constexpr int64_t kWalSizeLimitBytes = int64_t{64} << 20;
 
 std::string round_name(int64_t round) { return "round " + std::to_string(round); }
 
+// The first `limit` bytes in hex: enough to tell ids and checksums apart in a message.
 std::string hex(std::span<const uint8_t> bytes, size_t limit = 8) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string text;
-  for (size_t i = 0; i < std::min(bytes.size(), limit); ++i) {
-    text += kDigits[bytes[i] >> 4];
-    text += kDigits[bytes[i] & 15];
-  }
-  return text;
+  return crypto::to_hex(bytes.subspan(0, std::min(bytes.size(), limit)));
 }
 
 std::string shape_json(const Shape& shape) {

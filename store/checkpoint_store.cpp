@@ -315,6 +315,12 @@ Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, Stor
   // survives power loss, not only a process crash. Nothing here relaxes it.
   FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA synchronous = FULL"));
   FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA foreign_keys = ON"));
+  // Debian builds SQLite with SECURE_DELETE on: every deleted round would be
+  // overwritten with zeros through the log (another 400 MB written per
+  // retired 100M-parameter round). FAST keeps zeroing only where it costs no
+  // extra I/O; the file holds model state, not raw data, and is itself the
+  // thing to protect (mode, disk encryption).
+  FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA secure_delete = FAST"));
   FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA journal_size_limit = " + std::to_string(kWalSizeLimitBytes)));
   std::unique_ptr<BackgroundMaintenance> maintenance;
   if (options.background_maintenance) {
@@ -323,6 +329,7 @@ Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, Stor
     Result<Database> second = Database::open(path, Database::Mode::kReadWrite);
     if (!second.is_ok()) return second.status();
     FEDMESH_RETURN_IF_ERROR(second->execute("PRAGMA foreign_keys = ON"));
+    FEDMESH_RETURN_IF_ERROR(second->execute("PRAGMA secure_delete = FAST"));
     FEDMESH_RETURN_IF_ERROR(second->execute("PRAGMA synchronous = FULL"));
     maintenance = std::make_unique<BackgroundMaintenance>(std::move(*second), options);
   }

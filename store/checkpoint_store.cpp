@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sodium.h>
+#include <sqlite3.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -155,6 +156,32 @@ Status apply_retention(Database& database, const StoreOptions& options) {
   statement->bind(1, options.keep_last);
   return statement->run();
 }
+
+// One snapshot of the database for the statements of a load. Each statement
+// on its own reads the newest commit: retention deleting a round between the
+// reads of its record, its tensors' records and their chunks (on the
+// maintenance connection, or by the owner while an operator inspects the
+// store) would make a round being retired look corrupt. Nested use joins the
+// outer snapshot.
+class ReadSnapshot {
+ public:
+  explicit ReadSnapshot(Database& database) : database_(database) {}
+  ReadSnapshot(const ReadSnapshot&) = delete;
+  ReadSnapshot& operator=(const ReadSnapshot&) = delete;
+  ~ReadSnapshot() {
+    if (open_) (void)database_.execute("ROLLBACK");  // it only read
+  }
+  Status begin() {
+    if (sqlite3_get_autocommit(database_.handle()) == 0) return Status::ok();
+    FEDMESH_RETURN_IF_ERROR(database_.execute("BEGIN"));
+    open_ = true;
+    return Status::ok();
+  }
+
+ private:
+  Database& database_;
+  bool open_ = false;
+};
 
 const char* kSelectTensorColumns =
     "SELECT id, role, name, dtype, shape, encoding, byte_size, chunk_count, checksum FROM tensors ";
@@ -502,6 +529,7 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
         .bind(3, std::string_view(update.sender))
         .bind(4, update.staleness);
     if (Status s = insert_applied->run(); !s.is_ok()) {
+      if (s.code() != StatusCode::kInvalidArgument) return s;  // not the caller's list: the disk, an interrupt
       return invalid_argument(round_name(round.round) + ": update " + hex(update.update_id) +
                               " is listed twice in the round");
     }
@@ -529,14 +557,19 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
           .bind(4, peer.incarnation)
           .bind(5, peer.updated_round);
       if (Status s = insert_peer->run(); !s.is_ok()) {
+        if (s.code() != StatusCode::kInvalidArgument) return s;
         return invalid_argument("peer " + peer.site + " is listed twice");
       }
     }
   }
 
+  // Sequences are uint64 stored as int64 (two's complement): compared as
+  // unsigned, so a counter at or above 2^63 is never "raised" to a small one.
   Result<Statement> raise_counter = database_.prepare(
       "INSERT INTO replay_counters(sender, sequence) VALUES (?1, ?2) "
-      "ON CONFLICT(sender) DO UPDATE SET sequence = max(sequence, excluded.sequence)");
+      "ON CONFLICT(sender) DO UPDATE SET sequence = CASE "
+      "WHEN (sequence < 0) = (excluded.sequence < 0) THEN max(sequence, excluded.sequence) "
+      "WHEN excluded.sequence < 0 THEN excluded.sequence ELSE sequence END");
   if (!raise_counter.is_ok()) return raise_counter.status();
   for (const auto& [sender, sequence] : round.replay_counters) {
     if (!valid_name(sender)) return invalid_argument("a replay counter's sender must be 1..1024 bytes");
@@ -697,6 +730,8 @@ Status CheckpointStore::verify_round(int64_t round) {
 }
 
 Result<LoadedCheckpoint> CheckpointStore::load_round(int64_t round) {
+  ReadSnapshot snapshot(database_);
+  FEDMESH_RETURN_IF_ERROR(snapshot.begin());
   Result<RoundInfo> info = round_info(round);
   if (!info.is_ok()) return info.status();
   Result<std::vector<TensorInfo>> infos = tensors(round);
@@ -730,7 +765,9 @@ Result<LoadedCheckpoint> CheckpointStore::load_round(int64_t round) {
       offset += data.size();
       return Status::ok();
     });
-    if (!s.is_ok()) return corrupt(round_name(round) + ": " + s.message());
+    // Keeps the code: a read that failed for another reason (I/O, an
+    // interrupt) is not a corrupt round for load_latest() to skip.
+    if (!s.is_ok()) return Status(s.code(), round_name(round) + ": " + s.message());
     stored_tensor.info = std::move(tensor);
     checkpoint.tensors.push_back(std::move(stored_tensor));
   }
@@ -739,6 +776,8 @@ Result<LoadedCheckpoint> CheckpointStore::load_round(int64_t round) {
 }
 
 Result<LoadedCheckpoint> CheckpointStore::load_latest(std::vector<Status>* skipped) {
+  ReadSnapshot snapshot(database_);
+  FEDMESH_RETURN_IF_ERROR(snapshot.begin());
   Result<std::vector<RoundInfo>> all = rounds();
   if (!all.is_ok()) return all.status();
   for (auto it = all->rbegin(); it != all->rend(); ++it) {

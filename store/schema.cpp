@@ -94,20 +94,29 @@ Status migrate(Database& database, int target) {
     return invalid_argument("schema version " + std::to_string(target) + " does not exist (1.." +
                             std::to_string(kSchemaVersion) + ")");
   }
-  Result<int> current = schema_version(database);
-  if (!current.is_ok()) return current.status();
-  if (*current > kSchemaVersion) {
-    return invalid_argument(database.path() + ": schema version " + std::to_string(*current) +
+  auto newer = [&](int version) {
+    return invalid_argument(database.path() + ": schema version " + std::to_string(version) +
                             " was written by a newer fedmesh (this one knows up to " +
                             std::to_string(kSchemaVersion) + "); upgrade fedmesh to open it");
-  }
+  };
+  Result<int> current = schema_version(database);
+  if (!current.is_ok()) return current.status();
+  if (*current > kSchemaVersion) return newer(*current);
   if (*current > target) {
     return invalid_argument(database.path() + ": already at schema version " + std::to_string(*current) +
                             ", cannot go back to " + std::to_string(target));
   }
-  for (int version = *current + 1; version <= target; ++version) {
+  if (*current == target) return Status::ok();  // no write lock taken: an inspector never waits here
+  for (;;) {
     Result<Transaction> transaction = Transaction::begin(database);
     if (!transaction.is_ok()) return transaction.status();
+    // Read again under the write lock: another connection (an owner starting
+    // while an operator opens the store) may have migrated since the read above.
+    Result<int> now = schema_version(database);
+    if (!now.is_ok()) return now.status();
+    if (*now > kSchemaVersion) return newer(*now);
+    if (*now >= target) return transaction->commit();
+    const int version = *now + 1;
     FEDMESH_RETURN_IF_ERROR(database.execute(
         "CREATE TABLE IF NOT EXISTS schema_version(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"));
     FEDMESH_RETURN_IF_ERROR(database.execute(kMigrations[static_cast<size_t>(version - 1)]));
@@ -116,7 +125,6 @@ Status migrate(Database& database, int target) {
                                              ", strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"));
     FEDMESH_RETURN_IF_ERROR(transaction->commit());
   }
-  return Status::ok();
 }
 
 }  // namespace fedmesh::store

@@ -148,7 +148,10 @@ Statement& Statement::bind(int index, double value) {
 }
 
 Statement& Statement::bind(int index, std::string_view text) {
-  const int code = sqlite3_bind_text64(statement_, index, text.data(), text.size(), SQLITE_STATIC, SQLITE_UTF8);
+  // A default-constructed view has a null data(), which SQLite would bind as
+  // NULL: empty text must bind as empty text, as an empty blob does.
+  const char* data = text.data() != nullptr ? text.data() : "";
+  const int code = sqlite3_bind_text64(statement_, index, data, text.size(), SQLITE_STATIC, SQLITE_UTF8);
   if (code != SQLITE_OK && bind_error_ == 0) bind_error_ = code;
   return *this;
 }

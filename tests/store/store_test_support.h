@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
 
 #include "kernels/tensor.h"
@@ -29,6 +30,15 @@ inline Tensor patterned(Shape shape, DType dtype, uint8_t seed) {
   Tensor t = Tensor::empty(std::move(shape), dtype);
   auto* bytes = static_cast<uint8_t*>(t.raw());
   for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] = static_cast<uint8_t>(i * 31 + seed);
+  return t;
+}
+
+// A tensor of seeded random bytes: no run of it appears anywhere else.
+inline Tensor random_tensor(Shape shape, DType dtype, uint64_t seed) {
+  Tensor t = Tensor::empty(std::move(shape), dtype);
+  std::mt19937_64 rng(seed);
+  auto* bytes = static_cast<uint8_t*>(t.raw());
+  for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] = static_cast<uint8_t>(rng() >> 56);
   return t;
 }
 

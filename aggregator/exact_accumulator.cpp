@@ -24,6 +24,8 @@ inline int64_t fixed(double value) { return _mm_cvtsd_si64(_mm_set_sd(value * kS
 
 }  // namespace
 
+int64_t to_fixed_point(double value) { return fixed(value); }
+
 ExactAccumulator::ExactAccumulator(int64_t elements) : sum_(static_cast<size_t>(std::max<int64_t>(elements, 0)), 0) {}
 
 double ExactAccumulator::total_weight() const { return static_cast<double>(weight_sum_) / kScale; }

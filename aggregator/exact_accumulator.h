@@ -25,6 +25,10 @@ inline constexpr int kFractionBits = 40;
 inline constexpr double kMaxTermMagnitude = 4194304.0;         // 2^22
 inline constexpr double kMaxSumOfLargestTerms = 8388607.0;     // 2^23 - 1: room for every term's rounding
 
+// One value in the accumulator's fixed point (units of 2^-kFractionBits),
+// rounded to nearest, ties to even; |value| must stay below 2^22.
+int64_t to_fixed_point(double value);
+
 class ExactAccumulator {
  public:
   explicit ExactAccumulator(int64_t elements);

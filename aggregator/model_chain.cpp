@@ -4,31 +4,20 @@ namespace fedmesh::aggregator {
 
 namespace {
 
-void hash_u64(crypto::Hasher& hasher, uint64_t value) {
-  uint8_t bytes[8];
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(value >> (8 * i));
-  hasher.update(bytes);
-}
-
-void hash_text(crypto::Hasher& hasher, const std::string& text) {
-  hash_u64(hasher, text.size());
-  hasher.update({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
-}
-
 }  // namespace
 
 crypto::Hash model_version_hash(int64_t version, const crypto::Hash& parent, const std::vector<std::string>& names,
                                 const std::vector<Tensor>& tensors) {
   crypto::Hasher hasher;
-  hash_text(hasher, "fedmesh-model-v1");
-  hash_u64(hasher, static_cast<uint64_t>(version));
+  hasher.update_text("fedmesh-model-v1");
+  hasher.update_u64(static_cast<uint64_t>(version));
   hasher.update(parent);
-  hash_u64(hasher, tensors.size());
+  hasher.update_u64(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    hash_text(hasher, i < names.size() ? names[i] : std::string());
-    hash_text(hasher, dtype_name(tensors[i].dtype()));
-    hash_u64(hasher, tensors[i].shape().size());
-    for (int64_t dim : tensors[i].shape()) hash_u64(hasher, static_cast<uint64_t>(dim));
+    hasher.update_text(i < names.size() ? names[i] : std::string());
+    hasher.update_text(dtype_name(tensors[i].dtype()));
+    hasher.update_u64(tensors[i].shape().size());
+    for (int64_t dim : tensors[i].shape()) hasher.update_u64(static_cast<uint64_t>(dim));
     hasher.update({static_cast<const uint8_t*>(tensors[i].raw()), tensors[i].nbytes()});
   }
   return hasher.finish();

@@ -124,26 +124,21 @@ Status RoundManager::check(SiteUpdate& update, double& norm) const {
   for (const SiteUpdate& pending : buffer_) {
     if (pending.id == update.id) return invalid_argument(who + " is already in the buffer");
   }
-  // Finite and in range first: a NaN passes any norm comparison, and the
-  // exact accumulator takes terms below 2^22 only.
+  // One pass: finite and in range first (a NaN passes any norm comparison,
+  // and the exact accumulator takes terms below 2^22 only), and the norm.
+  double squares = 0.0;
   for (float v : update.delta) {
     if (!std::isfinite(v)) return invalid_argument(who + ": holds a non-finite value");
     if (std::fabs(v) >= kMaxTermMagnitude) {
       return invalid_argument(who + ": holds a value of magnitude " + std::to_string(std::fabs(v)) +
                               ", beyond what an update may carry (2^22)");
     }
+    squares += static_cast<double>(v) * v;
   }
-  if (options_.norm_bound > 0.0) {
-    Result<double> measured = bound_norm(update.delta, options_.norm_bound);
-    if (!measured.is_ok()) return invalid_argument(who + ": " + measured.status().message());
-    norm = *measured;
-  } else {
-    double squares = 0.0;
-    for (float v : update.delta) {
-      if (!std::isfinite(v)) return invalid_argument(who + ": holds a non-finite value");
-      squares += static_cast<double>(v) * v;
-    }
-    norm = std::sqrt(squares);
+  norm = std::sqrt(squares);
+  if (options_.norm_bound > 0.0 && norm > options_.norm_bound) {
+    const double factor = options_.norm_bound / norm;  // as bound_norm() scales
+    for (float& v : update.delta) v = static_cast<float>(static_cast<double>(v) * factor);
   }
   return Status::ok();
 }
@@ -235,9 +230,8 @@ Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
       // ones: delta = sum(n s(tau) d) / sum(n). Both sums in fixed point.
       int64_t with_staleness = 0, without = 0;
       for (const AppliedUpdateRecord& info : buffer_info_) {
-        with_staleness += static_cast<int64_t>(std::nearbyint(info.weight * 1099511627776.0));
-        without += static_cast<int64_t>(std::nearbyint(info.weight / options_.staleness.weight(info.staleness) *
-                                                       1099511627776.0));
+        with_staleness += to_fixed_point(info.weight);
+        without += to_fixed_point(info.weight / options_.staleness.weight(info.staleness));
       }
       const double factor = without > 0 ? static_cast<double>(with_staleness) / static_cast<double>(without) : 0.0;
       for (float& value : delta) value = static_cast<float>(value * factor);

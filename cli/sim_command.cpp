@@ -106,13 +106,11 @@ int run_sim(SimFlags& flags) {
   }
   if (Status s = o.validate(); !s.is_ok()) return fail(flags, s);
 
-  const std::string directory = flags.data == "fashion-mnist" ? std::string(data::kDefaultFashionMnistDir) : flags.data;
-  Result<data::ImageDataset> train = data::load_fashion_mnist(directory, data::Split::kTrain);
-  if (!train.is_ok()) return fail(flags, train.status());
-  Result<data::ImageDataset> test = data::load_fashion_mnist(directory, data::Split::kTest);
-  if (!test.is_ok()) return fail(flags, test.status());
-  if (flags.train_limit > 0) *train = train->head(flags.train_limit);
-  if (flags.test_limit > 0) *test = test->head(flags.test_limit);
+  Result<data::FashionMnistSplits> splits =
+      data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
+  if (!splits.is_ok()) return fail(flags, splits.status());
+  data::ImageDataset* train = &splits->train;
+  data::ImageDataset* test = &splits->test;
 
   const std::string mode = o.rounds_options.asynchronous
                                ? (flags.fedasync > 0.0 ? "fedasync" : "fedbuff:" + std::to_string(flags.async_buffer))

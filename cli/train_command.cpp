@@ -43,10 +43,6 @@ struct TrainFlags {
   node::TrainOptions options;
 };
 
-std::string data_directory(const std::string& data) {
-  return data == "fashion-mnist" ? std::string(data::kDefaultFashionMnistDir) : data;
-}
-
 // Exit codes: 2 for input the user must fix, 1 for a failure while training.
 int fail(const TrainFlags& flags, const Status& status, int exit_code = 2) {
   if (flags.json) {
@@ -138,13 +134,11 @@ int run_train(TrainFlags& flags) {
     return fail(flags, invalid_argument("--threads must be in [0, " + std::to_string(kMaxThreads) + "] (0 = all cores)"));
   set_cpu_threads(flags.threads);
 
-  const std::string directory = data_directory(flags.data);
-  Result<data::ImageDataset> train = data::load_fashion_mnist(directory, data::Split::kTrain);
-  if (!train.is_ok()) return fail(flags, train.status());
-  Result<data::ImageDataset> test = data::load_fashion_mnist(directory, data::Split::kTest);
-  if (!test.is_ok()) return fail(flags, test.status());
-  if (flags.train_limit > 0) *train = train->head(flags.train_limit);
-  if (flags.test_limit > 0) *test = test->head(flags.test_limit);
+  Result<data::FashionMnistSplits> splits =
+      data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
+  if (!splits.is_ok()) return fail(flags, splits.status());
+  data::ImageDataset* train = &splits->train;
+  data::ImageDataset* test = &splits->test;
 
   Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed);
   if (!model.is_ok()) return fail(flags, model.status());

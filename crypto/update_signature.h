@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "crypto/keys.h"
@@ -26,6 +27,17 @@ class Hasher {
  public:
   Hasher();
   void update(std::span<const uint8_t> bytes);
+  // Framing for hashes over records: a u64 as 8 little-endian bytes; text as
+  // its length (u64) then its bytes, so no two field sequences collide.
+  void update_u64(uint64_t value) {
+    uint8_t bytes[8];
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(value >> (8 * i));
+    update(bytes);
+  }
+  void update_text(std::string_view text) {
+    update_u64(text.size());
+    update({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  }
   Hash finish();
 
  private:

@@ -84,17 +84,6 @@ std::optional<int64_t> shape_bytes(const Shape& shape, DType dtype) {
   return bytes;
 }
 
-void hash_u64(crypto::Hasher& hasher, uint64_t value) {
-  uint8_t bytes[8];
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(value >> (8 * i));
-  hasher.update(bytes);
-}
-
-void hash_text(crypto::Hasher& hasher, std::string_view text) {
-  hash_u64(hasher, text.size());
-  hasher.update({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
-}
-
 std::span<const uint8_t> tensor_bytes(const Tensor& tensor) {
   return {static_cast<const uint8_t*>(tensor.raw()), tensor.nbytes()};
 }
@@ -585,19 +574,19 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
 
 Result<crypto::Hash> CheckpointStore::round_checksum(const RoundInfo& round, const std::vector<TensorInfo>& tensors) {
   crypto::Hasher hasher;
-  hash_text(hasher, "fedmesh-round-v1");
-  hash_u64(hasher, static_cast<uint64_t>(round.round));
-  hash_u64(hasher, static_cast<uint64_t>(round.model_version));
-  hash_text(hasher, round.metrics_json);
-  hash_text(hasher, round.state_json);
-  hash_u64(hasher, tensors.size());
+  hasher.update_text("fedmesh-round-v1");
+  hasher.update_u64(static_cast<uint64_t>(round.round));
+  hasher.update_u64(static_cast<uint64_t>(round.model_version));
+  hasher.update_text(round.metrics_json);
+  hasher.update_text(round.state_json);
+  hasher.update_u64(tensors.size());
   for (const TensorInfo& tensor : tensors) {
-    hash_text(hasher, tensor.role);
-    hash_text(hasher, tensor.name);
-    hash_text(hasher, dtype_name(tensor.dtype));
-    hash_text(hasher, shape_json(tensor.shape));
-    hash_text(hasher, tensor.encoding);
-    hash_u64(hasher, static_cast<uint64_t>(tensor.byte_size));
+    hasher.update_text(tensor.role);
+    hasher.update_text(tensor.name);
+    hasher.update_text(dtype_name(tensor.dtype));
+    hasher.update_text(shape_json(tensor.shape));
+    hasher.update_text(tensor.encoding);
+    hasher.update_u64(static_cast<uint64_t>(tensor.byte_size));
     hasher.update(tensor.checksum);
   }
   return hasher.finish();

@@ -321,4 +321,18 @@ Result<ImageDataset> load_fashion_mnist(const std::string& dir, Split split) {
   return load_idx_pair(*images_path, *labels_path, kFashionMnistClasses);
 }
 
+Result<FashionMnistSplits> load_fashion_mnist_splits(const std::string& data, int64_t train_limit,
+                                                     int64_t test_limit) {
+  if (train_limit < 0 || test_limit < 0) return invalid_argument("limits must be >= 0");
+  const std::string directory = data == "fashion-mnist" ? std::string(kDefaultFashionMnistDir) : data;
+  Result<ImageDataset> train = load_fashion_mnist(directory, Split::kTrain);
+  if (!train.is_ok()) return train.status();
+  Result<ImageDataset> test = load_fashion_mnist(directory, Split::kTest);
+  if (!test.is_ok()) return test.status();
+  FashionMnistSplits splits{std::move(*train), std::move(*test)};
+  if (train_limit > 0) splits.train = splits.train.head(train_limit);
+  if (test_limit > 0) splits.test = splits.test.head(test_limit);
+  return splits;
+}
+
 }  // namespace fedmesh::data

@@ -55,6 +55,14 @@ inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fash
 // missing file is kNotFound with the path and how to get the data.
 Result<ImageDataset> load_fashion_mnist(const std::string& dir, Split split);
 
+// The train and test splits for a --data flag ("fashion-mnist" is the
+// installed data set, anything else a directory), each cut to its first
+// N images when a limit > 0 is given.
+struct FashionMnistSplits {
+  ImageDataset train, test;
+};
+Result<FashionMnistSplits> load_fashion_mnist_splits(const std::string& data, int64_t train_limit, int64_t test_limit);
+
 // General IDX pair reader. Each file may be gzipped or plain: zlib tells them
 // apart by the gzip magic bytes 1f 8b. num_classes in [1, kMaxIdxClasses];
 // every label must be below it.

@@ -84,6 +84,33 @@ Status RoundManager::restore(const RoundManagerState& state) {
   return Status::ok();
 }
 
+Status parse_rule(std::string_view text_view, RoundOptions& options) {
+  const std::string text(text_view);
+  const size_t colon = text.find(':');
+  const std::string name = text.substr(0, colon);
+  const std::string rest = colon == std::string::npos ? "" : text.substr(colon + 1);
+  try {
+    if ((name == "mean" || name == "median") && rest.empty()) {
+      options.rule = name;
+      return Status::ok();
+    }
+    if (name == "trimmed_mean") {
+      options.rule = name;
+      if (!rest.empty()) options.trim_beta = std::stod(rest);
+      return Status::ok();
+    }
+    if (name == "krum") {
+      options.rule = name;
+      const size_t second = rest.find(':');
+      if (!rest.empty()) options.krum_byzantine = std::stoi(rest.substr(0, second));
+      if (second != std::string::npos) options.krum_keep = std::stoi(rest.substr(second + 1));
+      return Status::ok();
+    }
+  } catch (const std::exception&) {
+  }
+  return invalid_argument("rule '" + text + "' is not mean, median, trimmed_mean[:BETA] or krum[:F[:M]]");
+}
+
 Status RoundManager::start_round(const std::vector<std::string>& available, double now) {
   if (options_.asynchronous) return invalid_argument("asynchronous mode has no rounds to start");
   if (round_open_) return invalid_argument("round " + std::to_string(round_) + " is still open");

@@ -64,6 +64,10 @@ struct RoundOptions {
   Status validate() const;
 };
 
+// Sets the aggregation rule from "mean", "median", "trimmed_mean[:BETA]" or
+// "krum[:F[:M]]"; kInvalidArgument naming the text otherwise.
+Status parse_rule(std::string_view text, RoundOptions& options);
+
 struct SiteUpdate {
   std::string id;                  // unique per update
   std::string site;

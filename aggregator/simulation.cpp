@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "aggregator/manager_checkpoint.h"
 #include "node/model.h"
 #include "store/checkpoint_store.h"
 
@@ -140,51 +141,17 @@ class Simulation {
             {"sites_per_round", r.sites_per_round}, {"staleness", r.staleness.to_string()}};
   }
 
-  std::vector<std::pair<std::string, Shape>> model_shapes() const {
-    std::vector<std::pair<std::string, Shape>> shapes;
-    for (size_t i = 0; i < manager_->model().size(); ++i) shapes.emplace_back(manager_->names()[i], manager_->model()[i].shape());
-    return shapes;
-  }
-
   Status commit(store::CheckpointStore& checkpoints, const SimulationRound& round, int64_t round_index, double time,
                 int64_t serial, const Rng& dropout, const SimulationSummary& summary) {
-    Result<RoundManagerState> manager_state = manager_->state();
-    if (!manager_state.is_ok()) return manager_state.status();
     nlohmann::json state = {
         {"round_index", round_index}, {"time", time}, {"serial", serial},
         {"dropout_rng", {{"words", dropout.state().words}, {"spare", dropout.state().spare_normal},
                          {"has_spare", dropout.state().has_spare_normal}}},
         {"bytes_sent", summary.bytes_sent}, {"bytes_received", summary.bytes_received},
-        {"refused_updates", summary.refused_updates},
-        {"manager", {{"version", manager_state->version}, {"round", manager_state->round},
-                     {"rng", {{"words", manager_state->rng.words}, {"spare", manager_state->rng.spare_normal},
-                              {"has_spare", manager_state->rng.has_spare_normal}}},
-                     {"server_steps", manager_state->server_steps}, {"accepted", manager_state->accepted},
-                     {"refused", manager_state->refused}, {"applied_ids", manager_state->applied_ids},
-                     {"model_hash", hash_hex(manager_state->link.hash)},
-                     {"parent_hash", hash_hex(manager_state->link.parent)}}}};
-    store::RoundToCommit commit;
-    commit.round = round.record.round;
-    commit.model_version = round.record.version;
-    nlohmann::json staleness = nlohmann::json::array();
-    for (const AppliedUpdateRecord& applied : round.record.applied) {
-      staleness.push_back(applied.staleness);
-      commit.applied_updates.push_back(
-          {std::vector<uint8_t>(applied.id.begin(), applied.id.end()), applied.site, applied.staleness});
-    }
-    commit.metrics_json = nlohmann::json({{"test_accuracy", round.test_accuracy}, {"test_loss", round.test_loss},
-                                          {"updates", round.updates}, {"dropped", round.dropped},
-                                          {"staleness", staleness},
-                                          {"model_hash", hash_hex(round.record.link.hash)}})
-                              .dump();
-    commit.state_json = state.dump();
-    for (size_t i = 0; i < manager_->model().size(); ++i) {
-      commit.tensors.push_back({"model", manager_->names()[i], &manager_->model()[i]});
-    }
-    for (const OptimizerStateTensor& tensor : manager_->server_optimizer().state_tensors(model_shapes())) {
-      commit.tensors.push_back({"server_optimizer", tensor.name, tensor.tensor});
-    }
-    return checkpoints.commit_round(commit);
+        {"refused_updates", summary.refused_updates}};
+    nlohmann::json metrics = {{"test_accuracy", round.test_accuracy}, {"test_loss", round.test_loss},
+                              {"dropped", round.dropped}};
+    return commit_manager_round(checkpoints, *manager_, round.record, std::move(metrics), std::move(state));
   }
 
   // Restores the newest intact round; returns the round index to go on from.
@@ -194,42 +161,10 @@ class Simulation {
     Result<store::LoadedCheckpoint> latest = checkpoints.load_latest(&skipped);
     for (const Status& s : skipped) std::fprintf(stderr, "fedmesh sim: skipping corrupt checkpoint: %s\n", s.message().c_str());
     if (!latest.is_ok()) return latest.status();
+    Result<nlohmann::json> restored = restore_manager(*latest, *manager_);
+    if (!restored.is_ok()) return restored.status();
     try {
-      const nlohmann::json state = nlohmann::json::parse(latest->round.state_json);
-      const nlohmann::json& m = state.at("manager");
-      RoundManagerState manager_state;
-      manager_state.version = m.at("version").get<int64_t>();
-      manager_state.round = m.at("round").get<int64_t>();
-      manager_state.rng.words = m.at("rng").at("words").get<std::array<uint64_t, 4>>();
-      manager_state.rng.spare_normal = m.at("rng").at("spare").get<double>();
-      manager_state.rng.has_spare_normal = m.at("rng").at("has_spare").get<bool>();
-      manager_state.server_steps = m.at("server_steps").get<int64_t>();
-      manager_state.accepted = m.at("accepted").get<int64_t>();
-      manager_state.refused = m.at("refused").get<int64_t>();
-      manager_state.applied_ids = m.at("applied_ids").get<std::vector<std::string>>();
-      manager_state.link.version = manager_state.version;
-      Result<crypto::Hash> model_hash = parse_hash_hex(m.at("model_hash").get<std::string>());
-      Result<crypto::Hash> parent_hash = parse_hash_hex(m.at("parent_hash").get<std::string>());
-      if (!model_hash.is_ok()) return model_hash.status();
-      if (!parent_hash.is_ok()) return parent_hash.status();
-      manager_state.link.hash = *model_hash;
-      manager_state.link.parent = *parent_hash;
-      for (size_t i = 0; i < manager_->model().size(); ++i) {
-        const store::StoredTensor* stored = latest->find("model", manager_->names()[i]);
-        Tensor& destination = manager_->mutable_model()[i];
-        if (stored == nullptr || stored->value.shape() != destination.shape() || stored->value.dtype() != DType::kF32) {
-          return corrupt("checkpoint has no model tensor " + manager_->names()[i] + " of the model's shape");
-        }
-        std::memcpy(destination.raw(), stored->value.raw(), destination.nbytes());
-      }
-      for (const OptimizerStateTensor& tensor : manager_->server_optimizer().state_tensors(model_shapes())) {
-        const store::StoredTensor* stored = latest->find("server_optimizer", tensor.name);
-        if (stored == nullptr || stored->value.shape() != tensor.tensor->shape()) {
-          return corrupt("checkpoint has no server optimizer state " + tensor.name);
-        }
-        std::memcpy(tensor.tensor->raw(), stored->value.raw(), tensor.tensor->nbytes());
-      }
-      FEDMESH_RETURN_IF_ERROR(manager_->restore(manager_state));
+      const nlohmann::json& state = *restored;
       Rng::State rng;
       rng.words = state.at("dropout_rng").at("words").get<std::array<uint64_t, 4>>();
       rng.spare_normal = state.at("dropout_rng").at("spare").get<double>();

@@ -44,33 +44,6 @@ int fail(const SimFlags& flags, const Status& status) {
   return 2;
 }
 
-// "median", "trimmed_mean:0.2", "krum:F" or "krum:F:M", "mean".
-Status parse_rule(const std::string& text, aggregator::RoundOptions& options) {
-  const size_t colon = text.find(':');
-  const std::string name = text.substr(0, colon);
-  const std::string rest = colon == std::string::npos ? "" : text.substr(colon + 1);
-  try {
-    if ((name == "mean" || name == "median") && rest.empty()) {
-      options.rule = name;
-      return Status::ok();
-    }
-    if (name == "trimmed_mean") {
-      options.rule = name;
-      if (!rest.empty()) options.trim_beta = std::stod(rest);
-      return Status::ok();
-    }
-    if (name == "krum") {
-      options.rule = name;
-      const size_t second = rest.find(':');
-      if (!rest.empty()) options.krum_byzantine = std::stoi(rest.substr(0, second));
-      if (second != std::string::npos) options.krum_keep = std::stoi(rest.substr(second + 1));
-      return Status::ok();
-    }
-  } catch (const std::exception&) {
-  }
-  return invalid_argument("--rule '" + text + "' is not mean, median, trimmed_mean[:BETA] or krum[:F[:M]]");
-}
-
 int run_sim(SimFlags& flags) {
   const auto wall_start = std::chrono::steady_clock::now();
   aggregator::SimulationOptions& o = flags.options;
@@ -83,7 +56,7 @@ int run_sim(SimFlags& flags) {
   if (!server.is_ok()) return fail(flags, server.status());
   if (flags.server_lr > 0.0f) server->lr = flags.server_lr;
   o.rounds_options.server = *server;
-  if (Status s = parse_rule(flags.rule, o.rounds_options); !s.is_ok()) return fail(flags, s);
+  if (Status s = aggregator::parse_rule(flags.rule, o.rounds_options); !s.is_ok()) return fail(flags, s);
   Result<aggregator::StalenessFunction> staleness = aggregator::StalenessFunction::parse(flags.staleness, flags.max_staleness);
   if (!staleness.is_ok()) return fail(flags, staleness.status());
   o.rounds_options.staleness = *staleness;

@@ -84,6 +84,13 @@ Result<ReplayGuard> ReplayGuard::open(std::filesystem::path file) {
 
 ReplayGuard ReplayGuard::in_memory() { return ReplayGuard(); }
 
+ReplayGuard ReplayGuard::persisted_by(std::map<std::string, uint64_t> counters, Persist persist) {
+  ReplayGuard guard;
+  for (auto& [sender, sequence] : counters) guard.last_.emplace(sender, sequence);
+  guard.persist_ = std::move(persist);
+  return guard;
+}
+
 Status ReplayGuard::check(std::string_view sender, uint64_t sequence) const {
   const uint64_t last = last_accepted(sender);
   if (sequence > last) return Status::ok();
@@ -103,7 +110,7 @@ Status ReplayGuard::commit(std::string_view sender, uint64_t sequence) {
   const uint64_t before = added ? 0 : it->second;
   if (added) it = last_.emplace(std::string(sender), sequence).first;
   it->second = sequence;
-  Status status = persist();
+  Status status = persist_ ? persist_(it->first, sequence) : persist();
   if (!status.is_ok()) {
     // Not durable, so not accepted: the caller must not acknowledge.
     if (added) last_.erase(it);

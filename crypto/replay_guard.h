@@ -3,6 +3,9 @@
 // persisted (written to a temporary file, fsynced, renamed, directory fsynced)
 // before commit() returns, so a restart does not reopen a replay window.
 //
+// The aggregator keeps the table in its checkpoint store instead
+// (persisted_by), so counters and rounds live in one database.
+//
 // File format, one line per sender, sorted by name:
 //   fedmesh-replay-v1
 //   <sender> <sequence>
@@ -10,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -27,6 +31,11 @@ class ReplayGuard {
   static Result<ReplayGuard> open(std::filesystem::path file);
   // An in-memory guard (tests, --insecure experiments): nothing persisted.
   static ReplayGuard in_memory();
+  // A guard whose table lives elsewhere (the aggregator's checkpoint store):
+  // starts from `counters`, and commit() calls `persist` for the raised
+  // counter, which must be durable when it returns ok.
+  using Persist = std::function<Status(const std::string& sender, uint64_t sequence)>;
+  static ReplayGuard persisted_by(std::map<std::string, uint64_t> counters, Persist persist);
 
   // ok if sequence > last accepted for sender; kInvalidArgument naming the
   // sender, the sequence and the last accepted one otherwise.
@@ -39,7 +48,8 @@ class ReplayGuard {
  private:
   ReplayGuard() = default;
   Status persist() const;
-  std::filesystem::path file_;  // empty: in memory
+  std::filesystem::path file_;  // empty: in memory (or persist_)
+  Persist persist_;
   std::map<std::string, uint64_t, std::less<>> last_;
 };
 

@@ -1,5 +1,9 @@
 #include "crypto/toml_input.h"
 
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
 #include <string>
 
 namespace fedmesh::crypto {
@@ -37,6 +41,99 @@ Result<toml::table> parse_toml(std::string_view text, std::string_view what) {
     return corrupt(std::string(what) + ": not valid TOML at line " + std::to_string(at.line) + ", column " +
                    std::to_string(at.column) + ": " + std::string(error.description()));
   }
+}
+
+ConfigReader::ConfigReader(const toml::table& table, std::string what) : table_(table), what_(std::move(what)) {}
+
+void ConfigReader::fail(std::string message) {
+  if (error_.empty()) error_ = what_ + ": " + std::move(message);
+}
+
+const toml::node* ConfigReader::find(std::string_view key) {
+  used_.emplace(key);
+  const toml::node_view<const toml::node> node = table_.at_path(key);
+  return node.node();
+}
+
+namespace {
+
+template <class T>
+bool read_integer(const toml::node* node, T& out) {
+  const auto value = node->value<int64_t>();
+  if (!value || *value < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+      (*value > 0 && static_cast<uint64_t>(*value) > static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
+    return false;
+  }
+  out = static_cast<T>(*value);
+  return true;
+}
+
+}  // namespace
+
+void ConfigReader::read(std::string_view key, std::string& out) {
+  if (const toml::node* node = find(key)) {
+    if (const auto value = node->value<std::string>()) out = *value;
+    else fail(std::string(key) + " must be a string");
+  }
+}
+void ConfigReader::read(std::string_view key, int64_t& out) {
+  if (const toml::node* node = find(key); node && !read_integer(node, out)) fail(std::string(key) + " must be an integer");
+}
+void ConfigReader::read(std::string_view key, uint64_t& out) {
+  if (const toml::node* node = find(key); node && !read_integer(node, out)) {
+    fail(std::string(key) + " must be a non-negative integer");
+  }
+}
+void ConfigReader::read(std::string_view key, int& out) {
+  if (const toml::node* node = find(key); node && !read_integer(node, out)) fail(std::string(key) + " must be an integer");
+}
+void ConfigReader::read(std::string_view key, double& out) {
+  if (const toml::node* node = find(key)) {
+    if (const auto value = node->value<double>()) out = *value;  // integers convert
+    else fail(std::string(key) + " must be a number");
+  }
+}
+void ConfigReader::read(std::string_view key, float& out) {
+  double value = out;
+  read(key, value);
+  out = static_cast<float>(value);
+}
+void ConfigReader::read(std::string_view key, bool& out) {
+  if (const toml::node* node = find(key)) {
+    if (const auto value = node->value<bool>()) out = *value;
+    else fail(std::string(key) + " must be true or false");
+  }
+}
+
+Status ConfigReader::finish() {
+  if (!error_.empty()) return invalid_argument(error_);
+  std::string unknown;
+  std::function<void(const toml::table&, const std::string&)> walk = [&](const toml::table& table,
+                                                                       const std::string& prefix) {
+    for (const auto& [k, node] : table) {
+      const std::string key = prefix + std::string(k.str());
+      if (const toml::table* inner = node.as_table()) {
+        walk(*inner, key + ".");
+      } else if (!used_.contains(key) && unknown.empty()) {
+        unknown = key;
+      }
+    }
+  };
+  walk(table_, "");
+  if (!unknown.empty()) return invalid_argument(what_ + ": unknown key '" + unknown + "'");
+  return Status::ok();
+}
+
+Result<toml::table> read_toml_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found("cannot open config " + path);
+  std::string text;
+  char buffer[65536];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    text.append(buffer, static_cast<size_t>(in.gcount()));
+    if (text.size() > (size_t{1} << 20)) return invalid_argument("config " + path + " is over 1 MiB");
+  }
+  return parse_toml(text, path);
 }
 
 }  // namespace fedmesh::crypto

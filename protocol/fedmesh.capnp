@@ -70,6 +70,11 @@ struct RoundAnnounce {
   modelHash @2 :Data;          # BLAKE2b-256 of the model's chunks
   deadlineUnixMs @3 :UInt64;
   localSteps @4 :UInt32;
+  selected @5 :Bool;           # the recipient is sampled for this round (always, when asynchronous)
+  parentHash @6 :Data;         # the hash of version modelVersion - 1
+  asynchronous @7 :Bool;       # sites train continuously (FedBuff / FedAsync)
+  roundOpen @8 :Bool;          # updates for `round` are being taken
+  finished @9 :Bool;           # the federation has run its rounds: sites may stop
 }
 
 # One tensor of an update or a model: its shape in the manifest and how it is
@@ -97,6 +102,7 @@ struct TensorSegment {
 struct ModelRequest {
   version @0 :UInt64;
   fromChunk @1 :UInt32;        # resume: the first chunk still missing
+  trustedVersion @2 :UInt64;   # the newest version whose hash the requester holds
 }
 
 struct ModelChunk {
@@ -106,6 +112,20 @@ struct ModelChunk {
   chunkCount @3 :UInt32;
   tensors @4 :List(TensorDescriptor);   # in chunk 0 only
   segments @5 :List(TensorSegment);
+  parentHash @6 :Data;
+  # In chunk 0 only: the hashes of versions trustedVersion + 1 .. version, so
+  # that the requester can check the chain from the hash it holds.
+  chainHashes @7 :List(Data);
+}
+
+# A site's local evaluation after its training for a round.
+struct SiteReport {
+  round @0 :UInt64;
+  baseVersion @1 :UInt64;
+  trainLoss @2 :Float64;
+  localLoss @3 :Float64;
+  localAccuracy @4 :Float64;
+  examples @5 :UInt64;
 }
 
 # Opens (or, resent, resumes) the transfer of one update. Signed: the
@@ -218,5 +238,6 @@ struct Message {
     ping @10 :Ping;
     pingReq @11 :PingReq;
     pingAck @12 :PingAck;
+    siteReport @13 :SiteReport;
   }
 }

@@ -8,6 +8,12 @@ UpdateService::UpdateService(ReceiverPolicy policy, const crypto::Roster& roster
                              RateLimits limits, TransportCounters& counters)
     : policy_(policy), receiver_(std::move(policy), roster, replay), limiter_(limits), counters_(counters) {}
 
+void UpdateService::set_round(uint64_t round, uint64_t version) {
+  policy_.current_round = round;
+  policy_.current_version = version;
+  receiver_.set_round(round, version);
+}
+
 OutgoingMessage UpdateService::refuse(Rejection rejection) {
   counters_.count_rejection(rejection.code);
   last_rejection_ = std::move(rejection);
@@ -67,8 +73,18 @@ std::optional<OutgoingMessage> UpdateService::handle(const Incoming& incoming) {
     case wire::Message::HELLO:
       return welcome(*parsed);
     case wire::Message::HEARTBEAT:
-      return std::nullopt;
+      if (!other_) return std::nullopt;
+      [[fallthrough]];
     default:
+      if (other_) {
+        std::optional<OutgoingMessage> reply;
+        try {
+          if (other_(incoming, *parsed, reply, rejection)) return reply;
+        } catch (const kj::Exception& e) {
+          rejection = {wire::RejectCode::MALFORMED, std::string("message does not parse: ") + e.getDescription().cStr()};
+        }
+        return refuse(std::move(rejection));
+      }
       return refuse({wire::RejectCode::MALFORMED, "a " + std::to_string(static_cast<int>(envelope.kind)) +
                                                       " message is not one this endpoint takes"});
   }

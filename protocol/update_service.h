@@ -7,6 +7,7 @@
 // the process carries on with the next frame.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,8 +22,20 @@ namespace fedmesh::protocol {
 
 class UpdateService {
  public:
+  // Frames of the kinds the service does not take itself (ModelRequest,
+  // SiteReport, Heartbeat) go to this handler once they passed the rate
+  // limit, the envelope and the parse. It sets `reply` (or leaves it empty)
+  // and returns true, or fills `rejection` and returns false.
+  using OtherHandler = std::function<bool(const Incoming& incoming, const ParsedMessage& message,
+                                          std::optional<OutgoingMessage>& reply, Rejection& rejection)>;
+
   UpdateService(ReceiverPolicy policy, const crypto::Roster& roster, crypto::ReplayGuard& replay, RateLimits limits,
                 TransportCounters& counters);
+
+  void set_other_handler(OtherHandler handler) { other_ = std::move(handler); }
+  // The round and model version the service accepts updates for and names
+  // in its Welcome.
+  void set_round(uint64_t round, uint64_t version);
 
   // The reply to send back to the frame's sender (none for a Heartbeat).
   std::optional<OutgoingMessage> handle(const Incoming& incoming);
@@ -43,6 +56,7 @@ class UpdateService {
   RateLimiter limiter_;
   TransportCounters& counters_;
   std::optional<Rejection> last_rejection_;
+  OtherHandler other_;
 };
 
 }  // namespace fedmesh::protocol

@@ -68,6 +68,15 @@ void for_each_index_in_parallel(size_t count, F&& f) {
   if (failure) std::rethrow_exception(failure);
 }
 
+bool text_field(capnp::Text::Reader text, std::string& out, const char* what, Rejection& rejection) {
+  if (text.size() > kMaxTextBytes) {
+    rejection = {wire::RejectCode::MALFORMED, std::string(what) + " is over " + std::to_string(kMaxTextBytes) + " bytes"};
+    return false;
+  }
+  out.assign(text.cStr(), text.size());
+  return true;
+}
+
 }  // namespace
 
 crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors) {
@@ -86,6 +95,67 @@ crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors
 
 OutgoingMessage copy_message(std::span<const uint8_t> bytes) { return OutgoingMessage::from_bytes(bytes); }
 
+void fill_descriptors(capnp::List<wire::TensorDescriptor>::Builder list,
+                      std::span<const TensorDescriptorFields> descriptors) {
+  for (size_t i = 0; i < descriptors.size(); ++i) {
+    auto out = list[static_cast<unsigned>(i)];
+    out.setName(descriptors[i].name);
+    auto shape = out.initShape(static_cast<unsigned>(descriptors[i].dims.size()));
+    for (size_t d = 0; d < descriptors[i].dims.size(); ++d) {
+      shape.set(static_cast<unsigned>(d), static_cast<uint64_t>(descriptors[i].dims[d]));
+    }
+    out.setEncoding(to_wire(descriptors[i].encoding));
+    out.setBlockSize(descriptors[i].block_size);
+  }
+}
+
+bool read_descriptors(capnp::List<wire::TensorDescriptor>::Reader tensors,
+                      std::vector<TensorDescriptorFields>& descriptors, Rejection& rejection) {
+  if (tensors.size() > kMaxTensorsPerUpdate) {
+    rejection = {wire::RejectCode::MALFORMED, "message declares " + std::to_string(tensors.size()) + " tensors"};
+    return false;
+  }
+  descriptors.assign(tensors.size(), {});
+  for (uint32_t t = 0; t < tensors.size(); ++t) {
+    const auto in = tensors[t];
+    auto& d = descriptors[t];
+    if (!text_field(in.getName(), d.name, "tensor name", rejection)) return false;
+    const auto shape = in.getShape();
+    if (shape.size() > kMaxTensorRank) {
+      rejection = {wire::RejectCode::WRONG_SHAPE, "tensor '" + d.name + "' has rank " + std::to_string(shape.size())};
+      return false;
+    }
+    for (uint64_t dim : shape) d.dims.push_back(static_cast<int64_t>(dim));
+    if (!from_wire(in.getEncoding(), d.encoding)) {
+      rejection = {wire::RejectCode::MALFORMED, "tensor '" + d.name + "' has an unknown encoding"};
+      return false;
+    }
+    d.block_size = in.getBlockSize();
+  }
+  return true;
+}
+
+bool descriptors_match(std::span<const TensorDescriptorFields> descriptors, std::span<const TensorShape> manifest,
+                       std::string_view what, Rejection& rejection) {
+  if (descriptors.size() != manifest.size()) {
+    rejection = {wire::RejectCode::WRONG_SHAPE, std::string(what) + " has " + std::to_string(descriptors.size()) +
+                                                    " tensors; the model has " + std::to_string(manifest.size())};
+    return false;
+  }
+  for (size_t t = 0; t < descriptors.size(); ++t) {
+    const auto& expected = manifest[t];
+    if (descriptors[t].name != expected.name || descriptors[t].dims != expected.dims) {
+      std::string got, want;
+      for (int64_t d : descriptors[t].dims) got += (got.empty() ? "" : "x") + std::to_string(d);
+      for (int64_t d : expected.dims) want += (want.empty() ? "" : "x") + std::to_string(d);
+      rejection = {wire::RejectCode::WRONG_SHAPE, "tensor " + std::to_string(t) + " is '" + descriptors[t].name +
+                                                      "' " + got + "; the model has '" + expected.name + "' " + want};
+      return false;
+    }
+  }
+  return true;
+}
+
 SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
                                    std::span<const crypto::Hash> hashes, const crypto::SiteKeys& sender_keys) {
   const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
@@ -101,17 +171,7 @@ SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const Tens
   header.setRecipient(metadata.recipient);
   header.setSequence(metadata.sequence);
   header.setSampleCount(metadata.sample_count);
-  auto list = header.initTensors(static_cast<unsigned>(descriptors.size()));
-  for (size_t i = 0; i < descriptors.size(); ++i) {
-    auto out = list[static_cast<unsigned>(i)];
-    out.setName(descriptors[i].name);
-    auto shape = out.initShape(static_cast<unsigned>(descriptors[i].dims.size()));
-    for (size_t d = 0; d < descriptors[i].dims.size(); ++d) {
-      shape.set(static_cast<unsigned>(d), static_cast<uint64_t>(descriptors[i].dims[d]));
-    }
-    out.setEncoding(to_wire(descriptors[i].encoding));
-    out.setBlockSize(descriptors[i].block_size);
-  }
+  fill_descriptors(header.initTensors(static_cast<unsigned>(descriptors.size())), descriptors);
   header.setChunkCount(static_cast<uint32_t>(hashes.size()));
   auto hash_list = header.initChunkHashes(static_cast<unsigned>(hashes.size()));
   for (size_t i = 0; i < hashes.size(); ++i) {
@@ -234,18 +294,6 @@ OutgoingMessage UpdateReceiver::ack(const Transfer& transfer, bool complete) {
   return serialize(builder);
 }
 
-namespace {
-
-bool text_field(capnp::Text::Reader text, std::string& out, const char* what, Rejection& rejection) {
-  if (text.size() > kMaxTextBytes) {
-    rejection = {wire::RejectCode::MALFORMED, std::string(what) + " is over " + std::to_string(kMaxTextBytes) + " bytes"};
-    return false;
-  }
-  out.assign(text.cStr(), text.size());
-  return true;
-}
-
-}  // namespace
 
 bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer) {
   Rejection rejection;
@@ -298,27 +346,10 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
     }
     std::memcpy(transfer.chunk_hashes[i].data(), hash.begin(), crypto::kHashBytes);
   }
-  const auto tensors = header.getTensors();
-  if (tensors.size() > kMaxTensorsPerUpdate) {
-    return fail(wire::RejectCode::MALFORMED, "update declares " + std::to_string(tensors.size()) + " tensors");
-  }
-  std::vector<TensorDescriptorFields> descriptors(tensors.size());
-  for (uint32_t t = 0; t < tensors.size(); ++t) {
-    const auto in = tensors[t];
-    auto& d = descriptors[t];
-    if (!text_field(in.getName(), d.name, "tensor name", rejection)) {
-      last_rejection_ = rejection;
-      return false;
-    }
-    const auto shape = in.getShape();
-    if (shape.size() > kMaxTensorRank) {
-      return fail(wire::RejectCode::WRONG_SHAPE, "tensor '" + d.name + "' has rank " + std::to_string(shape.size()));
-    }
-    for (uint64_t dim : shape) d.dims.push_back(static_cast<int64_t>(dim));
-    if (!from_wire(in.getEncoding(), d.encoding)) {
-      return fail(wire::RejectCode::MALFORMED, "tensor '" + d.name + "' has an unknown encoding");
-    }
-    d.block_size = in.getBlockSize();
+  std::vector<TensorDescriptorFields> descriptors;
+  if (!read_descriptors(header.getTensors(), descriptors, rejection)) {
+    last_rejection_ = rejection;
+    return false;
   }
   // The signature, before any state is touched.
   const auto signature_bytes = header.getSignature();
@@ -350,19 +381,12 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
                     std::to_string(policy_.current_version));
   }
   // Shapes against our manifest, never against what the peer declares.
-  if (descriptors.size() != policy_.manifest.size()) {
-    return fail(wire::RejectCode::WRONG_SHAPE, "update has " + std::to_string(descriptors.size()) +
-                                                   " tensors; the model has " + std::to_string(policy_.manifest.size()));
+  if (!descriptors_match(descriptors, policy_.manifest, "update", rejection)) {
+    last_rejection_ = rejection;
+    return false;
   }
   for (size_t t = 0; t < descriptors.size(); ++t) {
     const auto& expected = policy_.manifest[t];
-    if (descriptors[t].name != expected.name || descriptors[t].dims != expected.dims) {
-      std::string got, want;
-      for (int64_t d : descriptors[t].dims) got += (got.empty() ? "" : "x") + std::to_string(d);
-      for (int64_t d : expected.dims) want += (want.empty() ? "" : "x") + std::to_string(d);
-      return fail(wire::RejectCode::WRONG_SHAPE, "tensor " + std::to_string(t) + " is '" + descriptors[t].name + "' " +
-                                                     got + "; the model has '" + expected.name + "' " + want);
-    }
     if (encoding_is_block(descriptors[t].encoding) &&
         (descriptors[t].block_size == 0 || descriptors[t].block_size > kMaxBlockSize)) {
       return fail(wire::RejectCode::MALFORMED, "tensor '" + expected.name + "' has block size " +

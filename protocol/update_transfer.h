@@ -83,6 +83,16 @@ SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const Tens
 
 OutgoingMessage copy_message(std::span<const uint8_t> bytes);
 
+// Tensor descriptors into and out of the schema (UpdateHeader, ModelChunk).
+// read_descriptors checks counts, names, ranks and encodings; descriptors_match
+// compares names and shapes with our own manifest (`what` names the message).
+void fill_descriptors(capnp::List<wire::TensorDescriptor>::Builder list,
+                      std::span<const TensorDescriptorFields> descriptors);
+bool read_descriptors(capnp::List<wire::TensorDescriptor>::Reader tensors,
+                      std::vector<TensorDescriptorFields>& descriptors, Rejection& rejection);
+bool descriptors_match(std::span<const TensorDescriptorFields> descriptors, std::span<const TensorShape> manifest,
+                       std::string_view what, Rejection& rejection);
+
 // What the receiver accepts.
 struct ReceiverPolicy {
   std::string federation;

@@ -1,0 +1,742 @@
+#include "aggregator/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "aggregator/manager_checkpoint.h"
+#include "base/http_endpoint.h"
+#include "base/prometheus.h"
+#include "crypto/keys.h"
+#include "crypto/roster.h"
+#include "crypto/toml_input.h"
+#include "node/data/fashion_mnist.h"
+#include "node/model.h"
+#include "node/trainer.h"
+#include "protocol/model_transfer.h"
+#include "protocol/update_service.h"
+
+namespace fedmesh::aggregator {
+
+Status AggregatorConfig::validate() const {
+  if (federation.empty()) return invalid_argument("federation is required");
+  if (keys.empty() || roster.empty() || admin_public.empty()) {
+    return invalid_argument("keys, roster and admin_public are required");
+  }
+  if (rounds < 0) return invalid_argument("rounds must be >= 0");
+  if (local_steps < 1) return invalid_argument("local_steps must be >= 1");
+  if (min_sites < 1) return invalid_argument("min_sites must be >= 1");
+  if (!(site_timeout_seconds > 0.0)) return invalid_argument("site_timeout_seconds must be > 0");
+  if (!(linger_seconds >= 0.0)) return invalid_argument("linger_seconds must be >= 0");
+  if (validation_limit < 0) return invalid_argument("validation_limit must be >= 0");
+  FEDMESH_RETURN_IF_ERROR(store_options.validate());
+  return rounds_options.validate();
+}
+
+Result<AggregatorConfig> read_aggregator_config(const std::string& path) {
+  Result<toml::table> table = crypto::read_toml_file(path);
+  if (!table.is_ok()) return table.status();
+  AggregatorConfig c;
+  crypto::ConfigReader r(*table, path);
+  r.require("federation", c.federation);
+  r.read("name", c.name);
+  r.read("listen", c.listen);
+  r.require("keys", c.keys);
+  r.require("roster", c.roster);
+  r.require("admin_public", c.admin_public);
+  r.read("store", c.store);
+  r.read("metrics", c.metrics);
+  r.read("model", c.model);
+  r.read("seed", c.seed);
+  r.read("rounds", c.rounds);
+  r.read("local_steps", c.local_steps);
+  r.read("min_sites", c.min_sites);
+  r.read("site_timeout_seconds", c.site_timeout_seconds);
+  r.read("linger_seconds", c.linger_seconds);
+  r.read("validation", c.validation);
+  r.read("validation_limit", c.validation_limit);
+  r.read("keep_last", c.store_options.keep_last);
+  c.store_options.best_metric = "test_accuracy";
+  RoundOptions& o = c.rounds_options;
+  std::string mode = "sync", strategy = "fedavg", rule = "mean", staleness = "polynomial:0.5";
+  int64_t max_staleness = -1;
+  double server_lr = 0.0;
+  r.read("rounds_mode", mode);
+  r.read("sites_per_round", o.sites_per_round);
+  r.read("min_updates", o.min_updates);
+  r.read("deadline_seconds", o.round_deadline_seconds);
+  r.read("fold_late_updates", o.fold_late_updates);
+  r.read("buffer_size", o.buffer_size);
+  r.read("fedasync_mixing", o.fedasync_mixing);
+  r.read("staleness", staleness);
+  r.read("max_staleness", max_staleness);
+  r.read("strategy", strategy);
+  r.read("server_lr", server_lr);
+  r.read("rule", rule);
+  r.read("norm_bound", o.norm_bound);
+  r.read("max_sample_count", o.max_sample_count);
+  FEDMESH_RETURN_IF_ERROR(r.finish());
+  if (mode == "sync") {
+    o.asynchronous = false;
+  } else if (mode == "fedbuff") {
+    o.asynchronous = true;
+    o.fedasync_mixing = 0.0;
+  } else if (mode == "fedasync") {
+    o.asynchronous = true;
+    if (o.fedasync_mixing <= 0.0) o.fedasync_mixing = 0.5;
+  } else {
+    return invalid_argument(path + ": rounds_mode '" + mode + "' is not sync, fedbuff or fedasync");
+  }
+  Result<ServerOptimizerOptions> server = ServerOptimizerOptions::defaults_for(strategy);
+  if (!server.is_ok()) return invalid_argument(path + ": " + server.status().message());
+  if (server_lr > 0.0) server->lr = static_cast<float>(server_lr);
+  o.server = *server;
+  if (Status s = parse_rule(rule, o); !s.is_ok()) return invalid_argument(path + ": " + s.message());
+  Result<StalenessFunction> s = StalenessFunction::parse(staleness, max_staleness);
+  if (!s.is_ok()) return invalid_argument(path + ": " + s.status().message());
+  o.staleness = *s;
+  o.seed = c.seed;
+  if (Status v = c.validate(); !v.is_ok()) return invalid_argument(path + ": " + v.message());
+  return c;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t unix_ms() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+struct SiteState {
+  std::string routing_id;
+  Clock::time_point last_contact{};
+  int64_t updates_accepted = 0, updates_refused = 0;
+  double local_loss = 0.0, local_accuracy = 0.0, train_loss = 0.0;
+  int64_t report_round = -1;
+};
+
+// A pending update's payload in the store: round, base version, sample
+// count, the site's reported loss and accuracy, then the delta (fp32).
+constexpr size_t kPendingHeaderBytes = 5 * 8;
+
+std::vector<uint8_t> pending_payload(const SiteUpdate& update) {
+  std::vector<uint8_t> bytes(kPendingHeaderBytes + update.delta.size() * sizeof(float));
+  const int64_t ints[3] = {update.round, update.base_version, update.sample_count};
+  const double reals[2] = {update.local_loss, update.local_accuracy};
+  std::memcpy(bytes.data(), ints, sizeof ints);
+  std::memcpy(bytes.data() + sizeof ints, reals, sizeof reals);
+  std::memcpy(bytes.data() + kPendingHeaderBytes, update.delta.data(), update.delta.size() * sizeof(float));
+  return bytes;
+}
+
+Result<SiteUpdate> update_from_pending(const store::PendingUpdate& pending, std::span<const uint8_t> bytes,
+                                       int64_t parameters) {
+  if (bytes.size() != kPendingHeaderBytes + static_cast<size_t>(parameters) * sizeof(float)) {
+    return corrupt("pending update from " + pending.sender + " has " + std::to_string(bytes.size()) +
+                   " bytes, not a delta of this model");
+  }
+  SiteUpdate update;
+  update.id.assign(pending.update_id.begin(), pending.update_id.end());
+  update.site = pending.sender;
+  int64_t ints[3];
+  double reals[2];
+  std::memcpy(ints, bytes.data(), sizeof ints);
+  std::memcpy(reals, bytes.data() + sizeof ints, sizeof reals);
+  update.round = ints[0];
+  update.base_version = ints[1];
+  update.sample_count = ints[2];
+  update.local_loss = reals[0];
+  update.local_accuracy = reals[1];
+  update.delta.resize(static_cast<size_t>(parameters));
+  std::memcpy(update.delta.data(), bytes.data() + kPendingHeaderBytes, update.delta.size() * sizeof(float));
+  return update;
+}
+
+}  // namespace
+
+class AggregatorServer::Impl {
+ public:
+  AggregatorConfig config;
+  EventSink emit;
+  crypto::SiteKeys keys;
+  crypto::Roster roster;
+  std::optional<store::CheckpointStore> store;
+  std::optional<crypto::ReplayGuard> replay;
+  std::optional<RoundManager> manager;
+  std::unique_ptr<node::Sequential> evaluator_model;
+  data::ImageDataset validation;
+  std::vector<crypto::Hash> chain;  // hash of every version, by version
+  std::vector<protocol::TensorShape> manifest;
+  std::unique_ptr<protocol::ServerSocket> socket;
+  std::unique_ptr<protocol::UpdateService> service;
+  protocol::ModelPublisher publisher;
+  std::unique_ptr<HttpEndpoint> http;
+  std::map<std::string, SiteState> sites;
+  Clock::time_point started = Clock::now();
+  Clock::time_point round_started = Clock::now();
+  std::optional<Clock::time_point> finished_at;
+  std::string metrics_address;
+
+  // What /metrics and /status show, written by the serving thread.
+  mutable std::mutex metrics_mutex;
+  int64_t accepted_total = 0, refused_total = 0;
+  std::map<std::string, int64_t> refused_by_reason;
+  Histogram staleness_histogram{{0, 1, 2, 4, 8, 16, 32}};
+  double last_round_seconds = 0.0, last_aggregation_gbps = 0.0;
+  double last_accuracy = -1.0, last_loss = -1.0;
+  std::vector<nlohmann::json> recent_rounds;
+  nlohmann::json sites_json = nlohmann::json::array();
+  int64_t shown_round = 0, shown_version = 0;  // the manager's, copied by refresh_status()
+  bool shown_open = false, shown_finished = false;
+
+  double now() const { return std::chrono::duration<double>(Clock::now() - started).count(); }
+
+  Status open(AggregatorConfig c, EventSink sink);
+  Status restore();
+  Status publish();
+  Status run(const std::atomic<bool>& stop);
+  void handle(const protocol::Incoming& incoming);
+  bool handle_other(const protocol::Incoming& incoming, const protocol::ParsedMessage& message,
+                    std::optional<protocol::OutgoingMessage>& reply, protocol::Rejection& rejection);
+  void take_completed();
+  void submit(SiteUpdate update, bool from_store);
+  Status maybe_start_round();
+  Status finish_step(const RoundRecord& record);
+  std::vector<std::string> available_sites() const;
+  bool finished() const { return config.rounds > 0 && manager->version() >= config.rounds && !manager->round_open(); }
+  void set_service_round();
+  protocol::OutgoingMessage announce(const std::string& site) const;
+  void refresh_status();
+  std::string render_metrics() const;
+  std::string render_status() const;
+};
+
+Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
+  config = std::move(c);
+  emit = std::move(sink);
+  FEDMESH_RETURN_IF_ERROR(config.validate());
+  Result<crypto::SiteKeys> read_keys = crypto::read_site_keys(config.keys);
+  if (!read_keys.is_ok()) return read_keys.status();
+  keys = std::move(*read_keys);
+  if (keys.identity.name != config.name) {
+    return invalid_argument("key file " + config.keys + " is for '" + keys.identity.name + "', the config names '" +
+                            config.name + "'");
+  }
+  Result<crypto::Roster> read_roster = crypto::read_roster(config.roster);
+  if (!read_roster.is_ok()) return read_roster.status();
+  roster = std::move(*read_roster);
+  crypto::SignPublicKey admin{};
+  FEDMESH_RETURN_IF_ERROR(crypto::from_hex(config.admin_public, admin, "admin_public"));
+  FEDMESH_RETURN_IF_ERROR(crypto::verify_roster(roster, admin));
+  if (roster.federation != config.federation) {
+    return invalid_argument("the roster is for federation '" + roster.federation + "', the config names '" +
+                            config.federation + "'");
+  }
+  const crypto::RosterEntry* self = roster.find(config.name);
+  if (self == nullptr || self->identity != keys.identity) {
+    return invalid_argument("'" + config.name + "' is not on the roster with the keys in " + config.keys);
+  }
+
+  // The model: version 0 is the seeded initial model every site can rebuild.
+  Result<std::unique_ptr<node::Sequential>> model = node::make_model(config.model, config.seed);
+  if (!model.is_ok()) return model.status();
+  evaluator_model = std::move(*model);
+  std::vector<std::string> names;
+  std::vector<Tensor> tensors;
+  for (Parameter* p : evaluator_model->parameters()) {
+    names.push_back(p->name);
+    tensors.push_back(p->value.clone());
+    manifest.push_back({p->name, std::vector<int64_t>(p->value.shape().begin(), p->value.shape().end())});
+  }
+  Result<RoundManager> created = RoundManager::create(config.rounds_options, std::move(names), std::move(tensors));
+  if (!created.is_ok()) return created.status();
+  manager.emplace(std::move(*created));
+  chain = {manager->link().hash};
+
+  if (!config.validation.empty()) {
+    Result<data::FashionMnistSplits> splits = data::load_fashion_mnist_splits(config.validation, 1, config.validation_limit);
+    if (!splits.is_ok()) return splits.status();
+    validation = std::move(splits->test);
+  }
+
+  Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store, config.store_options);
+  if (!opened.is_ok()) return opened.status();
+  store.emplace(std::move(*opened));
+  FEDMESH_RETURN_IF_ERROR(restore());
+
+  Result<std::map<std::string, uint64_t>> counters = store->replay_counters();
+  if (!counters.is_ok()) return counters.status();
+  replay.emplace(crypto::ReplayGuard::persisted_by(
+      std::move(*counters),
+      [this](const std::string& sender, uint64_t sequence) { return store->record_replay_counter(sender, sequence); }));
+
+  Result<std::unique_ptr<protocol::ServerSocket>> bound = protocol::ServerSocket::bind(
+      config.listen, protocol::CurveKeys::from(keys), protocol::allowlist_from_roster(roster), {});
+  if (!bound.is_ok()) return bound.status();
+  socket = std::move(*bound);
+  protocol::ReceiverPolicy policy;
+  policy.federation = config.federation;
+  policy.self = config.name;
+  policy.manifest = manifest;
+  policy.max_round_lag = config.rounds_options.asynchronous ? std::numeric_limits<uint64_t>::max() / 2
+                                                             : (config.rounds_options.fold_late_updates ? 1 : 0);
+  service = std::make_unique<protocol::UpdateService>(policy, roster, *replay, protocol::RateLimits{},
+                                                      socket->counters());
+  service->set_other_handler([this](const protocol::Incoming& in, const protocol::ParsedMessage& message,
+                                    std::optional<protocol::OutgoingMessage>& reply, protocol::Rejection& rejection) {
+    return handle_other(in, message, reply, rejection);
+  });
+  set_service_round();
+  FEDMESH_RETURN_IF_ERROR(publish());
+
+  if (!config.metrics.empty()) {
+    std::map<std::string, HttpPage> pages;
+    pages["/metrics"] = {"text/plain; version=0.0.4", [this] { return render_metrics(); }};
+    pages["/status"] = {"application/json", [this] { return render_status(); }};
+    Result<std::unique_ptr<HttpEndpoint>> endpoint = HttpEndpoint::start(config.metrics, std::move(pages));
+    if (!endpoint.is_ok()) return endpoint.status();
+    http = std::move(*endpoint);
+    metrics_address = http->address();
+  }
+  return Status::ok();
+}
+
+Status AggregatorServer::Impl::restore() {
+  Result<std::vector<store::RoundInfo>> committed = store->rounds();
+  if (!committed.is_ok()) return committed.status();
+  const nlohmann::json fingerprint = {{"federation", config.federation}, {"model", config.model},
+                                      {"seed", config.seed}, {"asynchronous", config.rounds_options.asynchronous},
+                                      {"strategy", config.rounds_options.server.name}};
+  Result<std::optional<std::string>> stored = store->meta("aggregator_config");
+  if (!stored.is_ok()) return stored.status();
+  if (committed->empty() && !stored->has_value()) {
+    return store->set_meta("aggregator_config", fingerprint.dump());
+  }
+  if (stored->has_value() && nlohmann::json::parse(**stored, nullptr, false) != fingerprint) {
+    return invalid_argument(config.store + " holds a federation run with different settings (" + **stored +
+                            "); point `store` at a new file to start another");
+  }
+  if (committed->empty()) return Status::ok();
+  std::vector<Status> skipped;
+  Result<store::LoadedCheckpoint> latest = store->load_latest(&skipped);
+  for (const Status& s : skipped) emit({{"event", "warning"}, {"message", "skipping corrupt checkpoint: " + s.message()}});
+  if (!latest.is_ok()) return latest.status();
+  Result<nlohmann::json> state = restore_manager(*latest, *manager);
+  if (!state.is_ok()) return state.status();
+  try {
+    chain.clear();
+    for (const auto& hex : state->at("chain")) {
+      Result<crypto::Hash> hash = parse_hash_hex(hex.get<std::string>());
+      if (!hash.is_ok()) return hash.status();
+      chain.push_back(*hash);
+    }
+  } catch (const nlohmann::json::exception& error) {
+    return corrupt(std::string("the aggregator state in the checkpoint is malformed: ") + error.what());
+  }
+  if (chain.size() != static_cast<size_t>(manager->version()) + 1 || chain.back() != manager->link().hash) {
+    return corrupt("the checkpoint's hash chain does not end at its model (version " +
+                   std::to_string(manager->version()) + ")");
+  }
+  emit({{"event", "resume"}, {"store", config.store}, {"round", manager->round()}, {"version", manager->version()},
+        {"committed", latest->round.wall_time}});
+  return Status::ok();
+}
+
+Status AggregatorServer::Impl::publish() {
+  std::vector<std::span<const float>> spans;
+  for (const Tensor& t : manager->model()) spans.emplace_back(t.data<float>(), static_cast<size_t>(t.numel()));
+  return publisher.publish(static_cast<uint64_t>(manager->version()), chain, manifest, spans);
+}
+
+void AggregatorServer::Impl::set_service_round() {
+  const auto version = static_cast<uint64_t>(manager->version());
+  const auto round = config.rounds_options.asynchronous ? version : static_cast<uint64_t>(manager->round());
+  service->set_round(round, version);
+}
+
+std::vector<std::string> AggregatorServer::Impl::available_sites() const {
+  std::vector<std::string> names;
+  const auto cutoff = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(config.site_timeout_seconds));
+  for (const auto& [name, site] : sites) {
+    if (site.last_contact >= cutoff) names.push_back(name);
+  }
+  return names;
+}
+
+protocol::OutgoingMessage AggregatorServer::Impl::announce(const std::string& site) const {
+  capnp::MallocMessageBuilder builder;
+  auto a = builder.initRoot<wire::Message>().initRoundAnnounce();
+  const bool async = config.rounds_options.asynchronous;
+  a.setRound(async ? static_cast<uint64_t>(manager->version()) : static_cast<uint64_t>(manager->round()));
+  a.setModelVersion(static_cast<uint64_t>(manager->version()));
+  a.setModelHash(kj::arrayPtr(manager->link().hash.data(), manager->link().hash.size()));
+  a.setParentHash(kj::arrayPtr(manager->link().parent.data(), manager->link().parent.size()));
+  a.setLocalSteps(static_cast<uint32_t>(config.local_steps));
+  a.setAsynchronous(async);
+  const bool done = finished();
+  a.setFinished(done);
+  const bool open = !done && (async || manager->round_open());
+  a.setRoundOpen(open);
+  const auto& sampled = manager->sampled();
+  a.setSelected(open && (async || std::find(sampled.begin(), sampled.end(), site) != sampled.end()));
+  if (!async && open) {
+    const double left = std::max(0.0, config.rounds_options.round_deadline_seconds -
+                                          std::chrono::duration<double>(Clock::now() - round_started).count());
+    a.setDeadlineUnixMs(unix_ms() + static_cast<uint64_t>(left * 1000.0));
+  }
+  return protocol::serialize(builder);
+}
+
+bool AggregatorServer::Impl::handle_other(const protocol::Incoming& incoming, const protocol::ParsedMessage& message,
+                                          std::optional<protocol::OutgoingMessage>& reply,
+                                          protocol::Rejection& rejection) {
+  const auto root = message.root();
+  switch (root.which()) {
+    case wire::Message::HEARTBEAT:
+      reply = announce(incoming.peer);
+      return true;
+    case wire::Message::MODEL_REQUEST: {
+      std::vector<protocol::SharedMessage> chunks;
+      if (!publisher.answer(root.getModelRequest(), protocol::kDefaultModelWindow, chunks, rejection)) return false;
+      for (const protocol::SharedMessage& chunk : chunks) {
+        // Sent here, in order; the last one is the reply.
+        if (&chunk == &chunks.back()) {
+          reply = protocol::OutgoingMessage::from_bytes(chunk.bytes());
+        } else if (Status s = socket->send(incoming.routing_id, protocol::OutgoingMessage::from_bytes(chunk.bytes()));
+                   !s.is_ok()) {
+          rejection = {wire::RejectCode::BUSY, "cannot send the model now: " + s.message()};
+          return false;
+        }
+      }
+      return true;
+    }
+    case wire::Message::SITE_REPORT: {
+      const auto report = root.getSiteReport();
+      SiteState& site = sites[incoming.peer];
+      const double values[3] = {report.getTrainLoss(), report.getLocalLoss(), report.getLocalAccuracy()};
+      for (double v : values) {
+        if (!std::isfinite(v)) {
+          rejection = {wire::RejectCode::NON_FINITE, "site report carries a non-finite metric"};
+          return false;
+        }
+      }
+      site.train_loss = values[0];
+      site.local_loss = values[1];
+      site.local_accuracy = values[2];
+      site.report_round = static_cast<int64_t>(report.getRound());
+      emit({{"event", "site_report"}, {"site", incoming.peer}, {"round", report.getRound()},
+            {"train_loss", values[0]}, {"local_loss", values[1]}, {"local_accuracy", values[2]}});
+      return true;
+    }
+    default:
+      rejection = {wire::RejectCode::MALFORMED, "message kind " + std::to_string(static_cast<int>(root.which())) +
+                                                    " is not one the aggregator takes"};
+      return false;
+  }
+}
+
+void AggregatorServer::Impl::submit(SiteUpdate update, bool from_store) {
+  const std::string id = update.id, site = update.site;
+  const int64_t tau = manager->version() - update.base_version;
+  Result<std::optional<RoundRecord>> submitted = manager->submit(std::move(update), now());
+  SiteState& state = sites[site];
+  if (!submitted.is_ok()) {
+    ++state.updates_refused;
+    {
+      std::lock_guard lock(metrics_mutex);
+      ++refused_total;
+      ++refused_by_reason["round-manager"];
+    }
+    emit({{"event", "update"}, {"site", site}, {"id", id}, {"accepted", false}, {"from_store", from_store},
+          {"reason", submitted.status().message()}});
+    return;
+  }
+  ++state.updates_accepted;
+  {
+    std::lock_guard lock(metrics_mutex);
+    ++accepted_total;
+    staleness_histogram.observe(static_cast<double>(tau));
+  }
+  emit({{"event", "update"}, {"site", site}, {"id", id}, {"accepted", true}, {"staleness", tau},
+        {"from_store", from_store}});
+  if (submitted->has_value()) {
+    if (Status s = finish_step(**submitted); !s.is_ok()) emit({{"event", "error"}, {"message", s.message()}});
+  }
+}
+
+void AggregatorServer::Impl::take_completed() {
+  for (protocol::ReceivedUpdate& received : service->take_completed()) {
+    SiteUpdate update;
+    update.id = received.metadata.sender + "/" + std::to_string(received.metadata.sequence);
+    update.site = received.metadata.sender;
+    update.round = static_cast<int64_t>(received.metadata.round);
+    update.base_version = static_cast<int64_t>(received.metadata.base_version);
+    update.sample_count = static_cast<int64_t>(std::min<uint64_t>(received.metadata.sample_count, INT64_MAX));
+    const SiteState& site = sites[update.site];
+    update.local_loss = site.local_loss;
+    update.local_accuracy = site.local_accuracy;
+    size_t total = 0;
+    for (const auto& t : received.tensors) total += t.size();
+    update.delta.reserve(total);
+    for (const auto& t : received.tensors) update.delta.insert(update.delta.end(), t.begin(), t.end());
+    // Durable before its Ack leaves: a crash from here on cannot lose it.
+    store::PendingUpdate pending;
+    pending.update_id.assign(update.id.begin(), update.id.end());
+    pending.sender = update.site;
+    pending.base_version = update.base_version;
+    pending.sample_count = update.sample_count;
+    if (Status s = store->add_pending_update(pending, pending_payload(update)); !s.is_ok()) {
+      emit({{"event", "error"}, {"message", "cannot record update " + update.id + ": " + s.message()}});
+    }
+    submit(std::move(update), false);
+  }
+}
+
+void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
+  SiteState& site = sites[incoming.peer];
+  site.last_contact = Clock::now();
+  site.routing_id = incoming.routing_id;
+  std::optional<protocol::OutgoingMessage> reply = service->handle(incoming);
+  take_completed();  // before the reply: the Ack{complete} follows the durable write
+  if (const auto& refused = service->last_rejection()) {
+    std::lock_guard lock(metrics_mutex);
+    ++refused_by_reason[protocol::reject_code_name(refused->code)];
+    emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", protocol::reject_code_name(refused->code)},
+          {"reason", refused->reason}});
+  }
+  if (reply) {
+    if (Status s = socket->send(incoming.routing_id, std::move(*reply)); !s.is_ok()) {
+      emit({{"event", "warning"}, {"message", "reply to " + incoming.peer + " not sent: " + s.message()}});
+    }
+  }
+}
+
+Status AggregatorServer::Impl::maybe_start_round() {
+  if (config.rounds_options.asynchronous || manager->round_open() || finished()) return Status::ok();
+  // A round that was open when the process stopped reopens with its sample.
+  std::vector<std::string> candidates;
+  Result<std::optional<std::string>> open_round = store->meta("open_round");
+  if (!open_round.is_ok()) return open_round.status();
+  bool reopening = false;
+  if (open_round->has_value()) {
+    const nlohmann::json saved = nlohmann::json::parse(**open_round, nullptr, false);
+    if (saved.is_object() && saved.value("round", int64_t{-1}) == manager->round() + 1 && saved.contains("sampled")) {
+      candidates = saved["sampled"].get<std::vector<std::string>>();
+      reopening = true;
+    }
+  }
+  if (!reopening) {
+    candidates = available_sites();
+    if (static_cast<int64_t>(candidates.size()) < config.min_sites) return Status::ok();
+  }
+  FEDMESH_RETURN_IF_ERROR(manager->start_round(candidates, now()));
+  round_started = Clock::now();
+  FEDMESH_RETURN_IF_ERROR(
+      store->set_meta("open_round", nlohmann::json({{"round", manager->round()}, {"sampled", manager->sampled()}}).dump()));
+  set_service_round();
+  emit({{"event", "round_open"}, {"round", manager->round()}, {"version", manager->version()},
+        {"sampled", manager->sampled()}, {"deadline_seconds", config.rounds_options.round_deadline_seconds},
+        {"reopened", reopening}});
+  // Updates for this round that arrived before a restart.
+  Result<std::vector<store::PendingUpdate>> pending = store->pending_updates();
+  if (!pending.is_ok()) return pending.status();
+  for (const store::PendingUpdate& p : *pending) {
+    Result<std::optional<int64_t>> applied = store->applied_round(p.update_id);
+    if (!applied.is_ok()) return applied.status();
+    if (applied->has_value()) continue;
+    Result<std::vector<uint8_t>> bytes = store->read_pending_update(p.update_id);
+    if (!bytes.is_ok()) return bytes.status();
+    Result<SiteUpdate> update = update_from_pending(p, *bytes, manager->parameter_count());
+    if (!update.is_ok()) return update.status();
+    if (update->round != manager->round()) continue;
+    submit(std::move(*update), true);
+  }
+  return Status::ok();
+}
+
+Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
+  const double seconds = std::chrono::duration<double>(Clock::now() - round_started).count();
+  nlohmann::json metrics = {{"closed_by_deadline", record.closed_by_deadline}, {"seconds", seconds}};
+  double accuracy = -1.0, loss = -1.0;
+  if (record.version != static_cast<int64_t>(chain.size()) - 1) {
+    chain.push_back(record.link.hash);
+    if (validation.count > 0) {
+      std::vector<Parameter*> parameters = evaluator_model->parameters();
+      for (size_t t = 0; t < parameters.size(); ++t) {
+        std::memcpy(parameters[t]->value.raw(), manager->model()[t].raw(), parameters[t]->value.nbytes());
+      }
+      evaluator_model->refresh_compute();
+      node::Trainer evaluator(*evaluator_model, node::TrainOptions{});
+      const node::EvalResult result = evaluator.evaluate(validation);
+      accuracy = result.accuracy;
+      loss = result.loss;
+      metrics["test_accuracy"] = accuracy;
+      metrics["test_loss"] = loss;
+    }
+  }
+  nlohmann::json site_metrics = nlohmann::json::object();
+  for (const AppliedUpdateRecord& applied : record.applied) {
+    const SiteState& site = sites[applied.site];
+    site_metrics[applied.site] = {{"local_loss", site.local_loss}, {"local_accuracy", site.local_accuracy}};
+  }
+  metrics["sites"] = site_metrics;
+  nlohmann::json state = nlohmann::json::object();
+  nlohmann::json chain_hex = nlohmann::json::array();
+  for (const crypto::Hash& h : chain) chain_hex.push_back(hash_hex(h));
+  state["chain"] = chain_hex;
+  // Commit, then announce.
+  FEDMESH_RETURN_IF_ERROR(commit_manager_round(*store, *manager, record, metrics, state));
+  FEDMESH_RETURN_IF_ERROR(publish());
+  set_service_round();
+  nlohmann::json staleness = nlohmann::json::array();
+  for (const AppliedUpdateRecord& applied : record.applied) staleness.push_back(applied.staleness);
+  nlohmann::json event = {{"event", "round"}, {"round", record.round}, {"version", record.version},
+                          {"updates", record.applied.size()}, {"staleness", staleness},
+                          {"closed_by_deadline", record.closed_by_deadline}, {"seconds", seconds},
+                          {"model_hash", hash_hex(record.link.hash)}};
+  if (accuracy >= 0.0) {
+    event["test_accuracy"] = accuracy;
+    event["test_loss"] = loss;
+  }
+  {
+    std::lock_guard lock(metrics_mutex);
+    last_round_seconds = seconds;
+    if (accuracy >= 0.0) {
+      last_accuracy = accuracy;
+      last_loss = loss;
+    }
+    recent_rounds.push_back(event);
+    if (recent_rounds.size() > 10) recent_rounds.erase(recent_rounds.begin());
+  }
+  emit(event);
+  round_started = Clock::now();
+  refresh_status();
+  return Status::ok();
+}
+
+void AggregatorServer::Impl::refresh_status() {
+  nlohmann::json list = nlohmann::json::array();
+  const auto now_point = Clock::now();
+  for (const auto& [name, site] : sites) {
+    const double ago = site.last_contact.time_since_epoch().count() == 0
+                           ? -1.0
+                           : std::chrono::duration<double>(now_point - site.last_contact).count();
+    list.push_back({{"site", name}, {"last_contact_seconds", ago}, {"accepted", site.updates_accepted},
+                    {"refused", site.updates_refused}, {"local_accuracy", site.local_accuracy},
+                    {"connected", ago >= 0 && ago < config.site_timeout_seconds}});
+  }
+  std::lock_guard lock(metrics_mutex);
+  sites_json = std::move(list);
+  shown_round = manager->round();
+  shown_version = manager->version();
+  shown_open = manager->round_open();
+  shown_finished = finished();
+}
+
+std::string AggregatorServer::Impl::render_metrics() const {
+  PrometheusText out;
+  std::lock_guard lock(metrics_mutex);
+  out.gauge("fedmesh_round", "The current (or last) round", static_cast<double>(shown_round));
+  out.gauge("fedmesh_model_version", "The global model's version", static_cast<double>(shown_version));
+  int64_t connected = 0;
+  for (const auto& site : sites_json) connected += site["connected"].get<bool>() ? 1 : 0;
+  out.gauge("fedmesh_connected_sites", "Sites heard from within the site timeout", static_cast<double>(connected));
+  out.counter("fedmesh_updates_accepted_total", "Updates folded into an aggregate", static_cast<double>(accepted_total));
+  out.header("fedmesh_updates_rejected_total", "counter", "Updates and messages refused, by reason");
+  for (int code = 0; code < protocol::kRejectCodeCount; ++code) {
+    const auto c = static_cast<wire::RejectCode>(code);
+    out.sample("fedmesh_updates_rejected_total", {{"reason", protocol::reject_code_name(c)}},
+               static_cast<double>(socket->counters().rejections(c)));
+  }
+  const auto it = refused_by_reason.find("round-manager");
+  out.sample("fedmesh_updates_rejected_total", {{"reason", "round-manager"}},
+             it == refused_by_reason.end() ? 0.0 : static_cast<double>(it->second));
+  out.counter("fedmesh_bytes_received_total", "Bytes received on the federation socket",
+              static_cast<double>(socket->counters().bytes_received.load()));
+  out.counter("fedmesh_bytes_sent_total", "Bytes sent on the federation socket",
+              static_cast<double>(socket->counters().bytes_sent.load()));
+  out.histogram("fedmesh_update_staleness", "Staleness tau of accepted updates (server versions)", staleness_histogram);
+  out.gauge("fedmesh_round_duration_seconds", "Wall time of the last server step", last_round_seconds);
+  if (last_accuracy >= 0.0) out.gauge("fedmesh_global_accuracy", "Validation accuracy of the global model", last_accuracy);
+  return out.text();
+}
+
+std::string AggregatorServer::Impl::render_status() const {
+  std::lock_guard lock(metrics_mutex);
+  nlohmann::json status = {{"role", "aggregator"}, {"federation", config.federation}, {"name", config.name},
+                           {"round", shown_round}, {"version", shown_version},
+                           {"round_open", shown_open}, {"finished", shown_finished},
+                           {"mode", config.rounds_options.asynchronous ? "async" : "sync"},
+                           {"rounds", config.rounds}, {"sites", sites_json}, {"recent_rounds", recent_rounds},
+                           {"updates_accepted", accepted_total}};
+  if (last_accuracy >= 0.0) status["test_accuracy"] = last_accuracy;
+  return status.dump();
+}
+
+Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
+  emit({{"event", "listening"}, {"endpoint", socket->endpoint()}, {"metrics", metrics_address},
+        {"store", config.store}, {"round", manager->round()}, {"version", manager->version()},
+        {"mode", config.rounds_options.asynchronous ? "async" : "sync"}});
+  if (config.rounds_options.asynchronous) {
+    // Updates received but not applied before a restart rejoin the buffer.
+    Result<std::vector<store::PendingUpdate>> pending = store->pending_updates();
+    if (!pending.is_ok()) return pending.status();
+    for (const store::PendingUpdate& p : *pending) {
+      Result<std::optional<int64_t>> applied = store->applied_round(p.update_id);
+      if (!applied.is_ok()) return applied.status();
+      if (applied->has_value()) continue;
+      Result<std::vector<uint8_t>> bytes = store->read_pending_update(p.update_id);
+      if (!bytes.is_ok()) return bytes.status();
+      Result<SiteUpdate> update = update_from_pending(p, *bytes, manager->parameter_count());
+      if (update.is_ok()) submit(std::move(*update), true);
+    }
+  }
+  auto last_refresh = Clock::now();
+  while (!stop.load()) {
+    FEDMESH_RETURN_IF_ERROR(maybe_start_round());
+    Result<std::optional<protocol::Incoming>> incoming = socket->receive(std::chrono::milliseconds(50));
+    if (!incoming.is_ok()) return incoming.status();
+    if (incoming->has_value()) handle(**incoming);
+    if (!config.rounds_options.asynchronous && manager->round_open() && manager->ready_to_close(now())) {
+      Result<RoundRecord> record = manager->close_round(now());
+      if (!record.is_ok()) return record.status();
+      FEDMESH_RETURN_IF_ERROR(finish_step(*record));
+    }
+    if (Clock::now() - last_refresh > std::chrono::milliseconds(250)) {
+      refresh_status();
+      last_refresh = Clock::now();
+    }
+    if (finished()) {
+      if (!finished_at) {
+        finished_at = Clock::now();
+        emit({{"event", "finished"}, {"round", manager->round()}, {"version", manager->version()},
+              {"test_accuracy", last_accuracy}, {"store", config.store}});
+      } else if (Clock::now() - *finished_at > std::chrono::duration<double>(config.linger_seconds)) {
+        break;
+      }
+    }
+  }
+  return store->settle();
+}
+
+AggregatorServer::~AggregatorServer() = default;
+
+Result<std::unique_ptr<AggregatorServer>> AggregatorServer::start(AggregatorConfig config, EventSink emit) {
+  std::unique_ptr<AggregatorServer> server(new AggregatorServer());
+  server->impl_ = std::make_unique<Impl>();
+  FEDMESH_RETURN_IF_ERROR(server->impl_->open(std::move(config), std::move(emit)));
+  return server;
+}
+
+Status AggregatorServer::run(const std::atomic<bool>& stop) { return impl_->run(stop); }
+const std::string& AggregatorServer::endpoint() const { return impl_->socket->endpoint(); }
+const std::string& AggregatorServer::metrics_address() const { return impl_->metrics_address; }
+
+}  // namespace fedmesh::aggregator

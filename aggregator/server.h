@@ -1,0 +1,85 @@
+// `fedmesh aggregator`: the central server of a federation as one process.
+// It listens on a CurveZMQ socket that admits only roster keys, serves the
+// current global model to sites (protocol/model_transfer.h), takes their
+// signed chunked updates (protocol/update_service.h), and runs the
+// RoundManager on the real clock: synchronous rounds with a seeded sample, a
+// deadline and a minimum number of updates, or asynchronous FedBuff/FedAsync.
+//
+// Nothing acknowledged is lost: a completed update is written to the
+// checkpoint store's pending table (fsynced) before its Ack{complete} leaves,
+// and every server step is committed (model, server optimizer, manager state,
+// applied update ids, the model hash chain) before it is announced. After a
+// kill -9 the same command resumes: it restores the newest intact round,
+// reopens the round that was open with the same sample, and feeds it the
+// pending updates that were not applied yet. Replay counters live in the
+// same store.
+//
+// Sites learn about rounds by polling: each Heartbeat is answered with a
+// RoundAnnounce (round, model version and hash, deadline, whether the site is
+// sampled, whether the federation has finished).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "aggregator/round_manager.h"
+#include "base/status.h"
+#include "store/checkpoint_store.h"
+
+namespace fedmesh::aggregator {
+
+struct AggregatorConfig {
+  std::string federation;
+  std::string name = "aggregator";     // our roster name
+  std::string listen = "tcp://127.0.0.1:7400";
+  std::string keys;                    // our NAME.key
+  std::string roster;                  // the signed roster
+  std::string admin_public;            // the admin's sign key (hex), pinned here, never taken from the roster
+  std::string store = "aggregator.db";
+  std::string metrics;                 // HOST:PORT for /metrics and /status ("" = off)
+  std::string model = "mlp";
+  uint64_t seed = 1;                   // the initial model (sites derive the same version 0)
+  int64_t rounds = 10;                 // server steps to run (0: until stopped)
+  int64_t local_steps = 50;            // announced to sites
+  int64_t min_sites = 1;               // sync: connected sites needed to open a round
+  double site_timeout_seconds = 10.0;  // no message for this long: a site counts as gone
+  double linger_seconds = 5.0;         // after the last round: keep answering so sites learn it
+  std::string validation = "fashion-mnist";  // Fashion-MNIST test split to evaluate on ("" = none)
+  int64_t validation_limit = 0;        // first N images (0 = all)
+  store::StoreOptions store_options;
+  RoundOptions rounds_options;
+
+  Status validate() const;
+};
+
+// Reads agg.toml (docs in README.md, "Running a federation"); unknown keys
+// and wrong types are refused by name.
+Result<AggregatorConfig> read_aggregator_config(const std::string& path);
+
+using EventSink = std::function<void(const nlohmann::json& event)>;
+
+class AggregatorServer {
+ public:
+  // Reads keys and roster (signature checked against the pinned admin key),
+  // opens the store (one owner), restores its newest intact round, binds the
+  // socket and the metrics endpoint. Events go to `emit`.
+  static Result<std::unique_ptr<AggregatorServer>> start(AggregatorConfig config, EventSink emit);
+  ~AggregatorServer();
+
+  // Serves until the configured rounds are done (then lingers) or `stop`.
+  Status run(const std::atomic<bool>& stop);
+
+  const std::string& endpoint() const;
+  const std::string& metrics_address() const;
+
+ private:
+  AggregatorServer() = default;
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fedmesh::aggregator

@@ -1,0 +1,88 @@
+// Moving the global model from the aggregator to a site, as data: the
+// aggregator's ModelPublisher holds the current version cut into ModelChunk
+// messages; a site's fetch_model() asks for them a window at a time
+// (ModelRequest{version, fromChunk, trustedVersion}) and decodes each chunk
+// as it arrives, so a transfer cut off midway resumes at the first chunk
+// still missing.
+//
+// Chunk 0 carries no values: the tensor descriptors, the version's parent
+// hash and its hash, and the chain of version hashes from the requester's
+// trusted version up to this one. Chunks 1.. carry dense fp32 segments. The
+// fetcher checks every descriptor against its own manifest before it decodes
+// a value; the hash chain itself is checked by the caller (node/), which owns
+// the model-hash function.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "crypto/update_signature.h"
+#include "protocol/codec.h"
+#include "protocol/transport.h"
+#include "protocol/wire.h"
+
+namespace fedmesh::protocol {
+
+inline constexpr uint32_t kDefaultModelWindow = 8;           // chunks sent per ModelRequest
+inline constexpr uint32_t kMaxModelWindow = 64;
+inline constexpr uint64_t kMaxChainHashesPerChunk = 1u << 16;  // versions a requester may be behind
+
+class ModelPublisher {
+ public:
+  explicit ModelPublisher(size_t chunk_bytes = kDefaultChunkBytes) : chunk_bytes_(chunk_bytes) {}
+
+  // Makes `version` the one served: encodes the tensors into chunks.
+  // `chain[v]` is the hash of version v for every v <= version (chain.back()
+  // is this version's hash, chain[version - 1] its parent's).
+  Status publish(uint64_t version, std::vector<crypto::Hash> chain, std::span<const TensorShape> manifest,
+                 std::span<const std::span<const float>> tensors);
+
+  uint64_t version() const { return version_; }
+  uint32_t chunk_count() const { return static_cast<uint32_t>(chunks_.size() + 1); }
+  bool published() const { return published_; }
+
+  // The answer to a ModelRequest: up to `window` chunks from fromChunk on, or
+  // a rejection (a version no longer served: wrongRound; a chunk past the
+  // end or a trusted version above the requested one: malformed).
+  bool answer(wire::ModelRequest::Reader request, uint32_t window, std::vector<SharedMessage>& replies,
+              Rejection& rejection) const;
+
+ private:
+  OutgoingMessage manifest_chunk(uint64_t trusted_version) const;
+
+  size_t chunk_bytes_;
+  bool published_ = false;
+  uint64_t version_ = 0;
+  std::vector<crypto::Hash> chain_;
+  std::vector<TensorShape> manifest_;
+  std::vector<SharedMessage> chunks_;  // chunk i + 1
+};
+
+struct FetchedModel {
+  uint64_t version = 0;
+  crypto::Hash parent{};
+  crypto::Hash hash{};
+  std::vector<crypto::Hash> chain;  // hashes of versions trusted + 1 .. version
+  std::vector<std::vector<float>> tensors;  // one per manifest entry
+  uint64_t bytes_received = 0;
+  uint32_t requests = 0;  // > 1: windows, or resumed after a timeout
+};
+
+struct FetchOptions {
+  uint32_t window = kDefaultModelWindow;
+  std::chrono::milliseconds reply_timeout{10000};  // nothing for this long: ask again from the first missing chunk
+  int max_attempts = 5;                            // requests in a row that time out
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+};
+
+// Fetches `version` over `socket`. kUnavailable when the server stays quiet,
+// kNotFound when it no longer serves that version (the caller asks for the
+// newer one), kCorrupt when a chunk does not match the manifest or
+// the version asked for.
+Result<FetchedModel> fetch_model(ClientSocket& socket, uint64_t version, uint64_t trusted_version,
+                                 std::span<const TensorShape> manifest, const FetchOptions& options = {});
+
+}  // namespace fedmesh::protocol

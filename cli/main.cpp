@@ -1,11 +1,14 @@
 // fedmesh: one binary for every role of a federation.
 #include <CLI/CLI.hpp>
 
+#include "cli/aggregator_command.h"
 #include "cli/checkpoint_command.h"
 #include "cli/doctor_command.h"
 #include "cli/keygen_command.h"
+#include "cli/node_command.h"
 #include "cli/roster_command.h"
 #include "cli/sim_command.h"
+#include "cli/status_command.h"
 #include "cli/train_command.h"
 
 int main(int argc, char** argv) {
@@ -23,6 +26,9 @@ int main(int argc, char** argv) {
   fedmesh::cli::add_roster_command(app, exit_code);
   fedmesh::cli::add_checkpoint_command(app, exit_code);
   fedmesh::cli::add_sim_command(app, exit_code);
+  fedmesh::cli::add_aggregator_command(app, exit_code);
+  fedmesh::cli::add_node_command(app, exit_code);
+  fedmesh::cli::add_status_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,5 +1,7 @@
 #include "cli/output.h"
 
+#include <signal.h>
+
 #include <unistd.h>
 
 #include <cmath>
@@ -43,6 +45,20 @@ void ProgressLine::update(const std::string& text, bool force) {
 void ProgressLine::finish() {
   if (terminal_ && dirty_) std::fprintf(stderr, "\n");
   dirty_ = false;
+}
+
+namespace {
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+}  // namespace
+
+const std::atomic<bool>& stop_on_signals() {
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  return g_stop;
 }
 
 }  // namespace fedmesh::cli

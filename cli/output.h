@@ -2,6 +2,7 @@
 // live progress line on a terminal otherwise.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -31,5 +32,9 @@ class ProgressLine {
   bool dirty_ = false;
   std::chrono::steady_clock::time_point last_;
 };
+
+// SIGINT and SIGTERM set this flag (a long-running role then stops cleanly:
+// the store settles, the socket closes); installed once per process.
+const std::atomic<bool>& stop_on_signals();
 
 }  // namespace fedmesh::cli

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Writes a complete federation for one machine: an admin key, an aggregator
+# and N sites with their own keys, a roster signed by the admin, and one
+# config per process (agg.toml, site-K.toml). Used by deploy/demo.sh and the
+# integration tests; across real machines each institution runs
+# `fedmesh keygen` itself and sends only its .pub to the admin (README.md,
+# "Running a federation").
+set -euo pipefail
+
+usage() {
+  cat <<EOF
+Usage: deploy/local_federation.sh --fedmesh BIN --dir DIR [--sites 4] [--port 7400] [--metrics-port 9400]
+                                  [--agg KEY=VALUE]... [--site KEY=VALUE]...
+
+Creates DIR (it must not exist yet) holding keys/, roster.toml, agg.toml and
+site-0.toml .. site-(N-1).toml, for an aggregator on tcp://127.0.0.1:PORT with
+metrics on 127.0.0.1:METRICS_PORT (sites use METRICS_PORT+1+K). Each --agg or
+--site adds one TOML line to agg.toml or to every site's config (a key given
+twice is an error, so only add keys the defaults below do not set), e.g.
+--agg 'validation_limit = 2000' --site 'data.train_limit = 6000'.
+EOF
+}
+
+FEDMESH="" DIR="" SITES=4 PORT=7400 METRICS_PORT=9400
+AGG_EXTRA=() SITE_EXTRA=()
+ROUNDS=15 LOCAL_STEPS=60 MODE=sync DEADLINE=30
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --fedmesh) FEDMESH=$2; shift 2 ;;
+    --dir) DIR=$2; shift 2 ;;
+    --sites) SITES=$2; shift 2 ;;
+    --port) PORT=$2; shift 2 ;;
+    --metrics-port) METRICS_PORT=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --local-steps) LOCAL_STEPS=$2; shift 2 ;;
+    --mode) MODE=$2; shift 2 ;;
+    --deadline) DEADLINE=$2; shift 2 ;;
+    --agg) AGG_EXTRA+=("$2"); shift 2 ;;
+    --site) SITE_EXTRA+=("$2"); shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) printf 'local_federation.sh: unknown argument %s\n' "$1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ -n $FEDMESH && -n $DIR ]] || { usage >&2; exit 2; }
+[[ $SITES =~ ^[1-9][0-9]*$ ]] || { printf 'local_federation.sh: --sites must be a positive integer\n' >&2; exit 2; }
+[[ -e $DIR ]] && { printf 'local_federation.sh: %s exists; give a new directory\n' "$DIR" >&2; exit 2; }
+mkdir -p "$DIR"
+DIR=$(cd "$DIR" && pwd -P)
+FED=fed-local
+
+"$FEDMESH" keygen --name admin --out "$DIR/keys" >/dev/null 2>&1
+"$FEDMESH" keygen --name aggregator --out "$DIR/keys" >/dev/null 2>&1
+"$FEDMESH" roster init --federation "$FED" --admin-public "$DIR/keys/admin.pub" --out "$DIR/roster.toml" >/dev/null
+"$FEDMESH" roster add --roster "$DIR/roster.toml" --public "$DIR/keys/aggregator.pub" --role aggregator \
+  --address "tcp://127.0.0.1:$PORT" >/dev/null
+for ((k = 0; k < SITES; k++)); do
+  "$FEDMESH" keygen --name "site-$k" --out "$DIR/keys" >/dev/null 2>&1
+  "$FEDMESH" roster add --roster "$DIR/roster.toml" --public "$DIR/keys/site-$k.pub" --role site >/dev/null
+done
+"$FEDMESH" roster sign --roster "$DIR/roster.toml" --admin-key "$DIR/keys/admin.key" >/dev/null
+ADMIN=$(sed -n 's/^sign_public = "\([0-9a-f]*\)"$/\1/p' "$DIR/keys/admin.pub")
+
+{
+  cat <<EOF
+# The aggregator of a local federation (deploy/local_federation.sh).
+federation = "$FED"
+name = "aggregator"
+listen = "tcp://127.0.0.1:$PORT"
+keys = "$DIR/keys/aggregator.key"
+roster = "$DIR/roster.toml"
+admin_public = "$ADMIN"
+store = "$DIR/aggregator.db"
+metrics = "127.0.0.1:$METRICS_PORT"
+model = "mlp"
+seed = 1
+rounds = $ROUNDS
+local_steps = $LOCAL_STEPS
+min_sites = $SITES
+rounds_mode = "$MODE"
+deadline_seconds = $DEADLINE
+EOF
+  for line in "${AGG_EXTRA[@]}"; do printf '%s\n' "$line"; done
+} > "$DIR/agg.toml"
+
+for ((k = 0; k < SITES; k++)); do
+  {
+    cat <<EOF
+# Site $k of a local federation (deploy/local_federation.sh).
+federation = "$FED"
+name = "site-$k"
+aggregator = "tcp://127.0.0.1:$PORT"
+keys = "$DIR/keys/site-$k.key"
+roster = "$DIR/roster.toml"
+admin_public = "$ADMIN"
+store = "$DIR/site-$k.db"
+metrics = "127.0.0.1:$((METRICS_PORT + 1 + k))"
+model = "mlp"
+seed = 1
+data.partition = "dirichlet:0.5"
+data.sites = $SITES
+data.index = $k
+data.seed = 1
+training.threads = 1
+EOF
+    for line in "${SITE_EXTRA[@]}"; do printf '%s\n' "$line"; done
+  } > "$DIR/site-$k.toml"
+done
+printf '%s\n' "$DIR"

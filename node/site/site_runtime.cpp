@@ -1,0 +1,563 @@
+#include "node/site/site_runtime.h"
+
+#include <kj/exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "aggregator/model_chain.h"
+#include "base/http_endpoint.h"
+#include "base/prometheus.h"
+#include "crypto/keys.h"
+#include "crypto/roster.h"
+#include "crypto/toml_input.h"
+#include "kernels/parallel.h"
+#include "node/data/fashion_mnist.h"
+#include "node/data/partition.h"
+#include "node/model.h"
+#include "protocol/model_transfer.h"
+#include "protocol/update_upload.h"
+#include "store/checkpoint_store.h"
+
+namespace fedmesh::node {
+
+SiteConfig::SiteConfig() {
+  local.batch_size = 32;
+  local.optimizer = "sgd";
+  local.lr = 0.05f;
+  local.weight_decay = 0.0f;
+}
+
+Status SiteConfig::validate() const {
+  if (federation.empty() || name.empty()) return invalid_argument("federation and name are required");
+  if (keys.empty() || roster.empty() || admin_public.empty()) {
+    return invalid_argument("keys, roster and admin_public are required");
+  }
+  if (sites < 1 || index < 0 || index >= sites) {
+    return invalid_argument("data.index " + std::to_string(index) + " is not a shard of data.sites " +
+                            std::to_string(sites));
+  }
+  if (train_limit < 0) return invalid_argument("data.train_limit must be >= 0");
+  if (threads < 0 || threads > 1024) return invalid_argument("training.threads must be in 0..1024");
+  if (!(poll_seconds > 0.0) || poll_seconds > 60.0) return invalid_argument("poll_seconds must be in (0, 60]");
+  if (!(step_delay_seconds >= 0.0)) return invalid_argument("step_delay_seconds must be >= 0");
+  if (!(give_up_seconds >= 0.0)) return invalid_argument("give_up_seconds must be >= 0");
+  FEDMESH_RETURN_IF_ERROR(data::PartitionSpec::parse(partition).status());
+  TrainOptions check = local;
+  check.max_steps = 1;
+  return check.validate();
+}
+
+Result<SiteConfig> read_site_config(const std::string& path) {
+  Result<toml::table> table = crypto::read_toml_file(path);
+  if (!table.is_ok()) return table.status();
+  SiteConfig c;
+  crypto::ConfigReader r(*table, path);
+  r.require("federation", c.federation);
+  r.require("name", c.name);
+  r.require("aggregator", c.aggregator);
+  r.read("aggregator_name", c.aggregator_name);
+  r.require("keys", c.keys);
+  r.require("roster", c.roster);
+  r.require("admin_public", c.admin_public);
+  r.read("store", c.store);
+  r.read("metrics", c.metrics);
+  r.read("model", c.model);
+  r.read("seed", c.seed);
+  r.read("poll_seconds", c.poll_seconds);
+  r.read("give_up_seconds", c.give_up_seconds);
+  r.read("data.source", c.data);
+  r.read("data.partition", c.partition);
+  r.read("data.sites", c.sites);
+  r.read("data.index", c.index);
+  r.read("data.seed", c.data_seed);
+  r.read("data.train_limit", c.train_limit);
+  r.read("training.batch_size", c.local.batch_size);
+  r.read("training.optimizer", c.local.optimizer);
+  r.read("training.lr", c.local.lr);
+  r.read("training.momentum", c.local.momentum);
+  r.read("training.weight_decay", c.local.weight_decay);
+  r.read("training.threads", c.threads);
+  r.read("training.step_delay_seconds", c.step_delay_seconds);
+  FEDMESH_RETURN_IF_ERROR(r.finish());
+  if (c.store.empty()) c.store = c.name + ".db";
+  if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());
+  return c;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t unix_now(bool micro) {
+  const auto since = std::chrono::system_clock::now().time_since_epoch();
+  return static_cast<uint64_t>(micro ? std::chrono::duration_cast<std::chrono::microseconds>(since).count()
+                                     : std::chrono::duration_cast<std::chrono::milliseconds>(since).count());
+}
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 29);
+}
+
+struct Announcement {
+  uint64_t round = 0, version = 0;
+  crypto::Hash hash{};
+  uint32_t local_steps = 0;
+  bool selected = false, open = false, asynchronous = false, finished = false;
+};
+
+}  // namespace
+
+class SiteRuntime::Impl {
+ public:
+  SiteConfig config;
+  SiteEventSink emit;
+  crypto::SiteKeys keys;
+  crypto::Roster roster;
+  crypto::BoxPublicKey aggregator_key{};
+  std::optional<store::CheckpointStore> store;
+  std::unique_ptr<Sequential> worker;
+  std::vector<std::string> names;
+  std::vector<protocol::TensorShape> manifest;
+  std::vector<Tensor> global;  // the global model held
+  uint64_t held_version = 0;
+  crypto::Hash held_hash{};
+  crypto::Hash held_parent{};
+  uint64_t last_sequence = 0;
+  int64_t last_sent_round = -1, last_sent_version = -1;
+  int64_t commits = 0;
+  data::ImageDataset shard, holdout;
+  std::unique_ptr<protocol::ClientSocket> socket;
+  std::unique_ptr<HttpEndpoint> http;
+  std::string metrics_address;
+  Clock::time_point last_heard = Clock::now();
+  Clock::time_point last_heartbeat{};
+
+  mutable std::mutex metrics_mutex;
+  int64_t sent_total = 0, rejected_total = 0, models_fetched = 0, refused_models = 0;
+  uint64_t shown_round = 0;
+  double last_train_loss = -1.0, last_local_accuracy = -1.0;
+
+  Status open(SiteConfig c, SiteEventSink sink);
+  Status restore();
+  Status commit(const nlohmann::json& metrics);
+  Status connect();
+  std::optional<Announcement> poll();
+  Status adopt(const Announcement& a);
+  Status train_and_send(const Announcement& a);
+  void heartbeat_if_due();
+  std::string render_metrics() const;
+  std::string render_status() const;
+};
+
+Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
+  config = std::move(c);
+  emit = std::move(sink);
+  if (config.store.empty()) config.store = config.name + ".db";
+  FEDMESH_RETURN_IF_ERROR(config.validate());
+  set_cpu_threads(config.threads);
+  Result<crypto::SiteKeys> read_keys = crypto::read_site_keys(config.keys);
+  if (!read_keys.is_ok()) return read_keys.status();
+  keys = std::move(*read_keys);
+  if (keys.identity.name != config.name) {
+    return invalid_argument("key file " + config.keys + " is for '" + keys.identity.name + "', the config names '" +
+                            config.name + "'");
+  }
+  Result<crypto::Roster> read_roster = crypto::read_roster(config.roster);
+  if (!read_roster.is_ok()) return read_roster.status();
+  roster = std::move(*read_roster);
+  crypto::SignPublicKey admin{};
+  FEDMESH_RETURN_IF_ERROR(crypto::from_hex(config.admin_public, admin, "admin_public"));
+  FEDMESH_RETURN_IF_ERROR(crypto::verify_roster(roster, admin));
+  if (roster.federation != config.federation) {
+    return invalid_argument("the roster is for federation '" + roster.federation + "', the config names '" +
+                            config.federation + "'");
+  }
+  const crypto::RosterEntry* self = roster.find(config.name);
+  if (self == nullptr || self->identity != keys.identity) {
+    return invalid_argument("'" + config.name + "' is not on the roster with the keys in " + config.keys);
+  }
+  const crypto::RosterEntry* aggregator = roster.find(config.aggregator_name);
+  if (aggregator == nullptr || aggregator->role != crypto::Role::kAggregator) {
+    return invalid_argument("the roster has no aggregator named '" + config.aggregator_name + "'");
+  }
+  aggregator_key = aggregator->identity.box_public;
+
+  Result<std::unique_ptr<Sequential>> model = make_model(config.model, config.seed);
+  if (!model.is_ok()) return model.status();
+  worker = std::move(*model);
+  for (Parameter* p : worker->parameters()) {
+    names.push_back(p->name);
+    global.push_back(p->value.clone());
+    manifest.push_back({p->name, std::vector<int64_t>(p->value.shape().begin(), p->value.shape().end())});
+  }
+  // Version 0 is the seeded model: its hash is the first one a site trusts.
+  held_hash = aggregator::model_version_hash(0, crypto::Hash{}, names, global);
+
+  Result<data::FashionMnistSplits> splits = data::load_fashion_mnist_splits(config.data, config.train_limit, 1);
+  if (!splits.is_ok()) return splits.status();
+  Result<data::PartitionSpec> spec = data::PartitionSpec::parse(config.partition);
+  if (!spec.is_ok()) return spec.status();
+  Result<std::vector<std::vector<int64_t>>> parts = data::partition_indices(
+      splits->train.labels, splits->train.num_classes, config.sites, *spec, config.data_seed);
+  if (!parts.is_ok()) return parts.status();
+  const std::vector<int64_t>& mine = (*parts)[static_cast<size_t>(config.index)];
+  std::vector<int64_t> train_idx, holdout_idx;
+  for (size_t i = 0; i < mine.size(); ++i) (i % 10 == 9 ? holdout_idx : train_idx).push_back(mine[i]);
+  if (train_idx.empty()) return invalid_argument("shard " + std::to_string(config.index) + " holds no training images");
+  shard = splits->train.subset(train_idx);
+  holdout = splits->train.subset(holdout_idx);
+
+  Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store);
+  if (!opened.is_ok()) return opened.status();
+  store.emplace(std::move(*opened));
+  FEDMESH_RETURN_IF_ERROR(restore());
+
+  if (!config.metrics.empty()) {
+    std::map<std::string, HttpPage> pages;
+    pages["/metrics"] = {"text/plain; version=0.0.4", [this] { return render_metrics(); }};
+    pages["/status"] = {"application/json", [this] { return render_status(); }};
+    Result<std::unique_ptr<HttpEndpoint>> endpoint = HttpEndpoint::start(config.metrics, std::move(pages));
+    if (!endpoint.is_ok()) return endpoint.status();
+    http = std::move(*endpoint);
+    metrics_address = http->address();
+  }
+  emit({{"event", "site"}, {"site", config.name}, {"shard_images", shard.count}, {"holdout_images", holdout.count},
+        {"store", config.store}, {"metrics", metrics_address}, {"version", held_version}});
+  return Status::ok();
+}
+
+Status SiteRuntime::Impl::restore() {
+  Result<std::vector<store::RoundInfo>> rounds = store->rounds();
+  if (!rounds.is_ok()) return rounds.status();
+  if (rounds->empty()) return Status::ok();
+  std::vector<Status> skipped;
+  Result<store::LoadedCheckpoint> latest = store->load_latest(&skipped);
+  for (const Status& s : skipped) emit({{"event", "warning"}, {"message", "skipping corrupt checkpoint: " + s.message()}});
+  if (!latest.is_ok()) return latest.status();
+  try {
+    const nlohmann::json state = nlohmann::json::parse(latest->round.state_json);
+    held_version = state.at("held_version").get<uint64_t>();
+    Result<crypto::Hash> hash = aggregator::parse_hash_hex(state.at("held_hash").get<std::string>());
+    Result<crypto::Hash> parent = aggregator::parse_hash_hex(state.at("held_parent").get<std::string>());
+    if (!hash.is_ok()) return hash.status();
+    if (!parent.is_ok()) return parent.status();
+    last_sequence = state.at("last_sequence").get<uint64_t>();
+    last_sent_round = state.at("last_sent_round").get<int64_t>();
+    last_sent_version = state.at("last_sent_version").get<int64_t>();
+    std::vector<Tensor> restored;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const store::StoredTensor* t = latest->find("model", names[i]);
+      if (t == nullptr || t->value.shape() != global[i].shape() || t->value.dtype() != DType::kF32) {
+        return corrupt(config.store + ": no model tensor " + names[i] + " of the model's shape");
+      }
+      restored.push_back(t->value.clone());
+    }
+    // The stored model must still be the version it claims to be.
+    FEDMESH_RETURN_IF_ERROR(aggregator::verify_model({static_cast<int64_t>(held_version), *parent, *hash}, names, restored));
+    global = std::move(restored);
+    held_hash = *hash;
+    held_parent = *parent;
+    commits = latest->round.round;
+  } catch (const nlohmann::json::exception& error) {
+    return corrupt(config.store + ": the site state is malformed: " + error.what());
+  }
+  emit({{"event", "resume"}, {"store", config.store}, {"version", held_version}, {"last_sent_round", last_sent_round},
+        {"committed", latest->round.wall_time}});
+  return Status::ok();
+}
+
+Status SiteRuntime::Impl::commit(const nlohmann::json& metrics) {
+  store::RoundToCommit round;
+  round.round = ++commits;
+  round.model_version = static_cast<int64_t>(held_version);
+  round.metrics_json = metrics.dump();
+  round.state_json = nlohmann::json({{"held_version", held_version}, {"held_hash", aggregator::hash_hex(held_hash)},
+                                     {"held_parent", aggregator::hash_hex(held_parent)},
+                                     {"last_sequence", last_sequence}, {"last_sent_round", last_sent_round},
+                                     {"last_sent_version", last_sent_version}})
+                         .dump();
+  for (size_t i = 0; i < names.size(); ++i) round.tensors.push_back({"model", names[i], &global[i]});
+  return store->commit_round(round);
+}
+
+Status SiteRuntime::Impl::connect() {
+  Result<std::unique_ptr<protocol::ClientSocket>> connected =
+      protocol::ClientSocket::connect(config.aggregator, protocol::CurveKeys::from(keys), aggregator_key, {});
+  if (!connected.is_ok()) return connected.status();
+  socket = std::move(*connected);
+  return Status::ok();
+}
+
+// Sends a Heartbeat and reads the RoundAnnounce that answers it.
+std::optional<Announcement> SiteRuntime::Impl::poll() {
+  capnp::MallocMessageBuilder builder;
+  auto heartbeat = builder.initRoot<wire::Message>().initHeartbeat();
+  heartbeat.setSentUnixMs(unix_now(false));
+  heartbeat.setModelVersion(held_version);
+  if (!socket->send(protocol::serialize(builder), std::chrono::milliseconds(1000)).is_ok()) return std::nullopt;
+  last_heartbeat = Clock::now();
+  const auto until = Clock::now() + std::chrono::milliseconds(2000);
+  while (Clock::now() < until) {
+    Result<std::optional<protocol::Incoming>> incoming = socket->receive(std::chrono::milliseconds(200));
+    if (!incoming.is_ok() || !incoming->has_value()) continue;
+    std::unique_ptr<protocol::ParsedMessage> parsed;
+    protocol::Rejection rejection;
+    if (!protocol::parse_message((*incoming)->bytes, protocol::kDefaultMaxMessageBytes, (*incoming)->frame, parsed,
+                                 rejection)) {
+      emit({{"event", "warning"}, {"message", "unreadable message from the aggregator: " + rejection.reason}});
+      continue;
+    }
+    try {
+      const auto root = parsed->root();
+      if (root.isReject()) {
+        emit({{"event", "warning"}, {"message", std::string("the aggregator refused a heartbeat: ") +
+                                                    root.getReject().getText().cStr()}});
+        return std::nullopt;
+      }
+      if (!root.isRoundAnnounce()) continue;  // a late reply to something earlier
+      const auto r = root.getRoundAnnounce();
+      Announcement a;
+      a.round = r.getRound();
+      a.version = r.getModelVersion();
+      if (r.getModelHash().size() != crypto::kHashBytes) continue;
+      std::memcpy(a.hash.data(), r.getModelHash().begin(), a.hash.size());
+      a.local_steps = r.getLocalSteps();
+      a.selected = r.getSelected();
+      a.open = r.getRoundOpen();
+      a.asynchronous = r.getAsynchronous();
+      a.finished = r.getFinished();
+      last_heard = Clock::now();
+      return a;
+    } catch (const kj::Exception& e) {
+      emit({{"event", "warning"}, {"message", std::string("malformed announcement: ") + e.getDescription().cStr()}});
+    }
+  }
+  return std::nullopt;
+}
+
+// Keeps the aggregator aware of us during long local training; replies are
+// read and dropped by the next poll.
+void SiteRuntime::Impl::heartbeat_if_due() {
+  if (Clock::now() - last_heartbeat < std::chrono::seconds(1)) return;
+  capnp::MallocMessageBuilder builder;
+  auto heartbeat = builder.initRoot<wire::Message>().initHeartbeat();
+  heartbeat.setSentUnixMs(unix_now(false));
+  heartbeat.setModelVersion(held_version);
+  (void)socket->send(protocol::serialize(builder), std::chrono::milliseconds(10));
+  last_heartbeat = Clock::now();
+}
+
+Status SiteRuntime::Impl::adopt(const Announcement& a) {
+  if (a.version == held_version) return Status::ok();
+  if (a.version < held_version) {
+    return corrupt("the aggregator announces version " + std::to_string(a.version) + ", older than the version " +
+                   std::to_string(held_version) + " this site holds");
+  }
+  protocol::FetchOptions options;
+  options.reply_timeout = std::chrono::milliseconds(5000);
+  Result<protocol::FetchedModel> fetched = protocol::fetch_model(*socket, a.version, held_version, manifest, options);
+  if (!fetched.is_ok()) return fetched.status();
+  // The chain from the hash we trust to the new version, then the bytes.
+  std::vector<aggregator::ChainLink> links;
+  crypto::Hash parent = held_hash;
+  for (size_t i = 0; i < fetched->chain.size(); ++i) {
+    links.push_back({static_cast<int64_t>(held_version + 1 + i), parent, fetched->chain[i]});
+    parent = fetched->chain[i];
+  }
+  std::vector<Tensor> tensors;
+  for (size_t t = 0; t < manifest.size(); ++t) {
+    Tensor tensor = global[t].clone();
+    std::memcpy(tensor.raw(), fetched->tensors[t].data(), tensor.nbytes());
+    tensors.push_back(std::move(tensor));
+  }
+  Status verified = aggregator::verify_chain(held_hash, links);
+  if (verified.is_ok() && (links.empty() || links.back().parent != fetched->parent || links.back().hash != a.hash)) {
+    verified = corrupt("the model's parent or hash differs from its chain and announcement");
+  }
+  if (verified.is_ok()) verified = aggregator::verify_model(links.back(), names, tensors);
+  if (!verified.is_ok()) {
+    std::lock_guard lock(metrics_mutex);
+    ++refused_models;
+    return corrupt("refusing global model version " + std::to_string(a.version) + ": " + verified.message());
+  }
+  global = std::move(tensors);
+  held_version = a.version;
+  held_hash = fetched->hash;
+  held_parent = fetched->parent;
+  {
+    std::lock_guard lock(metrics_mutex);
+    ++models_fetched;
+  }
+  emit({{"event", "model"}, {"version", held_version}, {"bytes", fetched->bytes_received},
+        {"hash", aggregator::hash_hex(held_hash).substr(0, 16)}});
+  return Status::ok();
+}
+
+Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
+  const auto started = Clock::now();
+  std::vector<Parameter*> parameters = worker->parameters();
+  for (size_t t = 0; t < parameters.size(); ++t) {
+    std::memcpy(parameters[t]->value.raw(), global[t].raw(), parameters[t]->value.nbytes());
+  }
+  worker->refresh_compute();
+  TrainOptions local = config.local;
+  local.max_steps = std::max<int64_t>(1, a.local_steps);
+  local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, shard.count);
+  local.seed = mix(mix(config.data_seed, static_cast<uint64_t>(config.index)), a.round * 1000003ull + a.version);
+  Trainer trainer(*worker, local);
+  TrainCallbacks callbacks;
+  callbacks.on_step = [&](const StepProgress&) {
+    if (config.step_delay_seconds > 0.0) std::this_thread::sleep_for(std::chrono::duration<double>(config.step_delay_seconds));
+    heartbeat_if_due();
+  };
+  const TrainSummary summary = trainer.fit(shard, nullptr, callbacks);
+  const EvalResult local_eval = holdout.count > 0 ? trainer.evaluate(holdout) : EvalResult{};
+  std::vector<std::vector<float>> delta(parameters.size());
+  for (size_t t = 0; t < parameters.size(); ++t) {
+    const float* after = parameters[t]->value.data<float>();
+    const float* before = global[t].data<float>();
+    delta[t].resize(static_cast<size_t>(global[t].numel()));
+    for (size_t i = 0; i < delta[t].size(); ++i) delta[t][i] = after[i] - before[i];
+  }
+  // The report first: the aggregator files it with the update.
+  {
+    capnp::MallocMessageBuilder builder;
+    auto report = builder.initRoot<wire::Message>().initSiteReport();
+    report.setRound(a.round);
+    report.setBaseVersion(a.version);
+    report.setTrainLoss(std::isfinite(summary.final_train_loss) ? summary.final_train_loss : -1.0);
+    report.setLocalLoss(local_eval.loss);
+    report.setLocalAccuracy(local_eval.accuracy);
+    report.setExamples(static_cast<uint64_t>(shard.count));
+    FEDMESH_RETURN_IF_ERROR(socket->send(protocol::serialize(builder), std::chrono::milliseconds(2000)));
+  }
+  protocol::UpdateMetadata metadata;
+  metadata.federation = config.federation;
+  metadata.round = a.round;
+  metadata.base_version = a.version;
+  metadata.sender = config.name;
+  metadata.recipient = config.aggregator_name;
+  metadata.sequence = std::max(last_sequence + 1, unix_now(true));
+  metadata.sample_count = static_cast<uint64_t>(shard.count);
+  std::vector<std::span<const float>> spans(delta.begin(), delta.end());
+  std::vector<protocol::TensorPlan> plans(delta.size());
+  Result<protocol::PreparedUpdate> prepared = protocol::prepare_update(metadata, manifest, spans, plans, keys);
+  if (!prepared.is_ok()) return prepared.status();
+  protocol::UploadOptions upload;
+  upload.reply_timeout = std::chrono::milliseconds(5000);
+  protocol::RetryPolicy retry;
+  retry.max_attempts = 4;
+  int attempts = 0;
+  Result<protocol::UploadOutcome> outcome = protocol::upload_with_retries(*socket, *prepared, upload, retry, &attempts);
+  // The sequence is spent whatever happened: never reuse it.
+  last_sequence = metadata.sequence;
+  if (!outcome.is_ok()) return outcome.status();
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  {
+    std::lock_guard lock(metrics_mutex);
+    (outcome->accepted ? sent_total : rejected_total) += 1;
+    last_train_loss = summary.final_train_loss;
+    last_local_accuracy = local_eval.accuracy;
+    shown_round = a.round;
+  }
+  nlohmann::json event = {{"event", "update"}, {"round", a.round}, {"version", a.version},
+                          {"accepted", outcome->accepted}, {"train_loss", summary.final_train_loss},
+                          {"local_accuracy", local_eval.accuracy}, {"steps", summary.steps},
+                          {"bytes", prepared->encoded_payload_bytes}, {"seconds", seconds}, {"attempts", attempts}};
+  if (outcome->rejection) {
+    event["code"] = protocol::reject_code_name(outcome->rejection->code);
+    event["reason"] = outcome->rejection->reason;
+  }
+  emit(event);
+  last_sent_round = static_cast<int64_t>(a.round);
+  last_sent_version = static_cast<int64_t>(a.version);
+  return commit({{"round", a.round}, {"version", a.version}, {"train_loss", summary.final_train_loss},
+                 {"local_accuracy", local_eval.accuracy}, {"accepted", outcome->accepted}});
+}
+
+std::string SiteRuntime::Impl::render_metrics() const {
+  PrometheusText out;
+  std::lock_guard lock(metrics_mutex);
+  out.gauge("fedmesh_site_round", "The last round this site answered", static_cast<double>(shown_round));
+  out.counter("fedmesh_site_updates_accepted_total", "Updates the aggregator accepted", static_cast<double>(sent_total));
+  out.counter("fedmesh_site_updates_rejected_total", "Updates the aggregator refused", static_cast<double>(rejected_total));
+  out.counter("fedmesh_site_models_fetched_total", "Global models fetched and verified", static_cast<double>(models_fetched));
+  out.counter("fedmesh_site_models_refused_total", "Global models refused (hash chain)", static_cast<double>(refused_models));
+  if (last_local_accuracy >= 0.0) out.gauge("fedmesh_site_local_accuracy", "Accuracy on the local held-out images", last_local_accuracy);
+  return out.text();
+}
+
+std::string SiteRuntime::Impl::render_status() const {
+  std::lock_guard lock(metrics_mutex);
+  return nlohmann::json({{"role", "site"}, {"site", config.name}, {"federation", config.federation},
+                         {"round", shown_round}, {"updates_accepted", sent_total}, {"updates_rejected", rejected_total},
+                         {"local_accuracy", last_local_accuracy}})
+      .dump();
+}
+
+SiteRuntime::~SiteRuntime() = default;
+
+Result<std::unique_ptr<SiteRuntime>> SiteRuntime::start(SiteConfig config, SiteEventSink emit) {
+  std::unique_ptr<SiteRuntime> runtime(new SiteRuntime());
+  runtime->impl_ = std::make_unique<Impl>();
+  FEDMESH_RETURN_IF_ERROR(runtime->impl_->open(std::move(config), std::move(emit)));
+  return runtime;
+}
+
+const std::string& SiteRuntime::metrics_address() const { return impl_->metrics_address; }
+
+Status SiteRuntime::run(const std::atomic<bool>& stop) {
+  Impl& s = *impl_;
+  FEDMESH_RETURN_IF_ERROR(s.connect());
+  bool waiting_reported = false;
+  s.last_heard = Clock::now();
+  while (!stop.load()) {
+    std::optional<Announcement> a = s.poll();
+    if (!a) {
+      const double silent = std::chrono::duration<double>(Clock::now() - s.last_heard).count();
+      if (!waiting_reported && silent > 3.0) {
+        s.emit({{"event", "waiting"}, {"message", "no answer from the aggregator at " + s.config.aggregator + "; retrying"}});
+        waiting_reported = true;
+      }
+      if (s.config.give_up_seconds > 0.0 && silent > s.config.give_up_seconds) {
+        return unavailable("no answer from the aggregator for " + std::to_string(static_cast<int>(silent)) + " s");
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
+      continue;
+    }
+    if (waiting_reported) s.emit({{"event", "connected"}, {"aggregator", s.config.aggregator}});
+    waiting_reported = false;
+    if (a->finished) {
+      if (Status adopted = s.adopt(*a); !adopted.is_ok()) s.emit({{"event", "warning"}, {"message", adopted.message()}});
+      s.emit({{"event", "finished"}, {"version", s.held_version}});
+      return s.store->settle();
+    }
+    // Synchronous rounds take one update per site; asynchronous sites train
+    // continuously from whatever version is current.
+    const bool answered = !a->asynchronous && s.last_sent_round == static_cast<int64_t>(a->round) &&
+                          s.last_sent_version == static_cast<int64_t>(a->version);
+    if (!a->selected || !a->open || answered) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
+      continue;
+    }
+    Status step = s.adopt(*a);
+    if (step.is_ok()) step = s.train_and_send(*a);
+    if (!step.is_ok()) {
+      if (step.code() == StatusCode::kIoError) return step;  // our own disk: stop rather than lose state
+      s.emit({{"event", "warning"}, {"message", step.message()}});
+      std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
+    }
+  }
+  return s.store->settle();
+}
+
+}  // namespace fedmesh::node

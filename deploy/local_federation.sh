@@ -10,7 +10,9 @@ set -euo pipefail
 usage() {
   cat <<EOF
 Usage: deploy/local_federation.sh --fedmesh BIN --dir DIR [--sites 4] [--port 7400] [--metrics-port 9400]
-                                  [--agg KEY=VALUE]... [--site KEY=VALUE]...
+                                  [--rounds 15] [--local-steps 60] [--mode sync|fedbuff|fedasync]
+                                  [--deadline 30] [--min-sites SITES]
+                                  [--agg 'KEY = VALUE']... [--site 'KEY = VALUE']...
 
 Creates DIR (it must not exist yet) holding keys/, roster.toml, agg.toml and
 site-0.toml .. site-(N-1).toml, for an aggregator on tcp://127.0.0.1:PORT with
@@ -23,7 +25,7 @@ EOF
 
 FEDMESH="" DIR="" SITES=4 PORT=7400 METRICS_PORT=9400
 AGG_EXTRA=() SITE_EXTRA=()
-ROUNDS=15 LOCAL_STEPS=60 MODE=sync DEADLINE=30
+ROUNDS=15 LOCAL_STEPS=60 MODE=sync DEADLINE=30 MIN_SITES=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --fedmesh) FEDMESH=$2; shift 2 ;;
@@ -35,6 +37,7 @@ while [[ $# -gt 0 ]]; do
     --local-steps) LOCAL_STEPS=$2; shift 2 ;;
     --mode) MODE=$2; shift 2 ;;
     --deadline) DEADLINE=$2; shift 2 ;;
+    --min-sites) MIN_SITES=$2; shift 2 ;;
     --agg) AGG_EXTRA+=("$2"); shift 2 ;;
     --site) SITE_EXTRA+=("$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -75,7 +78,7 @@ model = "mlp"
 seed = 1
 rounds = $ROUNDS
 local_steps = $LOCAL_STEPS
-min_sites = $SITES
+min_sites = ${MIN_SITES:-$SITES}
 rounds_mode = "$MODE"
 deadline_seconds = $DEADLINE
 EOF

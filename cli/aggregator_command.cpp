@@ -56,16 +56,18 @@ void print_event(const nlohmann::json& e) {
 }
 
 int run_aggregator(const AggregatorFlags& flags) {
-  const auto fail = [&](const Status& status) {
+  // A config that cannot be used is the operator's to fix: exit 2 like a bad
+  // flag; failures later (the store, the network) exit 1.
+  const auto fail = [&](const Status& status, bool bad_config = false) {
     if (flags.json) {
       emit_json({{"event", "error"}, {"command", "aggregator"}, {"code", status_code_name(status.code())},
                  {"message", status.message()}});
     }
     std::fprintf(stderr, "fedmesh aggregator: %s\n", status.message().c_str());
-    return status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ? 2 : 1;
+    return bad_config || status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ? 2 : 1;
   };
   Result<aggregator::AggregatorConfig> config = aggregator::read_aggregator_config(flags.config);
-  if (!config.is_ok()) return fail(config.status());
+  if (!config.is_ok()) return fail(config.status(), true);
   const aggregator::EventSink sink = [&](const nlohmann::json& event) {
     if (flags.json) emit_json(event);
     else print_event(event);

@@ -47,16 +47,18 @@ void print_event(const std::string& site, const nlohmann::json& e) {
 }
 
 int run_node(const NodeFlags& flags) {
-  const auto fail = [&](const Status& status) {
+  // A config that cannot be used is the operator's to fix: exit 2 like a bad
+  // flag; failures later (the store, the network) exit 1.
+  const auto fail = [&](const Status& status, bool bad_config = false) {
     if (flags.json) {
       emit_json({{"event", "error"}, {"command", "node"}, {"code", status_code_name(status.code())},
                  {"message", status.message()}});
     }
     std::fprintf(stderr, "fedmesh node: %s\n", status.message().c_str());
-    return status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ? 2 : 1;
+    return bad_config || status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ? 2 : 1;
   };
   Result<node::SiteConfig> config = node::read_site_config(flags.config);
-  if (!config.is_ok()) return fail(config.status());
+  if (!config.is_ok()) return fail(config.status(), true);
   const std::string site = config->name;
   const node::SiteEventSink sink = [&](const nlohmann::json& event) {
     if (flags.json) emit_json(event);

@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -369,4 +371,51 @@ TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
     EXPECT_EQ(refused.exit_code, 2) << bad << ": " << refused.output;
     EXPECT_NE(refused.output.find("fedmesh sim:"), std::string::npos) << bad << ": " << refused.output;
   }
+}
+
+// Config files are untrusted input: each mistake is refused by name with
+// exit status 2 before anything starts listening or training.
+TEST(Cli, FederationConfigsAreCheckedByName) {
+  const std::string dir = ::testing::TempDir() + "fedmesh-configs-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const std::string base =
+      "federation = \"fed\"\nkeys = \"k.key\"\nroster = \"r.toml\"\nadmin_public = \"00\"\n";
+  const struct {
+    const char* role;
+    std::string text;
+    const char* expected;
+  } cases[] = {
+      {"aggregator", base + "roundz = 3\n", "unknown key 'roundz'"},
+      {"aggregator", base + "rounds = \"ten\"\n", "rounds must be an integer"},
+      {"aggregator", base + "rounds_mode = \"gossip\"\n", "rounds_mode 'gossip'"},
+      {"aggregator", base + "rule = \"mode\"\n", "rule 'mode'"},
+      {"aggregator", base + "strategy = \"fedsgd\"\n", "fedsgd"},
+      {"aggregator", "keys = \"k.key\"\n", "federation is required"},
+      {"aggregator", base + "rounds = [\n", "not valid TOML"},
+      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ndata.index = 4\ndata.sites = 4\n",
+       "data.index 4"},
+      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ntraining.lr = -1\n", "lr"},
+      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ndata.partition = \"dirichlet:-1\"\n",
+       "dirichlet"},
+      {"node", base + "name = \"s\"\n", "aggregator is required"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const std::string path = write("config-" + std::to_string(i++) + ".toml", c.text);
+    const CommandRun refused = run(std::string(c.role) + " --config " + path);
+    EXPECT_EQ(refused.exit_code, 2) << c.text << refused.output;
+    EXPECT_NE(refused.output.find(c.expected), std::string::npos) << c.text << refused.output;
+  }
+  const CommandRun missing = run("aggregator --config " + dir + "/absent.toml");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("cannot open config"), std::string::npos) << missing.output;
+  // A status request to nothing says so instead of hanging or crashing.
+  const CommandRun status = run("status --aggregator 127.0.0.1:1");
+  EXPECT_EQ(status.exit_code, 1) << status.output;
+  EXPECT_NE(status.output.find("no answer"), std::string::npos) << status.output;
+  std::filesystem::remove_all(dir);
 }

@@ -593,6 +593,8 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
   state["chain"] = chain_hex;
   // Commit, then announce.
   FEDMESH_RETURN_IF_ERROR(commit_manager_round(*store, *manager, record, metrics, state));
+  // The buffer is empty after a step: every update still pending was refused.
+  FEDMESH_RETURN_IF_ERROR(store->clear_pending_updates());
   FEDMESH_RETURN_IF_ERROR(publish());
   set_service_round();
   nlohmann::json staleness = nlohmann::json::array();

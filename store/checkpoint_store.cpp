@@ -852,6 +852,12 @@ Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::spa
   return transaction->commit();
 }
 
+Status CheckpointStore::clear_pending_updates() {
+  Result<Statement> clear = database_.prepare("DELETE FROM pending_updates");
+  if (!clear.is_ok()) return clear.status();
+  return clear->run();
+}
+
 Result<std::vector<PendingUpdate>> CheckpointStore::pending_updates() {
   Result<Statement> statement = database_.prepare(
       "SELECT update_id, sender, base_version, sample_count, received_at, byte_size FROM pending_updates "

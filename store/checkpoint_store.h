@@ -179,6 +179,10 @@ class CheckpointStore {
   Status add_pending_update(const PendingUpdate& update, std::span<const uint8_t> payload);
   Result<std::vector<PendingUpdate>> pending_updates();  // by arrival
   Result<std::vector<uint8_t>> read_pending_update(std::span<const uint8_t> update_id);
+  // Drops every pending update. The aggregator calls it after each
+  // committed step, when its buffer is empty: what is still pending then was
+  // refused and never will be applied (the commit removed the applied ones).
+  Status clear_pending_updates();
   // The round an update was applied in, or nullopt.
   Result<std::optional<int64_t>> applied_round(std::span<const uint8_t> update_id);
 

@@ -977,6 +977,29 @@ TEST_P(StoreByMaintenance, SpaceOfDeletedRoundsIsReused) {
 // ---------------------------------------------------------------------------
 // 5. Updates.
 
+TEST(CheckpointStoreUpdates, ClearingPendingUpdatesRemovesTheirChunksAndKeepsAppliedIds) {
+  const auto db = fresh_directory() / "store.db";
+  const std::vector<uint8_t> id_a = {0x0a}, id_b = {0x0b};
+  {
+    CheckpointStore store = open_store(db);
+    ASSERT_TRUE(store.add_pending_update({id_a, "site-a", 0, 10, "", 0}, random_bytes(kMiB + 7, 80)).is_ok());
+    ASSERT_TRUE(store.add_pending_update({id_b, "site-b", 0, 10, "", 0}, random_bytes(100, 81)).is_ok());
+    RoundToCommit round;
+    round.round = 1;
+    round.applied_updates.push_back({id_a, "site-a", 0});
+    ASSERT_TRUE(store.commit_round(round).is_ok());
+    ASSERT_EQ(store.pending_updates().value().size(), 1u) << "the applied one left pending in the commit";
+    ASSERT_TRUE(store.clear_pending_updates().is_ok());
+    EXPECT_TRUE(store.pending_updates().value().empty());
+    EXPECT_FALSE(store.read_pending_update(id_b).is_ok());
+    EXPECT_EQ(store.applied_round(id_a).value(), std::optional<int64_t>(1)) << "applied ids are not pending rows";
+    EXPECT_FALSE(store.add_pending_update({id_a, "site-a", 0, 10, "", 0}, random_bytes(10, 82)).is_ok())
+        << "an applied id stays refused after the clear";
+  }
+  Database raw = raw_connection(db);
+  EXPECT_EQ(count_rows(raw, "pending_update_chunks"), 0) << "chunks go with their update";
+}
+
 TEST(CheckpointStoreUpdates, APendingUpdateIsDurableAndReadBackWhole) {
   const auto db = fresh_directory() / "store.db";
   const std::vector<uint8_t> big = random_bytes(2 * kMiB + 12345, 70);  // 3 chunks

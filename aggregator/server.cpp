@@ -207,6 +207,8 @@ class AggregatorServer::Impl {
   void take_completed();
   void submit(SiteUpdate update, bool from_store);
   Status maybe_start_round();
+  // Updates in the store's pending table not applied yet (after a restart).
+  Result<std::vector<SiteUpdate>> unapplied_pending();
   Status finish_step(const RoundRecord& record);
   std::vector<std::string> available_sites() const;
   bool finished() const { return config.rounds > 0 && manager->version() >= config.rounds && !manager->round_open(); }
@@ -221,27 +223,11 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   config = std::move(c);
   emit = std::move(sink);
   FEDMESH_RETURN_IF_ERROR(config.validate());
-  Result<crypto::SiteKeys> read_keys = crypto::read_site_keys(config.keys);
-  if (!read_keys.is_ok()) return read_keys.status();
-  keys = std::move(*read_keys);
-  if (keys.identity.name != config.name) {
-    return invalid_argument("key file " + config.keys + " is for '" + keys.identity.name + "', the config names '" +
-                            config.name + "'");
-  }
-  Result<crypto::Roster> read_roster = crypto::read_roster(config.roster);
-  if (!read_roster.is_ok()) return read_roster.status();
-  roster = std::move(*read_roster);
-  crypto::SignPublicKey admin{};
-  FEDMESH_RETURN_IF_ERROR(crypto::from_hex(config.admin_public, admin, "admin_public"));
-  FEDMESH_RETURN_IF_ERROR(crypto::verify_roster(roster, admin));
-  if (roster.federation != config.federation) {
-    return invalid_argument("the roster is for federation '" + roster.federation + "', the config names '" +
-                            config.federation + "'");
-  }
-  const crypto::RosterEntry* self = roster.find(config.name);
-  if (self == nullptr || self->identity != keys.identity) {
-    return invalid_argument("'" + config.name + "' is not on the roster with the keys in " + config.keys);
-  }
+  Result<crypto::Membership> membership =
+      crypto::load_membership(config.keys, config.name, config.roster, config.admin_public, config.federation);
+  if (!membership.is_ok()) return membership.status();
+  keys = std::move(membership->keys);
+  roster = std::move(membership->roster);
 
   // The model: version 0 is the seeded initial model every site can rebuild.
   Result<std::unique_ptr<node::Sequential>> model = node::make_model(config.model, config.seed);
@@ -545,8 +531,18 @@ Status AggregatorServer::Impl::maybe_start_round() {
         {"sampled", manager->sampled()}, {"deadline_seconds", config.rounds_options.round_deadline_seconds},
         {"reopened", reopening}});
   // Updates for this round that arrived before a restart.
+  Result<std::vector<SiteUpdate>> pending = unapplied_pending();
+  if (!pending.is_ok()) return pending.status();
+  for (SiteUpdate& update : *pending) {
+    if (update.round == manager->round()) submit(std::move(update), true);
+  }
+  return Status::ok();
+}
+
+Result<std::vector<SiteUpdate>> AggregatorServer::Impl::unapplied_pending() {
   Result<std::vector<store::PendingUpdate>> pending = store->pending_updates();
   if (!pending.is_ok()) return pending.status();
+  std::vector<SiteUpdate> updates;
   for (const store::PendingUpdate& p : *pending) {
     Result<std::optional<int64_t>> applied = store->applied_round(p.update_id);
     if (!applied.is_ok()) return applied.status();
@@ -555,10 +551,9 @@ Status AggregatorServer::Impl::maybe_start_round() {
     if (!bytes.is_ok()) return bytes.status();
     Result<SiteUpdate> update = update_from_pending(p, *bytes, manager->parameter_count());
     if (!update.is_ok()) return update.status();
-    if (update->round != manager->round()) continue;
-    submit(std::move(*update), true);
+    updates.push_back(std::move(*update));
   }
-  return Status::ok();
+  return updates;
 }
 
 Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
@@ -688,17 +683,9 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
         {"mode", config.rounds_options.asynchronous ? "async" : "sync"}});
   if (config.rounds_options.asynchronous) {
     // Updates received but not applied before a restart rejoin the buffer.
-    Result<std::vector<store::PendingUpdate>> pending = store->pending_updates();
+    Result<std::vector<SiteUpdate>> pending = unapplied_pending();
     if (!pending.is_ok()) return pending.status();
-    for (const store::PendingUpdate& p : *pending) {
-      Result<std::optional<int64_t>> applied = store->applied_round(p.update_id);
-      if (!applied.is_ok()) return applied.status();
-      if (applied->has_value()) continue;
-      Result<std::vector<uint8_t>> bytes = store->read_pending_update(p.update_id);
-      if (!bytes.is_ok()) return bytes.status();
-      Result<SiteUpdate> update = update_from_pending(p, *bytes, manager->parameter_count());
-      if (update.is_ok()) submit(std::move(*update), true);
-    }
+    for (SiteUpdate& update : *pending) submit(std::move(update), true);
   }
   auto last_refresh = Clock::now();
   while (!stop.load()) {

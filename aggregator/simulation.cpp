@@ -16,13 +16,6 @@ namespace fedmesh::aggregator {
 
 namespace {
 
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
-  x ^= x >> 31;
-  x *= 0xbf58476d1ce4e5b9ull;
-  return x ^ (x >> 29);
-}
-
 struct VirtualSite {
   std::string name;
   data::ImageDataset shard;
@@ -38,7 +31,7 @@ class Simulation {
     Result<std::vector<std::vector<int64_t>>> parts = data::partition_indices(
         train.labels, train.num_classes, options_.sites, options_.partition, options_.seed);
     if (!parts.is_ok()) return parts.status();
-    Rng rng(mix(options_.seed, 0x517e));
+    Rng rng(mix_seed(options_.seed, 0x517e));
     const int stragglers = static_cast<int>(std::lround(options_.straggler_fraction * options_.sites));
     std::vector<int> order(static_cast<size_t>(options_.sites));
     for (int i = 0; i < options_.sites; ++i) order[static_cast<size_t>(i)] = i;
@@ -73,7 +66,7 @@ class Simulation {
     load_global();
     node::TrainOptions local = options_.local;
     local.max_steps = options_.local_steps;
-    local.seed = mix(mix(options_.seed, std::hash<std::string>{}(site.name)), static_cast<uint64_t>(serial));
+    local.seed = mix_seed(mix_seed(options_.seed, std::hash<std::string>{}(site.name)), static_cast<uint64_t>(serial));
     node::Trainer trainer(*worker_, local);
     const node::TrainSummary summary = trainer.fit(site.shard, nullptr, {});
     SiteUpdate update;
@@ -184,7 +177,7 @@ class Simulation {
 
   Result<SimulationSummary> run_sync(const std::function<void(const SimulationRound&)>& on_round) {
     SimulationSummary summary;
-    Rng dropout(mix(options_.seed, 0xd20b));
+    Rng dropout(mix_seed(options_.seed, 0xd20b));
     std::vector<std::string> names;
     for (const VirtualSite& site : sites_) names.push_back(site.name);
     double time = 0.0;

@@ -120,4 +120,13 @@ class Rng {
   bool has_spare_normal_ = false;
 };
 
+// Derives a seed for one stream from a run's seed and a label (a site, a
+// round, a purpose), so each stream is independent and reproducible.
+inline uint64_t mix_seed(uint64_t a, uint64_t b) {
+  uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 29);
+}
+
 }  // namespace fedmesh

@@ -367,4 +367,32 @@ Status verify_roster(const Roster& roster, const SignPublicKey& pinned_admin) {
   return Status::ok();
 }
 
+Result<Membership> load_membership(const std::string& key_file, const std::string& name,
+                                   const std::string& roster_file, const std::string& admin_public_hex,
+                                   const std::string& federation) {
+  Membership m;
+  Result<SiteKeys> keys = read_site_keys(key_file);
+  if (!keys.is_ok()) return keys.status();
+  m.keys = std::move(*keys);
+  if (m.keys.identity.name != name) {
+    return invalid_argument("key file " + key_file + " is for '" + m.keys.identity.name + "', the config names '" +
+                            name + "'");
+  }
+  Result<Roster> roster = read_roster(roster_file);
+  if (!roster.is_ok()) return roster.status();
+  m.roster = std::move(*roster);
+  SignPublicKey admin{};
+  FEDMESH_RETURN_IF_ERROR(from_hex(admin_public_hex, admin, "admin_public"));
+  FEDMESH_RETURN_IF_ERROR(verify_roster(m.roster, admin));
+  if (m.roster.federation != federation) {
+    return invalid_argument("the roster is for federation '" + m.roster.federation + "', the config names '" +
+                            federation + "'");
+  }
+  const RosterEntry* self = m.roster.find(name);
+  if (self == nullptr || self->identity != m.keys.identity) {
+    return invalid_argument("'" + name + "' is not on the roster with the keys in " + key_file);
+  }
+  return m;
+}
+
 }  // namespace fedmesh::crypto

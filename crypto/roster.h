@@ -75,4 +75,15 @@ Status sign_roster(Roster& roster, const SiteKeys& admin);
 // verifies; otherwise a message saying which of the three failed.
 Status verify_roster(const Roster& roster, const SignPublicKey& pinned_admin);
 
+// What a federation process starts from: its own keys and the roster, checked
+// together. The key file must be `name`'s, the roster signed by the pinned
+// admin key (hex), for `federation`, and list `name` with these keys.
+struct Membership {
+  SiteKeys keys;
+  Roster roster;
+};
+Result<Membership> load_membership(const std::string& key_file, const std::string& name,
+                                   const std::string& roster_file, const std::string& admin_public_hex,
+                                   const std::string& federation);
+
 }  // namespace fedmesh::crypto

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "aggregator/model_chain.h"
+#include "base/random.h"
 #include "base/http_endpoint.h"
 #include "base/prometheus.h"
 #include "crypto/keys.h"
@@ -100,13 +101,6 @@ uint64_t unix_now(bool micro) {
                                      : std::chrono::duration_cast<std::chrono::milliseconds>(since).count());
 }
 
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
-  x ^= x >> 31;
-  x *= 0xbf58476d1ce4e5b9ull;
-  return x ^ (x >> 29);
-}
-
 struct Announcement {
   uint64_t round = 0, version = 0;
   crypto::Hash hash{};
@@ -164,27 +158,11 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   if (config.store.empty()) config.store = config.name + ".db";
   FEDMESH_RETURN_IF_ERROR(config.validate());
   set_cpu_threads(config.threads);
-  Result<crypto::SiteKeys> read_keys = crypto::read_site_keys(config.keys);
-  if (!read_keys.is_ok()) return read_keys.status();
-  keys = std::move(*read_keys);
-  if (keys.identity.name != config.name) {
-    return invalid_argument("key file " + config.keys + " is for '" + keys.identity.name + "', the config names '" +
-                            config.name + "'");
-  }
-  Result<crypto::Roster> read_roster = crypto::read_roster(config.roster);
-  if (!read_roster.is_ok()) return read_roster.status();
-  roster = std::move(*read_roster);
-  crypto::SignPublicKey admin{};
-  FEDMESH_RETURN_IF_ERROR(crypto::from_hex(config.admin_public, admin, "admin_public"));
-  FEDMESH_RETURN_IF_ERROR(crypto::verify_roster(roster, admin));
-  if (roster.federation != config.federation) {
-    return invalid_argument("the roster is for federation '" + roster.federation + "', the config names '" +
-                            config.federation + "'");
-  }
-  const crypto::RosterEntry* self = roster.find(config.name);
-  if (self == nullptr || self->identity != keys.identity) {
-    return invalid_argument("'" + config.name + "' is not on the roster with the keys in " + config.keys);
-  }
+  Result<crypto::Membership> membership =
+      crypto::load_membership(config.keys, config.name, config.roster, config.admin_public, config.federation);
+  if (!membership.is_ok()) return membership.status();
+  keys = std::move(membership->keys);
+  roster = std::move(membership->roster);
   const crypto::RosterEntry* aggregator = roster.find(config.aggregator_name);
   if (aggregator == nullptr || aggregator->role != crypto::Role::kAggregator) {
     return invalid_argument("the roster has no aggregator named '" + config.aggregator_name + "'");
@@ -412,7 +390,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   TrainOptions local = config.local;
   local.max_steps = std::max<int64_t>(1, a.local_steps);
   local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, shard.count);
-  local.seed = mix(mix(config.data_seed, static_cast<uint64_t>(config.index)), a.round * 1000003ull + a.version);
+  local.seed = mix_seed(mix_seed(config.data_seed, static_cast<uint64_t>(config.index)), a.round * 1000003ull + a.version);
   Trainer trainer(*worker, local);
   TrainCallbacks callbacks;
   callbacks.on_step = [&](const StepProgress&) {

@@ -30,8 +30,8 @@ constexpr uint16_t kF16ExponentMask = 0x7c00u;
 constexpr uint16_t kBf16ExponentMask = 0x7f80u;
 constexpr size_t kMaxVarintBytes = 10;
 constexpr size_t kScaleBytes = 4;
-constexpr int kInt8Max = 127;
-constexpr int kInt4Max = 7;
+using kernels::kInt4Max;
+using kernels::kInt8Max;
 // int4 elements decoded per step into a stack buffer (4 KiB).
 constexpr uint64_t kInt4ChunkElements = 1024;
 // Encoders clamp max_segment_bytes to this before doing arithmetic on it: no
@@ -152,22 +152,25 @@ const char* varint_error_text(VarintError error) {
 bool encoding_known(Encoding encoding) { return static_cast<uint8_t>(encoding) < kEncodingCount; }
 
 // Bytes per stored value; int4 (half a byte) is handled apart.
+// A bitmap sparse encoding stores its values as the varint one does.
+Encoding value_form(Encoding encoding) {
+  return encoding_has_bitmap(encoding) ? sparse_with_bitmap(encoding, false) : encoding;
+}
+
+// Bytes per stored value; int4 (half a byte) and sign bits are handled apart.
 uint64_t value_bytes(Encoding encoding) {
-  switch (encoding) {
+  switch (value_form(encoding)) {
     case Encoding::kDenseF32:
     case Encoding::kSparseF32: return 4;
     case Encoding::kDenseBf16:
     case Encoding::kDenseF16:
     case Encoding::kSparseF16: return 2;
-    case Encoding::kSparseInt8:
-    case Encoding::kBlockInt8:
-    case Encoding::kBlockInt4: return 1;
+    default: return 1;
   }
-  return 1;
 }
 
 const char* value_type(Encoding encoding) {
-  switch (encoding) {
+  switch (value_form(encoding)) {
     case Encoding::kDenseF32:
     case Encoding::kSparseF32: return "fp32";
     case Encoding::kDenseBf16: return "bf16";
@@ -176,9 +179,13 @@ const char* value_type(Encoding encoding) {
     case Encoding::kSparseInt8:
     case Encoding::kBlockInt8: return "int8";
     case Encoding::kBlockInt4: return "int4";
+    case Encoding::kDctSign: return "sign";
+    default: return "?";
   }
-  return "?";
 }
+
+uint64_t bitmap_bytes(uint64_t count) { return (count + 7) / 8; }
+uint64_t dct_chunks_covering(uint64_t count) { return (count + kernels::kDctChunk - 1) / kernels::kDctChunk; }
 
 // "tensor 3 ('fc.weight') segment at offset 128 (dense-f32): "
 std::string where(const SegmentView& segment, std::span<const TensorShape> manifest) {
@@ -197,6 +204,53 @@ std::string bytes_expected(const char* field, size_t actual, uint64_t expected, 
 }
 
 // ---- validation of the header and the byte lengths ------------------------------
+
+// Scales: finite and >= 0 (the sign lives in the quantized values).
+Status check_scales(const SegmentView& s, std::span<const TensorShape> manifest) {
+  for (size_t b = 0; b < s.scales.size() / kScaleBytes; ++b) {
+    const float scale = load_f32(s.scales.data() + b * kScaleBytes);
+    if (!is_finite(scale) || !(scale >= 0.0f)) {
+      return corrupt(where(s, manifest) + "scale " + std::to_string(b) + " is " + format_float(scale) +
+                     (is_finite(scale) ? "" : " (" + std::string(kNonFiniteMarker) + ")") +
+                     ", a finite value >= 0 expected");
+    }
+  }
+  return Status::ok();
+}
+
+Status check_dct_lengths(const SegmentView& s, std::span<const TensorShape> manifest, uint64_t element_count) {
+  if (s.block_size != 0) {
+    return corrupt(where(s, manifest) + "block_size is " + std::to_string(s.block_size) + ", 0 expected for dct-sign");
+  }
+  if (s.offset % kernels::kDctChunk != 0) {
+    return corrupt(where(s, manifest) + "offset " + std::to_string(s.offset) +
+                   " does not start a 4096-element DCT chunk");
+  }
+  if (s.count % kernels::kDctChunk != 0 && s.offset + s.count != element_count) {
+    return corrupt(where(s, manifest) + "covers " + std::to_string(s.count) +
+                   " elements: whole 4096-element chunks expected, except at the tensor's end");
+  }
+  const uint64_t chunks = dct_chunks_covering(s.count);
+  if (s.nnz > chunks * kernels::kDctChunk) {
+    return corrupt(where(s, manifest) + "nnz " + std::to_string(s.nnz) + " is more than the " +
+                   std::to_string(chunks * kernels::kDctChunk) + " coefficients of its " + std::to_string(chunks) +
+                   " chunks");
+  }
+  if (s.indices.size() < s.nnz || s.indices.size() > s.nnz * kMaxVarintBytes) {
+    return corrupt(where(s, manifest) + "indices has " + std::to_string(s.indices.size()) + " bytes, outside the " +
+                   std::to_string(s.nnz) + " to " + std::to_string(s.nnz * kMaxVarintBytes) + " that " +
+                   std::to_string(s.nnz) + " varints take");
+  }
+  if (s.values.size() != bitmap_bytes(s.nnz)) {
+    return corrupt(where(s, manifest) + bytes_expected("values", s.values.size(), bitmap_bytes(s.nnz),
+                                                       std::to_string(s.nnz) + " sign bits"));
+  }
+  if (s.scales.size() != chunks * kScaleBytes) {
+    return corrupt(where(s, manifest) + bytes_expected("scales", s.scales.size(), chunks * kScaleBytes,
+                                                       std::to_string(chunks) + " fp32 chunk scales"));
+  }
+  return check_scales(s, manifest);
+}
 
 Status check_lengths(const SegmentView& s, std::span<const TensorShape> manifest, uint64_t& element_count) {
   if (s.tensor >= manifest.size()) {
@@ -225,6 +279,7 @@ Status check_lengths(const SegmentView& s, std::span<const TensorShape> manifest
     return corrupt(where(s, manifest) + "block_size is " + std::to_string(s.block_size) +
                    ", 0 expected for a non-block encoding");
   }
+  if (e == Encoding::kDctSign) return check_dct_lengths(s, manifest, element_count);
   if (!encoding_is_sparse(e) && s.nnz != 0) {
     return corrupt(where(s, manifest) + "nnz is " + std::to_string(s.nnz) + ", 0 expected for a non-sparse encoding");
   }
@@ -256,20 +311,24 @@ Status check_lengths(const SegmentView& s, std::span<const TensorShape> manifest
       return corrupt(where(s, manifest) + bytes_expected("values", s.values.size(), expected_values,
                                                          std::to_string(s.nnz) + " " + value_type(e) + " values"));
     }
-    // Each varint takes 1 to 10 bytes: a cheap bound before parsing.
-    if (s.indices.size() < s.nnz) {
+    if (encoding_has_bitmap(e)) {
+      if (s.indices.size() != bitmap_bytes(s.count)) {
+        return corrupt(where(s, manifest) + bytes_expected("indices", s.indices.size(), bitmap_bytes(s.count),
+                                                           "a bitmap of " + std::to_string(s.count) + " elements"));
+      }
+    } else if (s.indices.size() < s.nnz) {  // each varint takes 1 to 10 bytes: a cheap bound before parsing
       return corrupt(where(s, manifest) + "indices has " + std::to_string(s.indices.size()) +
                      " bytes, too few for " + std::to_string(s.nnz) + " varints (at least 1 byte each)");
     }
-    if (s.indices.size() > s.nnz * kMaxVarintBytes) {
+    if (!encoding_has_bitmap(e) && s.indices.size() > s.nnz * kMaxVarintBytes) {
       return corrupt(where(s, manifest) + "indices has " + std::to_string(s.indices.size()) +
                      " bytes, more than " + std::to_string(s.nnz) + " varints can take (10 bytes each)");
     }
-    const uint64_t expected_scales = e == Encoding::kSparseInt8 ? kScaleBytes : 0;
+    const bool int8 = value_form(e) == Encoding::kSparseInt8;
+    const uint64_t expected_scales = int8 ? kScaleBytes : 0;
     if (s.scales.size() != expected_scales) {
-      return corrupt(where(s, manifest) +
-                     bytes_expected("scales", s.scales.size(), expected_scales,
-                                    e == Encoding::kSparseInt8 ? "one fp32 scale" : "a sparse float encoding"));
+      return corrupt(where(s, manifest) + bytes_expected("scales", s.scales.size(), expected_scales,
+                                                         int8 ? "one fp32 scale" : "a sparse float encoding"));
     }
   } else {  // block
     if (s.block_size == 0 || s.block_size > kMaxBlockSize) {
@@ -290,16 +349,7 @@ Status check_lengths(const SegmentView& s, std::span<const TensorShape> manifest
     }
   }
 
-  // Scales: finite and >= 0 (the sign lives in the quantized values).
-  for (size_t b = 0; b < s.scales.size() / kScaleBytes; ++b) {
-    const float scale = load_f32(s.scales.data() + b * kScaleBytes);
-    if (!is_finite(scale) || !(scale >= 0.0f)) {
-      return corrupt(where(s, manifest) + "scale " + std::to_string(b) + " is " + format_float(scale) +
-                     (is_finite(scale) ? "" : " (" + std::string(kNonFiniteMarker) + ")") +
-                     ", a finite value >= 0 expected");
-    }
-  }
-  return Status::ok();
+  return check_scales(s, manifest);
 }
 
 // ---- the two passes ------------------------------------------------------------
@@ -471,9 +521,11 @@ Status apply_blocks(const SegmentView& s, std::span<const TensorShape> manifest,
 
 // Parses the index varints and calls visit(k, index) for each, in order, with
 // every index checked to be strictly increasing and inside the segment.
+// Positions range over [offset, offset + range): range is count for sparse
+// segments and the padded chunk coefficients for dct-sign.
 template <class Visit>
-Status walk_sparse(const SegmentView& s, std::span<const TensorShape> manifest, Visit visit) {
-  const uint64_t end = s.offset + s.count;  // checked against the tensor already
+Status walk_varints(const SegmentView& s, std::span<const TensorShape> manifest, uint64_t range, Visit visit) {
+  const uint64_t end = s.offset + range;  // checked against the tensor already
   size_t pos = 0;
   uint64_t previous = 0;
   for (uint64_t k = 0; k < s.nnz; ++k) {
@@ -486,9 +538,9 @@ Status walk_sparse(const SegmentView& s, std::span<const TensorShape> manifest, 
     }
     uint64_t index = 0;
     if (k == 0) {
-      if (gap >= s.count) {
+      if (gap >= range) {
         return corrupt(where(s, manifest) + "index 0 is offset + " + std::to_string(gap) +
-                       ", outside the segment's " + std::to_string(s.count) + " elements");
+                       ", outside the segment's " + std::to_string(range) + " positions");
       }
       index = s.offset + gap;
     } else {
@@ -514,6 +566,39 @@ Status walk_sparse(const SegmentView& s, std::span<const TensorShape> manifest, 
   return Status::ok();
 }
 
+// The bitmap form: the same visits, from set bits.
+template <class Visit>
+Status walk_bitmap(const SegmentView& s, std::span<const TensorShape> manifest, Visit visit) {
+  uint64_t k = 0;
+  const uint8_t* bits = s.indices.data();
+  for (uint64_t byte = 0; byte < s.indices.size(); ++byte) {
+    uint8_t b = bits[byte];
+    if (byte == s.indices.size() - 1 && (s.count & 7) != 0 && (b >> (s.count & 7)) != 0) {
+      return corrupt(where(s, manifest) + "the bitmap sets bits past the segment's " + std::to_string(s.count) +
+                     " elements");
+    }
+    while (b != 0) {
+      const int bit = std::countr_zero(b);
+      b = static_cast<uint8_t>(b & (b - 1));
+      if (k == s.nnz) {
+        return corrupt(where(s, manifest) + "the bitmap sets more than nnz = " + std::to_string(s.nnz) + " bits");
+      }
+      Status status = visit(k++, s.offset + byte * 8 + static_cast<uint64_t>(bit));
+      if (!status.is_ok()) return status;
+    }
+  }
+  if (k != s.nnz) {
+    return corrupt(where(s, manifest) + "the bitmap sets " + std::to_string(k) + " bits, nnz is " +
+                   std::to_string(s.nnz));
+  }
+  return Status::ok();
+}
+
+template <class Visit>
+Status walk_sparse(const SegmentView& s, std::span<const TensorShape> manifest, Visit visit) {
+  return encoding_has_bitmap(s.encoding) ? walk_bitmap(s, manifest, visit) : walk_varints(s, manifest, s.count, visit);
+}
+
 template <class Load>
 Status apply_sparse_with(const SegmentView& s, std::span<const TensorShape> manifest, const Sink& sink, Load load) {
   float* const target = sink.out;  // target[offset]: index - offset below
@@ -536,7 +621,7 @@ Status apply_sparse_with(const SegmentView& s, std::span<const TensorShape> mani
 
 Status apply_sparse(const SegmentView& s, std::span<const TensorShape> manifest, const Sink& sink) {
   const uint8_t* values = s.values.data();
-  switch (s.encoding) {
+  switch (value_form(s.encoding)) {
     case Encoding::kSparseF32:
       return apply_sparse_with(s, manifest, sink, [values](uint64_t k) { return load_f32(values + 4 * k); });
     case Encoding::kSparseF16:
@@ -551,6 +636,49 @@ Status apply_sparse(const SegmentView& s, std::span<const TensorShape> manifest,
     default: break;
   }
   return corrupt(where(s, manifest) + "not a sparse encoding");
+}
+
+// dct-sign: rebuild each chunk's coefficients (+-scale), inverse DCT, then
+// the usual two passes per chunk (validate every chunk first, then write), so
+// a bad chunk leaves the target untouched.
+Status apply_dct(const SegmentView& s, std::span<const TensorShape> manifest, const Sink& sink) {
+  const uint64_t chunks = dct_chunks_covering(s.count);
+  // Chunk c's coefficients are entries [first_entry[c], first_entry[c + 1]).
+  std::vector<uint64_t> positions;
+  positions.reserve(s.nnz);
+  FEDMESH_RETURN_IF_ERROR(walk_varints(s, manifest, chunks * kernels::kDctChunk, [&](uint64_t, uint64_t index) {
+    positions.push_back(index - s.offset);
+    return Status::ok();
+  }));
+  std::vector<float> coefficients(kernels::kDctChunk), decoded(kernels::kDctChunk);
+  auto decode_chunk = [&](uint64_t c, size_t& entry) {
+    std::fill(coefficients.begin(), coefficients.end(), 0.0f);
+    const float scale = load_f32(s.scales.data() + c * kScaleBytes);
+    for (; entry < positions.size() && positions[entry] / kernels::kDctChunk == c; ++entry) {
+      const bool negative = (s.values[entry / 8] >> (entry % 8)) & 1u;
+      coefficients[positions[entry] % kernels::kDctChunk] = negative ? -scale : scale;
+    }
+    kernels::idct_chunk(coefficients.data(), decoded.data());
+  };
+  if (s.nnz % 8 != 0 && (s.values.back() >> (s.nnz % 8)) != 0) {
+    return corrupt(where(s, manifest) + "the sign bits past nnz = " + std::to_string(s.nnz) + " are not 0");
+  }
+  auto from_decoded = [&decoded](uint64_t i) { return decoded[i]; };
+  for (int pass = 0; pass < 2; ++pass) {
+    size_t entry = 0;
+    for (uint64_t c = 0; c < chunks; ++c) {
+      const uint64_t first = c * kernels::kDctChunk;
+      const uint64_t n = std::min<uint64_t>(kernels::kDctChunk, s.count - first);
+      decode_chunk(c, entry);
+      float* out = sink.out + first;
+      if (pass == 1) {
+        write_range(sink, out, n, from_decoded);
+      } else if (scan_range(sink, out, n, from_decoded) != 0) {
+        return find_bad(where(s, manifest), sink, out, s.offset + first, n, from_decoded, "inverse DCT value");
+      }
+    }
+  }
+  return Status::ok();
 }
 
 Status apply_segment(const SegmentView& s, std::span<const TensorShape> manifest, std::span<float> target,
@@ -576,9 +704,13 @@ Status apply_segment(const SegmentView& s, std::span<const TensorShape> manifest
       return apply_dense(s, manifest, sink, [values](uint64_t i) { return to_float(fp16{load_u16(values + 2 * i)}); });
     case Encoding::kSparseF32:
     case Encoding::kSparseF16:
-    case Encoding::kSparseInt8: return apply_sparse(s, manifest, sink);
+    case Encoding::kSparseInt8:
+    case Encoding::kSparseBitmapF32:
+    case Encoding::kSparseBitmapF16:
+    case Encoding::kSparseBitmapInt8: return apply_sparse(s, manifest, sink);
     case Encoding::kBlockInt8:
     case Encoding::kBlockInt4: return apply_blocks(s, manifest, sink);
+    case Encoding::kDctSign: return apply_dct(s, manifest, sink);
   }
   return corrupt(where(s, manifest) + "unknown encoding");
 }
@@ -623,17 +755,7 @@ Status check_input_values(std::span<const float> values, Encoding encoding) {
   return Status::ok();
 }
 
-// The scale for a block (or a sparse int8 segment) whose largest magnitude is
-// max_abs: max_abs / q_max, nudged down where q_max * scale would round to Inf
-// (max_abs near FLT_MAX), so that every q * scale decodes to a finite value.
-float quantization_scale(float max_abs, int q_max) {
-  float scale = max_abs / static_cast<float>(q_max);
-  while (scale > 0.0f && !is_finite(static_cast<float>(q_max) * scale)) scale = std::nextafter(scale, 0.0f);
-  return scale;
-}
-
-// Callers skip blocks whose scale is 0 (all zeros, or max|x| too small for a
-// nonzero fp32 scale): their values stay 0.
+// Callers skip a sparse int8 segment whose scale is 0: its values stay 0.
 inline int quantize(float x, float scale, int q_max) {
   const float q = round_small(x / scale);
   return static_cast<int>(std::clamp(q, -static_cast<float>(q_max), static_cast<float>(q_max)));
@@ -661,12 +783,32 @@ const char* encoding_name(Encoding encoding) {
     case Encoding::kSparseInt8: return "sparse-int8";
     case Encoding::kBlockInt8: return "block-int8";
     case Encoding::kBlockInt4: return "block-int4";
+    case Encoding::kSparseBitmapF32: return "sparse-bitmap-f32";
+    case Encoding::kSparseBitmapF16: return "sparse-bitmap-f16";
+    case Encoding::kSparseBitmapInt8: return "sparse-bitmap-int8";
+    case Encoding::kDctSign: return "dct-sign";
   }
   return "unknown";
 }
 
 bool encoding_is_sparse(Encoding encoding) {
-  return encoding == Encoding::kSparseF32 || encoding == Encoding::kSparseF16 || encoding == Encoding::kSparseInt8;
+  return encoding == Encoding::kSparseF32 || encoding == Encoding::kSparseF16 || encoding == Encoding::kSparseInt8 ||
+         encoding_has_bitmap(encoding);
+}
+
+bool encoding_has_bitmap(Encoding encoding) {
+  return encoding == Encoding::kSparseBitmapF32 || encoding == Encoding::kSparseBitmapF16 ||
+         encoding == Encoding::kSparseBitmapInt8;
+}
+
+Encoding sparse_with_bitmap(Encoding sparse, bool bitmap) {
+  switch (sparse) {
+    case Encoding::kSparseF32:
+    case Encoding::kSparseBitmapF32: return bitmap ? Encoding::kSparseBitmapF32 : Encoding::kSparseF32;
+    case Encoding::kSparseF16:
+    case Encoding::kSparseBitmapF16: return bitmap ? Encoding::kSparseBitmapF16 : Encoding::kSparseF16;
+    default: return bitmap ? Encoding::kSparseBitmapInt8 : Encoding::kSparseInt8;
+  }
 }
 
 bool encoding_is_block(Encoding encoding) {
@@ -674,7 +816,7 @@ bool encoding_is_block(Encoding encoding) {
 }
 
 bool encoding_is_lossless(Encoding encoding) {
-  return encoding == Encoding::kDenseF32 || encoding == Encoding::kSparseF32;
+  return encoding == Encoding::kDenseF32 || encoding == Encoding::kSparseF32 || encoding == Encoding::kSparseBitmapF32;
 }
 
 // A negative dimension, or a product above kMaxTensorElements (including one
@@ -799,7 +941,9 @@ Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t elem
   if (element_count == 0) return segments;
 
   const uint64_t vb = value_bytes(encoding);
-  const uint64_t fixed = encoding == Encoding::kSparseInt8 ? kScaleBytes : 0;
+  const bool int8 = value_form(encoding) == Encoding::kSparseInt8;
+  const bool bitmap = encoding_has_bitmap(encoding);
+  const uint64_t fixed = int8 ? kScaleBytes : 0;
   const uint64_t budget = clamp_segment_bytes(max_segment_bytes);
   // The smallest segment that holds a value: its index is the segment's
   // offset, so its varint is the one byte 0.
@@ -818,19 +962,43 @@ Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t elem
   std::vector<Range> ranges;
   Range current{0, 0, 0};
   uint64_t used = fixed;
-  for (size_t k = 0; k < indices.size(); ++k) {
-    const uint64_t gap = current.last == current.first ? indices[k] - current.offset : indices[k] - indices[k - 1];
-    const uint64_t cost = varint_bytes(gap) + vb;
-    if (used + cost > budget) {
-      ranges.push_back(current);
-      current = Range{indices[k], k, k};
-      used = fixed + 1 + vb;
-    } else {
-      used += cost;
+  if (bitmap) {
+    // A segment's bitmap grows with the range it covers, so a long empty
+    // stretch closes it too; the tail is tiled with empty segments.
+    const uint64_t span = 8 * (budget - fixed);  // elements an empty segment's bitmap covers
+    for (size_t k = 0; k < indices.size(); ++k) {
+      while (fixed + bitmap_bytes(indices[k] - current.offset + 1) + (k + 1 - current.first) * vb > budget) {
+        const uint64_t cut = current.last > current.first ? indices[current.last - 1] + 1
+                                                           : std::min(current.offset + span, indices[k]);
+        ranges.push_back(current);
+        current = Range{cut, k, k};
+      }
+      current.last = k + 1;
     }
-    current.last = k + 1;
+    const auto fits_to_end = [&](const Range& r) {
+      return fixed + bitmap_bytes(element_count - r.offset) + (r.last - r.first) * vb <= budget;
+    };
+    while (!fits_to_end(current)) {
+      const uint64_t cut = current.last > current.first ? indices[current.last - 1] + 1 : current.offset + span;
+      ranges.push_back(current);
+      current = Range{cut, current.last, current.last};
+    }
+    ranges.push_back(current);
+  } else {
+    for (size_t k = 0; k < indices.size(); ++k) {
+      const uint64_t gap = current.last == current.first ? indices[k] - current.offset : indices[k] - indices[k - 1];
+      const uint64_t cost = varint_bytes(gap) + vb;
+      if (used + cost > budget) {
+        ranges.push_back(current);
+        current = Range{indices[k], k, k};
+        used = fixed + 1 + vb;
+      } else {
+        used += cost;
+      }
+      current.last = k + 1;
+    }
+    ranges.push_back(current);
   }
-  ranges.push_back(current);
 
   for (size_t r = 0; r < ranges.size(); ++r) {
     const Range& range = ranges[r];
@@ -842,17 +1010,23 @@ Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t elem
     segment.nnz = range.last - range.first;
     uint64_t previous = range.offset;
     float scale = 0.0f;
-    if (encoding == Encoding::kSparseInt8) {
+    if (bitmap) segment.indices.assign(bitmap_bytes(segment.count), 0);
+    if (int8) {
       float max_abs = 0.0f;
       for (uint64_t k = range.first; k < range.last; ++k) max_abs = std::max(max_abs, std::fabs(values[k]));
-      scale = quantization_scale(max_abs, kInt8Max);
+      scale = kernels::quantization_scale(max_abs, kInt8Max);
       append_f32(segment.scales, scale);
     }
     segment.values.reserve(segment.nnz * vb);
     for (uint64_t k = range.first; k < range.last; ++k) {
-      append_varint(segment.indices, indices[k] - previous);
+      if (bitmap) {
+        const uint64_t bit = indices[k] - range.offset;
+        segment.indices[bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+      } else {
+        append_varint(segment.indices, indices[k] - previous);
+      }
       previous = indices[k];
-      switch (encoding) {
+      switch (value_form(encoding)) {
         case Encoding::kSparseF32: append_f32(segment.values, values[k]); break;
         case Encoding::kSparseF16: append_u16(segment.values, to_fp16(values[k]).bits); break;
         default:
@@ -866,7 +1040,8 @@ Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t elem
 }
 
 Result<std::vector<EncodedSegment>> encode_blocks(uint32_t tensor, std::span<const float> values, Encoding encoding,
-                                                  uint32_t block_size, size_t max_segment_bytes) {
+                                                  uint32_t block_size, size_t max_segment_bytes,
+                                                  kernels::Rounding rounding, uint64_t seed) {
   if (!encoding_is_block(encoding)) {
     return invalid_argument(std::string("encode_blocks: ") + encoding_name(encoding) + " is not a block encoding");
   }
@@ -878,52 +1053,148 @@ Result<std::vector<EncodedSegment>> encode_blocks(uint32_t tensor, std::span<con
     return invalid_argument("encode_blocks: " + std::to_string(values.size()) + " values, more than 2^36");
   }
   const bool int4 = encoding == Encoding::kBlockInt4;
+  FEDMESH_RETURN_IF_ERROR(check_input_values(values, encoding));
+
+  const uint64_t blocks = (values.size() + block_size - 1) / block_size;
+  std::vector<uint8_t> packed(int4 ? (values.size() + 1) / 2 : values.size());
+  std::vector<float> scales(blocks);
+  kernels::quantize_blocks(values.data(), values.size(), int4 ? 4 : 8, block_size, rounding, seed, 0, packed.data(),
+                           scales.data());
+  return encode_quantized_blocks(tensor, values.size(), packed, scales, encoding, block_size, max_segment_bytes);
+}
+
+Result<std::vector<EncodedSegment>> encode_quantized_blocks(uint32_t tensor, uint64_t element_count,
+                                                            std::span<const uint8_t> packed,
+                                                            std::span<const float> scales, Encoding encoding,
+                                                            uint32_t block_size, size_t max_segment_bytes) {
+  if (!encoding_is_block(encoding) || block_size == 0 || block_size > kMaxBlockSize) {
+    return invalid_argument(std::string("encode_quantized_blocks: ") + encoding_name(encoding) +
+                            " with block_size " + std::to_string(block_size) + " is not a block encoding");
+  }
+  const bool int4 = encoding == Encoding::kBlockInt4;
+  const uint64_t blocks = (element_count + block_size - 1) / block_size;
+  if (packed.size() != (int4 ? (element_count + 1) / 2 : element_count) || scales.size() != blocks) {
+    return invalid_argument("encode_quantized_blocks: " + std::to_string(packed.size()) + " value bytes and " +
+                            std::to_string(scales.size()) + " scales do not fit " + std::to_string(element_count) +
+                            " elements");
+  }
   const uint64_t budget = clamp_segment_bytes(max_segment_bytes);
-  // Whole blocks per segment: k blocks take 4k bytes of scales plus k*block_size
-  // (int8) or ceil(k*block_size / 2) (int4) bytes of values. ceil(a/2) <= b
-  // exactly when a <= 2b, hence the int4 formula.
-  const uint64_t blocks_per_segment =
+  // Whole blocks per segment, an even number of elements for int4 (so that a
+  // segment starts on a byte) unless one block is all that fits.
+  uint64_t blocks_per_segment =
       int4 ? 2 * budget / (block_size + 2 * kScaleBytes) : budget / (block_size + kScaleBytes);
+  if (int4 && (block_size & 1) != 0 && blocks_per_segment > 1) blocks_per_segment &= ~uint64_t{1};
   if (blocks_per_segment == 0) {
-    return invalid_argument("encode_blocks: max_segment_bytes " + std::to_string(max_segment_bytes) +
+    return invalid_argument("encode_quantized_blocks: max_segment_bytes " + std::to_string(max_segment_bytes) +
                             " is smaller than one " + encoding_name(encoding) + " block of " +
                             std::to_string(block_size) + " elements");
   }
-  FEDMESH_RETURN_IF_ERROR(check_input_values(values, encoding));
-
-  const int q_max = int4 ? kInt4Max : kInt8Max;
   const uint64_t per_segment = blocks_per_segment * block_size;
   std::vector<EncodedSegment> segments;
-  for (uint64_t offset = 0; offset < values.size(); offset += per_segment) {
+  for (uint64_t offset = 0; offset < element_count; offset += per_segment) {
     EncodedSegment& segment = segments.emplace_back();
     segment.tensor = tensor;
     segment.encoding = encoding;
     segment.offset = offset;
-    segment.count = std::min<uint64_t>(per_segment, values.size() - offset);
+    segment.count = std::min<uint64_t>(per_segment, element_count - offset);
     segment.block_size = block_size;
-    const uint64_t blocks = (segment.count + block_size - 1) / block_size;
-    segment.scales.resize(blocks * kScaleBytes);
-    segment.values.assign(int4 ? (segment.count + 1) / 2 : segment.count, 0);
-    const float* in = values.data() + offset;
-    for (uint64_t b = 0; b < blocks; ++b) {
-      const uint64_t first = b * block_size;
-      const uint64_t n = std::min<uint64_t>(block_size, segment.count - first);
-      float max_abs = 0.0f;
-      for (uint64_t i = 0; i < n; ++i) max_abs = std::max(max_abs, std::fabs(in[first + i]));
-      const float scale = quantization_scale(max_abs, q_max);
-      std::memcpy(segment.scales.data() + b * kScaleBytes, &scale, kScaleBytes);
-      if (!(scale > 0.0f)) continue;
-      uint8_t* out = segment.values.data();
-      if (int4) {
-        for (uint64_t i = first; i < first + n; ++i) {
-          const int q = quantize(in[i], scale, q_max);
-          out[i / 2] |= static_cast<uint8_t>((q & 0xf) << (4 * (i & 1)));
-        }
-      } else {
-        for (uint64_t i = first; i < first + n; ++i) {
-          out[i] = static_cast<uint8_t>(static_cast<int8_t>(quantize(in[i], scale, q_max)));
-        }
+    const uint64_t first_block = offset / block_size;
+    const uint64_t segment_blocks = (segment.count + block_size - 1) / block_size;
+    segment.scales.resize(segment_blocks * kScaleBytes);
+    std::memcpy(segment.scales.data(), scales.data() + first_block, segment_blocks * kScaleBytes);
+    if (!int4) {
+      segment.values.assign(packed.begin() + static_cast<int64_t>(offset),
+                            packed.begin() + static_cast<int64_t>(offset + segment.count));
+    } else if ((offset & 1) == 0) {
+      segment.values.assign(packed.begin() + static_cast<int64_t>(offset / 2),
+                            packed.begin() + static_cast<int64_t>(offset / 2 + (segment.count + 1) / 2));
+      if ((segment.count & 1) != 0) segment.values.back() &= 0x0f;  // the next segment's nibble is not ours
+    } else {  // one odd-sized block per segment: shift the nibbles down
+      segment.values.assign((segment.count + 1) / 2, 0);
+      for (uint64_t i = 0; i < segment.count; ++i) {
+        const uint64_t source = offset + i;
+        const uint8_t nibble = (packed[source / 2] >> (4 * (source & 1))) & 0xf;
+        segment.values[i / 2] |= static_cast<uint8_t>(nibble << (4 * (i & 1)));
       }
+    }
+  }
+  return segments;
+}
+
+}  // namespace fedmesh::protocol
+
+namespace fedmesh::protocol {
+
+SparseIndexCost sparse_index_cost(std::span<const uint64_t> indices, uint64_t element_count) {
+  SparseIndexCost cost;
+  cost.bitmap_bytes = bitmap_bytes(element_count);
+  uint64_t previous = 0;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    cost.varint_bytes += varint_bytes(k == 0 ? indices[k] : indices[k] - previous);
+    previous = indices[k];
+  }
+  return cost;
+}
+
+Result<std::vector<EncodedSegment>> encode_dct_sign(uint32_t tensor, uint64_t element_count,
+                                                    std::span<const uint64_t> positions,
+                                                    std::span<const uint8_t> negative,
+                                                    std::span<const float> chunk_scales, size_t max_segment_bytes) {
+  constexpr uint64_t kChunk = kernels::kDctChunk;
+  if (element_count > kMaxTensorElements) {
+    return invalid_argument("encode_dct_sign: element_count " + std::to_string(element_count) + " is more than 2^36");
+  }
+  const uint64_t chunks = dct_chunks_covering(element_count);
+  if (chunk_scales.size() != chunks || negative.size() != positions.size()) {
+    return invalid_argument("encode_dct_sign: " + std::to_string(chunk_scales.size()) + " chunk scales for " +
+                            std::to_string(chunks) + " chunks, " + std::to_string(negative.size()) + " signs for " +
+                            std::to_string(positions.size()) + " positions");
+  }
+  for (size_t k = 0; k < positions.size(); ++k) {
+    if (positions[k] >= chunks * kChunk || (k > 0 && positions[k] <= positions[k - 1])) {
+      return invalid_argument("encode_dct_sign: position " + std::to_string(k) + " (" + std::to_string(positions[k]) +
+                              ") is out of order or outside the " + std::to_string(chunks * kChunk) + " coefficients");
+    }
+  }
+  for (size_t c = 0; c < chunk_scales.size(); ++c) {
+    if (!is_finite(chunk_scales[c]) || !(chunk_scales[c] >= 0.0f)) {
+      return invalid_argument("encode_dct_sign: chunk scale " + std::to_string(c) + " is " +
+                              format_float(chunk_scales[c]));
+    }
+  }
+  const uint64_t budget = clamp_segment_bytes(max_segment_bytes);
+  // Whole chunks per segment: a chunk costs its scale, at most 10 bytes per
+  // index and an eighth of a byte per sign; a segment closes before a chunk
+  // that would not fit (one chunk always goes in, whatever its size).
+  std::vector<EncodedSegment> segments;
+  size_t entry = 0;
+  for (uint64_t c = 0; c < chunks;) {
+    EncodedSegment& segment = segments.emplace_back();
+    segment.tensor = tensor;
+    segment.encoding = Encoding::kDctSign;
+    segment.offset = c * kChunk;
+    const size_t first_entry = entry;
+    uint64_t previous = segment.offset, used = 0;
+    std::vector<uint8_t> indices;
+    do {
+      size_t end = entry;
+      while (end < positions.size() && positions[end] / kChunk == c) ++end;
+      const uint64_t cost = kScaleBytes + (end - entry) * (kMaxVarintBytes + 1);
+      if (used > 0 && used + cost > budget) break;
+      used += cost;
+      append_f32(segment.scales, chunk_scales[c]);
+      for (; entry < end; ++entry) {
+        append_varint(indices, positions[entry] - previous);
+        previous = positions[entry];
+      }
+      ++c;
+    } while (c < chunks);
+    segment.count = std::min<uint64_t>(c * kChunk, element_count) - segment.offset;
+    segment.nnz = entry - first_entry;
+    segment.indices = std::move(indices);
+    segment.values.assign(bitmap_bytes(segment.nnz), 0);
+    for (size_t k = first_entry; k < entry; ++k) {
+      if (negative[k]) segment.values[(k - first_entry) / 8] |= static_cast<uint8_t>(1u << ((k - first_entry) % 8));
     }
   }
   return segments;

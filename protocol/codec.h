@@ -19,12 +19,37 @@
 //                          values: count int8, or ceil(count / 2) bytes of two
 //                          int4 (low nibble first, two's complement, -7..7)
 //                          element i decodes to q_i * scales[i / block_size]
+//   sparse-bitmap f32/fp16/int8
+//                          as sparse, but indices is a bitmap of ceil(count / 8)
+//                          bytes, bit i (least significant first) set when
+//                          element offset + i is stored; nnz bits are set and
+//                          the bits past count are 0. Senders pick it when it
+//                          is smaller than the varints (dense selections).
+//   dct-sign               the segment covers whole 64 x 64 chunks of the
+//                          flattened tensor from offset (a multiple of 4096;
+//                          the last chunk of the tensor is zero-padded to 4096
+//                          elements): each chunk was sent as its orthonormal
+//                          2-D DCT-II (kernels/compression_math.h), of which
+//                          nnz coefficients over all chunks are kept.
+//                          indices: nnz varint gaps (as sparse) over the
+//                          coefficient positions [0, chunks * 4096), position p
+//                          being coefficient p % 4096 of chunk p / 4096
+//                          values: ceil(nnz / 8) bytes of sign bits (bit set:
+//                          negative; least significant first; unused bits 0)
+//                          scales: one fp32 per chunk, the magnitude of every
+//                          kept coefficient of that chunk
+//                          the receiver rebuilds each chunk's coefficients and
+//                          applies the inverse DCT; count covers only real
+//                          elements (the padding is dropped).
 //
 // Bounds for the lossy forms (|x - decode(encode(x))|, per element):
 //   bf16: 2^-8 |x| ; fp16: 2^-11 |x| in the normal range
 //   block int8: scale / 2 with scale = max|x in block| / 127
 //   block int4: scale / 2 with scale = max|x in block| / 7
 //   sparse int8: scale / 2 with scale = max|value| / 127
+//   stochastic rounding (block int8/int4): scale, and unbiased
+//   dct-sign: none per element (a sign compressor); what it drops stays in
+//   the sender's error-feedback residual
 #pragma once
 
 #include <cstddef>
@@ -35,6 +60,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/compression_math.h"
 
 namespace fedmesh::protocol {
 
@@ -47,12 +73,19 @@ enum class Encoding : uint8_t {
   kSparseInt8 = 5,
   kBlockInt8 = 6,
   kBlockInt4 = 7,
+  kSparseBitmapF32 = 8,
+  kSparseBitmapF16 = 9,
+  kSparseBitmapInt8 = 10,
+  kDctSign = 11,
 };
-inline constexpr int kEncodingCount = 8;
+inline constexpr int kEncodingCount = 12;
 
 const char* encoding_name(Encoding encoding);  // "dense-f32", "sparse-int8", ...
-bool encoding_is_sparse(Encoding encoding);
+bool encoding_is_sparse(Encoding encoding);         // varint or bitmap indices (not dct-sign)
+bool encoding_has_bitmap(Encoding encoding);        // sparse with bitmap indices
 bool encoding_is_block(Encoding encoding);
+// The sparse encoding that stores the same values with the other index form.
+Encoding sparse_with_bitmap(Encoding sparse, bool bitmap);
 bool encoding_is_lossless(Encoding encoding);  // dense-f32 and sparse-f32 only
 
 // Bounds on everything a peer declares. Checked before any allocation.
@@ -129,12 +162,40 @@ Status decode_segment(const SegmentView& segment, std::span<const TensorShape> m
 Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values,
                                                  Encoding encoding, size_t max_segment_bytes);
 // indices: strictly increasing positions in [0, element_count); values: one each.
+// A bitmap encoding stores the positions as bitmaps, a varint one as gaps.
 Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t element_count,
                                                   std::span<const uint64_t> indices,
                                                   std::span<const float> values, Encoding encoding,
                                                   size_t max_segment_bytes);
+// Quantizes with kernels::quantize_blocks (round to nearest by default; with
+// kStochastic the draws depend on seed and each element's tensor position).
 Result<std::vector<EncodedSegment>> encode_blocks(uint32_t tensor, std::span<const float> values,
                                                   Encoding encoding, uint32_t block_size,
-                                                  size_t max_segment_bytes);
+                                                  size_t max_segment_bytes,
+                                                  kernels::Rounding rounding = kernels::Rounding::kNearest,
+                                                  uint64_t seed = 0);
+// Segments of values already quantized by kernels::quantize_blocks over the
+// whole tensor (packed and scales as it writes them).
+Result<std::vector<EncodedSegment>> encode_quantized_blocks(uint32_t tensor, uint64_t element_count,
+                                                            std::span<const uint8_t> packed,
+                                                            std::span<const float> scales, Encoding encoding,
+                                                            uint32_t block_size, size_t max_segment_bytes);
+
+// The bytes the index forms of a sparse selection would take in one segment:
+// delta varints, or a bitmap over element_count elements.
+struct SparseIndexCost {
+  uint64_t varint_bytes = 0;
+  uint64_t bitmap_bytes = 0;
+  bool bitmap_smaller() const { return bitmap_bytes < varint_bytes; }
+};
+SparseIndexCost sparse_index_cost(std::span<const uint64_t> indices, uint64_t element_count);
+
+// dct-sign: `positions` are strictly increasing coefficient positions in
+// [0, chunks * 4096) with chunks = ceil(element_count / 4096), `negative` their
+// signs and chunk_scales one magnitude per chunk (finite, >= 0).
+Result<std::vector<EncodedSegment>> encode_dct_sign(uint32_t tensor, uint64_t element_count,
+                                                    std::span<const uint64_t> positions,
+                                                    std::span<const uint8_t> negative,
+                                                    std::span<const float> chunk_scales, size_t max_segment_bytes);
 
 }  // namespace fedmesh::protocol

@@ -27,6 +27,10 @@ enum TensorEncoding {
   sparseInt8 @5;
   blockInt8 @6;
   blockInt4 @7;
+  sparseBitmapF32 @8;
+  sparseBitmapF16 @9;
+  sparseBitmapInt8 @10;
+  dctSign @11;
 }
 
 enum DType {

@@ -7,7 +7,7 @@
 //              scalar), {2500}); bits 2-4 the accumulate weight (1, 0.5, -2,
 //              0, 1e30, FLT_MAX, NaN, Inf); bit 5 a target one element too
 //              short; bit 6 a target of huge values (near FLT_MAX / 2)
-//   byte 1     the encoding, as the raw byte (8 and up are unknown encodings)
+//   byte 1     the encoding, as the raw byte (12 and up are unknown encodings)
 //   then       unsigned LEB128 varints (at most 10 bytes, extra high bits
 //              dropped): tensor, offset, count, nnz, block_size,
 //              indices length, values length

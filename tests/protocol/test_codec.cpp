@@ -28,7 +28,9 @@ constexpr float kFloatMax = std::numeric_limits<float>::max();
 
 const std::vector<uint64_t> kSizes = {1, 2, 3, 5, 7, 31, 97, 255, 256, 257, 1000, 4099, 65537};
 const std::vector<Encoding> kDenseEncodings = {Encoding::kDenseF32, Encoding::kDenseBf16, Encoding::kDenseF16};
-const std::vector<Encoding> kSparseEncodings = {Encoding::kSparseF32, Encoding::kSparseF16, Encoding::kSparseInt8};
+const std::vector<Encoding> kSparseEncodings = {Encoding::kSparseF32,       Encoding::kSparseF16,
+                                                Encoding::kSparseInt8,      Encoding::kSparseBitmapF32,
+                                                Encoding::kSparseBitmapF16, Encoding::kSparseBitmapInt8};
 const std::vector<Encoding> kBlockEncodings = {Encoding::kBlockInt8, Encoding::kBlockInt4};
 
 uint32_t bits_of(float x) { return std::bit_cast<uint32_t>(x); }
@@ -89,17 +91,22 @@ std::vector<float> decode_all(const std::vector<EncodedSegment>& segments, std::
 
 // ---- names and shapes -------------------------------------------------------------
 
+Result<std::vector<EncodedSegment>> encode_random_dct(Rng& rng, uint64_t n, uint64_t k, size_t max_bytes);
+
 TEST(CodecNames, EveryEncodingHasANameAndKind) {
-  const char* names[] = {"dense-f32",   "dense-bf16", "dense-f16",  "sparse-f32",
-                         "sparse-f16",  "sparse-int8", "block-int8", "block-int4"};
+  const char* names[] = {"dense-f32",         "dense-bf16",        "dense-f16",          "sparse-f32",
+                         "sparse-f16",        "sparse-int8",       "block-int8",         "block-int4",
+                         "sparse-bitmap-f32", "sparse-bitmap-f16", "sparse-bitmap-int8", "dct-sign"};
+  static_assert(std::size(names) == kEncodingCount);
   for (int i = 0; i < kEncodingCount; ++i) {
     const auto e = static_cast<Encoding>(i);
     EXPECT_STREQ(encoding_name(e), names[i]);
-    EXPECT_EQ(encoding_is_sparse(e), i >= 3 && i <= 5) << names[i];
-    EXPECT_EQ(encoding_is_block(e), i >= 6) << names[i];
-    EXPECT_EQ(encoding_is_lossless(e), i == 0 || i == 3) << names[i];
+    EXPECT_EQ(encoding_is_sparse(e), (i >= 3 && i <= 5) || (i >= 8 && i <= 10)) << names[i];
+    EXPECT_EQ(encoding_has_bitmap(e), i >= 8 && i <= 10) << names[i];
+    EXPECT_EQ(encoding_is_block(e), i == 6 || i == 7) << names[i];
+    EXPECT_EQ(encoding_is_lossless(e), i == 0 || i == 3 || i == 8) << names[i];
   }
-  EXPECT_STREQ(encoding_name(static_cast<Encoding>(8)), "unknown");
+  EXPECT_STREQ(encoding_name(static_cast<Encoding>(kEncodingCount)), "unknown");
 }
 
 TEST(CodecShape, ElementCount) {
@@ -320,16 +327,17 @@ SparseInput random_sparse(Rng& rng, uint64_t n, double density, double max_log2)
 TEST(CodecRoundTrip, SparseWithinBoundAndZerosElsewhere) {
   Rng rng(kSeed + 3);
   const double densities[] = {0.0, 0.001, 0.01, 0.1, 0.5, 1.0};
-  for (Encoding e : kSparseEncodings) {
+  for (Encoding encoding : kSparseEncodings) {
+    const Encoding e = sparse_with_bitmap(encoding, false);  // the value form
     const size_t entry_bytes = e == Encoding::kSparseF32 ? 5 : e == Encoding::kSparseF16 ? 3 : 6;
     for (uint64_t n : kSizes) {
       for (double density : densities) {
         const SparseInput input = random_sparse(rng, n, density, e == Encoding::kSparseF16 ? 8.0 : 30.0);
         const size_t max_bytes = random_segment_bytes(rng, entry_bytes);
-        auto segments = encode_sparse(0, n, input.indices, input.values, e, max_bytes);
+        auto segments = encode_sparse(0, n, input.indices, input.values, encoding, max_bytes);
         ASSERT_TRUE(segments.is_ok()) << segments.status().to_string();
         const auto manifest = one_tensor(n);
-        SCOPED_TRACE(std::string(encoding_name(e)) + " n=" + std::to_string(n) + " density=" +
+        SCOPED_TRACE(std::string(encoding_name(encoding)) + " n=" + std::to_string(n) + " density=" +
                      std::to_string(density) + " max_bytes=" + std::to_string(max_bytes));
         expect_tiling(*segments, n, max_bytes, manifest);
         uint64_t total_nnz = 0;
@@ -386,6 +394,86 @@ TEST(CodecRoundTrip, SparseFirstIndexFarFromZeroWithTinySegments) {
   EXPECT_EQ(std::count(decoded.begin(), decoded.end(), 0.0f), 6000000 - 3);
 }
 
+TEST(CodecRoundTrip, DctSignDecodesToTheInverseDctOfSignedScales) {
+  // Two chunks and a 100-element tail (zero-padded to a third chunk).
+  const uint64_t n = 2 * kernels::kDctChunk + 100;
+  const std::vector<uint64_t> positions = {0, 5, 4095, 4096 + 17, 8192 + 1, 8192 + 4000};
+  const std::vector<uint8_t> negative = {0, 1, 0, 1, 1, 0};
+  const std::vector<float> scales = {0.5f, 2.0f, 0.25f};
+  for (const size_t max_bytes : {size_t{16}, size_t{1} << 20}) {
+    auto segments = encode_dct_sign(0, n, positions, negative, scales, max_bytes);
+    ASSERT_TRUE(segments.is_ok()) << segments.status().to_string();
+    EXPECT_EQ(segments->size(), max_bytes == 16 ? 3u : 1u) << "a tiny budget puts one chunk in each segment";
+    const auto manifest = one_tensor(n);
+    const std::vector<float> decoded = decode_all(*segments, manifest, n);
+    std::vector<float> coefficients(3 * kernels::kDctChunk, 0.0f), expected(coefficients.size());
+    for (size_t k = 0; k < positions.size(); ++k) {
+      const float scale = scales[positions[k] / kernels::kDctChunk];
+      coefficients[positions[k]] = negative[k] ? -scale : scale;
+    }
+    for (uint64_t c = 0; c < 3; ++c) {
+      kernels::idct_chunk(coefficients.data() + c * kernels::kDctChunk, expected.data() + c * kernels::kDctChunk);
+    }
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(decoded[i], expected[i]) << i;
+  }
+}
+
+TEST(CodecRejects, MalformedBitmapsAndDctSegments) {
+  const uint64_t n = 20;
+  const auto manifest = one_tensor(n);
+  std::vector<float> target(n, 1.0f);
+  const std::vector<uint64_t> indices = {1, 9, 19};
+  const std::vector<float> values = {1.0f, 2.0f, 3.0f};
+  auto bitmap = encode_sparse(0, n, indices, values, Encoding::kSparseBitmapF32, 1 << 20);
+  ASSERT_TRUE(bitmap.is_ok());
+  EncodedSegment s = (*bitmap)[0];
+  ASSERT_EQ(s.indices.size(), 3u);
+  const auto rejects = [&](const EncodedSegment& segment, const std::string& phrase) {
+    const Status status = accumulate_segment(segment.view(), manifest, 1.0f, target);
+    EXPECT_EQ(status.code(), StatusCode::kCorrupt);
+    EXPECT_NE(status.message().find(phrase), std::string::npos) << status.message();
+    EXPECT_EQ(target, std::vector<float>(n, 1.0f)) << "a rejected segment writes nothing";
+  };
+  EncodedSegment past = s;
+  past.indices[2] |= 0x80;  // bit 23 of a 20-element segment
+  rejects(past, "past the segment");
+  EncodedSegment extra = s;
+  extra.indices[0] |= 0x01;  // a fourth set bit for nnz 3
+  rejects(extra, "more than nnz");
+  EncodedSegment fewer = s;
+  fewer.indices[1] = 0;  // index 9 cleared: 2 bits for nnz 3
+  rejects(fewer, "sets 2 bits");
+  EncodedSegment short_map = s;
+  short_map.indices.pop_back();
+  rejects(short_map, "bitmap of 20 elements");
+
+  const uint64_t m = kernels::kDctChunk + 10;
+  const auto dct_manifest = one_tensor(m);
+  Rng rng(kSeed + 9);
+  auto dct = encode_random_dct(rng, m, 3, 1 << 20);
+  ASSERT_TRUE(dct.is_ok());
+  std::vector<float> dct_target(m, 1.0f);
+  const auto dct_rejects = [&](const EncodedSegment& segment, const std::string& phrase) {
+    const Status status = accumulate_segment(segment.view(), dct_manifest, 1.0f, dct_target);
+    EXPECT_EQ(status.code(), StatusCode::kCorrupt);
+    EXPECT_NE(status.message().find(phrase), std::string::npos) << status.message();
+  };
+  EncodedSegment shifted = (*dct)[0];
+  shifted.offset = 1;
+  shifted.count -= 1;
+  dct_rejects(shifted, "4096-element DCT chunk");
+  EncodedSegment signs = (*dct)[0];
+  signs.values.back() |= 0x80;  // 6 signs: bit 7 is padding
+  dct_rejects(signs, "sign bits past nnz");
+  EncodedSegment scales = (*dct)[0];
+  scales.scales.pop_back();
+  dct_rejects(scales, "chunk scales");
+  EncodedSegment partial = (*dct)[0];
+  partial.count = 4100;  // neither whole chunks nor the tensor's end
+  dct_rejects(partial, "whole 4096-element chunks");
+  EXPECT_EQ(dct_target, std::vector<float>(m, 1.0f));
+}
+
 // ---- accumulate ----------------------------------------------------------------
 
 TEST(CodecAccumulate, AddsWeightTimesDecodedForEveryEncoding) {
@@ -395,7 +483,11 @@ TEST(CodecAccumulate, AddsWeightTimesDecodedForEveryEncoding) {
     for (uint64_t n : {uint64_t{1}, uint64_t{97}, uint64_t{4099}}) {
       std::vector<EncodedSegment> segments;
       const std::vector<float> values = random_values(rng, n, 6.0);
-      if (encoding_is_sparse(e)) {
+      if (e == Encoding::kDctSign) {
+        auto r = encode_random_dct(rng, n, 10, 100);
+        ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+        segments = std::move(r).value();
+      } else if (encoding_is_sparse(e)) {
         const SparseInput input = random_sparse(rng, n, 0.3, 6.0);
         auto r = encode_sparse(0, n, input.indices, input.values, e, 200);
         ASSERT_TRUE(r.is_ok()) << r.status().to_string();
@@ -616,8 +708,8 @@ TEST_F(CodecReject, HeaderFields) {
   rejected(bad, "covers no elements");
 
   bad = s;
-  bad.encoding = static_cast<Encoding>(8);
-  rejected(bad, "unknown encoding 8");
+  bad.encoding = static_cast<Encoding>(kEncodingCount);
+  rejected(bad, "unknown encoding 12");
   bad.encoding = static_cast<Encoding>(255);
   rejected(bad, "unknown encoding 255");
 
@@ -860,7 +952,30 @@ TEST_F(CodecReject, ErrorMessagesNameTheTensor) {
             "tensor 1 ('w') segment at offset 8 (dense-f32): values has 12 bytes, 16 expected for 4 fp32 values");
 }
 
+// A dct-sign selection: k random coefficients per 4096-element chunk.
+Result<std::vector<EncodedSegment>> encode_random_dct(Rng& rng, uint64_t n, uint64_t k, size_t max_bytes) {
+  const uint64_t chunks = (n + kernels::kDctChunk - 1) / kernels::kDctChunk;
+  std::vector<uint64_t> positions;
+  std::vector<uint8_t> negative;
+  std::vector<float> scales;
+  for (uint64_t c = 0; c < chunks; ++c) {
+    std::vector<uint64_t> chosen;
+    while (chosen.size() < k) {
+      const uint64_t p = c * kernels::kDctChunk + rng.below(kernels::kDctChunk);
+      if (std::find(chosen.begin(), chosen.end(), p) == chosen.end()) chosen.push_back(p);
+    }
+    std::sort(chosen.begin(), chosen.end());
+    for (const uint64_t p : chosen) {
+      positions.push_back(p);
+      negative.push_back(rng.below(2) == 1);
+    }
+    scales.push_back(static_cast<float>(rng.uniform() * 2));
+  }
+  return encode_dct_sign(0, n, positions, negative, scales, max_bytes);
+}
+
 Result<std::vector<EncodedSegment>> encode_random(Rng& rng, Encoding e, uint64_t n) {
+  if (e == Encoding::kDctSign) return encode_random_dct(rng, n, 1 + rng.below(20), 64 + rng.below(200));
   if (encoding_is_sparse(e)) {
     const SparseInput input = random_sparse(rng, n, 0.2, 6.0);
     return encode_sparse(0, n, input.indices, input.values, e, 64 + rng.below(200));

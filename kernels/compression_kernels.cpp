@@ -1,0 +1,242 @@
+// The CPU backend of CompressionKernels: compression_math.h's definitions
+// spread over every core with parallel_for, OpenBLAS for the products.
+#include "kernels/compression_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "kernels/gemm.h"
+#include "kernels/half.h"
+#include "kernels/parallel.h"
+
+namespace fedmesh::kernels {
+namespace {
+
+constexpr int64_t kGrain = int64_t{1} << 16;
+
+struct Candidate {
+  float magnitude;
+  uint64_t index;
+};
+inline bool candidate_first(const Candidate& a, const Candidate& b) {
+  return larger_magnitude_first(a.magnitude, a.index, b.magnitude, b.index);
+}
+
+// Keeps the k first candidates in the selection order; returns their indices ascending.
+std::vector<uint64_t> keep_best(std::vector<Candidate>& candidates, uint64_t k) {
+  k = std::min<uint64_t>(k, candidates.size());
+  std::nth_element(candidates.begin(), candidates.begin() + static_cast<int64_t>(k), candidates.end(), candidate_first);
+  std::vector<uint64_t> indices(k);
+  for (uint64_t i = 0; i < k; ++i) indices[i] = candidates[i].index;
+  std::sort(indices.begin(), indices.end());
+  return indices;
+}
+
+// Elements with |x| >= threshold, in index order, gathered by all cores.
+std::vector<Candidate> gather_at_least(std::span<const float> x, float threshold) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(cpu_threads() * 4, (n + kGrain - 1) / kGrain));
+  std::vector<std::vector<Candidate>> found(static_cast<size_t>(parts));
+  parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t first = n * p / parts, last = n * (p + 1) / parts;
+      uint64_t count = 0;
+      for (int64_t i = first; i < last; ++i) count += std::fabs(x[static_cast<size_t>(i)]) >= threshold;
+      std::vector<Candidate>& out = found[static_cast<size_t>(p)];
+      out.reserve(count);
+      for (int64_t i = first; i < last; ++i) {
+        const float m = std::fabs(x[static_cast<size_t>(i)]);
+        if (m >= threshold) out.push_back({m, static_cast<uint64_t>(i)});
+      }
+    }
+  });
+  std::vector<Candidate> all;
+  size_t total = 0;
+  for (const auto& part : found) total += part.size();
+  all.reserve(total);
+  for (const auto& part : found) all.insert(all.end(), part.begin(), part.end());
+  return all;
+}
+
+// Runs body(first block, first element, element count) over tasks of an even
+// number of whole blocks, so that tasks start at an even element and no two
+// share an int4 byte.
+template <class Body>
+void for_each_task(uint64_t blocks, uint64_t block, uint64_t n, Body body) {
+  const uint64_t per_task = (std::max<uint64_t>(1, kGrain / block) + 1) & ~uint64_t{1};
+  const int64_t tasks = static_cast<int64_t>((blocks + per_task - 1) / per_task);
+  parallel_for(tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint64_t first_block = static_cast<uint64_t>(t) * per_task;
+      const uint64_t first = first_block * block;
+      const uint64_t last = std::min<uint64_t>(n, (first_block + per_task) * block);
+      body(first_block, first, last - first);
+    }
+  });
+}
+
+class CpuCompressionKernels final : public CompressionKernels {
+ public:
+  std::string device_name() const override { return "cpu"; }
+
+  void add(std::span<const float> a, std::span<const float> b, std::span<float> out) override {
+    parallel_for(static_cast<int64_t>(out.size()), kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = a[static_cast<size_t>(i)] + b[static_cast<size_t>(i)];
+    });
+  }
+
+  void subtract(std::span<const float> a, std::span<const float> b, std::span<float> out) override {
+    parallel_for(static_cast<int64_t>(out.size()), kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = a[static_cast<size_t>(i)] - b[static_cast<size_t>(i)];
+    });
+  }
+
+  void quantize_blocks(std::span<const float> x, const BlockQuantization& q, std::span<uint8_t> packed,
+                       std::span<float> scales) override {
+    // Parallel over whole blocks, an even number of elements per task so that
+    // no two tasks share an int4 byte.
+    const uint64_t n = x.size();
+    const uint64_t block = q.block_size;
+    const uint64_t blocks = (n + block - 1) / block;
+    for_each_task(blocks, block, n, [&](uint64_t first_block, uint64_t first, uint64_t count) {
+      kernels::quantize_blocks(x.data() + first, count, q.bits, q.block_size, q.rounding, q.seed, first,
+                               packed.data() + (q.bits == 4 ? first / 2 : first), scales.data() + first_block);
+    });
+  }
+
+  void dequantize_blocks(std::span<const uint8_t> packed, const BlockQuantization& q, std::span<const float> scales,
+                         std::span<float> out) override {
+    const uint64_t n = out.size();
+    const uint64_t block = q.block_size;
+    const uint64_t blocks = (n + block - 1) / block;
+    for_each_task(blocks, block, n, [&](uint64_t first_block, uint64_t first, uint64_t count) {
+      kernels::dequantize_blocks(packed.data() + (q.bits == 4 ? first / 2 : first), count, q.bits, q.block_size,
+                                 scales.data() + first_block, out.data() + first);
+    });
+  }
+
+  void cast_half(std::span<const float> x, HalfType type, std::span<uint16_t> out) override {
+    parallel_for(static_cast<int64_t>(x.size()), kGrain, [&](int64_t begin, int64_t end) {
+      if (type == HalfType::kBf16) {
+        for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = to_bf16(x[static_cast<size_t>(i)]).bits;
+      } else {
+        for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = to_fp16(x[static_cast<size_t>(i)]).bits;
+      }
+    });
+  }
+
+  void widen_half(std::span<const uint16_t> x, HalfType type, std::span<float> out) override {
+    parallel_for(static_cast<int64_t>(x.size()), kGrain, [&](int64_t begin, int64_t end) {
+      if (type == HalfType::kBf16) {
+        for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = to_float(bf16{x[static_cast<size_t>(i)]});
+      } else {
+        for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = to_float(fp16{x[static_cast<size_t>(i)]});
+      }
+    });
+  }
+
+  TopKSelection top_k(std::span<const float> x, uint64_t k, const TopKOptions& options) override {
+    TopKSelection selection;
+    const uint64_t n = x.size();
+    k = std::min(k, n);
+    if (k == 0) return selection;
+    if (n <= options.exact_below || k * 4 > n) {
+      std::vector<Candidate> all = gather_at_least(x, 0.0f);
+      selection.candidates = all.size();
+      selection.indices = keep_best(all, k);
+      return selection;
+    }
+    // Deep Gradient Compression: the threshold that keeps k of n elements is
+    // about the (k/n) quantile of a random sample's magnitudes. Aim a little
+    // low (1.25 k) so that one pass usually gathers enough; lower it and
+    // gather again when the sample was unlucky.
+    selection.sampled = true;
+    const uint64_t samples = std::min<uint64_t>(n, std::max<uint64_t>(1024, static_cast<uint64_t>(
+                                                                               options.sample_fraction * static_cast<double>(n))));
+    std::vector<float> sample(samples);
+    for (uint64_t s = 0; s < samples; ++s) {
+      const uint64_t position = std::min<uint64_t>(n - 1, static_cast<uint64_t>(uniform_at(options.seed, s) * static_cast<float>(n)));
+      sample[s] = std::fabs(x[position]);
+    }
+    double wanted = 1.25 * static_cast<double>(k);
+    for (;;) {
+      const uint64_t rank = std::min<uint64_t>(samples - 1, static_cast<uint64_t>(wanted / static_cast<double>(n) * static_cast<double>(samples)));
+      std::nth_element(sample.begin(), sample.begin() + static_cast<int64_t>(rank), sample.end(), std::greater<float>());
+      const float threshold = rank + 1 >= samples ? 0.0f : sample[rank];
+      std::vector<Candidate> candidates = gather_at_least(x, threshold);
+      selection.candidates = candidates.size();
+      if (candidates.size() >= k) {
+        selection.indices = keep_best(candidates, k);
+        return selection;
+      }
+      ++selection.refinements;
+      wanted *= 4.0;
+    }
+  }
+
+  void dct_chunks(std::span<const float> x, std::span<float> out, bool inverse) override {
+    const int64_t chunks = static_cast<int64_t>(x.size() / kDctChunk);
+    parallel_for(chunks, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const float* in = x.data() + c * kDctChunk;
+        float* o = out.data() + c * kDctChunk;
+        if (inverse) {
+          idct_chunk(in, o);
+        } else {
+          dct_chunk(in, o);
+        }
+      }
+    });
+  }
+
+  std::vector<uint64_t> chunk_top_k(std::span<const float> x, uint32_t chunk, uint32_t k) override {
+    const uint64_t n = x.size();
+    const int64_t chunks = static_cast<int64_t>((n + chunk - 1) / chunk);
+    std::vector<std::vector<uint64_t>> per_chunk(static_cast<size_t>(chunks));
+    parallel_for(chunks, 16, [&](int64_t begin, int64_t end) {
+      std::vector<Candidate> candidates;
+      for (int64_t c = begin; c < end; ++c) {
+        const uint64_t first = static_cast<uint64_t>(c) * chunk;
+        const uint64_t last = std::min<uint64_t>(n, first + chunk);
+        candidates.clear();
+        for (uint64_t i = first; i < last; ++i) candidates.push_back({std::fabs(x[i]), i});
+        per_chunk[static_cast<size_t>(c)] = keep_best(candidates, k);
+      }
+    });
+    std::vector<uint64_t> indices;
+    for (const auto& part : per_chunk) indices.insert(indices.end(), part.begin(), part.end());
+    return indices;
+  }
+
+  void matmul(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, std::span<const float> a,
+              std::span<const float> b, std::span<float> c) override {
+    sgemm(transpose_a, transpose_b, m, n, k, 1.0f, a.data(), transpose_a ? m : k, b.data(), transpose_b ? k : n, 0.0f,
+          c.data(), n);
+  }
+
+  void orthonormalize_columns(std::span<float> p, int64_t m, int64_t r) override {
+    for (int64_t j = 0; j < r; ++j) {
+      for (int64_t i = 0; i < j; ++i) {
+        double dot = 0.0;
+        for (int64_t row = 0; row < m; ++row) dot += static_cast<double>(p[static_cast<size_t>(row * r + i)]) * p[static_cast<size_t>(row * r + j)];
+        const float d = static_cast<float>(dot);
+        for (int64_t row = 0; row < m; ++row) p[static_cast<size_t>(row * r + j)] -= d * p[static_cast<size_t>(row * r + i)];
+      }
+      double norm = 0.0;
+      for (int64_t row = 0; row < m; ++row) norm += static_cast<double>(p[static_cast<size_t>(row * r + j)]) * p[static_cast<size_t>(row * r + j)];
+      norm = std::sqrt(norm);
+      const float inverse = norm < 1e-12 ? 0.0f : static_cast<float>(1.0 / norm);
+      for (int64_t row = 0; row < m; ++row) p[static_cast<size_t>(row * r + j)] *= inverse;
+    }
+  }
+};
+
+}  // namespace
+
+CompressionKernels& cpu_compression_kernels() {
+  static CpuCompressionKernels kernels;
+  return kernels;
+}
+
+}  // namespace fedmesh::kernels

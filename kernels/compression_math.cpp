@@ -1,0 +1,128 @@
+#include "kernels/compression_math.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+namespace fedmesh::kernels {
+namespace {
+
+// Rounds |x| <= 2^22 to the nearest integer, ties to even, with two additions
+// (vectorizable, unlike a call to roundf on baseline x86-64).
+inline float round_small(float x) {
+  constexpr float kMagic = 0x1.8p23f;
+  return (x + kMagic) - kMagic;
+}
+
+inline int quantize_one(float x, float scale, int q_max, Rounding rounding, uint64_t seed, uint64_t index) {
+  const float r = x / scale;
+  const float q = rounding == Rounding::kNearest ? round_small(r) : std::floor(r + uniform_at(seed, index));
+  return static_cast<int>(std::clamp(q, -static_cast<float>(q_max), static_cast<float>(q_max)));
+}
+
+// C[k][j] = a_k cos(pi (2j + 1) k / 128), computed in double, rounded once.
+const std::array<float, kDctChunk>& dct_basis() {
+  static const std::array<float, kDctChunk> basis = [] {
+    std::array<float, kDctChunk> c{};
+    const double pi = std::acos(-1.0);
+    for (uint32_t k = 0; k < kDctSide; ++k) {
+      const double a = k == 0 ? std::sqrt(1.0 / kDctSide) : std::sqrt(2.0 / kDctSide);
+      for (uint32_t j = 0; j < kDctSide; ++j) {
+        c[k * kDctSide + j] = static_cast<float>(a * std::cos(pi * (2.0 * j + 1.0) * k / (2.0 * kDctSide)));
+      }
+    }
+    return c;
+  }();
+  return basis;
+}
+
+// out = L · in · R for 64 x 64 row-major matrices, where L and R are C or C^T.
+void transform(const float* in, float* out, bool inverse) {
+  const float* c = dct_basis().data();
+  constexpr uint32_t n = kDctSide;
+  std::array<float, kDctChunk> tmp{};
+  // tmp = in · R   (R = C^T forward, C inverse)
+  for (uint32_t i = 0; i < n; ++i) {
+    for (uint32_t k = 0; k < n; ++k) {
+      float sum = 0.0f;
+      for (uint32_t j = 0; j < n; ++j) sum += in[i * n + j] * (inverse ? c[j * n + k] : c[k * n + j]);
+      tmp[i * n + k] = sum;
+    }
+  }
+  // out = L · tmp  (L = C forward, C^T inverse)
+  for (uint32_t k = 0; k < n; ++k) {
+    for (uint32_t j = 0; j < n; ++j) out[k * n + j] = 0.0f;
+    for (uint32_t i = 0; i < n; ++i) {
+      const float l = inverse ? c[i * n + k] : c[k * n + i];
+      for (uint32_t j = 0; j < n; ++j) out[k * n + j] += l * tmp[i * n + j];
+    }
+  }
+}
+
+}  // namespace
+
+float quantization_scale(float max_abs, int q_max) {
+  float scale = max_abs / static_cast<float>(q_max);
+  while (scale > 0.0f && !std::isfinite(static_cast<float>(q_max) * scale)) scale = std::nextafter(scale, 0.0f);
+  return scale;
+}
+
+void quantize_blocks(const float* x, uint64_t n, int bits, uint32_t block_size, Rounding rounding, uint64_t seed,
+                     uint64_t first_index, uint8_t* packed, float* scales) {
+  const bool int4 = bits == 4;
+  const int q_max = int4 ? kInt4Max : kInt8Max;
+  const uint64_t blocks = (n + block_size - 1) / block_size;
+  if (int4) std::fill(packed, packed + (n + 1) / 2, uint8_t{0});
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t first = b * block_size;
+    const uint64_t count = std::min<uint64_t>(block_size, n - first);
+    float max_abs = 0.0f;
+    for (uint64_t i = first; i < first + count; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));
+    const float scale = quantization_scale(max_abs, q_max);
+    scales[b] = scale;
+    if (!(scale > 0.0f)) {
+      if (!int4) std::fill(packed + first, packed + first + count, uint8_t{0});
+      continue;
+    }
+    if (int4) {
+      for (uint64_t i = first; i < first + count; ++i) {
+        const int q = quantize_one(x[i], scale, q_max, rounding, seed, first_index + i);
+        packed[i / 2] |= static_cast<uint8_t>((q & 0xf) << (4 * (i & 1)));
+      }
+    } else if (rounding == Rounding::kNearest) {
+      const float limit = static_cast<float>(q_max);
+      for (uint64_t i = first; i < first + count; ++i) {  // the hot loop: branch-free so it vectorizes
+        const float q = std::clamp(round_small(x[i] / scale), -limit, limit);
+        packed[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      }
+    } else {
+      for (uint64_t i = first; i < first + count; ++i) {
+        packed[i] = static_cast<uint8_t>(static_cast<int8_t>(quantize_one(x[i], scale, q_max, rounding, seed,
+                                                                          first_index + i)));
+      }
+    }
+  }
+}
+
+void dequantize_blocks(const uint8_t* packed, uint64_t n, int bits, uint32_t block_size, const float* scales,
+                       float* out) {
+  const uint64_t blocks = (n + block_size - 1) / block_size;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t first = b * block_size;
+    const uint64_t count = std::min<uint64_t>(block_size, n - first);
+    const float scale = scales[b];
+    if (bits == 4) {
+      for (uint64_t i = first; i < first + count; ++i) {
+        const int nibble = (packed[i / 2] >> (4 * (i & 1))) & 0xf;
+        out[i] = static_cast<float>((nibble ^ 8) - 8) * scale;
+      }
+    } else {
+      for (uint64_t i = first; i < first + count; ++i) out[i] = static_cast<float>(static_cast<int8_t>(packed[i])) * scale;
+    }
+  }
+}
+
+void dct_chunk(const float* in, float* out) { transform(in, out, /*inverse=*/false); }
+void idct_chunk(const float* in, float* out) { transform(in, out, /*inverse=*/true); }
+
+}  // namespace fedmesh::kernels

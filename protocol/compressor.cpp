@@ -1,0 +1,375 @@
+#include "protocol/compressor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/random.h"
+
+namespace fedmesh::protocol {
+namespace {
+
+TensorDescriptorFields descriptor_of(const TensorShape& shape, Encoding encoding, uint32_t block_size = 0) {
+  return {shape.name, shape.dims, encoding, block_size};
+}
+
+class IdentityCompressor final : public TensorCompressor {
+ public:
+  IdentityCompressor(TensorShape shape, Encoding encoding, size_t max_segment_bytes)
+      : shape_(std::move(shape)), encoding_(encoding), max_segment_bytes_(max_segment_bytes) {}
+  Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t, uint64_t) override {
+    Result<std::vector<EncodedSegment>> segments = encode_dense(index, a, encoding_, max_segment_bytes_);
+    if (!segments.is_ok()) return segments.status();
+    return EncodedTensor{descriptor_of(shape_, encoding_), std::move(*segments)};
+  }
+
+ private:
+  TensorShape shape_;
+  Encoding encoding_;
+  size_t max_segment_bytes_;
+};
+
+class BlockCompressor final : public TensorCompressor {
+ public:
+  BlockCompressor(TensorShape shape, const CompressionSpec& spec, kernels::CompressionKernels& kernels,
+                  size_t max_segment_bytes)
+      : shape_(std::move(shape)), spec_(spec), kernels_(kernels), max_segment_bytes_(max_segment_bytes) {}
+  Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t, uint64_t seed) override {
+    const kernels::BlockQuantization q{spec_.bits, spec_.block_size, spec_.rounding, seed};
+    packed_.resize(spec_.bits == 4 ? (a.size() + 1) / 2 : a.size());
+    scales_.resize((a.size() + spec_.block_size - 1) / spec_.block_size);
+    kernels_.quantize_blocks(a, q, packed_, scales_);
+    const Encoding encoding = spec_.bits == 4 ? Encoding::kBlockInt4 : Encoding::kBlockInt8;
+    Result<std::vector<EncodedSegment>> segments =
+        encode_quantized_blocks(index, a.size(), packed_, scales_, encoding, spec_.block_size, max_segment_bytes_);
+    if (!segments.is_ok()) return segments.status();
+    return EncodedTensor{descriptor_of(shape_, encoding, spec_.block_size), std::move(*segments)};
+  }
+
+ private:
+  TensorShape shape_;
+  CompressionSpec spec_;
+  kernels::CompressionKernels& kernels_;
+  size_t max_segment_bytes_;
+  std::vector<uint8_t> packed_;
+  std::vector<float> scales_;
+};
+
+class TopKCompressor final : public TensorCompressor {
+ public:
+  TopKCompressor(TensorShape shape, const CompressionSpec& spec, kernels::CompressionKernels& kernels,
+                 size_t max_segment_bytes)
+      : shape_(std::move(shape)), spec_(spec), kernels_(kernels), max_segment_bytes_(max_segment_bytes) {
+    if (spec_.momentum > 0.0) momentum_.assign(shape_.element_count(), 0.0f);
+  }
+
+  // Deep Gradient Compression's momentum correction, at the granularity of
+  // what is compressed (a round's delta): u <- m u + delta, a = e + u; the
+  // positions sent are cleared from u afterwards (momentum factor masking).
+  void form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a) override {
+    if (momentum_.empty()) return TensorCompressor::form_input(residual, delta, a);
+    const float m = static_cast<float>(spec_.momentum);
+    for (size_t i = 0; i < a.size(); ++i) {
+      momentum_[i] = m * momentum_[i] + delta[i];
+      a[i] = residual[i] + momentum_[i];
+    }
+  }
+
+  Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t round, uint64_t seed) override {
+    const uint64_t n = a.size();
+    const double density = topk_density(spec_, round);
+    const uint64_t k = std::clamp<uint64_t>(static_cast<uint64_t>(std::llround(density * static_cast<double>(n))), 1, n);
+    kernels::TopKSelection selection = kernels_.top_k(a, k, kernels::TopKOptions{.seed = seed});
+    std::vector<float> values(selection.indices.size());
+    for (size_t i = 0; i < values.size(); ++i) values[i] = a[selection.indices[i]];
+    const bool bitmap = sparse_index_cost(selection.indices, n).bitmap_smaller();
+    const Encoding encoding = sparse_with_bitmap(spec_.values, bitmap);
+    Result<std::vector<EncodedSegment>> segments =
+        encode_sparse(index, n, selection.indices, values, encoding, max_segment_bytes_);
+    if (!segments.is_ok()) return segments.status();
+    last_sent_ = std::move(selection.indices);
+    return EncodedTensor{descriptor_of(shape_, encoding), std::move(*segments)};
+  }
+
+  void after_send(const EncodedTensor&) override {
+    for (const uint64_t i : last_sent_) {
+      if (!momentum_.empty()) momentum_[i] = 0.0f;
+    }
+  }
+  std::vector<float>* momentum() override { return momentum_.empty() ? nullptr : &momentum_; }
+
+ private:
+  TensorShape shape_;
+  CompressionSpec spec_;
+  kernels::CompressionKernels& kernels_;
+  size_t max_segment_bytes_;
+  std::vector<float> momentum_;
+  std::vector<uint64_t> last_sent_;
+};
+
+// DeMo-style: per 64 x 64 chunk, the K largest DCT coefficients as signs with
+// one magnitude, the mean |coefficient| kept (the magnitude that minimizes the
+// squared error of a sign vector on those coefficients).
+class DctSignCompressor final : public TensorCompressor {
+ public:
+  DctSignCompressor(TensorShape shape, const CompressionSpec& spec, kernels::CompressionKernels& kernels,
+                    size_t max_segment_bytes)
+      : shape_(std::move(shape)), spec_(spec), kernels_(kernels), max_segment_bytes_(max_segment_bytes) {}
+  Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t, uint64_t) override {
+    const uint64_t n = a.size();
+    const uint64_t chunks = (n + kernels::kDctChunk - 1) / kernels::kDctChunk;
+    padded_.assign(chunks * kernels::kDctChunk, 0.0f);
+    std::copy(a.begin(), a.end(), padded_.begin());
+    coefficients_.resize(padded_.size());
+    kernels_.dct_chunks(padded_, coefficients_, /*inverse=*/false);
+    const std::vector<uint64_t> positions = kernels_.chunk_top_k(coefficients_, kernels::kDctChunk, spec_.chunk_k);
+    std::vector<uint8_t> negative(positions.size());
+    std::vector<double> sums(chunks, 0.0);
+    std::vector<uint64_t> counts(chunks, 0);
+    for (size_t i = 0; i < positions.size(); ++i) {
+      const float c = coefficients_[positions[i]];
+      negative[i] = c < 0.0f;
+      sums[positions[i] / kernels::kDctChunk] += std::fabs(c);
+      ++counts[positions[i] / kernels::kDctChunk];
+    }
+    std::vector<float> scales(chunks, 0.0f);
+    for (uint64_t c = 0; c < chunks; ++c) {
+      if (counts[c] > 0) scales[c] = static_cast<float>(sums[c] / static_cast<double>(counts[c]));
+    }
+    Result<std::vector<EncodedSegment>> segments =
+        encode_dct_sign(index, n, positions, negative, scales, max_segment_bytes_);
+    if (!segments.is_ok()) return segments.status();
+    return EncodedTensor{descriptor_of(shape_, Encoding::kDctSign), std::move(*segments)};
+  }
+
+ private:
+  TensorShape shape_;
+  CompressionSpec spec_;
+  kernels::CompressionKernels& kernels_;
+  size_t max_segment_bytes_;
+  std::vector<float> padded_, coefficients_;
+};
+
+Status check_finite(std::span<const float> values, const std::string& name) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      return invalid_argument("tensor '" + name + "' element " + std::to_string(i) + " of the update is not finite");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+void TensorCompressor::form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] = residual[i] + delta[i];
+}
+
+double topk_density(const CompressionSpec& spec, int64_t round) {
+  if (round >= spec.warmup_rounds) return spec.density;
+  return std::pow(spec.density, static_cast<double>(round + 1) / static_cast<double>(spec.warmup_rounds + 1));
+}
+
+std::string powersgd_factor_name(const std::string& tensor, char factor) {
+  return tensor + "@powersgd." + factor;
+}
+
+Result<std::unique_ptr<TensorCompressor>> make_tensor_compressor(const CompressionSpec& spec, const TensorShape& shape,
+                                                                 kernels::CompressionKernels& kernels,
+                                                                 size_t max_segment_bytes) {
+  switch (spec.method) {
+    case CompressionMethod::kIdentity:
+      return std::unique_ptr<TensorCompressor>(new IdentityCompressor(shape, Encoding::kDenseF32, max_segment_bytes));
+    case CompressionMethod::kHalf:
+      return std::unique_ptr<TensorCompressor>(new IdentityCompressor(
+          shape, spec.half == kernels::HalfType::kBf16 ? Encoding::kDenseBf16 : Encoding::kDenseF16,
+          max_segment_bytes));
+    case CompressionMethod::kBlock:
+      return std::unique_ptr<TensorCompressor>(new BlockCompressor(shape, spec, kernels, max_segment_bytes));
+    case CompressionMethod::kTopK:
+      return std::unique_ptr<TensorCompressor>(new TopKCompressor(shape, spec, kernels, max_segment_bytes));
+    case CompressionMethod::kDctSign:
+      return std::unique_ptr<TensorCompressor>(new DctSignCompressor(shape, spec, kernels, max_segment_bytes));
+    case CompressionMethod::kPowerSgd: break;
+  }
+  return invalid_argument("tensor '" + shape.name + "': " + spec.to_string() +
+                          " is run by UpdateCompressor with a shared P, not per tensor");
+}
+
+// ---- UpdateCompressor ---------------------------------------------------------
+
+struct UpdateCompressor::State {
+  std::vector<TensorShape> manifest;
+  std::vector<CompressionSpec> specs;
+  std::vector<std::unique_ptr<TensorCompressor>> compressors;  // null for PowerSGD tensors
+  std::vector<std::vector<float>> residuals;                   // empty for lossless tensors
+  std::vector<std::vector<float>> inputs;                      // a = e + delta, between begin and finish
+  std::vector<size_t> powersgd;
+  kernels::CompressionKernels* kernels = nullptr;
+  size_t max_segment_bytes = 0;
+  uint64_t seed = 0;
+  int64_t rounds = 0;
+  bool begun = false;
+};
+
+UpdateCompressor::UpdateCompressor() : state_(std::make_unique<State>()) {}
+UpdateCompressor::UpdateCompressor(UpdateCompressor&&) noexcept = default;
+UpdateCompressor& UpdateCompressor::operator=(UpdateCompressor&&) noexcept = default;
+UpdateCompressor::~UpdateCompressor() = default;
+
+Result<UpdateCompressor> UpdateCompressor::create(const CompressionPlan& plan, std::vector<TensorShape> manifest,
+                                                  uint64_t seed, kernels::CompressionKernels& kernels,
+                                                  size_t max_segment_bytes) {
+  UpdateCompressor compressor;
+  State& s = *compressor.state_;
+  s.kernels = &kernels;
+  s.max_segment_bytes = max_segment_bytes;
+  s.seed = seed;
+  for (size_t t = 0; t < manifest.size(); ++t) {
+    const CompressionSpec spec = plan.for_tensor(manifest[t].name, manifest[t].dims);
+    s.specs.push_back(spec);
+    const bool lossless = spec.method == CompressionMethod::kIdentity;
+    s.residuals.emplace_back(lossless ? 0 : manifest[t].element_count(), 0.0f);
+    if (spec.method == CompressionMethod::kPowerSgd) {
+      s.powersgd.push_back(t);
+      s.compressors.emplace_back();
+      continue;
+    }
+    Result<std::unique_ptr<TensorCompressor>> made = make_tensor_compressor(spec, manifest[t], kernels, max_segment_bytes);
+    if (!made.is_ok()) return made.status();
+    s.compressors.push_back(std::move(*made));
+  }
+  s.manifest = std::move(manifest);
+  s.inputs.resize(s.manifest.size());
+  return compressor;
+}
+
+const std::vector<TensorShape>& UpdateCompressor::manifest() const { return state_->manifest; }
+const CompressionSpec& UpdateCompressor::spec(size_t tensor) const { return state_->specs[tensor]; }
+const std::vector<size_t>& UpdateCompressor::powersgd_tensors() const { return state_->powersgd; }
+int64_t UpdateCompressor::rounds() const { return state_->rounds; }
+void UpdateCompressor::set_rounds(int64_t rounds) { state_->rounds = rounds; }
+
+Status UpdateCompressor::begin(std::span<const std::span<const float>> delta) {
+  State& s = *state_;
+  if (delta.size() != s.manifest.size()) {
+    return invalid_argument("the update has " + std::to_string(delta.size()) + " tensors, the manifest " +
+                            std::to_string(s.manifest.size()));
+  }
+  for (size_t t = 0; t < delta.size(); ++t) {
+    if (delta[t].size() != s.manifest[t].element_count()) {
+      return invalid_argument("tensor '" + s.manifest[t].name + "' has " + std::to_string(delta[t].size()) +
+                              " values, its shape " + std::to_string(s.manifest[t].element_count()));
+    }
+    FEDMESH_RETURN_IF_ERROR(check_finite(delta[t], s.manifest[t].name));
+  }
+  for (size_t t = 0; t < delta.size(); ++t) {
+    std::vector<float>& a = s.inputs[t];
+    if (s.residuals[t].empty()) {
+      a.assign(delta[t].begin(), delta[t].end());
+    } else if (s.compressors[t]) {
+      a.resize(delta[t].size());
+      s.compressors[t]->form_input(s.residuals[t], delta[t], a);
+    } else {
+      a.resize(delta[t].size());
+      s.kernels->add(s.residuals[t], delta[t], a);
+    }
+  }
+  s.begun = true;
+  return Status::ok();
+}
+
+Result<std::vector<std::vector<float>>> UpdateCompressor::powersgd_p(std::span<const std::vector<float>> shared_q) const {
+  const State& s = *state_;
+  if (!s.begun) return invalid_argument("powersgd_p before begin");
+  if (shared_q.size() != s.powersgd.size()) {
+    return invalid_argument(std::to_string(shared_q.size()) + " shared Q for " + std::to_string(s.powersgd.size()) +
+                            " PowerSGD tensors");
+  }
+  std::vector<std::vector<float>> p(s.powersgd.size());
+  for (size_t i = 0; i < s.powersgd.size(); ++i) {
+    const size_t t = s.powersgd[i];
+    const int64_t rows = s.manifest[t].dims[0], cols = s.manifest[t].dims[1], r = s.specs[t].rank;
+    if (shared_q[i].size() != static_cast<size_t>(cols * r)) {
+      return invalid_argument("shared Q of '" + s.manifest[t].name + "' has " + std::to_string(shared_q[i].size()) +
+                              " values, " + std::to_string(cols * r) + " expected");
+    }
+    p[i].resize(static_cast<size_t>(rows * r));
+    s.kernels->matmul(false, false, rows, r, cols, s.inputs[t], shared_q[i], p[i]);
+  }
+  return p;
+}
+
+Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<float>> shared_p) {
+  State& s = *state_;
+  if (!s.begun) return invalid_argument("finish before begin");
+  if (shared_p.size() != s.powersgd.size()) {
+    return invalid_argument(std::to_string(shared_p.size()) + " shared P for " + std::to_string(s.powersgd.size()) +
+                            " PowerSGD tensors");
+  }
+  CompressedUpdate out;
+  out.decoded.resize(s.manifest.size());
+  size_t powersgd_index = 0;
+  for (size_t t = 0; t < s.manifest.size(); ++t) {
+    const auto index = static_cast<uint32_t>(t);
+    std::vector<float>& a = s.inputs[t];
+    std::vector<float>& decoded = out.decoded[t];
+    decoded.assign(a.size(), 0.0f);
+    const uint64_t seed = mix_seed(mix_seed(s.seed, t), static_cast<uint64_t>(s.rounds));
+    if (!s.compressors[t]) {  // PowerSGD: Q_i = a^T P, decoded = P Q_i^T
+      const std::vector<float>& p = shared_p[powersgd_index++];
+      const TensorShape& shape = s.manifest[t];
+      const int64_t rows = shape.dims[0], cols = shape.dims[1], r = s.specs[t].rank;
+      if (p.size() != static_cast<size_t>(rows * r)) {
+        return invalid_argument("shared P of '" + shape.name + "' has " + std::to_string(p.size()) + " values, " +
+                                std::to_string(rows * r) + " expected");
+      }
+      std::vector<float> q(static_cast<size_t>(cols * r));
+      s.kernels->matmul(true, false, cols, r, rows, a, p, q);
+      s.kernels->matmul(false, true, rows, cols, r, p, q, decoded);
+      Result<std::vector<EncodedSegment>> segments = encode_dense(index, q, Encoding::kDenseF32, s.max_segment_bytes);
+      if (!segments.is_ok()) return segments.status();
+      out.tensors.push_back(EncodedTensor{{powersgd_factor_name(shape.name, 'q'), {cols, r}, Encoding::kDenseF32, 0},
+                                          std::move(*segments)});
+    } else {
+      Result<EncodedTensor> encoded = s.compressors[t]->compress(index, a, s.rounds, seed);
+      if (!encoded.is_ok()) return encoded.status();
+      // D(C(a)): the receiver's own decoding of these bytes.
+      const std::span<const TensorShape> manifest(s.manifest);
+      for (const EncodedSegment& segment : encoded->segments) {
+        FEDMESH_RETURN_IF_ERROR(decode_segment(segment.view(), manifest, decoded));
+      }
+      s.compressors[t]->after_send(*encoded);
+      out.tensors.push_back(std::move(*encoded));
+    }
+    if (!s.residuals[t].empty()) s.kernels->subtract(a, decoded, s.residuals[t]);
+  }
+  for (const EncodedTensor& tensor : out.tensors) {
+    for (const EncodedSegment& segment : tensor.segments) out.payload_bytes += segment.payload_bytes();
+  }
+  ++s.rounds;
+  s.begun = false;
+  return out;
+}
+
+Result<CompressedUpdate> UpdateCompressor::compress(std::span<const std::span<const float>> delta) {
+  if (!state_->powersgd.empty()) {
+    return invalid_argument("powersgd needs the shared P of the aggregator path: use begin / powersgd_p / finish");
+  }
+  FEDMESH_RETURN_IF_ERROR(begin(delta));
+  return finish();
+}
+
+std::vector<UpdateCompressor::StateTensor> UpdateCompressor::state_tensors() {
+  State& s = *state_;
+  std::vector<StateTensor> tensors;
+  for (size_t t = 0; t < s.manifest.size(); ++t) {
+    if (!s.residuals[t].empty()) tensors.push_back({"residual", s.manifest[t].name, s.manifest[t].dims, &s.residuals[t]});
+    if (s.compressors[t] && s.compressors[t]->momentum()) {
+      tensors.push_back({"momentum", s.manifest[t].name, s.manifest[t].dims, s.compressors[t]->momentum()});
+    }
+  }
+  return tensors;
+}
+
+}  // namespace fedmesh::protocol

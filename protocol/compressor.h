@@ -1,0 +1,109 @@
+// Update compression with error feedback. A site keeps, per tensor, an fp32
+// residual e of what earlier compressions dropped; each update it compresses
+// a = e + delta, sends C(a) and keeps e <- a - D(C(a)), so nothing is lost,
+// only delayed (sum over rounds of what was sent, plus the final residual,
+// equals the sum of the deltas: tests/protocol/test_compressor.cpp).
+//
+// The heavy numerics run on a kernels::CompressionKernels backend (CPU or
+// CUDA); the bytes are the codec's (protocol/codec.h), and D(C(a)) is
+// computed by decoding those very bytes with the codec, so the residual
+// always matches what the receiver reconstructs. Deterministic for a seed.
+//
+// PowerSGD (Vogels et al. 2019) needs a P shared by all sites of a round:
+// each site sends P_i = a Q (Q shared, warm-started from the last round), the
+// aggregator averages and orthonormalizes P and sends it back, each site
+// sends Q_i = a^T P and keeps e = a - P Q_i^T; the aggregate P (mean Q_i)^T is
+// then exactly the mean of the sites' decoded updates. That second exchange
+// exists in `fedmesh sim` (aggregator path); it has no meaning for pairwise
+// gossip (there is no shared P between two peers), and `fedmesh node` refuses
+// powersgd until the networked aggregator protocol carries it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "kernels/compression_kernels.h"
+#include "protocol/compression_spec.h"
+#include "protocol/update_transfer.h"
+
+namespace fedmesh::protocol {
+
+// One tensor's compressor (not PowerSGD, which UpdateCompressor runs itself).
+class TensorCompressor {
+ public:
+  virtual ~TensorCompressor() = default;
+  // a = e + delta; top-k with momentum first folds delta into its momentum.
+  virtual void form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a);
+  // Encodes a as tensor `index`; `round` counts this site's compressions
+  // (0-based: top-k's warm-up), `seed` drives sampling and stochastic rounding.
+  virtual Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t round, uint64_t seed) = 0;
+  // Told which positions the last compress sent (top-k's momentum masking).
+  virtual void after_send(const EncodedTensor& /*sent*/) {}
+  // State other than the residual that a checkpoint must keep: momentum.
+  virtual std::vector<float>* momentum() { return nullptr; }
+};
+
+Result<std::unique_ptr<TensorCompressor>> make_tensor_compressor(const CompressionSpec& spec, const TensorShape& shape,
+                                                                 kernels::CompressionKernels& kernels,
+                                                                 size_t max_segment_bytes);
+
+// Top-k's density for a round under warm-up: F^((round + 1) / (R + 1)) for
+// the first R rounds (from near 1 down to F), F after.
+double topk_density(const CompressionSpec& spec, int64_t round);
+
+struct CompressedUpdate {
+  std::vector<EncodedTensor> tensors;     // for prepare_encoded_update; PowerSGD tensors as NAME@powersgd.q (n x r)
+  std::vector<std::vector<float>> decoded;  // per manifest tensor: what the receiver reconstructs
+  uint64_t payload_bytes = 0;             // segment bytes before framing
+};
+
+// The name of a PowerSGD factor on the wire: "fc1.weight@powersgd.p" / ".q".
+std::string powersgd_factor_name(const std::string& tensor, char factor);
+
+class UpdateCompressor {
+ public:
+  static Result<UpdateCompressor> create(const CompressionPlan& plan, std::vector<TensorShape> manifest, uint64_t seed,
+                                         kernels::CompressionKernels& kernels,
+                                         size_t max_segment_bytes = kDefaultChunkBytes);
+  UpdateCompressor(UpdateCompressor&&) noexcept;
+  UpdateCompressor& operator=(UpdateCompressor&&) noexcept;
+  ~UpdateCompressor();
+
+  const std::vector<TensorShape>& manifest() const;
+  const CompressionSpec& spec(size_t tensor) const;
+  // Manifest indices of the PowerSGD tensors (2-D, rows x cols), in order.
+  const std::vector<size_t>& powersgd_tensors() const;
+
+  // Forms a = e + delta for every tensor (delta: one flattened span each).
+  Status begin(std::span<const std::span<const float>> delta);
+  // PowerSGD phase 1: P_i = a Q (rows x r) per PowerSGD tensor, given the
+  // shared Q (cols x r) of each.
+  Result<std::vector<std::vector<float>>> powersgd_p(std::span<const std::vector<float>> shared_q) const;
+  // Compresses every tensor of a and updates the residuals; PowerSGD tensors
+  // with the shared orthonormal P (rows x r each) of this round.
+  Result<CompressedUpdate> finish(std::span<const std::vector<float>> shared_p = {});
+  // begin + finish, for plans without PowerSGD.
+  Result<CompressedUpdate> compress(std::span<const std::span<const float>> delta);
+
+  // What a checkpoint keeps: role "residual" for every lossy tensor, role
+  // "momentum" for top-k with momentum; names are the manifest's.
+  struct StateTensor {
+    std::string role, name;
+    std::vector<int64_t> dims;
+    std::vector<float>* values;
+  };
+  std::vector<StateTensor> state_tensors();
+  int64_t rounds() const;  // compressions so far (top-k warm-up)
+  void set_rounds(int64_t rounds);
+
+ private:
+  UpdateCompressor();
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace fedmesh::protocol

@@ -20,7 +20,8 @@ nlohmann::json rng_json(const Rng::State& state) {
 
 Status commit_manager_round(store::CheckpointStore& store, RoundManager& manager, const RoundRecord& record,
                             nlohmann::json metrics, nlohmann::json state,
-                            const std::map<std::string, uint64_t>& replay_counters) {
+                            const std::map<std::string, uint64_t>& replay_counters,
+                            std::span<const store::TensorToCommit> extra_tensors) {
   Result<RoundManagerState> manager_state = manager.state();
   if (!manager_state.is_ok()) return manager_state.status();
   state["manager"] = {{"version", manager_state->version}, {"round", manager_state->round},
@@ -50,6 +51,7 @@ Status commit_manager_round(store::CheckpointStore& store, RoundManager& manager
   for (const OptimizerStateTensor& tensor : manager.server_optimizer().state_tensors(model_shapes(manager))) {
     commit.tensors.push_back({kServerOptimizerRole, tensor.name, tensor.tensor});
   }
+  commit.tensors.insert(commit.tensors.end(), extra_tensors.begin(), extra_tensors.end());
   return store.commit_round(commit);
 }
 

@@ -8,6 +8,8 @@
 // and add their own fields next to "manager".
 #pragma once
 
+#include <span>
+
 #include <nlohmann/json.hpp>
 
 #include "aggregator/round_manager.h"
@@ -23,7 +25,8 @@ inline constexpr const char* kServerOptimizerRole = "server_optimizer";
 // `state` (a JSON object of the caller's fields) gets "manager".
 Status commit_manager_round(store::CheckpointStore& store, RoundManager& manager, const RoundRecord& record,
                             nlohmann::json metrics, nlohmann::json state,
-                            const std::map<std::string, uint64_t>& replay_counters = {});
+                            const std::map<std::string, uint64_t>& replay_counters = {},
+                            std::span<const store::TensorToCommit> extra_tensors = {});
 
 // Restores the manager (created with the same options and model shapes) from
 // a loaded checkpoint, checking the model against its hash-chain link.

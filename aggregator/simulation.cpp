@@ -8,8 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "aggregator/compression_checkpoint.h"
 #include "aggregator/manager_checkpoint.h"
+#include "crypto/keys.h"
 #include "node/model.h"
+#include "protocol/compressor.h"
 #include "store/checkpoint_store.h"
 
 namespace fedmesh::aggregator {
@@ -21,7 +24,11 @@ struct VirtualSite {
   data::ImageDataset shard;
   double speed = 1.0;  // time per local step
   bool poisoned = false;
+  std::optional<protocol::UpdateCompressor> compressor;  // made at its first update
 };
+
+// The PowerSGD weights of a round: each site's sample count.
+double sample_weight(const SiteUpdate& update) { return static_cast<double>(std::max<int64_t>(1, update.sample_count)); }
 
 class Simulation {
  public:
@@ -55,10 +62,118 @@ class Simulation {
       names.push_back(p->name);
       model.push_back(p->value.clone());
     }
+    for (size_t t = 0; t < names.size(); ++t) manifest_.push_back({names[t], model[t].shape()});
     Result<RoundManager> manager = RoundManager::create(options_.rounds_options, std::move(names), std::move(model));
     if (!manager.is_ok()) return manager.status();
     manager_.emplace(std::move(*manager));
+    Result<crypto::SiteKeys> keys = crypto::generate_site_keys("sim-site");
+    if (!keys.is_ok()) return keys.status();
+    keys_ = std::move(*keys);
+    // PowerSGD's shared Q starts as a seeded Gaussian (cols x rank per tensor).
+    Result<protocol::UpdateCompressor> probe = make_compressor(0);
+    if (!probe.is_ok()) return probe.status();
+    Rng q_rng(mix_seed(options_.seed, 0x9b0f));
+    for (const size_t t : probe->powersgd_tensors()) {
+      std::vector<float>& q = shared_q_.emplace_back(static_cast<size_t>(manifest_[t].dims[1] * probe->spec(t).rank));
+      for (float& v : q) v = static_cast<float>(q_rng.normal());
+    }
     return Status::ok();
+  }
+
+  Result<protocol::UpdateCompressor> make_compressor(size_t site_index) const {
+    return protocol::UpdateCompressor::create(options_.compression, manifest_,
+                                              mix_seed(options_.seed, 0xc0de + site_index),
+                                              kernels::cpu_compression_kernels());
+  }
+
+  // Sends a batch of trained updates the way sites would: compressed with
+  // each site's error feedback, signed and chunked; each update's delta
+  // becomes what the aggregator decodes. Returns the uplink bytes; adds the
+  // downlink of PowerSGD's shared P to `downlink`.
+  Result<int64_t> transmit(std::vector<std::pair<size_t, SiteUpdate>>& batch, int64_t& downlink) {
+    int64_t bytes = 0;
+    for (auto& [index, update] : batch) {
+      VirtualSite& site = sites_[index];
+      if (!site.compressor) {
+        Result<protocol::UpdateCompressor> made = make_compressor(index);
+        if (!made.is_ok()) return made.status();
+        site.compressor.emplace(std::move(*made));
+      }
+      FEDMESH_RETURN_IF_ERROR(site.compressor->begin(tensor_spans(update.delta)));
+    }
+    std::vector<std::vector<float>> shared_p;
+    if (!shared_q_.empty()) {
+      // Exchange 1: every site sends P_i = a Q; the aggregator averages them
+      // (weighted as the round manager weights updates), orthonormalizes and
+      // sends P back.
+      const std::vector<size_t>& tensors = sites_[batch.front().first].compressor->powersgd_tensors();
+      double total_weight = 0.0;
+      for (auto& [index, update] : batch) {
+        Result<std::vector<std::vector<float>>> p = sites_[index].compressor->powersgd_p(shared_q_);
+        if (!p.is_ok()) return p.status();
+        const double w = sample_weight(update);
+        total_weight += w;
+        if (shared_p.empty()) shared_p.resize(p->size());
+        std::vector<protocol::EncodedTensor> factors;
+        for (size_t i = 0; i < p->size(); ++i) {
+          std::vector<float>& sum = shared_p[i];
+          sum.resize((*p)[i].size(), 0.0f);
+          for (size_t e = 0; e < sum.size(); ++e) sum[e] += static_cast<float>(w) * (*p)[i][e];
+          Result<std::vector<protocol::EncodedSegment>> segments =
+              protocol::encode_dense(static_cast<uint32_t>(tensors[i]), (*p)[i], protocol::Encoding::kDenseF32,
+                                     protocol::kDefaultChunkBytes);
+          if (!segments.is_ok()) return segments.status();
+          const int64_t rank = static_cast<int64_t>((*p)[i].size()) / manifest_[tensors[i]].dims[0];
+          factors.push_back({{protocol::powersgd_factor_name(manifest_[tensors[i]].name, 'p'),
+                              {manifest_[tensors[i]].dims[0], rank}, protocol::Encoding::kDenseF32, 0},
+                             std::move(*segments)});
+        }
+        bytes += static_cast<int64_t>(protocol::wire_bytes(
+            protocol::prepare_encoded_update(metadata_for(update), std::move(factors), keys_)));
+      }
+      for (size_t i = 0; i < shared_p.size(); ++i) {
+        for (float& v : shared_p[i]) v = static_cast<float>(v / total_weight);
+        const int64_t rows = manifest_[tensors[i]].dims[0];
+        kernels::cpu_compression_kernels().orthonormalize_columns(shared_p[i], rows,
+                                                                  static_cast<int64_t>(shared_p[i].size()) / rows);
+        downlink += static_cast<int64_t>(batch.size() * shared_p[i].size() * sizeof(float));
+      }
+      for (std::vector<float>& q : shared_q_) std::fill(q.begin(), q.end(), 0.0f);
+    }
+    double total_weight = 0.0;
+    for (auto& [index, update] : batch) {
+      Result<protocol::CompressedUpdate> compressed = sites_[index].compressor->finish(shared_p);
+      if (!compressed.is_ok()) return compressed.status();
+      size_t offset = 0;
+      for (const std::vector<float>& decoded : compressed->decoded) {
+        std::copy(decoded.begin(), decoded.end(), update.delta.begin() + static_cast<int64_t>(offset));
+        offset += decoded.size();
+      }
+      if (!shared_q_.empty()) {
+        // The new shared Q: the same weighted mean of the sites' Q_i (the
+        // first tensors sent are the PowerSGD factors, in order).
+        const double w = sample_weight(update);
+        total_weight += w;
+        size_t i = 0;
+        for (const protocol::EncodedTensor& tensor : compressed->tensors) {
+          if (!tensor.descriptor.name.ends_with("@powersgd.q")) continue;
+          std::vector<float> q(shared_q_[i].size());
+          std::vector<protocol::TensorShape> q_manifest = manifest_;
+          q_manifest[tensor.segments.front().tensor] = {tensor.descriptor.name, tensor.descriptor.dims};
+          for (const protocol::EncodedSegment& segment : tensor.segments) {
+            FEDMESH_RETURN_IF_ERROR(protocol::decode_segment(segment.view(), q_manifest, q));
+          }
+          for (size_t e = 0; e < q.size(); ++e) shared_q_[i][e] += static_cast<float>(w) * q[e];
+          ++i;
+        }
+      }
+      bytes += static_cast<int64_t>(protocol::wire_bytes(
+          protocol::prepare_encoded_update(metadata_for(update), std::move(compressed->tensors), keys_)));
+    }
+    for (std::vector<float>& q : shared_q_) {
+      for (float& v : q) v = static_cast<float>(v / total_weight);
+    }
+    return bytes;
   }
 
   // Local training of `site` from the current global model.
@@ -121,6 +236,28 @@ class Simulation {
 
   int64_t model_bytes() const { return manager_->parameter_count() * static_cast<int64_t>(sizeof(float)); }
 
+  std::vector<std::span<const float>> tensor_spans(const std::vector<float>& flat) const {
+    std::vector<std::span<const float>> spans;
+    size_t offset = 0;
+    for (const protocol::TensorShape& shape : manifest_) {
+      spans.emplace_back(flat.data() + offset, shape.element_count());
+      offset += shape.element_count();
+    }
+    return spans;
+  }
+
+  static protocol::UpdateMetadata metadata_for(const SiteUpdate& update) {
+    protocol::UpdateMetadata metadata;
+    metadata.federation = "sim";
+    metadata.round = static_cast<uint64_t>(update.round);
+    metadata.base_version = static_cast<uint64_t>(update.base_version);
+    metadata.sender = update.site;
+    metadata.recipient = "aggregator";
+    metadata.sequence = 1;
+    metadata.sample_count = static_cast<uint64_t>(update.sample_count);
+    return metadata;
+  }
+
   // The flags that decide a simulation's trajectory, kept in the store so a
   // resumed run is the same run.
   nlohmann::json fingerprint() const {
@@ -131,7 +268,8 @@ class Simulation {
             {"straggler", {options_.straggler_fraction, options_.straggler_factor}},
             {"poisoned", options_.poisoned_sites}, {"seed", options_.seed}, {"strategy", r.server.name},
             {"server_lr", r.server.lr}, {"rule", r.rule}, {"norm_bound", r.norm_bound},
-            {"sites_per_round", r.sites_per_round}, {"staleness", r.staleness.to_string()}};
+            {"sites_per_round", r.sites_per_round}, {"staleness", r.staleness.to_string()},
+            {"compression", options_.compression.to_string()}};
   }
 
   Status commit(store::CheckpointStore& checkpoints, const SimulationRound& round, int64_t round_index, double time,
@@ -144,7 +282,21 @@ class Simulation {
         {"refused_updates", summary.refused_updates}};
     nlohmann::json metrics = {{"test_accuracy", round.test_accuracy}, {"test_loss", round.test_loss},
                               {"dropped", round.dropped}};
-    return commit_manager_round(checkpoints, *manager_, round.record, std::move(metrics), std::move(state));
+    // Every site's error-feedback state, and PowerSGD's shared Q.
+    std::deque<Tensor> views;
+    std::vector<store::TensorToCommit> extra;
+    nlohmann::json compressor_rounds = nlohmann::json::object();
+    for (VirtualSite& site : sites_) {
+      if (!site.compressor) continue;
+      add_compression_tensors(*site.compressor, site.name + "/", views, extra);
+      compressor_rounds[site.name] = site.compressor->rounds();
+    }
+    for (size_t i = 0; i < shared_q_.size(); ++i) {
+      views.push_back(Tensor::view_of(shared_q_[i].data(), Shape{static_cast<int64_t>(shared_q_[i].size())}, DType::kF32));
+      extra.push_back({"powersgd_q", std::to_string(i), &views.back()});
+    }
+    state["compressor_rounds"] = compressor_rounds;
+    return commit_manager_round(checkpoints, *manager_, round.record, std::move(metrics), std::move(state), {}, extra);
   }
 
   // Restores the newest intact round; returns the round index to go on from.
@@ -168,6 +320,22 @@ class Simulation {
       summary.bytes_sent = state.at("bytes_sent").get<int64_t>();
       summary.bytes_received = state.at("bytes_received").get<int64_t>();
       summary.refused_updates = state.at("refused_updates").get<int64_t>();
+      for (const auto& [name, rounds] : state.at("compressor_rounds").items()) {
+        auto site = std::find_if(sites_.begin(), sites_.end(), [&](const VirtualSite& s) { return s.name == name; });
+        if (site == sites_.end()) return corrupt("the checkpoint has compression state of an unknown site " + name);
+        Result<protocol::UpdateCompressor> made = make_compressor(static_cast<size_t>(site - sites_.begin()));
+        if (!made.is_ok()) return made.status();
+        site->compressor.emplace(std::move(*made));
+        site->compressor->set_rounds(rounds.get<int64_t>());
+        FEDMESH_RETURN_IF_ERROR(restore_compression_tensors(*site->compressor, site->name + "/", *latest));
+      }
+      for (size_t i = 0; i < shared_q_.size(); ++i) {
+        const store::StoredTensor* q = latest->find("powersgd_q", std::to_string(i));
+        if (q == nullptr || static_cast<size_t>(q->value.numel()) != shared_q_[i].size()) {
+          return corrupt("the checkpoint's PowerSGD Q " + std::to_string(i) + " is missing or of the wrong size");
+        }
+        std::memcpy(shared_q_[i].data(), q->value.raw(), shared_q_[i].size() * sizeof(float));
+      }
       summary.resumed_from_round = latest->round.round;
       return state.at("round_index").get<int64_t>() + 1;
     } catch (const nlohmann::json::exception& error) {
@@ -212,18 +380,26 @@ class Simulation {
       const std::vector<std::string> sampled = manager_->sampled();
       double round_time = 0.0;
       int64_t dropped = 0, bytes = 0;
+      std::vector<std::pair<size_t, SiteUpdate>> batch;
       for (const std::string& name : sampled) {
-        VirtualSite& site = *std::find_if(sites_.begin(), sites_.end(), [&](const VirtualSite& s) { return s.name == name; });
+        const auto site = std::find_if(sites_.begin(), sites_.end(), [&](const VirtualSite& s) { return s.name == name; });
         summary.bytes_received += model_bytes();
         if (dropout.uniform() < options_.dropout) {
           ++dropped;
           continue;
         }
-        Result<SiteUpdate> update = train_site(site, manager_->round(), ++serial);
+        Result<SiteUpdate> update = train_site(*site, manager_->round(), ++serial);
         if (!update.is_ok()) return update.status();
-        round_time = std::max(round_time, static_cast<double>(options_.local_steps) * site.speed);
-        bytes += model_bytes();
-        Result<std::optional<RoundRecord>> submitted = manager_->submit(std::move(*update), time);
+        round_time = std::max(round_time, static_cast<double>(options_.local_steps) * site->speed);
+        batch.emplace_back(static_cast<size_t>(site - sites_.begin()), std::move(*update));
+      }
+      if (!batch.empty()) {
+        Result<int64_t> sent = transmit(batch, summary.bytes_received);
+        if (!sent.is_ok()) return sent.status();
+        bytes = *sent;
+      }
+      for (auto& [index, update] : batch) {
+        Result<std::optional<RoundRecord>> submitted = manager_->submit(std::move(update), time);
         if (!submitted.is_ok()) ++summary.refused_updates;
       }
       // Without dropouts the round closes when the slowest site reports; with
@@ -247,16 +423,20 @@ class Simulation {
 
   Result<SimulationSummary> run_async(const std::function<void(const SimulationRound&)>& on_round) {
     SimulationSummary summary;
-    // (finish time, site index) -> the update it will deliver then.
-    std::multimap<std::pair<double, size_t>, SiteUpdate> in_flight;
+    // (finish time, site index) -> the update it will deliver then, and its wire bytes.
+    std::multimap<std::pair<double, size_t>, std::pair<SiteUpdate, int64_t>> in_flight;
     int64_t serial = 0;
     double time = 0.0;
     const auto launch = [&](size_t index, double start) -> Status {
       summary.bytes_received += model_bytes();
       Result<SiteUpdate> update = train_site(sites_[index], 0, ++serial);
       if (!update.is_ok()) return update.status();
+      std::vector<std::pair<size_t, SiteUpdate>> one;
+      one.emplace_back(index, std::move(*update));
+      Result<int64_t> sent = transmit(one, summary.bytes_received);
+      if (!sent.is_ok()) return sent.status();
       in_flight.emplace(std::make_pair(start + static_cast<double>(options_.local_steps) * sites_[index].speed, index),
-                        std::move(*update));
+                        std::make_pair(std::move(one.front().second), *sent));
       return Status::ok();
     };
     for (size_t i = 0; i < sites_.size(); ++i) FEDMESH_RETURN_IF_ERROR(launch(i, 0.0));
@@ -265,9 +445,9 @@ class Simulation {
       auto next = in_flight.begin();
       time = next->first.first;
       const size_t index = next->first.second;
-      SiteUpdate update = std::move(next->second);
+      SiteUpdate update = std::move(next->second.first);
+      bytes += next->second.second;
       in_flight.erase(next);
-      bytes += model_bytes();
       Result<std::optional<RoundRecord>> submitted = manager_->submit(std::move(update), time);
       if (!submitted.is_ok()) {
         ++summary.refused_updates;
@@ -298,6 +478,9 @@ class Simulation {
   std::vector<VirtualSite> sites_;
   std::unique_ptr<node::Sequential> worker_;
   std::optional<RoundManager> manager_;
+  std::vector<protocol::TensorShape> manifest_;
+  crypto::SiteKeys keys_;                   // signs every virtual site's updates (their size is what counts)
+  std::vector<std::vector<float>> shared_q_;  // PowerSGD: one per PowerSGD tensor
 };
 
 }  // namespace
@@ -314,6 +497,10 @@ Status SimulationOptions::validate() const {
     return invalid_argument("--straggler P:FACTOR needs P in [0, 1] and FACTOR >= 1");
   }
   if (poisoned_sites < 0 || poisoned_sites > sites) return invalid_argument("poisoned sites must be in [0, sites]");
+  if (compression.uses_powersgd() && rounds_options.asynchronous) {
+    return invalid_argument("powersgd needs the round's sites to share P, which asynchronous rounds do not have: "
+                            "use synchronous rounds, or another compressor");
+  }
   if (!db.empty() && rounds_options.asynchronous) {
     return invalid_argument("--db checkpoints synchronous simulations only: an asynchronous run has updates in "
                             "flight that a checkpoint does not capture yet");

@@ -5,6 +5,13 @@
 // is deterministic for a seed and replays exactly, stragglers and dropouts
 // included. Sites are trained one after another on one worker model (the
 // kernels use every core inside each step).
+//
+// Each site's update goes through the real compression path: the site's own
+// UpdateCompressor (error feedback, residual kept per site), the codec's
+// bytes, prepare_encoded_update's signed chunks, and the round manager gets
+// what the receiver decodes. Bytes are counted on the wire: every message
+// framed as on a CurveZMQ connection (protocol::wire_bytes). PowerSGD runs
+// its two exchanges per round with the P shared by the round's sites.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +24,7 @@
 #include "node/data/fashion_mnist.h"
 #include "node/data/partition.h"
 #include "node/trainer.h"
+#include "protocol/compression_spec.h"
 
 namespace fedmesh::aggregator {
 
@@ -35,6 +43,7 @@ struct SimulationOptions {
   int poisoned_sites = 0;               // the first N sites send -scale x their update
   double poison_scale = 10.0;
   RoundOptions rounds_options;
+  protocol::CompressionPlan compression;  // identity: dense fp32
   uint64_t seed = 0;
   // Synchronous runs only: commit every round to this checkpoint store (the
   // model, the server optimizer, the round manager and the simulation's own
@@ -51,7 +60,7 @@ struct SimulationRound {
   double test_loss = 0.0;
   int64_t updates = 0;
   int64_t dropped = 0;         // sampled sites that did not report
-  int64_t bytes = 0;           // update bytes sent (dense fp32, before the protocol's framing)
+  int64_t bytes = 0;           // update bytes the sites sent, on the wire (signed, chunked, CurveZMQ-framed)
 };
 
 struct SimulationSummary {
@@ -60,7 +69,7 @@ struct SimulationSummary {
   double final_accuracy = 0.0, final_loss = 0.0;
   double virtual_time = 0.0;
   int64_t bytes_sent = 0;      // sites -> aggregator
-  int64_t bytes_received = 0;  // aggregator -> sites (the global model, dense fp32)
+  int64_t bytes_received = 0;  // aggregator -> sites (the global model, dense fp32; PowerSGD's shared P)
   int64_t refused_updates = 0;
 };
 

@@ -33,6 +33,9 @@ struct SimFlags {
   int64_t train_limit = 0, test_limit = 0;
   int threads = 0;
   bool json = false;
+  std::string compress = "identity";
+  std::vector<std::string> compress_tensor;
+  uint64_t dense_below = 0;
 };
 
 int fail(const SimFlags& flags, const Status& status) {
@@ -77,6 +80,10 @@ int run_sim(SimFlags& flags) {
   } catch (const std::exception&) {
     return fail(flags, invalid_argument("--straggler '" + flags.straggler + "' is not P:FACTOR (e.g. 0.2:4)"));
   }
+  Result<protocol::CompressionPlan> plan =
+      protocol::make_compression_plan(flags.compress, flags.compress_tensor, flags.dense_below);
+  if (!plan.is_ok()) return fail(flags, plan.status());
+  o.compression = *plan;
   if (Status s = o.validate(); !s.is_ok()) return fail(flags, s);
 
   Result<data::FashionMnistSplits> splits =
@@ -91,12 +98,14 @@ int run_sim(SimFlags& flags) {
   if (flags.json) {
     emit_json({{"event", "start"}, {"command", "sim"}, {"sites", o.sites}, {"partition", o.partition.to_string()},
                {"strategy", flags.strategy}, {"rule", flags.rule}, {"mode", mode}, {"rounds", o.rounds},
-               {"local_steps", o.local_steps}, {"model", o.model}, {"seed", o.seed}});
+               {"local_steps", o.local_steps}, {"model", o.model}, {"seed", o.seed},
+               {"compression", o.compression.to_string()}});
   } else {
     std::fprintf(stderr, "simulating %d sites (%s) of %lld Fashion-MNIST images: %s, %s, rule %s, %lld rounds of %lld local steps\n",
                  o.sites, o.partition.to_string().c_str(), static_cast<long long>(train->count), mode.c_str(),
                  flags.strategy.c_str(), flags.rule.c_str(), static_cast<long long>(o.rounds),
                  static_cast<long long>(o.local_steps));
+    std::fprintf(stderr, "updates compressed as %s\n", o.compression.to_string().c_str());
   }
   Result<aggregator::SimulationSummary> summary =
       aggregator::run_simulation(o, *train, *test, [&](const aggregator::SimulationRound& r) {
@@ -182,6 +191,17 @@ void add_sim_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--db", o.db,
                   "Checkpoint store: every round is committed before it is reported; the same command resumes from "
                   "the newest intact round (synchronous rounds only)");
+  cmd->add_option("--compress", flags->compress,
+                  "How sites compress their updates, with error feedback: identity, fp16, bf16, "
+                  "int8|int4[:stochastic][:block=N], topk:F[+fp16|+int8|+fp32][:warmup=R][:momentum=M], "
+                  "powersgd:R, dct-sign:K (README: Compressing updates)")
+      ->capture_default_str();
+  cmd->add_option("--compress-tensor", flags->compress_tensor,
+                  "GLOB=SPEC: another spec for the tensors whose name matches GLOB (repeatable; the first match "
+                  "wins), e.g. '*.bias=identity'");
+  cmd->add_option("--dense-below", flags->dense_below,
+                  "Tensors with fewer elements than this go dense fp32 unless --compress-tensor names them")
+      ->capture_default_str();
   cmd->add_option("--data", flags->data, "fashion-mnist or a directory with the four IDX files")->capture_default_str();
   cmd->add_option("--train-limit", flags->train_limit, "Use only the first N training images (0 = all)")
       ->capture_default_str();

@@ -207,4 +207,19 @@ std::string CompressionPlan::to_string() const {
   return text;
 }
 
+Result<CompressionPlan> make_compression_plan(std::string_view default_spec, std::span<const std::string> overrides,
+                                              uint64_t dense_below) {
+  CompressionPlan plan;
+  Result<CompressionSpec> spec = parse_compression_spec(default_spec);
+  if (!spec.is_ok()) return spec.status();
+  plan.default_spec = *spec;
+  for (const std::string& text : overrides) {
+    Result<TensorOverride> o = parse_tensor_override(text);
+    if (!o.is_ok()) return o.status();
+    plan.overrides.push_back(std::move(*o));
+  }
+  plan.dense_below = dense_below;
+  return plan;
+}
+
 }  // namespace fedmesh::protocol

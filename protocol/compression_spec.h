@@ -79,4 +79,8 @@ struct CompressionPlan {
   std::string to_string() const;  // "topk:0.01+int8; *.bias=identity; dense_below=1024"
 };
 
+// A plan from its three settings as a user gives them (flags or config).
+Result<CompressionPlan> make_compression_plan(std::string_view default_spec, std::span<const std::string> overrides,
+                                              uint64_t dense_below);
+
 }  // namespace fedmesh::protocol

@@ -216,6 +216,12 @@ PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vecto
   return prepared;
 }
 
+uint64_t wire_bytes(const PreparedUpdate& update) {
+  uint64_t total = curve_message_bytes(update.header.size());
+  for (const SharedMessage& chunk : update.chunks) total += curve_message_bytes(chunk.size());
+  return total;
+}
+
 Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<const TensorShape> manifest,
                                       std::span<const std::span<const float>> tensors,
                                       std::span<const TensorPlan> plans, const crypto::SiteKeys& sender_keys,

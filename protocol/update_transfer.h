@@ -77,6 +77,16 @@ Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<
 PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vector<EncodedTensor> tensors,
                                       const crypto::SiteKeys& sender_keys, size_t chunk_bytes = kDefaultChunkBytes);
 
+// The bytes one message of `payload` bytes takes on a CurveZMQ connection:
+// the MESSAGE command (name, 8-byte nonce, 16-byte MAC, a flags byte, the
+// payload) inside a ZMTP frame (2 header bytes, 9 past 255 bytes).
+constexpr uint64_t curve_message_bytes(uint64_t payload) {
+  const uint64_t command = 1 + 7 + 8 + 16 + 1 + payload;
+  return command + (command > 255 ? 9 : 2);
+}
+// What sending `update` costs on the wire: header and chunks, each framed as above.
+uint64_t wire_bytes(const PreparedUpdate& update);
+
 // The serialized, signed UpdateHeader for chunks whose hashes are given.
 SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
                                    std::span<const crypto::Hash> chunk_hashes, const crypto::SiteKeys& sender_keys);

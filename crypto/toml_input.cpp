@@ -105,6 +105,21 @@ void ConfigReader::read(std::string_view key, bool& out) {
   }
 }
 
+void ConfigReader::read(std::string_view key, std::vector<std::string>& out) {
+  if (const toml::node* node = find(key)) {
+    const toml::array* array = node->as_array();
+    std::vector<std::string> values;
+    if (array != nullptr) {
+      for (const toml::node& element : *array) {
+        if (const auto text = element.value<std::string>()) values.push_back(*text);
+        else array = nullptr;
+      }
+    }
+    if (array == nullptr) fail(std::string(key) + " must be an array of strings");
+    else out = std::move(values);
+  }
+}
+
 Status ConfigReader::finish() {
   if (!error_.empty()) return invalid_argument(error_);
   std::string unknown;

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <toml++/toml.h>
 
@@ -31,6 +32,7 @@ class ConfigReader {
   void read(std::string_view key, double& out);
   void read(std::string_view key, float& out);
   void read(std::string_view key, bool& out);
+  void read(std::string_view key, std::vector<std::string>& out);  // an array of strings
   // Like read(), but the key must be there.
   template <class T>
   void require(std::string_view key, T& out) {

@@ -10,7 +10,7 @@ DEPLOY=$(cd -- "$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")" && pwd -P
 usage() {
   cat <<EOF
 Usage: deploy/demo.sh [--sites 4] [--rounds 15] [--local-steps 60] [--mode sync|fedbuff|fedasync]
-                      [--port 7400] [--dir DIR] [--keep]
+                      [--compress SPEC] [--port 7400] [--dir DIR] [--keep]
 
 Runs deploy/setup.sh (installs missing packages, builds; its progress goes to
 stderr), then starts a local federation with deploy/local_federation.sh:
@@ -22,17 +22,19 @@ prints each round and the global test accuracy, and at the end where the
 checkpoints are. While it runs, another terminal can watch it with
   BUILD/cli/fedmesh status --aggregator 127.0.0.1:\$((PORT + 2000))
 DIR defaults to a new directory under /tmp; its logs are DIR/*.log. It is
-removed at the end unless --keep or --dir is given.
+removed at the end unless --keep or --dir is given. --compress sets how the
+sites compress their updates (e.g. topk:0.01+int8; README: Compressing updates).
 EOF
 }
 
-SITES=4 ROUNDS=15 LOCAL_STEPS=60 MODE=sync PORT=7400 DIR="" KEEP=0
+SITES=4 ROUNDS=15 LOCAL_STEPS=60 MODE=sync PORT=7400 DIR="" KEEP=0 COMPRESS=identity
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sites) SITES=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --local-steps) LOCAL_STEPS=$2; shift 2 ;;
     --mode) MODE=$2; shift 2 ;;
+    --compress) COMPRESS=$2; shift 2 ;;
     --port) PORT=$2; shift 2 ;;
     --dir) DIR=$2; KEEP=1; shift 2 ;;
     --keep) KEEP=1; shift ;;
@@ -52,7 +54,7 @@ BIN=$BUILD/cli/fedmesh
 
 [[ -n $DIR ]] || DIR=$(mktemp -u /tmp/fedmesh-demo.XXXXXX)
 METRICS=$((PORT + 2000))
-EXTRA=()
+EXTRA=(--site "compression.default = \"$COMPRESS\"")
 [[ $MODE == sync ]] || EXTRA+=(--agg 'buffer_size = 3' --min-sites 1)
 bash "$DEPLOY/local_federation.sh" --fedmesh "$BIN" --dir "$DIR" --sites "$SITES" --port "$PORT" \
   --metrics-port "$METRICS" --rounds "$ROUNDS" --local-steps "$LOCAL_STEPS" --mode "$MODE" "${EXTRA[@]}" >/dev/null

@@ -352,6 +352,13 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
   return out;
 }
 
+void UpdateCompressor::rollback() {
+  State& s = *state_;
+  for (size_t t = 0; t < s.manifest.size(); ++t) {
+    if (!s.residuals[t].empty() && s.inputs[t].size() == s.residuals[t].size()) s.residuals[t] = s.inputs[t];
+  }
+}
+
 Result<CompressedUpdate> UpdateCompressor::compress(std::span<const std::span<const float>> delta) {
   if (!state_->powersgd.empty()) {
     return invalid_argument("powersgd needs the shared P of the aggregator path: use begin / powersgd_p / finish");

@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "aggregator/compression_checkpoint.h"
 #include "aggregator/model_chain.h"
 #include "base/random.h"
 #include "base/http_endpoint.h"
@@ -21,6 +22,7 @@
 #include "node/data/fashion_mnist.h"
 #include "node/data/partition.h"
 #include "node/model.h"
+#include "protocol/compressor.h"
 #include "protocol/model_transfer.h"
 #include "protocol/update_upload.h"
 #include "store/checkpoint_store.h"
@@ -49,6 +51,13 @@ Status SiteConfig::validate() const {
   if (!(step_delay_seconds >= 0.0)) return invalid_argument("step_delay_seconds must be >= 0");
   if (!(give_up_seconds >= 0.0)) return invalid_argument("give_up_seconds must be >= 0");
   FEDMESH_RETURN_IF_ERROR(data::PartitionSpec::parse(partition).status());
+  Result<protocol::CompressionPlan> plan = protocol::make_compression_plan(compress, compress_overrides, dense_below);
+  if (!plan.is_ok()) return plan.status();
+  if (plan->uses_powersgd()) {
+    return invalid_argument("compression: powersgd needs a P shared by the round's sites, an exchange the networked "
+                            "aggregator protocol does not carry yet (fedmesh sim runs it); use topk, int8/int4, "
+                            "dct-sign or a cast");
+  }
   TrainOptions check = local;
   check.max_steps = 1;
   return check.validate();
@@ -85,6 +94,9 @@ Result<SiteConfig> read_site_config(const std::string& path) {
   r.read("training.weight_decay", c.local.weight_decay);
   r.read("training.threads", c.threads);
   r.read("training.step_delay_seconds", c.step_delay_seconds);
+  r.read("compression.default", c.compress);
+  r.read("compression.overrides", c.compress_overrides);
+  r.read("compression.dense_below", c.dense_below);
   FEDMESH_RETURN_IF_ERROR(r.finish());
   if (c.store.empty()) c.store = c.name + ".db";
   if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());
@@ -121,6 +133,7 @@ class SiteRuntime::Impl {
   std::unique_ptr<Sequential> worker;
   std::vector<std::string> names;
   std::vector<protocol::TensorShape> manifest;
+  std::optional<protocol::UpdateCompressor> compressor;
   std::vector<Tensor> global;  // the global model held
   uint64_t held_version = 0;
   crypto::Hash held_hash{};
@@ -143,6 +156,7 @@ class SiteRuntime::Impl {
   Status open(SiteConfig c, SiteEventSink sink);
   Status restore();
   Status commit(const nlohmann::json& metrics);
+  Status make_compressor();
   Status connect();
   std::optional<Announcement> poll();
   Status adopt(const Announcement& a);
@@ -177,6 +191,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
     global.push_back(p->value.clone());
     manifest.push_back({p->name, std::vector<int64_t>(p->value.shape().begin(), p->value.shape().end())});
   }
+  FEDMESH_RETURN_IF_ERROR(make_compressor());
   // Version 0 is the seeded model: its hash is the first one a site trusts.
   held_hash = aggregator::model_version_hash(0, crypto::Hash{}, names, global);
 
@@ -213,6 +228,18 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   return Status::ok();
 }
 
+Status SiteRuntime::Impl::make_compressor() {
+  Result<protocol::CompressionPlan> plan =
+      protocol::make_compression_plan(config.compress, config.compress_overrides, config.dense_below);
+  if (!plan.is_ok()) return plan.status();
+  Result<protocol::UpdateCompressor> made = protocol::UpdateCompressor::create(
+      *plan, manifest, mix_seed(config.data_seed, 0xc0de + static_cast<uint64_t>(config.index)),
+      kernels::cpu_compression_kernels());
+  if (!made.is_ok()) return made.status();
+  compressor.emplace(std::move(*made));
+  return Status::ok();
+}
+
 Status SiteRuntime::Impl::restore() {
   Result<std::vector<store::RoundInfo>> rounds = store->rounds();
   if (!rounds.is_ok()) return rounds.status();
@@ -245,6 +272,14 @@ Status SiteRuntime::Impl::restore() {
     held_hash = *hash;
     held_parent = *parent;
     commits = latest->round.round;
+    // The error-feedback residual; one written under another compression plan
+    // (or none) is dropped with a warning rather than misapplied.
+    if (Status s = aggregator::restore_compression_tensors(*compressor, "", *latest); !s.is_ok()) {
+      emit({{"event", "warning"}, {"message", "starting with an empty compression residual: " + s.message()}});
+      FEDMESH_RETURN_IF_ERROR(make_compressor());
+    } else {
+      compressor->set_rounds(state.value("compressor_rounds", int64_t{0}));
+    }
   } catch (const nlohmann::json::exception& error) {
     return corrupt(config.store + ": the site state is malformed: " + error.what());
   }
@@ -261,9 +296,12 @@ Status SiteRuntime::Impl::commit(const nlohmann::json& metrics) {
   round.state_json = nlohmann::json({{"held_version", held_version}, {"held_hash", aggregator::hash_hex(held_hash)},
                                      {"held_parent", aggregator::hash_hex(held_parent)},
                                      {"last_sequence", last_sequence}, {"last_sent_round", last_sent_round},
-                                     {"last_sent_version", last_sent_version}})
+                                     {"last_sent_version", last_sent_version},
+                                     {"compressor_rounds", compressor->rounds()}})
                          .dump();
   for (size_t i = 0; i < names.size(); ++i) round.tensors.push_back({"model", names[i], &global[i]});
+  std::deque<Tensor> views;
+  aggregator::add_compression_tensors(*compressor, "", views, round.tensors);
   return store->commit_round(round);
 }
 
@@ -427,9 +465,10 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   metadata.sequence = std::max(last_sequence + 1, unix_now(true));
   metadata.sample_count = static_cast<uint64_t>(shard.count);
   std::vector<std::span<const float>> spans(delta.begin(), delta.end());
-  std::vector<protocol::TensorPlan> plans(delta.size());
-  Result<protocol::PreparedUpdate> prepared = protocol::prepare_update(metadata, manifest, spans, plans, keys);
-  if (!prepared.is_ok()) return prepared.status();
+  Result<protocol::CompressedUpdate> compressed = compressor->compress(spans);
+  if (!compressed.is_ok()) return compressed.status();
+  Result<protocol::PreparedUpdate> prepared =
+      protocol::prepare_encoded_update(metadata, std::move(compressed->tensors), keys);
   protocol::UploadOptions upload;
   upload.reply_timeout = std::chrono::milliseconds(5000);
   protocol::RetryPolicy retry;
@@ -438,6 +477,8 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   Result<protocol::UploadOutcome> outcome = protocol::upload_with_retries(*socket, *prepared, upload, retry, &attempts);
   // The sequence is spent whatever happened: never reuse it.
   last_sequence = metadata.sequence;
+  // Not delivered: all of it stays in the error-feedback residual.
+  if (!outcome.is_ok() || !outcome->accepted) compressor->rollback();
   if (!outcome.is_ok()) return outcome.status();
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   {
@@ -450,7 +491,8 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   nlohmann::json event = {{"event", "update"}, {"round", a.round}, {"version", a.version},
                           {"accepted", outcome->accepted}, {"train_loss", summary.final_train_loss},
                           {"local_accuracy", local_eval.accuracy}, {"steps", summary.steps},
-                          {"bytes", prepared->encoded_payload_bytes}, {"seconds", seconds}, {"attempts", attempts}};
+                          {"bytes", prepared->encoded_payload_bytes}, {"wire_bytes", protocol::wire_bytes(*prepared)},
+                          {"seconds", seconds}, {"attempts", attempts}};
   if (outcome->rejection) {
     event["code"] = protocol::reject_code_name(outcome->rejection->code);
     event["reason"] = outcome->rejection->reason;

@@ -8,12 +8,15 @@
 // trusts, its last update sequence and round) in its own store after every
 // round, so a site killed at any moment restarts where it was and never
 // answers a round twice. Connection loss is retried with backoff forever.
+// Updates are compressed with error feedback (protocol/compressor.h); an
+// update that was not delivered goes back into the residual.
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,6 +49,12 @@ struct SiteConfig {
   double poll_seconds = 0.2;
   double step_delay_seconds = 0.0;        // experiments: make this site slower
   double give_up_seconds = 0.0;           // > 0: exit when the aggregator is silent this long
+  // How updates are compressed ([compression]: default, overrides, dense_below;
+  // specs as in protocol/compression_spec.h), with error feedback: the
+  // residual is checkpointed with the rest (role "residual").
+  std::string compress = "identity";
+  std::vector<std::string> compress_overrides;
+  uint64_t dense_below = 0;
 
   SiteConfig();
   Status validate() const;

@@ -276,7 +276,9 @@ TEST(CompressionSpecs, ParseAndPrintBack) {
                           "topk:0.1:warmup=-1", "topk:0.1:momentum=1", "fp16:3"}) {
     Result<CompressionSpec> spec = parse_compression_spec(bad);
     EXPECT_FALSE(spec.is_ok()) << "'" << bad << "' was accepted";
-    if (!spec.is_ok()) EXPECT_NE(spec.status().message().find("compression spec"), std::string::npos);
+    if (!spec.is_ok()) {
+      EXPECT_NE(spec.status().message().find("compression spec"), std::string::npos);
+    }
   }
 }
 

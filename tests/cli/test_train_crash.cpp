@@ -304,7 +304,10 @@ TEST(SimCrash, KilledAtRandomMomentsResumesToTheSameModel) {
     return std::vector<std::string>{binary(), "sim", "--sites", "4", "--rounds", "12", "--local-steps", "10",
                                     "--train-limit", "4000", "--test-limit", "300", "--partition", "dirichlet:0.5",
                                     "--strategy", "fedadam", "--dropout", "0.2", "--seed", "6", "--threads", "2",
-                                    "--json", "--db", db.string()};
+                                    // Compressed: every site's residual, the top-k warm-up count and
+                                    // PowerSGD's shared Q must come back from the store too.
+                                    "--compress", "topk:0.05+int8:warmup=3", "--compress-tensor",
+                                    "fc1.weight=powersgd:2", "--json", "--db", db.string()};
   };
   {
     ChildProcess reference(command(dir / "reference.db"));

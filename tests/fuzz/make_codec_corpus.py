@@ -11,7 +11,8 @@ import struct
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "codec")
 
-DENSE_F32, DENSE_BF16, DENSE_F16, SPARSE_F32, SPARSE_F16, SPARSE_INT8, BLOCK_INT8, BLOCK_INT4 = range(8)
+(DENSE_F32, DENSE_BF16, DENSE_F16, SPARSE_F32, SPARSE_F16, SPARSE_INT8, BLOCK_INT8, BLOCK_INT4,
+ BITMAP_F32, BITMAP_F16, BITMAP_INT8, DCT_SIGN) = range(12)
 # flags: bits 0-1 shape (0: {64}, 1: {7, 9}, 2: scalar, 3: {2500}); bits 2-4 weight index
 SHAPE_64, SHAPE_7x9, SHAPE_SCALAR, SHAPE_2500 = 0, 1, 2, 3
 WEIGHT_HALF, WEIGHT_MINUS_2 = 1 << 2, 2 << 2
@@ -53,6 +54,20 @@ def gaps(offset, indices):
     return out
 
 
+def bitmap(count, indices):
+    out = bytearray((count + 7) // 8)
+    for i in indices:
+        out[i // 8] |= 1 << (i % 8)
+    return bytes(out)
+
+
+def signs(*negative):
+    out = bytearray((len(negative) + 7) // 8)
+    for k, n in enumerate(negative):
+        out[k // 8] |= (1 if n else 0) << (k % 8)
+    return bytes(out)
+
+
 def int4(*qs):
     out = bytearray((len(qs) + 1) // 2)
     for i, q in enumerate(qs):
@@ -80,7 +95,21 @@ SEEDS = {
     # int4 blocks of odd size longer than the decoder's 1024-element chunk
     "block_int4_long": seed(SHAPE_2500, BLOCK_INT4, offset=300, count=2101, block_size=1025,
                             values=int4(*[(i % 15) - 7 for i in range(2101)]), scales=f32(0.125, 3.0, 1e-3)),
+    "bitmap_f32": seed(SHAPE_64, BITMAP_F32, offset=8, count=50, nnz=3, indices=bitmap(50, [0, 9, 49]),
+                       values=f32(1.0, -2.0, 0.5)),
+    "bitmap_int8": seed(SHAPE_2500 | WEIGHT_HALF, BITMAP_INT8, count=2500, nnz=2, indices=bitmap(2500, [7, 2499]),
+                        values=bytes([127, 0x81]), scales=f32(0.5)),
+    # dct-sign: one 4096-coefficient chunk covering the whole 2500-element tensor (padded)
+    "dct_sign": seed(SHAPE_2500, DCT_SIGN, count=2500, nnz=4, indices=gaps(0, [0, 1, 64, 4095]),
+                     values=signs(False, True, True, False), scales=f32(0.75)),
     # invalid
+    "bitmap_bit_past_count": seed(SHAPE_64, BITMAP_F16, count=10, nnz=1, indices=bitmap(16, [12]), values=f16(1.0)),
+    "bitmap_popcount_mismatch": seed(SHAPE_64, BITMAP_F32, count=16, nnz=2, indices=bitmap(16, [3]),
+                                     values=f32(1.0, 2.0)),
+    "dct_sign_unaligned": seed(SHAPE_2500, DCT_SIGN, offset=1, count=2499, nnz=1, indices=b"\x00",
+                               values=signs(True), scales=f32(1.0)),
+    "dct_sign_padding_bits": seed(SHAPE_2500, DCT_SIGN, count=2500, nnz=1, indices=b"\x05",
+                                  values=b"\xff", scales=f32(1.0)),
     "bad_tensor_index": seed(SHAPE_64, DENSE_F32, tensor=3, count=1, values=f32(1.0)),
     "negative_dim_tensor": seed(SHAPE_64, DENSE_F32, tensor=2, count=1, values=f32(1.0)),
     "range_wraps": seed(SHAPE_64, DENSE_F32, offset=(1 << 64) - 1, count=2, values=f32(1.0, 2.0)),
@@ -95,7 +124,7 @@ SEEDS = {
                                   scales=f32(float("inf"))),
     "int4_minus_8": seed(SHAPE_64, BLOCK_INT4, count=4, block_size=4, values=int4(1, -8, 2, 3), scales=f32(1.0)),
     "block_size_zero": seed(SHAPE_64, BLOCK_INT8, count=4, block_size=0, values=bytes(4), scales=f32(1.0)),
-    "unknown_encoding": seed(SHAPE_64, 9, count=1, values=f32(1.0)),
+    "unknown_encoding": seed(SHAPE_64, 12, count=1, values=f32(1.0)),
 }
 
 

@@ -203,7 +203,7 @@ struct UpdateCompressor::State {
   std::vector<CompressionSpec> specs;
   std::vector<std::unique_ptr<TensorCompressor>> compressors;  // null for PowerSGD tensors
   std::vector<std::vector<float>> residuals;                   // empty for lossless tensors
-  std::vector<std::vector<float>> inputs;                      // a = e + delta, between begin and finish
+  std::vector<std::vector<float>> inputs;                      // a = e + delta, from begin to finish
   std::vector<size_t> powersgd;
   kernels::CompressionKernels* kernels = nullptr;
   size_t max_segment_bytes = 0;
@@ -343,6 +343,7 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
       out.tensors.push_back(std::move(*encoded));
     }
     if (!s.residuals[t].empty()) s.kernels->subtract(a, decoded, s.residuals[t]);
+    std::vector<float>().swap(a);  // a site holds its residual between updates, not a copy of its input
   }
   for (const EncodedTensor& tensor : out.tensors) {
     for (const EncodedSegment& segment : tensor.segments) out.payload_bytes += segment.payload_bytes();
@@ -352,10 +353,12 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
   return out;
 }
 
-void UpdateCompressor::rollback() {
+void UpdateCompressor::rollback(const CompressedUpdate& update) {
   State& s = *state_;
-  for (size_t t = 0; t < s.manifest.size(); ++t) {
-    if (!s.residuals[t].empty() && s.inputs[t].size() == s.residuals[t].size()) s.residuals[t] = s.inputs[t];
+  for (size_t t = 0; t < s.manifest.size() && t < update.decoded.size(); ++t) {
+    if (!s.residuals[t].empty() && update.decoded[t].size() == s.residuals[t].size()) {
+      s.kernels->add(s.residuals[t], update.decoded[t], s.residuals[t]);
+    }
   }
 }
 

@@ -86,10 +86,10 @@ class UpdateCompressor {
   // Compresses every tensor of a and updates the residuals; PowerSGD tensors
   // with the shared orthonormal P (rows x r each) of this round.
   Result<CompressedUpdate> finish(std::span<const std::vector<float>> shared_p = {});
-  // The update just finished was not delivered (refused, or the upload
-  // failed): keep all of its input, e <- a, so nothing is lost. (Top-k's
-  // momentum masking of that send is not undone.)
-  void rollback();
+  // `update` (the last finish()) was not delivered (refused, or the upload
+  // failed): put what it carried back, e <- e + D(C(a)) (= a up to one
+  // rounding), so nothing is lost. (Top-k's momentum masking is not undone.)
+  void rollback(const CompressedUpdate& update);
   // begin + finish, for plans without PowerSGD.
   Result<CompressedUpdate> compress(std::span<const std::span<const float>> delta);
 

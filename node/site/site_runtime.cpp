@@ -478,7 +478,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   // The sequence is spent whatever happened: never reuse it.
   last_sequence = metadata.sequence;
   // Not delivered: all of it stays in the error-feedback residual.
-  if (!outcome.is_ok() || !outcome->accepted) compressor->rollback();
+  if (!outcome.is_ok() || !outcome->accepted) compressor->rollback(*compressed);
   if (!outcome.is_ok()) return outcome.status();
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   {

@@ -186,6 +186,21 @@ TEST(Compressor, TopKWarmsUpAndPicksTheSmallerIndexForm) {
   EXPECT_LT(s->payload_bytes, 192u * 4u + 64u * 4u);
 }
 
+TEST(Compressor, AnUndeliveredUpdateGoesBackIntoTheResidual) {
+  UpdateCompressor c = make("topk:0.01+int8");
+  const std::vector<std::vector<float>> first = random_update(test_manifest(), 30), second = random_update(test_manifest(), 31);
+  ASSERT_TRUE(c.compress(spans(first)).is_ok());
+  const std::vector<float> residual_before = *residual_of(c, "fc1.weight");
+  Result<CompressedUpdate> lost = c.compress(spans(second));
+  ASSERT_TRUE(lost.is_ok());
+  c.rollback(*lost);
+  // e <- e + D(C(a)) = a = e_before + delta, up to one rounding.
+  const std::vector<float>& residual = *residual_of(c, "fc1.weight");
+  for (size_t i = 0; i < residual.size(); ++i) {
+    ASSERT_NEAR(residual[i], residual_before[i] + second[0][i], 1e-7) << i;
+  }
+}
+
 TEST(Compressor, TopKMomentumCorrectionMasksWhatWasSent) {
   UpdateCompressor c = make("topk:0.1+fp32:momentum=0.9");
   const std::vector<std::vector<float>> x = random_update(test_manifest(), 6);

@@ -144,6 +144,7 @@ class Simulation {
     for (auto& [index, update] : batch) {
       Result<protocol::CompressedUpdate> compressed = sites_[index].compressor->finish(shared_p);
       if (!compressed.is_ok()) return compressed.status();
+      sites_[index].compressor->release_buffers();  // many sites: keep only their residuals between rounds
       size_t offset = 0;
       for (const std::vector<float>& decoded : compressed->decoded) {
         std::copy(decoded.begin(), decoded.end(), update.delta.begin() + static_cast<int64_t>(offset));

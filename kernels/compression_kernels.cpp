@@ -23,13 +23,21 @@ inline bool candidate_first(const Candidate& a, const Candidate& b) {
   return larger_magnitude_first(a.magnitude, a.index, b.magnitude, b.index);
 }
 
-// Keeps the k first candidates in the selection order; returns their indices ascending.
-std::vector<uint64_t> keep_best(std::vector<Candidate>& candidates, uint64_t k) {
+// Keeps the k first candidates (given in index order) in the selection
+// order; returns their indices ascending. The k-th key is found on a copy,
+// then one pass in index order keeps every candidate that does not come after
+// it: no sort of the result.
+std::vector<uint64_t> keep_best(const std::vector<Candidate>& candidates, uint64_t k) {
   k = std::min<uint64_t>(k, candidates.size());
-  std::nth_element(candidates.begin(), candidates.begin() + static_cast<int64_t>(k), candidates.end(), candidate_first);
-  std::vector<uint64_t> indices(k);
-  for (uint64_t i = 0; i < k; ++i) indices[i] = candidates[i].index;
-  std::sort(indices.begin(), indices.end());
+  std::vector<uint64_t> indices;
+  if (k == 0) return indices;
+  std::vector<Candidate> order = candidates;
+  std::nth_element(order.begin(), order.begin() + static_cast<int64_t>(k - 1), order.end(), candidate_first);
+  const Candidate last = order[k - 1];
+  indices.reserve(k);
+  for (const Candidate& c : candidates) {
+    if (!candidate_first(last, c)) indices.push_back(c.index);  // c is `last` or comes before it
+  }
   return indices;
 }
 
@@ -41,10 +49,7 @@ std::vector<Candidate> gather_at_least(std::span<const float> x, float threshold
   parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t first = n * p / parts, last = n * (p + 1) / parts;
-      uint64_t count = 0;
-      for (int64_t i = first; i < last; ++i) count += std::fabs(x[static_cast<size_t>(i)]) >= threshold;
       std::vector<Candidate>& out = found[static_cast<size_t>(p)];
-      out.reserve(count);
       for (int64_t i = first; i < last; ++i) {
         const float m = std::fabs(x[static_cast<size_t>(i)]);
         if (m >= threshold) out.push_back({m, static_cast<uint64_t>(i)});
@@ -155,10 +160,13 @@ class CpuCompressionKernels final : public CompressionKernels {
     const uint64_t samples = std::min<uint64_t>(n, std::max<uint64_t>(1024, static_cast<uint64_t>(
                                                                                options.sample_fraction * static_cast<double>(n))));
     std::vector<float> sample(samples);
-    for (uint64_t s = 0; s < samples; ++s) {
-      const uint64_t position = std::min<uint64_t>(n - 1, static_cast<uint64_t>(uniform_at(options.seed, s) * static_cast<float>(n)));
-      sample[s] = std::fabs(x[position]);
-    }
+    parallel_for(static_cast<int64_t>(samples), 4096, [&](int64_t begin, int64_t end) {
+      for (auto s = static_cast<uint64_t>(begin); s < static_cast<uint64_t>(end); ++s) {
+        const uint64_t position =
+            std::min<uint64_t>(n - 1, static_cast<uint64_t>(uniform_at(options.seed, s) * static_cast<float>(n)));
+        sample[s] = std::fabs(x[position]);
+      }
+    });
     double wanted = 1.25 * static_cast<double>(k);
     for (;;) {
       const uint64_t rank = std::min<uint64_t>(samples - 1, static_cast<uint64_t>(wanted / static_cast<double>(n) * static_cast<double>(samples)));

@@ -867,6 +867,44 @@ Status decode_segment(const SegmentView& segment, std::span<const TensorShape> m
   return apply_segment(segment, manifest, target, 1.0f, /*accumulate=*/false);
 }
 
+Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,
+                            const std::function<void(uint64_t index, float value)>& visit) {
+  uint64_t element_count = 0;
+  FEDMESH_RETURN_IF_ERROR(check_lengths(segment, manifest, element_count));
+  if (!encoding_is_sparse(segment.encoding)) {
+    return invalid_argument(where(segment, manifest) + "visit_sparse_entries needs a sparse segment");
+  }
+  // Collected first so that a segment that fails part way visits nothing.
+  std::vector<std::pair<uint64_t, float>> entries;
+  entries.reserve(segment.nnz);
+  float scratch = 0.0f;
+  const Sink collect{&scratch, 1.0f, /*accumulate=*/false};
+  const uint8_t* values = segment.values.data();
+  const auto walk = [&](auto load) {
+    return walk_sparse(segment, manifest, [&](uint64_t k, uint64_t index) -> Status {
+      const float value = load(k);
+      if (!is_finite(value)) return describe_value(where(segment, manifest), collect, index, 0.0f, value, "value");
+      entries.emplace_back(index, value);
+      return Status::ok();
+    });
+  };
+  Status status;
+  switch (value_form(segment.encoding)) {
+    case Encoding::kSparseF32: status = walk([values](uint64_t k) { return load_f32(values + 4 * k); }); break;
+    case Encoding::kSparseF16:
+      status = walk([values](uint64_t k) { return to_float(fp16{load_u16(values + 2 * k)}); });
+      break;
+    default: {
+      const float scale = load_f32(segment.scales.data());
+      status = walk([values, scale](uint64_t k) { return static_cast<float>(static_cast<int8_t>(values[k])) * scale; });
+      break;
+    }
+  }
+  FEDMESH_RETURN_IF_ERROR(status);
+  for (const auto& [index, value] : entries) visit(index, value);
+  return Status::ok();
+}
+
 Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values, Encoding encoding,
                                                  size_t max_segment_bytes) {
   if (!encoding_known(encoding) || encoding_is_sparse(encoding) || encoding_is_block(encoding)) {

@@ -54,6 +54,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -154,6 +155,13 @@ Status accumulate_segment(const SegmentView& segment, std::span<const TensorShap
 // (zeros where a sparse segment stores nothing).
 Status decode_segment(const SegmentView& segment, std::span<const TensorShape> manifest,
                       std::span<float> target);
+
+// For a sparse segment (varint or bitmap indices): calls visit(index, value)
+// for every stored entry, in order, after validating the whole segment as
+// decode_segment does (nothing is visited when it fails). index is the
+// element's position in the tensor. Costs O(nnz), not O(count).
+Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,
+                            const std::function<void(uint64_t index, float value)>& visit);
 
 // Encoders. Each cuts the tensor into segments whose payload_bytes() is at
 // most max_segment_bytes (and at least one element per segment), so the

@@ -1,13 +1,38 @@
 #include "protocol/compressor.h"
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
 #include "base/random.h"
+#include "kernels/parallel.h"
 
 namespace fedmesh::protocol {
 namespace {
+
+constexpr int64_t kGrain = int64_t{1} << 16;
+
+// out = in, over every core (a residual starts as a copy of its input).
+void parallel_copy(std::span<const float> in, std::span<float> out) {
+  parallel_for(static_cast<int64_t>(in.size()), kGrain, [&](int64_t begin, int64_t end) {
+    std::memcpy(out.data() + begin, in.data() + begin, static_cast<size_t>(end - begin) * sizeof(float));
+  });
+}
+
+// Whether every value is finite: a branch-free scan over every core.
+bool all_finite(std::span<const float> values) {
+  std::atomic<bool> bad{false};
+  parallel_for(static_cast<int64_t>(values.size()), kGrain, [&](int64_t begin, int64_t end) {
+    uint32_t flag = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      flag |= static_cast<uint32_t>((std::bit_cast<uint32_t>(values[static_cast<size_t>(i)]) & 0x7f800000u) == 0x7f800000u);
+    }
+    if (flag != 0) bad.store(true, std::memory_order_relaxed);
+  });
+  return !bad.load();
+}
 
 TensorDescriptorFields descriptor_of(const TensorShape& shape, Encoding encoding, uint32_t block_size = 0) {
   return {shape.name, shape.dims, encoding, block_size};
@@ -43,7 +68,24 @@ class BlockCompressor final : public TensorCompressor {
     Result<std::vector<EncodedSegment>> segments =
         encode_quantized_blocks(index, a.size(), packed_, scales_, encoding, spec_.block_size, max_segment_bytes_);
     if (!segments.is_ok()) return segments.status();
+    last_seed_ = seed;
     return EncodedTensor{descriptor_of(shape_, encoding, spec_.block_size), std::move(*segments)};
+  }
+
+  // The receiver decodes element i as q_i * scale: dequantizing what compress
+  // kept is that, bit for bit, without parsing the segments again.
+  Status update_residual(const EncodedTensor&, std::span<const TensorShape>, std::span<const float> a,
+                         std::span<float> residual, std::span<float> decoded, kernels::CompressionKernels& kernels,
+                         std::vector<float>& scratch) override {
+    std::span<float> values = decoded;
+    if (values.empty()) {
+      scratch.resize(a.size());
+      values = scratch;
+    }
+    kernels.dequantize_blocks(packed_, kernels::BlockQuantization{spec_.bits, spec_.block_size, spec_.rounding, last_seed_},
+                              scales_, values);
+    kernels.subtract(a, values, residual);
+    return Status::ok();
   }
 
  private:
@@ -53,6 +95,7 @@ class BlockCompressor final : public TensorCompressor {
   size_t max_segment_bytes_;
   std::vector<uint8_t> packed_;
   std::vector<float> scales_;
+  uint64_t last_seed_ = 0;
 };
 
 class TopKCompressor final : public TensorCompressor {
@@ -66,13 +109,16 @@ class TopKCompressor final : public TensorCompressor {
   // Deep Gradient Compression's momentum correction, at the granularity of
   // what is compressed (a round's delta): u <- m u + delta, a = e + u; the
   // positions sent are cleared from u afterwards (momentum factor masking).
-  void form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a) override {
-    if (momentum_.empty()) return TensorCompressor::form_input(residual, delta, a);
+  void form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a,
+                  kernels::CompressionKernels& kernels) override {
+    if (momentum_.empty()) return TensorCompressor::form_input(residual, delta, a, kernels);
     const float m = static_cast<float>(spec_.momentum);
-    for (size_t i = 0; i < a.size(); ++i) {
-      momentum_[i] = m * momentum_[i] + delta[i];
-      a[i] = residual[i] + momentum_[i];
-    }
+    parallel_for(static_cast<int64_t>(a.size()), kGrain, [&](int64_t begin, int64_t end) {
+      for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
+        momentum_[i] = m * momentum_[i] + delta[i];
+        a[i] = residual[i] + momentum_[i];
+      }
+    });
   }
 
   Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t round, uint64_t seed) override {
@@ -87,14 +133,25 @@ class TopKCompressor final : public TensorCompressor {
     Result<std::vector<EncodedSegment>> segments =
         encode_sparse(index, n, selection.indices, values, encoding, max_segment_bytes_);
     if (!segments.is_ok()) return segments.status();
-    last_sent_ = std::move(selection.indices);
     return EncodedTensor{descriptor_of(shape_, encoding), std::move(*segments)};
   }
 
-  void after_send(const EncodedTensor&) override {
-    for (const uint64_t i : last_sent_) {
-      if (!momentum_.empty()) momentum_[i] = 0.0f;
+  // The residual is a except at the k positions sent: copy a, then subtract
+  // what the receiver decodes there (read back from the segments' bytes).
+  // The positions sent are also cleared from the momentum (DGC's masking).
+  Status update_residual(const EncodedTensor& sent, std::span<const TensorShape> manifest, std::span<const float> a,
+                         std::span<float> residual, std::span<float> decoded, kernels::CompressionKernels&,
+                         std::vector<float>&) override {
+    parallel_copy(a, residual);
+    if (!decoded.empty()) std::fill(decoded.begin(), decoded.end(), 0.0f);
+    for (const EncodedSegment& segment : sent.segments) {
+      FEDMESH_RETURN_IF_ERROR(visit_sparse_entries(segment.view(), manifest, [&](uint64_t i, float value) {
+        residual[i] = a[i] - value;
+        if (!decoded.empty()) decoded[i] = value;
+        if (!momentum_.empty()) momentum_[i] = 0.0f;
+      }));
     }
+    return Status::ok();
   }
   std::vector<float>* momentum() override { return momentum_.empty() ? nullptr : &momentum_; }
 
@@ -104,7 +161,6 @@ class TopKCompressor final : public TensorCompressor {
   kernels::CompressionKernels& kernels_;
   size_t max_segment_bytes_;
   std::vector<float> momentum_;
-  std::vector<uint64_t> last_sent_;
 };
 
 // DeMo-style: per 64 x 64 chunk, the K largest DCT coefficients as signs with
@@ -151,6 +207,7 @@ class DctSignCompressor final : public TensorCompressor {
 };
 
 Status check_finite(std::span<const float> values, const std::string& name) {
+  if (all_finite(values)) return Status::ok();
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {
       return invalid_argument("tensor '" + name + "' element " + std::to_string(i) + " of the update is not finite");
@@ -161,8 +218,24 @@ Status check_finite(std::span<const float> values, const std::string& name) {
 
 }  // namespace
 
-void TensorCompressor::form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] = residual[i] + delta[i];
+void TensorCompressor::form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a,
+                                  kernels::CompressionKernels& kernels) {
+  kernels.add(residual, delta, a);
+}
+
+Status TensorCompressor::update_residual(const EncodedTensor& sent, std::span<const TensorShape> manifest,
+                                         std::span<const float> a, std::span<float> residual, std::span<float> decoded,
+                                         kernels::CompressionKernels& kernels, std::vector<float>& scratch) {
+  std::span<float> values = decoded;
+  if (values.empty()) {
+    scratch.resize(a.size());
+    values = scratch;
+  }
+  for (const EncodedSegment& segment : sent.segments) {
+    FEDMESH_RETURN_IF_ERROR(decode_segment(segment.view(), manifest, values));
+  }
+  if (!residual.empty()) kernels.subtract(a, values, residual);
+  return Status::ok();
 }
 
 double topk_density(const CompressionSpec& spec, int64_t round) {
@@ -203,7 +276,8 @@ struct UpdateCompressor::State {
   std::vector<CompressionSpec> specs;
   std::vector<std::unique_ptr<TensorCompressor>> compressors;  // null for PowerSGD tensors
   std::vector<std::vector<float>> residuals;                   // empty for lossless tensors
-  std::vector<std::vector<float>> inputs;                      // a = e + delta, from begin to finish
+  std::vector<std::vector<float>> inputs;                      // a = e + delta, from begin to the next begin
+  std::vector<std::vector<float>> scratch;                     // decoding buffers kept between updates
   std::vector<size_t> powersgd;
   kernels::CompressionKernels* kernels = nullptr;
   size_t max_segment_bytes = 0;
@@ -241,6 +315,7 @@ Result<UpdateCompressor> UpdateCompressor::create(const CompressionPlan& plan, s
   }
   s.manifest = std::move(manifest);
   s.inputs.resize(s.manifest.size());
+  s.scratch.resize(s.manifest.size());
   return compressor;
 }
 
@@ -265,13 +340,12 @@ Status UpdateCompressor::begin(std::span<const std::span<const float>> delta) {
   }
   for (size_t t = 0; t < delta.size(); ++t) {
     std::vector<float>& a = s.inputs[t];
+    a.resize(delta[t].size());
     if (s.residuals[t].empty()) {
-      a.assign(delta[t].begin(), delta[t].end());
+      parallel_copy(delta[t], a);
     } else if (s.compressors[t]) {
-      a.resize(delta[t].size());
-      s.compressors[t]->form_input(s.residuals[t], delta[t], a);
+      s.compressors[t]->form_input(s.residuals[t], delta[t], a, *s.kernels);
     } else {
-      a.resize(delta[t].size());
       s.kernels->add(s.residuals[t], delta[t], a);
     }
   }
@@ -300,7 +374,7 @@ Result<std::vector<std::vector<float>>> UpdateCompressor::powersgd_p(std::span<c
   return p;
 }
 
-Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<float>> shared_p) {
+Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<float>> shared_p, bool want_decoded) {
   State& s = *state_;
   if (!s.begun) return invalid_argument("finish before begin");
   if (shared_p.size() != s.powersgd.size()) {
@@ -308,13 +382,17 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
                             " PowerSGD tensors");
   }
   CompressedUpdate out;
-  out.decoded.resize(s.manifest.size());
+  if (want_decoded) out.decoded.resize(s.manifest.size());
+  const std::span<const TensorShape> manifest(s.manifest);
   size_t powersgd_index = 0;
   for (size_t t = 0; t < s.manifest.size(); ++t) {
     const auto index = static_cast<uint32_t>(t);
-    std::vector<float>& a = s.inputs[t];
-    std::vector<float>& decoded = out.decoded[t];
-    decoded.assign(a.size(), 0.0f);
+    const std::vector<float>& a = s.inputs[t];
+    std::span<float> decoded;
+    if (want_decoded) {
+      out.decoded[t].resize(a.size());
+      decoded = out.decoded[t];
+    }
     const uint64_t seed = mix_seed(mix_seed(s.seed, t), static_cast<uint64_t>(s.rounds));
     if (!s.compressors[t]) {  // PowerSGD: Q_i = a^T P, decoded = P Q_i^T
       const std::vector<float>& p = shared_p[powersgd_index++];
@@ -326,24 +404,27 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
       }
       std::vector<float> q(static_cast<size_t>(cols * r));
       s.kernels->matmul(true, false, cols, r, rows, a, p, q);
+      if (decoded.empty()) {
+        s.scratch[t].resize(a.size());
+        decoded = s.scratch[t];
+      }
       s.kernels->matmul(false, true, rows, cols, r, p, q, decoded);
+      s.kernels->subtract(a, decoded, s.residuals[t]);
       Result<std::vector<EncodedSegment>> segments = encode_dense(index, q, Encoding::kDenseF32, s.max_segment_bytes);
       if (!segments.is_ok()) return segments.status();
       out.tensors.push_back(EncodedTensor{{powersgd_factor_name(shape.name, 'q'), {cols, r}, Encoding::kDenseF32, 0},
                                           std::move(*segments)});
-    } else {
-      Result<EncodedTensor> encoded = s.compressors[t]->compress(index, a, s.rounds, seed);
-      if (!encoded.is_ok()) return encoded.status();
-      // D(C(a)): the receiver's own decoding of these bytes.
-      const std::span<const TensorShape> manifest(s.manifest);
-      for (const EncodedSegment& segment : encoded->segments) {
-        FEDMESH_RETURN_IF_ERROR(decode_segment(segment.view(), manifest, decoded));
-      }
-      s.compressors[t]->after_send(*encoded);
-      out.tensors.push_back(std::move(*encoded));
+      continue;
     }
-    if (!s.residuals[t].empty()) s.kernels->subtract(a, decoded, s.residuals[t]);
-    std::vector<float>().swap(a);  // a site holds its residual between updates, not a copy of its input
+    Result<EncodedTensor> encoded = s.compressors[t]->compress(index, a, s.rounds, seed);
+    if (!encoded.is_ok()) return encoded.status();
+    if (s.residuals[t].empty()) {  // lossless (dense fp32): D(C(a)) = a
+      if (want_decoded) parallel_copy(a, decoded);
+    } else {
+      FEDMESH_RETURN_IF_ERROR(s.compressors[t]->update_residual(*encoded, manifest, a, s.residuals[t], decoded,
+                                                                *s.kernels, s.scratch[t]));
+    }
+    out.tensors.push_back(std::move(*encoded));
   }
   for (const EncodedTensor& tensor : out.tensors) {
     for (const EncodedSegment& segment : tensor.segments) out.payload_bytes += segment.payload_bytes();
@@ -353,21 +434,25 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
   return out;
 }
 
-void UpdateCompressor::rollback(const CompressedUpdate& update) {
+void UpdateCompressor::rollback() {
   State& s = *state_;
-  for (size_t t = 0; t < s.manifest.size() && t < update.decoded.size(); ++t) {
-    if (!s.residuals[t].empty() && update.decoded[t].size() == s.residuals[t].size()) {
-      s.kernels->add(s.residuals[t], update.decoded[t], s.residuals[t]);
-    }
+  for (size_t t = 0; t < s.manifest.size(); ++t) {
+    if (!s.residuals[t].empty() && s.inputs[t].size() == s.residuals[t].size()) parallel_copy(s.inputs[t], s.residuals[t]);
   }
 }
 
-Result<CompressedUpdate> UpdateCompressor::compress(std::span<const std::span<const float>> delta) {
+void UpdateCompressor::release_buffers() {
+  State& s = *state_;
+  for (std::vector<float>& a : s.inputs) std::vector<float>().swap(a);
+  for (std::vector<float>& b : s.scratch) std::vector<float>().swap(b);
+}
+
+Result<CompressedUpdate> UpdateCompressor::compress(std::span<const std::span<const float>> delta, bool want_decoded) {
   if (!state_->powersgd.empty()) {
     return invalid_argument("powersgd needs the shared P of the aggregator path: use begin / powersgd_p / finish");
   }
   FEDMESH_RETURN_IF_ERROR(begin(delta));
-  return finish();
+  return finish({}, want_decoded);
 }
 
 std::vector<UpdateCompressor::StateTensor> UpdateCompressor::state_tensors() {

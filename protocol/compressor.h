@@ -37,12 +37,19 @@ class TensorCompressor {
  public:
   virtual ~TensorCompressor() = default;
   // a = e + delta; top-k with momentum first folds delta into its momentum.
-  virtual void form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a);
+  virtual void form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a,
+                          kernels::CompressionKernels& kernels);
   // Encodes a as tensor `index`; `round` counts this site's compressions
   // (0-based: top-k's warm-up), `seed` drives sampling and stochastic rounding.
   virtual Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t round, uint64_t seed) = 0;
-  // Told which positions the last compress sent (top-k's momentum masking).
-  virtual void after_send(const EncodedTensor& /*sent*/) {}
+  // After compress(): residual = a - D(C(a)), and decoded = D(C(a)) unless
+  // decoded is empty. D is the receiver's decoding of `sent`: by default the
+  // codec decodes the bytes into `scratch`; methods with a cheaper exact path
+  // override it (block quantization dequantizes its own q * scale, top-k
+  // touches only the k positions it sent), held to the codec by the tests.
+  virtual Status update_residual(const EncodedTensor& sent, std::span<const TensorShape> manifest,
+                                 std::span<const float> a, std::span<float> residual, std::span<float> decoded,
+                                 kernels::CompressionKernels& kernels, std::vector<float>& scratch);
   // State other than the residual that a checkpoint must keep: momentum.
   virtual std::vector<float>* momentum() { return nullptr; }
 };
@@ -57,7 +64,7 @@ double topk_density(const CompressionSpec& spec, int64_t round);
 
 struct CompressedUpdate {
   std::vector<EncodedTensor> tensors;     // for prepare_encoded_update; PowerSGD tensors as NAME@powersgd.q (n x r)
-  std::vector<std::vector<float>> decoded;  // per manifest tensor: what the receiver reconstructs
+  std::vector<std::vector<float>> decoded;  // per manifest tensor, when asked for: what the receiver reconstructs
   uint64_t payload_bytes = 0;             // segment bytes before framing
 };
 
@@ -84,14 +91,19 @@ class UpdateCompressor {
   // shared Q (cols x r) of each.
   Result<std::vector<std::vector<float>>> powersgd_p(std::span<const std::vector<float>> shared_q) const;
   // Compresses every tensor of a and updates the residuals; PowerSGD tensors
-  // with the shared orthonormal P (rows x r each) of this round.
-  Result<CompressedUpdate> finish(std::span<const std::vector<float>> shared_p = {});
-  // `update` (the last finish()) was not delivered (refused, or the upload
-  // failed): put what it carried back, e <- e + D(C(a)) (= a up to one
-  // rounding), so nothing is lost. (Top-k's momentum masking is not undone.)
-  void rollback(const CompressedUpdate& update);
+  // with the shared orthonormal P (rows x r each) of this round. With
+  // want_decoded, CompressedUpdate::decoded holds D(C(a)) per tensor.
+  Result<CompressedUpdate> finish(std::span<const std::vector<float>> shared_p = {}, bool want_decoded = true);
+  // The last finish()'s update was not delivered (refused, or the upload
+  // failed): keep all of its input, e <- a, so nothing is lost. (Top-k's
+  // momentum masking of that send is not undone.)
+  void rollback();
   // begin + finish, for plans without PowerSGD.
-  Result<CompressedUpdate> compress(std::span<const std::span<const float>> delta);
+  Result<CompressedUpdate> compress(std::span<const std::span<const float>> delta, bool want_decoded = true);
+  // Frees the buffers kept between updates (the input a, scratch), leaving
+  // the residuals: for simulations that hold many sites' compressors. After
+  // it, rollback() has nothing to restore.
+  void release_buffers();
 
   // What a checkpoint keeps: role "residual" for every lossy tensor, role
   // "momentum" for top-k with momentum; names are the manifest's.

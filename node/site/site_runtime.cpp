@@ -465,7 +465,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   metadata.sequence = std::max(last_sequence + 1, unix_now(true));
   metadata.sample_count = static_cast<uint64_t>(shard.count);
   std::vector<std::span<const float>> spans(delta.begin(), delta.end());
-  Result<protocol::CompressedUpdate> compressed = compressor->compress(spans);
+  Result<protocol::CompressedUpdate> compressed = compressor->compress(spans, /*want_decoded=*/false);
   if (!compressed.is_ok()) return compressed.status();
   Result<protocol::PreparedUpdate> prepared =
       protocol::prepare_encoded_update(metadata, std::move(compressed->tensors), keys);
@@ -478,7 +478,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   // The sequence is spent whatever happened: never reuse it.
   last_sequence = metadata.sequence;
   // Not delivered: all of it stays in the error-feedback residual.
-  if (!outcome.is_ok() || !outcome->accepted) compressor->rollback(*compressed);
+  if (!outcome.is_ok() || !outcome->accepted) compressor->rollback();
   if (!outcome.is_ok()) return outcome.status();
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   {

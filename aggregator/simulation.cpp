@@ -81,9 +81,10 @@ class Simulation {
   }
 
   Result<protocol::UpdateCompressor> make_compressor(size_t site_index) const {
+    Result<kernels::CompressionKernels*> backend = kernels::compression_kernels_named(options_.compression_device);
+    if (!backend.is_ok()) return backend.status();
     return protocol::UpdateCompressor::create(options_.compression, manifest_,
-                                              mix_seed(options_.seed, 0xc0de + site_index),
-                                              kernels::cpu_compression_kernels());
+                                              mix_seed(options_.seed, 0xc0de + site_index), **backend);
   }
 
   // Sends a batch of trained updates the way sites would: compressed with

@@ -44,6 +44,7 @@ struct SimulationOptions {
   double poison_scale = 10.0;
   RoundOptions rounds_options;
   protocol::CompressionPlan compression;  // identity: dense fp32
+  std::string compression_device = "cpu";  // cpu, cuda or auto (kernels::compression_kernels_named)
   uint64_t seed = 0;
   // Synchronous runs only: commit every round to this checkpoint store (the
   // model, the server optimizer, the round manager and the simulation's own

@@ -199,6 +199,10 @@ void add_sim_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--compress-tensor", flags->compress_tensor,
                   "GLOB=SPEC: another spec for the tensors whose name matches GLOB (repeatable; the first match "
                   "wins), e.g. '*.bias=identity'");
+  cmd->add_option("--compress-device", o.compression_device,
+                  "Where compression runs: cpu, cuda (fails without a usable GPU) or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
   cmd->add_option("--dense-below", flags->dense_below,
                   "Tensors with fewer elements than this go dense fp32 unless --compress-tensor names them")
       ->capture_default_str();

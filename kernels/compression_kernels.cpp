@@ -247,4 +247,14 @@ CompressionKernels& cpu_compression_kernels() {
   return kernels;
 }
 
+Result<CompressionKernels*> compression_kernels_named(std::string_view device) {
+  if (device == "cpu") return &cpu_compression_kernels();
+  if (device == "cuda") return cuda_compression_kernels();
+  if (device == "auto") {
+    Result<CompressionKernels*> cuda = cuda_compression_kernels();
+    return cuda.is_ok() ? *cuda : &cpu_compression_kernels();
+  }
+  return invalid_argument("compression device '" + std::string(device) + "': expected cpu, cuda or auto");
+}
+
 }  // namespace fedmesh::kernels

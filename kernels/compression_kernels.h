@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -94,5 +95,9 @@ CompressionKernels& cpu_compression_kernels();
 // The CUDA backend on device 0, or why there is none: this build has no CUDA
 // backend, or no device is usable. (One per process.)
 Result<CompressionKernels*> cuda_compression_kernels();
+
+// By name, as a user picks it: "cpu"; "cuda" (an error naming why when there
+// is no usable GPU); "auto" (the CUDA backend when it is usable, else the CPU).
+Result<CompressionKernels*> compression_kernels_named(std::string_view device);
 
 }  // namespace fedmesh::kernels

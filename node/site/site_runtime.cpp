@@ -53,6 +53,9 @@ Status SiteConfig::validate() const {
   FEDMESH_RETURN_IF_ERROR(data::PartitionSpec::parse(partition).status());
   Result<protocol::CompressionPlan> plan = protocol::make_compression_plan(compress, compress_overrides, dense_below);
   if (!plan.is_ok()) return plan.status();
+  if (compress_device != "cpu" && compress_device != "cuda" && compress_device != "auto") {
+    return invalid_argument("compression.device must be cpu, cuda or auto, not '" + compress_device + "'");
+  }
   if (plan->uses_powersgd()) {
     return invalid_argument("compression: powersgd needs a P shared by the round's sites, an exchange the networked "
                             "aggregator protocol does not carry yet (fedmesh sim runs it); use topk, int8/int4, "
@@ -97,6 +100,7 @@ Result<SiteConfig> read_site_config(const std::string& path) {
   r.read("compression.default", c.compress);
   r.read("compression.overrides", c.compress_overrides);
   r.read("compression.dense_below", c.dense_below);
+  r.read("compression.device", c.compress_device);
   FEDMESH_RETURN_IF_ERROR(r.finish());
   if (c.store.empty()) c.store = c.name + ".db";
   if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());
@@ -232,9 +236,10 @@ Status SiteRuntime::Impl::make_compressor() {
   Result<protocol::CompressionPlan> plan =
       protocol::make_compression_plan(config.compress, config.compress_overrides, config.dense_below);
   if (!plan.is_ok()) return plan.status();
+  Result<kernels::CompressionKernels*> backend = kernels::compression_kernels_named(config.compress_device);
+  if (!backend.is_ok()) return backend.status();
   Result<protocol::UpdateCompressor> made = protocol::UpdateCompressor::create(
-      *plan, manifest, mix_seed(config.data_seed, 0xc0de + static_cast<uint64_t>(config.index)),
-      kernels::cpu_compression_kernels());
+      *plan, manifest, mix_seed(config.data_seed, 0xc0de + static_cast<uint64_t>(config.index)), **backend);
   if (!made.is_ok()) return made.status();
   compressor.emplace(std::move(*made));
   return Status::ok();

@@ -55,6 +55,7 @@ struct SiteConfig {
   std::string compress = "identity";
   std::vector<std::string> compress_overrides;
   uint64_t dense_below = 0;
+  std::string compress_device = "cpu";   // cpu, cuda or auto
 
   SiteConfig();
   Status validate() const;

@@ -371,6 +371,37 @@ TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
     EXPECT_EQ(refused.exit_code, 2) << bad << ": " << refused.output;
     EXPECT_NE(refused.output.find("fedmesh sim:"), std::string::npos) << bad << ": " << refused.output;
   }
+  // Compression flags: refused by name, before any training.
+  for (const char* flag : {"--compress", "--compress-tensor", "--dense-below", "--compress-device"}) {
+    EXPECT_NE(help.output.find(flag), std::string::npos) << flag;
+  }
+  const struct {
+    const char* flags;
+    const char* expected;
+  } bad_compression[] = {
+      {"--compress zip", "unknown method 'zip'"},
+      {"--compress topk:2", "0 < F <= 1"},
+      {"--compress int8+fp16", "only topk takes a +VALUES type"},
+      {"--compress-tensor fc1.bias", "expected GLOB=SPEC"},
+      {"--compress powersgd:2 --async 2", "powersgd needs the round's sites to share P"},
+  };
+  for (const auto& c : bad_compression) {
+    const CommandRun refused = run(std::string("sim --rounds 1 ") + c.flags);
+    EXPECT_EQ(refused.exit_code, 2) << c.flags << ": " << refused.output;
+    EXPECT_NE(refused.output.find(c.expected), std::string::npos) << c.flags << ": " << refused.output;
+  }
+  // A compressed run reports its plan and sends far fewer bytes than the
+  // dense run above (same sites, rounds and data).
+  const CommandRun compressed = run(
+      "sim --sites 3 --rounds 2 --local-steps 5 --train-limit 1500 --test-limit 300 --partition dirichlet:0.5 "
+      "--strategy fedadam --seed 4 --threads 2 --json --compress topk:0.01+int8 --compress-tensor '*.bias=identity'",
+      /*with_stderr=*/false);
+  ASSERT_EQ(compressed.exit_code, 0) << compressed.output;
+  const auto compressed_lines = json_lines(compressed.stdout_only);
+  ASSERT_FALSE(compressed_lines.empty());
+  EXPECT_EQ(compressed_lines.front()["compression"], "topk:0.01+int8; *.bias=identity") << compressed.output;
+  ASSERT_EQ(compressed_lines.back()["event"], "summary");
+  EXPECT_LT(compressed_lines.back()["bytes_sent"].get<int64_t>() * 50, summary["bytes_sent"].get<int64_t>());
 }
 
 // Config files are untrusted input: each mistake is refused by name with
@@ -402,6 +433,14 @@ TEST(Cli, FederationConfigsAreCheckedByName) {
       {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ndata.partition = \"dirichlet:-1\"\n",
        "dirichlet"},
       {"node", base + "name = \"s\"\n", "aggregator is required"},
+      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ncompression.default = \"zip\"\n",
+       "unknown method 'zip'"},
+      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ncompression.default = \"powersgd:2\"\n",
+       "powersgd needs a P shared"},
+      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ncompression.overrides = \"*.bias=identity\"\n",
+       "compression.overrides must be an array of strings"},
+      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ncompression.device = \"tpu\"\n",
+       "compression.device must be cpu, cuda or auto"},
   };
   int i = 0;
   for (const auto& c : cases) {

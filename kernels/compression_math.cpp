@@ -36,17 +36,35 @@ const std::array<float, kDctChunk>& dct_basis() {
   return basis;
 }
 
+// C^T, so that both products below read their matrix row by row.
+const std::array<float, kDctChunk>& dct_basis_transposed() {
+  static const std::array<float, kDctChunk> transposed = [] {
+    std::array<float, kDctChunk> t{};
+    const std::array<float, kDctChunk>& c = dct_basis();
+    for (uint32_t k = 0; k < kDctSide; ++k) {
+      for (uint32_t j = 0; j < kDctSide; ++j) t[j * kDctSide + k] = c[k * kDctSide + j];
+    }
+    return t;
+  }();
+  return transposed;
+}
+
 // out = L · in · R for 64 x 64 row-major matrices, where L and R are C or C^T.
+// Both products run with the innermost loop over a row (it vectorizes); each
+// output still sums its terms in the order j = 0..63.
 void transform(const float* in, float* out, bool inverse) {
   const float* c = dct_basis().data();
+  // R[j][k]: C^T forward (= C[k][j]), C inverse.
+  const float* r = inverse ? dct_basis().data() : dct_basis_transposed().data();
   constexpr uint32_t n = kDctSide;
   std::array<float, kDctChunk> tmp{};
-  // tmp = in · R   (R = C^T forward, C inverse)
+  // tmp = in · R
   for (uint32_t i = 0; i < n; ++i) {
-    for (uint32_t k = 0; k < n; ++k) {
-      float sum = 0.0f;
-      for (uint32_t j = 0; j < n; ++j) sum += in[i * n + j] * (inverse ? c[j * n + k] : c[k * n + j]);
-      tmp[i * n + k] = sum;
+    float* row = tmp.data() + i * n;
+    for (uint32_t j = 0; j < n; ++j) {
+      const float a = in[i * n + j];
+      const float* r_row = r + j * n;
+      for (uint32_t k = 0; k < n; ++k) row[k] += a * r_row[k];
     }
   }
   // out = L · tmp  (L = C forward, C^T inverse)

@@ -145,9 +145,15 @@ bool descriptors_match(std::span<const TensorDescriptorFields> descriptors, std:
   for (size_t t = 0; t < descriptors.size(); ++t) {
     const auto& expected = manifest[t];
     if (descriptors[t].name != expected.name || descriptors[t].dims != expected.dims) {
-      std::string got, want;
-      for (int64_t d : descriptors[t].dims) got += (got.empty() ? "" : "x") + std::to_string(d);
-      for (int64_t d : expected.dims) want += (want.empty() ? "" : "x") + std::to_string(d);
+      const auto shape_text = [](const std::vector<int64_t>& dims) {
+        std::string text;
+        for (const int64_t d : dims) {
+          if (!text.empty()) text += 'x';
+          text += std::to_string(d);
+        }
+        return text;
+      };
+      const std::string got = shape_text(descriptors[t].dims), want = shape_text(expected.dims);
       rejection = {wire::RejectCode::WRONG_SHAPE, "tensor " + std::to_string(t) + " is '" + descriptors[t].name +
                                                       "' " + got + "; the model has '" + expected.name + "' " + want};
       return false;

@@ -24,6 +24,7 @@ namespace fedmesh::aggregator {
 
 Status AggregatorConfig::validate() const {
   if (federation.empty()) return invalid_argument("federation is required");
+  FEDMESH_RETURN_IF_ERROR(protocol::parse_fault_plan(faults).status());
   if (keys.empty() || roster.empty() || admin_public.empty()) {
     return invalid_argument("keys, roster and admin_public are required");
   }
@@ -57,6 +58,7 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path) {
   r.read("min_sites", c.min_sites);
   r.read("site_timeout_seconds", c.site_timeout_seconds);
   r.read("linger_seconds", c.linger_seconds);
+  r.read("transport.faults", c.faults);
   r.read("validation", c.validation);
   r.read("validation_limit", c.validation_limit);
   r.read("keep_last", c.store_options.keep_last);
@@ -262,8 +264,12 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
       std::move(*counters),
       [this](const std::string& sender, uint64_t sequence) { return store->record_replay_counter(sender, sequence); }));
 
+  protocol::TransportOptions transport;
+  Result<protocol::FaultPlan> faults = protocol::parse_fault_plan(config.faults);
+  if (!faults.is_ok()) return faults.status();
+  transport.faults = *faults;
   Result<std::unique_ptr<protocol::ServerSocket>> bound = protocol::ServerSocket::bind(
-      config.listen, protocol::CurveKeys::from(keys), protocol::allowlist_from_roster(roster), {});
+      config.listen, protocol::CurveKeys::from(keys), protocol::allowlist_from_roster(roster), transport);
   if (!bound.is_ok()) return bound.status();
   socket = std::move(*bound);
   protocol::ReceiverPolicy policy;

@@ -48,6 +48,7 @@ struct AggregatorConfig {
   int64_t min_sites = 1;               // sync: connected sites needed to open a round
   double site_timeout_seconds = 10.0;  // no message for this long: a site counts as gone
   double linger_seconds = 5.0;         // after the last round: keep answering so sites learn it
+  std::string faults;                  // transport.faults: experiments only (protocol/fault_injection.h)
   std::string validation = "fashion-mnist";  // Fashion-MNIST test split to evaluate on ("" = none)
   int64_t validation_limit = 0;        // first N images (0 = all)
   store::StoreOptions store_options;

@@ -365,8 +365,10 @@ Result<std::unique_ptr<ServerSocket>> ServerSocket::bind(const std::string& endp
                                                          Allowlist allowlist, const TransportOptions& options) {
   if (sodium_init() < 0) return Status(StatusCode::kInternal, "libsodium failed to initialize");
   std::unique_ptr<ServerSocket> server(new ServerSocket());
+  FEDMESH_RETURN_IF_ERROR(options.faults.validate());
   server->options_ = options;
   server->counters_ = std::make_shared<TransportCounters>();
+  if (options.faults.active()) server->faults_ = std::make_unique<FaultInjector>(options.faults);
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
   void* context = impl.context.get();
@@ -423,7 +425,20 @@ Result<std::optional<Incoming>> ServerSocket::receive(std::chrono::milliseconds 
   return receive_payload(socket, *counters_, std::move(routing_id));
 }
 
+bool pass_faults(FaultInjector* faults, uint64_t bytes, TransportCounters& counters) {
+  if (faults == nullptr) return true;
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const FaultInjector::Decision decision = faults->decide(bytes, now);
+  if (decision.drop) {
+    counters.dropped_by_faults.fetch_add(1);
+    return false;
+  }
+  if (decision.hold_seconds > 0.0) std::this_thread::sleep_for(std::chrono::duration<double>(decision.hold_seconds));
+  return true;
+}
+
 Status ServerSocket::send(const std::string& routing_id, OutgoingMessage message) {
+  if (!pass_faults(faults_.get(), message.bytes().size(), *counters_)) return Status::ok();  // lost on the link
   void* socket = impl_->socket.get();
   if (zmq_send(socket, routing_id.data(), routing_id.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
     return send_failure("zmq_send", zmq_errno());
@@ -457,8 +472,10 @@ Result<std::unique_ptr<ClientSocket>> ClientSocket::connect(const std::string& e
                                                             const crypto::BoxPublicKey& server_public,
                                                             const TransportOptions& options) {
   if (sodium_init() < 0) return Status(StatusCode::kInternal, "libsodium failed to initialize");
+  FEDMESH_RETURN_IF_ERROR(options.faults.validate());
   std::unique_ptr<ClientSocket> client(new ClientSocket());
   client->counters_ = std::make_shared<TransportCounters>();
+  if (options.faults.active()) client->faults_ = std::make_unique<FaultInjector>(options.faults);
   client->impl_ = std::make_unique<Impl>();
   Impl& impl = *client->impl_;
   void* context = impl.context.get();
@@ -529,11 +546,13 @@ Status wait_writable(void* socket, std::chrono::milliseconds timeout) {
 }  // namespace
 
 Status ClientSocket::send(OutgoingMessage message, std::chrono::milliseconds timeout) {
+  if (!pass_faults(faults_.get(), message.bytes().size(), *counters_)) return Status::ok();  // lost on the link
   FEDMESH_RETURN_IF_ERROR(wait_writable(impl_->socket.get(), timeout));
   return send_message(impl_->socket.get(), SharedMessage(std::move(message)), ZMQ_DONTWAIT, *counters_);
 }
 
 Status ClientSocket::send(const SharedMessage& message, std::chrono::milliseconds timeout) {
+  if (!pass_faults(faults_.get(), message.size(), *counters_)) return Status::ok();  // lost on the link
   FEDMESH_RETURN_IF_ERROR(wait_writable(impl_->socket.get(), timeout));
   return send_message(impl_->socket.get(), message, ZMQ_DONTWAIT, *counters_);
 }

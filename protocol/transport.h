@@ -35,6 +35,7 @@
 #include "base/status.h"
 #include "crypto/keys.h"
 #include "crypto/roster.h"
+#include "protocol/fault_injection.h"
 #include "protocol/wire.h"
 
 namespace fedmesh::protocol {
@@ -56,6 +57,7 @@ struct TransportCounters {
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> zap_allowed{0};
   std::atomic<uint64_t> zap_denied{0};
+  std::atomic<uint64_t> dropped_by_faults{0};  // fault injection (TransportOptions::faults)
   std::array<std::atomic<uint64_t>, kRejectCodeCount> rejected{};
   void count_rejection(wire::RejectCode code) { rejected[static_cast<size_t>(code)].fetch_add(1); }
   uint64_t rejections(wire::RejectCode code) const { return rejected[static_cast<size_t>(code)].load(); }
@@ -66,6 +68,7 @@ struct TransportOptions {
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   int high_water_mark = kDefaultHighWaterMark;
   uint64_t jitter_seed = 0;                    // reconnect jitter; 0: from the clock
+  FaultPlan faults;                            // experiments and tests: a lossy, slow link (off by default)
   // Tests only: bind a CURVE socket with no ZAP handler and no domain
   // enforcement, which libzmq then opens to any key, to prove that the
   // start-up self-test refuses to run.
@@ -121,6 +124,7 @@ class ServerSocket {
   std::string endpoint_;
   TransportOptions options_;
   std::shared_ptr<TransportCounters> counters_;
+  std::unique_ptr<FaultInjector> faults_;
 };
 
 class ClientSocket {
@@ -150,6 +154,12 @@ class ClientSocket {
   class Impl;
   std::unique_ptr<Impl> impl_;
   std::shared_ptr<TransportCounters> counters_;
+  std::unique_ptr<FaultInjector> faults_;
 };
+
+// Runs one outgoing message of `bytes` past a socket's fault injector (null:
+// no faults): false when it is to be dropped (counted), after waiting out
+// its hold otherwise.
+bool pass_faults(FaultInjector* faults, uint64_t bytes, TransportCounters& counters);
 
 }  // namespace fedmesh::protocol

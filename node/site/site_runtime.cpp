@@ -53,6 +53,7 @@ Status SiteConfig::validate() const {
   FEDMESH_RETURN_IF_ERROR(data::PartitionSpec::parse(partition).status());
   Result<protocol::CompressionPlan> plan = protocol::make_compression_plan(compress, compress_overrides, dense_below);
   if (!plan.is_ok()) return plan.status();
+  FEDMESH_RETURN_IF_ERROR(protocol::parse_fault_plan(faults).status());
   if (compress_device != "cpu" && compress_device != "cuda" && compress_device != "auto") {
     return invalid_argument("compression.device must be cpu, cuda or auto, not '" + compress_device + "'");
   }
@@ -101,6 +102,7 @@ Result<SiteConfig> read_site_config(const std::string& path) {
   r.read("compression.overrides", c.compress_overrides);
   r.read("compression.dense_below", c.dense_below);
   r.read("compression.device", c.compress_device);
+  r.read("transport.faults", c.faults);
   FEDMESH_RETURN_IF_ERROR(r.finish());
   if (c.store.empty()) c.store = c.name + ".db";
   if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());
@@ -311,8 +313,12 @@ Status SiteRuntime::Impl::commit(const nlohmann::json& metrics) {
 }
 
 Status SiteRuntime::Impl::connect() {
+  protocol::TransportOptions transport;
+  Result<protocol::FaultPlan> faults = protocol::parse_fault_plan(config.faults);
+  if (!faults.is_ok()) return faults.status();
+  transport.faults = *faults;
   Result<std::unique_ptr<protocol::ClientSocket>> connected =
-      protocol::ClientSocket::connect(config.aggregator, protocol::CurveKeys::from(keys), aggregator_key, {});
+      protocol::ClientSocket::connect(config.aggregator, protocol::CurveKeys::from(keys), aggregator_key, transport);
   if (!connected.is_ok()) return connected.status();
   socket = std::move(*connected);
   return Status::ok();

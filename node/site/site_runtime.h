@@ -56,6 +56,7 @@ struct SiteConfig {
   std::vector<std::string> compress_overrides;
   uint64_t dense_below = 0;
   std::string compress_device = "cpu";   // cpu, cuda or auto
+  std::string faults;                     // transport.faults: experiments only (protocol/fault_injection.h)
 
   SiteConfig();
   Status validate() const;

@@ -69,13 +69,24 @@ class Simulation {
     Result<crypto::SiteKeys> keys = crypto::generate_site_keys("sim-site");
     if (!keys.is_ok()) return keys.status();
     keys_ = std::move(*keys);
+    // The compression backend is usable (a CUDA one may not be), before any training.
+    Result<kernels::CompressionKernels*> backend = kernels::compression_kernels_named(options_.compression_device);
+    if (!backend.is_ok()) return backend.status();
     // PowerSGD's shared Q starts as a seeded Gaussian (cols x rank per tensor).
-    Result<protocol::UpdateCompressor> probe = make_compressor(0);
-    if (!probe.is_ok()) return probe.status();
     Rng q_rng(mix_seed(options_.seed, 0x9b0f));
-    for (const size_t t : probe->powersgd_tensors()) {
-      std::vector<float>& q = shared_q_.emplace_back(static_cast<size_t>(manifest_[t].dims[1] * probe->spec(t).rank));
+    for (const protocol::TensorShape& shape : manifest_) {
+      const protocol::CompressionSpec spec = options_.compression.for_tensor(shape.name, shape.dims);
+      if (spec.method != protocol::CompressionMethod::kPowerSgd) continue;
+      std::vector<float>& q = shared_q_.emplace_back(static_cast<size_t>(shape.dims[1] * spec.rank));
       for (float& v : q) v = static_cast<float>(q_rng.normal());
+    }
+    // The manifest the Q_i factors are decoded with: each PowerSGD tensor's
+    // place holds its factor's shape (cols x rank).
+    q_manifest_ = manifest_;
+    for (protocol::TensorShape& shape : q_manifest_) {
+      const protocol::CompressionSpec spec = options_.compression.for_tensor(shape.name, shape.dims);
+      if (spec.method != protocol::CompressionMethod::kPowerSgd) continue;
+      shape = {protocol::powersgd_factor_name(shape.name, 'q'), {shape.dims[1], spec.rank}};
     }
     return Status::ok();
   }
@@ -152,20 +163,17 @@ class Simulation {
         offset += decoded.size();
       }
       if (!shared_q_.empty()) {
-        // The new shared Q: the same weighted mean of the sites' Q_i (the
-        // first tensors sent are the PowerSGD factors, in order).
+        // The new shared Q: the same weighted mean of the sites' Q_i, as the
+        // aggregator would decode them (the factors come in manifest order).
         const double w = sample_weight(update);
         total_weight += w;
         size_t i = 0;
         for (const protocol::EncodedTensor& tensor : compressed->tensors) {
           if (!tensor.descriptor.name.ends_with("@powersgd.q")) continue;
-          std::vector<float> q(shared_q_[i].size());
-          std::vector<protocol::TensorShape> q_manifest = manifest_;
-          q_manifest[tensor.segments.front().tensor] = {tensor.descriptor.name, tensor.descriptor.dims};
           for (const protocol::EncodedSegment& segment : tensor.segments) {
-            FEDMESH_RETURN_IF_ERROR(protocol::decode_segment(segment.view(), q_manifest, q));
+            FEDMESH_RETURN_IF_ERROR(
+                protocol::accumulate_segment(segment.view(), q_manifest_, static_cast<float>(w), shared_q_[i]));
           }
-          for (size_t e = 0; e < q.size(); ++e) shared_q_[i][e] += static_cast<float>(w) * q[e];
           ++i;
         }
       }
@@ -483,6 +491,7 @@ class Simulation {
   std::vector<protocol::TensorShape> manifest_;
   crypto::SiteKeys keys_;                   // signs every virtual site's updates (their size is what counts)
   std::vector<std::vector<float>> shared_q_;  // PowerSGD: one per PowerSGD tensor
+  std::vector<protocol::TensorShape> q_manifest_;  // the manifest with PowerSGD tensors as their Q factors
 };
 
 }  // namespace

@@ -1,37 +1,15 @@
 #include "aggregator/staleness.h"
 
-#include <charconv>
 #include <cmath>
 #include <vector>
+
+#include "base/text.h"
 
 namespace fedmesh::aggregator {
 
 namespace {
 
 constexpr const char* kForms = "constant, polynomial:A, hinge:A:B or inverse";
-
-std::vector<std::string_view> split(std::string_view text, char separator) {
-  std::vector<std::string_view> parts;
-  size_t begin = 0;
-  for (;;) {
-    const size_t end = text.find(separator, begin);
-    parts.push_back(text.substr(begin, end == std::string_view::npos ? std::string_view::npos : end - begin));
-    if (end == std::string_view::npos) return parts;
-    begin = end + 1;
-  }
-}
-
-template <class T>
-bool parse_number(std::string_view text, T& out) {
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
-  return error == std::errc() && end == text.data() + text.size();
-}
-
-std::string format_number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
-}
 
 }  // namespace
 

@@ -20,22 +20,6 @@ inline int quantize_one(float x, float scale, int q_max, Rounding rounding, uint
   return static_cast<int>(std::clamp(q, -static_cast<float>(q_max), static_cast<float>(q_max)));
 }
 
-// C[k][j] = a_k cos(pi (2j + 1) k / 128), computed in double, rounded once.
-const std::array<float, kDctChunk>& dct_basis() {
-  static const std::array<float, kDctChunk> basis = [] {
-    std::array<float, kDctChunk> c{};
-    const double pi = std::acos(-1.0);
-    for (uint32_t k = 0; k < kDctSide; ++k) {
-      const double a = k == 0 ? std::sqrt(1.0 / kDctSide) : std::sqrt(2.0 / kDctSide);
-      for (uint32_t j = 0; j < kDctSide; ++j) {
-        c[k * kDctSide + j] = static_cast<float>(a * std::cos(pi * (2.0 * j + 1.0) * k / (2.0 * kDctSide)));
-      }
-    }
-    return c;
-  }();
-  return basis;
-}
-
 // C^T, so that both products below read their matrix row by row.
 const std::array<float, kDctChunk>& dct_basis_transposed() {
   static const std::array<float, kDctChunk> transposed = [] {
@@ -78,6 +62,21 @@ void transform(const float* in, float* out, bool inverse) {
 }
 
 }  // namespace
+
+const std::array<float, kDctChunk>& dct_basis() {
+  static const std::array<float, kDctChunk> basis = [] {
+    std::array<float, kDctChunk> c{};
+    const double pi = std::acos(-1.0);
+    for (uint32_t k = 0; k < kDctSide; ++k) {
+      const double a = k == 0 ? std::sqrt(1.0 / kDctSide) : std::sqrt(2.0 / kDctSide);
+      for (uint32_t j = 0; j < kDctSide; ++j) {
+        c[k * kDctSide + j] = static_cast<float>(a * std::cos(pi * (2.0 * j + 1.0) * k / (2.0 * kDctSide)));
+      }
+    }
+    return c;
+  }();
+  return basis;
+}
 
 float quantization_scale(float max_abs, int q_max) {
   float scale = max_abs / static_cast<float>(q_max);

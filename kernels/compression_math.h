@@ -7,6 +7,7 @@
 // compile it alone.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 
@@ -57,6 +58,9 @@ void dequantize_blocks(const uint8_t* packed, uint64_t n, int bits, uint32_t blo
 inline constexpr uint32_t kDctSide = 64;
 inline constexpr uint32_t kDctChunk = kDctSide * kDctSide;
 void dct_chunk(const float* in, float* out);
+// C itself (row k is basis vector k), computed in double and rounded once;
+// the CUDA backend multiplies by the same matrix.
+const std::array<float, kDctChunk>& dct_basis();
 void idct_chunk(const float* in, float* out);
 
 // Orders positions by |x| descending, ties by the lower position: the one

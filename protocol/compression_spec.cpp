@@ -2,43 +2,12 @@
 
 #include <fnmatch.h>
 
-#include <charconv>
 #include <cmath>
-#include <cstdio>
+
+#include "base/text.h"
 
 namespace fedmesh::protocol {
 namespace {
-
-std::vector<std::string_view> split(std::string_view text, char separator) {
-  std::vector<std::string_view> parts;
-  size_t start = 0;
-  for (size_t i = 0; i <= text.size(); ++i) {
-    if (i == text.size() || text[i] == separator) {
-      parts.push_back(text.substr(start, i - start));
-      start = i + 1;
-    }
-  }
-  return parts;
-}
-
-bool parse_double(std::string_view text, double& out) {
-  const std::string copy(text);
-  char* end = nullptr;
-  out = std::strtod(copy.c_str(), &end);
-  return !copy.empty() && end == copy.c_str() + copy.size() && std::isfinite(out);
-}
-
-template <class Int>
-bool parse_int(std::string_view text, Int& out) {
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
-  return error == std::errc() && end == text.data() + text.size();
-}
-
-std::string format_number(double x) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.10g", x);
-  return buffer;
-}
 
 Status bad_spec(std::string_view text, const std::string& why) {
   return invalid_argument("compression spec '" + std::string(text) + "': " + why +
@@ -59,10 +28,10 @@ std::string CompressionSpec::to_string() const {
       return text;
     }
     case CompressionMethod::kTopK: {
-      std::string text = "topk:" + format_number(density);
+      std::string text = "topk:" + format_number(density, 10);
       text += values == Encoding::kSparseInt8 ? "+int8" : values == Encoding::kSparseF32 ? "+fp32" : "+fp16";
       if (warmup_rounds > 0) text += ":warmup=" + std::to_string(warmup_rounds);
-      if (momentum > 0.0) text += ":momentum=" + format_number(momentum);
+      if (momentum > 0.0) text += ":momentum=" + format_number(momentum, 10);
       return text;
     }
     case CompressionMethod::kPowerSgd: return "powersgd:" + std::to_string(rank);
@@ -100,7 +69,7 @@ Result<CompressionSpec> parse_compression_spec(std::string_view text) {
       } else if (option == "nearest") {
         spec.rounding = kernels::Rounding::kNearest;
       } else if (option.starts_with("block=")) {
-        if (!parse_int(option.substr(6), spec.block_size) || spec.block_size < 1 || spec.block_size > kMaxBlockSize) {
+        if (!parse_number(option.substr(6), spec.block_size) || spec.block_size < 1 || spec.block_size > kMaxBlockSize) {
           return bad_spec(text, "block= needs a whole number in [1, " + std::to_string(kMaxBlockSize) + "]");
         }
       } else {
@@ -110,16 +79,16 @@ Result<CompressionSpec> parse_compression_spec(std::string_view text) {
     options = {};
   } else if (name == "topk") {
     spec.method = CompressionMethod::kTopK;
-    if (options.empty() || !parse_double(options[0], spec.density) || !(spec.density > 0.0 && spec.density <= 1.0)) {
+    if (options.empty() || !parse_number(options[0], spec.density) || !(spec.density > 0.0 && spec.density <= 1.0)) {
       return bad_spec(text, "topk needs a fraction F with 0 < F <= 1, e.g. topk:0.01");
     }
     for (const std::string_view option : options.subspan(1)) {
       if (option.starts_with("warmup=")) {
-        if (!parse_int(option.substr(7), spec.warmup_rounds) || spec.warmup_rounds < 0 || spec.warmup_rounds > 1000) {
+        if (!parse_number(option.substr(7), spec.warmup_rounds) || spec.warmup_rounds < 0 || spec.warmup_rounds > 1000) {
           return bad_spec(text, "warmup= needs a number of rounds in [0, 1000]");
         }
       } else if (option.starts_with("momentum=")) {
-        if (!parse_double(option.substr(9), spec.momentum) || !(spec.momentum >= 0.0 && spec.momentum < 1.0)) {
+        if (!parse_number(option.substr(9), spec.momentum) || !(spec.momentum >= 0.0 && spec.momentum < 1.0)) {
           return bad_spec(text, "momentum= needs a value in [0, 1)");
         }
       } else {
@@ -129,13 +98,13 @@ Result<CompressionSpec> parse_compression_spec(std::string_view text) {
     options = {};
   } else if (name == "powersgd") {
     spec.method = CompressionMethod::kPowerSgd;
-    if (options.size() != 1 || !parse_int(options[0], spec.rank) || spec.rank < 1 || spec.rank > kMaxPowerSgdRank) {
+    if (options.size() != 1 || !parse_number(options[0], spec.rank) || spec.rank < 1 || spec.rank > kMaxPowerSgdRank) {
       return bad_spec(text, "powersgd needs a rank in [1, " + std::to_string(kMaxPowerSgdRank) + "], e.g. powersgd:4");
     }
     options = {};
   } else if (name == "dct-sign") {
     spec.method = CompressionMethod::kDctSign;
-    if (options.size() != 1 || !parse_int(options[0], spec.chunk_k) || spec.chunk_k < 1 ||
+    if (options.size() != 1 || !parse_number(options[0], spec.chunk_k) || spec.chunk_k < 1 ||
         spec.chunk_k > kernels::kDctChunk) {
       return bad_spec(text, "dct-sign needs K coefficients per 4096-element chunk, 1 <= K <= 4096, e.g. dct-sign:32");
     }

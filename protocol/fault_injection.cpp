@@ -2,18 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <vector>
+
+#include "base/text.h"
 
 namespace fedmesh::protocol {
 namespace {
-
-bool parse_number(std::string_view text, double& out) {
-  const std::string copy(text);
-  char* end = nullptr;
-  out = std::strtod(copy.c_str(), &end);
-  return !copy.empty() && end == copy.c_str() + copy.size() && std::isfinite(out);
-}
 
 bool parse_with_unit(std::string_view text, std::initializer_list<std::pair<std::string_view, double>> units,
                      double& out) {
@@ -25,12 +18,6 @@ bool parse_with_unit(std::string_view text, std::initializer_list<std::pair<std:
     }
   }
   return false;
-}
-
-std::string format(double x) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.10g", x);
-  return buffer;
 }
 
 }  // namespace
@@ -54,10 +41,10 @@ std::string FaultPlan::to_string() const {
     if (!text.empty()) text += ',';
     text += item;
   };
-  if (drop > 0.0) add("drop=" + format(drop));
-  if (delay_seconds > 0.0) add("delay=" + format(delay_seconds * 1000.0) + "ms");
-  if (jitter_seconds > 0.0) add("jitter=" + format(jitter_seconds * 1000.0) + "ms");
-  if (bandwidth_bytes_per_second > 0.0) add("bandwidth=" + format(bandwidth_bytes_per_second) + "B/s");
+  if (drop > 0.0) add("drop=" + format_number(drop, 10));
+  if (delay_seconds > 0.0) add("delay=" + format_number(delay_seconds * 1000.0, 10) + "ms");
+  if (jitter_seconds > 0.0) add("jitter=" + format_number(jitter_seconds * 1000.0, 10) + "ms");
+  if (bandwidth_bytes_per_second > 0.0) add("bandwidth=" + format_number(bandwidth_bytes_per_second, 10) + "B/s");
   add("seed=" + std::to_string(seed));
   return text;
 }
@@ -88,9 +75,7 @@ Result<FaultPlan> parse_fault_plan(std::string_view text) {
       ok = parse_with_unit(value, {{"GB/s", 1e9}, {"MB/s", 1e6}, {"KB/s", 1e3}, {"B/s", 1.0}},
                            plan.bandwidth_bytes_per_second);
     } else if (key == "seed") {
-      double seed = 0.0;
-      ok = parse_number(value, seed) && seed >= 0.0 && seed < 9.0e15 && seed == std::floor(seed);
-      plan.seed = static_cast<uint64_t>(seed);
+      ok = parse_number(value, plan.seed);
     } else {
       return bad(std::string("unknown key '").append(key).append("'"));
     }

@@ -425,20 +425,6 @@ __global__ void gram_schmidt_kernel(float* q, int64_t m, int64_t r) {
 
 // ---- the backend -------------------------------------------------------------
 
-// The DCT basis C[k][j] = a_k cos(pi (2j + 1) k / 128), in double, rounded
-// once: compression_math.cpp's dct_basis().
-std::vector<float> dct_basis() {
-  std::vector<float> c(kDctChunk);
-  const double pi = std::acos(-1.0);
-  for (uint32_t k = 0; k < kDctSide; ++k) {
-    const double a = k == 0 ? std::sqrt(1.0 / kDctSide) : std::sqrt(2.0 / kDctSide);
-    for (uint32_t j = 0; j < kDctSide; ++j) {
-      c[k * kDctSide + j] = static_cast<float>(a * std::cos(pi * (2.0 * j + 1.0) * k / (2.0 * kDctSide)));
-    }
-  }
-  return c;
-}
-
 // Bits that hold every index below n (at least one, so that a radix sort runs).
 int index_bits(uint64_t n) { return std::max(1, static_cast<int>(std::bit_width(n > 0 ? n - 1 : 0))); }
 
@@ -790,8 +776,8 @@ class CudaCompressionKernels final : public CompressionKernels {
     if (error == cudaSuccess) error = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
     if (error == cudaSuccess) error = cudaMalloc(&basis_, kDctChunk * sizeof(float));
     if (error == cudaSuccess) {
-      const std::vector<float> basis = dct_basis();
-      error = cudaMemcpy(basis_, basis.data(), kDctChunk * sizeof(float), cudaMemcpyHostToDevice);
+      // The CPU's own basis (compression_math.h), so both backends multiply by the same C.
+      error = cudaMemcpy(basis_, dct_basis().data(), kDctChunk * sizeof(float), cudaMemcpyHostToDevice);
     }
     if (error != cudaSuccess) {
       cudaGetLastError();

@@ -13,6 +13,7 @@
 #include "base/random.h"
 #include "kernels/compression_kernels.h"
 #include "kernels/half.h"
+#include "tests/support/topk_inputs.h"
 
 namespace fedmesh::kernels {
 namespace {
@@ -65,17 +66,8 @@ TEST(TopK, SampledThresholdSelectsTheSameSetAndRefinesWhenTheSampleMisses) {
   EXPECT_EQ(sampled.indices, exact_top_k(x, 10'000));
   EXPECT_GE(sampled.candidates, 10'000u);
   EXPECT_LT(sampled.candidates, 20'000u) << "a 1% sample should put the threshold near the 1% quantile";
-  // An adversarial input for the refinement path: the sampled positions
-  // (white box: the sampler draws position uniform_at(seed, s) * n) hold large
-  // values, everything else is tiny, so the sample's quantile overestimates
-  // the threshold and the first gather finds too few.
-  const size_t n = 1'000'000;
-  std::vector<float> skewed(n);
-  for (size_t i = 0; i < n; ++i) skewed[i] = 1e-6f * (1.0f + static_cast<float>(i) / n);
-  for (uint64_t s = 0; s < 10'000; ++s) {
-    const auto position = static_cast<size_t>(uniform_at(1, s) * static_cast<float>(n));
-    skewed[std::min(position, n - 1)] = 10.0f + static_cast<float>(s % 97);
-  }
+  // An input whose 1% sample overestimates the threshold: it must be lowered.
+  const std::vector<float> skewed = fedmesh::testing::topk_refinement_input(1'000'000, 1);
   const TopKSelection refined = cpu.top_k(skewed, 20'000, TopKOptions{.seed = 1});
   EXPECT_TRUE(refined.sampled);
   EXPECT_GE(refined.refinements, 1);

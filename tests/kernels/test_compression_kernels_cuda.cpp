@@ -40,6 +40,7 @@
 #include "base/random.h"
 #include "base/status.h"
 #include "kernels/compression_kernels.h"
+#include "tests/support/topk_inputs.h"
 
 namespace fedmesh::kernels {
 namespace {
@@ -362,13 +363,7 @@ TEST_F(CudaParity, TopKSelectsTheSameIndices) {
 // The CPU test's adversarial input: the sampled positions hold large values,
 // so the first threshold is too high and must be lowered.
 TEST_F(CudaParity, TopKRefinesLikeTheCpu) {
-  const size_t n = 1'000'000;
-  std::vector<float> skewed(n);
-  for (size_t i = 0; i < n; ++i) skewed[i] = 1e-6f * (1.0f + static_cast<float>(i) / n);
-  for (uint64_t s = 0; s < 10'000; ++s) {
-    const auto position = static_cast<size_t>(uniform_at(1, s) * static_cast<float>(n));
-    skewed[std::min(position, n - 1)] = 10.0f + static_cast<float>(s % 97);
-  }
+  const std::vector<float> skewed = fedmesh::testing::topk_refinement_input(1'000'000, 1);
   const TopKSelection expected = cpu().top_k(skewed, 20'000, TopKOptions{.seed = 1});
   const TopKSelection got = gpu().top_k(skewed, 20'000, TopKOptions{.seed = 1});
   expect_same_selection(expected, got);

@@ -48,20 +48,6 @@ nlohmann::json parse_object(const std::string& text) {
   return value.is_object() ? value : nlohmann::json::object();
 }
 
-std::string human_bytes(int64_t bytes) {
-  char text[32];
-  if (bytes >= (int64_t{1} << 30)) {
-    std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
-  } else if (bytes >= (1 << 20)) {
-    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  } else if (bytes >= 1024) {
-    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / 1024);
-  } else {
-    std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
-  }
-  return text;
-}
-
 // The round asked for, or the newest that verifies (saying which it skipped).
 Result<int64_t> choose_round(store::CheckpointStore& checkpoints, const CheckpointFlags& flags, const std::string& command) {
   if (flags.round != kLatestRound) {
@@ -103,12 +89,12 @@ int run_list(const CheckpointFlags& flags) {
     return 0;
   }
   std::printf("%s: %zu checkpoints, %s on disk\n", flags.database.c_str(), rounds->size(),
-              human_bytes(checkpoints->disk_bytes()).c_str());
+              format_bytes(checkpoints->disk_bytes()).c_str());
   std::printf("%8s %8s  %-24s %8s %11s  %s\n", "round", "version", "committed (UTC)", "tensors", "size", "metrics");
   for (const store::RoundInfo& round : *rounds) {
     std::printf("%8lld %8lld  %-24s %8lld %11s  %s\n", static_cast<long long>(round.round),
                 static_cast<long long>(round.model_version), round.wall_time.c_str(),
-                static_cast<long long>(round.tensor_count), human_bytes(round.byte_size).c_str(),
+                static_cast<long long>(round.tensor_count), format_bytes(round.byte_size).c_str(),
                 round.metrics_json.c_str());
   }
   return 0;
@@ -164,7 +150,7 @@ int run_show(const CheckpointFlags& flags) {
   for (const store::TensorInfo& tensor : *tensors) {
     std::printf("%-10s %-32s %-5s %-18s %11s  %.16s\n", tensor.role.c_str(), tensor.name.c_str(),
                 dtype_name(tensor.dtype), shape_to_string(tensor.shape).c_str(),
-                human_bytes(tensor.byte_size).c_str(), hex(tensor.checksum).c_str());
+                format_bytes(tensor.byte_size).c_str(), hex(tensor.checksum).c_str());
   }
   std::printf("pending updates: %zu, peers: %zu, replay counters: %zu\n", pending->size(), peers->size(),
               counters->size());
@@ -237,7 +223,7 @@ int run_export(const CheckpointFlags& flags) {
                {"out", out}, {"tensors", summary->tensors}, {"bytes", summary->bytes}});
   } else {
     std::printf("exported round %lld: %lld tensors, %s, as %s to %s\n", static_cast<long long>(*round),
-                static_cast<long long>(summary->tensors), human_bytes(summary->bytes).c_str(), flags.format.c_str(),
+                static_cast<long long>(summary->tensors), format_bytes(summary->bytes).c_str(), flags.format.c_str(),
                 out.c_str());
   }
   return 0;

@@ -4,7 +4,9 @@
 #include <memory>
 #include <string>
 
+#include "base/text.h"
 #include "cli/output.h"
+#include "node/gossip/gossip_runtime.h"
 #include "node/site/site_runtime.h"
 
 namespace fedmesh::cli {
@@ -13,6 +15,7 @@ namespace {
 
 struct NodeFlags {
   std::string config;
+  std::string mode;  // "" : the config's `mode` key (default aggregator)
   bool json = false;
 };
 
@@ -36,14 +39,56 @@ void print_event(const std::string& site, const nlohmann::json& e) {
   } else if (kind == "resume") {
     std::fprintf(stderr, "[%s] resuming from %s at model version %lld\n", name, e.value("store", "").c_str(),
                  static_cast<long long>(e.value("version", 0)));
+  } else if (kind == "finished" && e.contains("bytes_sent")) {
+    std::fprintf(stderr, "[%s] left the gossip at version %lld\n", name, static_cast<long long>(e.value("version", 0)));
   } else if (kind == "finished") {
     std::fprintf(stderr, "[%s] the federation finished (model version %lld)\n", name,
                  static_cast<long long>(e.value("version", 0)));
   } else if (kind == "waiting" || kind == "warning") {
     std::fprintf(stderr, "[%s] %s\n", name, e.value("message", "").c_str());
+  } else if (kind == "peer") {
+    std::fprintf(stderr, "[%s] gossip peer on %s: %lld members on the roster, %lld training images, %s over %s, "
+                 "compression %s; store %s\n", name, e.value("listen", "").c_str(),
+                 static_cast<long long>(e.value("members", 0)), static_cast<long long>(e.value("shard_images", 0)),
+                 e.value("merge", "").c_str(), e.value("topology", "").c_str(), e.value("compress", "").c_str(),
+                 e.value("store", "").c_str());
+  } else if (kind == "member") {
+    std::fprintf(stderr, "[%s] member %s is %s (incarnation %lld)\n", name, e.value("member", "").c_str(),
+                 e.value("state", "").c_str(), static_cast<long long>(e.value("incarnation", 0)));
+  } else if (kind == "round") {
+    std::string accuracy = e.contains("test_accuracy") ? format_number(100.0 * e.value("test_accuracy", 0.0), 4) + "%" : "-";
+    std::fprintf(stderr, "[%s] round %lld: train loss %.4f, test accuracy %s, consensus distance %.4g over %lld shares, "
+                 "%lld alive / %lld suspect / %lld dead, %s sent\n", name, static_cast<long long>(e.value("round", 0)),
+                 e.value("train_loss", 0.0), accuracy.c_str(), e.value("consensus", -1.0),
+                 static_cast<long long>(e.value("heard", 0)), static_cast<long long>(e.value("alive", 0)),
+                 static_cast<long long>(e.value("suspect", 0)), static_cast<long long>(e.value("dead", 0)),
+                 format_bytes(e.value("bytes_sent", int64_t{0})).c_str());
+  } else if (kind == "catch-up") {
+    std::fprintf(stderr, "[%s] caught up from %zu donors (%lld of %lld slices) to version %lld\n", name,
+                 e.value("donors", nlohmann::json::array()).size(), static_cast<long long>(e.value("received", 0)),
+                 static_cast<long long>(e.value("slices", 0)), static_cast<long long>(e.value("version", 0)));
+  } else if (kind == "refused") {
+    std::fprintf(stderr, "[%s] refused a message from %s (%s): %s\n", name, e.value("from", "").c_str(),
+                 e.value("code", "").c_str(), e.value("reason", "").c_str());
   } else if (kind == "connected") {
     std::fprintf(stderr, "[%s] connected to %s\n", name, e.value("aggregator", "").c_str());
   }
+}
+
+template <typename Fail>
+int run_gossip(const NodeFlags& flags, const Fail& fail) {
+  Result<node::GossipConfig> config = node::read_gossip_config(flags.config);
+  if (!config.is_ok()) return fail(config.status(), true);
+  const std::string site = config->site.name;
+  const node::GossipEventSink sink = [&](const nlohmann::json& event) {
+    if (flags.json) emit_json(event);
+    else print_event(site, event);
+  };
+  const std::atomic<bool>& stop = stop_on_signals();
+  Result<std::unique_ptr<node::GossipRuntime>> runtime = node::GossipRuntime::start(*config, sink);
+  if (!runtime.is_ok()) return fail(runtime.status());
+  if (Status s = (*runtime)->run(stop); !s.is_ok()) return fail(s);
+  return 0;
 }
 
 int run_node(const NodeFlags& flags) {
@@ -57,6 +102,13 @@ int run_node(const NodeFlags& flags) {
     std::fprintf(stderr, "fedmesh node: %s\n", status.message().c_str());
     return bad_config || status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ? 2 : 1;
   };
+  std::string mode = flags.mode;
+  if (mode.empty()) {
+    Result<std::string> configured = node::read_node_mode(flags.config);
+    if (!configured.is_ok()) return fail(configured.status(), true);
+    mode = *configured;
+  }
+  if (mode == "gossip") return run_gossip(flags, fail);
   Result<node::SiteConfig> config = node::read_site_config(flags.config);
   if (!config.is_ok()) return fail(config.status(), true);
   const std::string site = config->name;
@@ -77,10 +129,15 @@ void add_node_command(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<NodeFlags>();
   CLI::App* cmd = app.add_subcommand(
       "node",
-      "Run one site of a federation: dial the aggregator, fetch and verify the global model, train on this "
-      "site's own data, send signed updates; checkpoints after every round and resumes after a crash.");
-  cmd->add_option("--config", flags->config, "site.toml (see README.md, 'Running a federation')")->required();
-  cmd->add_flag("--json", flags->json, "Print JSON lines: site, model, update, finished, ...");
+      "Run one site of a federation. Aggregator mode: dial the aggregator, fetch and verify the global model, train "
+      "on this site's own data, send signed updates. Gossip mode: no aggregator; join the members through SWIM, "
+      "train H local steps, gossip compressed signed shares to peers chosen by a topology, catch up from several "
+      "donors after a crash. Both checkpoint after every round and resume after a crash; SIGTERM stops cleanly.");
+  cmd->add_option("--config", flags->config, "site.toml (see README.md, 'Running a federation' and 'Gossip')")->required();
+  cmd->add_option("--mode", flags->mode, "aggregator or gossip (default: the config's `mode` key, else aggregator)")
+      ->check(CLI::IsMember({"aggregator", "gossip"}));
+  cmd->add_flag("--json", flags->json, "Print JSON lines: site, model, update, finished (aggregator); peer, member, "
+                                       "round, catch-up, refused, finished (gossip)");
   cmd->callback([flags, &exit_code] { exit_code = run_node(*flags); });
 }
 

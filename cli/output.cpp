@@ -5,12 +5,28 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <iostream>
 
 namespace fedmesh::cli {
 
 void emit_json(const nlohmann::json& event) {
   std::cout << event.dump() << std::endl;
+}
+
+std::string format_bytes(int64_t bytes) {
+  char text[32];
+  if (bytes >= (int64_t{1} << 30)) {
+    std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  } else if (bytes >= (1 << 20)) {
+    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  } else if (bytes >= 1024) {
+    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / 1024);
+  } else {
+    std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
+  }
+  return text;
 }
 
 std::string format_duration(double seconds) {

@@ -14,6 +14,9 @@ namespace fedmesh::cli {
 // Prints one JSON object as one line and flushes.
 void emit_json(const nlohmann::json& event);
 
+// "512 B", "1.5 KiB", "3.21 MiB", "1.02 GiB"
+std::string format_bytes(int64_t bytes);
+
 // "1m 05s", "12.3s"
 std::string format_duration(double seconds);
 

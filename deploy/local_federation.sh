@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Writes a complete federation for one machine: an admin key, an aggregator
 # and N sites with their own keys, a roster signed by the admin, and one
-# config per process (agg.toml, site-K.toml). Used by deploy/demo.sh and the
+# config per process (agg.toml, site-K.toml). With --gossip there is no
+# aggregator: the N sites are gossip peers (roster role peer) listening on
+# PORT..PORT+N-1. Used by deploy/demo.sh and the
 # integration tests; across real machines each institution runs
 # `fedmesh keygen` itself and sends only its .pub to the admin (README.md,
 # "Running a federation").
@@ -11,7 +13,7 @@ usage() {
   cat <<EOF
 Usage: deploy/local_federation.sh --fedmesh BIN --dir DIR [--sites 4] [--port 7400] [--metrics-port 9400]
                                   [--rounds 15] [--local-steps 60] [--mode sync|fedbuff|fedasync]
-                                  [--deadline 30] [--min-sites SITES]
+                                  [--deadline 30] [--min-sites SITES] [--gossip]
                                   [--agg 'KEY = VALUE']... [--site 'KEY = VALUE']...
 
 Creates DIR (it must not exist yet) holding keys/, roster.toml, agg.toml and
@@ -20,12 +22,18 @@ metrics on 127.0.0.1:METRICS_PORT (sites use METRICS_PORT+1+K). Each --agg or
 --site adds one TOML line to agg.toml or to every site's config (a key given
 twice is an error, so only add keys the defaults below do not set), e.g.
 --agg 'validation_limit = 2000' --site 'data.train_limit = 6000'.
+
+--gossip: no aggregator and no agg.toml. Site K is a gossip peer listening on
+tcp://127.0.0.1:PORT+K (metrics on METRICS_PORT+1+K); its config has
+mode = "gossip", gossip.rounds = ROUNDS and gossip.local_steps = LOCAL_STEPS;
+add other gossip.* and swim.* keys with --site, e.g.
+--site 'gossip.topology = "ring"'.
 EOF
 }
 
 FEDMESH="" DIR="" SITES=4 PORT=7400 METRICS_PORT=9400
 AGG_EXTRA=() SITE_EXTRA=()
-ROUNDS=15 LOCAL_STEPS=60 MODE=sync DEADLINE=30 MIN_SITES=
+ROUNDS=15 LOCAL_STEPS=60 MODE=sync DEADLINE=30 MIN_SITES= GOSSIP=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --fedmesh) FEDMESH=$2; shift 2 ;;
@@ -38,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --mode) MODE=$2; shift 2 ;;
     --deadline) DEADLINE=$2; shift 2 ;;
     --min-sites) MIN_SITES=$2; shift 2 ;;
+    --gossip) GOSSIP=1; shift ;;
     --agg) AGG_EXTRA+=("$2"); shift 2 ;;
     --site) SITE_EXTRA+=("$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -52,18 +61,25 @@ DIR=$(cd "$DIR" && pwd -P)
 FED=fed-local
 
 "$FEDMESH" keygen --name admin --out "$DIR/keys" >/dev/null 2>&1
-"$FEDMESH" keygen --name aggregator --out "$DIR/keys" >/dev/null 2>&1
 "$FEDMESH" roster init --federation "$FED" --admin-public "$DIR/keys/admin.pub" --out "$DIR/roster.toml" >/dev/null
-"$FEDMESH" roster add --roster "$DIR/roster.toml" --public "$DIR/keys/aggregator.pub" --role aggregator \
-  --address "tcp://127.0.0.1:$PORT" >/dev/null
+if ((GOSSIP == 0)); then
+  "$FEDMESH" keygen --name aggregator --out "$DIR/keys" >/dev/null 2>&1
+  "$FEDMESH" roster add --roster "$DIR/roster.toml" --public "$DIR/keys/aggregator.pub" --role aggregator \
+    --address "tcp://127.0.0.1:$PORT" >/dev/null
+fi
 for ((k = 0; k < SITES; k++)); do
   "$FEDMESH" keygen --name "site-$k" --out "$DIR/keys" >/dev/null 2>&1
-  "$FEDMESH" roster add --roster "$DIR/roster.toml" --public "$DIR/keys/site-$k.pub" --role site >/dev/null
+  if ((GOSSIP)); then
+    "$FEDMESH" roster add --roster "$DIR/roster.toml" --public "$DIR/keys/site-$k.pub" --role peer \
+      --address "tcp://127.0.0.1:$((PORT + k))" >/dev/null
+  else
+    "$FEDMESH" roster add --roster "$DIR/roster.toml" --public "$DIR/keys/site-$k.pub" --role site >/dev/null
+  fi
 done
 "$FEDMESH" roster sign --roster "$DIR/roster.toml" --admin-key "$DIR/keys/admin.key" >/dev/null
 ADMIN=$(sed -n 's/^sign_public = "\([0-9a-f]*\)"$/\1/p' "$DIR/keys/admin.pub")
 
-{
+((GOSSIP)) || {
   cat <<EOF
 # The aggregator of a local federation (deploy/local_federation.sh).
 federation = "$FED"
@@ -91,7 +107,11 @@ for ((k = 0; k < SITES; k++)); do
 # Site $k of a local federation (deploy/local_federation.sh).
 federation = "$FED"
 name = "site-$k"
-aggregator = "tcp://127.0.0.1:$PORT"
+$(if ((GOSSIP)); then
+  printf 'mode = "gossip"\ngossip.rounds = %s\ngossip.local_steps = %s' "$ROUNDS" "$LOCAL_STEPS"
+else
+  printf 'aggregator = "tcp://127.0.0.1:%s"' "$PORT"
+fi)
 keys = "$DIR/keys/site-$k.key"
 roster = "$DIR/roster.toml"
 admin_public = "$ADMIN"

@@ -207,11 +207,13 @@ struct MembershipDelta {
   site @0 :Text;
   status @1 :MemberStatus;
   incarnation @2 :UInt64;
+  accuser @3 :Text;            # suspect: the member whose probe failed
 }
 
 struct Ping {
   probe @0 :UInt64;
   deltas @1 :List(MembershipDelta);
+  version @2 :UInt64;          # the sender's model version (gossip staleness)
 }
 
 # Ask the receiver to ping `target` on the sender's behalf.
@@ -219,12 +221,23 @@ struct PingReq {
   probe @0 :UInt64;
   target @1 :Text;
   deltas @2 :List(MembershipDelta);
+  version @3 :UInt64;
 }
 
 struct PingAck {
   probe @0 :UInt64;
   target @1 :Text;             # who answered (the pinged site)
   deltas @2 :List(MembershipDelta);
+  version @3 :UInt64;
+}
+
+# Gossip anti-entropy: a node that joins late or returns from a crash asks
+# each of several donors for one slice of the model (slice of slices, by
+# element over the flattened model); the donor answers with a signed update
+# holding its model's values in that slice.
+struct CatchUpRequest {
+  slice @0 :UInt32;
+  slices @1 :UInt32;
 }
 
 struct Message {
@@ -243,5 +256,6 @@ struct Message {
     pingReq @11 :PingReq;
     pingAck @12 :PingAck;
     siteReport @13 :SiteReport;
+    catchUpRequest @14 :CatchUpRequest;
   }
 }

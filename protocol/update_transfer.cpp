@@ -549,7 +549,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
 std::vector<ReceivedUpdate> UpdateReceiver::take_completed() { return std::exchange(completed_, {}); }
 
 void UpdateReceiver::expire(std::chrono::steady_clock::time_point now) {
-  std::erase_if(transfers_, [&](const auto& item) { return now - item.second.last_activity > kTransferIdleTimeout; });
+  std::erase_if(transfers_, [&](const auto& item) { return now - item.second.last_activity > policy_.transfer_idle_timeout; });
 }
 
 bool negotiate_version(uint16_t their_min, uint16_t their_max, uint16_t& chosen, Rejection& rejection) {

@@ -114,6 +114,9 @@ struct ReceiverPolicy {
   uint32_t max_chunks = kMaxChunksPerUpdate;
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   bool insecure = false;               // no transport identity: trust the signed sender name alone
+  // expire() drops transfers idle this long (gossip: a sender never resumes
+  // a share, so an incomplete one is dropped soon).
+  std::chrono::milliseconds transfer_idle_timeout = kTransferIdleTimeout;
 };
 
 struct ReceivedUpdate {
@@ -136,7 +139,7 @@ class UpdateReceiver {
   std::vector<ReceivedUpdate> take_completed();
   const std::optional<Rejection>& last_rejection() const { return last_rejection_; }
   size_t transfers_in_flight() const { return transfers_.size(); }
-  // Drops transfers idle for longer than kTransferIdleTimeout.
+  // Drops transfers idle for longer than the policy's transfer_idle_timeout.
   void expire(std::chrono::steady_clock::time_point now);
   void set_round(uint64_t round, uint64_t version) { policy_.current_round = round; policy_.current_version = version; }
 

@@ -23,7 +23,7 @@ void store_le(uint8_t* p, T value) {
   std::memcpy(p, &value, sizeof(T));
 }
 
-constexpr uint16_t kLastKind = static_cast<uint16_t>(wire::Message::SITE_REPORT);
+constexpr uint16_t kLastKind = static_cast<uint16_t>(wire::Message::CATCH_UP_REQUEST);
 
 }  // namespace
 

@@ -21,48 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
-#include "node/trainer.h"
+#include "node/site/site_config.h"
 
 namespace fedmesh::node {
-
-struct SiteConfig {
-  std::string federation;
-  std::string name;                       // our roster name
-  std::string aggregator = "tcp://127.0.0.1:7400";
-  std::string aggregator_name = "aggregator";
-  std::string keys, roster, admin_public;
-  std::string store;                      // default: NAME.db
-  std::string metrics;                    // HOST:PORT ("" = off)
-  std::string model = "mlp";
-  uint64_t seed = 1;                      // the federation's model seed (version 0)
-  // This site's data: shard `index` of `sites` of the Fashion-MNIST training
-  // set split by `partition` with `data_seed` (a stand-in for the
-  // institution's own data); a tenth of it is held out for local evaluation.
-  std::string data = "fashion-mnist";
-  std::string partition = "dirichlet:0.5";
-  int sites = 1;
-  int index = 0;
-  uint64_t data_seed = 1;
-  int64_t train_limit = 0;
-  TrainOptions local;                     // max_steps comes from the aggregator's announcement
-  int threads = 1;
-  double poll_seconds = 0.2;
-  double step_delay_seconds = 0.0;        // experiments: make this site slower
-  double give_up_seconds = 0.0;           // > 0: exit when the aggregator is silent this long
-  // How updates are compressed ([compression]: default, overrides, dense_below;
-  // specs as in protocol/compression_spec.h), with error feedback: the
-  // residual is checkpointed with the rest (role "residual").
-  std::string compress = "identity";
-  std::vector<std::string> compress_overrides;
-  uint64_t dense_below = 0;
-  std::string compress_device = "cpu";   // cpu, cuda or auto
-  std::string faults;                     // transport.faults: experiments only (protocol/fault_injection.h)
-
-  SiteConfig();
-  Status validate() const;
-};
-
-Result<SiteConfig> read_site_config(const std::string& path);
 
 using SiteEventSink = std::function<void(const nlohmann::json& event)>;
 

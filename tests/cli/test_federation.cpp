@@ -11,10 +11,6 @@
 //   - `fedmesh status` and /metrics show the federation while it runs;
 //   - the global model reaches 80% test accuracy, every site ends when the
 //     aggregator announces the end, and the aggregator's store verifies.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -23,12 +19,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "support/cluster.h"
 #include "support/process.h"
 
 namespace fs = std::filesystem;
@@ -38,54 +34,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string binary() {
-  const char* path = std::getenv("FEDMESH_BINARY");
-  return path ? path : "";
-}
-std::string script() {
-  const char* path = std::getenv("FEDMESH_LOCAL_FEDERATION");
-  return path ? path : "";
-}
-
-bool port_free(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-  ::close(fd);
-  return ok;
-}
-
-// A base port with `count` free ports after it.
-int free_ports(int count) {
-  std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(std::time(nullptr)));
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int base = 20000 + static_cast<int>(rng() % 30000);
-    bool all = true;
-    for (int i = 0; i < count && all; ++i) all = port_free(base + i);
-    if (all) return base;
-  }
-  return -1;
-}
-
-// Reads JSON events from a process until `match` accepts one (returned) or
-// the time is up (nullopt). Every event read is appended to `seen`.
-std::optional<json> wait_for(ChildProcess& process, std::vector<json>& seen, const std::function<bool(const json&)>& match,
-                             std::chrono::seconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    std::optional<std::string> line = process.read_line(std::max(left, 1ms));
-    if (!line) return std::nullopt;
-    json event = json::parse(*line, nullptr, false);
-    if (event.is_discarded()) continue;
-    seen.push_back(event);
-    if (match(event)) return event;
-  }
-  return std::nullopt;
-}
+std::string binary() { return fedmesh::testing::fedmesh_binary(); }
+std::string script() { return fedmesh::testing::local_federation_script(); }
+using fedmesh::testing::free_ports;
+using fedmesh::testing::wait_for;
 
 bool is_round(const json& e) { return e.value("event", "") == "round"; }
 

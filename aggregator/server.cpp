@@ -603,7 +603,9 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
   nlohmann::json event = {{"event", "round"}, {"round", record.round}, {"version", record.version},
                           {"updates", record.applied.size()}, {"staleness", staleness},
                           {"closed_by_deadline", record.closed_by_deadline}, {"seconds", seconds},
-                          {"model_hash", hash_hex(record.link.hash)}};
+                          {"model_hash", hash_hex(record.link.hash)},
+                          {"bytes_received", socket->counters().bytes_received.load()},
+                          {"bytes_sent", socket->counters().bytes_sent.load()}};
   if (accuracy >= 0.0) {
     event["test_accuracy"] = accuracy;
     event["test_loss"] = loss;

@@ -289,7 +289,7 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   policy.max_round_lag = std::numeric_limits<uint64_t>::max() / 2;
   policy.current_version = std::numeric_limits<uint64_t>::max() / 2;
   // A share is never resumed: one missing a chunk (a lost message) is dropped soon.
-  policy.transfer_idle_timeout = std::chrono::milliseconds(5000);
+  policy.transfer_idle_timeout = std::chrono::milliseconds(1500);
   service = std::make_unique<protocol::UpdateService>(policy, roster, *replay, protocol::RateLimits{}, server->counters());
   service->set_other_handler([this](const protocol::Incoming& in, const protocol::ParsedMessage& message,
                                     std::optional<protocol::OutgoingMessage>&, protocol::Rejection& rejection) {
@@ -902,9 +902,15 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       event["dead"] = s.dead;
       event["weight"] = s.state->weight();
     }
-    uint64_t dropped = 0;
-    for (const auto& [name, socket] : s.clients) dropped += socket->counters().dropped_by_faults.load();
+    uint64_t dropped = 0, transport_bytes = 0;
+    for (const auto& [name, socket] : s.clients) {
+      dropped += socket->counters().dropped_by_faults.load();
+      transport_bytes += socket->counters().bytes_sent.load();
+    }
     event["dropped_by_faults"] = dropped;
+    // Everything this node handed to its sockets: shares, catch-up slices,
+    // membership messages (bytes_sent counts shares and slices as framed).
+    event["transport_bytes_sent"] = transport_bytes;
     event["seconds"] = std::chrono::duration<double>(Clock::now() - began).count();
     FEDMESH_RETURN_IF_ERROR(s.commit(event));
     s.emit(event);

@@ -10,7 +10,9 @@
 //   but hostile site could), then delivers header and chunk: this reaches
 //   segment decoding, which sits behind the hash check.
 // Either way the receiver must answer with an Ack or a Reject, never crash,
-// and never hand on an update with a non-finite value.
+// and never hand on an update with a non-finite value. A membership message
+// (Ping, PingReq, PingAck) goes through swim_from_wire and, if accepted,
+// into a SWIM state machine: every name it names must be on the roster.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -23,6 +25,8 @@
 #include "crypto/roster.h"
 #include "protocol/update_transfer.h"
 #include "protocol/wire.h"
+#include "gossip/swim.h"
+#include "node/gossip/swim_wire.h"
 
 namespace fp = fedmesh::protocol;
 namespace fc = fedmesh::crypto;
@@ -100,9 +104,26 @@ void walk(const fp::ParsedMessage& message) {
         }
         break;
       }
+      case fedmesh::wire::Message::PING:
       case fedmesh::wire::Message::PING_REQ:
-        for (auto d : root.getPingReq().getDeltas()) (void)d.getSite().size();
+      case fedmesh::wire::Message::PING_ACK: {
+        const auto member = [](std::string_view name) { return name == "site-a" || name == "site-b" || name == "site-c"; };
+        fedmesh::gossip::SwimMessage swim_message;
+        uint64_t version = 0;
+        fp::Rejection rejection;
+        if (!fedmesh::node::swim_from_wire(message, "site-b", "site-a", member, swim_message, version, rejection)) {
+          require(!rejection.reason.empty(), "a membership message refused without a reason");
+          break;
+        }
+        require(swim_message.updates.size() <= fedmesh::node::kMaxSwimUpdates, "too many membership updates accepted");
+        for (const auto& update : swim_message.updates) require(member(update.name), "a stranger in a membership update");
+        fedmesh::gossip::Swim swim("site-a", "tcp://a", fedmesh::gossip::SwimOptions{}, 1);
+        swim.join({{"site-b", "tcp://b"}, {"site-c", "tcp://c"}}, 0.0);
+        swim.receive(swim_message, 0.5);
+        swim.tick(10.0);
+        for (const auto& out : swim.take_outbox()) require(member(out.to), "SWIM wrote to a stranger");
         break;
+      }
       case fedmesh::wire::Message::REJECT:
         (void)root.getReject().getText().size();
         break;

@@ -17,7 +17,8 @@ SCHEMA = os.path.join(ROOT, "protocol", "fedmesh.capnp")
 OUT = os.path.join(ROOT, "tests", "fuzz", "corpus", "wire")
 
 KINDS = ["hello", "welcome", "roundAnnounce", "modelRequest", "modelChunk", "updateHeader",
-         "updateChunk", "ack", "reject", "heartbeat", "ping", "pingReq", "pingAck"]
+         "updateChunk", "ack", "reject", "heartbeat", "ping", "pingReq", "pingAck", "siteReport",
+         "catchUpRequest"]
 
 
 def encode(text):
@@ -49,6 +50,12 @@ def main():
         "reject": b"\x00" + frame("reject", encode('(reject = (sequence = 1, code = nonFinite, text = "NaN"))')),
         "ping_req": b"\x00" + frame("pingReq", encode(
             '(pingReq = (probe = 3, target = "site-b", deltas = [(site = "site-c", status = suspect, incarnation = 2)]))')),
+        "ping": b"\x00" + frame("ping", encode(
+            '(ping = (probe = 7, version = 12, deltas = [(site = "site-a", status = dead, incarnation = 1), '
+            '(site = "site-c", status = suspect, incarnation = 4, accuser = "site-b")]))')),
+        "ping_ack": b"\x00" + frame("pingAck", encode(
+            '(pingAck = (probe = 7, target = "site-c", version = 3, deltas = [(site = "site-b", status = left, incarnation = 9)]))')),
+        "catch_up_request": b"\x00" + frame("catchUpRequest", encode('(catchUpRequest = (slice = 1, slices = 3))')),
         "model_chunk": b"\x00" + frame("modelChunk", encode(
             '(modelChunk = (version = 1, chunkIndex = 0, chunkCount = 1, tensors = [(name = "w", shape = [8, 4])], '
             'segments = [(tensor = 0, encoding = denseF32, offset = 0, count = 2, values = %s)]))'

@@ -35,9 +35,9 @@ class Simulation {
   Simulation(const SimulationOptions& options, const data::ImageDataset& test) : options_(options), test_(test) {}
 
   Status prepare(const data::ImageDataset& train) {
-    Result<std::vector<std::vector<int64_t>>> parts = data::partition_indices(
-        train.labels, train.num_classes, options_.sites, options_.partition, options_.seed);
-    if (!parts.is_ok()) return parts.status();
+    Result<std::vector<data::ImageDataset>> shards =
+        split_among_sites(train, options_.sites, options_.partition, options_.seed);
+    if (!shards.is_ok()) return shards.status();
     Rng rng(mix_seed(options_.seed, 0x517e));
     const int stragglers = static_cast<int>(std::lround(options_.straggler_fraction * options_.sites));
     std::vector<int> order(static_cast<size_t>(options_.sites));
@@ -48,7 +48,7 @@ class Simulation {
       char name[32];
       std::snprintf(name, sizeof name, "site-%04d", i);
       site.name = name;
-      site.shard = train.subset((*parts)[static_cast<size_t>(i)]);
+      site.shard = std::move((*shards)[static_cast<size_t>(i)]);
       site.poisoned = i < options_.poisoned_sites;
       sites_.push_back(std::move(site));
     }
@@ -516,20 +516,35 @@ Status SimulationOptions::validate() const {
     return invalid_argument("--db checkpoints synchronous simulations only: an asynchronous run has updates in "
                             "flight that a checkpoint does not capture yet");
   }
-  node::TrainOptions local_check = local;
-  local_check.max_steps = local_steps;
-  FEDMESH_RETURN_IF_ERROR(local_check.validate());
+  FEDMESH_RETURN_IF_ERROR(validate_local_training(local, local_steps));
   return rounds_options.validate();
+}
+
+Result<std::vector<data::ImageDataset>> split_among_sites(const data::ImageDataset& train, int sites,
+                                                          const data::PartitionSpec& partition, uint64_t seed) {
+  if (train.count < sites) {
+    return invalid_argument("--sites " + std::to_string(sites) + " is more than the " + std::to_string(train.count) +
+                            " training images");
+  }
+  Result<std::vector<std::vector<int64_t>>> parts =
+      data::partition_indices(train.labels, train.num_classes, sites, partition, seed);
+  if (!parts.is_ok()) return parts.status();
+  std::vector<data::ImageDataset> shards;
+  shards.reserve(parts->size());
+  for (const std::vector<int64_t>& indices : *parts) shards.push_back(train.subset(indices));
+  return shards;
+}
+
+Status validate_local_training(const node::TrainOptions& local, int64_t local_steps) {
+  node::TrainOptions checked = local;
+  checked.max_steps = local_steps;
+  return checked.validate();
 }
 
 Result<SimulationSummary> run_simulation(const SimulationOptions& options, const data::ImageDataset& train,
                                          const data::ImageDataset& test,
                                          const std::function<void(const SimulationRound&)>& on_round) {
   FEDMESH_RETURN_IF_ERROR(options.validate());
-  if (train.count < options.sites) {
-    return invalid_argument("--sites " + std::to_string(options.sites) + " is more than the " +
-                            std::to_string(train.count) + " training images");
-  }
   Simulation simulation(options, test);
   FEDMESH_RETURN_IF_ERROR(simulation.prepare(train));
   return simulation.run(on_round);

@@ -74,6 +74,15 @@ struct SimulationSummary {
   int64_t refused_updates = 0;
 };
 
+// The pieces every simulated federation (this one and the gossip one,
+// gossip/simulation) shares: the training set split among `sites` virtual
+// sites by the partitioner, replayed by the seed (kInvalidArgument when there
+// are fewer images than sites), and the local training options a site runs
+// each round, checked with max_steps = local_steps.
+Result<std::vector<data::ImageDataset>> split_among_sites(const data::ImageDataset& train, int sites,
+                                                          const data::PartitionSpec& partition, uint64_t seed);
+Status validate_local_training(const node::TrainOptions& local, int64_t local_steps);
+
 // Runs the federation; `on_round` sees each server step as it happens (after
 // its checkpoint is committed, with db).
 Result<SimulationSummary> run_simulation(const SimulationOptions& options, const data::ImageDataset& train,

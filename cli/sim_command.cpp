@@ -6,7 +6,9 @@
 #include <string>
 
 #include "aggregator/simulation.h"
+#include "base/text.h"
 #include "cli/output.h"
+#include "gossip/simulation/gossip_simulation.h"
 #include "kernels/parallel.h"
 #include "node/data/fashion_mnist.h"
 
@@ -36,6 +38,18 @@ struct SimFlags {
   std::string compress = "identity";
   std::vector<std::string> compress_tensor;
   uint64_t dense_below = 0;
+  // --mode gossip
+  std::string mode = "aggregator";
+  std::string topology = "random";
+  int fanout = 1;
+  std::string merge = "push-sum";
+  double loss = 0.0;
+  std::string delay = "0";
+  int64_t eval_every = 1;
+  // The flags only one mode takes, refused in the other when given.
+  std::vector<CLI::Option*> aggregator_only, gossip_only;
+  CLI::Option* staleness_option = nullptr;
+  CLI::Option* fanout_option = nullptr;
 };
 
 int fail(const SimFlags& flags, const Status& status) {
@@ -47,21 +61,173 @@ int fail(const SimFlags& flags, const Status& status) {
   return 2;
 }
 
+// A flag of the other mode is a mistake worth saying, not one to ignore.
+Status check_mode_flags(const SimFlags& flags) {
+  const bool gossip = flags.mode == "gossip";
+  for (const CLI::Option* option : gossip ? flags.aggregator_only : flags.gossip_only) {
+    if (option->count() == 0) continue;
+    return invalid_argument(option->get_name() + " does not apply to --mode " + flags.mode +
+                            (gossip ? ": it configures the aggregator path (there is no server in gossip)"
+                                    : ": it configures gossip (add --mode gossip)"));
+  }
+  return Status::ok();
+}
+
+Result<data::FashionMnistSplits> load_data(const SimFlags& flags) {
+  return data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// "STEPS" or "STEPS:JITTER", in local steps.
+Status parse_delay(const std::string& text, gossip::GossipSimulationOptions& options) {
+  const std::vector<std::string_view> parts = split(text, ':');
+  options.delay_jitter_steps = 0;
+  if (parts.size() > 2 || !parse_number(parts[0], options.delay_steps) ||
+      (parts.size() == 2 && !parse_number(parts[1], options.delay_jitter_steps))) {
+    return invalid_argument("--delay '" + text + "' is not STEPS[:JITTER] in local steps (e.g. 10 or 10:5)");
+  }
+  return Status::ok();
+}
+
+int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& staleness,
+                   std::chrono::steady_clock::time_point wall_start) {
+  const aggregator::SimulationOptions& o = flags.options;
+  gossip::GossipSimulationOptions g;
+  g.peers = o.sites;
+  g.partition = o.partition;
+  g.model = o.model;
+  g.rounds = o.rounds;
+  g.local_steps = o.local_steps;
+  g.local = o.local;
+  g.compression = o.compression;
+  g.compression_device = o.compression_device;
+  g.seed = o.seed;
+  Result<gossip::Topology> topology = gossip::parse_topology(flags.topology);
+  if (!topology.is_ok()) return fail(flags, topology.status());
+  g.topology = *topology;
+  Result<gossip::MergeRule> merge = gossip::parse_merge_rule(flags.merge);
+  if (!merge.is_ok()) return fail(flags, merge.status());
+  g.merge = *merge;
+  if (g.merge == gossip::MergeRule::kPushSum && flags.staleness_option->count() > 0) {
+    return fail(flags, invalid_argument("--staleness weighs pairwise merges (--merge pairwise); push-sum takes "
+                                        "staleness only as a cut-off (--max-staleness), because scaling the mass "
+                                        "it carries would bias the average"));
+  }
+  if (flags.fanout_option->count() > 0 &&
+      (g.topology == gossip::Topology::kExponential || g.topology == gossip::Topology::kOnePeerExponential)) {
+    return fail(flags, invalid_argument("--fanout applies to the random and ring topologies: " + flags.topology +
+                                        " picks its own peers (the members at distance 1, 2, 4, ...)"));
+  }
+  g.fanout = flags.fanout;
+  g.staleness = staleness;
+  g.loss = flags.loss;
+  if (Status s = parse_delay(flags.delay, g); !s.is_ok()) return fail(flags, s);
+  g.eval_every = flags.eval_every;
+  if (Status s = g.validate(); !s.is_ok()) return fail(flags, s);
+
+  Result<data::FashionMnistSplits> splits = load_data(flags);
+  if (!splits.is_ok()) return fail(flags, splits.status());
+  const std::string merge_name = gossip::merge_rule_name(g.merge);
+  const std::string topology_name = gossip::topology_name(g.topology);
+  if (flags.json) {
+    emit_json({{"event", "start"}, {"command", "sim"}, {"mode", "gossip"}, {"sites", g.peers},
+               {"partition", g.partition.to_string()}, {"topology", topology_name}, {"fanout", g.fanout},
+               {"merge", merge_name}, {"rounds", g.rounds}, {"local_steps", g.local_steps}, {"model", g.model},
+               {"seed", g.seed}, {"compression", g.compression.to_string()}, {"loss", g.loss},
+               {"delay_steps", g.delay_steps}, {"delay_jitter_steps", g.delay_jitter_steps},
+               {"staleness", g.staleness.to_string()}, {"max_staleness", g.staleness.max_staleness()},
+               {"eval_every", g.eval_every}});
+  } else {
+    std::fprintf(stderr, "simulating %d gossip peers (%s) of %lld Fashion-MNIST images: %s merge on the %s topology, "
+                 "%lld rounds of %lld local steps\n",
+                 g.peers, g.partition.to_string().c_str(), static_cast<long long>(splits->train.count),
+                 merge_name.c_str(), topology_name.c_str(), static_cast<long long>(g.rounds),
+                 static_cast<long long>(g.local_steps));
+    std::fprintf(stderr, "shares compressed as %s; %.0f%% of messages lost; delay %lld+-%lld steps\n",
+                 g.compression.to_string().c_str(), 100.0 * g.loss, static_cast<long long>(g.delay_steps),
+                 static_cast<long long>(g.delay_jitter_steps));
+  }
+  Result<gossip::GossipSimulationSummary> summary = gossip::run_gossip_simulation(
+      g, splits->train, splits->test, [&](const gossip::GossipSimulationRound& r) {
+        if (flags.json) {
+          nlohmann::json event = {{"event", "round"}, {"round", r.round}, {"virtual_time", r.virtual_time},
+                                  {"messages_sent", r.messages_sent}, {"messages_lost", r.messages_lost},
+                                  {"messages_merged", r.messages_merged}, {"messages_stale", r.messages_stale},
+                                  {"messages_refused", r.messages_refused}, {"mean_staleness", r.mean_staleness},
+                                  {"bytes", r.bytes}, {"bytes_sent", r.bytes_sent},
+                                  {"wall_seconds", seconds_since(wall_start)}};
+          if (r.evaluated) {
+            event.update({{"test_accuracy", r.mean_test_accuracy}, {"min_test_accuracy", r.min_test_accuracy},
+                          {"max_test_accuracy", r.max_test_accuracy}, {"test_loss", r.mean_test_loss},
+                          {"max_model_distance", r.max_model_distance},
+                          {"mean_model_distance", r.mean_model_distance}});
+          }
+          emit_json(event);
+          return;
+        }
+        std::fprintf(stderr, "round %4lld  sent %4lld  lost %3lld  merged %4lld  stale %3lld  %8.1f MB",
+                     static_cast<long long>(r.round), static_cast<long long>(r.messages_sent),
+                     static_cast<long long>(r.messages_lost), static_cast<long long>(r.messages_merged),
+                     static_cast<long long>(r.messages_stale), static_cast<double>(r.bytes_sent) / 1e6);
+        if (r.evaluated) {
+          std::fprintf(stderr, "  test accuracy %.2f%% (min %.2f%%)  loss %.4f  model distance %.4f",
+                       100.0 * r.mean_test_accuracy, 100.0 * r.min_test_accuracy, r.mean_test_loss,
+                       r.max_model_distance);
+        }
+        std::fprintf(stderr, "\n");
+      });
+  if (!summary.is_ok()) return fail(flags, summary.status());
+  const double wall_seconds = seconds_since(wall_start);
+  const gossip::GossipSimulationRound& last = summary->last();
+  if (flags.json) {
+    emit_json({{"event", "summary"}, {"command", "sim"}, {"mode", "gossip"},
+               {"test_accuracy", last.mean_test_accuracy}, {"min_test_accuracy", last.min_test_accuracy},
+               {"test_loss", last.mean_test_loss}, {"max_model_distance", last.max_model_distance},
+               {"mean_model_distance", last.mean_model_distance}, {"rounds", summary->rounds.size()},
+               {"bytes_sent", summary->bytes_sent}, {"bytes_received", summary->bytes_received},
+               {"messages_sent", summary->messages_sent}, {"messages_lost", summary->messages_lost},
+               {"messages_stale", summary->messages_stale}, {"messages_refused", summary->messages_refused},
+               {"messages_in_flight", summary->messages_in_flight}, {"virtual_time", last.virtual_time},
+               {"wall_seconds", wall_seconds}});
+  } else {
+    std::printf("sim gossip %s %s: mean test accuracy %.2f%% (min %.2f%%), models within %.4f after %zu rounds, "
+                "%.1f MB sent, %lld messages lost, %s\n",
+                merge_name.c_str(), topology_name.c_str(), 100.0 * last.mean_test_accuracy,
+                100.0 * last.min_test_accuracy, last.max_model_distance, summary->rounds.size(),
+                static_cast<double>(summary->bytes_sent) / 1e6, static_cast<long long>(summary->messages_lost),
+                format_duration(wall_seconds).c_str());
+  }
+  return 0;
+}
+
 int run_sim(SimFlags& flags) {
   const auto wall_start = std::chrono::steady_clock::now();
   aggregator::SimulationOptions& o = flags.options;
   if (flags.threads < 0 || flags.threads > kMaxThreads) return fail(flags, invalid_argument("--threads out of range"));
   set_cpu_threads(flags.threads);
+  if (Status s = check_mode_flags(flags); !s.is_ok()) return fail(flags, s);
   Result<data::PartitionSpec> partition = data::PartitionSpec::parse(flags.partition);
   if (!partition.is_ok()) return fail(flags, partition.status());
   o.partition = *partition;
+  Result<aggregator::StalenessFunction> staleness = aggregator::StalenessFunction::parse(flags.staleness, flags.max_staleness);
+  if (!staleness.is_ok()) return fail(flags, staleness.status());
+  o.local.optimizer = flags.local_optimizer;
+  o.local.schedule = *LrSchedule::parse("constant");
+  o.local.weight_decay = 0.0f;
+  Result<protocol::CompressionPlan> plan =
+      protocol::make_compression_plan(flags.compress, flags.compress_tensor, flags.dense_below);
+  if (!plan.is_ok()) return fail(flags, plan.status());
+  o.compression = *plan;
+  if (flags.mode == "gossip") return run_gossip_sim(flags, *staleness, wall_start);
+
   Result<aggregator::ServerOptimizerOptions> server = aggregator::ServerOptimizerOptions::defaults_for(flags.strategy);
   if (!server.is_ok()) return fail(flags, server.status());
   if (flags.server_lr > 0.0f) server->lr = flags.server_lr;
   o.rounds_options.server = *server;
   if (Status s = aggregator::parse_rule(flags.rule, o.rounds_options); !s.is_ok()) return fail(flags, s);
-  Result<aggregator::StalenessFunction> staleness = aggregator::StalenessFunction::parse(flags.staleness, flags.max_staleness);
-  if (!staleness.is_ok()) return fail(flags, staleness.status());
   o.rounds_options.staleness = *staleness;
   if (flags.async_buffer < 0) return fail(flags, invalid_argument("--async K must be at least 1"));
   o.rounds_options.asynchronous = flags.async_buffer > 0 || flags.fedasync > 0.0;
@@ -70,9 +236,6 @@ int run_sim(SimFlags& flags) {
   o.rounds_options.seed = o.seed;
   o.rounds_options.round_deadline_seconds =
       flags.deadline > 0.0 ? flags.deadline : 3.0 * static_cast<double>(o.local_steps);
-  o.local.optimizer = flags.local_optimizer;
-  o.local.schedule = *LrSchedule::parse("constant");
-  o.local.weight_decay = 0.0f;
   const size_t colon = flags.straggler.find(':');
   try {
     o.straggler_fraction = std::stod(flags.straggler.substr(0, colon));
@@ -80,14 +243,9 @@ int run_sim(SimFlags& flags) {
   } catch (const std::exception&) {
     return fail(flags, invalid_argument("--straggler '" + flags.straggler + "' is not P:FACTOR (e.g. 0.2:4)"));
   }
-  Result<protocol::CompressionPlan> plan =
-      protocol::make_compression_plan(flags.compress, flags.compress_tensor, flags.dense_below);
-  if (!plan.is_ok()) return fail(flags, plan.status());
-  o.compression = *plan;
   if (Status s = o.validate(); !s.is_ok()) return fail(flags, s);
 
-  Result<data::FashionMnistSplits> splits =
-      data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
+  Result<data::FashionMnistSplits> splits = load_data(flags);
   if (!splits.is_ok()) return fail(flags, splits.status());
   data::ImageDataset* train = &splits->train;
   data::ImageDataset* test = &splits->test;
@@ -116,7 +274,8 @@ int run_sim(SimFlags& flags) {
           emit_json({{"event", "round"}, {"round", r.record.round}, {"version", r.record.version},
                      {"updates", r.updates}, {"dropped", r.dropped}, {"mean_staleness", mean_staleness},
                      {"test_accuracy", r.test_accuracy}, {"test_loss", r.test_loss},
-                     {"virtual_time", r.virtual_time}, {"bytes", r.bytes}});
+                     {"virtual_time", r.virtual_time}, {"bytes", r.bytes},
+                     {"wall_seconds", seconds_since(wall_start)}});
           return;
         }
         std::fprintf(stderr, "round %4lld  version %4lld  updates %3lld  dropped %2lld  staleness %.1f  test accuracy %.2f%%  loss %.4f\n",
@@ -125,7 +284,7 @@ int run_sim(SimFlags& flags) {
                      100.0 * r.test_accuracy, r.test_loss);
       });
   if (!summary.is_ok()) return fail(flags, summary.status());
-  const double wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  const double wall_seconds = seconds_since(wall_start);
   if (flags.json) {
     emit_json({{"event", "summary"}, {"command", "sim"}, {"test_accuracy", summary->final_accuracy},
                {"test_loss", summary->final_loss}, {"rounds", summary->rounds.size()},
@@ -150,51 +309,104 @@ void add_sim_command(CLI::App& app, int& exit_code) {
   o.local.lr = 0.05f;
   CLI::App* cmd = app.add_subcommand(
       "sim", "Simulate a federation in one process: virtual sites with their own data shards, the real round "
-             "manager, strategies and staleness rules; deterministic for a seed.");
-  cmd->add_option("--sites", o.sites, "Virtual sites")->capture_default_str();
+             "manager, strategies and staleness rules (--mode aggregator), or virtual peers gossiping with no "
+             "server (--mode gossip); deterministic for a seed.");
+  std::vector<CLI::Option*>& aggregator_only = flags->aggregator_only;
+  std::vector<CLI::Option*>& gossip_only = flags->gossip_only;
+  cmd->add_option("--mode", flags->mode,
+                  "aggregator: sites and the real round manager; gossip: peers that train and gossip their models "
+                  "with no server (--topology, --fanout, --merge, --loss, --delay, --eval-every)")
+      ->check(CLI::IsMember({"aggregator", "gossip"}))
+      ->capture_default_str();
+  cmd->add_option("--sites", o.sites, "Virtual sites (gossip: peers)")->capture_default_str();
   cmd->add_option("--partition", flags->partition, "How the training set is split: iid, dirichlet:A or shards:K")
       ->capture_default_str();
   cmd->add_option("--model", o.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
-  cmd->add_option("--strategy", flags->strategy,
+  aggregator_only.push_back(cmd->add_option("--strategy", flags->strategy,
                   "Server optimizer: fedavg, fedavgm, fedadam, fedyogi, fedadagrad or diloco")
+      ->capture_default_str());
+  aggregator_only.push_back(
+      cmd->add_option("--server-lr", flags->server_lr, "Server learning rate (default: the strategy's)"));
+  aggregator_only.push_back(
+      cmd->add_option("--rule", flags->rule,
+                      "Aggregation: mean (sample- and staleness-weighted), median, trimmed_mean[:BETA], krum[:F[:M]]")
+          ->capture_default_str());
+  aggregator_only.push_back(
+      cmd->add_option("--norm-bound", o.rounds_options.norm_bound, "Scale each update to at most this L2 norm (0: off)")
+          ->capture_default_str());
+  cmd->add_option("--rounds", o.rounds, "Rounds (synchronous), server steps (asynchronous) or gossip rounds")
       ->capture_default_str();
-  cmd->add_option("--server-lr", flags->server_lr, "Server learning rate (default: the strategy's)");
-  cmd->add_option("--rule", flags->rule,
-                  "Aggregation: mean (sample- and staleness-weighted), median, trimmed_mean[:BETA], krum[:F[:M]]")
+  aggregator_only.push_back(
+      cmd->add_option("--sites-per-round", o.rounds_options.sites_per_round, "Sites sampled per round (0: all)")
+          ->capture_default_str());
+  cmd->add_option("--local-steps", o.local_steps, "Local optimizer steps per site (peer) per round")
       ->capture_default_str();
-  cmd->add_option("--norm-bound", o.rounds_options.norm_bound, "Scale each update to at most this L2 norm (0: off)")
-      ->capture_default_str();
-  cmd->add_option("--rounds", o.rounds, "Rounds (synchronous) or server steps (asynchronous)")->capture_default_str();
-  cmd->add_option("--sites-per-round", o.rounds_options.sites_per_round, "Sites sampled per round (0: all)")
-      ->capture_default_str();
-  cmd->add_option("--local-steps", o.local_steps, "Local optimizer steps per site per round")->capture_default_str();
   cmd->add_option("--batch-size", o.local.batch_size, "Local batch size")->capture_default_str();
   cmd->add_option("--lr", o.local.lr, "Local learning rate")->capture_default_str();
   cmd->add_option("--optimizer", flags->local_optimizer, "Local optimizer: sgd or adamw")->capture_default_str();
   cmd->add_option("--momentum", o.local.momentum, "Local SGD momentum")->capture_default_str();
-  cmd->add_option("--async", flags->async_buffer,
-                  "Asynchronous FedBuff: apply an aggregate every K updates (0: synchronous rounds)")
+  aggregator_only.push_back(
+      cmd->add_option("--async", flags->async_buffer,
+                      "Asynchronous FedBuff: apply an aggregate every K updates (0: synchronous rounds)")
+          ->capture_default_str());
+  aggregator_only.push_back(
+      cmd->add_option("--fedasync", flags->fedasync, "Asynchronous FedAsync with this mixing alpha (0: off)")
+          ->capture_default_str());
+  flags->staleness_option =
+      cmd->add_option("--staleness", flags->staleness,
+                      "s(tau): constant, polynomial:A, hinge:A:B or inverse (gossip: weighs --merge pairwise steps, "
+                      "tau in the receiver's rounds)")
+          ->capture_default_str();
+  cmd->add_option("--max-staleness", flags->max_staleness,
+                  "Drop updates (gossip: messages) staler than this (-1: no cut-off)")
       ->capture_default_str();
-  cmd->add_option("--fedasync", flags->fedasync, "Asynchronous FedAsync with this mixing alpha (0: off)")
-      ->capture_default_str();
-  cmd->add_option("--staleness", flags->staleness, "s(tau): constant, polynomial:A, hinge:A:B or inverse")
-      ->capture_default_str();
-  cmd->add_option("--max-staleness", flags->max_staleness, "Drop updates staler than this (-1: no cut-off)")
-      ->capture_default_str();
-  cmd->add_option("--deadline", flags->deadline,
-                  "Synchronous round deadline in virtual time (local-step units; 0: 3 x local steps)");
-  cmd->add_option("--dropout", o.dropout, "Chance that a sampled site never reports in a round")->capture_default_str();
-  cmd->add_option("--straggler", flags->straggler, "P:FACTOR: a share P of the sites is FACTOR times slower")
-      ->capture_default_str();
-  cmd->add_option("--poisoned", o.poisoned_sites, "Sites that send -10x their update (robustness experiments)")
-      ->capture_default_str();
-  cmd->add_option("--db", o.db,
-                  "Checkpoint store: every round is committed before it is reported; the same command resumes from "
-                  "the newest intact round (synchronous rounds only)");
+  aggregator_only.push_back(
+      cmd->add_option("--deadline", flags->deadline,
+                      "Synchronous round deadline in virtual time (local-step units; 0: 3 x local steps)"));
+  aggregator_only.push_back(
+      cmd->add_option("--dropout", o.dropout, "Chance that a sampled site never reports in a round")
+          ->capture_default_str());
+  aggregator_only.push_back(
+      cmd->add_option("--straggler", flags->straggler, "P:FACTOR: a share P of the sites is FACTOR times slower")
+          ->capture_default_str());
+  aggregator_only.push_back(
+      cmd->add_option("--poisoned", o.poisoned_sites, "Sites that send -10x their update (robustness experiments)")
+          ->capture_default_str());
+  aggregator_only.push_back(
+      cmd->add_option("--db", o.db,
+                      "Checkpoint store: every round is committed before it is reported; the same command resumes "
+                      "from the newest intact round (synchronous rounds only)"));
+  gossip_only.push_back(
+      cmd->add_option("--topology", flags->topology,
+                      "Gossip: whom a peer sends to each round: random (--fanout peers drawn anew), ring (the next "
+                      "--fanout peers), exponential (the peers at distance 1, 2, 4, ...) or one-peer-exponential "
+                      "(one of those per round, in turn)")
+          ->capture_default_str());
+  flags->fanout_option =
+      cmd->add_option("--fanout", flags->fanout, "Gossip: peers per round for random and ring")->capture_default_str();
+  gossip_only.push_back(flags->fanout_option);
+  gossip_only.push_back(
+      cmd->add_option("--merge", flags->merge,
+                      "Gossip: push-sum (weights travel with the values: the network average is kept) or pairwise "
+                      "(x <- (1 - s/2) x + (s/2) x_peer, s = s(tau) from --staleness)")
+          ->capture_default_str());
+  gossip_only.push_back(
+      cmd->add_option("--loss", flags->loss, "Gossip: chance that a message is lost on the way")
+          ->capture_default_str());
+  gossip_only.push_back(
+      cmd->add_option("--delay", flags->delay,
+                      "Gossip: STEPS[:JITTER]: messages arrive STEPS +- JITTER local steps late (uniform); a late "
+                      "one is merged at the end of the round it arrives in, its staleness the receiver's rounds since")
+          ->capture_default_str());
+  gossip_only.push_back(
+      cmd->add_option("--eval-every", flags->eval_every,
+                      "Gossip: evaluate every peer on the test set every K rounds (and after the last)")
+          ->capture_default_str());
   cmd->add_option("--compress", flags->compress,
                   "How sites compress their updates, with error feedback: identity, fp16, bf16, "
                   "int8|int4[:stochastic][:block=N], topk:F[+fp16|+int8|+fp32][:warmup=R][:momentum=M], "
-                  "powersgd:R, dct-sign:K (README: Compressing updates)")
+                  "powersgd:R, dct-sign:K (README: Compressing updates); gossip takes the dense ones only "
+                  "(identity, fp16, bf16, int8, int4)")
       ->capture_default_str();
   cmd->add_option("--compress-tensor", flags->compress_tensor,
                   "GLOB=SPEC: another spec for the tensors whose name matches GLOB (repeatable; the first match "

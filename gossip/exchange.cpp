@@ -13,9 +13,10 @@ Result<MergeRule> parse_merge_rule(std::string_view text) {
 
 const char* merge_rule_name(MergeRule rule) { return rule == MergeRule::kPushSum ? "push-sum" : "pairwise"; }
 
-Status check_gossip_compression(const protocol::CompressionPlan& plan, std::span<const protocol::TensorShape> manifest) {
-  for (const protocol::TensorShape& tensor : manifest) {
-    const protocol::CompressionSpec spec = plan.for_tensor(tensor.name, tensor.dims);
+Status check_gossip_compression(const protocol::CompressionPlan& plan) {
+  std::vector<std::pair<std::string, protocol::CompressionSpec>> specs = {{"the default", plan.default_spec}};
+  for (const protocol::TensorOverride& o : plan.overrides) specs.emplace_back("override " + o.pattern, o.spec);
+  for (const auto& [where, spec] : specs) {
     switch (spec.method) {
       case protocol::CompressionMethod::kIdentity:
       case protocol::CompressionMethod::kHalf:
@@ -25,7 +26,7 @@ Status check_gossip_compression(const protocol::CompressionPlan& plan, std::span
       case protocol::CompressionMethod::kDctSign:
       case protocol::CompressionMethod::kPowerSgd:
         return invalid_argument(
-            "gossip cannot carry '" + spec.to_string() + "' (tensor " + tensor.name +
+            "gossip cannot carry '" + spec.to_string() + "' (" + where +
             "): gossip sends a share of the model itself, and a sparse or low-rank method would leave nearly all "
             "of it in the residual; use identity, fp16, bf16, int8 or int4 (sparsified gossip needs CHOCO-SGD's "
             "per-peer public copies, which fedmesh does not implement)");
@@ -59,7 +60,7 @@ Result<GossipState> GossipState::create(MergeRule rule, const protocol::Compress
                                         std::vector<protocol::TensorShape> manifest,
                                         std::vector<std::vector<float>> reference, uint64_t seed,
                                         kernels::CompressionKernels& kernels) {
-  FEDMESH_RETURN_IF_ERROR(check_gossip_compression(plan, manifest));
+  FEDMESH_RETURN_IF_ERROR(check_gossip_compression(plan));
   if (reference.size() != manifest.size()) return invalid_argument("the reference model does not match the manifest");
   for (size_t t = 0; t < manifest.size(); ++t) {
     if (reference[t].size() != manifest[t].element_count()) {

@@ -56,9 +56,9 @@ enum class MergeRule : uint8_t { kPushSum, kPairwise };
 Result<MergeRule> parse_merge_rule(std::string_view text);  // "push-sum", "pairwise"
 const char* merge_rule_name(MergeRule rule);
 
-// Ok for the plans gossip can carry; kInvalidArgument naming the tensor's
-// method and why otherwise.
-Status check_gossip_compression(const protocol::CompressionPlan& plan, std::span<const protocol::TensorShape> manifest);
+// Ok for the plans gossip can carry (the default and every override);
+// kInvalidArgument naming the method and why otherwise.
+Status check_gossip_compression(const protocol::CompressionPlan& plan);
 
 // A push-sum weight on the wire as two fp32 values, frexp's mantissa and
 // exponent, so that a weight far below fp32's range (weights decay under

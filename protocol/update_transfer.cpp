@@ -415,6 +415,9 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
 
 OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const ParsedMessage& message) {
   last_rejection_.reset();
+  // Transfers abandoned by their senders must not hold the in-flight slots
+  // for ever: drop the idle ones before admitting another.
+  expire(std::chrono::steady_clock::now());
   uint64_t sequence = 0;
   try {
     const auto header = message.root().getUpdateHeader();

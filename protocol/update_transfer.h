@@ -131,6 +131,8 @@ class UpdateReceiver {
   // Handles an UpdateHeader or UpdateChunk frame from `peer` (the ZAP
   // User-Id). Returns the reply (an Ack, or a Reject whose code and reason
   // are also stored in last_rejection()).
+  // A header first expires the transfers idle for longer than the policy's
+  // transfer_idle_timeout, so abandoned transfers never keep a new one out.
   OutgoingMessage handle_header(const std::string& peer, const ParsedMessage& message);
   // keep_alive, if given, owns `frame`: the parse then reads it in place.
   OutgoingMessage handle_chunk(const std::string& peer, const Envelope& envelope, std::span<const uint8_t> frame,

@@ -297,12 +297,9 @@ Status GossipSimulationOptions::validate() const {
   }
   if (eval_every < 1) return invalid_argument("--eval-every must be at least 1");
   FEDMESH_RETURN_IF_ERROR(aggregator::validate_local_training(local, local_steps));
-  // The compression plan against the model's tensors, before any data is read.
-  Result<std::unique_ptr<node::Sequential>> made = node::make_model(model, seed);
-  if (!made.is_ok()) return made.status();
-  std::vector<protocol::TensorShape> manifest;
-  for (Parameter* p : (*made)->parameters()) manifest.push_back({p->name, p->value.shape()});
-  return check_gossip_compression(compression, manifest);
+  // The model and the compression plan, before any data is read.
+  FEDMESH_RETURN_IF_ERROR(node::make_model(model, seed).status());
+  return check_gossip_compression(compression);
 }
 
 Result<GossipSimulationSummary> run_gossip_simulation(

@@ -34,11 +34,18 @@
 namespace fedmesh::node {
 
 Status GossipConfig::validate() const {
+  if (Result<protocol::CompressionPlan> plan =
+          protocol::make_compression_plan(site.compress, site.compress_overrides, site.dense_below);
+      plan.is_ok()) {
+    FEDMESH_RETURN_IF_ERROR(gossip::check_gossip_compression(*plan));
+  }
   FEDMESH_RETURN_IF_ERROR(site.validate());
-  FEDMESH_RETURN_IF_ERROR(gossip::parse_topology(topology).status());
-  FEDMESH_RETURN_IF_ERROR(gossip::parse_merge_rule(merge).status());
-  FEDMESH_RETURN_IF_ERROR(aggregator::StalenessFunction::parse(staleness, max_staleness).status());
-  FEDMESH_RETURN_IF_ERROR(swim.validate());
+  if (Status s = gossip::parse_topology(topology).status(); !s.is_ok()) return invalid_argument("gossip.topology: " + s.message());
+  if (Status s = gossip::parse_merge_rule(merge).status(); !s.is_ok()) return invalid_argument("gossip.merge: " + s.message());
+  if (Status s = aggregator::StalenessFunction::parse(staleness, max_staleness).status(); !s.is_ok()) {
+    return invalid_argument("gossip.staleness: " + s.message());
+  }
+  if (Status s = swim.validate(); !s.is_ok()) return invalid_argument("swim: " + s.message());
   if (fanout < 1 || fanout > 64) return invalid_argument("gossip.fanout must be in 1..64");
   if (local_steps < 1 || local_steps > 1'000'000) return invalid_argument("gossip.local_steps must be in 1..1000000");
   if (rounds < 0) return invalid_argument("gossip.rounds must be >= 0 (0: until stopped)");

@@ -444,6 +444,17 @@ TEST(Cli, FederationConfigsAreCheckedByName) {
        "compression.overrides must be an array of strings"},
       {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ncompression.device = \"tpu\"\n",
        "compression.device must be cpu, cuda or auto"},
+      // Gossip peers (mode = "gossip"): their own keys, checked the same way.
+      {"node", base + "name = \"s\"\nmode = \"mesh\"\n", "mode must be \"aggregator\" or \"gossip\""},
+      {"node", base + "name = \"s\"\nmode = \"gossip\"\ngossip.topology = \"star\"\n", "topology 'star'"},
+      {"node", base + "name = \"s\"\nmode = \"gossip\"\ngossip.merge = \"mean\"\n", "unknown merge rule 'mean'"},
+      {"node", base + "name = \"s\"\nmode = \"gossip\"\ngossip.fanout = 0\n", "gossip.fanout"},
+      {"node", base + "name = \"s\"\nmode = \"gossip\"\nswim.period_seconds = -1\n", "period"},
+      {"node", base + "name = \"s\"\nmode = \"gossip\"\ncompression.default = \"topk:0.01\"\n",
+       "gossip cannot carry"},
+      {"node", base + "name = \"s\"\nmode = \"gossip\"\naggregator = \"tcp://127.0.0.1:1\"\n",
+       "unknown key 'aggregator'"},
+      {"node", base + "name = \"s\"\nmode = \"gossip\"\ngossip.roundz = 3\n", "unknown key 'gossip.roundz'"},
   };
   int i = 0;
   for (const auto& c : cases) {

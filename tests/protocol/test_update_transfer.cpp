@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "base/random.h"
 #include "crypto/replay_guard.h"
@@ -268,6 +269,21 @@ TEST_F(UpdateTransfer, TooManyChunksAndTooManyTransfersAreBounded) {
             wire::RejectCode::BUSY);
   receiver.expire(std::chrono::steady_clock::now() + fp::kTransferIdleTimeout + std::chrono::seconds(1));
   EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+}
+
+TEST_F(UpdateTransfer, AbandonedTransfersDoNotKeepANewOneOut) {
+  auto replay = fc::ReplayGuard::in_memory();
+  auto p = policy();
+  p.transfer_idle_timeout = std::chrono::milliseconds(1);
+  fp::UpdateReceiver receiver(p, roster_, replay);
+  for (uint64_t s = 1; s <= fp::kMaxTransfersInFlight; ++s) {
+    ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(prepare(metadata(s)).header)).bytes())->root().isAck());
+  }
+  // Their senders never send a chunk; after the idle timeout a new header
+  // is admitted rather than refused as busy.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(parse(receiver.handle_header("site-a", *parse(prepare(metadata(99)).header)).bytes())->root().isAck());
+  EXPECT_EQ(receiver.transfers_in_flight(), 1u);
 }
 
 TEST(RateLimiter, RefusesBeyondTheBurstAndRefillsWithTime) {

@@ -90,6 +90,13 @@ StepResult Trainer::train_step(const data::ImageDataset& dataset, std::span<cons
   result.loss = loss_sum / static_cast<double>(indices.size());
 
   std::vector<Parameter*> parameters = model_.parameters();
+  if (gradient_hook_) {
+    hook_status_ = gradient_hook_(parameters, result.samples);
+    if (!hook_status_.is_ok()) {
+      result.applied = false;
+      return result;
+    }
+  }
   bool finite = true;
   double squared_norm = 0.0;
   for (Parameter* p : parameters) {

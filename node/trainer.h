@@ -52,7 +52,7 @@ struct StepResult {
   int64_t samples = 0;
   int64_t correct = 0;
   double grad_norm = 0.0;   // before clipping, after unscaling; 0 when skipped
-  bool applied = true;      // false when skipped for non-finite gradients
+  bool applied = true;      // false when skipped for non-finite gradients (or a failed gradient hook)
 };
 
 struct StepProgress {
@@ -119,6 +119,14 @@ class Trainer {
   TrainSummary fit(const data::ImageDataset& train, const data::ImageDataset* test, const TrainCallbacks& callbacks);
   // One optimizer step over `indices`, split in micro-batches of batch_size.
   StepResult train_step(const data::ImageDataset& dataset, std::span<const int64_t> indices, float lr);
+  // Called in every step after the backward pass and before the gradients
+  // are checked and applied, with the gradients (averaged over this step's
+  // `samples`, times the loss scale) and the sample count: in-site data
+  // parallelism all-reduces them here (node/parallel/data_parallel.h). A
+  // hook that fails leaves the step unapplied; last_hook_status() says why.
+  using GradientHook = std::function<Status(std::span<Parameter* const> parameters, int64_t samples)>;
+  void set_gradient_hook(GradientHook hook) { gradient_hook_ = std::move(hook); }
+  const Status& last_hook_status() const { return hook_status_; }
   EvalResult evaluate(const data::ImageDataset& dataset);
   const DynamicLossScaler& loss_scaler() const { return loss_scaler_; }
 
@@ -143,6 +151,8 @@ class Trainer {
   Rng shuffle_rng_;
   TrainerState position_;  // step, epoch, offset, totals; the rest is read from the parts
   bool run_in_progress_ = false;  // restored, or fit() left by an exception: the next fit() continues
+  GradientHook gradient_hook_;
+  Status hook_status_;
   Tensor images_, dlogits_;
   std::vector<int32_t> labels_;
 };

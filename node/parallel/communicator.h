@@ -1,7 +1,7 @@
 // Collectives among the ranks of one site (one process per device), the
 // piece in-site data and tensor parallelism stand on (issue 8). Two
-// backends behind one interface: Gloo over TCP for CPU ranks (here), NCCL
-// for GPU ranks (to come with the CUDA backend). Every call is blocking and
+// backends behind one interface: Gloo over TCP for CPU ranks, NCCL for GPU
+// ranks (buffers in device memory). Every call is blocking and
 // collective: all ranks call it in the same order with buffers of the same
 // length, as in MPI; a rank that does not (or died) makes the others fail
 // with kUnavailable after the timeout, never hang for ever.
@@ -51,5 +51,13 @@ struct RendezvousOptions {
 // Connects this rank to the others (blocks until all have arrived, or the
 // timeout: kUnavailable naming the ranks' directory).
 Result<std::unique_ptr<Communicator>> make_gloo_communicator(const RendezvousOptions& options);
+
+// GPU ranks: NCCL on CUDA device `device`. The spans every call takes are
+// then device memory on that GPU (cudaMalloc'd), and each call returns when
+// its collective has completed on the device. The NCCL unique id is
+// bootstrapped through the same rendezvous directory (rank 0 writes it,
+// the others wait for it). kUnavailable with the reason in a build without
+// CUDA or NCCL, or when the device is missing.
+Result<std::unique_ptr<Communicator>> make_nccl_communicator(const RendezvousOptions& options, int device);
 
 }  // namespace fedmesh::node

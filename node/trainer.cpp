@@ -45,6 +45,11 @@ Status TrainOptions::validate() const {
   if (batch_size < 1 || batch_size > 65536) return invalid_argument("--batch-size must be in [1, 65536]");
   if (grad_accumulation < 1 || grad_accumulation > 4096)
     return invalid_argument("--grad-accumulation must be in [1, 4096]");
+  if (data_parallel_ranks < 1 || data_parallel_ranks > 1024 || data_parallel_rank < 0 ||
+      data_parallel_rank >= data_parallel_ranks) {
+    return invalid_argument("data-parallel rank " + std::to_string(data_parallel_rank) + " of " +
+                            std::to_string(data_parallel_ranks) + " is not a rank");
+  }
   if (optimizer != "adamw" && optimizer != "sgd")
     return invalid_argument("unknown --optimizer '" + optimizer + "' (expected adamw or sgd)");
   if (!(lr > 0.0f) || !std::isfinite(lr)) return invalid_argument("--lr must be a positive number");
@@ -87,7 +92,8 @@ StepResult Trainer::train_step(const data::ImageDataset& dataset, std::span<cons
     model_.backward(dlogits_);
   }
   result.samples = static_cast<int64_t>(indices.size());
-  result.loss = loss_sum / static_cast<double>(indices.size());
+  // A data-parallel rank may get no sample of a short last batch.
+  result.loss = indices.empty() ? 0.0 : loss_sum / static_cast<double>(indices.size());
 
   std::vector<Parameter*> parameters = model_.parameters();
   if (gradient_hook_) {
@@ -236,9 +242,12 @@ TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageData
       const int64_t end = std::min(train.count, begin + step_samples);
       const float lr = options_.schedule.lr_at(options_.lr, at.step, total_steps);
       const auto step_start = Clock::now();
+      // This rank's part of the step's samples (all of them for one rank).
+      const int64_t n = end - begin, ranks = options_.data_parallel_ranks, rank = options_.data_parallel_rank;
+      const int64_t mine_begin = begin + n * rank / ranks, mine_end = begin + n * (rank + 1) / ranks;
       const StepResult result =
-          train_step(train, std::span<const int64_t>(order).subspan(static_cast<size_t>(begin),
-                                                                    static_cast<size_t>(end - begin)),
+          train_step(train, std::span<const int64_t>(order).subspan(static_cast<size_t>(mine_begin),
+                                                                    static_cast<size_t>(mine_end - mine_begin)),
                      lr);
       at.train_seconds += seconds_since(step_start);
       ++at.step;

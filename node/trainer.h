@@ -36,6 +36,13 @@ struct TrainOptions {
   LossScalerOptions loss_scaling;  // used for fp16 only
   uint64_t seed = 0;
   int64_t eval_batch_size = 256;
+  // In-site data parallelism: fit() gives this rank the part
+  // [rank x n / ranks, (rank + 1) x n / ranks) of each step's n samples
+  // (every rank draws the same batches from the same seed); with the
+  // data-parallel gradient hook (node/parallel/data_parallel.h) the ranks
+  // then take the step one process would take on the whole batch.
+  int data_parallel_rank = 0;
+  int data_parallel_ranks = 1;
 
   // Checks ranges and names; the message says which option is wrong.
   Status validate() const;

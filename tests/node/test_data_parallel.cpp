@@ -2,7 +2,10 @@
 // a step) and 3 ranks (an uneven 21 + 21 + 22) train the mlp for 6 SGD steps
 // with momentum, each on its part of every 64-image batch, and end with the
 // weights one process gets on the whole batches: equal to it within 1e-5
-// (fp32 sums in another order) and bit-identical across the ranks.
+// (fp32 sums in another order) and bit-identical across the ranks. Both by
+// hand (train_step on the rank's part) and through fit() with
+// TrainOptions::data_parallel_rank/ranks, which shuffles as one process
+// would and gives each rank its part of every batch (the last one short).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -89,59 +92,60 @@ void write(const std::string& path, const std::vector<float>& values) {
 
 std::vector<float> read(const std::string& path, size_t count) {
   std::vector<float> values(count);
-  std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(values.data()),
-                                             static_cast<std::streamsize>(count * sizeof(float)));
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(count * sizeof(float)));
+  if (!in) ADD_FAILURE() << "cannot read " << count << " weights from " << path;
   return values;
 }
 
-// Every run happens in a child process: a process that has started the
-// kernels' worker threads cannot fork a child that uses them.
-TEST(DataParallel, RanksEqualOneProcessOnTheCombinedBatch) {
-  const data::ImageDataset data = synthetic_images();
-  const size_t count = flatten(*make_model("mlp", 1).value()).size();
-  const std::string reference_file = ::testing::TempDir() + "fedmesh-dp-reference-" + std::to_string(::getpid());
-  const pid_t one = ::fork();
-  if (one == 0) {
-    const std::vector<float> weights = train(data, nullptr, 0, 1);
-    if (weights.empty()) ::_exit(3);
-    write(reference_file, weights);
-    ::_exit(0);
-  }
-  int one_status = 0;
-  ::waitpid(one, &one_status, 0);
-  ASSERT_TRUE(WIFEXITED(one_status) && WEXITSTATUS(one_status) == 0) << "the one-process run failed";
-  const std::vector<float> reference = read(reference_file, count);
-  std::filesystem::remove(reference_file);
-  const std::vector<float> start = flatten(*make_model("mlp", 1).value());
-  double moved = 0.0;
-  for (size_t i = 0; i < start.size(); ++i) moved = std::max(moved, std::fabs(static_cast<double>(reference[i]) - start[i]));
-  ASSERT_GT(moved, 1e-3) << "the reference run should move the weights";
-
-  for (const int size : {2, 3}) {
-    const std::string dir = ::testing::TempDir() + "fedmesh-dp-" + std::to_string(::getpid()) + "-" + std::to_string(size);
-    std::filesystem::remove_all(dir);
-    std::vector<pid_t> children;
-    for (int rank = 0; rank < size; ++rank) {
-      const pid_t pid = ::fork();
-      if (pid == 0) {
+// Runs `train_rank(rank, size)` in `size` forked ranks meeting in `dir`
+// (size 1: no communicator), each writing its weights to dir/rank-R. Every
+// run happens in a child process: a process that has started the kernels'
+// worker threads cannot fork a child that uses them.
+void launch(const std::string& dir, int size,
+            const std::function<std::vector<float>(Communicator*, int, int)>& train_rank) {
+  std::filesystem::create_directories(dir);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < size; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::unique_ptr<Communicator> communicator;
+      if (size > 1) {
         RendezvousOptions rendezvous;
         rendezvous.directory = dir + "/rendezvous";
         rendezvous.rank = rank;
         rendezvous.size = size;
-        Result<std::unique_ptr<Communicator>> communicator = make_gloo_communicator(rendezvous);
-        if (!communicator.is_ok()) ::_exit(2);
-        const std::vector<float> mine = train(data, communicator->get(), rank, size);
-        if (mine.empty()) ::_exit(3);
-        write(dir + "/rank-" + std::to_string(rank), mine);
-        ::_exit(0);
+        Result<std::unique_ptr<Communicator>> made = make_gloo_communicator(rendezvous);
+        if (!made.is_ok()) ::_exit(2);
+        communicator = std::move(*made);
       }
-      children.push_back(pid);
+      const std::vector<float> mine = train_rank(communicator.get(), rank, size);
+      if (mine.empty()) ::_exit(3);
+      write(dir + "/rank-" + std::to_string(rank), mine);
+      ::_exit(0);
     }
-    for (const pid_t pid : children) {
-      int status = 0;
-      ::waitpid(pid, &status, 0);
-      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << size << " ranks: a rank failed";
-    }
+    children.push_back(pid);
+  }
+  for (const pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << size << " ranks: a rank failed";
+  }
+}
+
+TEST(DataParallel, RanksEqualOneProcessOnTheCombinedBatch) {
+  const data::ImageDataset data = synthetic_images();
+  const std::vector<float> start = flatten(*make_model("mlp", 1).value());
+  const auto by_hand = [&](Communicator* communicator, int rank, int size) { return train(data, communicator, rank, size); };
+  const std::string base = ::testing::TempDir() + "fedmesh-dp-" + std::to_string(::getpid());
+  launch(base + "-1", 1, by_hand);
+  const std::vector<float> reference = read(base + "-1/rank-0", start.size());
+  double moved = 0.0;
+  for (size_t i = 0; i < start.size(); ++i) moved = std::max(moved, std::fabs(static_cast<double>(reference[i]) - start[i]));
+  ASSERT_GT(moved, 1e-3) << "the reference run should move the weights";
+  for (const int size : {2, 3}) {
+    const std::string dir = base + "-" + std::to_string(size);
+    launch(dir, size, by_hand);
     const std::vector<float> rank0 = read(dir + "/rank-0", reference.size());
     double worst = 0.0;
     for (size_t i = 0; i < reference.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(rank0[i]) - reference[i]));
@@ -152,6 +156,46 @@ TEST(DataParallel, RanksEqualOneProcessOnTheCombinedBatch) {
     std::printf("%d ranks: largest difference from one process %.3g (weights moved up to %.3g)\n", size, worst, moved);
     std::filesystem::remove_all(dir);
   }
+  std::filesystem::remove_all(base + "-1");
+}
+
+TEST(DataParallel, FitWithRanksEqualsFitInOneProcess) {
+  const data::ImageDataset data = synthetic_images();
+  const size_t count = flatten(*make_model("mlp", 1).value()).size();
+  const auto fit = [&](Communicator* communicator, int rank, int size) {
+    std::unique_ptr<Sequential> model = std::move(make_model("mlp", 1).value());
+    TrainOptions o = options();
+    o.max_steps = 0;
+    o.epochs = 1;
+    o.batch_size = 50;  // 384 images: 7 steps of 50 and a short one of 34
+    o.seed = 9;
+    o.data_parallel_rank = rank;
+    o.data_parallel_ranks = size;
+    Trainer trainer(*model, o);
+    if (communicator != nullptr) trainer.set_gradient_hook(data_parallel_hook(*communicator));
+    trainer.fit(data, nullptr, {});
+    return flatten(*model);
+  };
+  const std::string base = ::testing::TempDir() + "fedmesh-dp-fit-" + std::to_string(::getpid());
+  launch(base + "-1", 1, fit);
+  const std::vector<float> reference = read(base + "-1/rank-0", count);
+  for (const int size : {2, 3}) {
+    const std::string dir = base + "-" + std::to_string(size);
+    launch(dir, size, fit);
+    const std::vector<float> rank0 = read(dir + "/rank-0", count);
+    double worst = 0.0;
+    for (size_t i = 0; i < count; ++i) worst = std::max(worst, std::fabs(static_cast<double>(rank0[i]) - reference[i]));
+    EXPECT_LT(worst, 1e-5) << size << " ranks through fit()";
+    for (int rank = 1; rank < size; ++rank) EXPECT_EQ(read(dir + "/rank-" + std::to_string(rank), count), rank0);
+    std::printf("fit() with %d ranks: largest difference from one process %.3g\n", size, worst);
+    std::filesystem::remove_all(dir);
+  }
+  std::filesystem::remove_all(base + "-1");
+  // A rank that is not one of the ranks is refused by name.
+  TrainOptions bad = options();
+  bad.data_parallel_rank = 2;
+  bad.data_parallel_ranks = 2;
+  EXPECT_NE(bad.validate().message().find("rank 2 of 2"), std::string::npos);
 }
 
 }  // namespace

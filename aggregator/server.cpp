@@ -287,15 +287,11 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   set_service_round();
   FEDMESH_RETURN_IF_ERROR(publish());
 
-  if (!config.metrics.empty()) {
-    std::map<std::string, HttpPage> pages;
-    pages["/metrics"] = {"text/plain; version=0.0.4", [this] { return render_metrics(); }};
-    pages["/status"] = {"application/json", [this] { return render_status(); }};
-    Result<std::unique_ptr<HttpEndpoint>> endpoint = HttpEndpoint::start(config.metrics, std::move(pages));
-    if (!endpoint.is_ok()) return endpoint.status();
-    http = std::move(*endpoint);
-    metrics_address = http->address();
-  }
+  Result<std::unique_ptr<HttpEndpoint>> endpoint =
+      serve_metrics_and_status(config.metrics, [this] { return render_metrics(); }, [this] { return render_status(); });
+  if (!endpoint.is_ok()) return endpoint.status();
+  http = std::move(*endpoint);
+  if (http) metrics_address = http->address();
   return Status::ok();
 }
 

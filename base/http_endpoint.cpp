@@ -74,4 +74,14 @@ Result<std::string> http_get(const std::string& address, const std::string& path
   return result->body;
 }
 
+Result<std::unique_ptr<HttpEndpoint>> serve_metrics_and_status(const std::string& address,
+                                                               std::function<std::string()> metrics,
+                                                               std::function<std::string()> status) {
+  if (address.empty()) return std::unique_ptr<HttpEndpoint>();
+  std::map<std::string, HttpPage> pages;
+  pages["/metrics"] = {"text/plain; version=0.0.4", std::move(metrics)};
+  pages["/status"] = {"application/json", std::move(status)};
+  return HttpEndpoint::start(address, std::move(pages));
+}
+
 }  // namespace fedmesh

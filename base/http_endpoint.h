@@ -37,6 +37,12 @@ class HttpEndpoint {
   std::string address_;
 };
 
+// What every fedmesh role serves: Prometheus text at /metrics and JSON at
+// /status, rendered on request. An empty address serves nothing (null).
+Result<std::unique_ptr<HttpEndpoint>> serve_metrics_and_status(const std::string& address,
+                                                               std::function<std::string()> metrics,
+                                                               std::function<std::string()> status);
+
 // GET http://HOST:PORT/path; the body, or kUnavailable naming what failed.
 Result<std::string> http_get(const std::string& address, const std::string& path, int timeout_seconds = 5);
 

@@ -311,15 +311,11 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   }
   swim->join(seeds, now());
 
-  if (!site.metrics.empty()) {
-    std::map<std::string, HttpPage> pages;
-    pages["/metrics"] = {"text/plain; version=0.0.4", [this] { return render_metrics(); }};
-    pages["/status"] = {"application/json", [this] { return render_status(); }};
-    Result<std::unique_ptr<HttpEndpoint>> endpoint = HttpEndpoint::start(site.metrics, std::move(pages));
-    if (!endpoint.is_ok()) return endpoint.status();
-    http = std::move(*endpoint);
-    metrics_address = http->address();
-  }
+  Result<std::unique_ptr<HttpEndpoint>> endpoint =
+      serve_metrics_and_status(site.metrics, [this] { return render_metrics(); }, [this] { return render_status(); });
+  if (!endpoint.is_ok()) return endpoint.status();
+  http = std::move(*endpoint);
+  if (http) metrics_address = http->address();
   emit({{"event", "peer"}, {"site", site.name}, {"listen", server->endpoint()}, {"members", addresses.size()},
         {"seeds", seeds.size()}, {"shard_images", data.shard.count}, {"holdout_images", data.holdout.count},
         {"test_images", data.test.count}, {"store", site.store}, {"metrics", metrics_address}, {"version", version},

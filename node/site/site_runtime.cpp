@@ -131,15 +131,11 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   store.emplace(std::move(*opened));
   FEDMESH_RETURN_IF_ERROR(restore());
 
-  if (!config.metrics.empty()) {
-    std::map<std::string, HttpPage> pages;
-    pages["/metrics"] = {"text/plain; version=0.0.4", [this] { return render_metrics(); }};
-    pages["/status"] = {"application/json", [this] { return render_status(); }};
-    Result<std::unique_ptr<HttpEndpoint>> endpoint = HttpEndpoint::start(config.metrics, std::move(pages));
-    if (!endpoint.is_ok()) return endpoint.status();
-    http = std::move(*endpoint);
-    metrics_address = http->address();
-  }
+  Result<std::unique_ptr<HttpEndpoint>> endpoint =
+      serve_metrics_and_status(config.metrics, [this] { return render_metrics(); }, [this] { return render_status(); });
+  if (!endpoint.is_ok()) return endpoint.status();
+  http = std::move(*endpoint);
+  if (http) metrics_address = http->address();
   emit({{"event", "site"}, {"site", config.name}, {"shard_images", shard.count}, {"holdout_images", holdout.count},
         {"store", config.store}, {"metrics", metrics_address}, {"version", held_version}});
   return Status::ok();

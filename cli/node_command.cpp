@@ -1,6 +1,7 @@
 #include "cli/node_command.h"
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -75,52 +76,48 @@ void print_event(const std::string& site, const nlohmann::json& e) {
   }
 }
 
-template <typename Fail>
-int run_gossip(const NodeFlags& flags, const Fail& fail) {
-  Result<node::GossipConfig> config = node::read_gossip_config(flags.config);
-  if (!config.is_ok()) return fail(config.status(), true);
-  const std::string site = config->site.name;
-  const node::GossipEventSink sink = [&](const nlohmann::json& event) {
+// A config that cannot be used is the operator's to fix: exit 2 like a bad
+// flag; failures later (the store, the network) exit 1.
+int fail(const NodeFlags& flags, const Status& status, bool bad_config = false) {
+  if (flags.json) {
+    emit_json({{"event", "error"}, {"command", "node"}, {"code", status_code_name(status.code())},
+               {"message", status.message()}});
+  }
+  std::fprintf(stderr, "fedmesh node: %s\n", status.message().c_str());
+  return bad_config || status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ? 2 : 1;
+}
+
+// Runs one role's runtime (aggregator-mode site or gossip peer) until it
+// ends or a signal stops it.
+template <typename Runtime, typename Config>
+int run_runtime(const NodeFlags& flags, Result<Config> config, const std::string& site) {
+  if (!config.is_ok()) return fail(flags, config.status(), true);
+  const std::function<void(const nlohmann::json&)> sink = [&](const nlohmann::json& event) {
     if (flags.json) emit_json(event);
     else print_event(site, event);
   };
   const std::atomic<bool>& stop = stop_on_signals();
-  Result<std::unique_ptr<node::GossipRuntime>> runtime = node::GossipRuntime::start(*config, sink);
-  if (!runtime.is_ok()) return fail(runtime.status());
-  if (Status s = (*runtime)->run(stop); !s.is_ok()) return fail(s);
+  Result<std::unique_ptr<Runtime>> runtime = Runtime::start(std::move(*config), sink);
+  if (!runtime.is_ok()) return fail(flags, runtime.status());
+  if (Status s = (*runtime)->run(stop); !s.is_ok()) return fail(flags, s);
   return 0;
 }
 
 int run_node(const NodeFlags& flags) {
-  // A config that cannot be used is the operator's to fix: exit 2 like a bad
-  // flag; failures later (the store, the network) exit 1.
-  const auto fail = [&](const Status& status, bool bad_config = false) {
-    if (flags.json) {
-      emit_json({{"event", "error"}, {"command", "node"}, {"code", status_code_name(status.code())},
-                 {"message", status.message()}});
-    }
-    std::fprintf(stderr, "fedmesh node: %s\n", status.message().c_str());
-    return bad_config || status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ? 2 : 1;
-  };
   std::string mode = flags.mode;
   if (mode.empty()) {
     Result<std::string> configured = node::read_node_mode(flags.config);
-    if (!configured.is_ok()) return fail(configured.status(), true);
+    if (!configured.is_ok()) return fail(flags, configured.status(), true);
     mode = *configured;
   }
-  if (mode == "gossip") return run_gossip(flags, fail);
+  if (mode == "gossip") {
+    Result<node::GossipConfig> config = node::read_gossip_config(flags.config);
+    const std::string site = config.is_ok() ? config->site.name : "";
+    return run_runtime<node::GossipRuntime>(flags, std::move(config), site);
+  }
   Result<node::SiteConfig> config = node::read_site_config(flags.config);
-  if (!config.is_ok()) return fail(config.status(), true);
-  const std::string site = config->name;
-  const node::SiteEventSink sink = [&](const nlohmann::json& event) {
-    if (flags.json) emit_json(event);
-    else print_event(site, event);
-  };
-  const std::atomic<bool>& stop = stop_on_signals();
-  Result<std::unique_ptr<node::SiteRuntime>> runtime = node::SiteRuntime::start(*config, sink);
-  if (!runtime.is_ok()) return fail(runtime.status());
-  if (Status s = (*runtime)->run(stop); !s.is_ok()) return fail(s);
-  return 0;
+  const std::string site = config.is_ok() ? config->name : "";
+  return run_runtime<node::SiteRuntime>(flags, std::move(config), site);
 }
 
 }  // namespace

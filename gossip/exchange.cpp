@@ -78,8 +78,6 @@ Result<GossipState> GossipState::create(MergeRule rule, const protocol::Compress
   return state;
 }
 
-void GossipState::model(std::vector<std::vector<float>>& out) const { out = model_; }
-
 Status GossipState::set_model(std::span<const std::vector<float>> trained) {
   if (trained.size() != model_.size()) return invalid_argument("set_model: wrong number of tensors");
   for (size_t t = 0; t < model_.size(); ++t) {
@@ -162,7 +160,5 @@ double GossipState::distance_to(std::span<const std::vector<float>> values) cons
   }
   return std::sqrt(total);
 }
-
-Status GossipState::adopt(std::span<const std::vector<float>> model) { return set_model(model); }
 
 }  // namespace fedmesh::gossip

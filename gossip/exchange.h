@@ -90,9 +90,9 @@ class GossipState {
 
   MergeRule rule() const { return rule_; }
   const std::vector<protocol::TensorShape>& manifest() const { return manifest_; }
-  // The model this node holds.
-  void model(std::vector<std::vector<float>>& out) const;
-  // Local training moved the model to `trained`.
+  // The model this node holds, one vector per tensor.
+  const std::vector<std::vector<float>>& model() const { return model_; }
+  // Local training (or a catch-up) moved the model to `trained`; the weight stays.
   Status set_model(std::span<const std::vector<float>> trained);
   double weight() const { return weight_; }
 
@@ -111,13 +111,10 @@ class GossipState {
   // The L2 distance between our model and the one a received share stands
   // for (x0 + values): the consensus a node reports.
   double distance_to(std::span<const std::vector<float>> values) const;
-  // Catch-up: our model becomes `model`, keeping our weight.
-  Status adopt(std::span<const std::vector<float>> model);
 
   // Checkpoint state: z (one vector per tensor), w, and the compressor's
   // residual (protocol::UpdateCompressor::state_tensors).
   std::vector<std::vector<float>>& values() { return model_; }
-  const std::vector<std::vector<float>>& values() const { return model_; }
   void set_weight(double weight) { weight_ = weight; }
   protocol::UpdateCompressor& compressor() { return *compressor_; }
   const std::vector<std::vector<float>>& reference() const { return reference_; }

@@ -134,14 +134,14 @@ class GossipSimulation {
   // H local steps of peer i from the model it holds.
   Status train_peer(size_t i, int64_t round) {
     VirtualPeer& peer = peers_[i];
-    peer.state->model(model_);
-    load_worker(model_);
+    load_worker(peer.state->model());
     node::TrainOptions local = options_.local;
     local.max_steps = options_.local_steps;
     local.seed = mix_seed(mix_seed(options_.seed, 0x7ea1 + static_cast<uint64_t>(i)), static_cast<uint64_t>(round));
     node::Trainer trainer(*worker_, local);
     trainer.fit(peer.shard, nullptr, {});
     std::vector<Parameter*> parameters = worker_->parameters();
+    model_.resize(parameters.size());
     for (size_t t = 0; t < parameters.size(); ++t) {
       const float* values = parameters[t]->value.data<float>();
       model_[t].assign(values, values + parameters[t]->value.numel());
@@ -229,8 +229,7 @@ class GossipSimulation {
     record.min_test_accuracy = 1.0;
     flat_models_.resize(peers_.size());
     for (size_t i = 0; i < peers_.size(); ++i) {
-      peers_[i].state->model(model_);
-      load_worker(model_);
+      load_worker(peers_[i].state->model());
       node::Trainer evaluator(*worker_, options_.local);
       const node::EvalResult result = evaluator.evaluate(test_);
       record.mean_test_accuracy += result.accuracy;
@@ -240,7 +239,7 @@ class GossipSimulation {
       std::vector<float>& flat = flat_models_[i];
       flat.clear();
       flat.reserve(static_cast<size_t>(parameter_count_));
-      for (const std::vector<float>& tensor : model_) flat.insert(flat.end(), tensor.begin(), tensor.end());
+      for (const std::vector<float>& tensor : peers_[i].state->model()) flat.insert(flat.end(), tensor.begin(), tensor.end());
     }
     const auto n = static_cast<double>(peers_.size());
     record.mean_test_accuracy /= n;
@@ -270,7 +269,7 @@ class GossipSimulation {
   // merged in that order.
   std::map<std::tuple<int64_t, int64_t, uint64_t>, Message> in_flight_;
   uint64_t serial_ = 0;
-  std::vector<std::vector<float>> model_;        // scratch: one peer's model, per tensor
+  std::vector<std::vector<float>> model_;        // scratch: a peer's trained model, per tensor
   std::vector<std::vector<float>> flat_models_;  // scratch: every peer's model, flat, for the distances
 };
 

@@ -195,6 +195,8 @@ class GossipRuntime::Impl {
   void serve_catch_up_requests();
   Status catch_up_if_behind(const std::atomic<bool>& stop);
   Status merge_arrivals();
+  // Copies the model we hold into the worker (to train or evaluate it).
+  void load_worker();
   Result<double> train_round(double& train_loss);
   Status share();
   std::string render_metrics() const;
@@ -546,7 +548,6 @@ void GossipRuntime::Impl::pump(double seconds) {
     }
     flush_swim();
     drain_clients();
-    service->receiver().expire(Clock::now());
     note_events();
     serve_catch_up_requests();
   } while (Clock::now() < until);
@@ -589,8 +590,7 @@ void GossipRuntime::Impl::serve_catch_up_requests() {
   while (!catch_up_requests.empty()) {
     const auto [requester, slicing] = catch_up_requests.front();
     catch_up_requests.pop_front();
-    std::vector<std::vector<float>> model;
-    state->model(model);
+    const std::vector<std::vector<float>>& model = state->model();
     std::vector<protocol::EncodedTensor> tensors;
     bool ok = true;
     for (size_t t = 0; t < manifest.size() && ok; ++t) {
@@ -681,9 +681,8 @@ Status GossipRuntime::Impl::catch_up_if_behind(const std::atomic<bool>& stop) {
       }
     }
   }
-  std::vector<std::vector<float>> model;
-  state->model(model);
-  std::vector<std::vector<float>> mine = model;
+  const std::vector<std::vector<float>>& mine = state->model();
+  std::vector<std::vector<float>> model = mine;
   for (const auto& [slice, values] : catch_up_slices) {
     for (size_t t = 0; t < model.size(); ++t) {
       const auto [begin, end] = slice_range(model[t].size(), slice, slices);
@@ -696,7 +695,7 @@ Status GossipRuntime::Impl::catch_up_if_behind(const std::atomic<bool>& stop) {
   }
   const bool complete = catch_up_slices.size() == slices;
   if (!catch_up_slices.empty()) {
-    FEDMESH_RETURN_IF_ERROR(state->adopt(model));
+    FEDMESH_RETURN_IF_ERROR(state->set_model(model));
     if (complete) version = std::max(version, target_version);
   }
   {
@@ -739,14 +738,17 @@ Status GossipRuntime::Impl::merge_arrivals() {
   return Status::ok();
 }
 
-Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
-  std::vector<std::vector<float>> model;
-  state->model(model);
+void GossipRuntime::Impl::load_worker() {
+  const std::vector<std::vector<float>>& model = state->model();
   std::vector<Parameter*> parameters = worker->parameters();
   for (size_t t = 0; t < parameters.size(); ++t) {
     std::memcpy(parameters[t]->value.raw(), model[t].data(), model[t].size() * sizeof(float));
   }
   worker->refresh_compute();
+}
+
+Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
+  load_worker();
   TrainOptions local = config.site.local;
   local.max_steps = config.local_steps;
   local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, data.shard.count);
@@ -759,11 +761,9 @@ Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
   };
   const TrainSummary summary = trainer.fit(data.shard, nullptr, callbacks);
   train_loss = summary.final_train_loss;
-  for (size_t t = 0; t < parameters.size(); ++t) {
-    const float* trained = parameters[t]->value.data<float>();
-    std::copy(trained, trained + model[t].size(), model[t].begin());
-  }
-  FEDMESH_RETURN_IF_ERROR(state->set_model(model));
+  std::vector<std::vector<float>> trained;
+  for (Parameter* p : worker->parameters()) trained.emplace_back(p->value.data<float>(), p->value.data<float>() + p->value.numel());
+  FEDMESH_RETURN_IF_ERROR(state->set_model(trained));
   return static_cast<double>(summary.steps);
 }
 
@@ -863,15 +863,8 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     nlohmann::json event = {{"event", "round"}, {"round", s.version}, {"steps", *steps}, {"train_loss", train_loss}};
     const bool evaluate = s.version % static_cast<uint64_t>(s.config.eval_every) == 0 ||
                           (s.config.rounds > 0 && s.version == static_cast<uint64_t>(s.config.rounds));
-    std::vector<std::vector<float>> model;
-    s.state->model(model);
-    std::vector<Parameter*> parameters = s.worker->parameters();
-    for (size_t t = 0; t < parameters.size(); ++t) {
-      std::memcpy(parameters[t]->value.raw(), model[t].data(), model[t].size() * sizeof(float));
-    }
-    s.worker->refresh_compute();
     double norm = 0.0;
-    for (const std::vector<float>& t : model) {
+    for (const std::vector<float>& t : s.state->model()) {
       for (const float v : t) norm += static_cast<double>(v) * v;
     }
     event["model_norm"] = std::sqrt(norm);
@@ -888,6 +881,7 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       s.round_distances.clear();
     }
     if (evaluate) {
+      s.load_worker();
       if (s.data.test.count > 0) event["test_accuracy"] = evaluator.evaluate(s.data.test).accuracy;
       if (s.data.holdout.count > 0) event["local_accuracy"] = evaluator.evaluate(s.data.holdout).accuracy;
     }

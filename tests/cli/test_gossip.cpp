@@ -120,6 +120,21 @@ class GossipCluster {
     return done();
   }
 
+  // Reads events until every peer's best test accuracy is at least
+  // `target`; each peer that is not is a failure naming it.
+  bool every_peer_reaches(double target, std::chrono::seconds timeout) {
+    const bool reached = pump_until([&] {
+      for (const Peer& p : peers_) {
+        if (p.best_accuracy < target) return false;
+      }
+      return true;
+    }, timeout);
+    for (int k = 0; k < kPeers; ++k) {
+      EXPECT_GE(peer(k).best_accuracy, target) << "site-" << k << " after " << peer(k).rounds << " rounds";
+    }
+    return reached;
+  }
+
   // Whether peer k has reported `member` in `state` (after event index `from`).
   bool saw_member(int k, const std::string& member, const std::string& state, size_t from = 0) {
     const std::vector<json>& events = peer(k).events;
@@ -177,16 +192,7 @@ TEST(Gossip, EightPeersConvergeSurviveTwoKillsAndARestartedPeerCatchesUp) {
   for (int k = 0; k < kPeers; ++k) cluster.start(k);
 
   // Every peer reaches 80%.
-  const bool reached = cluster.pump_until([&] {
-    for (int k = 0; k < kPeers; ++k) {
-      if (cluster.peer(k).best_accuracy < 0.80) return false;
-    }
-    return true;
-  }, 300s);
-  for (int k = 0; k < kPeers; ++k) {
-    EXPECT_GE(cluster.peer(k).best_accuracy, 0.80) << "site-" << k << " after " << cluster.peer(k).rounds << " rounds";
-  }
-  ASSERT_TRUE(reached);
+  ASSERT_TRUE(cluster.every_peer_reaches(0.80, 300s));
   // The models agree: each peer's distance to the models it hears, against
   // its model's norm.
   for (int k = 0; k < kPeers; ++k) {
@@ -271,16 +277,7 @@ TEST(Gossip, TwentyPercentMessageLossStillConverges) {
   GossipCluster cluster({"transport.faults = \"drop=0.2,seed=11\""});
   ASSERT_TRUE(cluster.made());
   for (int k = 0; k < kPeers; ++k) cluster.start(k);
-  const bool reached = cluster.pump_until([&] {
-    for (int k = 0; k < kPeers; ++k) {
-      if (cluster.peer(k).best_accuracy < 0.80) return false;
-    }
-    return true;
-  }, 300s);
-  for (int k = 0; k < kPeers; ++k) {
-    EXPECT_GE(cluster.peer(k).best_accuracy, 0.80) << "site-" << k << " after " << cluster.peer(k).rounds << " rounds";
-  }
-  EXPECT_TRUE(reached);
+  EXPECT_TRUE(cluster.every_peer_reaches(0.80, 300s));
   // Messages were dropped, and nobody was wrongly declared dead.
   uint64_t dropped = 0;
   for (int k = 0; k < kPeers; ++k) {

@@ -61,10 +61,10 @@ std::vector<double> network_mass(const std::vector<GossipState>& nodes) {
   std::vector<double> mass;
   for (const GossipState& node : nodes) {
     size_t k = 0;
-    for (size_t t = 0; t < node.values().size(); ++t) {
-      for (size_t i = 0; i < node.values()[t].size(); ++i, ++k) {
+    for (size_t t = 0; t < node.model().size(); ++t) {
+      for (size_t i = 0; i < node.model()[t].size(); ++i, ++k) {
         if (mass.size() <= k) mass.push_back(0.0);
-        mass[k] += node.weight() * node.values()[t][i];
+        mass[k] += node.weight() * node.model()[t][i];
       }
     }
   }
@@ -90,10 +90,10 @@ void gossip_step(std::vector<GossipState>& nodes, Topology topology, int fanout,
 
 double max_disagreement(const std::vector<GossipState>& nodes) {
   Model first, other;
-  nodes[0].model(first);
+  first = nodes[0].model();
   double worst = 0.0;
   for (size_t i = 1; i < nodes.size(); ++i) {
-    nodes[i].model(other);
+    other = nodes[i].model();
     double d = 0.0;
     for (size_t t = 0; t < first.size(); ++t) {
       for (size_t k = 0; k < first[t].size(); ++k) d = std::max(d, std::fabs(static_cast<double>(first[t][k]) - other[t][k]));
@@ -112,7 +112,7 @@ TEST(GossipExchange, PushSumConservesTheNetworkAndReachesTheAverage) {
     for (auto& t : average) std::fill(t.begin(), t.end(), 0.0f);
     for (const GossipState& node : nodes) {
       Model m;
-      node.model(m);
+      m = node.model();
       for (size_t t = 0; t < m.size(); ++t) {
         for (size_t k = 0; k < m[t].size(); ++k) average[t][k] += m[t][k] / 8.0f;
       }
@@ -131,7 +131,7 @@ TEST(GossipExchange, PushSumConservesTheNetworkAndReachesTheAverage) {
     const double tolerance = spec == "identity" ? 1e-5 : spec == "int4:stochastic" ? 5e-2 : 2e-3;
     EXPECT_LT(max_disagreement(nodes), tolerance);
     Model m;
-    nodes[3].model(m);
+    m = nodes[3].model();
     for (size_t t = 0; t < m.size(); ++t) {
       for (size_t k = 0; k < m[t].size(); ++k) ASSERT_NEAR(m[t][k], average[t][k], tolerance);
     }
@@ -142,7 +142,7 @@ TEST(GossipExchange, AnUndeliveredShareComesBackWhole) {
   const Model reference = random_model(2, 1.0f);
   std::vector<GossipState> nodes = network(MergeRule::kPushSum, "identity", 1, reference);
   Model before;
-  nodes[0].model(before);
+  before = nodes[0].model();
   const std::vector<double> mass = network_mass(nodes);
   Result<GossipShare> share = nodes[0].share(3);
   ASSERT_TRUE(share.is_ok());
@@ -152,7 +152,7 @@ TEST(GossipExchange, AnUndeliveredShareComesBackWhole) {
   const std::vector<double> back = network_mass(nodes);
   for (size_t k = 0; k < mass.size(); ++k) ASSERT_NEAR(back[k], mass[k], 1e-5 * (1.0 + std::fabs(mass[k])));
   Model after;
-  nodes[0].model(after);
+  after = nodes[0].model();
   for (size_t t = 0; t < after.size(); ++t) {
     for (size_t k = 0; k < after[t].size(); ++k) ASSERT_NEAR(after[t][k], before[t][k], 1e-5);
   }
@@ -167,17 +167,17 @@ TEST(GossipExchange, PairwiseReachesConsensusAndWeighsByStaleness) {
   // Staleness 0 changes nothing; staleness 1 moves half-way.
   std::vector<GossipState> two = network(MergeRule::kPairwise, "identity", 2, reference);
   Model a, b;
-  two[0].model(a);
-  two[1].model(b);
+  a = two[0].model();
+  b = two[1].model();
   Result<GossipShare> share = two[1].share(1);
   ASSERT_TRUE(share.is_ok());
   ASSERT_TRUE(two[0].merge(share->decoded, share->weight, 0.0).is_ok());
   Model unchanged;
-  two[0].model(unchanged);
+  unchanged = two[0].model();
   EXPECT_EQ(unchanged, a);
   ASSERT_TRUE(two[0].merge(share->decoded, share->weight, 1.0).is_ok());
   Model half;
-  two[0].model(half);
+  half = two[0].model();
   EXPECT_NEAR(half[0][5], 0.5f * (a[0][5] + b[0][5]), 1e-5);
   EXPECT_NEAR(two[0].distance_to(share->decoded), std::sqrt([&] {
                 double d = 0.0;
@@ -202,7 +202,7 @@ TEST(GossipExchange, BadMergesChangeNothing) {
   const Model reference = random_model(5, 1.0f);
   std::vector<GossipState> nodes = network(MergeRule::kPushSum, "identity", 1, reference);
   Model before;
-  nodes[0].model(before);
+  before = nodes[0].model();
   Model values = random_model(6, 0.1f);
   EXPECT_FALSE(nodes[0].merge(values, 0.0, 1.0).is_ok()) << "zero weight";
   EXPECT_FALSE(nodes[0].merge(values, std::nan(""), 1.0).is_ok()) << "NaN weight";
@@ -211,7 +211,7 @@ TEST(GossipExchange, BadMergesChangeNothing) {
   values.pop_back();
   EXPECT_FALSE(nodes[0].merge(values, 0.5, 1.0).is_ok()) << "missing tensor";
   Model after;
-  nodes[0].model(after);
+  after = nodes[0].model();
   EXPECT_EQ(after, before);
   EXPECT_DOUBLE_EQ(nodes[0].weight(), 1.0);
 }

@@ -15,7 +15,7 @@ Tensor Sequential::forward(const Tensor& x, bool training) {
   return activation;
 }
 
-void Sequential::backward(const Tensor& dlogits) {
+void Sequential::backward(const Tensor& dlogits, const std::function<void(size_t layer)>& after_layer) {
   // Layers before the first one with parameters (a leading Flatten, say) need
   // no gradient, so neither does the input of that first trainable layer.
   size_t first_trainable = 0;
@@ -23,6 +23,7 @@ void Sequential::backward(const Tensor& dlogits) {
   Tensor grad = dlogits;
   for (size_t i = layers_.size(); i-- > first_trainable;) {
     grad = layers_[i]->backward(grad, /*need_input_grad=*/i > first_trainable);
+    if (after_layer) after_layer(i);
   }
 }
 

@@ -2,6 +2,7 @@
 // its compute precision (fp32, or bf16/fp16 copies of fp32 master weights).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -26,8 +27,9 @@ class Sequential {
 
   // x (batch, sample_shape...) in the compute dtype -> logits (batch, classes).
   Tensor forward(const Tensor& x, bool training);
-  // Backpropagates d loss / d logits through every layer, accumulating grads.
-  void backward(const Tensor& dlogits);
+  // Backpropagates d loss / d logits through every layer, accumulating
+  // grads; after_layer(i), if given, is called when layer i is done.
+  void backward(const Tensor& dlogits, const std::function<void(size_t layer)>& after_layer = {});
 
   std::vector<Parameter*> parameters();
   int64_t parameter_count();

@@ -89,15 +89,22 @@ StepResult Trainer::train_step(const data::ImageDataset& dataset, std::span<cons
     const CrossEntropyResult ce = softmax_cross_entropy(logits, labels_, &dlogits_, scale, normalizer);
     loss_sum += ce.loss_sum;
     result.correct += ce.correct;
-    model_.backward(dlogits_);
+    if (sync_ != nullptr && end == indices.size()) {
+      result.samples = static_cast<int64_t>(indices.size());
+      result.loss = loss_sum / static_cast<double>(indices.size());
+      sync_->before_last_backward(result);
+      model_.backward(dlogits_, [this](size_t layer) { sync_->after_layer(layer); });
+    } else {
+      model_.backward(dlogits_);
+    }
   }
   result.samples = static_cast<int64_t>(indices.size());
   // A data-parallel rank may get no sample of a short last batch.
   result.loss = indices.empty() ? 0.0 : loss_sum / static_cast<double>(indices.size());
 
   std::vector<Parameter*> parameters = model_.parameters();
-  if (gradient_hook_) {
-    hook_status_ = gradient_hook_(parameters, result.samples);
+  if (sync_ != nullptr) {
+    hook_status_ = sync_->finish(parameters, result);
     if (!hook_status_.is_ok()) {
       result.applied = false;
       return result;

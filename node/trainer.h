@@ -109,6 +109,24 @@ struct TrainerState {
   int64_t epochs_completed = 0;
 };
 
+// What a step's gradients go through between the backward pass and the
+// optimizer: in-site data parallelism makes them (and the step's result)
+// the whole step's over all ranks. The trainer calls, in every step:
+// before_last_backward (when this rank has samples) just before the
+// backward pass of its last micro-batch, after_layer(i) when layer i's
+// backward pass is done in it (its parameters' gradients are then final),
+// and finish after the backward pass, before the gradients are checked and
+// applied. Gradients are averaged over this rank's samples and times the
+// loss scale; `step` holds this rank's samples, mean loss and correct.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual void before_last_backward(const StepResult& step) { (void)step; }
+  virtual void after_layer(size_t layer) { (void)layer; }
+  // A failure leaves the step unapplied; Trainer::last_hook_status() says why.
+  virtual Status finish(std::span<Parameter* const> parameters, StepResult& step) = 0;
+};
+
 struct TrainCallbacks {
   std::function<void(const StepProgress&)> on_step;
   std::function<void(const EpochReport&)> on_epoch;
@@ -126,13 +144,10 @@ class Trainer {
   TrainSummary fit(const data::ImageDataset& train, const data::ImageDataset* test, const TrainCallbacks& callbacks);
   // One optimizer step over `indices`, split in micro-batches of batch_size.
   StepResult train_step(const data::ImageDataset& dataset, std::span<const int64_t> indices, float lr);
-  // Called in every step after the backward pass and before the gradients
-  // are checked and applied, with the gradients (averaged over this step's
-  // `samples`, times the loss scale) and the sample count: in-site data
-  // parallelism all-reduces them here (node/parallel/data_parallel.h). A
-  // hook that fails leaves the step unapplied; last_hook_status() says why.
-  using GradientHook = std::function<Status(std::span<Parameter* const> parameters, int64_t samples)>;
-  void set_gradient_hook(GradientHook hook) { gradient_hook_ = std::move(hook); }
+  // In-site data parallelism plugs in here (node/parallel/data_parallel.h);
+  // `sync` must outlive the trainer's steps. nullptr: none.
+  void set_gradient_sync(GradientSync* sync) { sync_ = sync; }
+  // Why the last step was not applied when the gradient sync failed.
   const Status& last_hook_status() const { return hook_status_; }
   EvalResult evaluate(const data::ImageDataset& dataset);
   const DynamicLossScaler& loss_scaler() const { return loss_scaler_; }
@@ -158,7 +173,7 @@ class Trainer {
   Rng shuffle_rng_;
   TrainerState position_;  // step, epoch, offset, totals; the rest is read from the parts
   bool run_in_progress_ = false;  // restored, or fit() left by an exception: the next fit() continues
-  GradientHook gradient_hook_;
+  GradientSync* sync_ = nullptr;
   Status hook_status_;
   Tensor images_, dlogits_;
   std::vector<int32_t> labels_;

@@ -1,37 +1,176 @@
 #include "node/parallel/data_parallel.h"
 
-#include <memory>
-#include <vector>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 
 namespace fedmesh::node {
 
-Trainer::GradientHook data_parallel_hook(Communicator& communicator) {
-  auto buffer = std::make_shared<std::vector<float>>();
-  return [&communicator, buffer](std::span<Parameter* const> parameters, int64_t samples) -> Status {
-    size_t total = 1;  // the last slot carries the sample count
-    for (const Parameter* p : parameters) {
-      if (p->grad.dtype() != DType::kF32) return invalid_argument("data parallel: gradient " + p->name + " is not fp32");
-      total += static_cast<size_t>(p->grad.numel());
+DataParallel::DataParallel(Communicator& communicator, Sequential& model, DataParallelOptions options)
+    : communicator_(communicator), model_(model), options_(options) {
+  // Buckets in the order the backward pass completes layers: last first.
+  size_t bytes = 0;
+  for (size_t i = model_.layer_count(); i-- > 0;) {
+    const std::vector<Parameter*> parameters = model_.layer(i).parameters();
+    if (parameters.empty()) continue;
+    if (buckets_.empty() || bytes >= options_.bucket_bytes) {
+      buckets_.emplace_back();
+      bytes = 0;
     }
-    buffer->resize(total);
-    size_t at = 0;
-    const float weight = static_cast<float>(samples);
-    for (const Parameter* p : parameters) {
-      const float* g = p->grad.data<float>();
-      for (int64_t i = 0; i < p->grad.numel(); ++i) (*buffer)[at++] = g[i] * weight;
-    }
-    (*buffer)[at] = weight;
-    FEDMESH_RETURN_IF_ERROR(communicator.all_reduce_sum(*buffer));
-    const float all_samples = buffer->back();
-    if (!(all_samples > 0.0f)) return invalid_argument("data parallel: no rank had samples in this step");
-    const float inverse = 1.0f / all_samples;
-    at = 0;
+    Bucket& bucket = buckets_.back();
     for (Parameter* p : parameters) {
-      float* g = p->grad.data<float>();
-      for (int64_t i = 0; i < p->grad.numel(); ++i) g[i] = (*buffer)[at++] * inverse;
+      bucket.parameters.push_back(p);
+      bytes += static_cast<size_t>(p->grad.numel()) * sizeof(float);
     }
-    return Status::ok();
-  };
+    bucket.lowest_layer = i;
+  }
+  if (options_.overlap) thread_ = std::thread([this] { communicate(); });
+}
+
+DataParallel::~DataParallel() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DataParallel::before_last_backward(const StepResult& step) {
+  weight_ = static_cast<float>(step.samples);
+  loss_sum_ = step.loss * static_cast<double>(step.samples);
+  correct_ = step.correct;
+}
+
+void DataParallel::after_layer(size_t layer) {
+  if (!options_.overlap) return;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!buckets_[b].queued && buckets_[b].lowest_layer == layer) queue(b);
+  }
+}
+
+// Packs bucket b (gradients x this rank's samples; the last bucket also the
+// step's counts) and hands it to the communication thread, or all-reduces
+// it here without overlap.
+void DataParallel::queue(size_t b) {
+  Bucket& bucket = buckets_[b];
+  size_t total = b + 1 == buckets_.size() ? 3 : 0;
+  for (const Parameter* p : bucket.parameters) total += static_cast<size_t>(p->grad.numel());
+  bucket.values.resize(total);
+  size_t at = 0;
+  for (const Parameter* p : bucket.parameters) {
+    const float* g = p->grad.data<float>();
+    for (int64_t i = 0; i < p->grad.numel(); ++i) bucket.values[at++] = g[i] * weight_;
+  }
+  if (b + 1 == buckets_.size()) {
+    bucket.values[at++] = weight_;
+    bucket.values[at++] = static_cast<float>(loss_sum_);
+    bucket.values[at++] = static_cast<float>(correct_);
+  }
+  bucket.queued = true;
+  if (!options_.overlap) {
+    if (error_.is_ok()) error_ = communicator_.all_reduce_sum(bucket.values);
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    pending_.push_back(b);
+  }
+  changed_.notify_all();
+}
+
+void DataParallel::communicate() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
+    if (pending_.empty()) return;  // stopping
+    const size_t b = pending_.front();
+    pending_.pop_front();
+    ++in_flight_;
+    const bool failed = !error_.is_ok();
+    lock.unlock();
+    // After a failure the later buckets are not sent: the step fails anyway.
+    Status s = failed ? Status::ok() : communicator_.all_reduce_sum(buckets_[b].values);
+    lock.lock();
+    --in_flight_;
+    if (!s.is_ok() && error_.is_ok()) error_ = std::move(s);
+    changed_.notify_all();
+  }
+}
+
+Status DataParallel::finish(std::span<Parameter* const> parameters, StepResult& step) {
+  (void)parameters;  // the buckets hold the model's parameters
+  // A rank with no sample in this step (a short last batch) ran no backward
+  // pass: its buckets go out here, with weight 0.
+  if (step.samples == 0) before_last_backward(step);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!buckets_[b].queued) queue(b);
+  }
+  Status error;
+  {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return pending_.empty() && in_flight_ == 0; });
+    error = std::move(error_);
+    error_ = Status::ok();
+  }
+  for (Bucket& bucket : buckets_) bucket.queued = false;
+  FEDMESH_RETURN_IF_ERROR(error);
+  const std::vector<float>& last = buckets_.back().values;
+  const float all_samples = last[last.size() - 3];
+  if (!(all_samples > 0.0f)) return invalid_argument("data parallel: no rank had samples in this step");
+  const float inverse = 1.0f / all_samples;
+  for (Bucket& bucket : buckets_) {
+    size_t at = 0;
+    for (Parameter* p : bucket.parameters) {
+      float* g = p->grad.data<float>();
+      for (int64_t i = 0; i < p->grad.numel(); ++i) g[i] = bucket.values[at++] * inverse;
+    }
+  }
+  step.samples = static_cast<int64_t>(all_samples);
+  step.loss = static_cast<double>(last[last.size() - 2]) / static_cast<double>(all_samples);
+  step.correct = static_cast<int64_t>(last[last.size() - 1]);
+  return Status::ok();
+}
+
+namespace {
+
+std::vector<float> flatten_values(Sequential& model) {
+  std::vector<float> out;
+  for (Parameter* p : model.parameters()) out.insert(out.end(), p->value.data<float>(), p->value.data<float>() + p->value.numel());
+  return out;
+}
+
+}  // namespace
+
+Status broadcast_parameters(Communicator& communicator, Sequential& model) {
+  std::vector<float> values = flatten_values(model);
+  FEDMESH_RETURN_IF_ERROR(communicator.broadcast(values, 0));
+  size_t at = 0;
+  for (Parameter* p : model.parameters()) {
+    std::memcpy(p->value.raw(), values.data() + at, p->value.nbytes());
+    at += static_cast<size_t>(p->value.numel());
+  }
+  model.refresh_compute();
+  return Status::ok();
+}
+
+Status check_replicas_equal(Communicator& communicator, Sequential& model) {
+  // FNV-1a over the bytes, carried as two 16-bit halves (exact in fp32).
+  uint32_t hash = 2166136261u;
+  for (Parameter* p : model.parameters()) {
+    const auto* bytes = static_cast<const unsigned char*>(p->value.raw());
+    for (size_t i = 0; i < p->value.nbytes(); ++i) hash = (hash ^ bytes[i]) * 16777619u;
+  }
+  const float mine[2] = {static_cast<float>(hash >> 16), static_cast<float>(hash & 0xffffu)};
+  std::vector<float> all(2 * static_cast<size_t>(communicator.size()));
+  FEDMESH_RETURN_IF_ERROR(communicator.all_gather(mine, all));
+  for (int r = 1; r < communicator.size(); ++r) {
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
+      return Status(StatusCode::kInternal, "data parallel: rank " + std::to_string(r) +
+                                               "'s parameters differ from rank 0's after the same steps");
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace fedmesh::node

@@ -6,17 +6,79 @@
 // ranks stay equal (tests/node/test_data_parallel.cpp checks 2 and 3
 // processes against one on the combined batch).
 //
-// One bucket: the gradients are flattened into one buffer and all-reduced
-// after the whole backward pass (no overlap with it yet).
+// Gradients travel in buckets of about bucket_bytes, filled in the order
+// the backward pass finishes layers (last layer first). With overlap, a
+// bucket is all-reduced on a communication thread as soon as the backward
+// pass has finished its layers, while the backward pass goes on with the
+// layers below; the step waits for the last bucket only. The step's sample
+// count, loss and correct count ride in the last bucket. Every rank sends
+// the same buckets in the same order, so the collectives match.
 #pragma once
 
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "node/model.h"
 #include "node/parallel/communicator.h"
 #include "node/trainer.h"
 
 namespace fedmesh::node {
 
-// The hook to give Trainer::set_gradient_hook; `communicator` must outlive
-// the trainer's use of it.
-Trainer::GradientHook data_parallel_hook(Communicator& communicator);
+struct DataParallelOptions {
+  size_t bucket_bytes = size_t{1} << 20;  // 1 MiB; SIZE_MAX: one bucket
+  bool overlap = true;                    // all-reduce buckets during the backward pass
+};
+
+class DataParallel final : public GradientSync {
+ public:
+  // `communicator` and `model` must outlive this; the communicator is used
+  // by this object's thread during steps and must not be used by anyone
+  // else until finish() returns.
+  DataParallel(Communicator& communicator, Sequential& model, DataParallelOptions options = {});
+  ~DataParallel() override;
+
+  void before_last_backward(const StepResult& step) override;
+  void after_layer(size_t layer) override;
+  Status finish(std::span<Parameter* const> parameters, StepResult& step) override;
+
+  size_t bucket_count() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    std::vector<Parameter*> parameters;  // in the order they are packed
+    size_t lowest_layer = 0;             // the bucket is complete once this layer's backward is done
+    std::vector<float> values;
+    bool queued = false;
+  };
+  void queue(size_t bucket);
+  void communicate();
+
+  Communicator& communicator_;
+  Sequential& model_;
+  DataParallelOptions options_;
+  std::vector<Bucket> buckets_;  // in backward order; the last one carries the step's counts
+  float weight_ = 0.0f;          // this rank's samples in the step
+  double loss_sum_ = 0.0;
+  int64_t correct_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<size_t> pending_;
+  size_t in_flight_ = 0;
+  Status error_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// Makes every rank's parameters (masters and compute copies) rank 0's.
+Status broadcast_parameters(Communicator& communicator, Sequential& model);
+// kInternal when the ranks' parameters differ (a checksum of each rank's,
+// gathered): data parallelism keeps them bit-identical, so any difference
+// is a bug or a rank that trained something else.
+Status check_replicas_equal(Communicator& communicator, Sequential& model);
 
 }  // namespace fedmesh::node

@@ -13,6 +13,8 @@
 #include "kernels/parallel.h"
 #include "node/data/fashion_mnist.h"
 #include "node/model.h"
+#include "node/parallel/data_parallel.h"
+#include "node/parallel/rank_group.h"
 #include "node/trainer.h"
 #include "node/training_checkpoint.h"
 #include "store/checkpoint_store.h"
@@ -41,6 +43,7 @@ struct TrainFlags {
   int64_t keep_last = 3;
   std::string keep_best = "test_accuracy";
   node::TrainOptions options;
+  node::RankFlags group;  // --ranks N: data-parallel CPU ranks (Gloo)
 };
 
 // Exit codes: 2 for input the user must fix, 1 for a failure while training.
@@ -53,8 +56,42 @@ int fail(const TrainFlags& flags, const Status& status, int exit_code = 2) {
 }
 
 // Thrown from the step callback to leave Trainer::fit when a checkpoint
-// cannot be committed.
+// cannot be committed, or when the ranks' gradient sync failed (a rank
+// died: every later step would fail too).
 struct CheckpointFailed {};
+struct RankFailed {};
+
+// Ranks 1..N-1 of `fedmesh train --ranks N`: the same run's arguments
+// (launched by rank 0 with --rank and --rendezvous), no output, no store.
+// They take rank 0's position and state (restored from its checkpoint, or
+// fresh), train their part of every batch and exit when the run ends.
+int run_train_rank(TrainFlags& flags, const data::ImageDataset& train) {
+  Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed);
+  if (!model.is_ok()) return fail(flags, model.status());
+  node::Trainer trainer(**model, flags.options);
+  Result<std::unique_ptr<node::Communicator>> communicator = node::join_rank_group(flags.group);
+  if (!communicator.is_ok()) return fail(flags, communicator.status(), 1);
+  Result<std::optional<nlohmann::json>> command = node::read_rank_command();
+  if (!command.is_ok()) return fail(flags, command.status(), 1);
+  if (!command->has_value()) return 0;  // rank 0 gave up before training
+  Result<node::TrainerState> state = node::trainer_state_from_json((**command)["state"].dump());
+  if (!state.is_ok()) return fail(flags, state.status(), 1);
+  if (Status s = trainer.restore(*state); !s.is_ok()) return fail(flags, s, 1);
+  if (Status s = node::broadcast_training_state(**communicator, **model, trainer); !s.is_ok()) return fail(flags, s, 1);
+  node::DataParallel sync(**communicator, **model);
+  trainer.set_gradient_sync(&sync);
+  node::TrainCallbacks callbacks;
+  callbacks.on_step = [&](const node::StepProgress&) {
+    if (!trainer.last_hook_status().is_ok()) throw RankFailed{};
+  };
+  try {
+    trainer.fit(train, nullptr, callbacks);
+  } catch (const RankFailed&) {
+    return fail(flags, trainer.last_hook_status(), 1);
+  }
+  if (Status s = node::check_replicas_equal(**communicator, **model); !s.is_ok()) return fail(flags, s, 1);
+  return 0;
+}
 
 // The flags that decide a run's trajectory: a resumed run must use the same
 // ones, or it would not continue the run it claims to continue.
@@ -115,6 +152,9 @@ int run_train(TrainFlags& flags) {
                                    ": this build trains on the CPU only for now; use --device cpu "
                                    "(`fedmesh doctor` lists the GPUs this build can see)"));
   }
+  if (Status s = flags.group.validate(); !s.is_ok()) return fail(flags, s);
+  flags.options.data_parallel_rank = flags.group.rank;
+  flags.options.data_parallel_ranks = flags.group.ranks;
   Result<DType> precision = parse_dtype(flags.precision);
   if (!precision.is_ok()) return fail(flags, precision.status());
   flags.options.precision = *precision;
@@ -139,6 +179,7 @@ int run_train(TrainFlags& flags) {
   if (!splits.is_ok()) return fail(flags, splits.status());
   data::ImageDataset* train = &splits->train;
   data::ImageDataset* test = &splits->test;
+  if (flags.group.launched()) return run_train_rank(flags, *train);
 
   Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed);
   if (!model.is_ok()) return fail(flags, model.status());
@@ -243,6 +284,21 @@ int run_train(TrainFlags& flags) {
     if (flags.json) emit_json({{"event", "checkpoint"}, {"step", step}, {"db", flags.db}});
   };
 
+  // --ranks N: launch ranks 1..N-1 now that the flags, the data and the
+  // store are known good, and hand them this run's position and state.
+  std::unique_ptr<node::RankGroup> group;
+  std::optional<node::DataParallel> sync;
+  if (flags.group.ranks > 1) {
+    Result<std::unique_ptr<node::RankGroup>> launched = node::RankGroup::launch(command_arguments(), flags.group.ranks);
+    if (!launched.is_ok()) return fail(flags, launched.status(), 1);
+    group = std::move(*launched);
+    Status shared = group->command({{"command", "train"}, {"state", node::trainer_state_to_json(trainer.state())}});
+    if (shared.is_ok()) shared = node::broadcast_training_state(group->communicator(), net, trainer);
+    if (!shared.is_ok()) return fail(flags, shared, 1);
+    sync.emplace(group->communicator(), net);
+    trainer.set_gradient_sync(&*sync);
+  }
+
   if (flags.json) {
     emit_json({{"event", "start"},
                {"command", "train"},
@@ -251,6 +307,7 @@ int run_train(TrainFlags& flags) {
                {"precision", flags.precision},
                {"device", flags.device},
                {"threads", cpu_threads()},
+               {"ranks", flags.group.ranks},
                {"optimizer", flags.options.optimizer},
                {"lr", flags.options.lr},
                {"schedule", flags.options.schedule.to_string()},
@@ -265,11 +322,16 @@ int run_train(TrainFlags& flags) {
                  flags.model.c_str(), static_cast<long long>(train->count), static_cast<long long>(test->count),
                  flags.precision.c_str(), cpu_threads(), static_cast<long long>(flags.options.batch_size),
                  flags.options.optimizer.c_str(), static_cast<double>(flags.options.lr));
+    if (group) {
+      std::fprintf(stderr, "data parallel over %d CPU ranks (Gloo, %zu gradient buckets): each takes 1/%d of every batch\n",
+                   group->size(), sync->bucket_count(), group->size());
+    }
   }
 
   ProgressLine line;
   node::TrainCallbacks callbacks;
   callbacks.on_step = [&](const node::StepProgress& p) {
+    if (!trainer.last_hook_status().is_ok()) throw RankFailed{};
     if (p.step % flags.checkpoint_every == 0 && p.step < p.total_steps) {
       commit_checkpoint({{"train_loss", p.result.loss}, {"lr", p.lr}, {"epoch", p.epoch}});
       if (!checkpoint_status.is_ok()) throw CheckpointFailed{};
@@ -321,8 +383,17 @@ int run_train(TrainFlags& flags) {
   } catch (const CheckpointFailed&) {
     line.finish();
     return fail(flags, Status(checkpoint_status.code(), "checkpoint failed, training stopped: " + checkpoint_status.message()), 1);
+  } catch (const RankFailed&) {
+    line.finish();
+    const Status rank = group->check_ranks();
+    return fail(flags, rank.is_ok() ? trainer.last_hook_status() : rank, 1);
   }
   line.finish();
+  if (group) {
+    Status ranks = node::check_replicas_equal(group->communicator(), net);
+    if (ranks.is_ok()) ranks = group->join();
+    if (!ranks.is_ok()) return fail(flags, ranks, 1);
+  }
   if (checkpoints) {
     commit_checkpoint({{"train_loss", summary.final_train_loss}, {"epoch", summary.epochs_completed}});
     if (!checkpoint_status.is_ok()) {
@@ -404,6 +475,12 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--loss-scale", o.loss_scaling.initial_scale, "Initial loss scale for fp16")->capture_default_str();
   cmd->add_option("--device", flags->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--ranks", flags->group.ranks,
+                  "Data-parallel CPU ranks: processes launched by this one, each training on 1/N of every batch, "
+                  "gradients all-reduced with Gloo (the run equals one process on the whole batches)")
+      ->capture_default_str();
+  cmd->add_option("--rank", flags->group.rank)->group("");  // set by rank 0 for the ranks it launches
+  cmd->add_option("--rendezvous", flags->group.rendezvous)->group("");
   cmd->add_option("--threads", flags->threads, "CPU threads for kernels and OpenBLAS (0 = all cores)")
       ->capture_default_str();
   cmd->add_option("--train-limit", flags->train_limit, "Use only the first N training images (0 = all)")

@@ -154,6 +154,15 @@ Status broadcast_parameters(Communicator& communicator, Sequential& model) {
   return Status::ok();
 }
 
+Status broadcast_training_state(Communicator& communicator, Sequential& model, Trainer& trainer) {
+  FEDMESH_RETURN_IF_ERROR(broadcast_parameters(communicator, model));
+  for (const OptimizerStateTensor& state : trainer.optimizer().state_tensors(model.parameters())) {
+    FEDMESH_RETURN_IF_ERROR(
+        communicator.broadcast(std::span<float>(state.tensor->data<float>(), static_cast<size_t>(state.tensor->numel())), 0));
+  }
+  return Status::ok();
+}
+
 Status check_replicas_equal(Communicator& communicator, Sequential& model) {
   // FNV-1a over the bytes, carried as two 16-bit halves (exact in fp32).
   uint32_t hash = 2166136261u;

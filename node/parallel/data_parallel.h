@@ -29,7 +29,7 @@
 namespace fedmesh::node {
 
 struct DataParallelOptions {
-  size_t bucket_bytes = size_t{1} << 20;  // 1 MiB; SIZE_MAX: one bucket
+  size_t bucket_bytes = size_t{256} << 10;  // 256 KiB; SIZE_MAX: one bucket
   bool overlap = true;                    // all-reduce buckets during the backward pass
 };
 
@@ -76,6 +76,10 @@ class DataParallel final : public GradientSync {
 
 // Makes every rank's parameters (masters and compute copies) rank 0's.
 Status broadcast_parameters(Communicator& communicator, Sequential& model);
+// Makes every rank's parameters and optimizer state tensors rank 0's (a
+// run resumed from rank 0's checkpoint; the trainer's position travels
+// separately, as trainer_state_to_json).
+Status broadcast_training_state(Communicator& communicator, Sequential& model, Trainer& trainer);
 // kInternal when the ranks' parameters differ (a checksum of each rank's,
 // gathered): data parallelism keeps them bit-identical, so any difference
 // is a bug or a rank that trained something else.

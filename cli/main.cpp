@@ -6,7 +6,6 @@
 #include "cli/doctor_command.h"
 #include "cli/keygen_command.h"
 #include "cli/node_command.h"
-#include "cli/output.h"
 #include "cli/roster_command.h"
 #include "cli/sim_command.h"
 #include "cli/status_command.h"
@@ -18,7 +17,6 @@ int main(int argc, char** argv) {
       "compressed, signed, encrypted model updates.\n"
       "Start with `fedmesh train --model cnn` (local training on Fashion-MNIST) or `fedmesh doctor`.",
       "fedmesh"};
-  fedmesh::cli::set_command_arguments(argc, argv);
   app.require_subcommand(1);
   app.set_version_flag("--version", "fedmesh 0.1.0");
   int exit_code = 0;

@@ -8,6 +8,7 @@
 #include "base/text.h"
 #include "cli/output.h"
 #include "node/gossip/gossip_runtime.h"
+#include "node/site/site_ranks.h"
 #include "node/site/site_runtime.h"
 
 namespace fedmesh::cli {
@@ -18,15 +19,17 @@ struct NodeFlags {
   std::string config;
   std::string mode;  // "" : the config's `mode` key (default aggregator)
   bool json = false;
+  node::RankFlags group;  // --ranks N (aggregator mode): data-parallel CPU ranks
 };
 
 void print_event(const std::string& site, const nlohmann::json& e) {
   const std::string kind = e.value("event", "");
   const char* name = site.c_str();
   if (kind == "site") {
-    std::fprintf(stderr, "[%s] %lld training images, %lld held out; store %s\n", name,
+    std::fprintf(stderr, "[%s] %lld training images, %lld held out; store %s%s\n", name,
                  static_cast<long long>(e.value("shard_images", 0)), static_cast<long long>(e.value("holdout_images", 0)),
-                 e.value("store", "").c_str());
+                 e.value("store", "").c_str(),
+                 e.value("ranks", 1) > 1 ? ("; " + std::to_string(e.value("ranks", 1)) + " data-parallel ranks").c_str() : "");
   } else if (kind == "model") {
     std::fprintf(stderr, "[%s] global model version %lld verified (%s..., %lld bytes)\n", name,
                  static_cast<long long>(e.value("version", 0)), e.value("hash", "").c_str(),
@@ -110,6 +113,11 @@ int run_node(const NodeFlags& flags) {
     if (!configured.is_ok()) return fail(flags, configured.status(), true);
     mode = *configured;
   }
+  if (Status s = flags.group.validate(); !s.is_ok()) return fail(flags, s, true);
+  if (mode == "gossip" && flags.group.ranks > 1) {
+    return fail(flags, invalid_argument("--ranks: a gossip peer trains in one process for now (use --ranks with "
+                                        "--mode aggregator)"), true);
+  }
   if (mode == "gossip") {
     Result<node::GossipConfig> config = node::read_gossip_config(flags.config);
     const std::string site = config.is_ok() ? config->site.name : "";
@@ -117,6 +125,13 @@ int run_node(const NodeFlags& flags) {
   }
   Result<node::SiteConfig> config = node::read_site_config(flags.config);
   const std::string site = config.is_ok() ? config->name : "";
+  if (config.is_ok()) config->ranks = flags.group.ranks;
+  if (flags.group.launched()) {
+    // A rank launched by this node's rank 0: no output of its own.
+    if (!config.is_ok()) return fail(flags, config.status(), true);
+    const Status s = node::run_site_rank(*config, flags.group);
+    return s.is_ok() ? 0 : fail(flags, s);
+  }
   return run_runtime<node::SiteRuntime>(flags, std::move(config), site);
 }
 
@@ -133,6 +148,13 @@ void add_node_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--config", flags->config, "site.toml (see README.md, 'Running a federation' and 'Gossip')")->required();
   cmd->add_option("--mode", flags->mode, "aggregator or gossip (default: the config's `mode` key, else aggregator)")
       ->check(CLI::IsMember({"aggregator", "gossip"}));
+  cmd->add_option("--ranks", flags->group.ranks,
+                  "Aggregator mode: data-parallel CPU ranks, processes launched by this one that train every round "
+                  "together (1/N of every batch each, gradients all-reduced with Gloo); the federation still sees one "
+                  "site and one update")
+      ->capture_default_str();
+  cmd->add_option("--rank", flags->group.rank)->group("");  // set by rank 0 for the ranks it launches
+  cmd->add_option("--rendezvous", flags->group.rendezvous)->group("");
   cmd->add_flag("--json", flags->json, "Print JSON lines: site, model, update, finished (aggregator); peer, member, "
                                        "round, catch-up, refused, finished (gossip)");
   cmd->callback([flags, &exit_code] { exit_code = run_node(*flags); });

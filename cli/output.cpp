@@ -4,7 +4,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -68,19 +67,6 @@ namespace {
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop.store(true); }
 }  // namespace
-
-namespace {
-std::vector<std::string>& arguments_storage() {
-  static std::vector<std::string> arguments;
-  return arguments;
-}
-}  // namespace
-
-void set_command_arguments(int argc, char** argv) {
-  arguments_storage().assign(argv + std::min(argc, 1), argv + argc);
-}
-
-const std::vector<std::string>& command_arguments() { return arguments_storage(); }
 
 const std::atomic<bool>& stop_on_signals() {
   struct sigaction action {};

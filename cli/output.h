@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -36,11 +35,6 @@ class ProgressLine {
   bool dirty_ = false;
   std::chrono::steady_clock::time_point last_;
 };
-
-// The command line this process was started with, without argv[0]: in-site
-// ranks are launched with the same arguments (node/parallel/rank_group.h).
-void set_command_arguments(int argc, char** argv);
-const std::vector<std::string>& command_arguments();
 
 // SIGINT and SIGTERM set this flag (a long-running role then stops cleanly:
 // the store settles, the socket closes); installed once per process.

@@ -56,10 +56,8 @@ int fail(const TrainFlags& flags, const Status& status, int exit_code = 2) {
 }
 
 // Thrown from the step callback to leave Trainer::fit when a checkpoint
-// cannot be committed, or when the ranks' gradient sync failed (a rank
-// died: every later step would fail too).
+// cannot be committed.
 struct CheckpointFailed {};
-struct RankFailed {};
 
 // Ranks 1..N-1 of `fedmesh train --ranks N`: the same run's arguments
 // (launched by rank 0 with --rank and --rendezvous), no output, no store.
@@ -79,18 +77,8 @@ int run_train_rank(TrainFlags& flags, const data::ImageDataset& train) {
   if (Status s = trainer.restore(*state); !s.is_ok()) return fail(flags, s, 1);
   if (Status s = node::broadcast_training_state(**communicator, **model, trainer); !s.is_ok()) return fail(flags, s, 1);
   node::DataParallel sync(**communicator, **model);
-  trainer.set_gradient_sync(&sync);
-  node::TrainCallbacks callbacks;
-  callbacks.on_step = [&](const node::StepProgress&) {
-    if (!trainer.last_hook_status().is_ok()) throw RankFailed{};
-  };
-  try {
-    trainer.fit(train, nullptr, callbacks);
-  } catch (const RankFailed&) {
-    return fail(flags, trainer.last_hook_status(), 1);
-  }
-  if (Status s = node::check_replicas_equal(**communicator, **model); !s.is_ok()) return fail(flags, s, 1);
-  return 0;
+  Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, sync, train, nullptr, {});
+  return trained.is_ok() ? 0 : fail(flags, trained.status(), 1);
 }
 
 // The flags that decide a run's trajectory: a resumed run must use the same
@@ -289,14 +277,13 @@ int run_train(TrainFlags& flags) {
   std::unique_ptr<node::RankGroup> group;
   std::optional<node::DataParallel> sync;
   if (flags.group.ranks > 1) {
-    Result<std::unique_ptr<node::RankGroup>> launched = node::RankGroup::launch(command_arguments(), flags.group.ranks);
+    Result<std::unique_ptr<node::RankGroup>> launched = node::RankGroup::launch(flags.group.ranks);
     if (!launched.is_ok()) return fail(flags, launched.status(), 1);
     group = std::move(*launched);
     Status shared = group->command({{"command", "train"}, {"state", node::trainer_state_to_json(trainer.state())}});
     if (shared.is_ok()) shared = node::broadcast_training_state(group->communicator(), net, trainer);
     if (!shared.is_ok()) return fail(flags, shared, 1);
     sync.emplace(group->communicator(), net);
-    trainer.set_gradient_sync(&*sync);
   }
 
   if (flags.json) {
@@ -331,7 +318,6 @@ int run_train(TrainFlags& flags) {
   ProgressLine line;
   node::TrainCallbacks callbacks;
   callbacks.on_step = [&](const node::StepProgress& p) {
-    if (!trainer.last_hook_status().is_ok()) throw RankFailed{};
     if (p.step % flags.checkpoint_every == 0 && p.step < p.total_steps) {
       commit_checkpoint({{"train_loss", p.result.loss}, {"lr", p.lr}, {"epoch", p.epoch}});
       if (!checkpoint_status.is_ok()) throw CheckpointFailed{};
@@ -379,21 +365,22 @@ int run_train(TrainFlags& flags) {
 
   node::TrainSummary summary;
   try {
-    summary = trainer.fit(*train, &*test, callbacks);
+    if (sync) {
+      Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, *sync, *train, &*test, callbacks);
+      Status ranks = trained.is_ok() ? group->join() : group->check_ranks();
+      if (!ranks.is_ok() || !trained.is_ok()) {
+        line.finish();
+        return fail(flags, !ranks.is_ok() ? ranks : trained.status(), 1);
+      }
+      summary = *trained;
+    } else {
+      summary = trainer.fit(*train, &*test, callbacks);
+    }
   } catch (const CheckpointFailed&) {
     line.finish();
     return fail(flags, Status(checkpoint_status.code(), "checkpoint failed, training stopped: " + checkpoint_status.message()), 1);
-  } catch (const RankFailed&) {
-    line.finish();
-    const Status rank = group->check_ranks();
-    return fail(flags, rank.is_ok() ? trainer.last_hook_status() : rank, 1);
   }
   line.finish();
-  if (group) {
-    Status ranks = node::check_replicas_equal(group->communicator(), net);
-    if (ranks.is_ok()) ranks = group->join();
-    if (!ranks.is_ok()) return fail(flags, ranks, 1);
-  }
   if (checkpoints) {
     commit_checkpoint({{"train_loss", summary.final_train_loss}, {"epoch", summary.epochs_completed}});
     if (!checkpoint_status.is_ok()) {

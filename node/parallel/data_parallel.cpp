@@ -134,6 +134,32 @@ Status DataParallel::finish(std::span<Parameter* const> parameters, StepResult& 
 
 namespace {
 
+struct SyncFailed {};
+
+}  // namespace
+
+Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::ImageDataset& train,
+                                       const data::ImageDataset* test, const TrainCallbacks& callbacks) {
+  trainer.set_gradient_sync(&sync);
+  TrainCallbacks checked = callbacks;
+  checked.on_step = [&](const StepProgress& progress) {
+    if (!trainer.last_hook_status().is_ok()) throw SyncFailed{};
+    if (callbacks.on_step) callbacks.on_step(progress);
+  };
+  TrainSummary summary;
+  try {
+    summary = trainer.fit(train, test, checked);
+  } catch (const SyncFailed&) {
+    trainer.set_gradient_sync(nullptr);
+    return trainer.last_hook_status();
+  }
+  trainer.set_gradient_sync(nullptr);
+  FEDMESH_RETURN_IF_ERROR(check_replicas_equal(sync.communicator(), sync.model()));
+  return summary;
+}
+
+namespace {
+
 std::vector<float> flatten_values(Sequential& model) {
   std::vector<float> out;
   for (Parameter* p : model.parameters()) out.insert(out.end(), p->value.data<float>(), p->value.data<float>() + p->value.numel());

@@ -46,6 +46,8 @@ class DataParallel final : public GradientSync {
   Status finish(std::span<Parameter* const> parameters, StepResult& step) override;
 
   size_t bucket_count() const { return buckets_.size(); }
+  Communicator& communicator() { return communicator_; }
+  Sequential& model() { return model_; }
 
  private:
   struct Bucket {
@@ -73,6 +75,14 @@ class DataParallel final : public GradientSync {
   bool stopping_ = false;
   std::thread thread_;
 };
+
+// trainer.fit() with `sync` (the trainer must train sync.model() with
+// data_parallel_rank/ranks set), stopped at the first step whose sync
+// failed (a rank died or left: every later step would wait for it and fail
+// too), whose status is then returned; at the end, check_replicas_equal.
+// Exceptions from the callbacks pass through.
+Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::ImageDataset& train,
+                                       const data::ImageDataset* test, const TrainCallbacks& callbacks);
 
 // Makes every rank's parameters (masters and compute copies) rank 0's.
 Status broadcast_parameters(Communicator& communicator, Sequential& model);

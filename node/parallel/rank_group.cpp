@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <thread>
 
@@ -50,12 +51,20 @@ Status RankFlags::validate() const {
   return Status::ok();
 }
 
-Result<std::unique_ptr<RankGroup>> RankGroup::launch(const std::vector<std::string>& arguments, int ranks,
-                                                     std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<RankGroup>> RankGroup::launch(int ranks, std::chrono::milliseconds timeout) {
   if (ranks < 2 || ranks > kMaxRanks) return invalid_argument("a rank group has 2 to " + std::to_string(kMaxRanks) + " ranks");
   std::error_code ec;
   const std::filesystem::path executable = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return io_error("cannot find this program to launch the ranks: " + ec.message());
+  // This process's arguments, NUL-separated, argv[0] first.
+  std::vector<std::string> arguments;
+  {
+    std::ifstream in("/proc/self/cmdline", std::ios::binary);
+    std::string argument;
+    while (std::getline(in, argument, '\0')) arguments.push_back(argument);
+    if (arguments.empty()) return io_error("cannot read this process's arguments from /proc/self/cmdline");
+    arguments.erase(arguments.begin());
+  }
   std::string pattern = (std::filesystem::temp_directory_path() / "fedmesh-ranks-XXXXXX").string();
   if (::mkdtemp(pattern.data()) == nullptr) return io_error("cannot make the ranks' rendezvous directory: " + std::string(strerror(errno)));
 

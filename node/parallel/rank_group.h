@@ -39,12 +39,11 @@ inline constexpr std::chrono::milliseconds kRankTimeout{60000};
 
 class RankGroup {
  public:
-  // Launches `arguments` (argv without argv[0]; the executable is this
-  // process's own) once for every rank 1..ranks-1, then connects as rank 0.
-  // The ranks' stdout goes to /dev/null (rank 0 speaks for the group);
-  // their stderr is this process's.
-  static Result<std::unique_ptr<RankGroup>> launch(const std::vector<std::string>& arguments, int ranks,
-                                                   std::chrono::milliseconds timeout = kRankTimeout);
+  // Launches this process's own binary with its own arguments (from
+  // /proc/self/cmdline) once for every rank 1..ranks-1, then connects as
+  // rank 0. The ranks' stdout goes to /dev/null (rank 0 speaks for the
+  // group); their stderr is this process's.
+  static Result<std::unique_ptr<RankGroup>> launch(int ranks, std::chrono::milliseconds timeout = kRankTimeout);
   // Closes the command pipes (the ranks exit on end of file), waits for the
   // ranks a few seconds, kills any left and removes the directory.
   ~RankGroup();

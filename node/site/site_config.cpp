@@ -18,6 +18,7 @@ Status SiteConfig::validate() const {
   if (keys.empty() || roster.empty() || admin_public.empty()) {
     return invalid_argument("keys, roster and admin_public are required");
   }
+  if (ranks < 1 || ranks > 64) return invalid_argument("--ranks must be in [1, 64], not " + std::to_string(ranks));
   if (sites < 1 || index < 0 || index >= sites) {
     return invalid_argument("data.index " + std::to_string(index) + " is not a shard of data.sites " +
                             std::to_string(sites));

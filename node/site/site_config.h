@@ -38,6 +38,7 @@ struct SiteConfig {
   int64_t train_limit = 0;
   TrainOptions local;                     // max_steps comes from the aggregator's announcement
   int threads = 1;
+  int ranks = 1;                          // `fedmesh node --ranks N`: data-parallel ranks (site_ranks.h)
   double poll_seconds = 0.2;
   double step_delay_seconds = 0.0;        // experiments: make this site slower
   double give_up_seconds = 0.0;           // > 0: exit when the aggregator is silent this long

@@ -22,6 +22,7 @@
 #include "node/data/fashion_mnist.h"
 #include "node/data/partition.h"
 #include "node/model.h"
+#include "node/site/site_ranks.h"
 #include "protocol/compressor.h"
 #include "protocol/model_transfer.h"
 #include "protocol/update_upload.h"
@@ -57,6 +58,7 @@ class SiteRuntime::Impl {
   crypto::BoxPublicKey aggregator_key{};
   std::optional<store::CheckpointStore> store;
   std::unique_ptr<Sequential> worker;
+  std::unique_ptr<SiteRanks> ranks;  // --ranks N > 1: the ranks training with this process
   std::vector<std::string> names;
   std::vector<protocol::TensorShape> manifest;
   std::optional<protocol::UpdateCompressor> compressor;
@@ -136,8 +138,13 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   if (!endpoint.is_ok()) return endpoint.status();
   http = std::move(*endpoint);
   if (http) metrics_address = http->address();
+  if (config.ranks > 1) {
+    Result<std::unique_ptr<SiteRanks>> launched = SiteRanks::launch(config.ranks, *worker);
+    if (!launched.is_ok()) return launched.status();
+    ranks = std::move(*launched);
+  }
   emit({{"event", "site"}, {"site", config.name}, {"shard_images", shard.count}, {"holdout_images", holdout.count},
-        {"store", config.store}, {"metrics", metrics_address}, {"version", held_version}});
+        {"store", config.store}, {"metrics", metrics_address}, {"version", held_version}, {"ranks", config.ranks}});
   return Status::ok();
 }
 
@@ -347,13 +354,21 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   local.max_steps = std::max<int64_t>(1, a.local_steps);
   local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, shard.count);
   local.seed = mix_seed(mix_seed(config.data_seed, static_cast<uint64_t>(config.index)), a.round * 1000003ull + a.version);
+  if (ranks) local = ranks->options_for_rank(local);
   Trainer trainer(*worker, local);
   TrainCallbacks callbacks;
   callbacks.on_step = [&](const StepProgress&) {
     if (config.step_delay_seconds > 0.0) std::this_thread::sleep_for(std::chrono::duration<double>(config.step_delay_seconds));
     heartbeat_if_due();
   };
-  const TrainSummary summary = trainer.fit(shard, nullptr, callbacks);
+  TrainSummary summary;
+  if (ranks) {
+    Result<TrainSummary> trained = ranks->fit(trainer, local, shard, callbacks);
+    if (!trained.is_ok()) return trained.status();
+    summary = *trained;
+  } else {
+    summary = trainer.fit(shard, nullptr, callbacks);
+  }
   const EvalResult local_eval = holdout.count > 0 ? trainer.evaluate(holdout) : EvalResult{};
   std::vector<std::vector<float>> delta(parameters.size());
   for (size_t t = 0; t < parameters.size(); ++t) {
@@ -491,6 +506,7 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
     if (step.is_ok()) step = s.train_and_send(*a);
     if (!step.is_ok()) {
       if (step.code() == StatusCode::kIoError) return step;  // our own disk: stop rather than lose state
+      if (s.ranks && !s.ranks->broken().is_ok()) return step;  // a rank is gone: restart the node
       s.emit({{"event", "warning"}, {"message", step.message()}});
       std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
     }

@@ -1,0 +1,84 @@
+#include "node/site/site_ranks.h"
+
+#include "kernels/parallel.h"
+#include "node/model.h"
+
+namespace fedmesh::node {
+
+namespace {
+
+// The round's options as rank 0 sends them: what differs between rounds
+// (the rest is the config every rank read).
+nlohmann::json round_command(const TrainOptions& local) {
+  return {{"command", "train"}, {"max_steps", local.max_steps}, {"epochs", local.epochs}, {"seed", local.seed}};
+}
+
+Result<TrainOptions> round_options(const nlohmann::json& command, TrainOptions local) {
+  if (command.value("command", "") != "train" || !command["max_steps"].is_number_integer() ||
+      !command["epochs"].is_number_integer() || !command["seed"].is_number_unsigned()) {
+    return invalid_argument("rank 0 sent an unknown command: " + command.dump().substr(0, 120));
+  }
+  local.max_steps = command["max_steps"].get<int64_t>();
+  local.epochs = command["epochs"].get<int64_t>();
+  local.seed = command["seed"].get<uint64_t>();
+  return local;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SiteRanks>> SiteRanks::launch(int ranks, Sequential& model) {
+  Result<std::unique_ptr<RankGroup>> group = RankGroup::launch(ranks);
+  if (!group.is_ok()) return group.status();
+  std::unique_ptr<SiteRanks> out(new SiteRanks());
+  out->group_ = std::move(*group);
+  out->sync_ = std::make_unique<DataParallel>(out->group_->communicator(), model);
+  return out;
+}
+
+TrainOptions SiteRanks::options_for_rank(TrainOptions options) const {
+  options.data_parallel_rank = 0;
+  options.data_parallel_ranks = size();
+  return options;
+}
+
+Result<TrainSummary> SiteRanks::fit(Trainer& trainer, const TrainOptions& local, const data::ImageDataset& shard,
+                                    const TrainCallbacks& callbacks) {
+  FEDMESH_RETURN_IF_ERROR(broken_);
+  broken_ = group_->command(round_command(local));
+  if (broken_.is_ok()) broken_ = broadcast_parameters(sync_->communicator(), sync_->model());
+  FEDMESH_RETURN_IF_ERROR(broken_);
+  Result<TrainSummary> summary = fit_data_parallel(trainer, *sync_, shard, nullptr, callbacks);
+  if (!summary.is_ok()) {
+    const Status exited = group_->check_ranks();
+    broken_ = exited.is_ok() ? summary.status() : exited;
+    return broken_;
+  }
+  return summary;
+}
+
+Status run_site_rank(const SiteConfig& config, const RankFlags& flags) {
+  set_cpu_threads(config.threads);
+  Result<SiteData> data = load_site_data(config);
+  if (!data.is_ok()) return data.status();
+  Result<std::unique_ptr<Sequential>> model = make_model(config.model, config.seed);
+  if (!model.is_ok()) return model.status();
+  Result<std::unique_ptr<Communicator>> communicator = join_rank_group(flags);
+  if (!communicator.is_ok()) return communicator.status();
+  DataParallel sync(**communicator, **model);
+  for (;;) {
+    Result<std::optional<nlohmann::json>> command = read_rank_command();
+    if (!command.is_ok()) return command.status();
+    if (!command->has_value()) return Status::ok();  // rank 0 closed the pipe
+    Result<TrainOptions> local = round_options(**command, config.local);
+    if (!local.is_ok()) return local.status();
+    local->data_parallel_rank = flags.rank;
+    local->data_parallel_ranks = flags.ranks;
+    FEDMESH_RETURN_IF_ERROR(local->validate());
+    FEDMESH_RETURN_IF_ERROR(broadcast_parameters(**communicator, **model));
+    Trainer trainer(**model, *local);
+    Result<TrainSummary> summary = fit_data_parallel(trainer, sync, data->shard, nullptr, {});
+    if (!summary.is_ok()) return summary.status();
+  }
+}
+
+}  // namespace fedmesh::node

@@ -20,6 +20,7 @@ struct NodeFlags {
   std::string mode;  // "" : the config's `mode` key (default aggregator)
   bool json = false;
   node::RankFlags group;  // --ranks N (aggregator mode): data-parallel CPU ranks
+  bool zero_one = false;  // --zero-1
 };
 
 void print_event(const std::string& site, const nlohmann::json& e) {
@@ -125,7 +126,13 @@ int run_node(const NodeFlags& flags) {
   }
   Result<node::SiteConfig> config = node::read_site_config(flags.config);
   const std::string site = config.is_ok() ? config->name : "";
-  if (config.is_ok()) config->ranks = flags.group.ranks;
+  if (flags.zero_one && flags.group.ranks < 2) {
+    return fail(flags, invalid_argument("--zero-1 needs --ranks N with N >= 2"), true);
+  }
+  if (config.is_ok()) {
+    config->ranks = flags.group.ranks;
+    config->zero_one = flags.zero_one;
+  }
   if (flags.group.launched()) {
     // A rank launched by this node's rank 0: no output of its own.
     if (!config.is_ok()) return fail(flags, config.status(), true);
@@ -153,6 +160,7 @@ void add_node_command(CLI::App& app, int& exit_code) {
                   "together (1/N of every batch each, gradients all-reduced with Gloo); the federation still sees one "
                   "site and one update")
       ->capture_default_str();
+  cmd->add_flag("--zero-1", flags->zero_one, "With --ranks: shard the optimizer state across the ranks (ZeRO stage 1)");
   cmd->add_option("--rank", flags->group.rank)->group("");  // set by rank 0 for the ranks it launches
   cmd->add_option("--rendezvous", flags->group.rendezvous)->group("");
   cmd->add_flag("--json", flags->json, "Print JSON lines: site, model, update, finished (aggregator); peer, member, "

@@ -44,6 +44,7 @@ struct TrainFlags {
   std::string keep_best = "test_accuracy";
   node::TrainOptions options;
   node::RankFlags group;  // --ranks N: data-parallel CPU ranks (Gloo)
+  bool zero_one = false;  // --zero-1: shard the optimizer state across the ranks
 };
 
 // Exit codes: 2 for input the user must fix, 1 for a failure while training.
@@ -76,7 +77,9 @@ int run_train_rank(TrainFlags& flags, const data::ImageDataset& train) {
   if (!state.is_ok()) return fail(flags, state.status(), 1);
   if (Status s = trainer.restore(*state); !s.is_ok()) return fail(flags, s, 1);
   if (Status s = node::broadcast_training_state(**communicator, **model, trainer); !s.is_ok()) return fail(flags, s, 1);
-  node::DataParallel sync(**communicator, **model);
+  node::DataParallelOptions parallel;
+  parallel.zero_one = flags.zero_one;
+  node::DataParallel sync(**communicator, **model, parallel);
   Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, sync, train, nullptr, {});
   return trained.is_ok() ? 0 : fail(flags, trained.status(), 1);
 }
@@ -141,6 +144,11 @@ int run_train(TrainFlags& flags) {
                                    "(`fedmesh doctor` lists the GPUs this build can see)"));
   }
   if (Status s = flags.group.validate(); !s.is_ok()) return fail(flags, s);
+  if (flags.zero_one && flags.group.ranks < 2) return fail(flags, invalid_argument("--zero-1 needs --ranks N with N >= 2"));
+  if (flags.zero_one && !flags.db.empty()) {
+    return fail(flags, invalid_argument("--zero-1 with --db: a checkpoint would hold rank 0's shard of the optimizer "
+                                        "state only, so a resumed run could not continue; drop one of them"));
+  }
   flags.options.data_parallel_rank = flags.group.rank;
   flags.options.data_parallel_ranks = flags.group.ranks;
   Result<DType> precision = parse_dtype(flags.precision);
@@ -283,7 +291,9 @@ int run_train(TrainFlags& flags) {
     Status shared = group->command({{"command", "train"}, {"state", node::trainer_state_to_json(trainer.state())}});
     if (shared.is_ok()) shared = node::broadcast_training_state(group->communicator(), net, trainer);
     if (!shared.is_ok()) return fail(flags, shared, 1);
-    sync.emplace(group->communicator(), net);
+    node::DataParallelOptions parallel;
+    parallel.zero_one = flags.zero_one;
+    sync.emplace(group->communicator(), net, parallel);
   }
 
   if (flags.json) {
@@ -310,8 +320,9 @@ int run_train(TrainFlags& flags) {
                  flags.precision.c_str(), cpu_threads(), static_cast<long long>(flags.options.batch_size),
                  flags.options.optimizer.c_str(), static_cast<double>(flags.options.lr));
     if (group) {
-      std::fprintf(stderr, "data parallel over %d CPU ranks (Gloo, %zu gradient buckets): each takes 1/%d of every batch\n",
-                   group->size(), sync->bucket_count(), group->size());
+      std::fprintf(stderr, "data parallel over %d CPU ranks (Gloo, %zu gradient buckets%s): each takes 1/%d of every batch\n",
+                   group->size(), sync->bucket_count(), flags.zero_one ? ", optimizer state sharded (ZeRO-1)" : "",
+                   group->size());
     }
   }
 
@@ -466,6 +477,9 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "Data-parallel CPU ranks: processes launched by this one, each training on 1/N of every batch, "
                   "gradients all-reduced with Gloo (the run equals one process on the whole batches)")
       ->capture_default_str();
+  cmd->add_flag("--zero-1", flags->zero_one,
+                "With --ranks: shard the optimizer state across the ranks (ZeRO stage 1: each holds 1/N of the "
+                "moments and steps 1/N of the weights; the same weights as without it)");
   cmd->add_option("--rank", flags->group.rank)->group("");  // set by rank 0 for the ranks it launches
   cmd->add_option("--rendezvous", flags->group.rendezvous)->group("");
   cmd->add_option("--threads", flags->threads, "CPU threads for kernels and OpenBLAS (0 = all cores)")

@@ -164,6 +164,10 @@ class Trainer {
   // or inconsistent with the others; the trainer is unchanged then.
   Status restore(const TrainerState& state);
   Optimizer& optimizer() { return *optimizer_; }
+  const TrainOptions& options() const { return options_; }
+  // Replaces the optimizer the options named (ZeRO-1 shards it across
+  // data-parallel ranks: node/parallel/zero.h); before the first step.
+  void set_optimizer(std::unique_ptr<Optimizer> optimizer) { optimizer_ = std::move(optimizer); }
 
  private:
   Sequential& model_;

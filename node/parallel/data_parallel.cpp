@@ -3,6 +3,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+
+#include "node/parallel/zero.h"
 
 namespace fedmesh::node {
 
@@ -141,9 +144,15 @@ struct SyncFailed {};
 Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::ImageDataset& train,
                                        const data::ImageDataset* test, const TrainCallbacks& callbacks) {
   trainer.set_gradient_sync(&sync);
+  ShardedOptimizer* sharded = dynamic_cast<ShardedOptimizer*>(&trainer.optimizer());
+  if (sync.options().zero_one && sharded == nullptr) {
+    auto optimizer = std::make_unique<ShardedOptimizer>(trainer.options(), sync.communicator());
+    sharded = optimizer.get();
+    trainer.set_optimizer(std::move(optimizer));
+  }
   TrainCallbacks checked = callbacks;
   checked.on_step = [&](const StepProgress& progress) {
-    if (!trainer.last_hook_status().is_ok()) throw SyncFailed{};
+    if (!trainer.last_hook_status().is_ok() || (sharded != nullptr && !sharded->status().is_ok())) throw SyncFailed{};
     if (callbacks.on_step) callbacks.on_step(progress);
   };
   TrainSummary summary;
@@ -151,9 +160,10 @@ Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, con
     summary = trainer.fit(train, test, checked);
   } catch (const SyncFailed&) {
     trainer.set_gradient_sync(nullptr);
-    return trainer.last_hook_status();
+    return !trainer.last_hook_status().is_ok() ? trainer.last_hook_status() : sharded->status();
   }
   trainer.set_gradient_sync(nullptr);
+  if (sharded != nullptr) FEDMESH_RETURN_IF_ERROR(sharded->status());
   FEDMESH_RETURN_IF_ERROR(check_replicas_equal(sync.communicator(), sync.model()));
   return summary;
 }

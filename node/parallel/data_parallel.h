@@ -31,6 +31,7 @@ namespace fedmesh::node {
 struct DataParallelOptions {
   size_t bucket_bytes = size_t{256} << 10;  // 256 KiB; SIZE_MAX: one bucket
   bool overlap = true;                    // all-reduce buckets during the backward pass
+  bool zero_one = false;                  // shard the optimizer state (zero.h); fit_data_parallel installs it
 };
 
 class DataParallel final : public GradientSync {
@@ -46,6 +47,7 @@ class DataParallel final : public GradientSync {
   Status finish(std::span<Parameter* const> parameters, StepResult& step) override;
 
   size_t bucket_count() const { return buckets_.size(); }
+  const DataParallelOptions& options() const { return options_; }
   Communicator& communicator() { return communicator_; }
   Sequential& model() { return model_; }
 
@@ -77,10 +79,11 @@ class DataParallel final : public GradientSync {
 };
 
 // trainer.fit() with `sync` (the trainer must train sync.model() with
-// data_parallel_rank/ranks set), stopped at the first step whose sync
-// failed (a rank died or left: every later step would wait for it and fail
-// too), whose status is then returned; at the end, check_replicas_equal.
-// Exceptions from the callbacks pass through.
+// data_parallel_rank/ranks set; with sync.options().zero_one its optimizer
+// is replaced by a ShardedOptimizer before the first step), stopped at the
+// first step whose sync failed (a rank died or left: every later step would
+// wait for it and fail too), whose status is then returned; at the end,
+// check_replicas_equal. Exceptions from the callbacks pass through.
 Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::ImageDataset& train,
                                        const data::ImageDataset* test, const TrainCallbacks& callbacks);
 

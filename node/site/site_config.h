@@ -39,6 +39,7 @@ struct SiteConfig {
   TrainOptions local;                     // max_steps comes from the aggregator's announcement
   int threads = 1;
   int ranks = 1;                          // `fedmesh node --ranks N`: data-parallel ranks (site_ranks.h)
+  bool zero_one = false;                  // `--zero-1`: their optimizer state sharded
   double poll_seconds = 0.2;
   double step_delay_seconds = 0.0;        // experiments: make this site slower
   double give_up_seconds = 0.0;           // > 0: exit when the aggregator is silent this long

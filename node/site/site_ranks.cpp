@@ -26,12 +26,18 @@ Result<TrainOptions> round_options(const nlohmann::json& command, TrainOptions l
 
 }  // namespace
 
-Result<std::unique_ptr<SiteRanks>> SiteRanks::launch(int ranks, Sequential& model) {
+DataParallelOptions site_parallel_options(const SiteConfig& config) {
+  DataParallelOptions options;
+  options.zero_one = config.zero_one;
+  return options;
+}
+
+Result<std::unique_ptr<SiteRanks>> SiteRanks::launch(int ranks, Sequential& model, const DataParallelOptions& parallel) {
   Result<std::unique_ptr<RankGroup>> group = RankGroup::launch(ranks);
   if (!group.is_ok()) return group.status();
   std::unique_ptr<SiteRanks> out(new SiteRanks());
   out->group_ = std::move(*group);
-  out->sync_ = std::make_unique<DataParallel>(out->group_->communicator(), model);
+  out->sync_ = std::make_unique<DataParallel>(out->group_->communicator(), model, parallel);
   return out;
 }
 
@@ -64,7 +70,7 @@ Status run_site_rank(const SiteConfig& config, const RankFlags& flags) {
   if (!model.is_ok()) return model.status();
   Result<std::unique_ptr<Communicator>> communicator = join_rank_group(flags);
   if (!communicator.is_ok()) return communicator.status();
-  DataParallel sync(**communicator, **model);
+  DataParallel sync(**communicator, **model, site_parallel_options(config));
   for (;;) {
     Result<std::optional<nlohmann::json>> command = read_rank_command();
     if (!command.is_ok()) return command.status();

@@ -23,7 +23,7 @@ class SiteRanks {
  public:
   // Rank 0: launches ranks 1..ranks-1 (ranks >= 2) for `model`, the
   // node's training model.
-  static Result<std::unique_ptr<SiteRanks>> launch(int ranks, Sequential& model);
+  static Result<std::unique_ptr<SiteRanks>> launch(int ranks, Sequential& model, const DataParallelOptions& parallel);
   int size() const { return group_->size(); }
   // Sets the data-parallel rank and ranks of round options.
   TrainOptions options_for_rank(TrainOptions options) const;
@@ -41,6 +41,9 @@ class SiteRanks {
   std::unique_ptr<DataParallel> sync_;
   Status broken_;
 };
+
+// The data parallelism a node's config asks for (--zero-1).
+DataParallelOptions site_parallel_options(const SiteConfig& config);
 
 // A launched rank of a node: loads the node's shard and model from its
 // config, joins the group and trains every round rank 0 sends until rank 0

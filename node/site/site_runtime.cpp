@@ -139,7 +139,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   http = std::move(*endpoint);
   if (http) metrics_address = http->address();
   if (config.ranks > 1) {
-    Result<std::unique_ptr<SiteRanks>> launched = SiteRanks::launch(config.ranks, *worker);
+    Result<std::unique_ptr<SiteRanks>> launched = SiteRanks::launch(config.ranks, *worker, site_parallel_options(config));
     if (!launched.is_ok()) return launched.status();
     ranks = std::move(*launched);
   }

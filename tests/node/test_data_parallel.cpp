@@ -5,7 +5,9 @@
 // (fp32 sums in another order) and bit-identical across the ranks. Both by
 // hand (train_step on the rank's part) and through fit() with
 // TrainOptions::data_parallel_rank/ranks, which shuffles as one process
-// would and gives each rank its part of every batch (the last one short).
+// would and gives each rank its part of every batch (the last one short);
+// with gradient buckets all-reduced during the backward pass; and with
+// ZeRO-1 (sharded optimizer state), bit-identical to unsharded.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@
 #include "base/random.h"
 #include "node/model.h"
 #include "node/parallel/data_parallel.h"
+#include "node/parallel/zero.h"
 
 namespace fedmesh::node {
 namespace {
@@ -69,14 +72,25 @@ std::vector<float> flatten(Sequential& model) {
 // Trains kSteps steps on the rank's share of each batch (all of it for one
 // process with no communicator). Returns the weights, then each step's
 // reported loss (after the sync: the whole batch's).
+// With zero_one, the optimizer state is sharded (ZeRO-1); each rank then
+// checks that it holds state for its 1/size of the parameters only.
 std::vector<float> train(const data::ImageDataset& data, Communicator* communicator, int rank, int size,
-                         DataParallelOptions parallel) {
+                         DataParallelOptions parallel, const std::string& optimizer = "sgd", bool zero_one = false) {
   std::unique_ptr<Sequential> model = std::move(make_model("mlp", 1).value());
-  Trainer trainer(*model, options());
+  TrainOptions o = options();
+  o.optimizer = optimizer;
+  if (optimizer == "adamw") o.lr = 1e-3f;
+  Trainer trainer(*model, o);
   std::unique_ptr<DataParallel> sync;
   if (communicator != nullptr) {
     sync = std::make_unique<DataParallel>(*communicator, *model, parallel);
     trainer.set_gradient_sync(sync.get());
+  }
+  ShardedOptimizer* sharded = nullptr;
+  if (zero_one) {
+    auto optimizer_shards = std::make_unique<ShardedOptimizer>(o, *communicator);
+    sharded = optimizer_shards.get();
+    trainer.set_optimizer(std::move(optimizer_shards));
   }
   std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
@@ -85,7 +99,7 @@ std::vector<float> train(const data::ImageDataset& data, Communicator* communica
       // Rank r takes [r * 64 / size, (r + 1) * 64 / size) of the batch.
       if (i >= kBatch * rank / size && i < kBatch * (rank + 1) / size) batch.push_back(step * kBatch + i);
     }
-    const StepResult r = trainer.train_step(data, batch, options().lr);
+    const StepResult r = trainer.train_step(data, batch, o.lr);
     if (!r.applied) {
       std::fprintf(stderr, "rank %d: step %d not applied: %s\n", rank, step, trainer.last_hook_status().message().c_str());
       return {};
@@ -96,6 +110,19 @@ std::vector<float> train(const data::ImageDataset& data, Communicator* communica
       return {};
     }
     losses.push_back(static_cast<float>(r.loss));
+  }
+  if (sharded != nullptr) {
+    const int64_t total = model->parameter_count(), shard = (total + size - 1) / size;
+    int64_t held = 0;
+    for (const OptimizerStateTensor& t : trainer.optimizer().state_tensors(model->parameters())) held += t.tensor->numel();
+    const int64_t expected = (optimizer == "adamw" ? 2 : 1) * (sharded->shard_end() - sharded->shard_begin());
+    if (!sharded->status().is_ok() || sharded->shard_end() - sharded->shard_begin() > shard || held != expected) {
+      std::fprintf(stderr, "rank %d: ZeRO-1 holds %lld state values for a shard of [%lld, %lld) of %lld: %s\n", rank,
+                   static_cast<long long>(held), static_cast<long long>(sharded->shard_begin()),
+                   static_cast<long long>(sharded->shard_end()), static_cast<long long>(total),
+                   sharded->status().message().c_str());
+      return {};
+    }
   }
   std::vector<float> out = flatten(*model);
   out.insert(out.end(), losses.begin(), losses.end());
@@ -191,6 +218,30 @@ TEST(DataParallel, RanksEqualOneProcessOnTheCombinedBatch) {
     }
   }
   std::filesystem::remove_all(base + "-1");
+}
+
+// ZeRO-1 shards the optimizer state (SGD's momentum, AdamW's two moments)
+// across the ranks: each holds state for its 1/size of the flattened
+// parameters only, and the weights are bit-identical to those of unsharded
+// data parallelism (the same elementwise arithmetic on the same gradients).
+TEST(DataParallel, ZeroOneEqualsUnshardedDataParallel) {
+  const data::ImageDataset data = synthetic_images();
+  const size_t count = flatten(*make_model("mlp", 1).value()).size();
+  const std::string base = ::testing::TempDir() + "fedmesh-zero-" + std::to_string(::getpid());
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    for (const int size : {2, 3}) {
+      const std::string plain_dir = base + "-plain", zero_dir = base + "-zero";
+      launch(plain_dir, size, [&](Communicator* c, int rank, int n) { return train(data, c, rank, n, {}, optimizer); });
+      launch(zero_dir, size, [&](Communicator* c, int rank, int n) { return train(data, c, rank, n, {}, optimizer, true); });
+      const std::vector<float> plain = read(plain_dir + "/rank-0", count + kSteps);
+      for (int rank = 0; rank < size; ++rank) {
+        EXPECT_EQ(read(zero_dir + "/rank-" + std::to_string(rank), count + kSteps), plain)
+            << optimizer << ", " << size << " ranks: ZeRO-1 rank " << rank << " differs from unsharded data parallelism";
+      }
+      std::filesystem::remove_all(plain_dir);
+      std::filesystem::remove_all(zero_dir);
+    }
+  }
 }
 
 TEST(DataParallel, FitWithRanksEqualsFitInOneProcess) {

@@ -80,7 +80,7 @@ int run_train_rank(TrainFlags& flags, const data::ImageDataset& train) {
   node::DataParallelOptions parallel;
   parallel.zero_one = flags.zero_one;
   node::DataParallel sync(**communicator, **model, parallel);
-  Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, sync, train, nullptr, {});
+  Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, sync, data::ImageBatches(train), nullptr, {});
   return trained.is_ok() ? 0 : fail(flags, trained.status(), 1);
 }
 
@@ -377,7 +377,8 @@ int run_train(TrainFlags& flags) {
   node::TrainSummary summary;
   try {
     if (sync) {
-      Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, *sync, *train, &*test, callbacks);
+      const data::ImageBatches train_batches(*train), test_batches(*test);
+      Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, *sync, train_batches, &test_batches, callbacks);
       Status ranks = trained.is_ok() ? group->join() : group->check_ranks();
       if (!ranks.is_ok() || !trained.is_ok()) {
         line.finish();

@@ -76,22 +76,38 @@ Trainer::Trainer(Sequential& model, TrainOptions options)
 }
 
 StepResult Trainer::train_step(const data::ImageDataset& dataset, std::span<const int64_t> indices, float lr) {
+  return train_step(data::ImageBatches(dataset), indices, lr);
+}
+
+EvalResult Trainer::evaluate(const data::ImageDataset& dataset) { return evaluate(data::ImageBatches(dataset)); }
+
+TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageDataset* test,
+                          const TrainCallbacks& callbacks) {
+  const data::ImageBatches train_batches(train);
+  if (test == nullptr) return fit(train_batches, nullptr, callbacks);
+  const data::ImageBatches test_batches(*test);
+  return fit(train_batches, &test_batches, callbacks);
+}
+
+StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int64_t> indices, float lr) {
   StepResult result;
   model_.zero_grad();
   const float scale = loss_scaler_.scale();
-  const float normalizer = static_cast<float>(indices.size());
+  // The loss is the mean over every target of the step's samples.
+  const int64_t targets = static_cast<int64_t>(indices.size()) * dataset.targets_per_sample();
+  const float normalizer = static_cast<float>(targets);
   double loss_sum = 0.0;
   for (size_t begin = 0; begin < indices.size(); begin += static_cast<size_t>(options_.batch_size)) {
     const size_t end = std::min(indices.size(), begin + static_cast<size_t>(options_.batch_size));
-    data::make_image_batch(dataset, indices.subspan(begin, end - begin), model_.compute_dtype(), images_, labels_);
-    const Tensor logits = model_.forward(images_, /*training=*/true);
+    dataset.make_batch(indices.subspan(begin, end - begin), model_.compute_dtype(), inputs_, targets_);
+    const Tensor logits = model_.forward(inputs_, /*training=*/true);
     Tensor::reuse(dlogits_, logits.shape(), logits.dtype());
-    const CrossEntropyResult ce = softmax_cross_entropy(logits, labels_, &dlogits_, scale, normalizer);
+    const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, &dlogits_, scale, normalizer);
     loss_sum += ce.loss_sum;
     result.correct += ce.correct;
     if (sync_ != nullptr && end == indices.size()) {
       result.samples = static_cast<int64_t>(indices.size());
-      result.loss = loss_sum / static_cast<double>(indices.size());
+      result.loss = loss_sum / static_cast<double>(targets);
       sync_->before_last_backward(result);
       model_.backward(dlogits_, [this](size_t layer) { sync_->after_layer(layer); });
     } else {
@@ -100,7 +116,7 @@ StepResult Trainer::train_step(const data::ImageDataset& dataset, std::span<cons
   }
   result.samples = static_cast<int64_t>(indices.size());
   // A data-parallel rank may get no sample of a short last batch.
-  result.loss = indices.empty() ? 0.0 : loss_sum / static_cast<double>(indices.size());
+  result.loss = indices.empty() ? 0.0 : loss_sum / static_cast<double>(targets);
 
   std::vector<Parameter*> parameters = model_.parameters();
   if (sync_ != nullptr) {
@@ -134,25 +150,27 @@ StepResult Trainer::train_step(const data::ImageDataset& dataset, std::span<cons
   return result;
 }
 
-EvalResult Trainer::evaluate(const data::ImageDataset& dataset) {
+EvalResult Trainer::evaluate(const data::Dataset& dataset) {
   EvalResult result;
   std::vector<int64_t> indices(static_cast<size_t>(options_.eval_batch_size));
   double loss_sum = 0.0;
   int64_t correct = 0;
-  for (int64_t begin = 0; begin < dataset.count; begin += options_.eval_batch_size) {
-    const int64_t end = std::min(dataset.count, begin + options_.eval_batch_size);
+  const int64_t count = dataset.size();
+  for (int64_t begin = 0; begin < count; begin += options_.eval_batch_size) {
+    const int64_t end = std::min(count, begin + options_.eval_batch_size);
     indices.resize(static_cast<size_t>(end - begin));
     std::iota(indices.begin(), indices.end(), begin);
-    data::make_image_batch(dataset, indices, model_.compute_dtype(), images_, labels_);
-    const Tensor logits = model_.forward(images_, /*training=*/false);
-    const CrossEntropyResult ce = softmax_cross_entropy(logits, labels_, nullptr);
+    dataset.make_batch(indices, model_.compute_dtype(), inputs_, targets_);
+    const Tensor logits = model_.forward(inputs_, /*training=*/false);
+    const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, nullptr);
     loss_sum += ce.loss_sum;
     correct += ce.correct;
   }
-  result.count = dataset.count;
-  if (dataset.count > 0) {
-    result.loss = loss_sum / static_cast<double>(dataset.count);
-    result.accuracy = static_cast<double>(correct) / static_cast<double>(dataset.count);
+  result.count = count;
+  if (count > 0) {
+    const double targets = static_cast<double>(count * dataset.targets_per_sample());
+    result.loss = loss_sum / targets;
+    result.accuracy = static_cast<double>(correct) / targets;
   }
   return result;
 }
@@ -218,12 +236,12 @@ Status Trainer::restore(const TrainerState& state) {
   return Status::ok();
 }
 
-TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageDataset* test,
-                          const TrainCallbacks& callbacks) {
+TrainSummary Trainer::fit(const data::Dataset& train, const data::Dataset* test, const TrainCallbacks& callbacks) {
   TrainSummary summary;
-  if (train.count == 0) return summary;  // nothing to learn from; the loaders reject empty files
+  const int64_t train_count = train.size();
+  if (train_count == 0) return summary;  // nothing to learn from; the loaders reject empty files
   const int64_t step_samples = options_.batch_size * options_.grad_accumulation;
-  const int64_t steps_per_epoch = (train.count + step_samples - 1) / step_samples;
+  const int64_t steps_per_epoch = (train_count + step_samples - 1) / step_samples;
   int64_t epochs = options_.epochs;
   int64_t total_steps = epochs * steps_per_epoch;
   if (options_.max_steps > 0) {
@@ -238,15 +256,15 @@ TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageData
   }
   run_in_progress_ = true;
   TrainerState& at = position_;
-  std::vector<int64_t> order(static_cast<size_t>(train.count));
+  std::vector<int64_t> order(static_cast<size_t>(train_count));
   while (at.epoch <= epochs && (at.step < total_steps || at.epoch_offset > 0)) {
     const auto epoch_start = Clock::now();
     shuffle_rng_.set_state(at.epoch_rng);
     std::iota(order.begin(), order.end(), 0);
     shuffle_rng_.shuffle(std::span<int64_t>(order));
-    for (; at.epoch_offset < train.count && at.step < total_steps; ) {
+    for (; at.epoch_offset < train_count && at.step < total_steps; ) {
       const int64_t begin = at.epoch_offset;
-      const int64_t end = std::min(train.count, begin + step_samples);
+      const int64_t end = std::min(train_count, begin + step_samples);
       const float lr = options_.schedule.lr_at(options_.lr, at.step, total_steps);
       const auto step_start = Clock::now();
       // This rank's part of the step's samples (all of them for one rank).
@@ -283,8 +301,9 @@ TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageData
     EpochReport report;
     report.epoch = at.epoch;
     report.train_loss = at.epoch_samples ? at.epoch_loss_sum / static_cast<double>(at.epoch_samples) : 0.0;
-    report.train_accuracy =
-        at.epoch_samples ? static_cast<double>(at.epoch_correct) / static_cast<double>(at.epoch_samples) : 0.0;
+    report.train_accuracy = at.epoch_samples ? static_cast<double>(at.epoch_correct) /
+                                                   static_cast<double>(at.epoch_samples * train.targets_per_sample())
+                                             : 0.0;
     if (test != nullptr) report.test = evaluate(*test);
     report.seconds = seconds_since(epoch_start);
     summary.test = report.test;

@@ -14,6 +14,7 @@
 #include "base/random.h"
 #include "base/status.h"
 #include "kernels/optimizer.h"
+#include "node/data/dataset.h"
 #include "node/data/fashion_mnist.h"
 #include "node/loss_scaler.h"
 #include "node/model.h"
@@ -141,14 +142,18 @@ class Trainer {
   // progress after restore(), or after a callback threw out of fit(); starts a
   // new run otherwise (also on a second call after one that finished: step 0,
   // epoch 1, while the generator, the optimizer and the loss scaler go on).
+  TrainSummary fit(const data::Dataset& train, const data::Dataset* test, const TrainCallbacks& callbacks);
   TrainSummary fit(const data::ImageDataset& train, const data::ImageDataset* test, const TrainCallbacks& callbacks);
   // One optimizer step over `indices`, split in micro-batches of batch_size.
+  StepResult train_step(const data::Dataset& dataset, std::span<const int64_t> indices, float lr);
   StepResult train_step(const data::ImageDataset& dataset, std::span<const int64_t> indices, float lr);
   // In-site data parallelism plugs in here (node/parallel/data_parallel.h);
   // `sync` must outlive the trainer's steps. nullptr: none.
   void set_gradient_sync(GradientSync* sync) { sync_ = sync; }
   // Why the last step was not applied when the gradient sync failed.
   const Status& last_hook_status() const { return hook_status_; }
+  // Mean loss and accuracy over every target of every sample.
+  EvalResult evaluate(const data::Dataset& dataset);
   EvalResult evaluate(const data::ImageDataset& dataset);
   const DynamicLossScaler& loss_scaler() const { return loss_scaler_; }
 
@@ -179,8 +184,8 @@ class Trainer {
   bool run_in_progress_ = false;  // restored, or fit() left by an exception: the next fit() continues
   GradientSync* sync_ = nullptr;
   Status hook_status_;
-  Tensor images_, dlogits_;
-  std::vector<int32_t> labels_;
+  Tensor inputs_, dlogits_;
+  std::vector<int32_t> targets_;
 };
 
 }  // namespace fedmesh::node

@@ -1,4 +1,5 @@
 #include "node/data/batch.h"
+#include "node/data/dataset.h"
 
 #include <array>
 
@@ -25,6 +26,11 @@ void make_image_batch(const ImageDataset& dataset, std::span<const int64_t> indi
       labels[static_cast<size_t>(i)] = dataset.labels[static_cast<size_t>(index)];
     }
   });
+}
+
+void ImageBatches::make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
+                              std::vector<int32_t>& targets) const {
+  make_image_batch(images_, indices, dtype, inputs, targets);
 }
 
 }  // namespace fedmesh::data

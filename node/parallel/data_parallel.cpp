@@ -141,8 +141,8 @@ struct SyncFailed {};
 
 }  // namespace
 
-Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::ImageDataset& train,
-                                       const data::ImageDataset* test, const TrainCallbacks& callbacks) {
+Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::Dataset& train,
+                                       const data::Dataset* test, const TrainCallbacks& callbacks) {
   trainer.set_gradient_sync(&sync);
   ShardedOptimizer* sharded = dynamic_cast<ShardedOptimizer*>(&trainer.optimizer());
   if (sync.options().zero_one && sharded == nullptr) {

@@ -84,8 +84,8 @@ class DataParallel final : public GradientSync {
 // first step whose sync failed (a rank died or left: every later step would
 // wait for it and fail too), whose status is then returned; at the end,
 // check_replicas_equal. Exceptions from the callbacks pass through.
-Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::ImageDataset& train,
-                                       const data::ImageDataset* test, const TrainCallbacks& callbacks);
+Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::Dataset& train,
+                                       const data::Dataset* test, const TrainCallbacks& callbacks);
 
 // Makes every rank's parameters (masters and compute copies) rank 0's.
 Status broadcast_parameters(Communicator& communicator, Sequential& model);

@@ -75,9 +75,46 @@ std::string Sequential::summary() {
   return out.str();
 }
 
-std::vector<std::string> model_names() { return {"mlp", "cnn"}; }
+std::vector<std::string> model_names() { return {"mlp", "cnn", "gpt-nano", "gpt-tiny", "gpt-small", "gpt2"}; }
+
+std::optional<TransformerConfig> language_model_config(std::string_view name) {
+  const auto config = [](int64_t vocabulary, int64_t context, int64_t width, int64_t heads, int64_t layers) {
+    TransformerConfig c;
+    c.vocabulary = vocabulary;
+    c.context = context;
+    c.width = width;
+    c.heads = heads;
+    c.layers = layers;
+    return c;
+  };
+  if (name == "gpt-nano") return config(256, 64, 64, 4, 2);
+  if (name == "gpt-tiny") return config(256, 128, 192, 6, 4);
+  if (name == "gpt-small") return config(256, 256, 384, 6, 6);
+  if (name == "gpt2") return config(50257, 1024, 768, 12, 12);
+  return std::nullopt;
+}
+
+std::unique_ptr<Sequential> make_transformer(std::string name, const TransformerConfig& c, uint64_t seed) {
+  Rng rng(seed);
+  auto model = std::make_unique<Sequential>(std::move(name), Shape{c.context});
+  auto embedding = std::make_unique<TokenEmbedding>(c.vocabulary, c.context, c.width);
+  embedding->initialize(rng);
+  TokenEmbedding& tied = *embedding;
+  model->add(std::move(embedding));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    auto block = std::make_unique<TransformerBlock>(std::string("h").append(std::to_string(i)), c.width, c.heads);
+    block->initialize(rng, c.layers);
+    model->add(std::move(block));
+  }
+  model->add(std::make_unique<LayerNorm>("ln_f", c.width));
+  model->add(std::make_unique<TiedProjection>(tied, c.vocabulary, c.width));
+  return model;
+}
 
 Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed) {
+  if (std::optional<TransformerConfig> config = language_model_config(name)) {
+    return make_transformer(std::string(name), *config, seed);
+  }
   Rng rng(seed);
   const Shape image = {1, kFashionMnistSide, kFashionMnistSide};
   auto model = std::make_unique<Sequential>(std::string(name), image);
@@ -110,7 +147,7 @@ Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t s
     model->add(std::make_unique<ReLU>());
     linear("fc2", 128, kFashionMnistClasses);
   } else {
-    return invalid_argument("unknown model '" + std::string(name) + "' (available: mlp, cnn)");
+    return invalid_argument("unknown model '" + std::string(name) + "' (available: mlp, cnn, gpt-nano, gpt-tiny, gpt-small, gpt2)");
   }
   return model;
 }

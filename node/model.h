@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -11,6 +12,7 @@
 
 #include "base/status.h"
 #include "node/layers/layer.h"
+#include "node/layers/transformer.h"
 
 namespace fedmesh::node {
 
@@ -54,7 +56,19 @@ inline constexpr int64_t kFashionMnistClasses = 10;
 // "mlp": 784-512-256-10 with ReLU; "cnn": two 3x3 conv (32, 64 channels) each
 // with ReLU and 2x2 max-pool, then 3136-128-10. Parameters are initialized
 // from `seed` as PyTorch initializes the same layers.
+// Language models (GPT-2 style, node/layers/transformer.h), inputs (batch,
+// context) token ids, logits (batch * context, vocabulary):
+//   "gpt-nano"  vocabulary 256, context 64, width 64, 4 heads, 2 layers (~0.1M; tests)
+//   "gpt-tiny"  vocabulary 256, context 128, width 192, 6 heads, 4 layers (~1.8M; CPU runs)
+//   "gpt-small" vocabulary 256, context 256, width 384, 6 heads, 6 layers (~10.8M)
+//   "gpt2"      vocabulary 50257, context 1024, width 768, 12 heads, 12 layers (124M, GPT-2 small)
+// initialized as GPT-2 is.
 Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed);
 std::vector<std::string> model_names();
+// The transformer's sizes for a language model's name; nullopt for the
+// image models.
+std::optional<TransformerConfig> language_model_config(std::string_view name);
+// A language model of any sizes (the named ones above are these).
+std::unique_ptr<Sequential> make_transformer(std::string name, const TransformerConfig& config, uint64_t seed);
 
 }  // namespace fedmesh::node

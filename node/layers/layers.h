@@ -24,6 +24,8 @@ class Linear final : public Layer {
   void initialize(Rng& rng);
   Parameter& weight() { return weight_; }
   Parameter& bias() { return bias_; }
+  // The output of the last forward pass, (batch, out); valid until the next.
+  const Tensor& last_output() const { return output_; }
 
  private:
   int64_t in_, out_;

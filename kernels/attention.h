@@ -1,0 +1,39 @@
+// Causal multi-head self-attention: the core between the QKV projection and
+// the output projection of a GPT-style block, with an explicit backward pass.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace fedmesh {
+
+struct AttentionShape {
+  int64_t batch, seq, heads, head_dim;
+};
+
+// qkv: (batch, seq, 3 * heads * head_dim) any dtype, laid out [q | k | v] along
+// the last axis with each head's slice contiguous (head h of q at columns
+// h*head_dim .. (h+1)*head_dim, of k at heads*head_dim + h*head_dim, ...), as
+// GPT-2 lays out the output of c_attn. (batch * seq, 3 * heads * head_dim) is
+// accepted too: only the element count and the last axis are checked.
+// out: (batch, seq, heads * head_dim) any dtype, heads side by side like q.
+// saved: made (batch, heads, seq, seq) fp32 by Tensor::reuse and filled with
+// the softmax probabilities P; row t holds P[t][0..t] and exact zeros after t.
+//
+//   scores = q·kᵀ / sqrt(head_dim), position t attending to positions <= t,
+//   P = softmax over the key axis (row max subtracted), out = P·v.
+//
+// All arithmetic and accumulation in fp32 whatever the dtypes: inputs are
+// widened on load and outputs rounded once on store. Results are the same
+// bits for the same inputs and thread count.
+void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved);
+
+// dqkv (shape of qkv, any dtype, overwritten) from dout (shape of out, any
+// dtype), given the qkv and the saved probabilities of the forward pass:
+//   dV = Pᵀ·dout, dP = dout·vᵀ, dS = P ∘ (dP − rowsum(dP ∘ P)),
+//   dQ = dS·k / sqrt(head_dim), dK = dSᵀ·q / sqrt(head_dim).
+void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
+                               Tensor& dqkv);
+
+}  // namespace fedmesh

@@ -13,6 +13,9 @@
 // - The DCT and matmul go through cuBLAS in CUBLAS_DEFAULT_MATH (fp32 compute,
 //   never TF32), so they agree within fp32 rounding; Gram-Schmidt accumulates
 //   in double like the CPU and differs only in the order of that sum.
+// First: its pragma must precede base/status.h.
+#include "kernels/cuda/cuda_check.h"
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -31,33 +34,9 @@
 #include <string>
 #include <vector>
 
-// nvcc's front end reads Status's class-level [[nodiscard]] as applying to
-// the assignment `status_ = Status(...)` inside Result (warning 2810); g++ and
-// clang do not.
-#pragma nv_diag_suppress 2810
-#include "base/status.h"
 #include "kernels/compression_kernels.h"
 #include "kernels/compression_math.h"
-
-// A failed CUDA or cuBLAS call inside the backend is a programming or device
-// error: abort naming the call (FEDMESH_CHECK stays on in release builds).
-#define FEDMESH_CUDA_CHECK(call)                                                                          \
-  do {                                                                                                     \
-    const cudaError_t cuda_error_ = (call);                                                                \
-    FEDMESH_CHECK(cuda_error_ == cudaSuccess, std::string(#call) + ": " + cudaGetErrorName(cuda_error_) + \
-                                                  " (" + cudaGetErrorString(cuda_error_) + ")");           \
-  } while (0)
-
-#define FEDMESH_CUBLAS_CHECK(call)                                                                       \
-  do {                                                                                                    \
-    const cublasStatus_t cublas_status_ = (call);                                                         \
-    FEDMESH_CHECK(cublas_status_ == CUBLAS_STATUS_SUCCESS, std::string(#call) + ": " +                    \
-                                                               cublasGetStatusName(cublas_status_) + " (" + \
-                                                               cublasGetStatusString(cublas_status_) + ")"); \
-  } while (0)
-
-// After a kernel launch: a bad configuration is reported here, not later.
-#define FEDMESH_CUDA_CHECK_LAUNCH() FEDMESH_CUDA_CHECK(cudaGetLastError())
+#include "kernels/cuda/half_device.cuh"
 
 namespace fedmesh::kernels {
 namespace {
@@ -227,44 +206,17 @@ __global__ void dequantize_int4_kernel(const uint8_t* packed, uint64_t n, uint32
 }
 
 // ---- fp16 / bf16 -------------------------------------------------------------
-// Finite values and infinities: the hardware's round-to-nearest-even
-// conversions, which are what half.h computes (overflow to Inf included).
-// NaN: half.h's quiet NaN with the sign kept (fp16 drops the payload, bf16
-// keeps its top bits), written out because cvt gives a canonical NaN.
+// half_device.cuh's conversions: bit for bit kernels/half.h.
 
 __global__ void cast_half_kernel(const float* x, uint64_t n, bool bf16, uint16_t* out) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n; i += uint64_t{gridDim.x} * blockDim.x) {
-    const float v = x[i];
-    const uint32_t u = __float_as_uint(v);
-    uint16_t bits;
-    if (isnan(v)) {
-      bits = bf16 ? static_cast<uint16_t>((u >> 16) | 0x0040u) : static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7e00u);
-    } else if (bf16) {
-      bits = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    } else {
-      bits = __half_as_ushort(__float2half_rn(v));
-    }
-    out[i] = bits;
+    out[i] = cuda::device_half_bits(x[i], bf16);
   }
-}
-
-// half.h's to_float(fp16) bit for bit (NaN payloads kept, unlike cvt).
-__device__ __forceinline__ float device_fp16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0) {
-    if (mantissa == 0) return __uint_as_float(sign);
-    const float magnitude = __fmul_rn(static_cast<float>(mantissa), 5.9604644775390625e-8f);  // exact: * 2^-24
-    return sign ? -magnitude : magnitude;
-  }
-  if (exponent == 0x1f) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
-  return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
 __global__ void widen_half_kernel(const uint16_t* x, uint64_t n, bool bf16, float* out) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n; i += uint64_t{gridDim.x} * blockDim.x) {
-    out[i] = bf16 ? __uint_as_float(static_cast<uint32_t>(x[i]) << 16) : device_fp16_to_float(x[i]);
+    out[i] = bf16 ? cuda::device_bf16_to_float(x[i]) : cuda::device_fp16_to_float(x[i]);
   }
 }
 

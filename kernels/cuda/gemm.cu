@@ -1,0 +1,299 @@
+// cuda::gemm through cuBLASLt (kernels/cuda_ops.h), with its bias and GELU
+// epilogues where cuBLASLt takes the combination and fedmesh's own epilogue
+// kernel where it does not.
+//
+// Row-major to column-major: a row-major (r, c) matrix with leading dimension
+// ld is the column-major (c, r) matrix with the same ld, i.e. its transpose.
+// So row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T: cuBLASLt
+// multiplies "A" = our b by "B" = our a into an (n, m) column-major D, and a
+// bias of length n (D's rows) is added to every row of our c, as add_bias does.
+#include "kernels/cuda/cuda_check.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda_ops.h"
+
+namespace fedmesh::cuda {
+namespace {
+
+// Per stream (two streams must not share one while their GEMMs overlap);
+// PyTorch and llm.c use 32 MiB on Hopper too.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+cudaDataType_t cuda_data_type(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kF32: break;
+  }
+  return CUDA_R_32F;
+}
+
+// The largest power of two (up to 256) dividing the address: what the
+// heuristic may assume about a buffer's alignment (it never sees the pointer).
+uint32_t alignment_of(const void* pointer) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// One cuBLASLt handle per process, and one workspace per stream, made on
+// first use; the mutex serializes the host side of every GEMM (the handle's
+// descriptors and the workspace map).
+class LtContext {
+ public:
+  static LtContext& get() {
+    static auto* context = new LtContext();  // never destroyed (see allocator.cu)
+    return *context;
+  }
+  std::mutex& mutex() { return mutex_; }
+  cublasLtHandle_t handle() const { return handle_; }
+  void* workspace(Stream stream) {
+    void*& workspace = workspaces_[stream];
+    if (workspace == nullptr) workspace = allocate(kWorkspaceBytes, stream);
+    return workspace;
+  }
+
+ private:
+  LtContext() { FEDMESH_CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+  std::mutex mutex_;
+  cublasLtHandle_t handle_ = nullptr;
+  std::unordered_map<Stream, void*> workspaces_;
+};
+
+struct GemmCall {
+  Stream stream;
+  bool transpose_a, transpose_b;
+  int64_t m, n, k;
+  float alpha;
+  const void* a;
+  int64_t lda;
+  const void* b;
+  int64_t ldb;
+  DType ab_type;
+  float beta;
+  void* c;
+  DType c_type;
+  int64_t ldc;
+};
+
+// The descriptors of one cublasLtMatmul, destroyed with it.
+class LtDescriptors {
+ public:
+  LtDescriptors() = default;
+  LtDescriptors(const LtDescriptors&) = delete;
+  LtDescriptors& operator=(const LtDescriptors&) = delete;
+  ~LtDescriptors() {
+    // Destroy calls only fail on a null descriptor; nothing to report here.
+    if (preference) cublasLtMatmulPreferenceDestroy(preference);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (operation) cublasLtMatmulDescDestroy(operation);
+  }
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  // cuBLASLt's A, B and C = D
+  cublasLtMatmulPreference_t preference = nullptr;
+};
+
+template <class T>
+void set_attribute(cublasLtMatmulDesc_t description, cublasLtMatmulDescAttributes_t attribute, const T& value) {
+  FEDMESH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(description, attribute, &value, sizeof(value)));
+}
+
+template <class T>
+void set_preference(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
+                    const T& value) {
+  FEDMESH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)));
+}
+
+std::string describe(const GemmCall& call) {
+  return "gemm m " + std::to_string(call.m) + " n " + std::to_string(call.n) + " k " + std::to_string(call.k) +
+         (call.transpose_a ? " a^T" : "") + (call.transpose_b ? " b^T" : "") + " " + dtype_name(call.ab_type) + " -> " +
+         dtype_name(call.c_type);
+}
+
+// One cublasLtMatmul with `epilogue` (bias and aux as that epilogue reads
+// them). With `may_decline` (an epilogue cuBLASLt might not take) a
+// combination it refuses returns false and enqueues nothing; every other
+// failure aborts.
+bool lt_matmul(const GemmCall& call, cublasLtEpilogue_t epilogue, const float* bias, void* aux, bool may_decline) {
+  LtContext& context = LtContext::get();
+  std::lock_guard<std::mutex> lock(context.mutex());
+  LtDescriptors descriptors;
+  FEDMESH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&descriptors.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const int32_t op_a = call.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our b
+  const int32_t op_b = call.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // and its B our a
+  set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+  set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(epilogue));
+  if (bias != nullptr) {
+    set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+    set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
+  }
+  if (aux != nullptr) {
+    // (n, m) column-major with ld n: our dense (m, n); its dtype is D's.
+    set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(call.n));
+  }
+  const cudaDataType_t ab_type = cuda_data_type(call.ab_type);
+  FEDMESH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&descriptors.a, ab_type, call.transpose_b ? call.k : call.n,
+                                                  call.transpose_b ? call.n : call.k, call.ldb));
+  FEDMESH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&descriptors.b, ab_type, call.transpose_a ? call.m : call.k,
+                                                  call.transpose_a ? call.k : call.m, call.lda));
+  FEDMESH_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&descriptors.d, cuda_data_type(call.c_type), call.n, call.m, call.ldc));
+
+  FEDMESH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&descriptors.preference));
+  set_preference(descriptors.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
+  set_preference(descriptors.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(call.b));
+  set_preference(descriptors.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(call.a));
+  set_preference(descriptors.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(call.c));
+  set_preference(descriptors.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(call.c));
+
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(context.handle(), descriptors.operation, descriptors.a, descriptors.b,
+                                     descriptors.d, descriptors.d, descriptors.preference, 1, &heuristic, &found);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+    if (may_decline) return false;
+    FEDMESH_CHECK(false, "cuBLASLt has no algorithm for " + describe(call) + ": " + cublasLtGetStatusName(status));
+  }
+  const cublasStatus_t run =
+      cublasLtMatmul(context.handle(), descriptors.operation, &call.alpha, call.b, descriptors.a, call.a, descriptors.b,
+                     &call.beta, call.c, descriptors.d, call.c, descriptors.d, &heuristic.algo,
+                     context.workspace(call.stream), kWorkspaceBytes, to_cuda(call.stream));
+  // An unsupported epilogue combination may only show here ("If set for an
+  // unsupported ... combination, calling cublasLtMatmul() will return
+  // CUBLAS_STATUS_INVALID_VALUE", cublasLt.h); nothing was enqueued then.
+  if (may_decline && (run == CUBLAS_STATUS_NOT_SUPPORTED || run == CUBLAS_STATUS_INVALID_VALUE)) return false;
+  FEDMESH_CUBLAS_CHECK(run);
+  return true;
+}
+
+// The epilogue of the fallback path, and the widening of a low-precision c:
+// out[i, j] = f(in[i, j] + bias[j]) over a (rows, cols) matrix, with f GELU
+// or the identity; aux (ld cols) receives in + bias when given. Each value
+// is rounded once, to out's (and aux's) dtype.
+__global__ void epilogue_kernel(const void* in, DType in_type, int64_t ld_in, int64_t rows, int64_t cols,
+                                const float* bias, bool gelu, void* aux, DType aux_type, void* out, DType out_type,
+                                int64_t ld_out) {
+  const int64_t count = rows * cols;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    const int64_t i = index / cols, j = index % cols;
+    float v = load(in, in_type, i * ld_in + j);
+    if (bias != nullptr) v = __fadd_rn(v, bias[j]);
+    if (aux != nullptr) store(aux, aux_type, index, v);
+    store(out, out_type, i * ld_out + j, gelu ? device_gelu(v) : v);
+  }
+}
+
+void launch_epilogue(Stream stream, const void* in, DType in_type, int64_t ld_in, int64_t rows, int64_t cols,
+                     const float* bias, bool gelu, void* aux, DType aux_type, void* out, DType out_type,
+                     int64_t ld_out) {
+  launch(epilogue_kernel, grid_for(rows * cols), kThreads, stream, in, in_type, ld_in, rows, cols, bias, gelu, aux,
+         aux_type, out, out_type, ld_out);
+}
+
+cublasLtEpilogue_t lt_epilogue(const GemmEpilogue& epilogue) {
+  if (epilogue.kind == GemmEpilogueKind::kBias) return CUBLASLT_EPILOGUE_BIAS;
+  const bool bias = epilogue.bias != nullptr, aux = epilogue.gelu_input_out != nullptr;
+  if (bias) return aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
+  return aux ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU;
+}
+
+// The plain GEMM, then epilogue_kernel on its fp32 result.
+void gemm_then_epilogue(const GemmCall& call, const GemmEpilogue& epilogue) {
+  const bool gelu = epilogue.kind == GemmEpilogueKind::kGeluBias;
+  void* aux = gelu ? epilogue.gelu_input_out : nullptr;
+  if (call.c_type == DType::kF32) {
+    lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
+    launch_epilogue(call.stream, call.c, DType::kF32, call.ldc, call.m, call.n, epilogue.bias, gelu, aux, DType::kF32,
+                    call.c, DType::kF32, call.ldc);
+    return;
+  }
+  // A low-precision c: the product (plus beta * c) in an fp32 buffer first,
+  // so that the bias and GELU see it before the one rounding, as cuBLASLt's
+  // epilogue does.
+  DeviceBuffer product(static_cast<size_t>(call.m * call.n) * sizeof(float), call.stream);
+  if (call.beta != 0.0f) {
+    launch_epilogue(call.stream, call.c, call.c_type, call.ldc, call.m, call.n, nullptr, false, nullptr, DType::kF32,
+                    product.data(), DType::kF32, call.n);
+  }
+  GemmCall widened = call;
+  widened.c = product.data();
+  widened.c_type = DType::kF32;
+  widened.ldc = call.n;
+  lt_matmul(widened, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
+  launch_epilogue(call.stream, product.data(), DType::kF32, call.n, call.m, call.n, epilogue.bias, gelu, aux,
+                  call.c_type, call.c, call.c_type, call.ldc);
+}
+
+}  // namespace
+
+void gemm(Stream stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const void* a, DType a_type, int64_t lda, const void* b, DType b_type, int64_t ldb, float beta, void* c,
+          DType c_type, int64_t ldc, const GemmEpilogue& epilogue) {
+  const GemmCall call{stream, transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, a_type, beta, c, c_type, ldc};
+  FEDMESH_CHECK(m >= 0 && n >= 0 && k >= 0, "cuda::gemm: negative size in " + describe(call));
+  FEDMESH_CHECK(a_type == b_type, "cuda::gemm: a and b must have one dtype (" + std::string(dtype_name(a_type)) +
+                                      " vs " + dtype_name(b_type) + ")");
+  FEDMESH_CHECK(c_type == a_type || c_type == DType::kF32,
+                "cuda::gemm: c must be fp32 or the operands' dtype in " + describe(call));
+  FEDMESH_CHECK(lda >= std::max<int64_t>(1, transpose_a ? m : k) && ldb >= std::max<int64_t>(1, transpose_b ? k : n) &&
+                    ldc >= std::max<int64_t>(1, n),
+                "cuda::gemm: leading dimension too small in " + describe(call));
+  const bool bias_needed = epilogue.kind == GemmEpilogueKind::kBias;
+  FEDMESH_CHECK(!bias_needed || epilogue.bias != nullptr, "cuda::gemm: a kBias epilogue without a bias");
+  FEDMESH_CHECK(epilogue.gelu_input_out == nullptr || epilogue.kind == GemmEpilogueKind::kGeluBias,
+                "cuda::gemm: gelu_input_out goes with kGeluBias");
+  if (m == 0 || n == 0) return;
+
+  // No product: c = beta * c (0 when beta is 0, as sgemm does), then the
+  // epilogue (rounding a low-precision c twice in this degenerate case).
+  if (k == 0) {
+    const size_t row_bytes = static_cast<size_t>(n) * dtype_size(c_type);
+    const int64_t pieces = ldc == n ? 1 : m;  // c in one piece, or row by row
+    const int64_t piece_elements = ldc == n ? m * n : n;
+    for (int64_t i = 0; i < pieces; ++i) {
+      void* piece = static_cast<char*>(c) + static_cast<size_t>(i * ldc) * dtype_size(c_type);
+      if (beta == 0.0f) {
+        set_zero(piece, static_cast<size_t>(piece_elements / n) * row_bytes, stream);
+      } else {
+        scale(stream, piece, c_type, piece_elements, beta);
+      }
+    }
+    if (epilogue.kind != GemmEpilogueKind::kNone) {
+      launch_epilogue(stream, c, c_type, ldc, m, n, epilogue.bias, epilogue.kind == GemmEpilogueKind::kGeluBias,
+                      epilogue.gelu_input_out, c_type, c, c_type, ldc);
+    }
+    return;
+  }
+
+  if (epilogue.kind == GemmEpilogueKind::kNone) {
+    lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
+    return;
+  }
+  // cuBLASLt's epilogue only where it is known to behave: a dense c (its bias
+  // epilogue has dropped the bias with ldc > rows on some GPUs, see
+  // github.com/dfyz/cublaslt-bias-epilogue), and an aux leading dimension that
+  // is a multiple of 8 (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).
+  const bool fusable = epilogue.use_cublaslt_epilogue && ldc == n && (epilogue.gelu_input_out == nullptr || n % 8 == 0);
+  if (fusable && lt_matmul(call, lt_epilogue(epilogue), epilogue.bias, epilogue.gelu_input_out,
+                           /*may_decline=*/true)) {
+    return;
+  }
+  gemm_then_epilogue(call, epilogue);
+}
+
+}  // namespace fedmesh::cuda

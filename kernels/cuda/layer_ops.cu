@@ -1,0 +1,456 @@
+// Layer norm, softmax cross-entropy, convolution, max pooling and embedding
+// of kernels/cuda_ops.h. Row-wise ops run one thread block per row with
+// fixed-order block reductions (fp64 where the CPU kernel sums in fp64);
+// gathers and scatters run one thread per output element.
+#include "kernels/cuda/cuda_check.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda_ops.h"
+
+namespace fedmesh::cuda {
+namespace {
+
+constexpr int64_t kNoIndex = INT64_MAX;
+
+// ---- layer norm ----------------------------------------------------------------
+
+__global__ void layernorm_forward_kernel(const void* x, DType x_type, const float* gamma, const float* beta, void* y,
+                                         DType y_type, float* mean, float* rstd, int64_t rows, int64_t n,
+                                         float epsilon) {
+  __shared__ double scratch[kWarp];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * n;
+    double total = 0.0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) total += load(x, x_type, base + j);
+    const double m = block_sum(total, scratch) / static_cast<double>(n);
+    double variance = 0.0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const double d = load(x, x_type, base + j) - m;
+      variance += d * d;
+    }
+    variance = block_sum(variance, scratch) / static_cast<double>(n);
+    const float inv = static_cast<float>(1.0 / sqrt(variance + epsilon));
+    const float mu = static_cast<float>(m);
+    if (threadIdx.x == 0) {
+      mean[row] = mu;
+      rstd[row] = inv;
+    }
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float normalized = __fmul_rn(__fsub_rn(load(x, x_type, base + j), mu), inv);
+      store(y, y_type, base + j, __fadd_rn(__fmul_rn(normalized, gamma[j]), beta[j]));
+    }
+  }
+}
+
+__global__ void layernorm_backward_dx_kernel(const void* x, DType x_type, const void* dy, DType dy_type,
+                                             const float* gamma, const float* mean, const float* rstd, void* dx,
+                                             DType dx_type, int64_t rows, int64_t n) {
+  __shared__ double scratch[kWarp];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * n;
+    const float mu = mean[row], rs = rstd[row];
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float xhat = __fmul_rn(__fsub_rn(load(x, x_type, base + j), mu), rs);
+      const float dxhat = __fmul_rn(load(dy, dy_type, base + j), gamma[j]);
+      sum_dxhat += dxhat;
+      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+    }
+    const float mean_dxhat = static_cast<float>(block_sum(sum_dxhat, scratch) / static_cast<double>(n));
+    const float mean_dxhat_xhat = static_cast<float>(block_sum(sum_dxhat_xhat, scratch) / static_cast<double>(n));
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float xhat = __fmul_rn(__fsub_rn(load(x, x_type, base + j), mu), rs);
+      const float dxhat = __fmul_rn(load(dy, dy_type, base + j), gamma[j]);
+      // rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
+      const float v = __fmul_rn(rs, __fsub_rn(__fsub_rn(dxhat, mean_dxhat), __fmul_rn(xhat, mean_dxhat_xhat)));
+      store(dx, dx_type, base + j, v);
+    }
+  }
+}
+
+// column_sums' terms for dgamma (dy * xhat) and dbeta (dy).
+struct LayerNormParameterTerm {
+  const void* x;
+  DType x_type;
+  const void* dy;
+  DType dy_type;
+  const float* mean;
+  const float* rstd;
+  int64_t n;
+  __device__ float2 operator()(int64_t row, int64_t column) const {
+    const int64_t i = row * n + column;
+    const float gy = load(dy, dy_type, i);
+    const float xhat = __fmul_rn(__fsub_rn(load(x, x_type, i), mean[row]), rstd[row]);
+    return make_float2(__fmul_rn(gy, xhat), gy);
+  }
+};
+
+// ---- softmax cross-entropy -----------------------------------------------------
+
+// The larger value, the lower index on ties: with each thread's strict
+// `v > best` scan in index order, the block finds the first maximum.
+__device__ __forceinline__ void take_better(float& value, int64_t& index, float other_value, int64_t other_index) {
+  if (other_value > value || (other_value == value && other_index < index)) {
+    value = other_value;
+    index = other_index;
+  }
+}
+
+// (value, index) of the block's maximum, to every thread.
+__device__ void block_argmax(float& value, int64_t& index, float* values, int64_t* indices) {
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
+    take_better(value, index, __shfl_xor_sync(kFullMask, value, offset), __shfl_xor_sync(kFullMask, index, offset));
+  }
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  if (lane == 0) {
+    values[warp] = value;
+    indices[warp] = index;
+  }
+  __syncthreads();
+  value = -INFINITY;
+  index = kNoIndex;
+  for (int w = 0; w < warps; ++w) take_better(value, index, values[w], indices[w]);
+  __syncthreads();
+}
+
+__global__ void cross_entropy_kernel(const void* logits, DType logits_type, const int32_t* labels, int64_t rows,
+                                     int64_t classes, void* dlogits, DType dlogits_type, float grad_factor,
+                                     double* loss_sum, unsigned long long* correct) {
+  __shared__ double sums[kWarp];
+  __shared__ float values[kWarp];
+  __shared__ int64_t indices[kWarp];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * classes;
+    float max_value = -INFINITY;
+    int64_t argmax = kNoIndex;
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
+      const float v = load(logits, logits_type, base + j);
+      if (v > max_value) {
+        max_value = v;
+        argmax = j;
+      }
+    }
+    block_argmax(max_value, argmax, values, indices);
+    if (argmax == kNoIndex) argmax = 0;  // nothing above -Inf: the CPU keeps index 0
+    double denominator = 0.0;
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
+      denominator += exp(static_cast<double>(__fsub_rn(load(logits, logits_type, base + j), max_value)));
+    }
+    const double log_denominator = log(block_sum(denominator, sums));
+    const int32_t label = labels[row];
+    const bool valid = label >= 0 && label < classes;
+    if (threadIdx.x == 0) {
+      if (loss_sum != nullptr) {
+        const double loss =
+            valid ? log_denominator - static_cast<double>(__fsub_rn(load(logits, logits_type, base + label), max_value))
+                  : static_cast<double>(NAN);
+        atomicAdd(loss_sum, loss);
+      }
+      if (correct != nullptr && valid && argmax == label) atomicAdd(correct, 1ull);
+    }
+    if (dlogits == nullptr) continue;
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
+      const double p =
+          exp(static_cast<double>(__fsub_rn(load(logits, logits_type, base + j), max_value)) - log_denominator);
+      const double g = (p - (j == label ? 1.0 : 0.0)) * static_cast<double>(grad_factor);
+      store(dlogits, dlogits_type, base + j, valid ? static_cast<float>(g) : NAN);
+    }
+  }
+}
+
+// ---- convolution -----------------------------------------------------------------
+
+struct ConvShape {  // Conv2dGeometry with its derived sizes, for the device
+  int64_t batch, channels, height, width, out_channels, kernel, stride, padding;
+  int64_t out_height, out_width, plane, columns;
+};
+
+ConvShape conv_shape(const Conv2dGeometry& g) {
+  FEDMESH_CHECK(g.batch >= 0 && g.in_channels > 0 && g.height > 0 && g.width > 0 && g.out_channels > 0 &&
+                    g.kernel > 0 && g.stride > 0 && g.padding >= 0 && g.out_height() > 0 && g.out_width() > 0,
+                "cuda conv2d: bad geometry");
+  return {g.batch,
+          g.in_channels,
+          g.height,
+          g.width,
+          g.out_channels,
+          g.kernel,
+          g.stride,
+          g.padding,
+          g.out_height(),
+          g.out_width(),
+          g.out_height() * g.out_width(),
+          g.columns()};
+}
+
+// col[r, column] for r = (channel, ki, kj), column = (image, i, j).
+__global__ void im2col_kernel(ConvShape s, const void* x, DType x_type, float* col) {
+  const int64_t count = s.channels * s.kernel * s.kernel * s.columns;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    const int64_t r = index / s.columns, column = index % s.columns;
+    const int64_t c = r / (s.kernel * s.kernel), ki = (r / s.kernel) % s.kernel, kj = r % s.kernel;
+    const int64_t image = column / s.plane, i = (column % s.plane) / s.out_width, j = column % s.out_width;
+    const int64_t hi = i * s.stride - s.padding + ki, wi = j * s.stride - s.padding + kj;
+    const bool inside = hi >= 0 && hi < s.height && wi >= 0 && wi < s.width;
+    col[index] = inside ? load(x, x_type, ((image * s.channels + c) * s.height + hi) * s.width + wi) : 0.0f;
+  }
+}
+
+// One thread per input pixel gathers the column entries that read it, in
+// (ki, kj) order: the order conv.cpp's col2im adds them in, from 0.
+__global__ void col2im_kernel(ConvShape s, const float* dcol, void* dx, DType dx_type) {
+  const int64_t count = s.batch * s.channels * s.height * s.width;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    const int64_t wi = index % s.width, hi = (index / s.width) % s.height;
+    const int64_t c = (index / (s.width * s.height)) % s.channels, image = index / (s.width * s.height * s.channels);
+    float total = 0.0f;
+    for (int64_t ki = 0; ki < s.kernel; ++ki) {
+      const int64_t ti = hi + s.padding - ki;  // = i * stride
+      if (ti < 0 || ti % s.stride != 0 || ti / s.stride >= s.out_height) continue;
+      const int64_t i = ti / s.stride;
+      for (int64_t kj = 0; kj < s.kernel; ++kj) {
+        const int64_t tj = wi + s.padding - kj;
+        if (tj < 0 || tj % s.stride != 0 || tj / s.stride >= s.out_width) continue;
+        const int64_t r = (c * s.kernel + ki) * s.kernel + kj;
+        total = __fadd_rn(total, dcol[r * s.columns + image * s.plane + i * s.out_width + tj / s.stride]);
+      }
+    }
+    store(dx, dx_type, index, total);
+  }
+}
+
+// y[image, oc, p] = product[oc, image * plane + p] + bias[oc].
+__global__ void product_to_output_kernel(ConvShape s, const float* product, const float* bias, void* y, DType y_type) {
+  const int64_t count = s.batch * s.out_channels * s.plane;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    const int64_t p = index % s.plane, oc = (index / s.plane) % s.out_channels,
+                  image = index / (s.plane * s.out_channels);
+    store(y, y_type, index, __fadd_rn(product[oc * s.columns + image * s.plane + p], bias[oc]));
+  }
+}
+
+// dy_t[oc, image * plane + p] = dy[image, oc, p], fp32.
+__global__ void output_to_product_kernel(ConvShape s, const void* dy, DType dy_type, float* dy_t) {
+  const int64_t count = s.batch * s.out_channels * s.plane;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    const int64_t p = index % s.plane, oc = (index / s.plane) % s.out_channels,
+                  image = index / (s.plane * s.out_channels);
+    dy_t[oc * s.columns + image * s.plane + p] = load(dy, dy_type, index);
+  }
+}
+
+// The weight as fp32: itself, or a widened copy held in `scratch`.
+const float* weight_as_f32(Stream stream, const void* weight, DType weight_type, int64_t count, DeviceBuffer& scratch) {
+  if (weight_type == DType::kF32) return static_cast<const float*>(weight);
+  scratch = DeviceBuffer(static_cast<size_t>(count) * sizeof(float), stream);
+  cast(stream, weight, weight_type, scratch.data(), DType::kF32, count);
+  return scratch.as<const float>();
+}
+
+// ---- max pooling -----------------------------------------------------------------
+
+struct PoolShape {
+  int64_t planes, height, width, kernel, stride, out_height, out_width;
+};
+
+PoolShape pool_shape(const Pool2dGeometry& g) {
+  FEDMESH_CHECK(
+      g.batch >= 0 && g.channels >= 0 && g.kernel > 0 && g.stride > 0 && g.height >= g.kernel && g.width >= g.kernel,
+      "cuda maxpool2d: bad geometry");
+  return {g.batch * g.channels, g.height, g.width, g.kernel, g.stride, g.out_height(), g.out_width()};
+}
+
+__global__ void maxpool_forward_kernel(PoolShape s, const void* x, DType x_type, void* y, DType y_type,
+                                       int32_t* argmax) {
+  const int64_t out_plane = s.out_height * s.out_width, count = s.planes * out_plane;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    const int64_t plane = index / out_plane, i = (index % out_plane) / s.out_width, j = index % s.out_width;
+    const int64_t base = plane * s.height * s.width;
+    float best = -INFINITY;
+    int64_t best_index = (i * s.stride) * s.width + j * s.stride;
+    for (int64_t ki = 0; ki < s.kernel; ++ki) {
+      for (int64_t kj = 0; kj < s.kernel; ++kj) {
+        const int64_t at = (i * s.stride + ki) * s.width + j * s.stride + kj;
+        const float v = load(x, x_type, base + at);
+        if (v > best) {
+          best = v;
+          best_index = at;
+        }
+      }
+    }
+    store(y, y_type, index, best);
+    argmax[index] = static_cast<int32_t>(best_index);
+  }
+}
+
+// One thread per input pixel adds, in output order, the gradients of the
+// outputs whose window covers it and chose it: conv.cpp's order.
+__global__ void maxpool_backward_kernel(PoolShape s, const int32_t* argmax, const void* dy, DType dy_type, void* dx,
+                                        DType dx_type) {
+  const int64_t in_plane = s.height * s.width, out_plane = s.out_height * s.out_width, count = s.planes * in_plane;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    const int64_t plane = index / in_plane, at = index % in_plane, h = at / s.width, w = at % s.width;
+    // Outputs i with i * stride <= h <= i * stride + kernel - 1.
+    const int64_t i0 = h - s.kernel + 1 <= 0 ? 0 : (h - s.kernel + s.stride) / s.stride;
+    const int64_t i1 = min(s.out_height - 1, h / s.stride);
+    const int64_t j0 = w - s.kernel + 1 <= 0 ? 0 : (w - s.kernel + s.stride) / s.stride;
+    const int64_t j1 = min(s.out_width - 1, w / s.stride);
+    float total = 0.0f;
+    for (int64_t i = i0; i <= i1; ++i) {
+      for (int64_t j = j0; j <= j1; ++j) {
+        const int64_t out = plane * out_plane + i * s.out_width + j;
+        if (argmax[out] == at) total = __fadd_rn(total, load(dy, dy_type, out));
+      }
+    }
+    store(dx, dx_type, index, total);
+  }
+}
+
+// ---- embedding -------------------------------------------------------------------
+
+__global__ void embedding_forward_kernel(const void* table, DType table_type, int64_t vocabulary, int64_t dim,
+                                         const int32_t* ids, int64_t count, void* out, DType out_type) {
+  const int64_t total = count * dim;
+  for (int64_t index = grid_start(); index < total; index += grid_stride()) {
+    const int64_t id = ids[index / dim], j = index % dim;
+    const bool valid = id >= 0 && id < vocabulary;
+    store(out, out_type, index, valid ? load(table, table_type, id * dim + j) : NAN);
+  }
+}
+
+__global__ void embedding_backward_kernel(const int32_t* ids, int64_t count, const void* dout, DType dout_type,
+                                          float* dtable, int64_t vocabulary, int64_t dim) {
+  const int64_t total = count * dim;
+  for (int64_t index = grid_start(); index < total; index += grid_stride()) {
+    const int64_t id = ids[index / dim];
+    if (id >= 0 && id < vocabulary) atomicAdd(dtable + id * dim + index % dim, load(dout, dout_type, index));
+  }
+}
+
+}  // namespace
+
+// ---- layer norm --------------------------------------------------------------------
+
+void layernorm_forward(Stream stream, const void* x, DType x_type, const float* gamma, const float* beta, void* y,
+                       DType y_type, float* mean, float* rstd, int64_t rows, int64_t n, float epsilon) {
+  FEDMESH_CHECK(rows >= 0 && n > 0,
+                "cuda::layernorm_forward: shape (" + std::to_string(rows) + ", " + std::to_string(n) + ")");
+  if (rows == 0) return;
+  launch(layernorm_forward_kernel, grid_for(rows, 1), kRowThreads, stream, x, x_type, gamma, beta, y, y_type, mean,
+         rstd, rows, n, epsilon);
+}
+
+void layernorm_backward(Stream stream, const void* x, DType x_type, const void* dy, DType dy_type, const float* gamma,
+                        const float* mean, const float* rstd, void* dx, DType dx_type, float* dgamma, float* dbeta,
+                        int64_t rows, int64_t n) {
+  FEDMESH_CHECK(rows >= 0 && n > 0,
+                "cuda::layernorm_backward: shape (" + std::to_string(rows) + ", " + std::to_string(n) + ")");
+  if (rows == 0) return;
+  launch(layernorm_backward_dx_kernel, grid_for(rows, 1), kRowThreads, stream, x, x_type, dy, dy_type, gamma, mean,
+         rstd, dx, dx_type, rows, n);
+  column_sums(stream, LayerNormParameterTerm{x, x_type, dy, dy_type, mean, rstd, n}, rows, n, dgamma, dbeta,
+              /*accumulate=*/true);
+}
+
+// ---- softmax cross-entropy -----------------------------------------------------------
+
+void softmax_cross_entropy(Stream stream, const void* logits, DType logits_type, const int32_t* labels, int64_t rows,
+                           int64_t classes, void* dlogits, DType dlogits_type, float grad_scale, float normalizer,
+                           double* loss_sum, int64_t* correct) {
+  FEDMESH_CHECK(rows >= 0 && classes > 0,
+                "cuda::softmax_cross_entropy: shape (" + std::to_string(rows) + ", " + std::to_string(classes) + ")");
+  if (rows == 0) return;
+  const float grad_factor = grad_scale / normalizer;  // as loss.cpp computes it
+  static_assert(sizeof(int64_t) == sizeof(unsigned long long));
+  launch(cross_entropy_kernel, grid_for(rows, 1), kRowThreads, stream, logits, logits_type, labels, rows, classes,
+         dlogits, dlogits_type, grad_factor, loss_sum, reinterpret_cast<unsigned long long*>(correct));
+}
+
+// ---- convolution and pooling -----------------------------------------------------------
+
+void im2col(Stream stream, const Conv2dGeometry& g, const void* x, DType x_type, float* col) {
+  const ConvShape s = conv_shape(g);
+  launch(im2col_kernel, grid_for(g.patch_size() * s.columns), kThreads, stream, s, x, x_type, col);
+}
+
+void col2im(Stream stream, const Conv2dGeometry& g, const float* dcol, void* dx, DType dx_type) {
+  const ConvShape s = conv_shape(g);
+  launch(col2im_kernel, grid_for(s.batch * s.channels * s.height * s.width), kThreads, stream, s, dcol, dx, dx_type);
+}
+
+void conv2d_forward(Stream stream, const Conv2dGeometry& g, const void* x, DType x_type, const void* weight,
+                    DType weight_type, const float* bias, void* y, DType y_type, float* col) {
+  const ConvShape s = conv_shape(g);
+  const int64_t patch = g.patch_size();
+  if (s.columns == 0) return;
+  im2col(stream, g, x, x_type, col);
+  DeviceBuffer weight_scratch;
+  const float* w = weight_as_f32(stream, weight, weight_type, s.out_channels * patch, weight_scratch);
+  // product (out_channels, columns) = weight (out_channels, patch) · col (patch, columns)
+  DeviceBuffer product(static_cast<size_t>(s.out_channels * s.columns) * sizeof(float), stream);
+  gemm(stream, false, false, s.out_channels, s.columns, patch, 1.0f, w, DType::kF32, patch, col, DType::kF32, s.columns,
+       0.0f, product.data(), DType::kF32, s.columns);
+  launch(product_to_output_kernel, grid_for(s.out_channels * s.columns), kThreads, stream, s, product.as<const float>(),
+         bias, y, y_type);
+}
+
+void conv2d_backward(Stream stream, const Conv2dGeometry& g, const float* col, const void* weight, DType weight_type,
+                     const void* dy, DType dy_type, float* dweight, float* dbias, void* dx, DType dx_type) {
+  const ConvShape s = conv_shape(g);
+  const int64_t patch = g.patch_size();
+  if (s.columns == 0) return;
+  // dy (batch, out_channels, plane) -> dy_t (out_channels, columns), fp32.
+  DeviceBuffer dy_t(static_cast<size_t>(s.out_channels * s.columns) * sizeof(float), stream);
+  launch(output_to_product_kernel, grid_for(s.out_channels * s.columns), kThreads, stream, s, dy, dy_type,
+         dy_t.as<float>());
+  channel_bias_grad(stream, dy, dy_type, s.batch, s.out_channels, s.plane, dbias, /*accumulate=*/true);
+  // dweight (out_channels, patch) += dy_t · col^T
+  gemm(stream, false, true, s.out_channels, patch, s.columns, 1.0f, dy_t.data(), DType::kF32, s.columns, col,
+       DType::kF32, s.columns, 1.0f, dweight, DType::kF32, patch);
+  if (dx == nullptr) return;
+  DeviceBuffer weight_scratch;
+  const float* w = weight_as_f32(stream, weight, weight_type, s.out_channels * patch, weight_scratch);
+  // dcol (patch, columns) = weight^T · dy_t
+  DeviceBuffer dcol(static_cast<size_t>(patch * s.columns) * sizeof(float), stream);
+  gemm(stream, true, false, patch, s.columns, s.out_channels, 1.0f, w, DType::kF32, patch, dy_t.data(), DType::kF32,
+       s.columns, 0.0f, dcol.data(), DType::kF32, s.columns);
+  col2im(stream, g, dcol.as<const float>(), dx, dx_type);
+}
+
+void maxpool2d_forward(Stream stream, const Pool2dGeometry& g, const void* x, DType x_type, void* y, DType y_type,
+                       int32_t* argmax) {
+  const PoolShape s = pool_shape(g);
+  launch(maxpool_forward_kernel, grid_for(s.planes * s.out_height * s.out_width), kThreads, stream, s, x, x_type, y,
+         y_type, argmax);
+}
+
+void maxpool2d_backward(Stream stream, const Pool2dGeometry& g, const int32_t* argmax, const void* dy, DType dy_type,
+                        void* dx, DType dx_type) {
+  const PoolShape s = pool_shape(g);
+  launch(maxpool_backward_kernel, grid_for(s.planes * s.height * s.width), kThreads, stream, s, argmax, dy, dy_type, dx,
+         dx_type);
+}
+
+// ---- embedding -------------------------------------------------------------------------
+
+void embedding_forward(Stream stream, const void* table, DType table_type, int64_t vocabulary, int64_t dim,
+                       const int32_t* ids, int64_t count, void* out, DType out_type) {
+  FEDMESH_CHECK(vocabulary >= 0 && dim > 0 && count >= 0, "cuda::embedding_forward: bad shape");
+  launch(embedding_forward_kernel, grid_for(count * dim), kThreads, stream, table, table_type, vocabulary, dim, ids,
+         count, out, out_type);
+}
+
+void embedding_backward(Stream stream, const int32_t* ids, int64_t count, const void* dout, DType dout_type,
+                        float* dtable, int64_t vocabulary, int64_t dim) {
+  FEDMESH_CHECK(vocabulary >= 0 && dim > 0 && count >= 0, "cuda::embedding_backward: bad shape");
+  launch(embedding_backward_kernel, grid_for(count * dim), kThreads, stream, ids, count, dout, dout_type, dtable,
+         vocabulary, dim);
+}
+
+}  // namespace fedmesh::cuda

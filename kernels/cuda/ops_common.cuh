@@ -1,0 +1,158 @@
+// What the .cu files of kernels/cuda_ops.h share: launch shapes, loads and
+// stores of a runtime dtype, and warp/block reductions.
+//
+// Loads and stores switch on the dtype inside the kernel (uniform across the
+// grid, so no divergence) instead of instantiating every kernel for every
+// dtype pair: one compiled kernel per op keeps the CUDA build short.
+//
+// Every fp32 operation whose rounding the CPU reference fixes is written as an
+// explicit round-to-nearest intrinsic (__fmul_rn, __fadd_rn, __fsub_rn,
+// __fdiv_rn, __fsqrt_rn): nvcc would otherwise contract a * b + c into an FMA
+// that the CPU (x86-64 baseline, ISO C++, no contraction) does not do.
+#pragma once
+
+#include "kernels/cuda/cuda_check.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/cuda/half_device.cuh"
+#include "kernels/cuda_ops.h"
+#include "kernels/tensor.h"
+
+namespace fedmesh::cuda {
+
+inline constexpr int kThreads = 256;                // elementwise kernels
+inline constexpr int kRowThreads = 256;             // one block per row
+inline constexpr int64_t kMaxGridBlocks = 1 << 16;  // grid-stride loops beyond this
+inline constexpr int kWarp = 32;
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+inline cudaStream_t to_cuda(Stream stream) { return static_cast<cudaStream_t>(stream); }
+
+inline unsigned grid_for(int64_t items, int threads = kThreads) {
+  return static_cast<unsigned>(std::clamp<int64_t>((items + threads - 1) / threads, 1, kMaxGridBlocks));
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), checked.
+template <class... Parameters, class... Arguments>
+void launch(void (*kernel)(Parameters...), dim3 grid, dim3 block, Stream stream, Arguments&&... arguments) {
+  kernel<<<grid, block, 0, to_cuda(stream)>>>(std::forward<Arguments>(arguments)...);
+  FEDMESH_CUDA_CHECK_LAUNCH();
+}
+
+// The first index and the stride of a grid-stride loop.
+__device__ __forceinline__ int64_t grid_start() { return blockIdx.x * int64_t{blockDim.x} + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_stride() { return int64_t{gridDim.x} * blockDim.x; }
+
+__device__ __forceinline__ float load(const void* p, DType type, int64_t i) {
+  switch (type) {
+    case DType::kBF16: return device_bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return device_fp16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF32: break;
+  }
+  return static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ void store(void* p, DType type, int64_t i, float v) {
+  if (type == DType::kF32) {
+    static_cast<float*>(p)[i] = v;
+  } else {
+    static_cast<uint16_t*>(p)[i] = device_half_bits(v, type == DType::kBF16);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// The sum over the block of every thread's v, returned to every thread; the
+// order is fixed by the block shape, so a launch always gives the same bits.
+// blockDim.x a multiple of 32, at most 1024. `scratch` holds 32 T in shared
+// memory; the call ends with a barrier, so it may be reused right after.
+template <class T>
+__device__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T total = lane < warps ? scratch[lane] : T{0};
+  total = warp_sum(total);
+  __syncthreads();
+  return total;
+}
+
+// Column sums of a (rows, columns) matrix of fp32 terms, in a fixed order:
+// first[j] = [accumulate ? first[j] : 0] + sum over rows of term(row, j).x,
+// and the same into second[j] from .y when second is given. A block of
+// (kColumnTile, kRowGroups) threads per 32 columns: each thread sums every
+// kRowGroups-th row of its column, then the groups are added in order.
+inline constexpr int kColumnTile = 32;
+inline constexpr int kRowGroups = 16;
+
+template <class Term>
+__global__ void column_sums_kernel(Term term, int64_t rows, int64_t columns, float* first, float* second,
+                                   bool accumulate) {
+  __shared__ float partial_first[kRowGroups][kColumnTile + 1];
+  __shared__ float partial_second[kRowGroups][kColumnTile + 1];
+  const int64_t j = blockIdx.x * int64_t{kColumnTile} + threadIdx.x;
+  float sum_first = 0.0f, sum_second = 0.0f;
+  if (j < columns) {
+    for (int64_t r = threadIdx.y; r < rows; r += kRowGroups) {
+      const float2 t = term(r, j);
+      sum_first = __fadd_rn(sum_first, t.x);
+      sum_second = __fadd_rn(sum_second, t.y);
+    }
+  }
+  partial_first[threadIdx.y][threadIdx.x] = sum_first;
+  partial_second[threadIdx.y][threadIdx.x] = sum_second;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= columns) return;
+  float total_first = 0.0f, total_second = 0.0f;
+  for (int group = 0; group < kRowGroups; ++group) {
+    total_first = __fadd_rn(total_first, partial_first[group][threadIdx.x]);
+    total_second = __fadd_rn(total_second, partial_second[group][threadIdx.x]);
+  }
+  first[j] = accumulate ? __fadd_rn(first[j], total_first) : total_first;
+  if (second != nullptr) second[j] = accumulate ? __fadd_rn(second[j], total_second) : total_second;
+}
+
+template <class Term>
+void column_sums(Stream stream, Term term, int64_t rows, int64_t columns, float* first, float* second,
+                 bool accumulate) {
+  if (columns == 0) return;
+  launch(column_sums_kernel<Term>, dim3(static_cast<unsigned>((columns + kColumnTile - 1) / kColumnTile)),
+         dim3(kColumnTile, kRowGroups), stream, term, rows, columns, first, second, accumulate);
+}
+
+// gelu (tanh approximation) and its derivative with elementwise.cpp's
+// operations in its order; only tanhf may differ from glibc's (CUDA: 2 ulp).
+inline constexpr float kSqrt2OverPi = 0.7978845608028654f;
+inline constexpr float kGeluCubic = 0.044715f;
+
+__device__ __forceinline__ float gelu_inner(float v) {
+  // kSqrt2OverPi * (v + kGeluCubic * v * v * v)
+  return __fmul_rn(kSqrt2OverPi, __fadd_rn(v, __fmul_rn(__fmul_rn(__fmul_rn(kGeluCubic, v), v), v)));
+}
+
+__device__ __forceinline__ float device_gelu(float v) {
+  // 0.5f * v * (1.0f + tanh(inner))
+  return __fmul_rn(__fmul_rn(0.5f, v), __fadd_rn(1.0f, tanhf(gelu_inner(v))));
+}
+
+__device__ __forceinline__ float device_gelu_grad(float v, float grad) {
+  const float t = tanhf(gelu_inner(v));
+  // kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v)
+  const float d_inner = __fmul_rn(kSqrt2OverPi, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * kGeluCubic, v), v)));
+  // grad * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * d_inner)
+  const float left = __fmul_rn(0.5f, __fadd_rn(1.0f, t));
+  const float right = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, v), __fsub_rn(1.0f, __fmul_rn(t, t))), d_inner);
+  return __fmul_rn(grad, __fadd_rn(left, right));
+}
+
+}  // namespace fedmesh::cuda

@@ -1,6 +1,7 @@
 #include "cli/train_command.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "cli/output.h"
 #include "kernels/parallel.h"
 #include "node/data/fashion_mnist.h"
+#include "node/data/text_corpus.h"
 #include "node/model.h"
 #include "node/parallel/data_parallel.h"
 #include "node/parallel/rank_group.h"
@@ -60,11 +62,71 @@ int fail(const TrainFlags& flags, const Status& status, int exit_code = 2) {
 // cannot be committed.
 struct CheckpointFailed {};
 
+// What a run trains and evaluates on: Fashion-MNIST images for the image
+// models, windows of a text corpus (95% of every document to train on, the
+// rest held out) for the language models.
+// Perplexity and bits per byte of a held-out loss in nats per byte token.
+nlohmann::json language_metrics(double loss, double unigram_loss) {
+  return {{"perplexity", std::exp(loss)}, {"bits_per_byte", loss / std::log(2.0)},
+          {"unigram_bits_per_byte", unigram_loss / std::log(2.0)}};
+}
+
+struct TrainingData {
+  std::unique_ptr<data::FashionMnistSplits> images;
+  std::unique_ptr<data::Dataset> train, test;
+  bool language = false;
+  std::string description;  // "60000 Fashion-MNIST images (10000 test)"
+  double unigram_loss = 0.0;  // language models: the no-context baseline on the held-out text
+};
+
+constexpr double kTextHoldout = 0.05;
+
+Result<TrainingData> load_training_data(const TrainFlags& flags) {
+  TrainingData out;
+  const std::optional<node::TransformerConfig> language = node::language_model_config(flags.model);
+  if (!language) {
+    Result<data::FashionMnistSplits> splits =
+        data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
+    if (!splits.is_ok()) return splits.status();
+    out.images = std::make_unique<data::FashionMnistSplits>(std::move(*splits));
+    out.train = std::make_unique<data::ImageBatches>(out.images->train);
+    out.test = std::make_unique<data::ImageBatches>(out.images->test);
+    out.description = std::to_string(out.images->train.count) + " Fashion-MNIST images (" +
+                      std::to_string(out.images->test.count) + " test)";
+    return out;
+  }
+  const std::string source = flags.data == "fashion-mnist" ? data::kBibleCorpus : flags.data;
+  Result<data::TextCorpus> corpus = data::load_text_corpus(source);
+  if (!corpus.is_ok()) return corpus.status();
+  std::vector<size_t> all(corpus->documents.size());
+  for (size_t d = 0; d < all.size(); ++d) all[d] = d;
+  data::TextSplit split = data::split_documents(*corpus, all, kTextHoldout);
+  const int64_t context = language->context;
+  // --train-limit / --test-limit count windows of `context` tokens.
+  const auto cut = [context](std::vector<int32_t>& tokens, int64_t windows) {
+    if (windows > 0) tokens.resize(std::min(tokens.size(), static_cast<size_t>(windows * context + 1)));
+  };
+  cut(split.train, flags.train_limit);
+  cut(split.validation, flags.test_limit);
+  out.unigram_loss = data::unigram_cross_entropy(split.train, split.validation, data::kByteVocabulary);
+  const size_t train_tokens = split.train.size(), validation_tokens = split.validation.size();
+  out.train = std::make_unique<data::TextWindows>(std::move(split.train), context, context);
+  out.test = std::make_unique<data::TextWindows>(std::move(split.validation), context, context);
+  if (out.train->size() == 0 || out.test->size() == 0) {
+    return invalid_argument(source + " is too short for windows of " + std::to_string(context) + " tokens");
+  }
+  out.language = true;
+  out.description = std::to_string(train_tokens) + " byte tokens of " + source + " (" +
+                    std::to_string(corpus->documents.size()) + " documents; " + std::to_string(validation_tokens) +
+                    " held out) in windows of " + std::to_string(context);
+  return out;
+}
+
 // Ranks 1..N-1 of `fedmesh train --ranks N`: the same run's arguments
 // (launched by rank 0 with --rank and --rendezvous), no output, no store.
 // They take rank 0's position and state (restored from its checkpoint, or
 // fresh), train their part of every batch and exit when the run ends.
-int run_train_rank(TrainFlags& flags, const data::ImageDataset& train) {
+int run_train_rank(TrainFlags& flags, const data::Dataset& train) {
   Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed);
   if (!model.is_ok()) return fail(flags, model.status());
   node::Trainer trainer(**model, flags.options);
@@ -80,7 +142,7 @@ int run_train_rank(TrainFlags& flags, const data::ImageDataset& train) {
   node::DataParallelOptions parallel;
   parallel.zero_one = flags.zero_one;
   node::DataParallel sync(**communicator, **model, parallel);
-  Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, sync, data::ImageBatches(train), nullptr, {});
+  Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, sync, train, nullptr, {});
   return trained.is_ok() ? 0 : fail(flags, trained.status(), 1);
 }
 
@@ -170,18 +232,17 @@ int run_train(TrainFlags& flags) {
     return fail(flags, invalid_argument("--threads must be in [0, " + std::to_string(kMaxThreads) + "] (0 = all cores)"));
   set_cpu_threads(flags.threads);
 
-  Result<data::FashionMnistSplits> splits =
-      data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
-  if (!splits.is_ok()) return fail(flags, splits.status());
-  data::ImageDataset* train = &splits->train;
-  data::ImageDataset* test = &splits->test;
+  Result<TrainingData> loaded = load_training_data(flags);
+  if (!loaded.is_ok()) return fail(flags, loaded.status());
+  const data::Dataset* train = loaded->train.get();
+  const data::Dataset* test = loaded->test.get();
   if (flags.group.launched()) return run_train_rank(flags, *train);
 
   Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed);
   if (!model.is_ok()) return fail(flags, model.status());
   node::Sequential& net = **model;
   node::Trainer trainer(net, flags.options);
-  const int64_t total_steps = total_steps_of(flags.options, train->count);
+  const int64_t total_steps = total_steps_of(flags.options, train->size());
 
   // The checkpoint store: created on first use; when it already holds a
   // committed step of this run, training continues from there.
@@ -310,15 +371,19 @@ int run_train(TrainFlags& flags) {
                {"schedule", flags.options.schedule.to_string()},
                {"batch_size", flags.options.batch_size},
                {"grad_accumulation", flags.options.grad_accumulation},
-               {"train_samples", train->count},
-               {"test_samples", test->count},
+               {"train_samples", train->size()},
+               {"test_samples", test->size()},
                {"seed", flags.options.seed}});
   } else {
     std::fprintf(stderr, "%s", net.summary().c_str());
-    std::fprintf(stderr, "training %s on %lld Fashion-MNIST images (%lld test), %s, %d threads, batch %lld, %s lr %g\n",
-                 flags.model.c_str(), static_cast<long long>(train->count), static_cast<long long>(test->count),
-                 flags.precision.c_str(), cpu_threads(), static_cast<long long>(flags.options.batch_size),
-                 flags.options.optimizer.c_str(), static_cast<double>(flags.options.lr));
+    std::fprintf(stderr, "training %s on %s, %s, %d threads, batch %lld, %s lr %g\n", flags.model.c_str(),
+                 loaded->description.c_str(), flags.precision.c_str(), cpu_threads(),
+                 static_cast<long long>(flags.options.batch_size), flags.options.optimizer.c_str(),
+                 static_cast<double>(flags.options.lr));
+    if (loaded->language) {
+      std::fprintf(stderr, "held-out text: a unigram model (no context) reaches %.4f nats/token, %.3f bits/byte\n",
+                   loaded->unigram_loss, loaded->unigram_loss / std::log(2.0));
+    }
     if (group) {
       std::fprintf(stderr, "data parallel over %d CPU ranks (Gloo, %zu gradient buckets%s): each takes 1/%d of every batch\n",
                    group->size(), sync->bucket_count(), flags.zero_one ? ", optimizer state sharded (ZeRO-1)" : "",
@@ -359,16 +424,25 @@ int run_train(TrainFlags& flags) {
   callbacks.on_epoch = [&](const node::EpochReport& r) {
     last_test = {{"test_accuracy", r.test.accuracy}, {"test_loss", r.test.loss}};
     if (flags.json) {
-      emit_json({{"event", "epoch"},
-                 {"epoch", r.epoch},
-                 {"train_loss", r.train_loss},
-                 {"train_accuracy", r.train_accuracy},
-                 {"test_loss", r.test.loss},
-                 {"test_accuracy", r.test.accuracy},
-                 {"seconds", r.seconds}});
+      nlohmann::json event = {{"event", "epoch"},
+                              {"epoch", r.epoch},
+                              {"train_loss", r.train_loss},
+                              {"train_accuracy", r.train_accuracy},
+                              {"test_loss", r.test.loss},
+                              {"test_accuracy", r.test.accuracy},
+                              {"seconds", r.seconds}};
+      if (loaded->language) event.update(language_metrics(r.test.loss, loaded->unigram_loss));
+      emit_json(event);
       return;
     }
     line.finish();
+    if (loaded->language) {
+      std::fprintf(stderr, "epoch %lld: train loss %.4f, held-out loss %.4f (perplexity %.3f, %.3f bits/byte; unigram "
+                   "%.3f), next-byte accuracy %.2f%% (%s)\n", static_cast<long long>(r.epoch), r.train_loss,
+                   r.test.loss, std::exp(r.test.loss), r.test.loss / std::log(2.0), loaded->unigram_loss / std::log(2.0),
+                   100.0 * r.test.accuracy, format_duration(r.seconds).c_str());
+      return;
+    }
     std::fprintf(stderr, "epoch %lld: train loss %.4f, train accuracy %.2f%%, test loss %.4f, test accuracy %.2f%% (%s)\n",
                  static_cast<long long>(r.epoch), r.train_loss, 100.0 * r.train_accuracy, r.test.loss,
                  100.0 * r.test.accuracy, format_duration(r.seconds).c_str());
@@ -377,8 +451,7 @@ int run_train(TrainFlags& flags) {
   node::TrainSummary summary;
   try {
     if (sync) {
-      const data::ImageBatches train_batches(*train), test_batches(*test);
-      Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, *sync, train_batches, &test_batches, callbacks);
+      Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, *sync, *train, test, callbacks);
       Status ranks = trained.is_ok() ? group->join() : group->check_ranks();
       if (!ranks.is_ok() || !trained.is_ok()) {
         line.finish();
@@ -386,7 +459,7 @@ int run_train(TrainFlags& flags) {
       }
       summary = *trained;
     } else {
-      summary = trainer.fit(*train, &*test, callbacks);
+      summary = trainer.fit(*train, test, callbacks);
     }
   } catch (const CheckpointFailed&) {
     line.finish();
@@ -402,7 +475,7 @@ int run_train(TrainFlags& flags) {
   const double wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   if (flags.json) {
-    emit_json({{"event", "summary"},
+    nlohmann::json event = {{"event", "summary"},
                {"command", "train"},
                {"model", flags.model},
                {"precision", flags.precision},
@@ -422,7 +495,19 @@ int run_train(TrainFlags& flags) {
                {"rounds", 0},
                {"bytes_sent", 0},
                {"bytes_received", 0},
-               {"wall_seconds", wall_seconds}});
+               {"wall_seconds", wall_seconds}};
+    if (loaded->language) {
+      event.update(language_metrics(summary.test.loss, loaded->unigram_loss));
+      event["tokens_per_second"] = summary.samples_per_second * static_cast<double>(train->targets_per_sample());
+    }
+    emit_json(event);
+  } else if (loaded->language) {
+    std::printf("%s %s: held-out loss %.4f (perplexity %.3f, %.3f bits/byte; a unigram model %.3f) after %lld steps, "
+                "%.0f tokens/s, %s\n", flags.model.c_str(), flags.precision.c_str(), summary.test.loss,
+                std::exp(summary.test.loss), summary.test.loss / std::log(2.0), loaded->unigram_loss / std::log(2.0),
+                static_cast<long long>(summary.steps),
+                summary.samples_per_second * static_cast<double>(train->targets_per_sample()),
+                format_duration(wall_seconds).c_str());
   } else {
     std::printf("%s %s: test accuracy %.2f%%, test loss %.4f after %lld steps (%lld skipped), %.0f samples/s, %s\n",
                 flags.model.c_str(), flags.precision.c_str(), 100.0 * summary.test.accuracy, summary.test.loss,
@@ -444,12 +529,17 @@ void add_train_command(CLI::App& app, int& exit_code) {
   node::TrainOptions& o = flags->options;
   CLI::App* cmd = app.add_subcommand(
       "train", "Train a model locally on this machine's data (no federation) and report test accuracy.");
-  cmd->add_option("--model", flags->model, "Model to train: mlp (784-512-256-10) or cnn (2 conv + 2 fc)")
-      ->check(CLI::IsMember({"mlp", "cnn"}))
+  cmd->add_option("--model", flags->model,
+                  "Model to train: mlp (784-512-256-10) or cnn (2 conv + 2 fc) on Fashion-MNIST; or a GPT-style "
+                  "language model on text with the byte tokenizer: gpt-nano (0.1M parameters), gpt-tiny (1.8M), "
+                  "gpt-small (10.8M), gpt2 (124M)")
+      ->check(CLI::IsMember(node::model_names()))
       ->capture_default_str();
   cmd->add_option("--data", flags->data,
-                  "fashion-mnist (from /usr/share/datasets/fashion-mnist, package dataset-fashion-mnist) or a "
-                  "directory holding the four Fashion-MNIST IDX files (.gz or plain)")
+                  "Image models: fashion-mnist (from /usr/share/datasets/fashion-mnist, package dataset-fashion-mnist) "
+                  "or a directory holding the four Fashion-MNIST IDX files (.gz or plain). Language models: bible-kjv "
+                  "(the default; Debian's bible-kjv, one document per book) or a directory of plain-text files (one "
+                  "document each); 5% of every document is held out. --train-limit/--test-limit count windows")
       ->capture_default_str();
   cmd->add_option("--epochs", o.epochs, "Passes over the training set")->capture_default_str();
   cmd->add_option("--steps", o.max_steps, "Stop after this many optimizer steps (overrides --epochs; 0 = off)")

@@ -14,7 +14,7 @@ PACKAGES=(
   nlohmann-json3-dev libcpp-httplib-dev
   clang libclang-rt-dev
   python3-numpy
-  dataset-fashion-mnist
+  dataset-fashion-mnist bible-kjv
 )
 
 # Meson options of the --sanitize build (FEDMESH_MESON_ARGS come after them).

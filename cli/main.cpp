@@ -4,6 +4,7 @@
 #include "cli/aggregator_command.h"
 #include "cli/checkpoint_command.h"
 #include "cli/doctor_command.h"
+#include "cli/generate_command.h"
 #include "cli/keygen_command.h"
 #include "cli/node_command.h"
 #include "cli/roster_command.h"
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   fedmesh::cli::add_aggregator_command(app, exit_code);
   fedmesh::cli::add_node_command(app, exit_code);
   fedmesh::cli::add_status_command(app, exit_code);
+  fedmesh::cli::add_generate_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -88,11 +88,8 @@ Status commit_training_checkpoint(store::CheckpointStore& store, Sequential& mod
   return store.commit_round(round);
 }
 
-Status restore_training_checkpoint(const store::LoadedCheckpoint& checkpoint, Sequential& model, Trainer& trainer) {
-  Result<TrainerState> state = trainer_state_from_json(checkpoint.round.state_json);
-  if (!state.is_ok()) return state.status();
-  std::vector<Parameter*> parameters = model.parameters();
-  for (Parameter* parameter : parameters) {
+Status load_model_weights(const store::LoadedCheckpoint& checkpoint, Sequential& model) {
+  for (Parameter* parameter : model.parameters()) {
     const store::StoredTensor* stored = checkpoint.find(kModelRole, parameter->name);
     if (stored == nullptr) {
       return corrupt("checkpoint round " + std::to_string(checkpoint.round.round) + " has no weights for " +
@@ -101,6 +98,14 @@ Status restore_training_checkpoint(const store::LoadedCheckpoint& checkpoint, Se
     FEDMESH_RETURN_IF_ERROR(copy_into(*stored, parameter->value, std::string(kModelRole) + "/" + parameter->name));
   }
   model.refresh_compute();
+  return Status::ok();
+}
+
+Status restore_training_checkpoint(const store::LoadedCheckpoint& checkpoint, Sequential& model, Trainer& trainer) {
+  Result<TrainerState> state = trainer_state_from_json(checkpoint.round.state_json);
+  if (!state.is_ok()) return state.status();
+  std::vector<Parameter*> parameters = model.parameters();
+  FEDMESH_RETURN_IF_ERROR(load_model_weights(checkpoint, model));
   for (const OptimizerStateTensor& tensor : trainer.optimizer().state_tensors(parameters)) {
     const store::StoredTensor* stored = checkpoint.find(kOptimizerRole, tensor.name);
     if (stored == nullptr) {

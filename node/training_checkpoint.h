@@ -31,6 +31,11 @@ Result<TrainerState> trainer_state_from_json(const std::string& text);
 Status commit_training_checkpoint(store::CheckpointStore& store, Sequential& model, Trainer& trainer,
                                   const nlohmann::json& metrics);
 
+// Copies a checkpoint's weights (role "model") into the model's masters and
+// compute copies; kCorrupt names a tensor that is missing or of the wrong
+// shape. Reads checkpoints of `fedmesh train`, the aggregator and the nodes.
+Status load_model_weights(const store::LoadedCheckpoint& checkpoint, Sequential& model);
+
 // Loads a checkpoint into a freshly built model and trainer (same model name,
 // seed and options): weights, compute copies, optimizer tensors and steps,
 // and the trainer's position. kCorrupt names a tensor that is missing or of

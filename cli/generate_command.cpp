@@ -1,0 +1,155 @@
+#include "cli/generate_command.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/random.h"
+#include "cli/output.h"
+#include "kernels/parallel.h"
+#include "node/data/text_corpus.h"
+#include "node/model.h"
+#include "node/training_checkpoint.h"
+#include "store/checkpoint_store.h"
+
+namespace fedmesh::cli {
+
+namespace {
+
+struct GenerateFlags {
+  std::string checkpoint;
+  std::string model;  // "": the model the checkpoint's run names
+  int64_t round = -1;
+  std::string prompt = "\n";
+  int64_t tokens = 200;
+  double temperature = 0.8;
+  int top_k = 40;
+  uint64_t seed = 0;
+  int threads = 0;
+  bool json = false;
+};
+
+int fail(const GenerateFlags& flags, const Status& status, int exit_code = 2) {
+  if (flags.json) {
+    emit_json({{"event", "error"}, {"command", "generate"}, {"code", status_code_name(status.code())},
+               {"message", status.message()}});
+  }
+  std::fprintf(stderr, "fedmesh generate: %s\n", status.message().c_str());
+  return exit_code;
+}
+
+// The model a store's run trained: `fedmesh train` and the aggregator
+// record it in their meta.
+Result<std::string> stored_model_name(store::CheckpointStore& store) {
+  for (const char* key : {"train_config", "aggregator_config"}) {
+    Result<std::optional<std::string>> meta = store.meta(key);
+    if (!meta.is_ok()) return meta.status();
+    if (!meta->has_value()) continue;
+    const nlohmann::json config = nlohmann::json::parse(**meta, nullptr, false);
+    if (config.is_object() && config.contains("model") && config["model"].is_string()) return config["model"].get<std::string>();
+  }
+  return not_found("the checkpoint does not say which model it holds: give --model");
+}
+
+// Samples the next token from the last row of `logits`: temperature, then
+// the top_k most likely (0: all), then a draw.
+int32_t sample(const float* logits, int64_t vocabulary, double temperature, int top_k, Rng& rng) {
+  std::vector<int32_t> order(static_cast<size_t>(vocabulary));
+  std::iota(order.begin(), order.end(), 0);
+  if (temperature <= 0.0) {
+    return *std::max_element(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] < logits[b]; });
+  }
+  const size_t keep = top_k > 0 ? std::min<size_t>(static_cast<size_t>(top_k), order.size()) : order.size();
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::vector<double> weights(keep);
+  const double top = logits[order[0]];
+  double total = 0.0;
+  for (size_t i = 0; i < keep; ++i) total += weights[i] = std::exp((logits[order[i]] - top) / temperature);
+  double draw = rng.uniform() * total;
+  for (size_t i = 0; i < keep; ++i) {
+    draw -= weights[i];
+    if (draw <= 0.0) return order[i];
+  }
+  return order[keep - 1];
+}
+
+int run_generate(const GenerateFlags& flags) {
+  if (flags.tokens < 0 || flags.tokens > 1'000'000) return fail(flags, invalid_argument("--tokens must be in [0, 1000000]"));
+  if (!(flags.temperature >= 0.0) || !std::isfinite(flags.temperature)) {
+    return fail(flags, invalid_argument("--temperature must be >= 0 (0: always the most likely token)"));
+  }
+  if (flags.top_k < 0) return fail(flags, invalid_argument("--top-k must be >= 0 (0: no cut)"));
+  if (flags.prompt.empty()) return fail(flags, invalid_argument("--prompt must not be empty"));
+  set_cpu_threads(flags.threads);
+  Result<store::CheckpointStore> store = store::CheckpointStore::open_existing(flags.checkpoint);
+  if (!store.is_ok()) return fail(flags, store.status());
+  Result<std::string> name = flags.model.empty() ? stored_model_name(*store) : Result<std::string>(flags.model);
+  if (!name.is_ok()) return fail(flags, name.status());
+  const std::optional<node::TransformerConfig> config = node::language_model_config(*name);
+  if (!config) return fail(flags, invalid_argument("model '" + *name + "' is not a language model"));
+  Result<store::LoadedCheckpoint> loaded = flags.round >= 0 ? store->load_round(flags.round) : store->load_latest();
+  if (!loaded.is_ok()) return fail(flags, loaded.status(), 1);
+  Result<std::unique_ptr<node::Sequential>> model = node::make_model(*name, 0);
+  if (!model.is_ok()) return fail(flags, model.status());
+  if (Status s = node::load_model_weights(*loaded, **model); !s.is_ok()) return fail(flags, s, 1);
+
+  std::vector<int32_t> tokens = data::byte_tokens(flags.prompt);
+  for (const int32_t t : tokens) {
+    if (t >= config->vocabulary) return fail(flags, invalid_argument("the prompt has a byte outside the model's vocabulary"));
+  }
+  Rng rng(flags.seed);
+  const size_t prompt_tokens = tokens.size();
+  if (!flags.json) std::fputs(flags.prompt.c_str(), stdout);
+  for (int64_t i = 0; i < flags.tokens; ++i) {
+    // The last `context` tokens, the model's window.
+    const size_t begin = tokens.size() > static_cast<size_t>(config->context) ? tokens.size() - static_cast<size_t>(config->context) : 0;
+    const int64_t length = static_cast<int64_t>(tokens.size() - begin);
+    Tensor x = Tensor::empty({1, length});
+    for (int64_t t = 0; t < length; ++t) x.data<float>()[t] = static_cast<float>(tokens[begin + static_cast<size_t>(t)]);
+    const Tensor logits = (*model)->forward(x, /*training=*/false);
+    const int32_t next = sample(logits.data<float>() + (length - 1) * config->vocabulary, config->vocabulary,
+                                flags.temperature, flags.top_k, rng);
+    tokens.push_back(next);
+    if (!flags.json) {
+      std::fputc(static_cast<char>(next), stdout);
+      std::fflush(stdout);
+    }
+  }
+  const std::string text = data::byte_text(std::span<const int32_t>(tokens).subspan(prompt_tokens)).value();
+  if (flags.json) {
+    emit_json({{"event", "summary"}, {"command", "generate"}, {"model", *name}, {"round", loaded->round.round},
+               {"prompt", flags.prompt}, {"text", text}, {"tokens", flags.tokens}});
+  } else {
+    std::fputc('\n', stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app, int& exit_code) {
+  auto flags = std::make_shared<GenerateFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate", "Sample text from a language model's checkpoint (fedmesh train --db, or an aggregator's store): the "
+                  "prompt, then --tokens bytes drawn one at a time with --temperature and --top-k.");
+  cmd->add_option("--checkpoint", flags->checkpoint, "The store (SQLite) holding the model")->required();
+  cmd->add_option("--model", flags->model, "The model's name (default: the one the store's run recorded)");
+  cmd->add_option("--round", flags->round, "Which checkpoint (default: the newest)");
+  cmd->add_option("--prompt", flags->prompt, "Text to continue")->capture_default_str();
+  cmd->add_option("--tokens", flags->tokens, "Bytes to generate")->capture_default_str();
+  cmd->add_option("--temperature", flags->temperature, "Softmax temperature (0: the most likely byte every time)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", flags->top_k, "Draw from the k most likely bytes only (0: all)")->capture_default_str();
+  cmd->add_option("--seed", flags->seed, "Seed of the draws")->capture_default_str();
+  cmd->add_option("--threads", flags->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_flag("--json", flags->json, "Print one JSON line: {\"event\":\"summary\",\"text\":...}");
+  cmd->callback([flags, &exit_code] { exit_code = run_generate(*flags); });
+}
+
+}  // namespace fedmesh::cli

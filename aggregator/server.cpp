@@ -15,6 +15,7 @@
 #include "crypto/roster.h"
 #include "crypto/toml_input.h"
 #include "node/data/fashion_mnist.h"
+#include "node/data/text_corpus.h"
 #include "node/model.h"
 #include "node/trainer.h"
 #include "protocol/model_transfer.h"
@@ -172,7 +173,8 @@ class AggregatorServer::Impl {
   std::optional<crypto::ReplayGuard> replay;
   std::optional<RoundManager> manager;
   std::unique_ptr<node::Sequential> evaluator_model;
-  data::ImageDataset validation;
+  std::unique_ptr<data::Dataset> validation;  // null: no validation
+  bool language_model = false;
   std::vector<crypto::Hash> chain;  // hash of every version, by version
   std::vector<protocol::TensorShape> manifest;
   std::unique_ptr<protocol::ServerSocket> socket;
@@ -247,10 +249,19 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   manager.emplace(std::move(*created));
   chain = {manager->link().hash};
 
-  if (!config.validation.empty()) {
+  const std::optional<node::TransformerConfig> language = node::language_model_config(config.model);
+  language_model = language.has_value();
+  if (!config.validation.empty() && language) {
+    // Every document's held-out tail, which no site trains on.
+    Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(config.validation));
+    if (!corpus.is_ok()) return corpus.status();
+    Result<data::TextWindows> windows = data::held_out_windows(*corpus, language->context, config.validation_limit);
+    if (!windows.is_ok()) return windows.status();
+    validation = std::make_unique<data::TextWindows>(std::move(*windows));
+  } else if (!config.validation.empty()) {
     Result<data::FashionMnistSplits> splits = data::load_fashion_mnist_splits(config.validation, 1, config.validation_limit);
     if (!splits.is_ok()) return splits.status();
-    validation = std::move(splits->test);
+    validation = std::make_unique<data::ImageSet>(std::move(splits->test));
   }
 
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store, config.store_options);
@@ -564,18 +575,22 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
   double accuracy = -1.0, loss = -1.0;
   if (record.version != static_cast<int64_t>(chain.size()) - 1) {
     chain.push_back(record.link.hash);
-    if (validation.count > 0) {
+    if (validation && validation->size() > 0) {
       std::vector<Parameter*> parameters = evaluator_model->parameters();
       for (size_t t = 0; t < parameters.size(); ++t) {
         std::memcpy(parameters[t]->value.raw(), manager->model()[t].raw(), parameters[t]->value.nbytes());
       }
       evaluator_model->refresh_compute();
       node::Trainer evaluator(*evaluator_model, node::TrainOptions{});
-      const node::EvalResult result = evaluator.evaluate(validation);
+      const node::EvalResult result = evaluator.evaluate(*validation);
       accuracy = result.accuracy;
       loss = result.loss;
       metrics["test_accuracy"] = accuracy;
       metrics["test_loss"] = loss;
+      if (language_model) {
+        metrics["perplexity"] = std::exp(loss);
+        metrics["bits_per_byte"] = loss / std::log(2.0);
+      }
     }
   }
   nlohmann::json site_metrics = nlohmann::json::object();
@@ -605,6 +620,10 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
   if (accuracy >= 0.0) {
     event["test_accuracy"] = accuracy;
     event["test_loss"] = loss;
+    if (language_model) {
+      event["perplexity"] = metrics["perplexity"];
+      event["bits_per_byte"] = metrics["bits_per_byte"];
+    }
   }
   {
     std::lock_guard lock(metrics_mutex);

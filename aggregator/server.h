@@ -49,8 +49,12 @@ struct AggregatorConfig {
   double site_timeout_seconds = 10.0;  // no message for this long: a site counts as gone
   double linger_seconds = 5.0;         // after the last round: keep answering so sites learn it
   std::string faults;                  // transport.faults: experiments only (protocol/fault_injection.h)
-  std::string validation = "fashion-mnist";  // Fashion-MNIST test split to evaluate on ("" = none)
-  int64_t validation_limit = 0;        // first N images (0 = all)
+  // What the global model is evaluated on after every step ("" = nothing):
+  // the Fashion-MNIST test split for the image models; for language models
+  // every document's held-out last 5% of the text corpus ("fashion-mnist":
+  // the Bible), which no site trains on.
+  std::string validation = "fashion-mnist";
+  int64_t validation_limit = 0;        // first N images or text windows (0 = all)
   store::StoreOptions store_options;
   RoundOptions rounds_options;
 

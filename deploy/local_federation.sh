@@ -14,6 +14,7 @@ usage() {
 Usage: deploy/local_federation.sh --fedmesh BIN --dir DIR [--sites 4] [--port 7400] [--metrics-port 9400]
                                   [--rounds 15] [--local-steps 60] [--mode sync|fedbuff|fedasync]
                                   [--deadline 30] [--min-sites SITES] [--gossip]
+                                  [--model mlp] [--partition dirichlet:0.5]
                                   [--agg 'KEY = VALUE']... [--site 'KEY = VALUE']...
 
 Creates DIR (it must not exist yet) holding keys/, roster.toml, agg.toml and
@@ -22,6 +23,11 @@ metrics on 127.0.0.1:METRICS_PORT (sites use METRICS_PORT+1+K). Each --agg or
 --site adds one TOML line to agg.toml or to every site's config (a key given
 twice is an error, so only add keys the defaults below do not set), e.g.
 --agg 'validation_limit = 2000' --site 'data.train_limit = 6000'.
+
+--model names the model of every process (mlp, cnn, or a language model:
+gpt-nano, gpt-tiny, ...); --partition how the sites split the data
+(dirichlet:A, iid, shards:K for images; books, contiguous or testament for a
+language model's text, the Bible by default).
 
 --gossip: no aggregator and no agg.toml. Site K is a gossip peer listening on
 tcp://127.0.0.1:PORT+K (metrics on METRICS_PORT+1+K); its config has
@@ -33,7 +39,7 @@ EOF
 
 FEDMESH="" DIR="" SITES=4 PORT=7400 METRICS_PORT=9400
 AGG_EXTRA=() SITE_EXTRA=()
-ROUNDS=15 LOCAL_STEPS=60 MODE=sync DEADLINE=30 MIN_SITES= GOSSIP=0
+ROUNDS=15 LOCAL_STEPS=60 MODE=sync DEADLINE=30 MIN_SITES= GOSSIP=0 MODEL=mlp PARTITION=dirichlet:0.5
 while [[ $# -gt 0 ]]; do
   case $1 in
     --fedmesh) FEDMESH=$2; shift 2 ;;
@@ -47,6 +53,8 @@ while [[ $# -gt 0 ]]; do
     --deadline) DEADLINE=$2; shift 2 ;;
     --min-sites) MIN_SITES=$2; shift 2 ;;
     --gossip) GOSSIP=1; shift ;;
+    --model) MODEL=$2; shift 2 ;;
+    --partition) PARTITION=$2; shift 2 ;;
     --agg) AGG_EXTRA+=("$2"); shift 2 ;;
     --site) SITE_EXTRA+=("$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -90,7 +98,7 @@ roster = "$DIR/roster.toml"
 admin_public = "$ADMIN"
 store = "$DIR/aggregator.db"
 metrics = "127.0.0.1:$METRICS_PORT"
-model = "mlp"
+model = "$MODEL"
 seed = 1
 rounds = $ROUNDS
 local_steps = $LOCAL_STEPS
@@ -117,9 +125,9 @@ roster = "$DIR/roster.toml"
 admin_public = "$ADMIN"
 store = "$DIR/site-$k.db"
 metrics = "127.0.0.1:$((METRICS_PORT + 1 + k))"
-model = "mlp"
+model = "$MODEL"
 seed = 1
-data.partition = "dirichlet:0.5"
+data.partition = "$PARTITION"
 data.sites = $SITES
 data.index = $k
 data.seed = 1

@@ -28,6 +28,11 @@ void make_image_batch(const ImageDataset& dataset, std::span<const int64_t> indi
   });
 }
 
+void ImageSet::make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
+                          std::vector<int32_t>& targets) const {
+  make_image_batch(images_, indices, dtype, inputs, targets);
+}
+
 void ImageBatches::make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
                               std::vector<int32_t>& targets) const {
   make_image_batch(images_, indices, dtype, inputs, targets);

@@ -25,6 +25,19 @@ class Dataset {
   virtual int64_t targets_per_sample() const { return 1; }
 };
 
+// An ImageDataset it owns, seen as a Dataset.
+class ImageSet final : public Dataset {
+ public:
+  explicit ImageSet(ImageDataset images) : images_(std::move(images)) {}
+  int64_t size() const override { return images_.count; }
+  void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
+                  std::vector<int32_t>& targets) const override;
+  const ImageDataset& images() const { return images_; }
+
+ private:
+  ImageDataset images_;
+};
+
 // An ImageDataset seen as a Dataset (normalized images, one label each).
 class ImageBatches final : public Dataset {
  public:

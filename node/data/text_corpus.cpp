@@ -147,17 +147,18 @@ TextSplit split_documents(const TextCorpus& corpus, std::span<const size_t> docu
   return split;
 }
 
+Status check_text_partition(std::string_view partition) {
+  if (partition == "books" || partition == "contiguous" || partition == "testament") return Status::ok();
+  return invalid_argument("unknown text partition '" + std::string(partition) + "' (expected books, contiguous or testament)");
+}
+
 Result<std::vector<size_t>> documents_for_site(const TextCorpus& corpus, std::string_view partition, int sites,
                                                int index) {
   const size_t count = corpus.documents.size();
   if (sites < 1 || index < 0 || index >= sites) return invalid_argument("site " + std::to_string(index) + " of " + std::to_string(sites));
-  if (partition == "testament") {
-    if (count != static_cast<size_t>(kBibleBooks) || sites != 2) {
-      return invalid_argument("partition \"testament\" splits the Bible's 66 books between exactly 2 sites");
-    }
-  } else if (partition != "books" && partition != "contiguous") {
-    return invalid_argument("unknown text partition '" + std::string(partition) +
-                            "' (expected books, contiguous or testament)");
+  FEDMESH_RETURN_IF_ERROR(check_text_partition(partition));
+  if (partition == "testament" && (count != static_cast<size_t>(kBibleBooks) || sites != 2)) {
+    return invalid_argument("partition \"testament\" splits the Bible's 66 books between exactly 2 sites");
   }
   if (static_cast<size_t>(sites) > count) {
     return invalid_argument(std::to_string(sites) + " sites but only " + std::to_string(count) + " documents to share");
@@ -201,6 +202,18 @@ void TextWindows::make_batch(std::span<const int64_t> indices, DType, Tensor& in
       targets[static_cast<size_t>(b * context_ + t)] = window[t + 1];
     }
   }
+}
+
+std::string text_source(const std::string& source) { return source == "fashion-mnist" ? kBibleCorpus : source; }
+
+Result<TextWindows> held_out_windows(const TextCorpus& corpus, int64_t context, int64_t limit) {
+  std::vector<size_t> all(corpus.documents.size());
+  for (size_t d = 0; d < all.size(); ++d) all[d] = d;
+  TextSplit split = split_documents(corpus, all, kHeldOutText);
+  if (limit > 0) split.validation.resize(std::min(split.validation.size(), static_cast<size_t>(limit * context + 1)));
+  TextWindows windows(std::move(split.validation), context, context);
+  if (windows.size() == 0) return invalid_argument("the held-out text is shorter than one window of " + std::to_string(context));
+  return windows;
 }
 
 double unigram_cross_entropy(std::span<const int32_t> train, std::span<const int32_t> evaluated, int vocabulary) {

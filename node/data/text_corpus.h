@@ -61,6 +61,7 @@ TextSplit split_documents(const TextCorpus& corpus, std::span<const size_t> docu
 //                the gospels and letters);
 //   "testament"  the Bible only, 2 sites: the Old Testament, then the New.
 // kInvalidArgument names a partition that does not apply.
+Status check_text_partition(std::string_view partition);
 Result<std::vector<size_t>> documents_for_site(const TextCorpus& corpus, std::string_view partition, int sites,
                                                int index);
 
@@ -79,6 +80,16 @@ class TextWindows final : public Dataset {
   std::vector<int32_t> tokens_;
   int64_t context_, stride_;
 };
+
+// The text a language model trains on when a flag or key names the
+// image data set's default ("fashion-mnist"): the Bible; else `source`.
+std::string text_source(const std::string& source);
+
+// The text every site holds out from training, as the aggregator and
+// `fedmesh train` evaluate on it: the last `holdout` of every document of
+// the corpus, in windows of `context` (the first `limit` windows; 0: all).
+inline constexpr double kHeldOutText = 0.05;
+Result<TextWindows> held_out_windows(const TextCorpus& corpus, int64_t context, int64_t limit);
 
 // Entropy of the unigram distribution of `train`'s tokens measured on
 // `evaluated` (cross-entropy in nats per token, add-one smoothed): the loss

@@ -319,8 +319,8 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   http = std::move(*endpoint);
   if (http) metrics_address = http->address();
   emit({{"event", "peer"}, {"site", site.name}, {"listen", server->endpoint()}, {"members", addresses.size()},
-        {"seeds", seeds.size()}, {"shard_images", data.shard.count}, {"holdout_images", data.holdout.count},
-        {"test_images", data.test.count}, {"store", site.store}, {"metrics", metrics_address}, {"version", version},
+        {"seeds", seeds.size()}, {"shard_images", data.shard->size()}, {"holdout_images", data.holdout->size()},
+        {"test_images", data.test->size()}, {"store", site.store}, {"metrics", metrics_address}, {"version", version},
         {"merge", config.merge}, {"topology", config.topology}, {"compress", site.compress}});
   return Status::ok();
 }
@@ -580,7 +580,7 @@ Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string&
   metadata.sender = config.site.name;
   metadata.recipient = to;
   metadata.sequence = next_sequence();
-  metadata.sample_count = static_cast<uint64_t>(data.shard.count);
+  metadata.sample_count = static_cast<uint64_t>(data.shard->size());
   return protocol::prepare_encoded_update(metadata, std::move(tensors), keys);
 }
 
@@ -751,7 +751,7 @@ Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
   load_worker();
   TrainOptions local = config.site.local;
   local.max_steps = config.local_steps;
-  local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, data.shard.count);
+  local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, data.shard->size());
   local.seed = mix_seed(mix_seed(config.site.data_seed, static_cast<uint64_t>(config.site.index)), version * 1000003ull + 17);
   Trainer trainer(*worker, local);
   TrainCallbacks callbacks;
@@ -759,7 +759,7 @@ Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
     if (config.site.step_delay_seconds > 0.0) pump(config.site.step_delay_seconds);
     else pump(0.0);
   };
-  const TrainSummary summary = trainer.fit(data.shard, nullptr, callbacks);
+  const TrainSummary summary = trainer.fit(*data.shard, nullptr, callbacks);
   train_loss = summary.final_train_loss;
   std::vector<std::vector<float>> trained;
   for (Parameter* p : worker->parameters()) trained.emplace_back(p->value.data<float>(), p->value.data<float>() + p->value.numel());
@@ -882,8 +882,8 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     }
     if (evaluate) {
       s.load_worker();
-      if (s.data.test.count > 0) event["test_accuracy"] = evaluator.evaluate(s.data.test).accuracy;
-      if (s.data.holdout.count > 0) event["local_accuracy"] = evaluator.evaluate(s.data.holdout).accuracy;
+      if (s.data.test->size() > 0) event["test_accuracy"] = evaluator.evaluate(*s.data.test).accuracy;
+      if (s.data.holdout->size() > 0) event["local_accuracy"] = evaluator.evaluate(*s.data.holdout).accuracy;
     }
     {
       std::lock_guard lock(s.metrics_mutex);

@@ -1,6 +1,8 @@
 #include "node/site/site_config.h"
 
 #include "node/data/partition.h"
+#include "node/data/text_corpus.h"
+#include "node/model.h"
 #include "protocol/compression_spec.h"
 #include "protocol/fault_injection.h"
 
@@ -28,7 +30,11 @@ Status SiteConfig::validate() const {
   if (!(poll_seconds > 0.0) || poll_seconds > 60.0) return invalid_argument("poll_seconds must be in (0, 60]");
   if (!(step_delay_seconds >= 0.0)) return invalid_argument("step_delay_seconds must be >= 0");
   if (!(give_up_seconds >= 0.0)) return invalid_argument("give_up_seconds must be >= 0");
-  FEDMESH_RETURN_IF_ERROR(data::PartitionSpec::parse(partition).status());
+  if (language_model_config(model)) {
+    FEDMESH_RETURN_IF_ERROR(data::check_text_partition(partition));
+  } else {
+    FEDMESH_RETURN_IF_ERROR(data::PartitionSpec::parse(partition).status());
+  }
   Result<protocol::CompressionPlan> plan = protocol::make_compression_plan(compress, compress_overrides, dense_below);
   if (!plan.is_ok()) return plan.status();
   FEDMESH_RETURN_IF_ERROR(protocol::parse_fault_plan(faults).status());
@@ -110,7 +116,37 @@ Result<std::string> read_node_mode(const std::string& path) {
   return *text;
 }
 
+namespace {
+
+Result<SiteData> load_site_text(const SiteConfig& config, const TransformerConfig& model, int64_t test_limit) {
+  Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(config.data));
+  if (!corpus.is_ok()) return corpus.status();
+  Result<std::vector<size_t>> mine = data::documents_for_site(*corpus, config.partition, config.sites, config.index);
+  if (!mine.is_ok()) {
+    return invalid_argument("data.partition: " + mine.status().message() + " (language models split documents)");
+  }
+  data::TextSplit split = data::split_documents(*corpus, *mine, 0.1);
+  if (config.train_limit > 0) {
+    split.train.resize(std::min(split.train.size(), static_cast<size_t>(config.train_limit * model.context + 1)));
+  }
+  SiteData out;
+  out.shard = std::make_unique<data::TextWindows>(std::move(split.train), model.context, model.context);
+  out.holdout = std::make_unique<data::TextWindows>(std::move(split.validation), model.context, model.context);
+  if (out.shard->size() == 0) return invalid_argument("site " + std::to_string(config.index) + "'s text is shorter than one window");
+  if (test_limit >= 0) {
+    Result<data::TextWindows> test = data::held_out_windows(*corpus, model.context, test_limit);
+    if (!test.is_ok()) return test.status();
+    out.test = std::make_unique<data::TextWindows>(std::move(*test));
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit) {
+  if (const std::optional<TransformerConfig> language = language_model_config(config.model)) {
+    return load_site_text(config, *language, test_limit);
+  }
   Result<data::FashionMnistSplits> splits =
       data::load_fashion_mnist_splits(config.data, config.train_limit, test_limit < 0 ? 1 : test_limit);
   if (!splits.is_ok()) return splits.status();
@@ -123,11 +159,11 @@ Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit) {
   std::vector<int64_t> train_idx, holdout_idx;
   for (size_t i = 0; i < mine.size(); ++i) (i % 10 == 9 ? holdout_idx : train_idx).push_back(mine[i]);
   if (train_idx.empty()) return invalid_argument("shard " + std::to_string(config.index) + " holds no training images");
-  SiteData data;
-  data.shard = splits->train.subset(train_idx);
-  data.holdout = splits->train.subset(holdout_idx);
-  if (test_limit >= 0) data.test = std::move(splits->test);
-  return data;
+  SiteData out;
+  out.shard = std::make_unique<data::ImageSet>(splits->train.subset(train_idx));
+  out.holdout = std::make_unique<data::ImageSet>(splits->train.subset(holdout_idx));
+  if (test_limit >= 0) out.test = std::make_unique<data::ImageSet>(std::move(splits->test));
+  return out;
 }
 
 }  // namespace fedmesh::node

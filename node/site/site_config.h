@@ -7,11 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "crypto/toml_input.h"
+#include "node/data/dataset.h"
 #include "node/data/fashion_mnist.h"
 #include "node/trainer.h"
 
@@ -65,10 +67,15 @@ Result<std::string> read_node_mode(const std::string& path);
 
 // This node's training shard and the tenth of it held out for local
 // evaluation, from data.* (the same split on every node of the federation),
-// and with test_limit >= 0 the test split (its first test_limit images; 0:
-// all of them).
+// and with test_limit >= 0 the test set (its first test_limit samples; 0:
+// all of them; null without). Image models: Fashion-MNIST images, the
+// shard cut by the image partition. Language models: windows of text
+// (node/data/text_corpus.h): the node's documents under a text partition
+// (books, contiguous, testament), the first 90% of each to train on and
+// the rest held out; the test set is every document's last 5%, which no
+// node trains on.
 struct SiteData {
-  data::ImageDataset shard, holdout, test;
+  std::unique_ptr<data::Dataset> shard, holdout, test;
 };
 Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit = -1);
 

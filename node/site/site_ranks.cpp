@@ -47,13 +47,13 @@ TrainOptions SiteRanks::options_for_rank(TrainOptions options) const {
   return options;
 }
 
-Result<TrainSummary> SiteRanks::fit(Trainer& trainer, const TrainOptions& local, const data::ImageDataset& shard,
+Result<TrainSummary> SiteRanks::fit(Trainer& trainer, const TrainOptions& local, const data::Dataset& shard,
                                     const TrainCallbacks& callbacks) {
   FEDMESH_RETURN_IF_ERROR(broken_);
   broken_ = group_->command(round_command(local));
   if (broken_.is_ok()) broken_ = broadcast_parameters(sync_->communicator(), sync_->model());
   FEDMESH_RETURN_IF_ERROR(broken_);
-  Result<TrainSummary> summary = fit_data_parallel(trainer, *sync_, data::ImageBatches(shard), nullptr, callbacks);
+  Result<TrainSummary> summary = fit_data_parallel(trainer, *sync_, shard, nullptr, callbacks);
   if (!summary.is_ok()) {
     const Status exited = group_->check_ranks();
     broken_ = exited.is_ok() ? summary.status() : exited;
@@ -82,7 +82,7 @@ Status run_site_rank(const SiteConfig& config, const RankFlags& flags) {
     FEDMESH_RETURN_IF_ERROR(local->validate());
     FEDMESH_RETURN_IF_ERROR(broadcast_parameters(**communicator, **model));
     Trainer trainer(**model, *local);
-    Result<TrainSummary> summary = fit_data_parallel(trainer, sync, data::ImageBatches(data->shard), nullptr, {});
+    Result<TrainSummary> summary = fit_data_parallel(trainer, sync, *data->shard, nullptr, {});
     if (!summary.is_ok()) return summary.status();
   }
 }

@@ -31,7 +31,7 @@ class SiteRanks {
   // is rank 0's, built on the model with options_for_rank(local). A failure
   // (a rank died or left) is also kept in broken(): the node cannot train
   // again until restarted.
-  Result<TrainSummary> fit(Trainer& trainer, const TrainOptions& local, const data::ImageDataset& shard,
+  Result<TrainSummary> fit(Trainer& trainer, const TrainOptions& local, const data::Dataset& shard,
                            const TrainCallbacks& callbacks);
   const Status& broken() const { return broken_; }
 

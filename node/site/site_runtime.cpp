@@ -69,7 +69,7 @@ class SiteRuntime::Impl {
   uint64_t last_sequence = 0;
   int64_t last_sent_round = -1, last_sent_version = -1;
   int64_t commits = 0;
-  data::ImageDataset shard, holdout;
+  SiteData data;  // shard, holdout
   std::unique_ptr<protocol::ClientSocket> socket;
   std::unique_ptr<HttpEndpoint> http;
   std::string metrics_address;
@@ -125,8 +125,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
 
   Result<SiteData> site_data = load_site_data(config);
   if (!site_data.is_ok()) return site_data.status();
-  shard = std::move(site_data->shard);
-  holdout = std::move(site_data->holdout);
+  data = std::move(*site_data);
 
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store);
   if (!opened.is_ok()) return opened.status();
@@ -143,7 +142,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
     if (!launched.is_ok()) return launched.status();
     ranks = std::move(*launched);
   }
-  emit({{"event", "site"}, {"site", config.name}, {"shard_images", shard.count}, {"holdout_images", holdout.count},
+  emit({{"event", "site"}, {"site", config.name}, {"shard_images", data.shard->size()}, {"holdout_images", data.holdout->size()},
         {"store", config.store}, {"metrics", metrics_address}, {"version", held_version}, {"ranks", config.ranks}});
   return Status::ok();
 }
@@ -352,7 +351,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   worker->refresh_compute();
   TrainOptions local = config.local;
   local.max_steps = std::max<int64_t>(1, a.local_steps);
-  local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, shard.count);
+  local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, data.shard->size());
   local.seed = mix_seed(mix_seed(config.data_seed, static_cast<uint64_t>(config.index)), a.round * 1000003ull + a.version);
   if (ranks) local = ranks->options_for_rank(local);
   Trainer trainer(*worker, local);
@@ -363,13 +362,13 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   };
   TrainSummary summary;
   if (ranks) {
-    Result<TrainSummary> trained = ranks->fit(trainer, local, shard, callbacks);
+    Result<TrainSummary> trained = ranks->fit(trainer, local, *data.shard, callbacks);
     if (!trained.is_ok()) return trained.status();
     summary = *trained;
   } else {
-    summary = trainer.fit(shard, nullptr, callbacks);
+    summary = trainer.fit(*data.shard, nullptr, callbacks);
   }
-  const EvalResult local_eval = holdout.count > 0 ? trainer.evaluate(holdout) : EvalResult{};
+  const EvalResult local_eval = data.holdout->size() > 0 ? trainer.evaluate(*data.holdout) : EvalResult{};
   std::vector<std::vector<float>> delta(parameters.size());
   for (size_t t = 0; t < parameters.size(); ++t) {
     const float* after = parameters[t]->value.data<float>();
@@ -386,7 +385,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
     report.setTrainLoss(std::isfinite(summary.final_train_loss) ? summary.final_train_loss : -1.0);
     report.setLocalLoss(local_eval.loss);
     report.setLocalAccuracy(local_eval.accuracy);
-    report.setExamples(static_cast<uint64_t>(shard.count));
+    report.setExamples(static_cast<uint64_t>(data.shard->size()));
     FEDMESH_RETURN_IF_ERROR(socket->send(protocol::serialize(builder), std::chrono::milliseconds(2000)));
   }
   protocol::UpdateMetadata metadata;
@@ -396,7 +395,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   metadata.sender = config.name;
   metadata.recipient = config.aggregator_name;
   metadata.sequence = std::max(last_sequence + 1, unix_now(true));
-  metadata.sample_count = static_cast<uint64_t>(shard.count);
+  metadata.sample_count = static_cast<uint64_t>(data.shard->size());
   std::vector<std::span<const float>> spans(delta.begin(), delta.end());
   Result<protocol::CompressedUpdate> compressed = compressor->compress(spans, /*want_decoded=*/false);
   if (!compressed.is_ok()) return compressed.status();

@@ -101,16 +101,34 @@ Tensor TokenEmbedding::backward(const Tensor& dy, bool need_input_grad) {
 // ---- TransformerBlock -----------------------------------------------------------
 
 TransformerBlock::TransformerBlock(const std::string& name, int64_t width, int64_t heads)
-    : width_(width),
-      heads_(heads),
-      ln_1_(name + ".ln_1", width),
-      ln_2_(name + ".ln_2", width),
-      attention_in_(name + ".attn.c_attn", width, 3 * width),
-      attention_out_(name + ".attn.c_proj", width, width),
-      mlp_in_(name + ".mlp.c_fc", width, 4 * width),
-      mlp_out_(name + ".mlp.c_proj", 4 * width, width) {
+    : TransformerBlock(name, width, heads, heads >= 1 ? width / heads : 0, 4 * width) {
   FEDMESH_CHECK(heads >= 1 && width % heads == 0, "block width " + std::to_string(width) +
                                                       " is not a multiple of its " + std::to_string(heads) + " heads");
+}
+
+TransformerBlock::TransformerBlock(const std::string& name, int64_t width, int64_t heads, int64_t head_dim,
+                                   int64_t hidden)
+    : width_(width),
+      heads_(heads),
+      head_dim_(head_dim),
+      hidden_(hidden),
+      ln_1_(name + ".ln_1", width),
+      ln_2_(name + ".ln_2", width),
+      attention_in_(name + ".attn.c_attn", width, 3 * heads * head_dim),
+      attention_out_(name + ".attn.c_proj", heads * head_dim, width),
+      mlp_in_(name + ".mlp.c_fc", width, hidden),
+      mlp_out_(name + ".mlp.c_proj", hidden, width) {
+  FEDMESH_CHECK(heads >= 1 && head_dim >= 1 && hidden >= 1, "a block needs heads, a head size and MLP features");
+}
+
+void TransformerBlock::set_reduction(Reduce reduce, bool owns_output_biases) {
+  reduce_ = std::move(reduce);
+  owns_output_biases_ = owns_output_biases;
+}
+
+void TransformerBlock::reduce(Tensor partial) {
+  if (!reduce_ || !reduction_status_.is_ok()) return;
+  reduction_status_ = reduce_(partial);
 }
 
 std::vector<Parameter*> TransformerBlock::parameters() {
@@ -135,41 +153,51 @@ void TransformerBlock::initialize(Rng& rng, int64_t layers) {
 Tensor TransformerBlock::forward(const Tensor& x, bool training) {
   FEDMESH_CHECK(x.rank() == 3 && x.dim(2) == width_, "block expects (batch, seq, " + std::to_string(width_) +
                                                          "), got " + shape_to_string(x.shape()));
-  const int64_t batch = x.dim(0), seq = x.dim(1), rows = batch * seq;
-  shape_ = AttentionShape{batch, seq, heads_, width_ / heads_};
-  // Attention branch.
+  const int64_t batch = x.dim(0), seq = x.dim(1), rows = batch * seq, attention = heads_ * head_dim_;
+  shape_ = AttentionShape{batch, seq, heads_, head_dim_};
+  // Attention branch (a shard: its heads, then the sum over the ranks).
   const Tensor a = ln_1_.forward(x, training);
   const Tensor qkv = attention_in_.forward(a.reshape({rows, width_}), training);
-  Tensor& attended = Tensor::reuse(attended_, {batch, seq, width_}, x.dtype());
-  causal_attention_forward(shape_, qkv.reshape({batch, seq, 3 * width_}), attended, saved_);
-  const Tensor projected = attention_out_.forward(attended.reshape({rows, width_}), training);
+  Tensor& attended = Tensor::reuse(attended_, {batch, seq, attention}, x.dtype());
+  causal_attention_forward(shape_, qkv.reshape({batch, seq, 3 * attention}), attended, saved_);
+  const Tensor projected = attention_out_.forward(attended.reshape({rows, attention}), training);
+  reduce(projected);
   Tensor& residual = Tensor::reuse(residual_, x.shape(), x.dtype());
   add(x, projected, residual);
-  // MLP branch.
+  // MLP branch (a shard: its features, then the sum over the ranks).
   const Tensor m = ln_2_.forward(residual, training);
   const Tensor hidden = gelu_.forward(mlp_in_.forward(m.reshape({rows, width_}), training), training);
   const Tensor back = mlp_out_.forward(hidden, training);
+  reduce(back);
   Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype());
   add(residual, back, y);
   return y;
 }
 
 Tensor TransformerBlock::backward(const Tensor& dy, bool need_input_grad) {
-  const int64_t batch = shape_.batch, seq = shape_.seq, rows = batch * seq;
+  const int64_t batch = shape_.batch, seq = shape_.seq, rows = batch * seq, attention = heads_ * head_dim_;
   const Shape activations = {batch, seq, width_};
   // MLP branch: d residual = dy + d(mlp(ln_2(residual))).
   const Tensor dhidden = mlp_out_.backward(dy.reshape({rows, width_}), true);
   const Tensor dm = mlp_in_.backward(gelu_.backward(dhidden, true), true);
+  reduce(dm);
   const Tensor dln_2 = ln_2_.backward(dm.reshape(activations), true);
   Tensor& dresidual = Tensor::reuse(residual_grad_, activations, dy.dtype());
   add(dy, dln_2, dresidual);
   // Attention branch: dx = d residual + d(attention(ln_1(x))).
   const Tensor dattended = attention_out_.backward(dresidual.reshape({rows, width_}), true);
-  Tensor& dqkv = Tensor::reuse(qkv_grad_, {batch, seq, 3 * width_}, dy.dtype());
-  const Tensor qkv = attention_in_.last_output().reshape({batch, seq, 3 * width_});
-  causal_attention_backward(shape_, qkv, saved_, dattended.reshape(activations), dqkv);
-  const Tensor da = attention_in_.backward(dqkv.reshape({rows, 3 * width_}), true);
+  Tensor& dqkv = Tensor::reuse(qkv_grad_, {batch, seq, 3 * attention}, dy.dtype());
+  const Tensor qkv = attention_in_.last_output().reshape({batch, seq, 3 * attention});
+  causal_attention_backward(shape_, qkv, saved_, dattended.reshape({batch, seq, attention}), dqkv);
+  const Tensor da = attention_in_.backward(dqkv.reshape({rows, 3 * attention}), true);
+  reduce(da);
   const Tensor dln_1 = ln_1_.backward(da.reshape(activations), true);
+  if (!owns_output_biases_) {
+    for (Linear* projection : {&attention_out_, &mlp_out_}) {
+      Tensor& g = projection->bias().grad;
+      std::memset(g.raw(), 0, g.nbytes());
+    }
+  }
   if (!need_input_grad) return {};
   Tensor& dx = Tensor::reuse(input_grad_, activations, dy.dtype());
   add(dresidual, dln_1, dx);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,9 +50,18 @@ class TokenEmbedding final : public Layer {
 
 // x + attention(ln_1(x)), then that + mlp(ln_2(that)), with the heads' core
 // in kernels/attention.h and the four projections as Linear layers.
+//
+// A block may also be one rank's shard of a block under tensor parallelism
+// (node/parallel/tensor_parallel.h): some of the heads and some of the MLP
+// features, with a reduction that sums the partial outputs of the two
+// output projections over the ranks in the forward pass and the partial
+// input gradients of the two input projections in the backward pass.
 class TransformerBlock final : public Layer {
  public:
   TransformerBlock(const std::string& name, int64_t width, int64_t heads);
+  // `heads` heads of `head_dim` and `hidden` MLP features (a whole block:
+  // width / heads and 4 * width).
+  TransformerBlock(const std::string& name, int64_t width, int64_t heads, int64_t head_dim, int64_t hidden);
   std::string kind() const override { return "block"; }
   Shape output_shape(const Shape& input) const override { return input; }
   Tensor forward(const Tensor& x, bool training) override;
@@ -61,8 +71,31 @@ class TransformerBlock final : public Layer {
   // residual stream N(0, 0.02 / sqrt(2 * layers)), as GPT-2.
   void initialize(Rng& rng, int64_t layers);
 
+  // Tensor parallelism: `reduce` sums a tensor over the ranks in place. A
+  // rank that does not own the output projections' biases (all but one)
+  // keeps their gradients at zero. The first failed reduction is kept in
+  // reduction_status() (the block's results are then meaningless).
+  using Reduce = std::function<Status(Tensor& partial)>;
+  void set_reduction(Reduce reduce, bool owns_output_biases);
+  const Status& reduction_status() const { return reduction_status_; }
+
+  int64_t width() const { return width_; }
+  int64_t heads() const { return heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t hidden() const { return hidden_; }
+  LayerNorm& ln_1() { return ln_1_; }
+  LayerNorm& ln_2() { return ln_2_; }
+  Linear& attention_in() { return attention_in_; }
+  Linear& attention_out() { return attention_out_; }
+  Linear& mlp_in() { return mlp_in_; }
+  Linear& mlp_out() { return mlp_out_; }
+
  private:
-  int64_t width_, heads_;
+  void reduce(Tensor partial);
+  int64_t width_, heads_, head_dim_, hidden_;
+  Reduce reduce_;
+  bool owns_output_biases_ = true;
+  Status reduction_status_;
   LayerNorm ln_1_, ln_2_;
   Linear attention_in_, attention_out_, mlp_in_, mlp_out_;
   Gelu gelu_;

@@ -61,4 +61,78 @@ Result<Tensor> TensorParallelMlp::backward(const Tensor& dz) {
   return dx;
 }
 
+namespace {
+
+void copy_values(const Tensor& from, Parameter& to) {
+  std::memcpy(to.value.raw(), from.raw(), to.value.nbytes());
+}
+
+// Rows [begin, begin + count) of a (rows, columns) fp32 matrix into `out` at row `at`.
+void copy_rows(const Tensor& from, int64_t begin, int64_t count, Tensor& out, int64_t at) {
+  const int64_t columns = from.dim(1);
+  std::memcpy(out.data<float>() + at * columns, from.data<float>() + begin * columns,
+              static_cast<size_t>(count * columns) * sizeof(float));
+}
+
+// Columns [begin, begin + count) of a (rows, columns) fp32 matrix into `out` (rows, count).
+void copy_columns(const Tensor& from, int64_t begin, int64_t count, Tensor& out) {
+  const int64_t rows = from.dim(0), columns = from.dim(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(out.data<float>() + r * count, from.data<float>() + r * columns + begin, static_cast<size_t>(count) * sizeof(float));
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TransformerBlock>> shard_transformer_block(TransformerBlock& whole, Communicator& communicator) {
+  const int64_t ranks = communicator.size(), rank = communicator.rank();
+  if (whole.heads() % ranks != 0 || whole.hidden() % ranks != 0) {
+    return invalid_argument("tensor parallel: " + std::to_string(whole.heads()) + " heads and " +
+                            std::to_string(whole.hidden()) + " MLP features do not split over " + std::to_string(ranks) +
+                            " ranks");
+  }
+  for (Parameter* p : whole.parameters()) {
+    if (p->value.dtype() != DType::kF32) return invalid_argument("tensor parallel: fp32 weights only");
+  }
+  const int64_t width = whole.width(), head_dim = whole.head_dim();
+  const int64_t heads = whole.heads() / ranks, hidden = whole.hidden() / ranks;
+  const int64_t attention = heads * head_dim, all_attention = whole.heads() * head_dim;
+  const std::string name = whole.ln_1().parameters()[0]->name.substr(0, whole.ln_1().parameters()[0]->name.find(".ln_1"));
+  auto shard = std::make_unique<TransformerBlock>(name, width, heads, head_dim, hidden);
+  // Layer norms: whole on every rank.
+  for (auto [from, to] : {std::pair{&whole.ln_1(), &shard->ln_1()}, std::pair{&whole.ln_2(), &shard->ln_2()}}) {
+    for (size_t i = 0; i < 2; ++i) copy_values(from->parameters()[i]->value, *to->parameters()[i]);
+  }
+  // c_attn: this rank's rows of each of q, k and v (weight and bias).
+  for (int64_t part = 0; part < 3; ++part) {
+    const int64_t begin = part * all_attention + rank * attention;
+    copy_rows(whole.attention_in().weight().value, begin, attention, shard->attention_in().weight().value, part * attention);
+    std::memcpy(shard->attention_in().bias().value.data<float>() + part * attention,
+                whole.attention_in().bias().value.data<float>() + begin, static_cast<size_t>(attention) * sizeof(float));
+  }
+  // c_fc: this rank's rows; the output projections: its columns.
+  copy_rows(whole.mlp_in().weight().value, rank * hidden, hidden, shard->mlp_in().weight().value, 0);
+  std::memcpy(shard->mlp_in().bias().value.data<float>(), whole.mlp_in().bias().value.data<float>() + rank * hidden,
+              static_cast<size_t>(hidden) * sizeof(float));
+  copy_columns(whole.attention_out().weight().value, rank * attention, attention, shard->attention_out().weight().value);
+  copy_columns(whole.mlp_out().weight().value, rank * hidden, hidden, shard->mlp_out().weight().value);
+  for (Linear* projection : {&shard->attention_out(), &shard->mlp_out()}) {
+    Tensor& bias = projection->bias().value;
+    std::fill(bias.data<float>(), bias.data<float>() + bias.numel(), 0.0f);
+  }
+  if (rank == 0) {
+    copy_values(whole.attention_out().bias().value, shard->attention_out().bias());
+    copy_values(whole.mlp_out().bias().value, shard->mlp_out().bias());
+  }
+  for (Parameter* p : shard->parameters()) p->refresh_compute();
+  Communicator* comm = &communicator;
+  shard->set_reduction(
+      [comm](Tensor& partial) -> Status {
+        if (partial.dtype() != DType::kF32) return invalid_argument("tensor parallel: fp32 activations only");
+        return comm->all_reduce_sum({partial.data<float>(), static_cast<size_t>(partial.numel())});
+      },
+      rank == 0);
+  return shard;
+}
+
 }  // namespace fedmesh::node

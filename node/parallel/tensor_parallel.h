@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "node/layers/layers.h"
+#include "node/layers/transformer.h"
 #include "node/parallel/communicator.h"
 
 namespace fedmesh::node {
@@ -42,5 +43,19 @@ class TensorParallelMlp {
   ReLU relu_;
   int64_t begin_ = 0, end_ = 0;
 };
+
+// The same for a transformer block (issue 9): rank r of n holds heads
+// [r H / n, (r + 1) H / n) of the attention (their rows of c_attn's q, k
+// and v, their columns of attn.c_proj) and the same slice of the MLP's
+// features (rows of c_fc, columns of mlp.c_proj); the layer norms are
+// whole on every rank, and rank 0 alone holds the two output projections'
+// biases. Two all-reduces forward (after each output projection), two
+// backward (the input gradients of c_attn and c_fc). The shard is a
+// TransformerBlock, a Layer, so a model of shards trains like any model;
+// its reduction_status() says whether every all-reduce went through.
+// Each rank's layer-norm gradients equal the whole block's; its other
+// gradients are its slices of the whole block's
+// (tests/node/test_tensor_parallel.cpp, a tiny transformer on 2 ranks).
+Result<std::unique_ptr<TransformerBlock>> shard_transformer_block(TransformerBlock& whole, Communicator& communicator);
 
 }  // namespace fedmesh::node

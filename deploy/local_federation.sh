@@ -26,7 +26,7 @@ twice is an error, so only add keys the defaults below do not set), e.g.
 
 --model names the model of every process (mlp, cnn, or a language model:
 gpt-nano, gpt-tiny, ...); --partition how the sites split the data
-(dirichlet:A, iid, shards:K for images; books, contiguous or testament for a
+(dirichlet:A, iid, shards:K for images; iid, books, contiguous or testament for a
 language model's text, the Bible by default).
 
 --gossip: no aggregator and no agg.toml. Site K is a gossip peer listening on

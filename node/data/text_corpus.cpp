@@ -148,8 +148,31 @@ TextSplit split_documents(const TextCorpus& corpus, std::span<const size_t> docu
 }
 
 Status check_text_partition(std::string_view partition) {
-  if (partition == "books" || partition == "contiguous" || partition == "testament") return Status::ok();
-  return invalid_argument("unknown text partition '" + std::string(partition) + "' (expected books, contiguous or testament)");
+  if (partition == "iid" || partition == "books" || partition == "contiguous" || partition == "testament") {
+    return Status::ok();
+  }
+  return invalid_argument("unknown text partition '" + std::string(partition) +
+                          "' (expected iid, books, contiguous or testament)");
+}
+
+Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition, int sites, int index, double holdout) {
+  if (partition != "iid") {
+    Result<std::vector<size_t>> mine = documents_for_site(corpus, partition, sites, index);
+    if (!mine.is_ok()) return mine.status();
+    return split_documents(corpus, *mine, holdout);
+  }
+  FEDMESH_RETURN_IF_ERROR(check_text_partition(partition));
+  if (sites < 1 || index < 0 || index >= sites) return invalid_argument("site " + std::to_string(index) + " of " + std::to_string(sites));
+  // The site's part of every document, as a corpus of its own.
+  TextCorpus parts;
+  for (const TextDocument& d : corpus.documents) {
+    const size_t n = d.text.size(), begin = n * static_cast<size_t>(index) / static_cast<size_t>(sites),
+                 end = n * static_cast<size_t>(index + 1) / static_cast<size_t>(sites);
+    parts.documents.push_back({d.name, d.text.substr(begin, end - begin)});
+  }
+  std::vector<size_t> all(parts.documents.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return split_documents(parts, all, holdout);
 }
 
 Result<std::vector<size_t>> documents_for_site(const TextCorpus& corpus, std::string_view partition, int sites,
@@ -157,6 +180,7 @@ Result<std::vector<size_t>> documents_for_site(const TextCorpus& corpus, std::st
   const size_t count = corpus.documents.size();
   if (sites < 1 || index < 0 || index >= sites) return invalid_argument("site " + std::to_string(index) + " of " + std::to_string(sites));
   FEDMESH_RETURN_IF_ERROR(check_text_partition(partition));
+  if (partition == "iid") return invalid_argument("partition \"iid\" gives every site part of every document (site_text)");
   if (partition == "testament" && (count != static_cast<size_t>(kBibleBooks) || sites != 2)) {
     return invalid_argument("partition \"testament\" splits the Bible's 66 books between exactly 2 sites");
   }

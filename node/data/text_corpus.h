@@ -55,6 +55,8 @@ struct TextSplit {
 TextSplit split_documents(const TextCorpus& corpus, std::span<const size_t> documents, double holdout);
 
 // The documents site `index` of `sites` holds under a text partition:
+//   "iid"        every document: the site holds its index-th of `sites`
+//                equal parts of each (site_text below);
 //   "books"      documents index, index + sites, index + 2 sites, ...;
 //   "contiguous" a contiguous run of about documents/sites (non-IID: for the
 //                Bible, early sites hold the law and the prophets, late ones
@@ -64,6 +66,11 @@ TextSplit split_documents(const TextCorpus& corpus, std::span<const size_t> docu
 Status check_text_partition(std::string_view partition);
 Result<std::vector<size_t>> documents_for_site(const TextCorpus& corpus, std::string_view partition, int sites,
                                                int index);
+
+// The text site `index` of `sites` trains on and holds out under a text
+// partition: its documents (or, for "iid", its part of every document),
+// each cut into training text and the last `holdout` of it.
+Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition, int sites, int index, double holdout);
 
 // Windows of `context` tokens; sample i starts at token i * stride and its
 // targets are the `context` tokens after each of its positions.

@@ -121,11 +121,9 @@ namespace {
 Result<SiteData> load_site_text(const SiteConfig& config, const TransformerConfig& model, int64_t test_limit) {
   Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(config.data));
   if (!corpus.is_ok()) return corpus.status();
-  Result<std::vector<size_t>> mine = data::documents_for_site(*corpus, config.partition, config.sites, config.index);
-  if (!mine.is_ok()) {
-    return invalid_argument("data.partition: " + mine.status().message() + " (language models split documents)");
-  }
-  data::TextSplit split = data::split_documents(*corpus, *mine, 0.1);
+  Result<data::TextSplit> text = data::site_text(*corpus, config.partition, config.sites, config.index, 0.1);
+  if (!text.is_ok()) return invalid_argument("data.partition: " + text.status().message() + " (language models split text)");
+  data::TextSplit& split = *text;
   if (config.train_limit > 0) {
     split.train.resize(std::min(split.train.size(), static_cast<size_t>(config.train_limit * model.context + 1)));
   }

@@ -95,6 +95,20 @@ TEST(TextCorpus, SitesGetDocumentsByPartition) {
   EXPECT_NE(documents_for_site(corpus, "books", 67, 0).status().message().find("only 66 documents"), std::string::npos);
 }
 
+TEST(TextCorpus, IidGivesEverySitePartOfEveryDocument) {
+  TextCorpus corpus;
+  corpus.documents = {{"one", "aaaaaaaaaaaaaaaaaaaa"}, {"two", "bbbbbbbbbbcccccccccc"}};
+  const TextSplit first = site_text(corpus, "iid", 2, 0, 0.1).value();
+  const TextSplit second = site_text(corpus, "iid", 2, 1, 0.1).value();
+  // Each site: 10 bytes of each document, 9 to train on and 1 held out.
+  EXPECT_EQ(first.train.size(), 18u);
+  EXPECT_EQ(first.validation.size(), 2u);
+  EXPECT_EQ(first.train[9], 'b');
+  EXPECT_EQ(second.train[9], 'c');
+  EXPECT_EQ(site_text(corpus, "books", 2, 1, 0.1).value().train.size(), 18u);
+  EXPECT_NE(site_text(corpus, "dirichlet:0.5", 2, 0, 0.1).status().message().find("expected iid, books"), std::string::npos);
+}
+
 TEST(TextCorpus, WindowsPredictTheNextToken) {
   std::vector<int32_t> tokens;
   for (int i = 0; i < 20; ++i) tokens.push_back(i);

@@ -588,8 +588,9 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
       metrics["test_accuracy"] = accuracy;
       metrics["test_loss"] = loss;
       if (language_model) {
-        metrics["perplexity"] = std::exp(loss);
-        metrics["bits_per_byte"] = loss / std::log(2.0);
+        metrics["val_loss"] = loss;
+        metrics["val_perplexity"] = std::exp(loss);
+        metrics["val_bits_per_byte"] = loss / std::log(2.0);
       }
     }
   }
@@ -621,8 +622,7 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
     event["test_accuracy"] = accuracy;
     event["test_loss"] = loss;
     if (language_model) {
-      event["perplexity"] = metrics["perplexity"];
-      event["bits_per_byte"] = metrics["bits_per_byte"];
+      for (const char* key : {"val_loss", "val_perplexity", "val_bits_per_byte"}) event[key] = metrics[key];
     }
   }
   {

@@ -344,7 +344,8 @@ TEST(Federation, FourSitesTrainALanguageModelBeyondUnigrams) {
     if (first < 0.0) first = e["test_loss"].get<double>();
     last = e["test_loss"].get<double>();
     EXPECT_EQ(e["updates"], 4) << e.dump();
-    EXPECT_NEAR(e["bits_per_byte"].get<double>(), e["test_loss"].get<double>() / std::log(2.0), 1e-9);
+    EXPECT_NEAR(e["val_bits_per_byte"].get<double>(), e["test_loss"].get<double>() / std::log(2.0), 1e-9);
+    EXPECT_EQ(e["val_loss"], e["test_loss"]);
   }
   std::printf("global gpt-nano held-out loss: %.4f after round 1, %.4f after round 12\n", first, last);
   EXPECT_LT(last, unigram - 0.15) << "the federated model should use context beyond byte frequencies";

@@ -83,11 +83,12 @@ TEST_F(LanguageModel, LearnsTheBibleBeyondUnigramsAndWritesFromIt) {
   const fs::path db = dir_ / "lm.db";
   const Output trained = run(train(db, 400, 1));
   ASSERT_EQ(trained.exit_code, 0) << trained.text;
-  const double bits = trained.last["bits_per_byte"].get<double>();
+  const double bits = trained.last["val_bits_per_byte"].get<double>();
   const double unigram = trained.last["unigram_bits_per_byte"].get<double>();
   EXPECT_GT(unigram, 4.0) << "bytes of English text carry over 4 bits each without context";
   EXPECT_LT(bits, unigram - 1.0) << "400 steps should learn well beyond byte frequencies";
-  EXPECT_NEAR(trained.last["perplexity"].get<double>(), std::exp2(bits), 1e-6 * std::exp2(bits));
+  EXPECT_NEAR(trained.last["val_perplexity"].get<double>(), std::exp2(bits), 1e-6 * std::exp2(bits));
+  EXPECT_EQ(trained.last["val_loss"], trained.last["test_loss"]);
   std::printf("gpt-nano, 400 steps: %.3f bits/byte held out; unigram %.3f\n", bits, unigram);
 
   const std::vector<std::string> greedy = {"generate", "--checkpoint", db.string(), "--prompt", "And God said",

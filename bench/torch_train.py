@@ -97,7 +97,10 @@ def configure_thread_env(args):
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
 
 
-def import_torch_or_reexec():
+def import_torch_or_reexec(script=None):
+    """Imports torch and numpy, or re-runs `script` (default: this file) with
+    Debian's /usr/bin/python3 when this interpreter cannot import them."""
+    script = os.path.abspath(script or __file__)
     try:
         import numpy  # noqa: F401
         import torch  # noqa: F401
@@ -108,8 +111,8 @@ def import_torch_or_reexec():
             and os.path.realpath(sys.executable) != os.path.realpath(SYSTEM_PYTHON)
             and not os.environ.get("FEDMESH_TORCH_REEXEC")):
         os.environ["FEDMESH_TORCH_REEXEC"] = "1"
-        os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, os.path.abspath(__file__)] + sys.argv[1:])
-    sys.exit(f"torch_train.py: cannot import torch/numpy with {sys.executable}: {err}\n"
+        os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, script] + sys.argv[1:])
+    sys.exit(f"{os.path.basename(script)}: cannot import torch/numpy with {sys.executable}: {err}\n"
              "install Debian's python3-torch and python3-numpy (apt-get install python3-torch python3-numpy)")
 
 

@@ -19,6 +19,7 @@
 #include "node/parallel/rank_group.h"
 #include "node/trainer.h"
 #include "node/training_checkpoint.h"
+#include "privacy/rdp_accountant.h"
 #include "store/checkpoint_store.h"
 
 namespace fedmesh::cli {
@@ -47,6 +48,46 @@ struct TrainFlags {
   node::TrainOptions options;
   node::RankFlags group;  // --ranks N: data-parallel CPU ranks (Gloo)
   bool zero_one = false;  // --zero-1: shard the optimizer state across the ranks
+  // Differential privacy (DP-SGD): --dp-clip, --dp-noise in options; these
+  // say what the accountant reports and when the budget stops the run.
+  double dp_delta = 1e-5;
+  double dp_target_epsilon = 0.0;  // 0: no target
+};
+
+// The privacy a DP-SGD run spends: `steps` sampled Gaussian steps of
+// sampling rate q = examples per step / training examples (shuffled
+// fixed-size batches, analysed as Poisson sampling at that rate, as Opacus
+// and TensorFlow Privacy tutorials do).
+struct PrivacyAccounting {
+  double q = 0.0, sigma = 0.0, delta = 1e-5;
+  privacy::PrivacySpent after(int64_t steps) const {
+    privacy::RdpAccountant accountant;
+    (void)accountant.add(q, sigma, steps);
+    return accountant.spent(delta);
+  }
+  store::PrivacyEntry entry(int64_t steps) const {
+    privacy::RdpAccountant accountant;
+    (void)accountant.add(q, sigma, steps);
+    store::PrivacyEntry e;
+    e.mechanism = "dp-sgd";
+    e.sampling_rate = q;
+    e.noise_multiplier = sigma;
+    e.steps = steps;
+    e.epsilon = accountant.spent(delta).epsilon;
+    e.delta = delta;
+    e.rdp_json = nlohmann::json(accountant.rdp()).dump();
+    return e;
+  }
+  // The most steps whose epsilon stays within `target`.
+  int64_t steps_within(double target, int64_t limit) const {
+    int64_t low = 0, high = limit;
+    while (low < high) {
+      const int64_t middle = low + (high - low + 1) / 2;
+      if (after(middle).epsilon <= target) low = middle;
+      else high = middle - 1;
+    }
+    return low;
+  }
 };
 
 // Exit codes: 2 for input the user must fix, 1 for a failure while training.
@@ -169,7 +210,11 @@ nlohmann::json trajectory_flags(const TrainFlags& flags) {
           {"clip_grad_norm", o.clip_grad_norm},
           {"precision", flags.precision},
           {"loss_scale", o.loss_scaling.initial_scale},
-          {"seed", o.seed}};
+          {"seed", o.seed},
+          {"dp_clip", o.dp_clip_norm},
+          {"dp_noise", o.dp_noise_multiplier},
+          {"dp_delta", flags.dp_delta},
+          {"dp_target_epsilon", flags.dp_target_epsilon}};
 }
 
 constexpr const char* kTrainConfigKey = "train_config";
@@ -213,6 +258,12 @@ int run_train(TrainFlags& flags) {
     return fail(flags, invalid_argument("--zero-1 with --db: a checkpoint would hold rank 0's shard of the optimizer "
                                         "state only, so a resumed run could not continue; drop one of them"));
   }
+  if (!(flags.dp_delta > 0.0 && flags.dp_delta < 1.0)) return fail(flags, invalid_argument("--dp-delta must be in (0, 1)"));
+  if (!(flags.dp_target_epsilon >= 0.0)) return fail(flags, invalid_argument("--dp-target-epsilon must be >= 0"));
+  if (flags.dp_target_epsilon > 0.0 && flags.options.dp_clip_norm == 0.0f) {
+    return fail(flags, invalid_argument("--dp-target-epsilon needs --dp-clip and --dp-noise"));
+  }
+  flags.options.dp_seed = flags.options.seed;
   flags.options.data_parallel_rank = flags.group.rank;
   flags.options.data_parallel_ranks = flags.group.ranks;
   Result<DType> precision = parse_dtype(flags.precision);
@@ -240,6 +291,30 @@ int run_train(TrainFlags& flags) {
   const data::Dataset* test = loaded->test.get();
   if (flags.group.launched()) return run_train_rank(flags, *train);
 
+  // DP-SGD: the accountant, and a target budget caps the steps up front, so
+  // that no step is taken whose epsilon would exceed it.
+  std::optional<PrivacyAccounting> accounting;
+  if (flags.options.dp_clip_norm > 0.0f) {
+    accounting.emplace();
+    accounting->q = std::min(1.0, static_cast<double>(flags.options.batch_size * flags.options.grad_accumulation) /
+                                      static_cast<double>(std::max<int64_t>(1, train->size())));
+    accounting->sigma = flags.options.dp_noise_multiplier;
+    accounting->delta = flags.dp_delta;
+    const int64_t requested = total_steps_of(flags.options, train->size());
+    if (flags.dp_target_epsilon > 0.0) {
+      const int64_t allowed = accounting->steps_within(flags.dp_target_epsilon, requested);
+      if (allowed == 0) {
+        return fail(flags, invalid_argument("--dp-target-epsilon " + std::to_string(flags.dp_target_epsilon) +
+                                            " allows no step at this noise and sampling rate: raise --dp-noise"));
+      }
+      if (allowed < requested) {
+        std::fprintf(stderr, "fedmesh train: the privacy budget (epsilon %g at delta %g) allows %lld of the %lld steps; "
+                     "training stops there\n", flags.dp_target_epsilon, flags.dp_delta, static_cast<long long>(allowed),
+                     static_cast<long long>(requested));
+        flags.options.max_steps = allowed;
+      }
+    }
+  }
   Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed);
   if (!model.is_ok()) return fail(flags, model.status());
   node::Sequential& net = **model;
@@ -336,7 +411,13 @@ int run_train(TrainFlags& flags) {
   const auto commit_checkpoint = [&](nlohmann::json metrics) {
     if (!checkpoints || !checkpoint_status.is_ok()) return;
     metrics.update(last_test);
-    checkpoint_status = node::commit_training_checkpoint(*checkpoints, net, trainer, metrics);
+    std::optional<store::PrivacyEntry> privacy;
+    if (accounting) {
+      privacy = accounting->entry(trainer.state().step);
+      metrics["epsilon"] = privacy->epsilon;
+      metrics["delta"] = privacy->delta;
+    }
+    checkpoint_status = node::commit_training_checkpoint(*checkpoints, net, trainer, metrics, privacy);
     if (!checkpoint_status.is_ok()) return;
     ++checkpoints_committed;
     const int64_t step = trainer.state().step;
@@ -498,6 +579,13 @@ int run_train(TrainFlags& flags) {
                {"bytes_sent", 0},
                {"bytes_received", 0},
                {"wall_seconds", wall_seconds}};
+    if (accounting) {
+      const privacy::PrivacySpent spent = accounting->after(summary.steps);
+      event["epsilon"] = spent.epsilon;
+      event["delta"] = accounting->delta;
+      event["dp_noise_multiplier"] = accounting->sigma;
+      event["dp_sampling_rate"] = accounting->q;
+    }
     if (loaded->language) {
       event.update(language_metrics(summary.test.loss, loaded->unigram_loss));
       event["tokens_per_second"] = summary.samples_per_second * static_cast<double>(train->targets_per_sample());
@@ -520,6 +608,11 @@ int run_train(TrainFlags& flags) {
                   flags.db.c_str(), static_cast<long long>(summary.steps),
                   resumed_step > 0 ? (", resumed from step " + std::to_string(resumed_step)).c_str() : "");
     }
+  }
+  if (accounting && !flags.json) {
+    std::printf("differential privacy (DP-SGD, clip %g, noise %g, q %.4g): (epsilon %.4f, delta %g) spent over %lld steps\n",
+                static_cast<double>(flags.options.dp_clip_norm), accounting->sigma, accounting->q,
+                accounting->after(summary.steps).epsilon, accounting->delta, static_cast<long long>(summary.steps));
   }
   return 0;
 }
@@ -569,6 +662,16 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--ranks", flags->group.ranks,
                   "Data-parallel CPU ranks: processes launched by this one, each training on 1/N of every batch, "
                   "gradients all-reduced with Gloo (the run equals one process on the whole batches)")
+      ->capture_default_str();
+  cmd->add_option("--dp-clip", o.dp_clip_norm,
+                  "Differential privacy (DP-SGD): clip every example's gradient to this L2 norm (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--dp-noise", o.dp_noise_multiplier,
+                  "DP-SGD noise multiplier sigma: N(0, (sigma * clip)^2) added to each step's summed gradient")
+      ->capture_default_str();
+  cmd->add_option("--dp-delta", flags->dp_delta, "The delta the RDP accountant reports epsilon at")->capture_default_str();
+  cmd->add_option("--dp-target-epsilon", flags->dp_target_epsilon,
+                  "Stop before the step that would spend more than this epsilon (0 = no target)")
       ->capture_default_str();
   cmd->add_flag("--zero-1", flags->zero_one,
                 "With --ranks: shard the optimizer state across the ranks (ZeRO stage 1: each holds 1/N of the "

@@ -61,6 +61,20 @@ Status TrainOptions::validate() const {
   if (eval_batch_size < 1 || eval_batch_size > 65536) return invalid_argument("eval batch size must be in [1, 65536]");
   if (!(loss_scaling.initial_scale > 0.0f) || !std::isfinite(loss_scaling.initial_scale))
     return invalid_argument("--loss-scale must be a positive number");
+  if (!(dp_clip_norm >= 0.0f) || !std::isfinite(dp_clip_norm)) return invalid_argument("--dp-clip must be a number >= 0");
+  if (!(dp_noise_multiplier >= 0.0f) || !std::isfinite(dp_noise_multiplier)) {
+    return invalid_argument("--dp-noise must be a number >= 0");
+  }
+  if (dp_noise_multiplier > 0.0f && dp_clip_norm == 0.0f) {
+    return invalid_argument("--dp-noise needs --dp-clip: the noise is scaled to the clipping norm");
+  }
+  if (dp_clip_norm > 0.0f && precision == DType::kF16) {
+    return invalid_argument("--dp-clip with fp16 is not supported: loss scaling would scale the clipping");
+  }
+  if (dp_clip_norm > 0.0f && data_parallel_ranks > 1) {
+    return invalid_argument("--dp-clip with data-parallel ranks is not supported yet (the noise would be added once "
+                            "per rank)");
+  }
   return Status::ok();
 }
 
@@ -89,8 +103,59 @@ TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageData
   return fit(train_batches, &test_batches, callbacks);
 }
 
+// DP-SGD's gradient: per-example gradients clipped to options_.dp_clip_norm,
+// summed, noised, divided by the samples; left in the parameters' grads.
+// Returns the step's loss sum and correct count in `result`.
+void Trainer::private_gradient(const data::Dataset& dataset, std::span<const int64_t> indices, StepResult& result) {
+  std::vector<Parameter*> parameters = model_.parameters();
+  dp_sum_.resize(parameters.size());
+  for (size_t p = 0; p < parameters.size(); ++p) {
+    dp_sum_[p].assign(static_cast<size_t>(parameters[p]->grad.numel()), 0.0f);
+  }
+  const double clip = options_.dp_clip_norm;
+  double loss_sum = 0.0;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    model_.zero_grad();
+    dataset.make_batch(indices.subspan(i, 1), model_.compute_dtype(), inputs_, targets_);
+    const Tensor logits = model_.forward(inputs_, /*training=*/true);
+    Tensor::reuse(dlogits_, logits.shape(), logits.dtype());
+    const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, &dlogits_, 1.0f,
+                                                        static_cast<float>(dataset.targets_per_sample()));
+    loss_sum += ce.loss_sum;
+    result.correct += ce.correct;
+    model_.backward(dlogits_);
+    double squared = 0.0;
+    for (Parameter* p : parameters) squared += squared_l2_norm(p->grad);
+    const double norm = std::sqrt(squared);
+    const float factor = static_cast<float>(norm > clip ? clip / norm : 1.0);
+    for (size_t p = 0; p < parameters.size(); ++p) {
+      const float* g = parameters[p]->grad.data<float>();
+      float* sum = dp_sum_[p].data();
+      for (size_t k = 0; k < dp_sum_[p].size(); ++k) sum[k] += factor * g[k];
+    }
+  }
+  // Noise from the seed and the optimizer step: a resumed run draws the same.
+  Rng noise(mix_seed(options_.dp_seed ^ 0xd1ff5eedull, static_cast<uint64_t>(optimizer_->steps_taken())));
+  const double deviation = static_cast<double>(options_.dp_noise_multiplier) * clip;
+  const float inverse = indices.empty() ? 0.0f : 1.0f / static_cast<float>(indices.size());
+  for (size_t p = 0; p < parameters.size(); ++p) {
+    float* g = parameters[p]->grad.data<float>();
+    for (size_t k = 0; k < dp_sum_[p].size(); ++k) {
+      g[k] = (dp_sum_[p][k] + static_cast<float>(deviation * noise.normal())) * inverse;
+    }
+  }
+  result.loss = indices.empty() ? 0.0
+                                : loss_sum / static_cast<double>(static_cast<int64_t>(indices.size()) *
+                                                                 dataset.targets_per_sample());
+}
+
 StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int64_t> indices, float lr) {
   StepResult result;
+  if (options_.dp_clip_norm > 0.0f) {
+    private_gradient(dataset, indices, result);
+    result.samples = static_cast<int64_t>(indices.size());
+    return apply_gradients(result, lr);
+  }
   model_.zero_grad();
   const float scale = loss_scaler_.scale();
   // The loss is the mean over every target of the step's samples.
@@ -117,7 +182,11 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
   result.samples = static_cast<int64_t>(indices.size());
   // A data-parallel rank may get no sample of a short last batch.
   result.loss = indices.empty() ? 0.0 : loss_sum / static_cast<double>(targets);
+  return apply_gradients(result, lr);
+}
 
+StepResult Trainer::apply_gradients(StepResult result, float lr) {
+  const float scale = loss_scaler_.scale();
   std::vector<Parameter*> parameters = model_.parameters();
   if (sync_ != nullptr) {
     hook_status_ = sync_->finish(parameters, result);

@@ -44,6 +44,16 @@ struct TrainOptions {
   // then take the step one process would take on the whole batch.
   int data_parallel_rank = 0;
   int data_parallel_ranks = 1;
+  // Example-level differential privacy (DP-SGD, Abadi et al. 2016): with
+  // dp_clip_norm > 0 every example's gradient is clipped to that L2 norm on
+  // its own, the clipped gradients are summed, N(0, (σ C)²) noise with σ =
+  // dp_noise_multiplier is added to every coordinate, and the sum is divided
+  // by the step's samples. The noise is drawn from dp_seed and the step, so
+  // a resumed run draws what an uninterrupted one would. fp32 and bf16 only
+  // (no loss scaling), one process (no data-parallel ranks).
+  float dp_clip_norm = 0.0f;
+  float dp_noise_multiplier = 0.0f;
+  uint64_t dp_seed = 0;
 
   // Checks ranges and names; the message says which option is wrong.
   Status validate() const;
@@ -175,6 +185,10 @@ class Trainer {
   void set_optimizer(std::unique_ptr<Optimizer> optimizer) { optimizer_ = std::move(optimizer); }
 
  private:
+  void private_gradient(const data::Dataset& dataset, std::span<const int64_t> indices, StepResult& result);
+  // The sync, the finite check, loss scaling, clipping and the optimizer
+  // step, on the gradients the backward pass (or DP-SGD) left.
+  StepResult apply_gradients(StepResult result, float lr);
   Sequential& model_;
   TrainOptions options_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -185,6 +199,7 @@ class Trainer {
   GradientSync* sync_ = nullptr;
   Status hook_status_;
   Tensor inputs_, dlogits_;
+  std::vector<std::vector<float>> dp_sum_;  // DP-SGD: the clipped per-example gradients' sum
   std::vector<int32_t> targets_;
 };
 

@@ -73,10 +73,12 @@ Result<TrainerState> trainer_state_from_json(const std::string& text) {
 }
 
 Status commit_training_checkpoint(store::CheckpointStore& store, Sequential& model, Trainer& trainer,
-                                  const nlohmann::json& metrics) {
+                                  const nlohmann::json& metrics, std::optional<store::PrivacyEntry> privacy) {
   const TrainerState state = trainer.state();
   std::vector<Parameter*> parameters = model.parameters();
   store::RoundToCommit round;
+  round.privacy = std::move(privacy);
+  if (round.privacy) round.privacy->round = state.step;
   round.round = state.step;
   round.model_version = state.step;
   round.metrics_json = metrics.dump();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -27,9 +28,12 @@ nlohmann::json trainer_state_to_json(const TrainerState& state);
 Result<TrainerState> trainer_state_from_json(const std::string& text);
 
 // Commits the model, the optimizer state and the trainer's state as round
-// `step` (model version `step`). Only after it returns ok is the step durable.
+// `step` (model version `step`), with the privacy ledger's entry for it when
+// the run is differentially private. Only after it returns ok is the step
+// durable.
 Status commit_training_checkpoint(store::CheckpointStore& store, Sequential& model, Trainer& trainer,
-                                  const nlohmann::json& metrics);
+                                  const nlohmann::json& metrics,
+                                  std::optional<store::PrivacyEntry> privacy = std::nullopt);
 
 // Copies a checkpoint's weights (role "model") into the model's masters and
 // compute copies; kCorrupt names a tensor that is missing or of the wrong

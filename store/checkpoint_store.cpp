@@ -95,20 +95,29 @@ bool valid_metric_name(std::string_view name) {
          std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
-Status check_json_object(Database& database, std::string_view what, const std::string& json) {
+// `json` must be valid JSON of the type `type` ("object", "array").
+Status check_json_of_type(Database& database, std::string_view what, const std::string& json, std::string_view type) {
   if (json.size() > kMaxJsonBytes) {
     return invalid_argument(std::string(what) + " JSON is " + std::to_string(json.size()) +
                             " bytes, above the limit of " + std::to_string(kMaxJsonBytes));
   }
-  Result<Statement> statement = database.prepare("SELECT CASE WHEN json_valid(?1) THEN json_type(?1) = 'object' ELSE 0 END");
+  Result<Statement> statement = database.prepare("SELECT CASE WHEN json_valid(?1) THEN json_type(?1) = ?2 ELSE 0 END");
   if (!statement.is_ok()) return statement.status();
-  statement->bind(1, std::string_view(json));
+  statement->bind(1, std::string_view(json)).bind(2, type);
   Result<bool> row = statement->step();
   if (!row.is_ok()) return row.status();
   if (!*row || statement->column_int(0) == 0) {
-    return invalid_argument(std::string(what) + " must be a JSON object, got '" + json.substr(0, 60) + "'");
+    return invalid_argument(std::string(what) + " must be a JSON " + std::string(type) + ", got '" + json.substr(0, 60) + "'");
   }
   return Status::ok();
+}
+
+Status check_json_object(Database& database, std::string_view what, const std::string& json) {
+  return check_json_of_type(database, what, json, "object");
+}
+
+Status check_json_array(Database& database, std::string_view what, const std::string& json) {
+  return check_json_of_type(database, what, json, "array");
 }
 
 // Inserts `bytes` as rows of at most kTensorChunkBytes of `table` through
@@ -566,6 +575,8 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
     FEDMESH_RETURN_IF_ERROR(raise_counter->run());
   }
 
+  if (round.privacy.has_value()) FEDMESH_RETURN_IF_ERROR(insert_privacy_entry(round.round, *round.privacy));
+
   if (!maintenance_) FEDMESH_RETURN_IF_ERROR(apply_retention(database_, options_));
   FEDMESH_RETURN_IF_ERROR(transaction->commit());
   if (maintenance_) maintenance_->poke();
@@ -943,6 +954,65 @@ Result<std::vector<PeerRecord>> CheckpointStore::peers() {
     if (!*row) break;
     result.push_back({statement->column_text(0), statement->column_text(1), statement->column_text(2),
                       statement->column_int(3), statement->column_int(4)});
+  }
+  return result;
+}
+
+Status CheckpointStore::insert_privacy_entry(int64_t round, const PrivacyEntry& entry) {
+  const std::string what = "privacy ledger entry of round " + std::to_string(round);
+  if (entry.round != round) return invalid_argument(what + ": it names round " + std::to_string(entry.round));
+  if (entry.mechanism != "dp-sgd" && entry.mechanism != "dp-fedavg" && entry.mechanism != "gossip-local") {
+    return invalid_argument(what + ": mechanism '" + entry.mechanism.substr(0, 64) + "' is not dp-sgd, dp-fedavg or gossip-local");
+  }
+  if (!(entry.sampling_rate >= 0.0 && entry.sampling_rate <= 1.0) || !(entry.noise_multiplier >= 0.0) ||
+      entry.steps < 0 || !(entry.epsilon >= 0.0) || !(entry.delta > 0.0 && entry.delta < 1.0)) {
+    return invalid_argument(what + ": q in [0, 1], sigma >= 0, steps >= 0, epsilon >= 0 and delta in (0, 1) are required");
+  }
+  FEDMESH_RETURN_IF_ERROR(check_json_array(database_, "rdp", entry.rdp_json));
+  Result<Statement> last = database_.prepare("SELECT epsilon, delta FROM privacy_ledger ORDER BY round DESC LIMIT 1");
+  if (!last.is_ok()) return last.status();
+  Result<bool> row = last->step();
+  if (!row.is_ok()) return row.status();
+  if (*row && entry.epsilon < last->column_double(0)) {
+    return invalid_argument(what + ": epsilon " + std::to_string(entry.epsilon) + " is below the " +
+                            std::to_string(last->column_double(0)) + " already spent; the budget never shrinks");
+  }
+  Result<Statement> insert = database_.prepare(
+      "INSERT INTO privacy_ledger(round, mechanism, sampling_rate, noise_multiplier, steps, epsilon, delta, rdp, wall_time) "
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))");
+  if (!insert.is_ok()) return insert.status();
+  insert->bind(1, round)
+      .bind(2, std::string_view(entry.mechanism))
+      .bind(3, entry.sampling_rate)
+      .bind(4, entry.noise_multiplier)
+      .bind(5, entry.steps)
+      .bind(6, entry.epsilon)
+      .bind(7, entry.delta)
+      .bind(8, std::string_view(entry.rdp_json));
+  return insert->run();
+}
+
+Result<std::vector<PrivacyEntry>> CheckpointStore::privacy_ledger() {
+  Result<Statement> statement = database_.prepare(
+      "SELECT round, mechanism, sampling_rate, noise_multiplier, steps, epsilon, delta, rdp, wall_time "
+      "FROM privacy_ledger ORDER BY round");
+  if (!statement.is_ok()) return statement.status();
+  std::vector<PrivacyEntry> result;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    PrivacyEntry e;
+    e.round = statement->column_int(0);
+    e.mechanism = statement->column_text(1);
+    e.sampling_rate = statement->column_double(2);
+    e.noise_multiplier = statement->column_double(3);
+    e.steps = statement->column_int(4);
+    e.epsilon = statement->column_double(5);
+    e.delta = statement->column_double(6);
+    e.rdp_json = statement->column_text(7);
+    e.wall_time = statement->column_text(8);
+    result.push_back(std::move(e));
   }
   return result;
 }

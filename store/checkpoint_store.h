@@ -88,6 +88,20 @@ struct PeerRecord {
   int64_t updated_round = 0;
 };
 
+// One round's entry in the privacy ledger: what the round spent and the
+// total so far, written in the round's own transaction.
+struct PrivacyEntry {
+  int64_t round = 0;
+  std::string mechanism;        // dp-sgd, dp-fedavg, gossip-local
+  double sampling_rate = 0.0;
+  double noise_multiplier = 0.0;
+  int64_t steps = 0;
+  double epsilon = 0.0;         // cumulative; commit_round refuses a decrease
+  double delta = 0.0;
+  std::string rdp_json = "[]";  // the accountant's total RDP per order
+  std::string wall_time;        // set by the store
+};
+
 struct RoundToCommit {
   int64_t round = 0;  // strictly above every committed round
   int64_t model_version = 0;
@@ -97,6 +111,7 @@ struct RoundToCommit {
   std::vector<AppliedUpdate> applied_updates;     // removed from pending in the same transaction
   std::optional<std::vector<PeerRecord>> peers;   // replaces the stored view when set
   std::map<std::string, uint64_t> replay_counters;  // raised to these values, never lowered
+  std::optional<PrivacyEntry> privacy;  // the ledger entry of this round (its round must be this one)
 };
 
 struct RoundInfo {
@@ -188,6 +203,8 @@ class CheckpointStore {
 
   Result<std::vector<PeerRecord>> peers();
   Result<std::map<std::string, uint64_t>> replay_counters();
+  // The privacy ledger, oldest first (kept whatever the retention).
+  Result<std::vector<PrivacyEntry>> privacy_ledger();
   // Raises one sender's counter (durably); lowering is refused.
   Status record_replay_counter(const std::string& sender, uint64_t sequence);
 
@@ -201,6 +218,7 @@ class CheckpointStore {
   int64_t disk_bytes() const;
 
  private:
+  Status insert_privacy_entry(int64_t round, const PrivacyEntry& entry);
   class BackgroundMaintenance;
   class OwnerLock;
   CheckpointStore(std::unique_ptr<OwnerLock> owner, Database database, StoreOptions options,

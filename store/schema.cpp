@@ -75,6 +75,20 @@ CREATE TABLE applied_updates(
   staleness INTEGER NOT NULL);
 CREATE INDEX applied_updates_by_round ON applied_updates(round);
 )sql",
+    // 4: the privacy ledger. Not tied to `rounds`: retention deletes old
+    // rounds, never the budget they spent.
+    R"sql(
+CREATE TABLE privacy_ledger(
+  round INTEGER PRIMARY KEY,          -- committed with this round, before its model is released
+  mechanism TEXT NOT NULL,            -- dp-sgd, dp-fedavg, gossip-local
+  sampling_rate REAL NOT NULL,        -- q of the steps this round added
+  noise_multiplier REAL NOT NULL,     -- sigma of those steps
+  steps INTEGER NOT NULL,             -- sampled Gaussian steps this round added
+  epsilon REAL NOT NULL,              -- spent so far, at delta (never decreases)
+  delta REAL NOT NULL,
+  rdp TEXT NOT NULL,                  -- JSON: the accountant's total RDP per order
+  wall_time TEXT NOT NULL);
+)sql",
 };
 
 }  // namespace

@@ -1204,6 +1204,57 @@ TEST_P(StoreByMaintenance, ReplayCountersOnlyRise) {
   ASSERT_TRUE(store.record_replay_counter("site-b", 11).is_ok());
 }
 
+// The privacy ledger: an entry is committed with its round (a refused
+// round leaves no entry), epsilon never decreases, bad entries are refused
+// by name, and retention deleting old rounds keeps every entry.
+TEST_P(StoreByMaintenance, ThePrivacyLedgerIsCommittedWithItsRoundAndNeverShrinks) {
+  const auto db = fresh_directory() / "store.db";
+  const Tensor t = random_tensor({10}, DType::kF32, 83);
+  const auto entry = [](int64_t round, double epsilon) {
+    PrivacyEntry e;
+    e.round = round;
+    e.mechanism = "dp-sgd";
+    e.sampling_rate = 0.01;
+    e.noise_multiplier = 1.1;
+    e.steps = 100;
+    e.epsilon = epsilon;
+    e.delta = 1e-5;
+    e.rdp_json = "[0.1, 0.2]";
+    return e;
+  };
+  {
+    CheckpointStore store = open_store(db, options_with(GetParam(), 1));
+    EXPECT_TRUE(store.privacy_ledger().value().empty());
+    for (int64_t round = 1; round <= 4; ++round) {
+      RoundToCommit r = simple_round(round, &t);
+      r.privacy = entry(round, 0.5 * static_cast<double>(round));
+      ASSERT_TRUE(store.commit_round(r).is_ok());
+    }
+    RoundToCommit shrinking = simple_round(5, &t);
+    shrinking.privacy = entry(5, 1.0);
+    const Status s = store.commit_round(shrinking);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(s, "never shrinks")) << s.message();
+    EXPECT_EQ(store.rounds().value().back().round, 4) << "the refused entry took its round with it";
+    for (auto [field, bad] : std::initializer_list<std::pair<const char*, PrivacyEntry>>{
+             {"round", entry(9, 3.0)}, {"mechanism", [&] { auto e = entry(5, 3.0); e.mechanism = "laplace"; return e; }()},
+             {"delta", [&] { auto e = entry(5, 3.0); e.delta = 0.0; return e; }()},
+             {"rdp", [&] { auto e = entry(5, 3.0); e.rdp_json = "{}"; return e; }()}}) {
+      RoundToCommit r = simple_round(5, &t);
+      r.privacy = bad;
+      EXPECT_EQ(store.commit_round(r).code(), StatusCode::kInvalidArgument) << field;
+    }
+  }
+  CheckpointStore store = open_store(db, options_with(GetParam(), 1));
+  const std::vector<PrivacyEntry> ledger = store.privacy_ledger().value();
+  ASSERT_EQ(ledger.size(), 4u) << "retention keeps one round, the ledger keeps every entry";
+  EXPECT_EQ(ledger[3].round, 4);
+  EXPECT_EQ(ledger[3].epsilon, 2.0);
+  EXPECT_EQ(ledger[3].mechanism, "dp-sgd");
+  EXPECT_EQ(ledger[3].rdp_json, "[0.1, 0.2]");
+  EXPECT_FALSE(ledger[3].wall_time.empty());
+}
+
 // Sequences are uint64: a counter at or above 2^63 is not "negative".
 TEST_P(StoreByMaintenance, ReplayCountersRiseAndNeverFallOverTheWholeUint64Range) {
   const auto db = fresh_directory() / "store.db";

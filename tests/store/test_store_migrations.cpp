@@ -22,6 +22,7 @@ const std::vector<std::vector<std::string>> kTablesAddedBy = {
     {"meta", "rounds", "tensors", "tensor_chunks"},
     {"peers", "replay_counters"},
     {"pending_updates", "pending_update_chunks", "applied_updates"},
+    {"privacy_ledger"},
 };
 
 std::set<std::string> schema_of(Database& database) {

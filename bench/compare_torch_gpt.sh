@@ -1,0 +1,401 @@
+#!/usr/bin/env bash
+# Compare fedmesh's CPU language-model training throughput with PyTorch on
+# this machine, in the same run (issue 9): the same GPT-2-style decoder
+# (byte tokenizer, King James Bible), batch size, AdamW (lr 1e-3, betas
+# 0.9/0.999, eps 1e-8, wd 1e-4) at a constant learning rate, thread count and
+# number of steps.  Prints a table and one JSON line per model with the ratio
+# fedmesh/PyTorch (training tokens per second).
+#
+# Missing a target is reported, never an error; the exit status is non-zero
+# only when a run itself fails or the setup is broken.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: bench/compare_torch_gpt.sh [options]
+
+Runs `fedmesh train --model M ... --schedule constant --json` and
+bench/torch_gpt.py with identical settings for each model and prints
+training tokens/s of both, the ratio fedmesh/PyTorch, the target and both
+losses (last training batch, and held-out after the last step).
+
+Options:
+  --models LIST        comma-separated models (default: gpt-nano,gpt-tiny; also gpt-small)
+  --batch-size B       windows per batch (default: 16)
+  --threads T          compute threads for both frameworks (default: 2)
+  --steps N            optimizer steps (default: 60; PyTorch excludes its first
+                       step from the timing, fedmesh times all of them)
+  --lr LR              constant learning rate for both (default: 1e-3)
+  --test-limit W       evaluate on the first W held-out windows (default: 50)
+  --repeat R           run each framework R times, alternating which goes
+                       first, and report the median tokens/s (default: 1)
+  --seed S             seed passed to both (default: 0)
+  --fedmesh PATH       fedmesh binary (default: ${FEDMESH_BUILD_DIR:-build}/cli/fedmesh)
+  --python PATH        python with torch+numpy (default: auto; python3, then /usr/bin/python3)
+  --out-dir DIR        keep raw outputs of every run here (default: a temp dir, removed)
+  --torch-tuned        run PyTorch with OMP_WAIT_POLICY=passive (a tuned baseline;
+                       the default is PyTorch as a typical user runs it)
+  --no-install         do not apt-get install python3-torch/python3-numpy/bible-kjv when missing
+  -h, --help           show this help
+
+Environment:
+  FEDMESH_BUILD_DIR    fedmesh build directory, relative to the repository root
+                       or absolute (default: build); if
+                       $FEDMESH_BUILD_DIR/cli/fedmesh is missing, deploy/setup.sh is run
+  FEDMESH_EXTRA_ARGS   extra arguments appended to every `fedmesh train` call
+  TORCH_EXTRA_ARGS     extra arguments appended to every torch_gpt.py call, e.g.
+                       "--omp-wait-policy passive" (what --torch-tuned adds)
+
+Target (fedmesh/PyTorch tokens/s): >= 1.0 for every model.
+EOF
+}
+
+die() { echo "compare_torch_gpt.sh: $*" >&2; exit 2; }
+log() { echo "[compare_torch_gpt] $*" >&2; }
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
+
+MODELS="gpt-nano,gpt-tiny"
+BATCH=16
+THREADS=2
+STEPS=60
+LR="1e-3"
+TEST_LIMIT=50
+REPEAT=1
+SEED=0
+FEDMESH=""
+PYTHON="${PYTHON:-}"
+OUT_DIR=""
+INSTALL=1
+TORCH_TUNED=0
+
+need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --models)     need_arg "$@"; MODELS="$2"; shift 2 ;;
+    --batch-size) need_arg "$@"; BATCH="$2"; shift 2 ;;
+    --threads)    need_arg "$@"; THREADS="$2"; shift 2 ;;
+    --steps)      need_arg "$@"; STEPS="$2"; shift 2 ;;
+    --lr)         need_arg "$@"; LR="$2"; shift 2 ;;
+    --test-limit) need_arg "$@"; TEST_LIMIT="$2"; shift 2 ;;
+    --repeat)     need_arg "$@"; REPEAT="$2"; shift 2 ;;
+    --seed)       need_arg "$@"; SEED="$2"; shift 2 ;;
+    --fedmesh)    need_arg "$@"; FEDMESH="$2"; shift 2 ;;
+    --python)     need_arg "$@"; PYTHON="$2"; shift 2 ;;
+    --out-dir)    need_arg "$@"; OUT_DIR="$2"; shift 2 ;;
+    --no-install) INSTALL=0; shift ;;
+    --torch-tuned) TORCH_TUNED=1; shift ;;
+    -h|--help)    usage; exit 0 ;;
+    *) usage >&2; die "unknown argument: $1" ;;
+  esac
+done
+
+is_uint() { [[ "$1" =~ ^[0-9]+$ ]] && (( 10#$1 > 0 )); }
+is_uint "$BATCH" || die "--batch-size must be a positive integer (got '$BATCH')"
+is_uint "$THREADS" || die "--threads must be a positive integer (got '$THREADS')"
+is_uint "$REPEAT" || die "--repeat must be a positive integer (got '$REPEAT')"
+{ is_uint "$STEPS" && (( STEPS >= 2 )); } || die "--steps must be an integer >= 2 (got '$STEPS')"
+is_uint "$TEST_LIMIT" || die "--test-limit must be a positive integer (got '$TEST_LIMIT')"
+[[ "$LR" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || die "--lr must be a positive number (got '$LR')"
+[[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer"
+IFS=',' read -r -a MODEL_LIST <<< "$MODELS"
+[[ ${#MODEL_LIST[@]} -gt 0 ]] || die "--models is empty"
+for m in "${MODEL_LIST[@]}"; do
+  [[ "$m" == gpt-nano || "$m" == gpt-tiny || "$m" == gpt-small ]] ||
+    die "unknown model '$m' (expected gpt-nano, gpt-tiny or gpt-small)"
+done
+
+cd "$REPO_ROOT"
+
+if [[ $(id -u) -eq 0 ]]; then SUDO=()
+elif command -v sudo >/dev/null 2>&1; then SUDO=(sudo)
+else SUDO=(false); fi
+APT_UPDATED=0
+apt_install() {
+  [[ $INSTALL -eq 1 ]] || die "missing $*; install them (apt-get install $*) or drop --no-install"
+  [[ "${SUDO[*]}" != false ]] || die "$* missing and not root (no sudo) to apt-get install them"
+  log "installing $* with apt-get"
+  if [[ $APT_UPDATED -eq 0 ]]; then "${SUDO[@]}" apt-get update >&2; APT_UPDATED=1; fi
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >&2
+}
+
+# ---------------------------------------------------------------------------
+# The corpus: Debian's King James Bible (both sides run `bible`).
+# ---------------------------------------------------------------------------
+[[ -x /usr/bin/bible ]] || apt_install bible-kjv
+[[ -x /usr/bin/bible ]] || die "/usr/bin/bible still missing after apt-get install bible-kjv"
+
+# ---------------------------------------------------------------------------
+# Python with torch + numpy (Debian's python3-torch lives in /usr/bin/python3's
+# dist-packages; a pyenv/venv python3 earlier on PATH will not see it).
+# ---------------------------------------------------------------------------
+has_torch() { "$1" -c 'import torch, numpy' >/dev/null 2>&1; }
+find_python() {
+  local c
+  for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
+    if command -v "$c" >/dev/null 2>&1 && has_torch "$c"; then command -v "$c"; return 0; fi
+  done
+  return 1
+}
+
+if ! PY="$(find_python)"; then
+  [[ -n "$PYTHON" ]] && die "$PYTHON cannot import torch and numpy"
+  apt_install python3-torch python3-numpy
+  PY="$(find_python)" || die "torch still not importable after apt-get install"
+fi
+log "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__)'))"
+
+# ---------------------------------------------------------------------------
+# fedmesh binary
+# ---------------------------------------------------------------------------
+if [[ -z "$FEDMESH" ]]; then
+  FEDMESH="${FEDMESH_BUILD_DIR:-build}/cli/fedmesh"
+  if [[ ! -x "$FEDMESH" ]]; then
+    [[ -f deploy/setup.sh ]] || die "$FEDMESH not found and deploy/setup.sh missing"
+    log "$FEDMESH not found; running deploy/setup.sh"
+    bash deploy/setup.sh >&2   # keep stdout for the report
+  fi
+fi
+[[ -x "$FEDMESH" ]] || die "fedmesh binary not found or not executable: $FEDMESH"
+log "fedmesh: $FEDMESH"
+
+# ---------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------
+if [[ -n "$OUT_DIR" ]]; then
+  mkdir -p "$OUT_DIR"
+else
+  OUT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/fedmesh-gpt-vs-torch.XXXXXX")"
+  trap 'rm -rf "$OUT_DIR"' EXIT
+fi
+
+read -r -a FM_EXTRA <<< "${FEDMESH_EXTRA_ARGS:-}"
+read -r -a PT_EXTRA <<< "${TORCH_EXTRA_ARGS:-}"
+[[ $TORCH_TUNED -eq 1 ]] && PT_EXTRA=(--omp-wait-policy passive "${PT_EXTRA[@]}")
+
+# CPUs kept busy by other processes right before a run (we are idle then):
+# sampled from /proc/stat over 0.5 s.  The load average would mostly show our
+# own previous run.
+busy_cpus() {
+  local a b
+  a=$(head -n1 /proc/stat 2>/dev/null) || { echo n/a; return; }
+  sleep 0.5
+  b=$(head -n1 /proc/stat 2>/dev/null) || { echo n/a; return; }
+  awk -v a="$a" -v b="$b" -v n="$(nproc 2>/dev/null || echo 1)" 'BEGIN {
+    split(a, x); split(b, y); tot = 0
+    for (i = 2; i <= 9; i++) tot += y[i] - x[i]
+    idle = (y[5] - x[5]) + (y[6] - x[6])
+    busy = 0
+    if (tot > 0) busy = n * (1 - idle / tot)
+    printf "%.2f\n", busy }'
+}
+
+run_fedmesh() {  # model rep
+  local out="$OUT_DIR/fedmesh-$1-$2"
+  busy_cpus >"$out.busy"
+  log "fedmesh $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
+  if "$FEDMESH" train --model "$1" --steps "$STEPS" --batch-size "$BATCH" --threads "$THREADS" \
+       --lr "$LR" --schedule constant --test-limit "$TEST_LIMIT" --seed "$SEED" --json \
+       "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+    echo 0 >"$out.rc"
+  else
+    echo $? >"$out.rc"; log "fedmesh $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
+  fi
+}
+run_torch() {  # model rep
+  local out="$OUT_DIR/pytorch-$1-$2"
+  busy_cpus >"$out.busy"
+  log "pytorch $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
+  if "$PY" "$SCRIPT_DIR/torch_gpt.py" --model "$1" --steps "$STEPS" --batch-size "$BATCH" \
+       --threads "$THREADS" --lr "$LR" --test-limit "$TEST_LIMIT" --seed "$SEED" \
+       "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+    echo 0 >"$out.rc"
+  else
+    echo $? >"$out.rc"; log "pytorch $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
+  fi
+}
+
+for m in "${MODEL_LIST[@]}"; do
+  for ((r = 1; r <= REPEAT; r++)); do
+    # Alternate the order so slow drifts of a noisy machine hit both sides.
+    if (( r % 2 == 1 )); then run_fedmesh "$m" "$r"; run_torch "$m" "$r"
+    else run_torch "$m" "$r"; run_fedmesh "$m" "$r"; fi
+  done
+done
+
+# ---------------------------------------------------------------------------
+# Report (stdlib-only python: any python3 will do, prefer the torch one)
+# ---------------------------------------------------------------------------
+set +e
+"$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "$STEPS" "$LR" "$TEST_LIMIT" \
+  "$(nproc 2>/dev/null || echo 0)" "${PT_EXTRA[*]}" <<'PYEOF'
+import json, os, statistics, sys
+
+out_dir, models, repeat, batch, threads, steps, lr, test_limit, ncpu, torch_extra = sys.argv[1:11]
+ncpu = int(ncpu)
+models = models.split(",")
+repeat, batch, threads, steps, test_limit = int(repeat), int(batch), int(threads), int(steps), int(test_limit)
+TARGET = 1.0
+
+def json_lines(path):
+    objs = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    o = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(o, dict):
+                    objs.append(o)
+    except OSError:
+        pass
+    return objs
+
+def num(x):
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+def load(framework, model, rep):
+    base = os.path.join(out_dir, f"{framework}-{model}-{rep}")
+    try:
+        rc = int(open(base + ".rc").read().strip())
+    except (OSError, ValueError):
+        rc = None
+    objs = json_lines(base + ".out")
+    if framework == "fedmesh":
+        cand = [o for o in objs if o.get("event") == "summary"]
+    else:
+        cand = [o for o in objs if o.get("framework") == "pytorch"]
+    rec = cand[-1] if cand else None
+    err = None
+    if rc != 0:
+        err = f"exit status {rc}"
+    elif rec is None:
+        err = "no summary JSON line in output"
+    elif not (num(rec.get("tokens_per_second")) or 0) > 0:
+        err = "summary has no positive tokens_per_second"
+    return rec, err
+
+def busy_before(framework, model, rep):
+    try:
+        return float(open(os.path.join(out_dir, f"{framework}-{model}-{rep}.busy")).read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+failed = False
+records = []
+for m in models:
+    res = {}
+    loads = []
+    for fw in ("fedmesh", "pytorch"):
+        tps, train_loss, test_loss, errs, extra = [], [], [], [], {}
+        for r in range(1, repeat + 1):
+            la = busy_before(fw, m, r)
+            if la is not None:
+                loads.append(la)
+            rec, err = load(fw, m, r)
+            if err:
+                errs.append(f"run {r}: {err}")
+                continue
+            tps.append(float(rec["tokens_per_second"]))
+            tl = num(rec.get("train_loss" if fw == "fedmesh" else "final_train_loss"))
+            if tl is not None:
+                train_loss.append(tl)
+            el = num(rec.get("test_loss"))
+            if el is not None:
+                test_loss.append(el)
+            if fw == "pytorch":
+                extra["torch_version"] = rec.get("torch_version")
+                extra["omp_wait_policy"] = rec.get("omp_wait_policy")
+                extra["attention"] = rec.get("attention")
+                if num(rec.get("median_step_ms")) is not None:
+                    extra.setdefault("median_step_ms", []).append(rec["median_step_ms"])
+            else:
+                if num(rec.get("unigram_bits_per_byte")) is not None:
+                    extra["unigram_bits_per_byte"] = rec["unigram_bits_per_byte"]
+        res[fw] = dict(tps=tps, train_loss=train_loss, test_loss=test_loss, errs=errs, extra=extra)
+    fm, pt = res["fedmesh"], res["pytorch"]
+    fm_med, pt_med = median(fm["tps"]), median(pt["tps"])
+    ratio = fm_med / pt_med if fm_med and pt_med else None
+    meets = (ratio >= TARGET) if ratio is not None else None
+    errors = [f"fedmesh {e}" for e in fm["errs"]] + [f"pytorch {e}" for e in pt["errs"]]
+    if errors:
+        failed = True
+    records.append({
+        "benchmark": "fedmesh_vs_pytorch_lm",
+        "model": m,
+        "batch_size": batch,
+        "threads": threads,
+        "steps": steps,
+        "lr": float(lr),
+        "schedule": "constant",
+        "test_limit": test_limit,
+        "repeat": repeat,
+        "fedmesh_tokens_per_second": fm_med,
+        "pytorch_tokens_per_second": pt_med,
+        "ratio": ratio,
+        "target": TARGET,
+        "meets_target": meets,
+        "fedmesh_train_loss": median(fm["train_loss"]),
+        "pytorch_train_loss": median(pt["train_loss"]),
+        "fedmesh_test_loss": median(fm["test_loss"]),
+        "pytorch_test_loss": median(pt["test_loss"]),
+        "unigram_bits_per_byte": fm["extra"].get("unigram_bits_per_byte"),
+        "fedmesh_runs_tokens_per_second": fm["tps"],
+        "pytorch_runs_tokens_per_second": pt["tps"],
+        "torch_version": pt["extra"].get("torch_version"),
+        "pytorch_attention": pt["extra"].get("attention"),
+        "pytorch_omp_wait_policy": pt["extra"].get("omp_wait_policy"),
+        "pytorch_extra_args": torch_extra,
+        "pytorch_median_step_ms": median(pt["extra"].get("median_step_ms", [])),
+        "max_busy_cpus_before_runs": max(loads) if loads else None,
+        "cpus": ncpu,
+        "errors": errors,
+    })
+
+def f(x, fmt):
+    if x is None:
+        width = "".join(ch for ch in fmt.split(".")[0] if ch.isdigit())
+        return format("n/a", ">" + width)
+    return format(x, fmt)
+
+agg = f", median of {repeat}" if repeat > 1 else ""
+print(f"fedmesh vs PyTorch (CPU, language models) -- batch {batch}, {threads} thread(s), {steps} steps, "
+      f"AdamW lr {lr} constant{agg}" + (f"; torch_gpt.py {torch_extra}" if torch_extra else ""))
+hdr = (f"{'model':<9} {'fedmesh tok/s':>13} {'pytorch tok/s':>13} {'ratio':>7} {'target':>8} {'status':<7} "
+       f"{'fm train':>8} {'pt train':>8} {'fm test':>8} {'pt test':>8}")
+print(hdr)
+print("-" * len(hdr))
+for r in records:
+    status = "ERROR" if r["ratio"] is None else ("met" if r["meets_target"] else "MISSED")
+    print(f"{r['model']:<9} {f(r['fedmesh_tokens_per_second'], '13.0f')} {f(r['pytorch_tokens_per_second'], '13.0f')} "
+          f"{f(r['ratio'], '7.3f')} {'>= ' + f(r['target'], 'g'):>8} {status:<7} "
+          f"{f(r['fedmesh_train_loss'], '8.3f')} {f(r['pytorch_train_loss'], '8.3f')} "
+          f"{f(r['fedmesh_test_loss'], '8.3f')} {f(r['pytorch_test_loss'], '8.3f')}")
+    for e in r["errors"]:
+        print(f"  ! {r['model']}: {e}")
+print("(losses: nats per byte; train = the last training batch, test = the first "
+      f"{test_limit} held-out windows after the last step; different initial weights and "
+      "shuffles, so only roughly comparable)")
+busy = [r for r in records if r["max_busy_cpus_before_runs"] is not None
+        and r["max_busy_cpus_before_runs"] > 0.25]
+if busy:
+    worst = max(r["max_busy_cpus_before_runs"] for r in busy)
+    print(f"WARNING: other processes kept {worst:.2f} of {ncpu} CPU(s) busy just before some runs; "
+          "they compete for the cores, so these numbers are unreliable (rerun on an idle machine, "
+          "or use --repeat).")
+print()
+for r in records:
+    print(json.dumps(r))
+sys.exit(1 if failed else 0)
+PYEOF
+rc=$?
+if [[ $rc -ne 0 ]]; then log "some runs failed; raw outputs in $OUT_DIR"; trap - EXIT; fi
+exit $rc

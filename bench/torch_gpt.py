@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""PyTorch CPU reference trainer for the fedmesh language-model throughput comparison.
+
+Trains the same GPT-2-style decoder as `fedmesh train --model gpt-nano|gpt-tiny|gpt-small`
+the way a typical PyTorch user would write it (nanoGPT style: nn.Module with
+nn.Embedding, nn.LayerNorm, nn.Linear, F.gelu(approximate="tanh"), causal
+self-attention computed by hand with a registered lower-triangular mask --
+Debian bookworm's torch 1.13 has no F.scaled_dot_product_attention; when the
+installed torch has it, it is used with is_causal=True and the JSON says so),
+zero_grad / forward / loss / backward / step with AdamW, and prints ONE JSON
+line on stdout:
+
+  {"framework": "pytorch", "torch_version": ..., "model": ..., "batch_size": ...,
+   "threads": ..., "tokens_per_second": ..., "train_seconds": ...,
+   "final_train_loss": ..., "test_loss": ..., "bits_per_byte": ..., ...}
+
+Model (must match fedmesh's node/model.cpp + node/layers/transformer.cpp):
+  token embedding wte (256, C) + learned positions wpe (context, C);
+  per block x + attn(ln_1(x)), then + mlp(ln_2(.)); attention c_attn
+  Linear(C, 3C) laid out [q|k|v], causal softmax(q k^T / sqrt(d)) v per head,
+  c_proj Linear(C, C); MLP c_fc Linear(C, 4C), GELU (tanh), c_proj
+  Linear(4C, C); final LayerNorm ln_f (eps 1e-5); logits = x . wte^T (tied,
+  no bias); loss = mean cross-entropy over every position's next byte.  No
+  dropout.  Init as GPT-2 / fedmesh: wte N(0, 0.02), wpe N(0, 0.01), Linear
+  weights N(0, 0.02) except the two projections back into the residual
+  stream (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 * layers)), biases 0,
+  LayerNorm weight 1, bias 0.
+
+Optimizer: torch.optim.AdamW(lr, betas (0.9, 0.999), eps 1e-8,
+weight_decay 1e-4 on every parameter), constant learning rate (fedmesh's
+--schedule constant).
+
+Data (must match fedmesh's node/data/text_corpus.cpp): `bible -f
+Gen1:1-Rev22:21` (Debian's bible-kjv), each line "Ref text": the reference
+(before the first space) is dropped, its book prefix ("Ge" of "Ge1:1", "1Sm"
+of "1Sm3:4") starts a new document when it changes, every verse's text is
+followed by "\n"; the first 95 % of every book (rounded half up) concatenated
+in book order are the training bytes, the last 5 % of every book the held-out
+bytes.  Byte tokenizer (vocabulary 256).  Training samples are windows of
+`context` bytes with stride `context` (targets: the next byte of each
+position), reshuffled every epoch (torch.randperm), batch = B consecutive
+windows of the permutation.  Evaluation: the first --test-limit windows of
+the held-out bytes (fedmesh's --test-limit), mean cross-entropy per byte.
+
+Timing: time.perf_counter() around the training loop only (batch assembly
+included, evaluation excluded).  The very first optimizer step is a warm-up
+step and is excluded from the timing and from the token count; it is still a
+real training step, so --steps N = N steps in total, N-1 of them timed.
+
+Only Debian's python3-torch is expected.  If the interpreter running this
+script cannot import torch (e.g. a pyenv/venv python3 shadows the system one)
+the script re-executes itself with /usr/bin/python3.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+BIBLE_PROGRAM = "/usr/bin/bible"
+BIBLE_RANGE = "Gen1:1-Rev22:21"
+BIBLE_BOOKS = 66
+HELD_OUT = 0.05
+VOCABULARY = 256
+
+# name: (context, width, heads, layers) -- node/model.cpp language_model_config
+CONFIGS = {
+    "gpt-nano": (64, 64, 4, 2),
+    "gpt-tiny": (128, 192, 6, 4),
+    "gpt-small": (256, 384, 6, 6),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="PyTorch CPU language-model training-throughput reference for fedmesh "
+                    "(GPT-2-style decoder, byte tokenizer, King James Bible, AdamW wd=1e-4, "
+                    "constant lr). Prints one JSON line on stdout.")
+    p.add_argument("--model", choices=sorted(CONFIGS), required=True,
+                   help="gpt-nano (ctx 64, C 64, 4 heads, 2 layers), gpt-tiny (ctx 128, C 192, 6 heads, "
+                        "4 layers), gpt-small (ctx 256, C 384, 6 heads, 6 layers)")
+    p.add_argument("--batch-size", type=int, default=64, help="windows per batch (default 64)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="intra-op threads: torch.set_num_threads, also OMP/OpenBLAS thread env (default 2)")
+    p.add_argument("--steps", type=int, required=True,
+                   help="train exactly N optimizer steps in total (first one is the untimed warm-up); "
+                        "cycles over the data as needed")
+    p.add_argument("--lr", type=float, default=1e-3, help="constant learning rate (default 1e-3)")
+    p.add_argument("--weight-decay", type=float, default=1e-4, help="AdamW weight decay (default 1e-4)")
+    p.add_argument("--test-limit", type=int, default=0,
+                   help="evaluate on only the first N held-out windows (0 = all, as fedmesh)")
+    p.add_argument("--eval-batch-size", type=int, default=256, help="evaluation batch size (default 256)")
+    p.add_argument("--no-eval", action="store_true", help="skip evaluation (test_loss = null)")
+    p.add_argument("--seed", type=int, default=0, help="RNG seed for init and shuffling (default 0)")
+    p.add_argument("--omp-wait-policy", choices=["passive", "active"], default=None,
+                   help="set OMP_WAIT_POLICY for torch's libgomp pool (default: leave the environment "
+                        "alone, as a typical user would). On Debian's torch, linear layers run in the "
+                        "separate OpenBLAS pthread pool while idle libgomp workers spin, so 'passive' "
+                        "can be much faster; use it for a tuned baseline")
+    p.add_argument("--blas-threads", type=int, default=None,
+                   help="OPENBLAS_NUM_THREADS (default: --threads)")
+    p.add_argument("--verbose", "-v", action="store_true", help="progress on stderr")
+    p.add_argument("--log-every", type=int, default=0,
+                   help="with --verbose: log the training loss every N steps (default 0 = never; "
+                        "each log calls loss.item() inside the timed loop)")
+    a = p.parse_args(argv)
+    if a.batch_size < 1:
+        p.error("--batch-size must be >= 1")
+    if a.threads < 1:
+        p.error("--threads must be >= 1")
+    if a.steps < 2:
+        p.error("--steps must be >= 2 (the first step is an untimed warm-up)")
+    if a.blas_threads is not None and a.blas_threads < 1:
+        p.error("--blas-threads must be >= 1")
+    if a.test_limit < 0:
+        p.error("--test-limit must be >= 0")
+    if a.eval_batch_size < 1:
+        p.error("--eval-batch-size must be >= 1")
+    return a
+
+
+# The thread environment and the torch import are torch_train.py's.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_train import configure_thread_env, import_torch_or_reexec  # noqa: E402
+
+
+# ----------------------------------------------------------------------------
+# The King James Bible, as fedmesh reads it
+# ----------------------------------------------------------------------------
+
+def load_bible_books():
+    """[(book, text bytes)] in order.  "Ge1:1 In the ..." -> book "Ge": the
+    reference ends at the first space, the book is what precedes the chapter
+    digits before its colon ("1Sm3:4" -> "1Sm"); lines without one are skipped."""
+    if not os.path.exists(BIBLE_PROGRAM):
+        sys.exit(f"torch_gpt.py: {BIBLE_PROGRAM} is missing: apt-get install bible-kjv")
+    raw = subprocess.run([BIBLE_PROGRAM, "-f", BIBLE_RANGE], check=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+    books = []  # [name, bytearray]
+    for line in raw.split(b"\n"):
+        space = line.find(b" ")
+        if space <= 0:
+            continue
+        reference = line[:space]
+        colon = reference.find(b":")
+        if colon < 0:
+            continue
+        digits = colon
+        while digits > 0 and reference[digits - 1:digits].isdigit():
+            digits -= 1
+        if digits == 0 or digits == colon:
+            continue
+        book = reference[:digits]
+        if not books or books[-1][0] != book:
+            books.append([book, bytearray()])
+        books[-1][1] += line[space + 1:]
+        books[-1][1] += b"\n"
+    if len(books) != BIBLE_BOOKS:
+        sys.exit(f"torch_gpt.py: {BIBLE_PROGRAM} printed {len(books)} books, not {BIBLE_BOOKS}")
+    return books
+
+
+def split_books(books, holdout=HELD_OUT):
+    train, held_out = bytearray(), bytearray()
+    for _, text in books:
+        cut = int(math.floor(len(text) * (1.0 - holdout) + 0.5))  # llround (half away from zero)
+        train += text[:cut]
+        held_out += text[cut:]
+    return bytes(train), bytes(held_out)
+
+
+def windows(data, context, stride):
+    """(inputs, targets) int64 tensors of shape (count, context)."""
+    import numpy as np
+    import torch
+    n = len(data)
+    count = (n - context - 1) // stride + 1 if n > context else 0
+    tokens = np.frombuffer(data, dtype=np.uint8).astype(np.int64)
+    starts = np.arange(count, dtype=np.int64)[:, None] * stride
+    offsets = np.arange(context, dtype=np.int64)[None, :]
+    x = tokens[starts + offsets]
+    y = tokens[starts + offsets + 1]
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+# ----------------------------------------------------------------------------
+# The model (must match fedmesh's exactly)
+# ----------------------------------------------------------------------------
+
+def build_model(context, width, heads, layers):
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    has_sdpa = hasattr(F, "scaled_dot_product_attention")
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(width, 3 * width)
+            self.c_proj = nn.Linear(width, width)
+            if not has_sdpa:
+                mask = torch.tril(torch.ones(context, context, dtype=torch.bool))
+                self.register_buffer("mask", mask.view(1, 1, context, context), persistent=False)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = self.c_attn(x).split(width, dim=2)
+            q = q.view(B, T, heads, C // heads).transpose(1, 2)  # (B, nh, T, hs)
+            k = k.view(B, T, heads, C // heads).transpose(1, 2)
+            v = v.view(B, T, heads, C // heads).transpose(1, 2)
+            if has_sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = att.masked_fill(~self.mask[:, :, :T, :T], float("-inf"))
+                att = F.softmax(att, dim=-1)
+                y = att @ v  # (B, nh, T, hs)
+            y = y.transpose(1, 2).contiguous().view(B, T, C)
+            return self.c_proj(y)
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc = nn.Linear(width, 4 * width)
+            self.c_proj = nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(width, eps=1e-5)
+            self.attn = CausalSelfAttention()
+            self.ln_2 = nn.LayerNorm(width, eps=1e-5)
+            self.mlp = MLP()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(VOCABULARY, width)
+            self.wpe = nn.Embedding(context, width)
+            self.h = nn.ModuleList(Block() for _ in range(layers))
+            self.ln_f = nn.LayerNorm(width, eps=1e-5)
+            self.register_buffer("pos", torch.arange(context), persistent=False)
+            # GPT-2 initialization (fedmesh's TokenEmbedding / TransformerBlock::initialize).
+            nn.init.normal_(self.wte.weight, mean=0.0, std=0.02)
+            nn.init.normal_(self.wpe.weight, mean=0.0, std=0.01)
+            residual_std = 0.02 / math.sqrt(2 * layers)
+            for name, module in self.named_modules():
+                if isinstance(module, nn.Linear):
+                    std = residual_std if name.endswith("c_proj") else 0.02
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                    nn.init.zeros_(module.bias)
+                # nn.LayerNorm already starts at weight 1, bias 0
+
+        def forward(self, idx, targets=None):
+            B, T = idx.shape
+            x = self.wte(idx) + self.wpe(self.pos[:T])
+            for block in self.h:
+                x = block(x)
+            x = self.ln_f(x)
+            logits = F.linear(x, self.wte.weight)  # tied output projection, no bias
+            if targets is None:
+                return logits, None
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            return logits, loss
+
+    return GPT(), ("scaled_dot_product_attention" if has_sdpa else "manual (masked_fill + softmax)")
+
+
+def evaluate(model, x, y, batch_size):
+    import torch
+    from torch.nn import functional as F
+    model.eval()
+    loss_sum = 0.0
+    count = 0
+    with torch.no_grad():
+        for i in range(0, x.shape[0], batch_size):
+            xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+            logits, _ = model(xb)
+            loss_sum += F.cross_entropy(logits.view(-1, logits.size(-1)), yb.reshape(-1), reduction="sum").item()
+            count += yb.numel()
+    model.train()
+    return loss_sum / count
+
+
+def main():
+    args = parse_args()
+    configure_thread_env(args)
+    import_torch_or_reexec(__file__)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set / parallel work already started
+        pass
+    torch.manual_seed(args.seed)
+
+    def log(msg):
+        if args.verbose:
+            print(f"[torch_gpt] {msg}", file=sys.stderr, flush=True)
+
+    context, width, heads, layers = CONFIGS[args.model]
+
+    t_load = time.perf_counter()
+    train_bytes, held_out_bytes = split_books(load_bible_books())
+    x_train, y_train = windows(train_bytes, context, context)
+    x_test = y_test = None
+    if not args.no_eval:
+        if args.test_limit > 0:  # fedmesh: the first limit * context + 1 held-out tokens
+            held_out_bytes = held_out_bytes[:args.test_limit * context + 1]
+        x_test, y_test = windows(held_out_bytes, context, context)
+    log(f"{len(train_bytes)} training bytes -> {x_train.shape[0]} windows of {context}; "
+        f"{len(held_out_bytes)} held-out bytes ({time.perf_counter() - t_load:.2f}s)")
+
+    model, attention_impl = build_model(context, width, heads, layers)
+    parameters = sum(p.numel() for p in model.parameters())
+    log(f"{args.model}: {parameters} parameters, attention: {attention_impl}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
+                                  weight_decay=args.weight_decay)
+    generator = torch.Generator().manual_seed(args.seed)
+
+    train_count = x_train.shape[0]
+    steps_per_epoch = (train_count + args.batch_size - 1) // args.batch_size
+    total_steps = args.steps
+
+    model.train()
+    step = 0
+    timed_tokens = 0
+    t0 = t_prev = None
+    step_times = []
+    first_loss = last_loss = None
+    epoch = 0
+    while step < total_steps:
+        epoch += 1
+        order = torch.randperm(train_count, generator=generator)
+        for begin in range(0, train_count, args.batch_size):
+            index = order[begin:begin + args.batch_size]
+            xb, yb = x_train[index], y_train[index]
+            optimizer.zero_grad(set_to_none=True)
+            _, loss = model(xb, yb)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if args.log_every and (step % args.log_every == 0 or step == total_steps):
+                log(f"step {step}/{total_steps}: loss {loss.item():.4f}")  # .item() syncs; off by default
+            if step == 1:
+                first_loss = loss.item()  # also syncs; nothing is async on CPU anyway
+                t0 = t_prev = time.perf_counter()  # timing starts after the warm-up step
+            else:
+                timed_tokens += yb.numel()
+                t_now = time.perf_counter()
+                step_times.append(t_now - t_prev)  # includes assembling the batch
+                t_prev = t_now
+            if step >= total_steps:
+                break
+    train_seconds = time.perf_counter() - t0
+    last_loss = loss.item()
+    tps = timed_tokens / train_seconds if train_seconds > 0 else None
+    log(f"{step} steps ({epoch} epoch(s) of {steps_per_epoch} steps), {timed_tokens} timed tokens in "
+        f"{train_seconds:.3f}s -> {tps:.1f} tokens/s, loss {first_loss:.4f} -> {last_loss:.4f}")
+
+    step_times.sort()
+    median_step_ms = 1e3 * step_times[len(step_times) // 2]
+    p90_step_ms = 1e3 * step_times[min(len(step_times) - 1, (9 * len(step_times)) // 10)]
+    log(f"step time: median {median_step_ms:.2f} ms, p90 {p90_step_ms:.2f} ms")
+
+    test_loss = None
+    if not args.no_eval:
+        t_eval = time.perf_counter()
+        test_loss = evaluate(model, x_test, y_test, args.eval_batch_size)
+        log(f"eval: loss {test_loss:.4f} on {x_test.shape[0]} windows ({time.perf_counter() - t_eval:.2f}s)")
+
+    result = {
+        "framework": "pytorch",
+        "torch_version": torch.__version__,
+        "model": args.model,
+        "parameters": parameters,
+        "context": context,
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "tokens_per_second": tps,
+        "samples_per_second": tps / context if tps else None,
+        "train_seconds": train_seconds,
+        "steps": step,
+        "timed_steps": step - 1,
+        "timed_tokens": timed_tokens,
+        "train_windows": int(train_count),
+        "first_train_loss": first_loss,
+        "final_train_loss": last_loss,
+        "test_loss": test_loss,
+        "bits_per_byte": test_loss / math.log(2) if test_loss is not None else None,
+        "test_windows": int(x_test.shape[0]) if x_test is not None else None,
+        "lr": args.lr,
+        "weight_decay": args.weight_decay,
+        "attention": attention_impl,
+        # Diagnostics for noisy machines: per-step wall time of the timed steps.
+        "median_step_ms": median_step_ms,
+        "p90_step_ms": p90_step_ms,
+        "seed": args.seed,
+        "openblas_threads": int(os.environ["OPENBLAS_NUM_THREADS"]),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "python": platform.python_version(),
+    }
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -36,6 +36,7 @@ const std::vector<std::vector<std::string>> kTablesOf = {
     {"meta", "rounds", "tensors", "tensor_chunks"},
     {"peers", "replay_counters"},
     {"pending_updates", "pending_update_chunks", "applied_updates"},
+    {"privacy_ledger"},
 };
 
 bool contains(const Status& status, std::string_view text) { return status.message().find(text) != std::string::npos; }

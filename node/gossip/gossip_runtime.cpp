@@ -631,12 +631,29 @@ void GossipRuntime::Impl::serve_catch_up_requests() {
 // adopt the model they make up.
 Status GossipRuntime::Impl::catch_up_if_behind(const std::atomic<bool>& stop) {
   std::vector<std::pair<uint64_t, std::string>> ahead;
-  for (const std::string& name : alive_members()) {
-    if (name == config.site.name) continue;
-    const auto known = peer_versions.find(name);
-    if (known != peer_versions.end() && known->second >= version + static_cast<uint64_t>(config.catch_up_lag)) {
-      ahead.emplace_back(known->second, name);
+  size_t unknown = 0;  // alive members whose version we have not heard yet
+  const auto collect = [&] {
+    ahead.clear();
+    unknown = 0;
+    for (const std::string& name : alive_members()) {
+      if (name == config.site.name) continue;
+      const auto known = peer_versions.find(name);
+      if (known == peer_versions.end()) {
+        ++unknown;
+      } else if (known->second >= version + static_cast<uint64_t>(config.catch_up_lag)) {
+        ahead.emplace_back(known->second, name);
+      }
     }
+  };
+  collect();
+  // Behind, but heard from fewer members ahead than donors wanted (a node
+  // just restarted has heard from few): listen up to four SWIM periods more
+  // for the others' versions, so the catch-up draws on several donors.
+  const double wait_until = now() + 4.0 * config.swim.period_seconds;
+  while (!ahead.empty() && ahead.size() < static_cast<size_t>(config.catch_up_donors) && unknown > 0 && !stop.load() &&
+         now() < wait_until) {
+    pump(0.05);
+    collect();
   }
   if (ahead.empty()) return Status::ok();
   std::sort(ahead.rbegin(), ahead.rend());

@@ -122,8 +122,6 @@ struct TrainingData {
   double unigram_loss = 0.0;  // language models: the no-context baseline on the held-out text
 };
 
-constexpr double kTextHoldout = 0.05;
-
 Result<TrainingData> load_training_data(const TrainFlags& flags) {
   TrainingData out;
   const std::optional<node::TransformerConfig> language = node::language_model_config(flags.model);
@@ -138,12 +136,12 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
                       std::to_string(out.images->test.count) + " test)";
     return out;
   }
-  const std::string source = flags.data == "fashion-mnist" ? data::kBibleCorpus : flags.data;
+  const std::string source = data::text_source(flags.data);
   Result<data::TextCorpus> corpus = data::load_text_corpus(source);
   if (!corpus.is_ok()) return corpus.status();
   std::vector<size_t> all(corpus->documents.size());
   for (size_t d = 0; d < all.size(); ++d) all[d] = d;
-  data::TextSplit split = data::split_documents(*corpus, all, kTextHoldout);
+  data::TextSplit split = data::split_documents(*corpus, all, data::kHeldOutText);
   const int64_t context = language->context;
   // --train-limit / --test-limit count windows of `context` tokens.
   const auto cut = [context](std::vector<int32_t>& tokens, int64_t windows) {

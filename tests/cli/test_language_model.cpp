@@ -23,37 +23,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "support/process.h"
+#include "support/fedmesh_run.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using fedmesh::testing::ChildProcess;
 using namespace std::chrono_literals;
 
-std::string binary() {
-  const char* path = std::getenv("FEDMESH_BINARY");
-  return path ? path : "fedmesh";
-}
+using Output = fedmesh::testing::FedmeshOutput;
 
-struct Output {
-  int exit_code = -1;
-  nlohmann::json last;  // the last JSON line
-  std::string text;     // everything printed on stdout
-};
-
-Output run(std::vector<std::string> args) {
-  args.insert(args.begin(), binary());
-  ChildProcess child(args);
-  Output out;
-  for (const std::string& line : child.read_all(300s)) {
-    out.text += line + "\n";
-    nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
-    if (e.is_object()) out.last = e;
-  }
-  out.exit_code = child.wait();
-  return out;
-}
+Output run(std::vector<std::string> args) { return fedmesh::testing::run_fedmesh(std::move(args)); }
 
 std::vector<std::string> train(const fs::path& db, int64_t steps, int ranks,
                                const std::vector<std::string>& optimizer = {"--lr", "3e-3"}) {

@@ -19,40 +19,16 @@
 
 #include "privacy/rdp_accountant.h"
 #include "store/checkpoint_store.h"
-#include "support/process.h"
+#include "support/fedmesh_run.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using fedmesh::testing::ChildProcess;
 using namespace std::chrono_literals;
 
-std::string binary() {
-  const char* path = std::getenv("FEDMESH_BINARY");
-  return path ? path : "fedmesh";
-}
+using Output = fedmesh::testing::FedmeshOutput;
 
-struct Output {
-  int exit_code = -1;
-  nlohmann::json last;
-  std::vector<nlohmann::json> events;
-  std::string text;
-};
-
-Output run(std::vector<std::string> args) {
-  args.insert(args.begin(), binary());
-  ChildProcess child(args);
-  Output out;
-  for (const std::string& line : child.read_all(300s)) {
-    out.text += line + "\n";
-    nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
-    if (!e.is_object()) continue;
-    out.events.push_back(e);
-    out.last = e;
-  }
-  out.exit_code = child.wait();
-  return out;
-}
+Output run(std::vector<std::string> args) { return fedmesh::testing::run_fedmesh(std::move(args)); }
 
 std::vector<std::string> private_training(const fs::path& db, int64_t steps) {
   std::vector<std::string> args = {"train", "--model", "mlp", "--steps", std::to_string(steps), "--batch-size", "64",

@@ -21,7 +21,8 @@ nlohmann::json rng_json(const Rng::State& state) {
 Status commit_manager_round(store::CheckpointStore& store, RoundManager& manager, const RoundRecord& record,
                             nlohmann::json metrics, nlohmann::json state,
                             const std::map<std::string, uint64_t>& replay_counters,
-                            std::span<const store::TensorToCommit> extra_tensors) {
+                            std::span<const store::TensorToCommit> extra_tensors,
+                            std::optional<store::PrivacyEntry> privacy) {
   Result<RoundManagerState> manager_state = manager.state();
   if (!manager_state.is_ok()) return manager_state.status();
   state["manager"] = {{"version", manager_state->version}, {"round", manager_state->round},
@@ -52,6 +53,7 @@ Status commit_manager_round(store::CheckpointStore& store, RoundManager& manager
     commit.tensors.push_back({kServerOptimizerRole, tensor.name, tensor.tensor});
   }
   commit.tensors.insert(commit.tensors.end(), extra_tensors.begin(), extra_tensors.end());
+  commit.privacy = std::move(privacy);
   return store.commit_round(commit);
 }
 

@@ -26,7 +26,8 @@ inline constexpr const char* kServerOptimizerRole = "server_optimizer";
 Status commit_manager_round(store::CheckpointStore& store, RoundManager& manager, const RoundRecord& record,
                             nlohmann::json metrics, nlohmann::json state,
                             const std::map<std::string, uint64_t>& replay_counters = {},
-                            std::span<const store::TensorToCommit> extra_tensors = {});
+                            std::span<const store::TensorToCommit> extra_tensors = {},
+                            std::optional<store::PrivacyEntry> privacy = std::nullopt);
 
 // Restores the manager (created with the same options and model shapes) from
 // a loaded checkpoint, checking the model against its hash-chain link.

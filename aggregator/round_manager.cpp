@@ -243,6 +243,34 @@ Result<RoundRecord> RoundManager::close_round(double now) {
   return apply_buffer(by_deadline);
 }
 
+Result<RoundRecord> RoundManager::close_round_with_mean(std::vector<float> mean,
+                                                      const std::vector<std::string>& contributors) {
+  if (options_.asynchronous || !round_open_) return invalid_argument("no open round to close");
+  if (!buffer_.empty()) return invalid_argument("round " + std::to_string(round_) + " already holds individual updates");
+  if (contributors.empty()) return invalid_argument("an aggregate of no site");
+  SiteUpdate aggregate;
+  aggregate.id = "secure/round-" + std::to_string(round_);
+  aggregate.site = "secure-aggregate";
+  aggregate.round = round_;
+  aggregate.base_version = version_;
+  aggregate.sample_count = 1;
+  aggregate.delta = std::move(mean);
+  double norm = 0.0;
+  FEDMESH_RETURN_IF_ERROR(check(aggregate, norm));
+  round_open_ = false;
+  buffer_info_.push_back({aggregate.id, aggregate.site, 0, 1.0, norm});
+  buffer_.push_back(std::move(aggregate));
+  Result<RoundRecord> record = apply_buffer(false);
+  if (!record.is_ok()) return record.status();
+  record->applied.clear();
+  for (const std::string& site : contributors) {
+    record->applied.push_back({"secure/round-" + std::to_string(record->round) + "/" + site, site, 0,
+                               1.0 / static_cast<double>(contributors.size()), 0.0});
+  }
+  accepted_ += static_cast<int64_t>(contributors.size());
+  return record;
+}
+
 Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
   std::vector<float> delta(static_cast<size_t>(parameter_count_), 0.0f);
   if (options_.rule == "mean" || options_.fedasync_mixing > 0.0) {

@@ -133,6 +133,12 @@ class RoundManager {
   bool ready_to_close(double now) const;
   // Sync: aggregates, applies the server step, and returns the record.
   Result<RoundRecord> close_round(double now);
+  // Sync, private mode: closes the round with an aggregate computed outside
+  // (secure aggregation's mean of `contributors`' updates, which the manager
+  // never sees one by one): checked like an update (length, finite), then
+  // applied by the server optimizer. Refused unless the round is open and
+  // nothing was submitted to it.
+  Result<RoundRecord> close_round_with_mean(std::vector<float> mean, const std::vector<std::string>& contributors);
 
   // Between rounds (nothing open or buffered): the state to checkpoint, and
   // its restoration into a manager created with the same options and a model

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <optional>
 
+#include <sodium.h>
+
 #include "aggregator/manager_checkpoint.h"
 #include "base/http_endpoint.h"
 #include "base/prometheus.h"
@@ -18,7 +20,9 @@
 #include "node/data/text_corpus.h"
 #include "node/model.h"
 #include "node/trainer.h"
+#include "privacy/rdp_accountant.h"
 #include "protocol/model_transfer.h"
+#include "protocol/secagg_wire.h"
 #include "protocol/update_service.h"
 
 namespace fedmesh::aggregator {
@@ -35,6 +39,38 @@ Status AggregatorConfig::validate() const {
   if (!(site_timeout_seconds > 0.0)) return invalid_argument("site_timeout_seconds must be > 0");
   if (!(linger_seconds >= 0.0)) return invalid_argument("linger_seconds must be >= 0");
   if (validation_limit < 0) return invalid_argument("validation_limit must be >= 0");
+  if (privacy_mode != "trusted" && privacy_mode != "private") {
+    return invalid_argument("privacy.mode must be trusted or private, not '" + privacy_mode + "'");
+  }
+  if (is_private()) {
+    if (rounds_options.asynchronous) {
+      return invalid_argument("privacy.mode = \"private\" needs rounds_mode = \"sync\": secure aggregation sums one "
+                              "round's sites together, and FedBuff/FedAsync apply updates one by one");
+    }
+    if (rounds_options.rule != "mean") {
+      return invalid_argument("rule '" + rounds_options.rule + "' needs each site's update, which privacy.mode = "
+                              "\"private\" hides from the aggregator (secure aggregation reveals only the sum): use "
+                              "rule = \"mean\", or privacy.mode = \"trusted\" for median, trimmed mean and Krum");
+    }
+    if (rounds_options.norm_bound > 0.0) {
+      return invalid_argument("norm_bound: in private mode the aggregator never sees an update to bound; sites clip "
+                              "theirs before masking, to secure_aggregation.clip");
+    }
+    if (rounds_options.fold_late_updates) {
+      return invalid_argument("fold_late_updates: a late site's masked input cannot join another round's sum");
+    }
+  }
+  if (dp_noise_multiplier < 0.0) return invalid_argument("dp.noise_multiplier must be >= 0");
+  if (dp_noise_multiplier > 0.0 && !is_private()) {
+    return invalid_argument("dp.noise_multiplier: site-level DP-FedAvg needs privacy.mode = \"private\", whose "
+                            "equal-weight sum of clipped updates bounds what one site changes (to "
+                            "secure_aggregation.clip)");
+  }
+  if (!(dp_delta > 0.0 && dp_delta < 1.0)) return invalid_argument("dp.delta must be in (0, 1)");
+  if (dp_target_epsilon < 0.0) return invalid_argument("dp.target_epsilon must be >= 0");
+  if (dp_target_epsilon > 0.0 && dp_noise_multiplier <= 0.0) {
+    return invalid_argument("dp.target_epsilon needs dp.noise_multiplier > 0");
+  }
   FEDMESH_RETURN_IF_ERROR(store_options.validate());
   return rounds_options.validate();
 }
@@ -63,6 +99,21 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path) {
   r.read("validation", c.validation);
   r.read("validation_limit", c.validation_limit);
   r.read("keep_last", c.store_options.keep_last);
+  r.read("privacy.mode", c.privacy_mode);
+  int64_t threshold = 0, fraction_bits = c.secure.fraction_bits;
+  double clip = c.secure.clip;
+  r.read("secure_aggregation.threshold", threshold);
+  r.read("secure_aggregation.phase_seconds", c.secure.phase_seconds);
+  r.read("secure_aggregation.clip", clip);
+  r.read("secure_aggregation.fraction_bits", fraction_bits);
+  if (threshold < 0 || threshold > 255) return invalid_argument(path + ": secure_aggregation.threshold must be in 0..255");
+  if (fraction_bits < 0 || fraction_bits > 24) return invalid_argument(path + ": secure_aggregation.fraction_bits must be in 0..24");
+  c.secure.threshold = static_cast<uint32_t>(threshold);
+  c.secure.fraction_bits = static_cast<int>(fraction_bits);
+  c.secure.clip = static_cast<float>(clip);
+  r.read("dp.noise_multiplier", c.dp_noise_multiplier);
+  r.read("dp.delta", c.dp_delta);
+  r.read("dp.target_epsilon", c.dp_target_epsilon);
   c.store_options.best_metric = "test_accuracy";
   RoundOptions& o = c.rounds_options;
   std::string mode = "sync", strategy = "fedavg", rule = "mean", staleness = "polynomial:0.5";
@@ -186,6 +237,11 @@ class AggregatorServer::Impl {
   Clock::time_point round_started = Clock::now();
   std::optional<Clock::time_point> finished_at;
   std::string metrics_address;
+  // Private mode: the round's secure aggregation; with [dp], its accounting.
+  std::unique_ptr<SecureRound> secure;
+  std::optional<privacy::ConstantRateAccounting> dp;
+  int64_t dp_rounds = 0;          // rounds released with noise (the ledger's length)
+  bool budget_exhausted = false;  // the next round would exceed dp.target_epsilon
 
   // What /metrics and /status show, written by the serving thread.
   mutable std::mutex metrics_mutex;
@@ -213,9 +269,13 @@ class AggregatorServer::Impl {
   Status maybe_start_round();
   // Updates in the store's pending table not applied yet (after a restart).
   Result<std::vector<SiteUpdate>> unapplied_pending();
-  Status finish_step(const RoundRecord& record);
+  Status finish_step(const RoundRecord& record, std::optional<store::PrivacyEntry> privacy = std::nullopt);
+  Status finish_secure_round(const SecureResult& result);
+  Status open_privacy();
   std::vector<std::string> available_sites() const;
-  bool finished() const { return config.rounds > 0 && manager->version() >= config.rounds && !manager->round_open(); }
+  bool finished() const {
+    return (budget_exhausted || (config.rounds > 0 && manager->version() >= config.rounds)) && !manager->round_open();
+  }
   void set_service_round();
   protocol::OutgoingMessage announce(const std::string& site) const;
   void refresh_status();
@@ -268,6 +328,7 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   if (!opened.is_ok()) return opened.status();
   store.emplace(std::move(*opened));
   FEDMESH_RETURN_IF_ERROR(restore());
+  FEDMESH_RETURN_IF_ERROR(open_privacy());
 
   Result<std::map<std::string, uint64_t>> counters = store->replay_counters();
   if (!counters.is_ok()) return counters.status();
@@ -295,6 +356,10 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
                                     std::optional<protocol::OutgoingMessage>& reply, protocol::Rejection& rejection) {
     return handle_other(in, message, reply, rejection);
   });
+  if (secure) {
+    service->refuse_plain_updates("this federation runs in private mode: updates go through secure aggregation "
+                                  "(set privacy.mode = \"private\" in the site's config)");
+  }
   set_service_round();
   FEDMESH_RETURN_IF_ERROR(publish());
 
@@ -347,6 +412,34 @@ Status AggregatorServer::Impl::restore() {
   return Status::ok();
 }
 
+Status AggregatorServer::Impl::open_privacy() {
+  if (!config.is_private()) return Status::ok();
+  size_t roster_sites = 0;
+  for (const crypto::RosterEntry& e : roster.sites) roster_sites += e.role == crypto::Role::kSite ? 1 : 0;
+  FEDMESH_RETURN_IF_ERROR(config.secure.validate(roster_sites));
+  secure = std::make_unique<SecureRound>(config.secure, roster, config.federation,
+                                         static_cast<uint64_t>(manager->parameter_count()), emit);
+  if (config.dp_noise_multiplier <= 0.0) return Status::ok();
+  dp.emplace();
+  dp->sigma = config.dp_noise_multiplier;
+  dp->delta = config.dp_delta;
+  const int64_t per_round = config.rounds_options.sites_per_round;
+  dp->q = per_round > 0 && roster_sites > 0 ? std::min(1.0, static_cast<double>(per_round) / static_cast<double>(roster_sites))
+                                            : 1.0;
+  Result<std::vector<store::PrivacyEntry>> ledger = store->privacy_ledger();
+  if (!ledger.is_ok()) return ledger.status();
+  dp_rounds = static_cast<int64_t>(ledger->size());
+  const int64_t planned = config.rounds > 0 ? config.rounds : 100;
+  const double n = static_cast<double>(per_round > 0 ? per_round : static_cast<int64_t>(roster_sites));
+  emit({{"event", "warning"},
+        {"message", "DP-FedAvg over " + std::to_string(static_cast<int64_t>(n)) + " sites a round: the mean gets noise of "
+                    "standard deviation " + std::to_string(config.dp_noise_multiplier / n) + " x clip per coordinate, "
+                    "epsilon after " + std::to_string(planned) + " rounds is " +
+                    std::to_string(dp->after(planned).epsilon) + " at delta " + std::to_string(config.dp_delta) +
+                    "; with few sites a small epsilon needs noise as large as the updates themselves"}});
+  return Status::ok();
+}
+
 Status AggregatorServer::Impl::publish() {
   std::vector<std::span<const float>> spans;
   for (const Tensor& t : manager->model()) spans.emplace_back(t.data<float>(), static_cast<size_t>(t.numel()));
@@ -379,6 +472,7 @@ protocol::OutgoingMessage AggregatorServer::Impl::announce(const std::string& si
   a.setParentHash(kj::arrayPtr(manager->link().parent.data(), manager->link().parent.size()));
   a.setLocalSteps(static_cast<uint32_t>(config.local_steps));
   a.setAsynchronous(async);
+  a.setSecureAggregation(config.is_private());
   const bool done = finished();
   a.setFinished(done);
   const bool open = !done && (async || manager->round_open());
@@ -415,6 +509,15 @@ bool AggregatorServer::Impl::handle_other(const protocol::Incoming& incoming, co
         }
       }
       return true;
+    }
+    case wire::Message::SEC_AGG_UP: {
+      if (!secure) {
+        rejection = {wire::RejectCode::MALFORMED, "secure aggregation: this federation runs in trusted mode"};
+        return false;
+      }
+      protocol::SecAggUpMessage up;
+      if (!protocol::decode_secagg_up(root.getSecAggUp(), up, rejection)) return false;
+      return secure->handle(incoming.peer, up, reply, rejection);
     }
     case wire::Message::SITE_REPORT: {
       const auto report = root.getSiteReport();
@@ -535,7 +638,15 @@ Status AggregatorServer::Impl::maybe_start_round() {
     candidates = available_sites();
     if (static_cast<int64_t>(candidates.size()) < config.min_sites) return Status::ok();
   }
+  if (dp && config.dp_target_epsilon > 0.0 && dp->after(dp_rounds + 1).epsilon > config.dp_target_epsilon) {
+    budget_exhausted = true;
+    emit({{"event", "privacy_budget"}, {"rounds", dp_rounds}, {"epsilon", dp->after(dp_rounds).epsilon},
+          {"next_epsilon", dp->after(dp_rounds + 1).epsilon}, {"target_epsilon", config.dp_target_epsilon},
+          {"delta", config.dp_delta}, {"message", "the next round would exceed the privacy budget: the federation ends"}});
+    return Status::ok();
+  }
   FEDMESH_RETURN_IF_ERROR(manager->start_round(candidates, now()));
+  if (secure) secure->open(manager->round(), manager->version(), manager->sampled(), Clock::now());
   round_started = Clock::now();
   FEDMESH_RETURN_IF_ERROR(
       store->set_meta("open_round", nlohmann::json({{"round", manager->round()}, {"sampled", manager->sampled()}}).dump()));
@@ -569,7 +680,41 @@ Result<std::vector<SiteUpdate>> AggregatorServer::Impl::unapplied_pending() {
   return updates;
 }
 
-Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
+Status AggregatorServer::Impl::finish_secure_round(const SecureResult& result) {
+  std::vector<float> mean = result.mean(config.secure.fraction_bits);
+  std::array<uint8_t, 32> digest{};
+  crypto_generichash(digest.data(), digest.size(), reinterpret_cast<const uint8_t*>(result.sum.data()),
+                     result.sum.size() * sizeof(uint32_t), nullptr, 0);
+  emit({{"event", "secure_aggregate"}, {"round", result.round}, {"session", result.session},
+        {"contributors", result.contributors}, {"words", result.sum.size()}, {"sum_blake2b", crypto::to_hex(digest)}});
+  std::optional<store::PrivacyEntry> entry;
+  if (dp) {
+    // N(0, (σ C)²) on the sum is N(0, (σ C / k)²) on the mean; the noise is
+    // drawn from a generator seeded by the OS (it must not be predictable).
+    const double k = static_cast<double>(result.contributors.size());
+    const double stddev = config.dp_noise_multiplier * config.secure.clip / k;
+    uint64_t seed = 0;
+    randombytes_buf(&seed, sizeof seed);
+    Rng noise(seed);
+    for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
+    entry.emplace();
+    entry->round = manager->round();
+    entry->mechanism = "dp-fedavg";
+    entry->sampling_rate = dp->q;
+    entry->noise_multiplier = dp->sigma;
+    entry->steps = dp_rounds + 1;
+    entry->epsilon = dp->after(dp_rounds + 1).epsilon;
+    entry->delta = dp->delta;
+    entry->rdp_json = nlohmann::json(dp->rdp(dp_rounds + 1)).dump();
+  }
+  Result<RoundRecord> record = manager->close_round_with_mean(std::move(mean), result.contributors);
+  if (!record.is_ok()) return record.status();
+  FEDMESH_RETURN_IF_ERROR(finish_step(*record, entry));
+  if (entry) ++dp_rounds;
+  return Status::ok();
+}
+
+Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optional<store::PrivacyEntry> privacy) {
   const double seconds = std::chrono::duration<double>(Clock::now() - round_started).count();
   nlohmann::json metrics = {{"closed_by_deadline", record.closed_by_deadline}, {"seconds", seconds}};
   double accuracy = -1.0, loss = -1.0;
@@ -604,8 +749,13 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
   nlohmann::json chain_hex = nlohmann::json::array();
   for (const crypto::Hash& h : chain) chain_hex.push_back(hash_hex(h));
   state["chain"] = chain_hex;
-  // Commit, then announce.
-  FEDMESH_RETURN_IF_ERROR(commit_manager_round(*store, *manager, record, metrics, state));
+  if (privacy) {
+    metrics["epsilon"] = privacy->epsilon;
+    metrics["delta"] = privacy->delta;
+  }
+  const double epsilon = privacy ? privacy->epsilon : -1.0;  // -1: no privacy accounting
+  // Commit (the privacy ledger's entry in the same transaction), then announce.
+  FEDMESH_RETURN_IF_ERROR(commit_manager_round(*store, *manager, record, metrics, state, {}, {}, std::move(privacy)));
   // The buffer is empty after a step: every update still pending was refused.
   FEDMESH_RETURN_IF_ERROR(store->clear_pending_updates());
   FEDMESH_RETURN_IF_ERROR(publish());
@@ -618,6 +768,10 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record) {
                           {"model_hash", hash_hex(record.link.hash)},
                           {"bytes_received", socket->counters().bytes_received.load()},
                           {"bytes_sent", socket->counters().bytes_sent.load()}};
+  if (epsilon >= 0.0) {
+    event["epsilon"] = epsilon;
+    event["delta"] = config.dp_delta;
+  }
   if (accuracy >= 0.0) {
     event["test_accuracy"] = accuracy;
     event["test_loss"] = loss;
@@ -694,6 +848,7 @@ std::string AggregatorServer::Impl::render_status() const {
                            {"round", shown_round}, {"version", shown_version},
                            {"round_open", shown_open}, {"finished", shown_finished},
                            {"mode", config.rounds_options.asynchronous ? "async" : "sync"},
+                           {"privacy_mode", config.privacy_mode},
                            {"rounds", config.rounds}, {"sites", sites_json}, {"recent_rounds", recent_rounds},
                            {"updates_accepted", accepted_total}};
   if (last_accuracy >= 0.0) status["test_accuracy"] = last_accuracy;
@@ -716,7 +871,16 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
     Result<std::optional<protocol::Incoming>> incoming = socket->receive(std::chrono::milliseconds(50));
     if (!incoming.is_ok()) return incoming.status();
     if (incoming->has_value()) handle(**incoming);
+    if (secure && manager->round_open()) {
+      if (std::optional<SecureResult> result = secure->tick(Clock::now())) {
+        if (Status s = finish_secure_round(*result); !s.is_ok()) {
+          emit({{"event", "error"}, {"message", "secure round " + std::to_string(result->round) + ": " + s.message()}});
+          if (s.code() == StatusCode::kIoError) return s;
+        }
+      }
+    }
     if (!config.rounds_options.asynchronous && manager->round_open() && manager->ready_to_close(now())) {
+      if (secure) secure->close();
       Result<RoundRecord> record = manager->close_round(now());
       if (!record.is_ok()) return record.status();
       FEDMESH_RETURN_IF_ERROR(finish_step(*record));

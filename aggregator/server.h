@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "aggregator/round_manager.h"
+#include "aggregator/secure_round.h"
 #include "base/status.h"
 #include "store/checkpoint_store.h"
 
@@ -57,6 +58,22 @@ struct AggregatorConfig {
   int64_t validation_limit = 0;        // first N images or text windows (0 = all)
   store::StoreOptions store_options;
   RoundOptions rounds_options;
+  // privacy.mode: "trusted" (the aggregator sees each site's signed update;
+  // robust rules available) or "private" (secure aggregation: it sees only
+  // the sum of the round's survivors; synchronous rounds and the mean rule
+  // only, sites clip to secure.clip before masking).
+  std::string privacy_mode = "trusted";
+  SecureOptions secure;                // [secure_aggregation]
+  // [dp] Site-level DP-FedAvg (private mode): Gaussian noise of standard
+  // deviation noise_multiplier * clip on the sum of the clipped updates
+  // (divided by the count, on their mean), accounted per round (sampling
+  // rate q = sites_per_round / the roster's sites, or 1) in the store's
+  // privacy ledger before the round's model is released; target_epsilon > 0
+  // ends the federation before a round that would exceed it.
+  double dp_noise_multiplier = 0.0;
+  double dp_delta = 1e-5;
+  double dp_target_epsilon = 0.0;
+  bool is_private() const { return privacy_mode == "private"; }
 
   Status validate() const;
 };

@@ -21,6 +21,7 @@ struct NodeFlags {
   bool json = false;
   node::RankFlags group;  // --ranks N (aggregator mode): data-parallel CPU ranks
   bool zero_one = false;  // --zero-1
+  std::string secure_exit_at, secure_dump;  // hidden: tests of private mode
 };
 
 void print_event(const std::string& site, const nlohmann::json& e) {
@@ -36,11 +37,22 @@ void print_event(const std::string& site, const nlohmann::json& e) {
                  static_cast<long long>(e.value("version", 0)), e.value("hash", "").c_str(),
                  static_cast<long long>(e.value("bytes", 0)));
   } else if (kind == "update") {
+    const bool secure = e.value("secure", false), accepted = e.value("accepted", false);
+    const std::string outcome = secure ? (accepted ? "masked and in the secure sum (session " + e.value("session", std::string()) + ")"
+                                                   : "not in the secure sum: " + e.value("reason", std::string()))
+                                       : (accepted ? "accepted" : "refused: " + e.value("reason", std::string()));
     std::fprintf(stderr, "[%s] round %lld: %lld local steps, train loss %.4f, local accuracy %.2f%%, update %s in %s\n",
                  name, static_cast<long long>(e.value("round", 0)), static_cast<long long>(e.value("steps", 0)),
-                 e.value("train_loss", 0.0), 100.0 * e.value("local_accuracy", 0.0),
-                 e.value("accepted", false) ? "accepted" : ("refused: " + e.value("reason", std::string())).c_str(),
+                 e.value("train_loss", 0.0), 100.0 * e.value("local_accuracy", 0.0), outcome.c_str(),
                  format_duration(e.value("seconds", 0.0)).c_str());
+  } else if (kind == "secure_session") {
+    std::fprintf(stderr, "[%s] round %lld: secure-aggregation session %s (%lld sites invited, threshold %lld)\n", name,
+                 static_cast<long long>(e.value("round", 0)), e.value("session", "").c_str(),
+                 static_cast<long long>(e.value("invited", 0)), static_cast<long long>(e.value("threshold", 0)));
+  } else if (kind == "secure_abort") {
+    std::fprintf(stderr, "[%s] round %lld: left secure-aggregation session %s, secrets wiped: %s\n", name,
+                 static_cast<long long>(e.value("round", 0)), e.value("session", "").c_str(),
+                 e.value("reason", "").c_str());
   } else if (kind == "resume") {
     std::fprintf(stderr, "[%s] resuming from %s at model version %lld\n", name, e.value("store", "").c_str(),
                  static_cast<long long>(e.value("version", 0)));
@@ -132,6 +144,8 @@ int run_node(const NodeFlags& flags) {
   if (config.is_ok()) {
     config->ranks = flags.group.ranks;
     config->zero_one = flags.zero_one;
+    config->secure_exit_at = flags.secure_exit_at;
+    config->secure_dump = flags.secure_dump;
   }
   if (flags.group.launched()) {
     // A rank launched by this node's rank 0: no output of its own.
@@ -163,6 +177,9 @@ void add_node_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--zero-1", flags->zero_one, "With --ranks: shard the optimizer state across the ranks (ZeRO stage 1)");
   cmd->add_option("--rank", flags->group.rank)->group("");  // set by rank 0 for the ranks it launches
   cmd->add_option("--rendezvous", flags->group.rendezvous)->group("");
+  // Tests of private mode: die at a secure-aggregation phase, keep the fixed-point inputs.
+  cmd->add_option("--secure-exit-at", flags->secure_exit_at)->group("");
+  cmd->add_option("--secure-dump", flags->secure_dump)->group("");
   cmd->add_flag("--json", flags->json, "Print JSON lines: site, model, update, finished (aggregator); peer, member, "
                                        "round, catch-up, refused, finished (gossip)");
   cmd->callback([flags, &exit_code] { exit_code = run_node(*flags); });

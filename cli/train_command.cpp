@@ -58,35 +58,17 @@ struct TrainFlags {
 // sampling rate q = examples per step / training examples (shuffled
 // fixed-size batches, analysed as Poisson sampling at that rate, as Opacus
 // and TensorFlow Privacy tutorials do).
-struct PrivacyAccounting {
-  double q = 0.0, sigma = 0.0, delta = 1e-5;
-  privacy::PrivacySpent after(int64_t steps) const {
-    privacy::RdpAccountant accountant;
-    (void)accountant.add(q, sigma, steps);
-    return accountant.spent(delta);
-  }
+struct PrivacyAccounting : privacy::ConstantRateAccounting {
   store::PrivacyEntry entry(int64_t steps) const {
-    privacy::RdpAccountant accountant;
-    (void)accountant.add(q, sigma, steps);
     store::PrivacyEntry e;
     e.mechanism = "dp-sgd";
     e.sampling_rate = q;
     e.noise_multiplier = sigma;
     e.steps = steps;
-    e.epsilon = accountant.spent(delta).epsilon;
+    e.epsilon = after(steps).epsilon;
     e.delta = delta;
-    e.rdp_json = nlohmann::json(accountant.rdp()).dump();
+    e.rdp_json = nlohmann::json(rdp(steps)).dump();
     return e;
-  }
-  // The most steps whose epsilon stays within `target`.
-  int64_t steps_within(double target, int64_t limit) const {
-    int64_t low = 0, high = limit;
-    while (low < high) {
-      const int64_t middle = low + (high - low + 1) / 2;
-      if (after(middle).epsilon <= target) low = middle;
-      else high = middle - 1;
-    }
-    return low;
   }
 };
 

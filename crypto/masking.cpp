@@ -137,8 +137,25 @@ Result<Seed> pairwise_seed(std::span<const uint8_t> my_secret_key, std::span<con
 }
 
 void apply_mask(std::span<uint32_t> values, const Seed& seed, int sign) {
-  const std::vector<uint32_t> mask = expand_mask(seed, values.size());
-  for (size_t i = 0; i < values.size(); ++i) values[i] = sign >= 0 ? values[i] + mask[i] : values[i] - mask[i];
+  // The keystream in blocks of 16 KiB (256 ChaCha20 blocks), so a mask of
+  // any length needs no buffer of its size: block k starts at counter 256 k.
+  ensure_sodium();
+  constexpr size_t kWords = 4096;
+  std::array<uint8_t, kWords * 4> bytes{};
+  std::array<uint8_t, crypto_stream_chacha20_ietf_NONCEBYTES> nonce{};
+  for (size_t start = 0; start < values.size(); start += kWords) {
+    const size_t count = std::min(kWords, values.size() - start);
+    const auto counter = static_cast<uint32_t>(start / kWords * (kWords * 4 / 64));
+    bytes.fill(0);
+    crypto_stream_chacha20_ietf_xor_ic(bytes.data(), bytes.data(), count * 4, nonce.data(), counter, seed.data());
+    uint32_t* out = values.data() + start;
+    for (size_t i = 0; i < count; ++i) {
+      const uint32_t word = static_cast<uint32_t>(bytes[4 * i]) | static_cast<uint32_t>(bytes[4 * i + 1]) << 8 |
+                            static_cast<uint32_t>(bytes[4 * i + 2]) << 16 | static_cast<uint32_t>(bytes[4 * i + 3]) << 24;
+      out[i] = sign >= 0 ? out[i] + word : out[i] - word;
+    }
+  }
+  sodium_memzero(bytes.data(), bytes.size());
 }
 
 uint32_t to_fixed_point(float value, float clip, int fraction_bits) {

@@ -5,8 +5,8 @@
 // and fixed-point quantization of an update into Z_2^32. Pairwise masks
 // cancel in the sum: site i adds PRG(s_ij) for every peer j > i and
 // subtracts it for every j < i, so Σ masked = Σ inputs (+ the self masks,
-// which the survivors' shares remove). The protocol that drives these
-// (key advertisement, share exchange, unmasking) is not built yet.
+// which the survivors' shares remove). crypto/secure_aggregation.h is the
+// protocol that drives these.
 #pragma once
 
 #include <array>

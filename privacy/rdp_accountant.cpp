@@ -155,4 +155,26 @@ Status RdpAccountant::restore(std::vector<double> rdp) {
   return Status::ok();
 }
 
+PrivacySpent ConstantRateAccounting::after(int64_t steps) const {
+  RdpAccountant accountant;
+  (void)accountant.add(q, sigma, steps);
+  return accountant.spent(delta);
+}
+
+std::vector<double> ConstantRateAccounting::rdp(int64_t steps) const {
+  RdpAccountant accountant;
+  (void)accountant.add(q, sigma, steps);
+  return accountant.rdp();
+}
+
+int64_t ConstantRateAccounting::steps_within(double target, int64_t limit) const {
+  int64_t low = 0, high = limit;
+  while (low < high) {
+    const int64_t middle = low + (high - low + 1) / 2;
+    if (after(middle).epsilon <= target) low = middle;
+    else high = middle - 1;
+  }
+  return low;
+}
+
 }  // namespace fedmesh::privacy

@@ -57,4 +57,14 @@ class RdpAccountant {
   std::vector<double> orders_, rdp_;
 };
 
+// The same mechanism every step (fixed q and σ): what a DP-SGD run or a
+// DP-FedAvg federation spends after `steps` steps (rounds).
+struct ConstantRateAccounting {
+  double q = 0.0, sigma = 0.0, delta = 1e-5;
+  PrivacySpent after(int64_t steps) const;
+  std::vector<double> rdp(int64_t steps) const;
+  // The most steps (at most `limit`) whose ε stays within `target`.
+  int64_t steps_within(double target, int64_t limit) const;
+};
+
 }  // namespace fedmesh::privacy

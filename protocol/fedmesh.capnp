@@ -8,7 +8,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("fedmesh::wire");
 
-const protocolVersion :UInt16 = 1;
+const protocolVersion :UInt16 = 2;  # 2: secure aggregation (SecAggUp, SecAggDown)
 const minProtocolVersion :UInt16 = 1;  # the oldest version this build still speaks
 
 enum Role {
@@ -79,6 +79,7 @@ struct RoundAnnounce {
   asynchronous @7 :Bool;       # sites train continuously (FedBuff / FedAsync)
   roundOpen @8 :Bool;          # updates for `round` are being taken
   finished @9 :Bool;           # the federation has run its rounds: sites may stop
+  secureAggregation @10 :Bool; # private mode: updates go through SecAggUp, never UpdateHeader
 }
 
 # One tensor of an update or a model: its shape in the manifest and how it is
@@ -181,6 +182,7 @@ enum RejectCode {
   wrongRecipient @13;
   wrongFederation @14;
   busy @15;              # too many transfers in flight
+  privateMode @16;       # a plain update to a federation in private mode (secure aggregation only)
 }
 
 struct Reject {
@@ -240,6 +242,86 @@ struct CatchUpRequest {
   slices @1 :UInt32;
 }
 
+# Secure aggregation (crypto/secure_aggregation.h): a site's messages go up
+# to the aggregator, each answered by a SecAggDown with the session as that
+# site sees it. Sites never talk to each other directly: what one site has
+# for another (signed keys, encrypted shares, signatures) travels through
+# the aggregator, which cannot read or forge it.
+enum SecAggPhase {
+  advertise @0;
+  shareKeys @1;
+  maskedInput @2;
+  consistency @3;
+  unmask @4;
+  done @5;
+  aborted @6;
+}
+
+struct SecAggAdvertisement {
+  site @0 :Text;
+  cipherPublic @1 :Data;       # X25519, 32 bytes: shares are encrypted to it
+  maskPublic @2 :Data;         # X25519, 32 bytes: pairwise masks
+  signature @3 :Data;          # Ed25519 by the site's roster identity, 64 bytes
+}
+
+struct SecAggShare {
+  from @0 :Text;
+  to @1 :Text;
+  ciphertext @2 :Data;
+}
+
+struct SecAggSignature {
+  site @0 :Text;
+  signature @1 :Data;
+}
+
+struct SecAggReveal {
+  owner @0 :Text;
+  maskKey @1 :Bool;            # a share of owner's mask key (owner dropped), else of its self-mask seed
+  point @2 :UInt8;
+  share @3 :Data;              # 32 bytes
+}
+
+struct SecAggUp {
+  round @0 :UInt64;
+  session @1 :Text;            # empty in a join
+  union {
+    join @2 :Void;             # take part in the round's session (or ask how it stands)
+    poll @3 :Void;             # what does the session need from me now?
+    advertise @4 :SecAggAdvertisement;
+    shares @5 :List(SecAggShare);
+    masked @6 :SecAggMasked;
+    consistency @7 :Data;      # the signature over the survivors
+    reveals @8 :List(SecAggReveal);
+  }
+}
+
+struct SecAggMasked {
+  offset @0 :UInt64;           # the first word of this piece
+  words @1 :Data;              # little-endian uint32 words of y
+}
+
+struct SecAggDown {
+  round @0 :UInt64;
+  session @1 :Text;            # empty: no session for this round now
+  phase @2 :SecAggPhase;       # the phase the session is collecting
+  member @3 :Bool;             # the recipient is (still) in the session
+  answered @4 :Bool;           # the recipient has answered this phase
+  threshold @5 :UInt32;
+  length @6 :UInt64;           # words of every input
+  invited @7 :UInt32;          # sites asked to take part
+  baseVersion @8 :UInt64;      # the model version the inputs are deltas of
+  clip @9 :Float32;            # each site clips its update to this L2 norm
+  fractionBits @10 :UInt8;     # fixed point: round(v * 2^fractionBits) in Z_2^32
+  advertisements @11 :List(SecAggAdvertisement);  # shareKeys: U1
+  shares @12 :List(SecAggShare);                   # maskedInput: the recipient's
+  maskedNext @13 :UInt64;      # maskedInput: the next word expected from the recipient
+  alive @14 :List(Text);       # consistency, unmask, done: U3
+  dropped @15 :List(Text);     # unmask: U2 minus U3
+  signatures @16 :List(SecAggSignature);           # unmask: U4's
+  reason @17 :Text;            # aborted, or why the recipient is not a member
+}
+
 struct Message {
   union {
     hello @0 :Hello;
@@ -257,5 +339,7 @@ struct Message {
     pingAck @12 :PingAck;
     siteReport @13 :SiteReport;
     catchUpRequest @14 :CatchUpRequest;
+    secAggUp @15 :SecAggUp;
+    secAggDown @16 :SecAggDown;
   }
 }

@@ -69,6 +69,7 @@ std::optional<OutgoingMessage> UpdateService::handle(const Incoming& incoming) {
   if (!parse_body(incoming.bytes, envelope, incoming.frame, parsed, rejection)) return refuse(std::move(rejection));
   switch (envelope.kind) {
     case wire::Message::UPDATE_HEADER:
+      if (!refuse_updates_.empty()) return refuse({wire::RejectCode::PRIVATE_MODE, refuse_updates_});
       return noted(receiver_.handle_header(incoming.peer, *parsed));
     case wire::Message::HELLO:
       return welcome(*parsed);

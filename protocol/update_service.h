@@ -36,6 +36,9 @@ class UpdateService {
   // The round and model version the service accepts updates for and names
   // in its Welcome.
   void set_round(uint64_t round, uint64_t version);
+  // Non-empty: every UpdateHeader is refused (private-mode) with this reason;
+  // a federation in private mode takes updates through secure aggregation only.
+  void refuse_plain_updates(std::string reason) { refuse_updates_ = std::move(reason); }
 
   // The reply to send back to the frame's sender (none for a Heartbeat).
   std::optional<OutgoingMessage> handle(const Incoming& incoming);
@@ -57,6 +60,7 @@ class UpdateService {
   TransportCounters& counters_;
   std::optional<Rejection> last_rejection_;
   OtherHandler other_;
+  std::string refuse_updates_;
 };
 
 }  // namespace fedmesh::protocol

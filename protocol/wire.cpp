@@ -23,7 +23,7 @@ void store_le(uint8_t* p, T value) {
   std::memcpy(p, &value, sizeof(T));
 }
 
-constexpr uint16_t kLastKind = static_cast<uint16_t>(wire::Message::CATCH_UP_REQUEST);
+constexpr uint16_t kLastKind = static_cast<uint16_t>(wire::Message::SEC_AGG_DOWN);
 
 }  // namespace
 
@@ -45,6 +45,7 @@ const char* reject_code_name(wire::RejectCode code) {
     case wire::RejectCode::WRONG_RECIPIENT: return "wrong-recipient";
     case wire::RejectCode::WRONG_FEDERATION: return "wrong-federation";
     case wire::RejectCode::BUSY: return "busy";
+    case wire::RejectCode::PRIVATE_MODE: return "private-mode";
   }
   return "unknown";
 }

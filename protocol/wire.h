@@ -58,7 +58,7 @@ struct Rejection {
   std::string reason;
 };
 const char* reject_code_name(wire::RejectCode code);  // "malformed", "too-large", ...
-inline constexpr int kRejectCodeCount = 16;
+inline constexpr int kRejectCodeCount = 17;
 
 struct Envelope {
   uint16_t version = kProtocolVersion;

@@ -41,6 +41,16 @@ Status SiteConfig::validate() const {
   if (compress_device != "cpu" && compress_device != "cuda" && compress_device != "auto") {
     return invalid_argument("compression.device must be cpu, cuda or auto, not '" + compress_device + "'");
   }
+  if (privacy_mode != "trusted" && privacy_mode != "private") {
+    return invalid_argument("privacy.mode must be trusted or private, not '" + privacy_mode + "'");
+  }
+  if (privacy_mode == "private" && (compress != "identity" || !compress_overrides.empty())) {
+    return invalid_argument(
+        "privacy.mode = \"private\" sends the update as 32-bit fixed point under secure aggregation's masks, which is "
+        "its compression: leave compression.default at identity with no overrides. Top-k and the sparse encodings "
+        "send different coordinates per site and int8/int4/dct-sign scale each site's values differently, so masked "
+        "sums of them do not decode");
+  }
   if (plan->uses_powersgd()) {
     return invalid_argument("compression: powersgd needs a P shared by the round's sites, an exchange the networked "
                             "aggregator protocol does not carry yet (fedmesh sim runs it); use topk, int8/int4, "
@@ -98,6 +108,7 @@ Result<SiteConfig> read_site_config(const std::string& path) {
     return invalid_argument(path + ": mode is '" + mode + "': this is not an aggregator site's config (fedmesh node --mode " + mode + ")");
   }
   read_site_keys(r, c, /*with_aggregator=*/true);
+  r.read("privacy.mode", c.privacy_mode);
   FEDMESH_RETURN_IF_ERROR(r.finish());
   if (c.store.empty()) c.store = c.name + ".db";
   if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());

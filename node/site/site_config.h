@@ -53,6 +53,16 @@ struct SiteConfig {
   uint64_t dense_below = 0;
   std::string compress_device = "cpu";   // cpu, cuda or auto
   std::string faults;                     // transport.faults: experiments only (protocol/fault_injection.h)
+  // privacy.mode: "trusted" (the aggregator sees each signed update) or
+  // "private" (secure aggregation: the update leaves only masked, and the
+  // aggregator learns the sum of the round's survivors). Must match the
+  // aggregator's: a private site never sends an update in the clear.
+  std::string privacy_mode = "trusted";
+  // Tests only (hidden flags of `fedmesh node`): "ROUND:PHASE[,...]" to die
+  // with SIGKILL on reaching a secure-aggregation phase of a round, and a
+  // directory to write each round's fixed-point input to (SITE-round-R.u32).
+  std::string secure_exit_at;
+  std::string secure_dump;
 
   SiteConfig();
   Status validate() const;

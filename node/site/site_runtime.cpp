@@ -22,6 +22,7 @@
 #include "node/data/fashion_mnist.h"
 #include "node/data/partition.h"
 #include "node/model.h"
+#include "node/site/secure_upload.h"
 #include "node/site/site_ranks.h"
 #include "protocol/compressor.h"
 #include "protocol/model_transfer.h"
@@ -44,8 +45,24 @@ struct Announcement {
   uint64_t round = 0, version = 0;
   crypto::Hash hash{};
   uint32_t local_steps = 0;
-  bool selected = false, open = false, asynchronous = false, finished = false;
+  bool selected = false, open = false, asynchronous = false, finished = false, secure = false;
 };
+
+// The phase of `round` at which --secure-exit-at asks this process to die.
+std::optional<crypto::SecAggPhase> exit_phase(const std::string& schedule, uint64_t round) {
+  size_t start = 0;
+  while (start < schedule.size()) {
+    const size_t comma = std::min(schedule.find(',', start), schedule.size());
+    const std::string item = schedule.substr(start, comma - start);
+    start = comma + 1;
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) continue;
+    if (std::strtoull(item.substr(0, colon).c_str(), nullptr, 10) != round) continue;
+    Result<crypto::SecAggPhase> phase = crypto::parse_secagg_phase(item.substr(colon + 1));
+    if (phase.is_ok()) return *phase;
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -70,6 +87,16 @@ class SiteRuntime::Impl {
   int64_t last_sent_round = -1, last_sent_version = -1;
   int64_t commits = 0;
   SiteData data;  // shard, holdout
+  // Private mode: the update of a round whose secure aggregation did not
+  // finish yet, kept so that a new session of the same round needs no retraining.
+  struct TrainedUpdate {
+    uint64_t round = 0, version = 0;
+    std::vector<float> delta;
+    double train_loss = 0.0, local_accuracy = 0.0;
+    int64_t steps = 0;
+  };
+  std::optional<TrainedUpdate> trained;
+  bool mode_warned = false;
   std::unique_ptr<protocol::ClientSocket> socket;
   std::unique_ptr<HttpEndpoint> http;
   std::string metrics_address;
@@ -89,6 +116,7 @@ class SiteRuntime::Impl {
   std::optional<Announcement> poll();
   Status adopt(const Announcement& a);
   Status train_and_send(const Announcement& a);
+  Status send_secure(const Announcement& a, const TrainedUpdate& update, Clock::time_point started);
   void heartbeat_if_due();
   std::string render_metrics() const;
   std::string render_status() const;
@@ -275,6 +303,7 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
       a.open = r.getRoundOpen();
       a.asynchronous = r.getAsynchronous();
       a.finished = r.getFinished();
+      a.secure = r.getSecureAggregation();
       last_heard = Clock::now();
       return a;
     } catch (const kj::Exception& e) {
@@ -344,6 +373,9 @@ Status SiteRuntime::Impl::adopt(const Announcement& a) {
 
 Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   const auto started = Clock::now();
+  if (a.secure && trained && trained->round == a.round && trained->version == a.version) {
+    return send_secure(a, *trained, started);  // a new session of the same round
+  }
   std::vector<Parameter*> parameters = worker->parameters();
   for (size_t t = 0; t < parameters.size(); ++t) {
     std::memcpy(parameters[t]->value.raw(), global[t].raw(), parameters[t]->value.nbytes());
@@ -387,6 +419,12 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
     report.setLocalAccuracy(local_eval.accuracy);
     report.setExamples(static_cast<uint64_t>(data.shard->size()));
     FEDMESH_RETURN_IF_ERROR(socket->send(protocol::serialize(builder), std::chrono::milliseconds(2000)));
+  }
+  if (a.secure) {
+    TrainedUpdate update{a.round, a.version, {}, summary.final_train_loss, local_eval.accuracy, summary.steps};
+    for (const auto& t : delta) update.delta.insert(update.delta.end(), t.begin(), t.end());
+    trained = std::move(update);
+    return send_secure(a, *trained, started);
   }
   protocol::UpdateMetadata metadata;
   metadata.federation = config.federation;
@@ -434,6 +472,41 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   last_sent_version = static_cast<int64_t>(a.version);
   return commit({{"round", a.round}, {"version", a.version}, {"train_loss", summary.final_train_loss},
                  {"local_accuracy", local_eval.accuracy}, {"accepted", outcome->accepted}});
+}
+
+Status SiteRuntime::Impl::send_secure(const Announcement& a, const TrainedUpdate& update, Clock::time_point started) {
+  SecureUploadOptions options;
+  options.exit_at = exit_phase(config.secure_exit_at, a.round);
+  if (!config.secure_dump.empty()) {
+    options.dump_input = config.secure_dump + "/" + config.name + "-round-" + std::to_string(a.round) + ".u32";
+  }
+  Result<SecureUploadOutcome> outcome =
+      secure_upload(*socket, keys, roster, a.round, a.version, update.delta, options, emit);
+  if (!outcome.is_ok()) return outcome.status();
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  {
+    std::lock_guard lock(metrics_mutex);
+    (outcome->contributed ? sent_total : rejected_total) += 1;
+    last_train_loss = update.train_loss;
+    last_local_accuracy = update.local_accuracy;
+    shown_round = a.round;
+  }
+  nlohmann::json event = {{"event", "update"}, {"round", a.round}, {"version", a.version}, {"secure", true},
+                          {"accepted", outcome->contributed}, {"session", outcome->session},
+                          {"sessions", outcome->sessions}, {"train_loss", update.train_loss},
+                          {"local_accuracy", update.local_accuracy}, {"steps", update.steps},
+                          {"words", outcome->words}, {"seconds", seconds}};
+  if (!outcome->contributed) event["reason"] = outcome->reason;
+  emit(event);
+  // The round is answered either way: its session finished (with or without
+  // this site) or the round moved on.
+  last_sent_round = static_cast<int64_t>(a.round);
+  last_sent_version = static_cast<int64_t>(a.version);
+  Status committed = commit({{"round", a.round}, {"version", a.version}, {"train_loss", update.train_loss},
+                             {"local_accuracy", update.local_accuracy}, {"accepted", outcome->contributed},
+                             {"secure", true}});
+  trained.reset();  // `update` may be *trained: last
+  return committed;
 }
 
 std::string SiteRuntime::Impl::render_metrics() const {
@@ -497,6 +570,18 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
     // continuously from whatever version is current.
     const bool answered = !a->asynchronous && s.last_sent_round == static_cast<int64_t>(a->round) &&
                           s.last_sent_version == static_cast<int64_t>(a->version);
+    if (a->open && a->selected && !answered && a->secure != (s.config.privacy_mode == "private")) {
+      if (!s.mode_warned) {
+        s.emit({{"event", "warning"},
+                {"message", a->secure ? "the aggregator runs in private mode (secure aggregation) and this site is "
+                                        "configured trusted: set privacy.mode = \"private\" to take part"
+                                      : "this site is configured for private mode and the aggregator announces plain "
+                                        "rounds: refusing to send its update in the clear"}});
+        s.mode_warned = true;
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
+      continue;
+    }
     if (!a->selected || !a->open || answered) {
       std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
       continue;

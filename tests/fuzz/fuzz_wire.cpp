@@ -13,6 +13,10 @@
 // and never hand on an update with a non-finite value. A membership message
 // (Ping, PingReq, PingAck) goes through swim_from_wire and, if accepted,
 // into a SWIM state machine: every name it names must be on the roster.
+// Secure aggregation's messages are decoded (protocol/secagg_wire.h); a
+// SecAggUp is fed to a SecAggServer of two sites, a SecAggDown drives a
+// SecAggClient through every phase it gets past: each refusal must leave
+// the client aborted with its secrets wiped.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -23,6 +27,8 @@
 #include "crypto/keys.h"
 #include "crypto/replay_guard.h"
 #include "crypto/roster.h"
+#include "crypto/secure_aggregation.h"
+#include "protocol/secagg_wire.h"
 #include "protocol/update_transfer.h"
 #include "protocol/wire.h"
 #include "gossip/swim.h"
@@ -80,6 +86,56 @@ void check_completed(fp::UpdateReceiver& receiver) {
   }
 }
 
+struct SecAggFixture {
+  fc::SiteKeys a = fc::generate_site_keys("site-a").value();
+  fc::SiteKeys b = fc::generate_site_keys("site-b").value();
+  fc::Roster roster;
+  SecAggFixture() {
+    roster.federation = "fed";
+    roster.sites.push_back({a.identity, fc::Role::kSite, ""});
+    roster.sites.push_back({b.identity, fc::Role::kSite, ""});
+  }
+};
+
+const SecAggFixture& secagg() {
+  static const SecAggFixture f;
+  return f;
+}
+
+void feed_server(const fp::SecAggUpMessage& up) {
+  fc::SecAggServer server = fc::SecAggServer::create({"fed", 1, "s", 2, 8}, secagg().roster, {"site-a", "site-b"}).value();
+  using K = fp::SecAggUpMessage::Kind;
+  fedmesh::Status s;
+  switch (up.kind) {
+    case K::kAdvertise: s = server.advertise("site-a", up.advertisement); break;
+    case K::kShares: s = server.share_keys("site-a", up.shares); break;
+    case K::kMasked: s = server.masked_input("site-a", up.offset, up.words); break;
+    case K::kConsistency: s = server.consistency("site-a", up.signature); break;
+    case K::kReveals: s = server.unmask("site-a", up.reveals); break;
+    default: break;
+  }
+  server.advance();
+}
+
+void feed_client(const fp::SecAggDownMessage& d) {
+  if (d.length == 0 || d.length > 4096) return;
+  fedmesh::Result<fc::SecAggClient> started =
+      fc::SecAggClient::start({"fed", d.round, d.session, d.threshold, d.length}, secagg().a, secagg().roster, d.invited);
+  if (!started.is_ok()) return;
+  fc::SecAggClient& c = *started;
+  const auto refused = [&c](const fedmesh::Status& s) {
+    if (s.is_ok()) return false;
+    require(c.phase() == fc::SecAggPhase::kAborted && !c.holds_secrets(), "a refusing client kept its secrets");
+    return true;
+  };
+  if (refused(c.advertise().status())) return;
+  if (refused(c.share_keys(d.advertisements).status())) return;
+  const std::vector<uint32_t> input(d.length, 7);
+  if (refused(c.masked_input(d.shares, input).status())) return;
+  if (refused(c.consistency(d.alive).status())) return;
+  (void)refused(c.unmask({d.alive, d.dropped, d.signatures}).status());
+}
+
 void walk(const fp::ParsedMessage& message) {
   // Touch every field a handler might read; kj exceptions are the parser's
   // way of refusing and are caught by every real handler.
@@ -127,6 +183,20 @@ void walk(const fp::ParsedMessage& message) {
       case fedmesh::wire::Message::REJECT:
         (void)root.getReject().getText().size();
         break;
+      case fedmesh::wire::Message::SEC_AGG_UP: {
+        fp::SecAggUpMessage up;
+        fp::Rejection rejection;
+        if (fp::decode_secagg_up(root.getSecAggUp(), up, rejection)) feed_server(up);
+        else require(!rejection.reason.empty(), "a secure-aggregation message refused without a reason");
+        break;
+      }
+      case fedmesh::wire::Message::SEC_AGG_DOWN: {
+        fp::SecAggDownMessage down;
+        fp::Rejection rejection;
+        if (fp::decode_secagg_down(root.getSecAggDown(), down, rejection)) feed_client(down);
+        else require(!rejection.reason.empty(), "a secure-aggregation message refused without a reason");
+        break;
+      }
       default:
         break;
     }

@@ -76,6 +76,16 @@ class ChildProcess {
 
   void signal(int number) { kill(pid_, number); }
 
+  // The exit code if the process has ended (reaped), without waiting.
+  std::optional<int> poll_exit() {
+    if (exited_) return exit_code_;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
+    exited_ = true;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return exit_code_;
+  }
+
   // Exit code (128 + signal if killed).
   int wait() {
     if (exited_) return exit_code_;

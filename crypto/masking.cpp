@@ -3,6 +3,7 @@
 #include <sodium.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -136,26 +137,39 @@ Result<Seed> pairwise_seed(std::span<const uint8_t> my_secret_key, std::span<con
   return seed;
 }
 
-void apply_mask(std::span<uint32_t> values, const Seed& seed, int sign) {
-  // The keystream in blocks of 16 KiB (256 ChaCha20 blocks), so a mask of
-  // any length needs no buffer of its size: block k starts at counter 256 k.
+static_assert(std::endian::native == std::endian::little, "masks read the keystream as little-endian words");
+
+void apply_masks(std::span<uint32_t> values, std::span<const Seed> seeds, std::span<const int> signs) {
+  // Block by block (16 KiB: 256 ChaCha20 blocks; block k starts at counter
+  // 256 k), every seed's keystream for the block is added while the block
+  // of values stays in cache, and no buffer of the vector's size is needed.
+  FEDMESH_CHECK(seeds.size() == signs.size(), "apply_masks: one sign per seed");
   ensure_sodium();
   constexpr size_t kWords = 4096;
-  std::array<uint8_t, kWords * 4> bytes{};
+  static const std::array<uint8_t, kWords * 4> kZeros{};
+  alignas(64) std::array<uint32_t, kWords> stream{};
   std::array<uint8_t, crypto_stream_chacha20_ietf_NONCEBYTES> nonce{};
   for (size_t start = 0; start < values.size(); start += kWords) {
     const size_t count = std::min(kWords, values.size() - start);
     const auto counter = static_cast<uint32_t>(start / kWords * (kWords * 4 / 64));
-    bytes.fill(0);
-    crypto_stream_chacha20_ietf_xor_ic(bytes.data(), bytes.data(), count * 4, nonce.data(), counter, seed.data());
-    uint32_t* out = values.data() + start;
-    for (size_t i = 0; i < count; ++i) {
-      const uint32_t word = static_cast<uint32_t>(bytes[4 * i]) | static_cast<uint32_t>(bytes[4 * i + 1]) << 8 |
-                            static_cast<uint32_t>(bytes[4 * i + 2]) << 16 | static_cast<uint32_t>(bytes[4 * i + 3]) << 24;
-      out[i] = sign >= 0 ? out[i] + word : out[i] - word;
+    uint32_t* __restrict out = values.data() + start;
+    for (size_t s = 0; s < seeds.size(); ++s) {
+      // The keystream's bytes read as little-endian words (this host's order).
+      crypto_stream_chacha20_ietf_xor_ic(reinterpret_cast<uint8_t*>(stream.data()), kZeros.data(), count * 4,
+                                         nonce.data(), counter, seeds[s].data());
+      const uint32_t* __restrict word = stream.data();
+      if (signs[s] >= 0) {
+        for (size_t i = 0; i < count; ++i) out[i] += word[i];
+      } else {
+        for (size_t i = 0; i < count; ++i) out[i] -= word[i];
+      }
     }
   }
-  sodium_memzero(bytes.data(), bytes.size());
+  sodium_memzero(stream.data(), sizeof stream);
+}
+
+void apply_mask(std::span<uint32_t> values, const Seed& seed, int sign) {
+  apply_masks(values, std::span<const Seed>(&seed, 1), std::span<const int>(&sign, 1));
 }
 
 uint32_t to_fixed_point(float value, float clip, int fraction_bits) {

@@ -58,6 +58,8 @@ Result<Seed> pairwise_seed(std::span<const uint8_t> my_secret_key, std::span<con
 
 // values (mod 2^32) += sign * expand_mask(seed), sign +1 or -1.
 void apply_mask(std::span<uint32_t> values, const Seed& seed, int sign);
+// The same for several seeds in one pass over `values` (one sign each).
+void apply_masks(std::span<uint32_t> values, std::span<const Seed> seeds, std::span<const int> signs);
 
 // Fixed point: v clipped to [-clip, clip], round(v * 2^fraction_bits) as a
 // two's-complement 32-bit word. A sum of n such words decodes exactly (up

@@ -248,9 +248,10 @@ Result<std::vector<SecAggShareCipher>> SecAggClient::share_keys(std::span<const 
     cipher.to = peer.site;
     cipher.ciphertext.resize(kNonce + crypto_box_MACBYTES + plain.size());
     randombytes_buf(cipher.ciphertext.data(), kNonce);
-    crypto_box_easy(cipher.ciphertext.data() + kNonce, plain.data(), plain.size(), cipher.ciphertext.data(),
-                    peer.cipher_public.data(), cipher_secret_.data());
+    const int boxed = crypto_box_easy(cipher.ciphertext.data() + kNonce, plain.data(), plain.size(),
+                                      cipher.ciphertext.data(), peer.cipher_public.data(), cipher_secret_.data());
     sodium_memzero(plain.data(), plain.size());
+    if (boxed != 0) return abort("cannot encrypt a share to " + peer.site + " (a low-order key)");
     out.push_back(std::move(cipher));
   }
   for (auto* shares : {&*b_shares, &*s_shares}) {
@@ -261,7 +262,7 @@ Result<std::vector<SecAggShareCipher>> SecAggClient::share_keys(std::span<const 
 }
 
 Result<std::vector<uint32_t>> SecAggClient::masked_input(std::span<const SecAggShareCipher> received,
-                                                         std::span<const uint32_t> input) {
+                                                         std::vector<uint32_t> input) {
   FEDMESH_RETURN_IF_ERROR(expect(SecAggPhase::kMaskedInput));
   if (input.size() != params_.length) {
     return abort("an input of " + std::to_string(input.size()) + " words for a session of " +
@@ -316,16 +317,27 @@ Result<std::vector<uint32_t>> SecAggClient::masked_input(std::span<const SecAggS
     return refuse("only " + std::to_string(u2.size()) + " sites shared keys, fewer than the threshold " +
                   std::to_string(params_.threshold));
   }
-  std::vector<uint32_t> masked(input.begin(), input.end());
-  apply_mask(masked, self_seed_, +1);
+  // The self mask and every pairwise mask, added in one pass over the input.
+  std::vector<Seed> seeds = {self_seed_};
+  std::vector<int> signs = {+1};
+  const auto wipe_seeds = [&seeds] {
+    for (Seed& s : seeds) sodium_memzero(s.data(), s.size());
+  };
   for (const std::string& peer : u2) {
     if (peer == self_) continue;
     const SecAggAdvertisement& a = *std::find_if(u1_.begin(), u1_.end(), [&](const auto& x) { return x.site == peer; });
     Result<Seed> seed = pairwise_seed(mask_secret_.span(), a.mask_public, params_.session, self_, peer);
-    if (!seed.is_ok()) return refuse("no pairwise mask with " + peer + ": " + seed.status().message());
-    apply_mask(masked, *seed, mask_sign(self_, peer));
+    if (!seed.is_ok()) {
+      wipe_seeds();
+      return refuse("no pairwise mask with " + peer + ": " + seed.status().message());
+    }
+    seeds.push_back(*seed);
+    signs.push_back(mask_sign(self_, peer));
     sodium_memzero(seed->data(), seed->size());
   }
+  std::vector<uint32_t> masked = std::move(input);
+  apply_masks(masked, seeds, signs);
+  wipe_seeds();
   // The masked input is out: the keys that made it are needed no more; the
   // shares held for peers are, until unmasking.
   sodium_memzero(cipher_secret_.data(), cipher_secret_.size());
@@ -487,12 +499,24 @@ Status SecAggServer::masked_input(const std::string& site, uint64_t offset, std:
                             std::to_string(have));
   }
   if (words.size() > params_.length - have) return invalid_argument(site + "'s masked input is longer than the model");
+  if (offset == 0 && words.size() == params_.length) {
+    // The whole input in one piece: straight into the sum.
+    uint32_t* __restrict sum = sum_.data();
+    for (size_t i = 0; i < words.size(); ++i) sum[i] += words[i];
+    have = params_.length;
+    masked_done_.push_back(site);
+    return Status::ok();
+  }
+  // In pieces: held apart until complete, so that an input cut off by the
+  // deadline never reaches the sum.
   std::vector<uint32_t>& buffer = partial_[site];
   if (buffer.empty()) buffer.reserve(params_.length);
   buffer.insert(buffer.end(), words.begin(), words.end());
   have += words.size();
   if (have == params_.length) {
-    for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += buffer[i];
+    uint32_t* __restrict sum = sum_.data();
+    const uint32_t* __restrict in = buffer.data();
+    for (size_t i = 0; i < sum_.size(); ++i) sum[i] += in[i];
     partial_.erase(site);
     masked_done_.push_back(site);
   }
@@ -655,33 +679,52 @@ Status SecAggServer::finish_unmasking() {
     for (ShamirShare& s : shares) sodium_memzero(s.y.data(), s.y.size());
     return secret;
   };
+  // Every self mask of U3 and every mask a survivor holds with a dropped
+  // site, taken out in one pass over the sum.
+  std::vector<Seed> seeds;
+  std::vector<int> signs;
+  const auto wipe_seeds = [&seeds] {
+    for (Seed& s : seeds) sodium_memzero(s.data(), s.size());
+  };
   for (const std::string& u : u3_) {
     Result<Seed> b = reconstruct(u);
-    if (!b.is_ok()) return b.status();
-    apply_mask(sum_, *b, -1);
+    if (!b.is_ok()) {
+      wipe_seeds();
+      return b.status();
+    }
+    seeds.push_back(*b);
+    signs.push_back(-1);
     sodium_memzero(b->data(), b->size());
   }
   for (const std::string& v : dropped()) {
     Result<Seed> key = reconstruct(v);
-    if (!key.is_ok()) return key.status();
+    if (!key.is_ok()) {
+      wipe_seeds();
+      return key.status();
+    }
     X25519Public derived{};
     crypto_scalarmult_base(derived.data(), key->data());
     if (derived != advertised_.at(v).mask_public) {
       sodium_memzero(key->data(), key->size());
+      wipe_seeds();
       return invalid_argument("the shares revealed for " + v + " do not rebuild the key it advertised");
     }
     for (const std::string& u : u3_) {
       Result<Seed> seed = pairwise_seed(*key, advertised_.at(u).mask_public, params_.session, v, u);
       if (!seed.is_ok()) {
         sodium_memzero(key->data(), key->size());
+        wipe_seeds();
         return seed.status();
       }
       // u added mask_sign(u, v) PRG(s_uv): take it back out.
-      apply_mask(sum_, *seed, -mask_sign(u, v));
+      seeds.push_back(*seed);
+      signs.push_back(-mask_sign(u, v));
       sodium_memzero(seed->data(), seed->size());
     }
     sodium_memzero(key->data(), key->size());
   }
+  apply_masks(sum_, seeds, signs);
+  wipe_seeds();
   return Status::ok();
 }
 

@@ -131,9 +131,9 @@ class SecAggClient {
 
   Result<SecAggAdvertisement> advertise();
   Result<std::vector<SecAggShareCipher>> share_keys(std::span<const SecAggAdvertisement> advertised);
-  // The ciphertexts addressed to this site, one from each member of U2.
-  Result<std::vector<uint32_t>> masked_input(std::span<const SecAggShareCipher> received,
-                                             std::span<const uint32_t> input);
+  // The ciphertexts addressed to this site, one from each member of U2;
+  // `input` is masked in place and returned.
+  Result<std::vector<uint32_t>> masked_input(std::span<const SecAggShareCipher> received, std::vector<uint32_t> input);
   Result<Signature> consistency(std::span<const std::string> alive);
   Result<std::vector<SecAggReveal>> unmask(const SecAggUnmaskRequest& request);
   // Marks the session finished (the server announced the result): wipes.

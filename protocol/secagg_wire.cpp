@@ -2,9 +2,12 @@
 
 #include <kj/exception.h>
 
+#include <bit>
 #include <cstring>
 
 namespace fedmesh::protocol {
+
+static_assert(std::endian::native == std::endian::little, "masked words travel as little-endian uint32");
 
 namespace {
 
@@ -113,9 +116,7 @@ OutgoingMessage encode_secagg_up(const SecAggUpMessage& m, std::span<const uint3
       masked.setOffset(m.offset);
       const std::span<const uint32_t> w = words.empty() ? std::span<const uint32_t>(m.words) : words;
       auto data = masked.initWords(static_cast<unsigned>(w.size() * 4));
-      for (size_t i = 0; i < w.size(); ++i) {
-        for (int b = 0; b < 4; ++b) data[4 * i + static_cast<size_t>(b)] = static_cast<kj::byte>(w[i] >> (8 * b));
-      }
+      if (!w.empty()) std::memcpy(data.begin(), w.data(), w.size() * 4);  // little-endian words (static_assert above)
       break;
     }
     case K::kConsistency: up.setConsistency(bytes_of(m.signature)); break;
@@ -152,10 +153,7 @@ bool decode_secagg_up(wire::SecAggUp::Reader in, SecAggUpMessage& out, Rejection
         const auto data = masked.getWords();
         if (data.size() % 4 != 0) return fail(rejection, "a masked input of " + std::to_string(data.size()) + " bytes, not whole words");
         out.words.resize(data.size() / 4);
-        for (size_t i = 0; i < out.words.size(); ++i) {
-          out.words[i] = static_cast<uint32_t>(data[4 * i]) | static_cast<uint32_t>(data[4 * i + 1]) << 8 |
-                         static_cast<uint32_t>(data[4 * i + 2]) << 16 | static_cast<uint32_t>(data[4 * i + 3]) << 24;
-        }
+        if (!out.words.empty()) std::memcpy(out.words.data(), data.begin(), data.size());
         return true;
       }
       case wire::SecAggUp::CONSISTENCY:

@@ -18,13 +18,21 @@ using protocol::SecAggUpMessage;
 using Clock = std::chrono::steady_clock;
 
 std::vector<uint32_t> quantize_update(std::span<const float> delta, float clip, int fraction_bits) {
+  // As crypto::to_fixed_point value by value (clip, then round half away
+  // from zero), with the scale folded into one multiplication.
   double squares = 0.0;
   for (float v : delta) squares += static_cast<double>(v) * v;
   const double norm = std::sqrt(squares);
-  const double scale = norm > clip ? clip / norm : 1.0;
+  const double one = std::ldexp(1.0, fraction_bits);
+  const double scale = (norm > clip ? clip / norm : 1.0) * one;
+  const double limit = static_cast<double>(clip) * one;
+  // |y| <= limit < 2^31 (SecureOptions::validate), so int32 holds every word.
   std::vector<uint32_t> out(delta.size());
+  const float* __restrict in = delta.data();
+  uint32_t* __restrict words = out.data();
   for (size_t i = 0; i < delta.size(); ++i) {
-    out[i] = crypto::to_fixed_point(static_cast<float>(delta[i] * scale), clip, fraction_bits);
+    const double y = std::min(std::max(static_cast<double>(in[i]) * scale, -limit), limit);
+    words[i] = static_cast<uint32_t>(static_cast<int32_t>(y + std::copysign(0.5, y)));
   }
   return out;
 }
@@ -151,7 +159,8 @@ Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const 
           return invalid_argument("the session sums " + std::to_string(d.length) + " words; this model has " +
                                   std::to_string(delta.size()) + " parameters");
         }
-        if (!(d.clip > 0.0f) || !std::isfinite(d.clip) || d.fraction_bits > 24) {
+        if (!(d.clip > 0.0f) || !std::isfinite(d.clip) || d.fraction_bits > 24 ||
+            std::ldexp(static_cast<double>(d.clip), d.fraction_bits) * std::max<uint32_t>(d.invited, 1) >= std::ldexp(1.0, 31)) {
           return invalid_argument("the session's fixed point (clip " + std::to_string(d.clip) + ", " +
                                   std::to_string(d.fraction_bits) + " fraction bits) is not usable");
         }
@@ -210,7 +219,7 @@ Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const 
       case SecAggPhase::kMaskedInput: {
         if (masked.empty()) {
           exit_if_asked(options, d.phase);
-          Result<std::vector<uint32_t>> y = client->masked_input(d.shares, input);
+          Result<std::vector<uint32_t>> y = client->masked_input(d.shares, input);  // a copy: a new session needs it again
           if (!y.is_ok()) return y.status();
           masked = std::move(*y);
         }

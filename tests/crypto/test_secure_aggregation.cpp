@@ -73,7 +73,9 @@ class SecAgg : public ::testing::Test {
       return (it == drop.end() || phase < it->second) && server.member(names_[i]);
     };
     for (int i = 0; i < kSites; ++i) {
-      if (answers(i, P::kAdvertise)) EXPECT_TRUE(server.advertise(names_[i], c[i].advertise().value()).is_ok());
+      if (answers(i, P::kAdvertise)) {
+        EXPECT_TRUE(server.advertise(names_[i], c[i].advertise().value()).is_ok());
+      }
     }
     server.advance();
     for (int i = 0; i < kSites && server.phase() == P::kShareKeys; ++i) {

@@ -15,6 +15,15 @@
 // killed after is. Afterwards, no 64-byte piece of any site's input appears
 // in the aggregator's store or log (every update is a canary), the global
 // model learned, and the sites exit when the federation ends.
+// A scripted malicious aggregator (a test double speaking the real
+// protocol over CurveZMQ to four real `fedmesh node` processes; it runs the
+// real SecureRound and rewrites what it sends each site) tries every
+// inconsistency: in a first session a key list with an unsigned key, a
+// duplicate name, an unknown name, a list without the site; in a second,
+// fewer than t survivors, the site listed as dropped, a site both alive and
+// dropped, a stale session id. Every site aborts, no share leaves a site
+// shown a bad key list and no unmasking share leaves a site shown a bad
+// request; a third, honest session then completes the round.
 // Then DP-FedAvg in private mode: the privacy ledger gets one entry per
 // released round with a growing epsilon, and the target budget ends the
 // federation early. And the refusals of incompatible settings.
@@ -27,6 +36,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -35,7 +45,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "aggregator/model_chain.h"
+#include "aggregator/secure_round.h"
+#include "aggregator/server.h"
 #include "crypto/keys.h"
+#include "node/model.h"
+#include "protocol/secagg_wire.h"
+#include "protocol/transport.h"
 #include "store/checkpoint_store.h"
 #include "support/cluster.h"
 #include "support/fedmesh_run.h"
@@ -180,11 +196,12 @@ TEST(PrivateFederation, SecureSumIsExactWithSitesKilledAtEveryPhase) {
   bool finished = false;
   const auto until = std::chrono::steady_clock::now() + 420s;
   while (!finished && std::chrono::steady_clock::now() < until) {
-    if (std::optional<json> e = wait_for(
-            *aggregator, events, [](const json& e) { return e.value("event", "") == "round" || e.value("event", "") == "finished"; },
-            1s)) {
-      if (e->value("event", "") == "finished") finished = true;
-      else last_round = (*e)["round"].get<int64_t>();
+    const auto round_or_end = [](const json& e) {
+      return e.value("event", "") == "round" || e.value("event", "") == "finished";
+    };
+    if (std::optional<json> seen = wait_for(*aggregator, events, round_or_end, 1s)) {
+      if (seen->value("event", "") == "finished") finished = true;
+      else last_round = (*seen)["round"].get<int64_t>();
     }
     for (int k = 0; k < kSites; ++k) {
       ChildProcess& site = *sites[static_cast<size_t>(k)];
@@ -280,6 +297,188 @@ TEST(PrivateFederation, SecureSumIsExactWithSitesKilledAtEveryPhase) {
   EXPECT_EQ(aggregator->wait(), 0);
 }
 
+
+// The test double: answers heartbeats with a round in private mode, runs the
+// real SecureRound, and rewrites each SecAggDown it sends by `tamper`.
+class MaliciousAggregator {
+ public:
+  using Tamper = std::function<void(const std::string& site, int session, fedmesh::protocol::SecAggDownMessage& down)>;
+
+  explicit MaliciousAggregator(const fs::path& agg_toml) {
+    fedmesh::Result<fedmesh::aggregator::AggregatorConfig> config =
+        fedmesh::aggregator::read_aggregator_config(agg_toml.string());
+    if (!config.is_ok()) return;
+    config_ = *config;
+    fedmesh::Result<fedmesh::crypto::Membership> membership = fedmesh::crypto::load_membership(
+        config_.keys, config_.name, config_.roster, config_.admin_public, config_.federation);
+    if (!membership.is_ok()) return;
+    keys_ = std::move(membership->keys);
+    roster_ = std::move(membership->roster);
+    std::unique_ptr<fedmesh::node::Sequential> model = fedmesh::node::make_model(config_.model, config_.seed).value();
+    std::vector<std::string> names;
+    std::vector<fedmesh::Tensor> tensors;
+    for (fedmesh::Parameter* p : model->parameters()) {
+      names.push_back(p->name);
+      tensors.push_back(p->value.clone());
+      length_ += static_cast<uint64_t>(p->value.numel());
+    }
+    hash0_ = fedmesh::aggregator::model_version_hash(0, fedmesh::crypto::Hash{}, names, tensors);
+    fedmesh::Result<std::unique_ptr<fedmesh::protocol::ServerSocket>> bound = fedmesh::protocol::ServerSocket::bind(
+        config_.listen, fedmesh::protocol::CurveKeys::from(keys_), fedmesh::protocol::allowlist_from_roster(roster_), {});
+    if (!bound.is_ok()) return;
+    socket_ = std::move(*bound);
+    ready_ = true;
+  }
+  bool ready() const { return ready_; }
+
+  // Serves until `done` says so (checked after every message and tick) or the time is up.
+  bool serve(const std::vector<std::string>& sites, const Tamper& tamper, std::chrono::seconds limit) {
+    fedmesh::aggregator::SecureOptions options;
+    options.phase_seconds = 4.0;
+    options.clip = 4.0f;
+    fedmesh::aggregator::SecureRound round(options, roster_, config_.federation, length_,
+                                           [this](const json& e) { events.push_back(e); });
+    round.open(1, 0, sites, std::chrono::steady_clock::now());
+    std::map<std::string, int> session_index;
+    const auto until = std::chrono::steady_clock::now() + limit;
+    std::optional<std::chrono::steady_clock::time_point> finished_at;
+    while (std::chrono::steady_clock::now() < until) {
+      if (round.tick(std::chrono::steady_clock::now()) && !finished_at) finished_at = std::chrono::steady_clock::now();
+      if (finished_at && std::chrono::steady_clock::now() - *finished_at > 5s) return true;
+      fedmesh::Result<std::optional<fedmesh::protocol::Incoming>> in = socket_->receive(50ms);
+      if (!in.is_ok() || !in->has_value()) continue;
+      const fedmesh::protocol::Incoming& incoming = **in;
+      std::unique_ptr<fedmesh::protocol::ParsedMessage> parsed;
+      fedmesh::protocol::Rejection rejection;
+      if (!fedmesh::protocol::parse_message(incoming.bytes, fedmesh::protocol::kDefaultMaxMessageBytes, incoming.frame,
+                                            parsed, rejection)) {
+        continue;
+      }
+      const auto root = parsed->root();
+      if (root.isHeartbeat()) {
+        capnp::MallocMessageBuilder builder;
+        auto a = builder.initRoot<fedmesh::wire::Message>().initRoundAnnounce();
+        a.setRound(1);
+        a.setModelVersion(0);
+        a.setModelHash(kj::arrayPtr(hash0_.data(), hash0_.size()));
+        a.setLocalSteps(5);
+        a.setSecureAggregation(true);
+        a.setFinished(finished_at.has_value());
+        a.setRoundOpen(!finished_at.has_value());
+        a.setSelected(!finished_at.has_value());
+        (void)socket_->send(incoming.routing_id, fedmesh::protocol::serialize(builder));
+        continue;
+      }
+      if (!root.isSecAggUp()) continue;
+      fedmesh::protocol::SecAggUpMessage up;
+      if (!fedmesh::protocol::decode_secagg_up(root.getSecAggUp(), up, rejection)) continue;
+      received.push_back({incoming.peer, up.session, static_cast<int>(up.kind)});
+      std::optional<fedmesh::protocol::OutgoingMessage> reply;
+      if (!round.handle(incoming.peer, up, reply, rejection) || !reply) continue;
+      std::unique_ptr<fedmesh::protocol::ParsedMessage> honest;
+      fedmesh::protocol::SecAggDownMessage down;
+      (void)fedmesh::protocol::parse_message(reply->bytes(), fedmesh::protocol::kDefaultMaxMessageBytes, nullptr,
+                                             honest, rejection);
+      (void)fedmesh::protocol::decode_secagg_down(honest->root().getSecAggDown(), down, rejection);
+      if (!down.session.empty() && session_index.count(down.session) == 0) {
+        const int next = static_cast<int>(session_index.size()) + 1;
+        session_index[down.session] = next;
+      }
+      tamper(incoming.peer, down.session.empty() ? 0 : session_index[down.session], down);
+      (void)socket_->send(incoming.routing_id, fedmesh::protocol::encode_secagg_down(down));
+    }
+    return false;
+  }
+
+  struct Received {
+    std::string site, session;
+    int kind;
+  };
+  std::vector<Received> received;
+  std::vector<json> events;
+
+ private:
+  fedmesh::aggregator::AggregatorConfig config_;
+  fedmesh::crypto::SiteKeys keys_;
+  fedmesh::crypto::Roster roster_;
+  uint64_t length_ = 0;
+  fedmesh::crypto::Hash hash0_{};
+  std::unique_ptr<fedmesh::protocol::ServerSocket> socket_;
+  bool ready_ = false;
+};
+
+TEST(PrivateFederation, EverySiteAbortsOnAMaliciousAggregatorAndRevealsNothing) {
+  ASSERT_FALSE(binary().empty()) << "FEDMESH_BINARY is not set";
+  using fedmesh::crypto::SecAggPhase;
+  using Kind = fedmesh::protocol::SecAggUpMessage::Kind;
+  Federation federation(4, {"--agg", "privacy.mode = \"private\"", "--site", "privacy.mode = \"private\"", "--site",
+                            "data.train_limit = 2000", "--site", "give_up_seconds = 60"},
+                        "malicious");
+  ASSERT_TRUE(federation.made());
+  MaliciousAggregator aggregator(federation.dir() / "agg.toml");
+  ASSERT_TRUE(aggregator.ready()) << "the test double could not take the aggregator's place";
+  std::vector<std::unique_ptr<ChildProcess>> sites;
+  const std::vector<std::string> names = {"site-0", "site-1", "site-2", "site-3"};
+  for (int k = 0; k < 4; ++k) sites.push_back(federation.site(k));
+  std::map<std::string, std::set<std::string>> tampered;  // site -> sessions it was lied to in
+  const auto tamper = [&](const std::string& site, int session, fedmesh::protocol::SecAggDownMessage& d) {
+    if (session == 1 && d.phase == SecAggPhase::kShareKeys && d.member && !d.answered && d.advertisements.size() == 4) {
+      if (site == "site-0") d.advertisements[1].signature[3] ^= 1;           // an unsigned key
+      if (site == "site-1") d.advertisements.push_back(d.advertisements[0]);  // a duplicate name
+      if (site == "site-2") d.advertisements[3].site = "mallory";             // an unknown name
+      if (site == "site-3") d.advertisements.pop_back();                      // without the site itself
+      tampered[site].insert(d.session);
+    }
+    if (session == 2 && d.phase == SecAggPhase::kConsistency && site == "site-0" && d.member && !d.answered) {
+      d.alive.resize(2);  // fewer than t = 3 survivors
+      tampered[site].insert(d.session);
+    }
+    if (session == 2 && d.phase == SecAggPhase::kUnmask && d.member && !d.answered) {
+      if (site == "site-1") d.dropped.push_back("site-1");          // itself listed as dropped
+      if (site == "site-2") d.dropped.push_back(d.alive.front());  // a site both alive and dropped
+      if (site == "site-3") d.session = "r1-stale";                // a stale session id
+      tampered[site].insert(d.session == "r1-stale" ? "stale" : d.session);
+    }
+  };
+  EXPECT_TRUE(aggregator.serve(names, tamper, 200s)) << "the honest third session never completed the round";
+
+  // What left each site: nothing after a lie, in the session lied in.
+  std::map<std::string, int> sessions_seen;
+  for (const auto& r : aggregator.received) {
+    if (!r.session.empty()) sessions_seen.emplace(r.session, static_cast<int>(sessions_seen.size()) + 1);
+    const int session = r.session.empty() ? 0 : sessions_seen[r.session];
+    if (session == 1) {
+      EXPECT_NE(r.kind, static_cast<int>(Kind::kShares)) << r.site << " sent shares after a bad key list";
+    }
+    if (session == 2) {
+      EXPECT_NE(r.kind, static_cast<int>(Kind::kReveals)) << r.site << " revealed shares after a bad request";
+      if (r.site == "site-0") {
+        EXPECT_NE(r.kind, static_cast<int>(Kind::kConsistency)) << "site-0 signed a short list";
+      }
+    }
+  }
+  EXPECT_EQ(tampered.size(), 4u);
+  int aborted_sessions = 0;
+  for (const json& e : aggregator.events) aborted_sessions += e.value("event", "") == "secure_session_aborted" ? 1 : 0;
+  EXPECT_GE(aborted_sessions, 2);
+
+  // Each site said why it aborted, and ended normally when told the federation finished.
+  const std::map<std::string, std::vector<std::string>> reasons = {
+      {"site-0", {"not signed by its roster identity", "fewer than the threshold"}},
+      {"site-1", {"twice", "listed as dropped"}},
+      {"site-2", {"not a site of the roster", "both alive and dropped"}},
+      {"site-3", {"leaves this site out", "moved to session r1-stale"}},
+  };
+  for (int k = 0; k < 4; ++k) {
+    std::string out;
+    for (const std::string& line : sites[static_cast<size_t>(k)]->read_all(60s)) out += line + "\n";
+    EXPECT_EQ(sites[static_cast<size_t>(k)]->wait(), 0) << names[static_cast<size_t>(k)] << "\n" << out;
+    for (const std::string& reason : reasons.at(names[static_cast<size_t>(k)])) {
+      EXPECT_NE(out.find(reason), std::string::npos) << names[static_cast<size_t>(k)] << " never said: " << reason << "\n" << out;
+    }
+  }
+}
+
 TEST(PrivateFederation, DpFedAvgWritesTheLedgerAndStopsAtTheBudget) {
   ASSERT_FALSE(binary().empty()) << "FEDMESH_BINARY is not set";
   // 4 sites, σ = 1, every site every round: epsilon after round r grows with
@@ -322,7 +521,9 @@ TEST(PrivateFederation, DpFedAvgWritesTheLedgerAndStopsAtTheBudget) {
     EXPECT_EQ((*ledger)[i].mechanism, "dp-fedavg");
     EXPECT_EQ((*ledger)[i].steps, static_cast<int64_t>(i + 1));
     EXPECT_DOUBLE_EQ((*ledger)[i].epsilon, announced[i]);  // recorded before it was announced
-    if (i > 0) EXPECT_GT((*ledger)[i].epsilon, (*ledger)[i - 1].epsilon);
+    if (i > 0) {
+      EXPECT_GT((*ledger)[i].epsilon, (*ledger)[i - 1].epsilon);
+    }
   }
   const fedmesh::testing::FedmeshOutput report =
       fedmesh::testing::run_fedmesh({"privacy", "report", (federation.dir() / "aggregator.db").string()});

@@ -18,7 +18,7 @@ OUT = os.path.join(ROOT, "tests", "fuzz", "corpus", "wire")
 
 KINDS = ["hello", "welcome", "roundAnnounce", "modelRequest", "modelChunk", "updateHeader",
          "updateChunk", "ack", "reject", "heartbeat", "ping", "pingReq", "pingAck", "siteReport",
-         "catchUpRequest"]
+         "catchUpRequest", "secAggUp", "secAggDown"]
 
 
 def encode(text):
@@ -56,6 +56,23 @@ def main():
         "ping_ack": b"\x00" + frame("pingAck", encode(
             '(pingAck = (probe = 7, target = "site-c", version = 3, deltas = [(site = "site-b", status = left, incarnation = 9)]))')),
         "catch_up_request": b"\x00" + frame("catchUpRequest", encode('(catchUpRequest = (slice = 1, slices = 3))')),
+        "secagg_up_advertise": b"\x00" + frame("secAggUp", encode(
+            '(secAggUp = (round = 1, session = "s", advertise = (site = "site-a", cipherPublic = 0x"%s", '
+            'maskPublic = 0x"%s", signature = 0x"%s")))' % ("01" * 32, "02" * 32, "03" * 64))),
+        "secagg_up_masked": b"\x00" + frame("secAggUp", encode(
+            '(secAggUp = (round = 1, session = "s", masked = (offset = 0, words = 0x"%s")))' % ("07000000" * 8))),
+        "secagg_up_reveals": b"\x00" + frame("secAggUp", encode(
+            '(secAggUp = (round = 1, session = "s", reveals = [(owner = "site-b", maskKey = true, point = 1, '
+            'share = 0x"%s")]))' % ("05" * 32))),
+        "secagg_down_unmask": b"\x00" + frame("secAggDown", encode(
+            '(secAggDown = (round = 1, session = "s", phase = unmask, member = true, threshold = 2, length = 8, '
+            'invited = 2, clip = 1.0, fractionBits = 16, alive = ["site-a", "site-b"], dropped = [], '
+            'signatures = [(site = "site-b", signature = 0x"%s")]))' % ("09" * 64))),
+        "secagg_down_share_keys": b"\x00" + frame("secAggDown", encode(
+            '(secAggDown = (round = 1, session = "s", phase = shareKeys, member = true, threshold = 2, length = 8, '
+            'invited = 2, advertisements = [(site = "site-a", cipherPublic = 0x"%s", maskPublic = 0x"%s", '
+            'signature = 0x"%s"), (site = "site-b", cipherPublic = 0x"%s", maskPublic = 0x"%s", signature = 0x"%s")]))'
+            % ("01" * 32, "02" * 32, "03" * 64, "04" * 32, "05" * 32, "06" * 64))),
         "model_chunk": b"\x00" + frame("modelChunk", encode(
             '(modelChunk = (version = 1, chunkIndex = 0, chunkCount = 1, tensors = [(name = "w", shape = [8, 4])], '
             'segments = [(tensor = 0, encoding = denseF32, offset = 0, count = 2, values = %s)]))'

@@ -1,6 +1,7 @@
 #include "node/gossip/gossip_runtime.h"
 
 #include <capnp/message.h>
+#include <sodium.h>
 #include <kj/exception.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "kernels/parallel.h"
 #include "node/gossip/swim_wire.h"
 #include "node/model.h"
+#include "privacy/rdp_accountant.h"
 #include "protocol/transport.h"
 #include "protocol/update_service.h"
 #include "protocol/update_transfer.h"
@@ -60,6 +62,18 @@ Status GossipConfig::validate() const {
   if (!(wait_for_share_seconds >= 0.0) || wait_for_share_seconds > 600.0) {
     return invalid_argument("gossip.wait_for_share_seconds must be in [0, 600]");
   }
+  if (!(dp_clip >= 0.0) || !std::isfinite(dp_clip)) return invalid_argument("dp.clip must be >= 0 (0: off)");
+  if (!(dp_noise_multiplier >= 0.0) || !std::isfinite(dp_noise_multiplier)) {
+    return invalid_argument("dp.noise_multiplier must be >= 0");
+  }
+  if (dp_noise_multiplier > 0.0 && dp_clip <= 0.0) {
+    return invalid_argument("dp.noise_multiplier needs dp.clip > 0: the noise is scaled to the clipped delta");
+  }
+  if (!(dp_delta > 0.0 && dp_delta < 1.0)) return invalid_argument("dp.delta must be in (0, 1)");
+  if (dp_target_epsilon < 0.0) return invalid_argument("dp.target_epsilon must be >= 0");
+  if (dp_target_epsilon > 0.0 && dp_noise_multiplier <= 0.0) {
+    return invalid_argument("dp.target_epsilon needs dp.noise_multiplier > 0");
+  }
   return Status::ok();
 }
 
@@ -86,6 +100,10 @@ Result<GossipConfig> read_gossip_config(const std::string& path) {
   r.read("gossip.test_limit", c.test_limit);
   r.read("gossip.eval_every", c.eval_every);
   r.read("gossip.wait_for_share_seconds", c.wait_for_share_seconds);
+  r.read("dp.clip", c.dp_clip);
+  r.read("dp.noise_multiplier", c.dp_noise_multiplier);
+  r.read("dp.delta", c.dp_delta);
+  r.read("dp.target_epsilon", c.dp_target_epsilon);
   r.read("swim.period_seconds", c.swim.period_seconds);
   r.read("swim.ack_timeout_seconds", c.swim.ack_timeout_seconds);
   r.read("swim.indirect_checks", c.swim.indirect_checks);
@@ -175,7 +193,9 @@ class GossipRuntime::Impl {
 
   Status open(GossipConfig c, GossipEventSink sink);
   Status restore();
-  Status commit(const nlohmann::json& metrics);
+  Status commit(const nlohmann::json& metrics, bool new_round = false);
+  void privatize(std::vector<std::vector<float>>& trained);
+  std::optional<privacy::ConstantRateAccounting> dp;  // dp.noise_multiplier > 0
   double now() const { return std::chrono::duration<double>(Clock::now() - started).count(); }
   bool is_member(std::string_view name) const { return addresses.contains(std::string(name)); }
   protocol::ClientSocket* client(const std::string& name);
@@ -209,6 +229,12 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   FEDMESH_RETURN_IF_ERROR(config.validate());
   const SiteConfig& site = config.site;
   set_cpu_threads(site.threads);
+  if (config.dp_noise_multiplier > 0.0) {
+    dp.emplace();
+    dp->q = 1.0;  // every round releases the node's delta
+    dp->sigma = config.dp_noise_multiplier;
+    dp->delta = config.dp_delta;
+  }
   Result<crypto::Membership> membership =
       crypto::load_membership(site.keys, site.name, site.roster, site.admin_public, site.federation);
   if (!membership.is_ok()) return membership.status();
@@ -365,9 +391,21 @@ Status GossipRuntime::Impl::restore() {
   return Status::ok();
 }
 
-Status GossipRuntime::Impl::commit(const nlohmann::json& metrics) {
+Status GossipRuntime::Impl::commit(const nlohmann::json& metrics, bool new_round) {
   store::RoundToCommit round;
   round.round = ++commits;
+  if (dp && new_round) {
+    store::PrivacyEntry entry;
+    entry.round = round.round;
+    entry.mechanism = "gossip-local";
+    entry.sampling_rate = dp->q;
+    entry.noise_multiplier = dp->sigma;
+    entry.steps = static_cast<int64_t>(version);
+    entry.epsilon = dp->after(entry.steps).epsilon;
+    entry.delta = dp->delta;
+    entry.rdp_json = nlohmann::json(dp->rdp(entry.steps)).dump();
+    round.privacy = entry;
+  }
   round.model_version = static_cast<int64_t>(version);
   round.metrics_json = metrics.dump();
   round.state_json = nlohmann::json({{"version", version}, {"weight", state->weight()}, {"merge", config.merge},
@@ -780,8 +818,34 @@ Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
   train_loss = summary.final_train_loss;
   std::vector<std::vector<float>> trained;
   for (Parameter* p : worker->parameters()) trained.emplace_back(p->value.data<float>(), p->value.data<float>() + p->value.numel());
+  if (config.dp_clip > 0.0) privatize(trained);
   FEDMESH_RETURN_IF_ERROR(state->set_model(trained));
   return static_cast<double>(summary.steps);
+}
+
+void GossipRuntime::Impl::privatize(std::vector<std::vector<float>>& trained) {
+  // The round's delta, clipped to dp.clip, plus N(0, (sigma clip)^2), from a
+  // generator the OS seeds (the noise must not be predictable).
+  const std::vector<std::vector<float>>& before = state->model();
+  double squares = 0.0;
+  for (size_t t = 0; t < trained.size(); ++t) {
+    for (size_t i = 0; i < trained[t].size(); ++i) {
+      const double d = static_cast<double>(trained[t][i]) - before[t][i];
+      squares += d * d;
+    }
+  }
+  const double norm = std::sqrt(squares);
+  const double scale = norm > config.dp_clip ? config.dp_clip / norm : 1.0;
+  const double stddev = config.dp_noise_multiplier * config.dp_clip;
+  uint64_t seed = 0;
+  randombytes_buf(&seed, sizeof seed);
+  Rng noise(seed);
+  for (size_t t = 0; t < trained.size(); ++t) {
+    for (size_t i = 0; i < trained[t].size(); ++i) {
+      const double d = (static_cast<double>(trained[t][i]) - before[t][i]) * scale;
+      trained[t][i] = static_cast<float>(before[t][i] + d + (stddev > 0.0 ? stddev * noise.normal() : 0.0));
+    }
+  }
 }
 
 Status GossipRuntime::Impl::share() {
@@ -863,6 +927,15 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
   evaluation.max_steps = 1;
   Trainer evaluator(*s.worker, evaluation);
   while (!stop.load() && (s.config.rounds == 0 || s.version < static_cast<uint64_t>(s.config.rounds))) {
+    if (s.dp && s.config.dp_target_epsilon > 0.0 &&
+        s.dp->after(static_cast<int64_t>(s.version) + 1).epsilon > s.config.dp_target_epsilon) {
+      s.emit({{"event", "privacy_budget"}, {"rounds", s.version},
+              {"epsilon", s.dp->after(static_cast<int64_t>(s.version)).epsilon},
+              {"next_epsilon", s.dp->after(static_cast<int64_t>(s.version) + 1).epsilon},
+              {"target_epsilon", s.config.dp_target_epsilon}, {"delta", s.config.dp_delta},
+              {"message", "the next round would exceed the privacy budget: this node stops"}});
+      break;
+    }
     const auto began = Clock::now();
     FEDMESH_RETURN_IF_ERROR(s.catch_up_if_behind(stop));
     double train_loss = 0.0;
@@ -926,7 +999,11 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     // membership messages (bytes_sent counts shares and slices as framed).
     event["transport_bytes_sent"] = transport_bytes;
     event["seconds"] = std::chrono::duration<double>(Clock::now() - began).count();
-    FEDMESH_RETURN_IF_ERROR(s.commit(event));
+    if (s.dp) {
+      event["epsilon"] = s.dp->after(static_cast<int64_t>(s.version)).epsilon;
+      event["delta"] = s.dp->delta;
+    }
+    FEDMESH_RETURN_IF_ERROR(s.commit(event, /*new_round=*/true));
     s.emit(event);
   }
   // Done or stopped: say so to the members, keep the state.

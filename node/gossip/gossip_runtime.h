@@ -60,6 +60,17 @@ struct GossipConfig {
   int64_t test_limit = 2000;         // test images evaluated (0: all)
   int64_t eval_every = 1;            // rounds
   double wait_for_share_seconds = 1.0;  // after training, wait up to this long for a share if none came
+  // [dp] Local differential privacy of what this node sends: each round's
+  // training delta is clipped to dp.clip (L2) and gets N(0, (sigma clip)^2)
+  // noise before it enters the model the node shares, so every share is a
+  // post-processing of noisy deltas. Each round is one Gaussian mechanism on
+  // the node's data (q = 1), composed by the RDP accountant; the ledger entry
+  // of a round is committed with its model, and dp.target_epsilon stops the
+  // node before a round that would exceed it.
+  double dp_clip = 0.0;              // 0: off
+  double dp_noise_multiplier = 0.0;
+  double dp_delta = 1e-5;
+  double dp_target_epsilon = 0.0;    // 0: no target
   gossip::SwimOptions swim;
 
   Status validate() const;

@@ -26,7 +26,9 @@
 // request; a third, honest session then completes the round.
 // Then DP-FedAvg in private mode: the privacy ledger gets one entry per
 // released round with a growing epsilon, and the target budget ends the
-// federation early. And the refusals of incompatible settings.
+// federation early. Local DP in gossip mode: every peer's ledger gets one
+// entry per round and the budget stops the peers. And the refusals of
+// incompatible settings.
 #include <gtest/gtest.h>
 #include <sodium.h>
 
@@ -74,10 +76,11 @@ class Federation {
   Federation(int sites, const std::vector<std::string>& extra, const std::string& name) {
     dir_ = fs::path(::testing::TempDir()) / ("fedmesh-private-" + name + std::to_string(::getpid()));
     fs::remove_all(dir_);
-    port_ = free_ports(2 + sites);
+    // Ports: the aggregator's (or gossip peer k's: port + k), then the metrics ports after them.
+    port_ = free_ports(2 + 2 * sites);
     std::vector<std::string> argv = {"/bin/bash", script(), "--fedmesh", binary(), "--dir", dir_.string(),
                                      "--sites", std::to_string(sites), "--port", std::to_string(port_),
-                                     "--metrics-port", std::to_string(port_ + 1)};
+                                     "--metrics-port", std::to_string(port_ + sites + 1)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     ChildProcess make(argv);
     make.read_all(60s);
@@ -529,6 +532,44 @@ TEST(PrivateFederation, DpFedAvgWritesTheLedgerAndStopsAtTheBudget) {
       fedmesh::testing::run_fedmesh({"privacy", "report", (federation.dir() / "aggregator.db").string()});
   EXPECT_EQ(report.exit_code, 0) << report.text;
   EXPECT_NE(report.text.find("dp-fedavg"), std::string::npos) << report.text;
+}
+
+
+TEST(PrivateFederation, GossipLocalDpWritesEachPeersLedgerAndStopsAtTheBudget) {
+  ASSERT_FALSE(binary().empty()) << "FEDMESH_BINARY is not set";
+  // sigma 1, q 1, delta 1e-5: epsilon 4.73, 7.08, then 9.01; target 8 allows 2 rounds of the 6 asked.
+  Federation federation(3, {"--gossip", "--rounds", "6", "--local-steps", "5", "--site", "data.train_limit = 3000",
+                            "--site", "gossip.test_limit = 500", "--site", "dp.clip = 1.0", "--site",
+                            "dp.noise_multiplier = 1.0", "--site", "dp.target_epsilon = 8.0"},
+                        "gossip-dp");
+  ASSERT_TRUE(federation.made());
+  std::vector<std::unique_ptr<ChildProcess>> peers;
+  for (int k = 0; k < 3; ++k) peers.push_back(federation.site(k));
+  for (int k = 0; k < 3; ++k) {
+    std::vector<json> events;
+    std::optional<json> budget = wait_for(*peers[static_cast<size_t>(k)], events,
+                                          [](const json& e) { return e.value("event", "") == "privacy_budget"; }, 180s);
+    ASSERT_TRUE(budget.has_value()) << "peer " << k << " never stopped at its budget";
+    EXPECT_EQ((*budget)["rounds"].get<int>(), 2);
+    std::vector<double> announced;
+    for (const json& e : events) {
+      if (e.value("event", "") == "round") announced.push_back(e["epsilon"].get<double>());
+    }
+    EXPECT_EQ(peers[static_cast<size_t>(k)]->wait(), 0);
+    fedmesh::Result<fedmesh::store::CheckpointStore> store =
+        fedmesh::store::CheckpointStore::open((federation.dir() / ("site-" + std::to_string(k) + ".db")).string());
+    ASSERT_TRUE(store.is_ok()) << store.status().message();
+    fedmesh::Result<std::vector<fedmesh::store::PrivacyEntry>> ledger = store->privacy_ledger();
+    ASSERT_TRUE(ledger.is_ok());
+    ASSERT_EQ(ledger->size(), 2u) << "peer " << k;
+    ASSERT_EQ(announced.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ((*ledger)[i].mechanism, "gossip-local");
+      EXPECT_EQ((*ledger)[i].steps, static_cast<int64_t>(i + 1));
+      EXPECT_DOUBLE_EQ((*ledger)[i].epsilon, announced[i]);
+    }
+    EXPECT_NEAR((*ledger)[1].epsilon, 7.077, 0.01);
+  }
 }
 
 TEST(PrivateFederation, IncompatibleSettingsAreRefusedAtStartup) {

@@ -5,12 +5,16 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "aggregator/compression_checkpoint.h"
 #include "aggregator/manager_checkpoint.h"
+#include "aggregator/secure_session.h"
 #include "crypto/keys.h"
+#include "crypto/masking.h"
+#include "privacy/rdp_accountant.h"
 #include "node/model.h"
 #include "protocol/compressor.h"
 #include "store/checkpoint_store.h"
@@ -69,6 +73,21 @@ class Simulation {
     Result<crypto::SiteKeys> keys = crypto::generate_site_keys("sim-site");
     if (!keys.is_ok()) return keys.status();
     keys_ = std::move(*keys);
+    if (options_.secure) {
+      // Private mode: every virtual site its own identity on a roster.
+      roster_.federation = "sim";
+      for (const VirtualSite& site : sites_) {
+        Result<crypto::SiteKeys> own = crypto::generate_site_keys(site.name);
+        if (!own.is_ok()) return own.status();
+        roster_.sites.push_back({own->identity, crypto::Role::kSite, ""});
+        site_keys_.push_back(std::move(*own));
+      }
+      accounting_.q = options_.rounds_options.sites_per_round > 0
+                          ? std::min(1.0, static_cast<double>(options_.rounds_options.sites_per_round) / options_.sites)
+                          : 1.0;
+      accounting_.sigma = options_.dp_noise_multiplier;
+      accounting_.delta = options_.dp_delta;
+    }
     // The compression backend is usable (a CUDA one may not be), before any training.
     Result<kernels::CompressionKernels*> backend = kernels::compression_kernels_named(options_.compression_device);
     if (!backend.is_ok()) return backend.status();
@@ -282,6 +301,63 @@ class Simulation {
             {"compression", options_.compression.to_string()}};
   }
 
+  nlohmann::json fingerprint_with_privacy() const {
+    nlohmann::json f = fingerprint();
+    if (options_.secure) {
+      f["secure"] = {{"clip", options_.secure_options.clip}, {"fraction_bits", options_.secure_options.fraction_bits},
+                     {"threshold", options_.secure_options.threshold}, {"dp_noise", options_.dp_noise_multiplier},
+                     {"dp_delta", options_.dp_delta}};
+    }
+    return f;
+  }
+
+  // Private mode: the round's sampled sites run one secure-aggregation
+  // session (those in `dropped` never advertise), and the round closes with
+  // the decoded mean (plus DP-FedAvg noise), or with nothing on an abort.
+  Result<RoundRecord> close_secure(const std::vector<std::string>& sampled, const std::set<std::string>& dropped,
+                                   std::vector<std::pair<size_t, SiteUpdate>>& batch, double time, int64_t& bytes,
+                                   int64_t& bytes_received) {
+    if (sampled.size() < 2) return manager_->close_round(time);  // secure aggregation needs two sites
+    std::vector<VirtualSecureSite> sites;
+    std::map<std::string, crypto::SecAggPhase> dropped_at;
+    for (const std::string& name : sampled) {
+      const size_t index = static_cast<size_t>(
+          std::find_if(sites_.begin(), sites_.end(), [&](const VirtualSite& s) { return s.name == name; }) - sites_.begin());
+      VirtualSecureSite site;
+      site.keys = &site_keys_[index];
+      if (dropped.count(name) != 0) {
+        dropped_at[name] = crypto::SecAggPhase::kAdvertise;
+      } else {
+        for (auto& [i, update] : batch) {
+          if (i == index) site.input = crypto::quantize_clipped(update.delta, options_.secure_options.clip,
+                                                                options_.secure_options.fraction_bits);
+        }
+      }
+      sites.push_back(std::move(site));
+    }
+    crypto::SecAggParams params;
+    params.federation = roster_.federation;
+    params.round = static_cast<uint64_t>(manager_->round());
+    params.session = "sim-r" + std::to_string(manager_->round());
+    params.length = static_cast<uint64_t>(manager_->parameter_count());
+    const uint32_t majority = crypto::secagg_min_threshold(sampled.size());
+    params.threshold = std::min<uint32_t>(std::max(options_.secure_options.threshold, majority),
+                                          static_cast<uint32_t>(sampled.size()));
+    Result<SecureSessionOutcome> outcome = run_secure_session(roster_, params, std::move(sites), dropped_at);
+    if (!outcome.is_ok()) return outcome.status();
+    bytes += static_cast<int64_t>(outcome->bytes_up);
+    bytes_received += static_cast<int64_t>(outcome->bytes_down);
+    if (!outcome->done) return manager_->close_round(time);  // aborted: no step this round
+    std::vector<float> mean = outcome->result.mean(options_.secure_options.fraction_bits);
+    if (options_.dp_noise_multiplier > 0.0) {
+      const double stddev = options_.dp_noise_multiplier * options_.secure_options.clip /
+                            static_cast<double>(outcome->result.contributors.size());
+      Rng noise(mix_seed(options_.seed, 0xd9f0 + static_cast<uint64_t>(manager_->round())));
+      for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
+    }
+    return manager_->close_round_with_mean(std::move(mean), outcome->result.contributors);
+  }
+
   Status commit(store::CheckpointStore& checkpoints, const SimulationRound& round, int64_t round_index, double time,
                 int64_t serial, const Rng& dropout, const SimulationSummary& summary) {
     nlohmann::json state = {
@@ -371,9 +447,9 @@ class Simulation {
       Result<std::vector<store::RoundInfo>> committed = checkpoints->rounds();
       if (!committed.is_ok()) return committed.status();
       if (committed->empty()) {
-        FEDMESH_RETURN_IF_ERROR(checkpoints->set_meta("sim_config", fingerprint().dump()));
+        FEDMESH_RETURN_IF_ERROR(checkpoints->set_meta("sim_config", fingerprint_with_privacy().dump()));
       } else {
-        if (!stored->has_value() || nlohmann::json::parse(**stored, nullptr, false) != fingerprint()) {
+        if (!stored->has_value() || nlohmann::json::parse(**stored, nullptr, false) != fingerprint_with_privacy()) {
           return invalid_argument(options_.db + " holds checkpoints of a different simulation (its flags were " +
                                   (stored->has_value() ? **stored : std::string("unrecorded")) +
                                   "); give the same flags to resume it, or a new --db");
@@ -390,12 +466,14 @@ class Simulation {
       const std::vector<std::string> sampled = manager_->sampled();
       double round_time = 0.0;
       int64_t dropped = 0, bytes = 0;
+      std::set<std::string> dropped_names;
       std::vector<std::pair<size_t, SiteUpdate>> batch;
       for (const std::string& name : sampled) {
         const auto site = std::find_if(sites_.begin(), sites_.end(), [&](const VirtualSite& s) { return s.name == name; });
         summary.bytes_received += model_bytes();
         if (dropout.uniform() < options_.dropout) {
           ++dropped;
+          dropped_names.insert(name);
           continue;
         }
         Result<SiteUpdate> update = train_site(*site, manager_->round(), ++serial);
@@ -403,24 +481,36 @@ class Simulation {
         round_time = std::max(round_time, static_cast<double>(options_.local_steps) * site->speed);
         batch.emplace_back(static_cast<size_t>(site - sites_.begin()), std::move(*update));
       }
-      if (!batch.empty()) {
-        Result<int64_t> sent = transmit(batch, summary.bytes_received);
-        if (!sent.is_ok()) return sent.status();
-        bytes = *sent;
-      }
-      for (auto& [index, update] : batch) {
-        Result<std::optional<RoundRecord>> submitted = manager_->submit(std::move(update), time);
-        if (!submitted.is_ok()) ++summary.refused_updates;
-      }
       // Without dropouts the round closes when the slowest site reports; with
       // one, at the deadline (a silent site never holds a round past it).
       const double deadline = options_.rounds_options.round_deadline_seconds;
-      time += dropped > 0 ? std::max(deadline, round_time) : round_time;
-      Result<RoundRecord> record = manager_->close_round(time);
+      const double closes_at = time + (dropped > 0 ? std::max(deadline, round_time) : round_time);
+      Result<RoundRecord> record = invalid_argument("no round");
+      if (options_.secure) {
+        record = close_secure(sampled, dropped_names, batch, closes_at, bytes, summary.bytes_received);
+      } else {
+        if (!batch.empty()) {
+          Result<int64_t> sent = transmit(batch, summary.bytes_received);
+          if (!sent.is_ok()) return sent.status();
+          bytes = *sent;
+        }
+        for (auto& [index, update] : batch) {
+          Result<std::optional<RoundRecord>> submitted = manager_->submit(std::move(update), time);
+          if (!submitted.is_ok()) ++summary.refused_updates;
+        }
+        record = manager_->close_round(closes_at);
+      }
+      time = closes_at;
       if (!record.is_ok()) return record.status();
       SimulationRound round = evaluate(*record, time);
       round.dropped = dropped;
       round.bytes = bytes;
+      if (options_.secure && options_.dp_noise_multiplier > 0.0) {
+        // Every server step released one noised mean.
+        round.epsilon = accounting_.after(manager_->version()).epsilon;
+        summary.epsilon = round.epsilon;
+        summary.delta = options_.dp_delta;
+      }
       summary.bytes_sent += bytes;
       summary.rounds.push_back(round);
       // Commit, then announce.
@@ -490,6 +580,10 @@ class Simulation {
   std::optional<RoundManager> manager_;
   std::vector<protocol::TensorShape> manifest_;
   crypto::SiteKeys keys_;                   // signs every virtual site's updates (their size is what counts)
+  // Private mode: each virtual site's identity, the roster of them, and DP-FedAvg's accounting.
+  std::vector<crypto::SiteKeys> site_keys_;
+  crypto::Roster roster_;
+  privacy::ConstantRateAccounting accounting_;
   std::vector<std::vector<float>> shared_q_;  // PowerSGD: one per PowerSGD tensor
   std::vector<protocol::TensorShape> q_manifest_;  // the manifest with PowerSGD tensors as their Q factors
 };
@@ -517,6 +611,30 @@ Status SimulationOptions::validate() const {
                             "flight that a checkpoint does not capture yet");
   }
   FEDMESH_RETURN_IF_ERROR(validate_local_training(local, local_steps));
+  if (secure) {
+    if (rounds_options.asynchronous) return invalid_argument("--mode private needs synchronous rounds (no --async or --fedasync)");
+    if (rounds_options.rule != "mean") {
+      return invalid_argument("--rule " + rounds_options.rule + " needs each site's update, which --mode private hides "
+                              "(secure aggregation reveals only the sum)");
+    }
+    if (rounds_options.norm_bound > 0.0) return invalid_argument("--norm-bound: in --mode private the sites clip (--dp-clip)");
+    if (!compression.is_identity()) {
+      return invalid_argument("--compress: --mode private sends 32-bit fixed point under masks (its own linear "
+                              "compression); sparse and scaled encodings do not add up under masks");
+    }
+    if (poisoned_sites > 0) return invalid_argument("--poisoned: not simulated in --mode private");
+    const int64_t per_round = rounds_options.sites_per_round > 0 ? rounds_options.sites_per_round : sites;
+    if (per_round > static_cast<int64_t>(crypto::kMaxSecAggSites)) {
+      return invalid_argument("--mode private takes at most " + std::to_string(crypto::kMaxSecAggSites) +
+                              " sites a round (use --sites-per-round)");
+    }
+    FEDMESH_RETURN_IF_ERROR(secure_options.validate(static_cast<size_t>(per_round)));
+  }
+  if (dp_noise_multiplier < 0.0 || !std::isfinite(dp_noise_multiplier)) return invalid_argument("--dp-noise must be >= 0");
+  if (dp_noise_multiplier > 0.0 && !secure) {
+    return invalid_argument("--dp-noise: site-level DP-FedAvg needs --mode private (an equal-weight sum of clipped updates)");
+  }
+  if (!(dp_delta > 0.0 && dp_delta < 1.0)) return invalid_argument("--dp-delta must be in (0, 1)");
   return rounds_options.validate();
 }
 

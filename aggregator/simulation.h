@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "aggregator/round_manager.h"
+#include "aggregator/secure_round.h"
 #include "base/status.h"
 #include "node/data/fashion_mnist.h"
 #include "node/data/partition.h"
@@ -46,6 +47,17 @@ struct SimulationOptions {
   protocol::CompressionPlan compression;  // identity: dense fp32
   std::string compression_device = "cpu";  // cpu, cuda or auto (kernels::compression_kernels_named)
   uint64_t seed = 0;
+  // --mode private: each round's updates go through secure aggregation
+  // (aggregator/secure_session.h, the real protocol in one process): every
+  // site clips its update to secure_options.clip and quantizes it, sampled
+  // sites that drop out never advertise keys, and the round takes the mean
+  // of the survivors (equal weights), or nothing when fewer than t are left.
+  // dp_noise_multiplier > 0 adds DP-FedAvg noise N(0, (sigma clip / k)^2) to
+  // that mean (seeded: a simulation replays) and reports epsilon at dp_delta.
+  bool secure = false;
+  SecureOptions secure_options;
+  double dp_noise_multiplier = 0.0;
+  double dp_delta = 1e-5;
   // Synchronous runs only: commit every round to this checkpoint store (the
   // model, the server optimizer, the round manager and the simulation's own
   // state) before reporting it, and resume from its newest intact round.
@@ -62,6 +74,7 @@ struct SimulationRound {
   int64_t updates = 0;
   int64_t dropped = 0;         // sampled sites that did not report
   int64_t bytes = 0;           // update bytes the sites sent, on the wire (signed, chunked, CurveZMQ-framed)
+  double epsilon = -1.0;       // DP-FedAvg: the privacy spent so far (-1: no DP)
 };
 
 struct SimulationSummary {
@@ -72,6 +85,7 @@ struct SimulationSummary {
   int64_t bytes_sent = 0;      // sites -> aggregator
   int64_t bytes_received = 0;  // aggregator -> sites (the global model, dense fp32; PowerSGD's shared P)
   int64_t refused_updates = 0;
+  double epsilon = -1.0, delta = 0.0;  // DP-FedAvg (-1: no DP)
 };
 
 // The pieces every simulated federation (this one and the gossip one,

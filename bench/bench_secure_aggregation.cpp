@@ -113,7 +113,7 @@ void time_session(int n, int64_t d, bool one_dropout, Parts& parts) {
   for (int i = 0; i < n; ++i) {
     if (one_dropout && i == n - 1) continue;  // dropped after sharing its keys
     t = Clock::now();
-    std::vector<uint32_t> input = fedmesh::node::quantize_update(delta, 1.0f, 16);
+    std::vector<uint32_t> input = fc::quantize_clipped(delta, 1.0f, 16);
     std::vector<uint32_t> masked =
         clients[static_cast<size_t>(i)].masked_input(agg.shares_for(names[static_cast<size_t>(i)]), std::move(input)).value();
     std::vector<fedmesh::protocol::OutgoingMessage> pieces;

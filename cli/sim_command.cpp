@@ -38,6 +38,8 @@ struct SimFlags {
   std::string compress = "identity";
   std::vector<std::string> compress_tensor;
   uint64_t dense_below = 0;
+  double dp_clip = 1.0;  // --mode private
+  CLI::Option* dp_clip_option = nullptr;
   // --mode gossip
   std::string mode = "aggregator";
   std::string topology = "random";
@@ -222,6 +224,12 @@ int run_sim(SimFlags& flags) {
   if (!plan.is_ok()) return fail(flags, plan.status());
   o.compression = *plan;
   if (flags.mode == "gossip") return run_gossip_sim(flags, *staleness, wall_start);
+  o.secure = flags.mode == "private";
+  o.secure_options.clip = static_cast<float>(flags.dp_clip);
+  if (!o.secure && flags.dp_clip_option->count() > 0) {
+    return fail(flags, invalid_argument("--dp-clip applies to --mode private (the sites clip before masking); in "
+                                        "--mode aggregator bound updates with --norm-bound"));
+  }
 
   Result<aggregator::ServerOptimizerOptions> server = aggregator::ServerOptimizerOptions::defaults_for(flags.strategy);
   if (!server.is_ok()) return fail(flags, server.status());
@@ -252,7 +260,7 @@ int run_sim(SimFlags& flags) {
 
   const std::string mode = o.rounds_options.asynchronous
                                ? (flags.fedasync > 0.0 ? "fedasync" : "fedbuff:" + std::to_string(flags.async_buffer))
-                               : "sync";
+                               : (o.secure ? "sync, private" : "sync");
   if (flags.json) {
     emit_json({{"event", "start"}, {"command", "sim"}, {"sites", o.sites}, {"partition", o.partition.to_string()},
                {"strategy", flags.strategy}, {"rule", flags.rule}, {"mode", mode}, {"rounds", o.rounds},
@@ -271,11 +279,13 @@ int run_sim(SimFlags& flags) {
         for (const auto& applied : r.record.applied) mean_staleness += static_cast<double>(applied.staleness);
         if (!r.record.applied.empty()) mean_staleness /= static_cast<double>(r.record.applied.size());
         if (flags.json) {
-          emit_json({{"event", "round"}, {"round", r.record.round}, {"version", r.record.version},
-                     {"updates", r.updates}, {"dropped", r.dropped}, {"mean_staleness", mean_staleness},
-                     {"test_accuracy", r.test_accuracy}, {"test_loss", r.test_loss},
-                     {"virtual_time", r.virtual_time}, {"bytes", r.bytes},
-                     {"wall_seconds", seconds_since(wall_start)}});
+          nlohmann::json event = {{"event", "round"}, {"round", r.record.round}, {"version", r.record.version},
+                                  {"updates", r.updates}, {"dropped", r.dropped}, {"mean_staleness", mean_staleness},
+                                  {"test_accuracy", r.test_accuracy}, {"test_loss", r.test_loss},
+                                  {"virtual_time", r.virtual_time}, {"bytes", r.bytes},
+                                  {"wall_seconds", seconds_since(wall_start)}};
+          if (r.epsilon >= 0.0) event["epsilon"] = r.epsilon;
+          emit_json(event);
           return;
         }
         std::fprintf(stderr, "round %4lld  version %4lld  updates %3lld  dropped %2lld  staleness %.1f  test accuracy %.2f%%  loss %.4f\n",
@@ -286,12 +296,17 @@ int run_sim(SimFlags& flags) {
   if (!summary.is_ok()) return fail(flags, summary.status());
   const double wall_seconds = seconds_since(wall_start);
   if (flags.json) {
-    emit_json({{"event", "summary"}, {"command", "sim"}, {"test_accuracy", summary->final_accuracy},
-               {"test_loss", summary->final_loss}, {"rounds", summary->rounds.size()},
-               {"bytes_sent", summary->bytes_sent}, {"bytes_received", summary->bytes_received},
-               {"refused_updates", summary->refused_updates}, {"virtual_time", summary->virtual_time},
-               {"resumed_from_round", summary->resumed_from_round},
-               {"wall_seconds", wall_seconds}});
+    nlohmann::json event = {{"event", "summary"}, {"command", "sim"}, {"test_accuracy", summary->final_accuracy},
+                            {"test_loss", summary->final_loss}, {"rounds", summary->rounds.size()},
+                            {"bytes_sent", summary->bytes_sent}, {"bytes_received", summary->bytes_received},
+                            {"refused_updates", summary->refused_updates}, {"virtual_time", summary->virtual_time},
+                            {"resumed_from_round", summary->resumed_from_round}, {"wall_seconds", wall_seconds}};
+    if (o.secure) event["mode"] = "private";
+    if (summary->epsilon >= 0.0) {
+      event["epsilon"] = summary->epsilon;
+      event["delta"] = summary->delta;
+    }
+    emit_json(event);
   } else {
     std::printf("sim %s %s: test accuracy %.2f%% after %zu server steps, %.1f MB sent by sites, %s\n", mode.c_str(),
                 flags.strategy.c_str(), 100.0 * summary->final_accuracy, summary->rounds.size(),
@@ -315,8 +330,10 @@ void add_sim_command(CLI::App& app, int& exit_code) {
   std::vector<CLI::Option*>& gossip_only = flags->gossip_only;
   cmd->add_option("--mode", flags->mode,
                   "aggregator: sites and the real round manager; gossip: peers that train and gossip their models "
-                  "with no server (--topology, --fanout, --merge, --loss, --delay, --eval-every)")
-      ->check(CLI::IsMember({"aggregator", "gossip"}))
+                  "with no server (--topology, --fanout, --merge, --loss, --delay, --eval-every); private: the "
+                  "aggregator path through secure aggregation (the real protocol in one process: the mean of the "
+                  "survivors' clipped updates, --dp-clip, --dp-noise)")
+      ->check(CLI::IsMember({"aggregator", "gossip", "private"}))
       ->capture_default_str();
   cmd->add_option("--sites", o.sites, "Virtual sites (gossip: peers)")->capture_default_str();
   cmd->add_option("--partition", flags->partition, "How the training set is split: iid, dirichlet:A or shards:K")
@@ -425,6 +442,16 @@ void add_sim_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--threads", flags->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed for the split, sampling, dropouts and training")->capture_default_str();
+  flags->dp_clip_option = cmd->add_option("--dp-clip", flags->dp_clip,
+                                          "--mode private: the L2 norm each site clips its update to before masking")
+                              ->capture_default_str();
+  aggregator_only.push_back(flags->dp_clip_option);
+  aggregator_only.push_back(cmd->add_option("--dp-noise", o.dp_noise_multiplier,
+                  "--mode private: DP-FedAvg noise multiplier sigma: N(0, (sigma clip / k)^2) on the mean of k "
+                  "updates; the summary reports epsilon (RDP accountant, q = sites per round / sites)")
+      ->capture_default_str());
+  aggregator_only.push_back(
+      cmd->add_option("--dp-delta", o.dp_delta, "--mode private: the delta epsilon is reported at")->capture_default_str());
   cmd->add_flag("--json", flags->json, "Print JSON lines; the last is {\"event\":\"summary\",...}");
   cmd->callback([flags, &exit_code] { exit_code = run_sim(*flags); });
 }

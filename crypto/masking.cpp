@@ -179,6 +179,27 @@ uint32_t to_fixed_point(float value, float clip, int fraction_bits) {
   return static_cast<uint32_t>(fixed);
 }
 
+std::vector<uint32_t> quantize_clipped(std::span<const float> delta, float clip, int fraction_bits) {
+  // As to_fixed_point value by value (clip, then round half away
+  // from zero), with the scale folded into one multiplication.
+  double squares = 0.0;
+  for (float v : delta) squares += static_cast<double>(v) * v;
+  const double norm = std::sqrt(squares);
+  const double one = std::ldexp(1.0, fraction_bits);
+  const double scale = (norm > clip ? clip / norm : 1.0) * one;
+  const double limit = static_cast<double>(clip) * one;
+  FEDMESH_CHECK(limit < std::ldexp(1.0, 31) - 1.0 && clip > 0.0f, "quantize_clipped: clip x 2^fraction_bits must be in (0, 2^31)");
+  // |y| <= limit < 2^31 (FEDMESH_CHECK above), so int32 holds every word.
+  std::vector<uint32_t> out(delta.size());
+  const float* __restrict in = delta.data();
+  uint32_t* __restrict words = out.data();
+  for (size_t i = 0; i < delta.size(); ++i) {
+    const double y = std::min(std::max(static_cast<double>(in[i]) * scale, -limit), limit);
+    words[i] = static_cast<uint32_t>(static_cast<int32_t>(y + std::copysign(0.5, y)));
+  }
+  return out;
+}
+
 double from_fixed_point(uint32_t word, int fraction_bits) {
   return std::ldexp(static_cast<double>(static_cast<int32_t>(word)), -fraction_bits);
 }

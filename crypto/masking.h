@@ -66,5 +66,8 @@ void apply_masks(std::span<uint32_t> values, std::span<const Seed> seeds, std::s
 // to the rounding of each) while n * clip * 2^fraction_bits < 2^31.
 uint32_t to_fixed_point(float value, float clip, int fraction_bits);
 double from_fixed_point(uint32_t word, int fraction_bits);
+// A whole update: scaled to L2 norm `clip` when above it, then each value
+// to fixed point as to_fixed_point does (clip * 2^fraction_bits < 2^31).
+std::vector<uint32_t> quantize_clipped(std::span<const float> values, float clip, int fraction_bits);
 
 }  // namespace fedmesh::crypto

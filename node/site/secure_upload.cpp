@@ -17,26 +17,6 @@ using protocol::SecAggDownMessage;
 using protocol::SecAggUpMessage;
 using Clock = std::chrono::steady_clock;
 
-std::vector<uint32_t> quantize_update(std::span<const float> delta, float clip, int fraction_bits) {
-  // As crypto::to_fixed_point value by value (clip, then round half away
-  // from zero), with the scale folded into one multiplication.
-  double squares = 0.0;
-  for (float v : delta) squares += static_cast<double>(v) * v;
-  const double norm = std::sqrt(squares);
-  const double one = std::ldexp(1.0, fraction_bits);
-  const double scale = (norm > clip ? clip / norm : 1.0) * one;
-  const double limit = static_cast<double>(clip) * one;
-  // |y| <= limit < 2^31 (SecureOptions::validate), so int32 holds every word.
-  std::vector<uint32_t> out(delta.size());
-  const float* __restrict in = delta.data();
-  uint32_t* __restrict words = out.data();
-  for (size_t i = 0; i < delta.size(); ++i) {
-    const double y = std::min(std::max(static_cast<double>(in[i]) * scale, -limit), limit);
-    words[i] = static_cast<uint32_t>(static_cast<int32_t>(y + std::copysign(0.5, y)));
-  }
-  return out;
-}
-
 namespace {
 
 class Exchange {
@@ -169,7 +149,7 @@ Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const 
         client.emplace(std::move(*started));
         ++outcome.sessions;
         outcome.session = d.session;
-        input = quantize_update(delta, d.clip, d.fraction_bits);
+        input = crypto::quantize_clipped(delta, d.clip, d.fraction_bits);
         outcome.words = input.size();
         if (!options.dump_input.empty()) {
           FEDMESH_RETURN_IF_ERROR(write_file_atomically(

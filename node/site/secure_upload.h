@@ -4,7 +4,7 @@
 // send encrypted shares, send the masked input in pieces, sign the
 // survivors, reveal shares), polling while the others answer. The update is
 // clipped to the session's L2 bound and quantized to fixed point here
-// (crypto::to_fixed_point), then masked by crypto::SecAggClient: it never
+// (crypto::quantize_clipped), then masked by crypto::SecAggClient: it never
 // leaves the process in the clear.
 //
 // The client aborts (wiping its secrets) on anything inconsistent in what
@@ -50,9 +50,6 @@ struct SecureUploadOutcome {
 };
 
 using SecureEventSink = std::function<void(const nlohmann::json&)>;
-
-// Clips `delta` to L2 norm `clip` and quantizes it (fraction_bits) to Z_2^32.
-std::vector<uint32_t> quantize_update(std::span<const float> delta, float clip, int fraction_bits);
 
 Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
                                           const crypto::Roster& roster, uint64_t round, uint64_t base_version,

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "aggregator/simulation.h"
+#include "privacy/rdp_accountant.h"
 #include "kernels/parallel.h"
 #include "tests/support/fashion_data.h"
 
@@ -158,6 +159,77 @@ TEST(Simulation, ASeedReplaysExactly) {
     EXPECT_EQ(a.rounds[i].dropped, b.rounds[i].dropped);
   }
   EXPECT_EQ(a.bytes_sent, b.bytes_sent);
+}
+
+
+// --mode private: every round through the real secure-aggregation protocol.
+// On equal iid shards FedAvg's sample weights are equal too, so with a clip
+// no update reaches, private mode must train like plain FedAvg: the only
+// difference is the 2^-16 fixed-point rounding of each update.
+TEST(Simulation, PrivateModeTrainsLikeFedAvgOnEqualShards) {
+  SimulationOptions plain = small_federation(4);
+  plain.rounds = 4;
+  SimulationOptions secure = plain;
+  secure.secure = true;
+  secure.secure_options.clip = 100.0f;
+  const SimulationSummary a = simulate(plain), b = simulate(secure);
+  ASSERT_EQ(a.rounds.size(), 4u);
+  ASSERT_EQ(b.rounds.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(b.rounds[i].updates, 5);
+    EXPECT_NEAR(b.rounds[i].test_accuracy, a.rounds[i].test_accuracy, 0.01) << "round " << i + 1;
+  }
+  EXPECT_GE(b.rounds.back().test_accuracy, 0.70);
+  // Each site sent its masked input (4 bytes a parameter) and the protocol's keys, shares and signatures.
+  const int64_t masked = int64_t{4} * 5 * 535818 * 4;
+  EXPECT_GT(b.bytes_sent, masked);
+  EXPECT_LT(b.bytes_sent, masked + masked / 100);
+  EXPECT_LT(b.epsilon, 0.0);  // no DP asked
+}
+
+TEST(Simulation, PrivateModeWithDpReportsEpsilonAndSurvivesDropouts) {
+  SimulationOptions options = small_federation(5);
+  options.rounds = 4;
+  options.secure = true;
+  options.dropout = 0.2;
+  options.dp_noise_multiplier = 1.0;
+  const SimulationSummary summary = simulate(options);
+  ASSERT_EQ(summary.rounds.size(), 4u);
+  privacy::ConstantRateAccounting accounting;
+  accounting.q = 1.0;
+  accounting.sigma = 1.0;
+  accounting.delta = 1e-5;
+  int64_t dropped = 0;
+  for (const SimulationRound& round : summary.rounds) {
+    dropped += round.dropped;
+    // A round with a server step released one noised mean; an aborted one released nothing.
+    EXPECT_DOUBLE_EQ(round.epsilon, accounting.after(round.record.version).epsilon);
+    if (round.updates > 0) {
+      EXPECT_EQ(round.updates + round.dropped, 5);
+    }
+  }
+  EXPECT_GT(dropped, 0) << "the seed drew no dropout: the test needs another seed";
+  EXPECT_DOUBLE_EQ(summary.epsilon, summary.rounds.back().epsilon);
+  EXPECT_GT(summary.epsilon, 4.0);
+}
+
+TEST(Simulation, PrivateModeRefusesWhatNeedsIndividualUpdates) {
+  SimulationOptions options = small_federation(1);
+  options.secure = true;
+  EXPECT_TRUE(options.validate().is_ok());
+  options.rounds_options.rule = "median";
+  EXPECT_FALSE(options.validate().is_ok());
+  options = small_federation(1);
+  options.secure = true;
+  options.rounds_options.asynchronous = true;
+  EXPECT_FALSE(options.validate().is_ok());
+  options = small_federation(1);
+  options.secure = true;
+  options.compression = *protocol::make_compression_plan("topk:0.01", {}, 0);
+  EXPECT_FALSE(options.validate().is_ok());
+  options = small_federation(1);
+  options.dp_noise_multiplier = 1.0;  // DP-FedAvg without secure aggregation
+  EXPECT_FALSE(options.validate().is_ok());
 }
 
 TEST(Simulation, BadOptionsAreRefused) {

@@ -4,7 +4,9 @@
 // The sites are killed with SIGKILL (a hidden test flag, --secure-exit-at,
 // makes a site kill itself on reaching a phase, so the kill lands exactly
 // there) and restarted from their stores after the round:
-//   round 1 no kill; rounds 2-6 one site at advertise, share-keys,
+//   round 1 no site killed, but the aggregator, at masked-input (the
+//   restarted aggregator reopens the round, and a new session finishes it);
+//   rounds 2-6 one site at advertise, share-keys,
 //   masked-input, consistency, unmask; rounds 7-11 two sites at each phase;
 //   round 12 three sites at masked-input (more than n - t: the session
 //   aborts and a new session with new keys completes the round).
@@ -196,15 +198,27 @@ TEST(PrivateFederation, SecureSumIsExactWithSitesKilledAtEveryPhase) {
   std::vector<Killed> killed;
   std::map<int, int> restart_after_round;  // site -> restart once this round is over
   int64_t last_round = 0;
-  bool finished = false;
+  bool finished = false, aggregator_killed = false;
   const auto until = std::chrono::steady_clock::now() + 420s;
   while (!finished && std::chrono::steady_clock::now() < until) {
-    const auto round_or_end = [](const json& e) {
-      return e.value("event", "") == "round" || e.value("event", "") == "finished";
+    const auto watched = [&](const json& e) {
+      const std::string kind = e.value("event", "");
+      return kind == "round" || kind == "finished" ||
+             (!aggregator_killed && kind == "secure_phase" && e["round"] == 1 && e["phase"] == "masked-input");
     };
-    if (std::optional<json> seen = wait_for(*aggregator, events, round_or_end, 1s)) {
-      if (seen->value("event", "") == "finished") finished = true;
-      else last_round = (*seen)["round"].get<int64_t>();
+    if (std::optional<json> seen = wait_for(*aggregator, events, watched, 1s)) {
+      const std::string kind = seen->value("event", "");
+      if (kind == "finished") finished = true;
+      else if (kind == "round") last_round = (*seen)["round"].get<int64_t>();
+      else {
+        // The aggregator dies mid-session; the same command reopens the
+        // round, and only a new session (new id, new keys) can finish it.
+        aggregator_killed = true;
+        aggregator->signal(SIGKILL);
+        aggregator->wait();
+        aggregator = federation.aggregator();
+        ASSERT_TRUE(wait_for(*aggregator, events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
+      }
     }
     for (int k = 0; k < kSites; ++k) {
       ChildProcess& site = *sites[static_cast<size_t>(k)];
@@ -254,11 +268,25 @@ TEST(PrivateFederation, SecureSumIsExactWithSitesKilledAtEveryPhase) {
       for (size_t i = 0; i < words.size(); ++i) sum[i] += words[i];
     }
     EXPECT_EQ(sum_digest(sum), e["sum_blake2b"].get<std::string>()) << "round " << round << ": " << e.dump();
-    if (round <= 11) {
+    if (round >= 2 && round <= 11) {
       EXPECT_EQ(sessions[round], 1) << "round " << round << " needed another session with at most 2 kills";
       EXPECT_EQ(aborted[round], 0) << "round " << round;
     }
   }
+  EXPECT_TRUE(aggregator_killed);
+  std::set<std::string> round1_sessions;
+  std::string first_round1_session;
+  bool reopened = false;
+  for (const json& e : events) {
+    if (e.value("event", "") == "secure_session" && e["round"] == 1) {
+      if (first_round1_session.empty()) first_round1_session = e["session"].get<std::string>();
+      round1_sessions.insert(e["session"].get<std::string>());
+    }
+    if (e.value("event", "") == "round_open" && e["round"] == 1 && e.value("reopened", false)) reopened = true;
+  }
+  EXPECT_TRUE(reopened) << "the restarted aggregator did not reopen round 1";
+  EXPECT_GE(round1_sessions.size(), 2u) << "round 1 was not finished by a new session after the aggregator's restart";
+  EXPECT_NE(aggregates[1]["session"].get<std::string>(), first_round1_session) << "a session resumed after a crash";
   EXPECT_GE(aborted[12], 1) << "three kills in round 12 did not abort its first session";
   EXPECT_GE(sessions[12], 2);
   for (const Killed& k : killed) {

@@ -8,6 +8,7 @@
 #include "cli/keygen_command.h"
 #include "cli/node_command.h"
 #include "cli/privacy_command.h"
+#include "cli/provision_command.h"
 #include "cli/roster_command.h"
 #include "cli/sim_command.h"
 #include "cli/status_command.h"
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   fedmesh::cli::add_status_command(app, exit_code);
   fedmesh::cli::add_generate_command(app, exit_code);
   fedmesh::cli::add_privacy_command(app, exit_code);
+  fedmesh::cli::add_provision_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,0 +1,171 @@
+// `fedmesh provision`: kits from one federation description.
+// - Each kit holds its own key pair and no other secret (the admin key stays
+//   in admin/), key files are 0600, and every kit's roster verifies against
+//   the admin key.
+// - The kits run as they are: the aggregator and two sites started with
+//   their start.sh (only the metrics ports and a data limit changed for the
+//   test machine) finish a federation.
+// - Run again with a site added: only the new site gets keys, every other
+//   key file is byte for byte the same, and every kit gets the new roster.
+// - A bad description is refused with the reason.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "support/cluster.h"
+#include "support/fedmesh_run.h"
+#include "support/process.h"
+
+namespace fs = std::filesystem;
+using fedmesh::testing::ChildProcess;
+using fedmesh::testing::run_fedmesh;
+using fedmesh::testing::wait_for;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string slurp(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void spit(const fs::path& file, const std::string& text) { std::ofstream(file, std::ios::binary) << text; }
+
+std::vector<std::string> key_files(const fs::path& dir) {
+  std::vector<std::string> keys;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.path().extension() == ".key") keys.push_back(entry.path().filename().string());
+  }
+  return keys;
+}
+
+class Provision : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("fedmesh-provision-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    port_ = fedmesh::testing::free_ports(4);
+    ASSERT_GT(port_, 0);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void describe(const std::vector<std::string>& sites) {
+    std::string list;
+    for (const std::string& s : sites) list += (list.empty() ? "\"" : ", \"") + s + "\"";
+    spit(dir_ / "federation.toml", "name = \"hospitals\"\naggregator = \"tcp://127.0.0.1:" + std::to_string(port_) +
+                                       "\"\nrounds = 2\nlocal_steps = 5\nsites = [" + list + "]\n");
+  }
+  fedmesh::testing::FedmeshOutput provision() {
+    return run_fedmesh({"provision", "--federation", (dir_ / "federation.toml").string(), "--out", kits().string(),
+                        "--json"});
+  }
+  fs::path kits() const { return dir_ / "kits"; }
+
+  fs::path dir_;
+  int port_ = -1;
+};
+
+TEST_F(Provision, KitsHoldOnlyTheirOwnSecretsAndRunAFederation) {
+  describe({"site-a", "site-b"});
+  const fedmesh::testing::FedmeshOutput made = provision();
+  ASSERT_EQ(made.exit_code, 0) << made.text;
+  EXPECT_EQ(made.last["keys_created"].size(), 4u) << made.text;  // admin, aggregator, site-a, site-b
+
+  EXPECT_EQ(key_files(kits() / "site-a"), std::vector<std::string>{"site-a.key"});
+  EXPECT_EQ(key_files(kits() / "site-b"), std::vector<std::string>{"site-b.key"});
+  EXPECT_EQ(key_files(kits() / "aggregator"), std::vector<std::string>{"aggregator.key"});
+  EXPECT_EQ(key_files(kits() / "admin"), std::vector<std::string>{"admin.key"});
+  for (const char* kit : {"site-a", "site-b", "aggregator"}) {
+    struct stat info {};
+    ASSERT_EQ(::stat((kits() / kit / (std::string(kit) + ".key")).c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 0777, 0600u) << kit;
+    for (const char* file : {"roster.toml", "README.md", "start.sh"}) EXPECT_TRUE(fs::exists(kits() / kit / file)) << kit << "/" << file;
+    const fedmesh::testing::FedmeshOutput verified =
+        run_fedmesh({"roster", "verify", "--roster", (kits() / kit / "roster.toml").string(), "--admin-public",
+                     (kits() / "admin" / "admin.pub").string()});
+    EXPECT_EQ(verified.exit_code, 0) << kit << ": " << verified.text;
+  }
+  EXPECT_NE(slurp(kits() / "site-a" / "README.md").find("secret"), std::string::npos);
+
+  // Run it: the kits' own configs, with this machine's free metrics ports and small data.
+  const auto adapt = [](const fs::path& config, int metrics, const std::string& extra) {
+    std::string text = slurp(config);
+    const size_t at = text.find("metrics = ");
+    text.replace(at, text.find('\n', at) - at, "metrics = \"127.0.0.1:" + std::to_string(metrics) + "\"");
+    spit(config, text + extra);
+  };
+  adapt(kits() / "aggregator" / "agg.toml", port_ + 1, "validation_limit = 500\nlinger_seconds = 5\n");
+  adapt(kits() / "site-a" / "site.toml", port_ + 2, "data.train_limit = 2000\n");
+  adapt(kits() / "site-b" / "site.toml", port_ + 3, "data.train_limit = 2000\n");
+  ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
+  ChildProcess aggregator({"/bin/sh", (kits() / "aggregator" / "start.sh").string(), "--json"});
+  std::vector<json> events;
+  ASSERT_TRUE(wait_for(aggregator, events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
+  ChildProcess a({"/bin/sh", (kits() / "site-a" / "start.sh").string(), "--json"});
+  ChildProcess b({"/bin/sh", (kits() / "site-b" / "start.sh").string(), "--json"});
+  std::optional<json> finished =
+      wait_for(aggregator, events, [](const json& e) { return e.value("event", "") == "finished"; }, 120s);
+  ASSERT_TRUE(finished.has_value()) << "the federation made of the kits did not finish";
+  EXPECT_EQ((*finished)["version"], 2);
+  EXPECT_EQ(a.wait(), 0);
+  EXPECT_EQ(b.wait(), 0);
+  EXPECT_EQ(aggregator.wait(), 0);
+  EXPECT_TRUE(fs::exists(kits() / "site-a" / "site-a.db")) << "the site's store is not in its kit directory";
+}
+
+TEST_F(Provision, AddingASiteRotatesNothingElse) {
+  describe({"site-a", "site-b"});
+  ASSERT_EQ(provision().exit_code, 0);
+  std::vector<std::string> before;
+  for (const char* f : {"admin/admin.key", "aggregator/aggregator.key", "site-a/site-a.key", "site-b/site-b.key"}) {
+    before.push_back(slurp(kits() / f));
+  }
+  describe({"site-a", "site-b", "site-c"});
+  const fedmesh::testing::FedmeshOutput again = provision();
+  ASSERT_EQ(again.exit_code, 0) << again.text;
+  EXPECT_EQ(again.last["keys_created"], json::array({"site-c"})) << again.text;
+  EXPECT_EQ(again.last["keys_kept"].size(), 4u) << again.text;
+  size_t i = 0;
+  for (const char* f : {"admin/admin.key", "aggregator/aggregator.key", "site-a/site-a.key", "site-b/site-b.key"}) {
+    EXPECT_EQ(slurp(kits() / f), before[i++]) << f << " changed";
+  }
+  // Every kit has the new roster, signed by the same admin.
+  for (const char* kit : {"site-a", "site-c", "aggregator"}) {
+    EXPECT_NE(slurp(kits() / kit / "roster.toml").find("site-c"), std::string::npos) << kit;
+    EXPECT_EQ(run_fedmesh({"roster", "verify", "--roster", (kits() / kit / "roster.toml").string(), "--admin-public",
+                           (kits() / "admin" / "admin.pub").string()})
+                  .exit_code,
+              0);
+  }
+  EXPECT_NE(slurp(kits() / "site-c" / "site.toml").find("data.sites = 3"), std::string::npos);
+}
+
+TEST_F(Provision, BadDescriptionsAreRefused) {
+  describe({"site-a", "site-a"});
+  fedmesh::testing::FedmeshOutput out = provision();
+  EXPECT_EQ(out.exit_code, 2);
+  EXPECT_NE(out.text.find("listed twice"), std::string::npos) << out.text;
+  describe({"admin"});
+  out = provision();
+  EXPECT_EQ(out.exit_code, 2);
+  EXPECT_NE(out.text.find("reserved"), std::string::npos) << out.text;
+  spit(dir_ / "federation.toml", "name = \"x\"\nsites = [\"a\"]\nmode = \"secret\"\n");
+  out = provision();
+  EXPECT_EQ(out.exit_code, 2);
+  EXPECT_NE(out.text.find("mode must be trusted or private"), std::string::npos) << out.text;
+  EXPECT_FALSE(fs::exists(kits() / "a")) << "a refused description still made a kit";
+}
+
+}  // namespace

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -279,6 +280,12 @@ class AggregatorServer::Impl {
   void set_service_round();
   protocol::OutgoingMessage announce(const std::string& site) const;
   void refresh_status();
+  // A re-signed roster on disk (`fedmesh roster revoke`, a site added) is
+  // taken without a restart: checked like the one at start-up, then new
+  // handshakes and every message are held to it.
+  void reload_roster_if_changed();
+  std::filesystem::file_time_type roster_mtime{};
+  Clock::time_point last_roster_check{};
   std::string render_metrics() const;
   std::string render_status() const;
 };
@@ -292,6 +299,8 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   if (!membership.is_ok()) return membership.status();
   keys = std::move(membership->keys);
   roster = std::move(membership->roster);
+  std::error_code mtime_error;
+  roster_mtime = std::filesystem::last_write_time(config.roster, mtime_error);
 
   // The model: version 0 is the seeded initial model every site can rebuild.
   Result<std::unique_ptr<node::Sequential>> model = node::make_model(config.model, config.seed);
@@ -601,7 +610,53 @@ void AggregatorServer::Impl::take_completed() {
   }
 }
 
+void AggregatorServer::Impl::reload_roster_if_changed() {
+  if (Clock::now() - last_roster_check < std::chrono::seconds(1)) return;
+  last_roster_check = Clock::now();
+  std::error_code error;
+  const auto mtime = std::filesystem::last_write_time(config.roster, error);
+  if (error || mtime == roster_mtime) return;
+  roster_mtime = mtime;
+  Result<crypto::Membership> membership =
+      crypto::load_membership(config.keys, config.name, config.roster, config.admin_public, config.federation);
+  if (!membership.is_ok()) {
+    emit({{"event", "warning"}, {"message", "the changed roster " + config.roster + " is not taken: " +
+                                                membership.status().message() + "; the one in force stays"}});
+    return;
+  }
+  std::vector<std::string> removed, added;
+  for (const crypto::RosterEntry& e : roster.sites) {
+    const crypto::RosterEntry* now = membership->roster.find(e.identity.name);
+    if (now == nullptr || now->identity != e.identity) removed.push_back(e.identity.name);
+  }
+  for (const crypto::RosterEntry& e : membership->roster.sites) {
+    const crypto::RosterEntry* before = roster.find(e.identity.name);
+    if (before == nullptr || before->identity != e.identity) added.push_back(e.identity.name);
+  }
+  roster = std::move(membership->roster);  // the service and the secure round read this object
+  socket->set_allowlist(protocol::allowlist_from_roster(roster));
+  for (const std::string& name : removed) sites.erase(name);
+  emit({{"event", "roster"}, {"roster", config.roster}, {"sites", roster.sites.size()}, {"removed", removed},
+        {"added", added}});
+}
+
 void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
+  if (roster.find(incoming.peer) == nullptr) {
+    // Connected before its key was revoked: refused by name from now on.
+    {
+      std::lock_guard lock(metrics_mutex);
+      ++refused_by_reason["revoked"];
+    }
+    socket->counters().count_rejection(wire::RejectCode::UNAUTHENTICATED);
+    emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", "unauthenticated"},
+          {"reason", incoming.peer + " is not on the roster (revoked)"}});
+    capnp::MallocMessageBuilder builder;
+    auto reject = builder.initRoot<wire::Message>().initReject();
+    reject.setCode(wire::RejectCode::UNAUTHENTICATED);
+    reject.setText(incoming.peer + " is not on the federation's roster (revoked)");
+    (void)socket->send(incoming.routing_id, protocol::serialize(builder));
+    return;
+  }
   SiteState& site = sites[incoming.peer];
   site.last_contact = Clock::now();
   site.routing_id = incoming.routing_id;
@@ -867,6 +922,7 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
   }
   auto last_refresh = Clock::now();
   while (!stop.load()) {
+    reload_roster_if_changed();
     FEDMESH_RETURN_IF_ERROR(maybe_start_round());
     Result<std::optional<protocol::Incoming>> incoming = socket->receive(std::chrono::milliseconds(50));
     if (!incoming.is_ok()) return incoming.status();

@@ -1,5 +1,6 @@
 #include "cli/roster_command.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -28,6 +29,7 @@ struct RosterFlags {
   std::string site_public;
   std::string role;
   std::string address;
+  std::string site;  // revoke
   bool json = false;
 };
 
@@ -129,6 +131,37 @@ int run_add(const RosterFlags& flags) {
   return 0;
 }
 
+// Removes a member and signs the result in one step: a roster is never left
+// on disk unsigned. The aggregator (and peers) take it without a restart.
+int run_revoke(const RosterFlags& flags) {
+  Result<crypto::Roster> roster = crypto::read_roster(flags.roster);
+  if (!roster.is_ok()) return fail(flags, "revoke", roster.status());
+  Result<crypto::SiteKeys> admin = crypto::read_site_keys(flags.admin_key);
+  if (!admin.is_ok()) return fail(flags, "revoke", admin.status());
+  const auto entry = std::find_if(roster->sites.begin(), roster->sites.end(),
+                                  [&](const crypto::RosterEntry& e) { return e.identity.name == flags.site; });
+  if (entry == roster->sites.end()) {
+    return fail(flags, "revoke", not_found(flags.roster + " lists no member named '" + flags.site + "'"));
+  }
+  if (entry->role == crypto::Role::kAggregator) {
+    return fail(flags, "revoke", invalid_argument("'" + flags.site + "' is the aggregator: a federation cannot revoke "
+                                                  "its aggregator (provision a new one instead)"));
+  }
+  roster->sites.erase(entry);
+  if (Status s = crypto::sign_roster(*roster, *admin); !s.is_ok()) {
+    return fail(flags, "revoke", invalid_argument(flags.admin_key + ": " + s.message()));
+  }
+  if (Status s = crypto::write_roster(*roster, flags.roster); !s.is_ok()) return fail(flags, "revoke", s);
+  if (flags.json) {
+    emit_json({{"event", "summary"}, {"command", "roster revoke"}, {"roster", flags.roster}, {"revoked", flags.site},
+               {"sites", roster->sites.size()}});
+  } else {
+    std::printf("revoked %s: %s re-signed with %zu members; give it to the aggregator and peers (they take it "
+                "without a restart)\n", flags.site.c_str(), flags.roster.c_str(), roster->sites.size());
+  }
+  return 0;
+}
+
 int run_sign(const RosterFlags& flags) {
   Result<crypto::Roster> roster = crypto::read_roster(flags.roster);
   if (!roster.is_ok()) return fail(flags, "sign", roster.status());
@@ -221,6 +254,16 @@ void add_roster_command(CLI::App& app, int& exit_code) {
       ->required();
   sign->add_flag("--json", flags->json, "Print one JSON object");
   sign->callback([flags, &exit_code] { exit_code = run_sign(*flags); });
+
+  CLI::App* revoke = roster->add_subcommand(
+      "revoke", "Remove a site or peer from the roster and re-sign it; a running aggregator or peer reading this "
+                "file takes it without a restart and refuses the revoked key from then on");
+  revoke->add_option("--roster", flags->roster, "Roster file to change (rewritten atomically)")->required();
+  revoke->add_option("--site", flags->site, "The member to remove")->required();
+  revoke->add_option("--admin-key", flags->admin_key, "The admin's ADMIN.key; must match the roster's admin_public")
+      ->required();
+  revoke->add_flag("--json", flags->json, "Print one JSON object");
+  revoke->callback([flags, &exit_code] { exit_code = run_revoke(*flags); });
 
   CLI::App* verify = roster->add_subcommand(
       "verify",

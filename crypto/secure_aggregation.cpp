@@ -459,8 +459,9 @@ Status SecAggServer::advertise(const std::string& site, SecAggAdvertisement a) {
   if (!contains(u0_, site)) return invalid_argument(site + " was not invited to session " + params_.session);
   if (a.site != site) return invalid_argument(site + " advertised keys in the name of " + a.site);
   if (advertised_.count(site) != 0) return invalid_argument(site + " advertised keys twice");
-  if (!verify_detached(secagg_advertisement_bytes(params_, site, a.cipher_public, a.mask_public), a.signature,
-                       *site_key(*roster_, site))) {
+  const SignPublicKey* key = site_key(*roster_, site);
+  if (key == nullptr) return invalid_argument(site + " is no longer a site of the roster");
+  if (!verify_detached(secagg_advertisement_bytes(params_, site, a.cipher_public, a.mask_public), a.signature, *key)) {
     return invalid_argument("the keys of " + site + " are not signed by its roster identity");
   }
   advertised_.emplace(site, std::move(a));
@@ -532,7 +533,9 @@ Status SecAggServer::consistency(const std::string& site, const Signature& signa
   if (phase_ != SecAggPhase::kConsistency) return out_of_phase("a consistency signature", phase_);
   if (!contains(u3_, site)) return invalid_argument(site + " is not a survivor");
   if (signatures_.count(site) != 0) return invalid_argument(site + " signed the survivors twice");
-  if (!verify_detached(secagg_consistency_bytes(params_, u3_), signature, *site_key(*roster_, site))) {
+  const SignPublicKey* key = site_key(*roster_, site);
+  if (key == nullptr) return invalid_argument(site + " is no longer a site of the roster");
+  if (!verify_detached(secagg_consistency_bytes(params_, u3_), signature, *key)) {
     return invalid_argument("the consistency signature of " + site + " does not verify");
   }
   signatures_.emplace(site, signature);

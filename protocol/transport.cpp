@@ -225,6 +225,12 @@ class ZapAuthenticator {
     return Status::ok();
   }
 
+  // A new allowlist (a re-signed roster): handshakes from now on use it.
+  void set_allowlist(Allowlist allowlist) {
+    std::lock_guard lock(mutex_);
+    allowlist_ = std::move(allowlist);
+  }
+
   // The key the self-test uses: refused, and counted apart from strangers.
   void set_self_test_key(const crypto::BoxPublicKey& key) {
     std::lock_guard lock(mutex_);
@@ -257,16 +263,17 @@ class ZapAuthenticator {
         frames[6].size() == crypto::kBoxPublicBytes) {
       crypto::BoxPublicKey key{};
       std::memcpy(key.data(), frames[6].data(), key.size());
-      const auto found = allowlist_.find(key);
-      bool self_test = false;
+      bool self_test = false, allowed = false;
       {
         std::lock_guard lock(mutex_);
         self_test = self_test_key_ && *self_test_key_ == key;
+        const auto found = allowlist_.find(key);
+        allowed = found != allowlist_.end();
+        if (allowed) user = found->second;
       }
-      if (found != allowlist_.end()) {
+      if (allowed) {
         status = "200";
         text = "OK";
-        user = found->second;
         counters_->zap_allowed.fetch_add(1);
       } else {
         text = "key not on the roster";
@@ -289,7 +296,7 @@ class ZapAuthenticator {
     }
   }
 
-  Allowlist allowlist_;
+  Allowlist allowlist_;  // guarded by mutex_
   std::shared_ptr<TransportCounters> counters_;
   OwnedSocket socket_;
   std::thread thread_;
@@ -435,6 +442,10 @@ bool pass_faults(FaultInjector* faults, uint64_t bytes, TransportCounters& count
   }
   if (decision.hold_seconds > 0.0) std::this_thread::sleep_for(std::chrono::duration<double>(decision.hold_seconds));
   return true;
+}
+
+void ServerSocket::set_allowlist(Allowlist allowlist) {
+  if (impl_->zap) impl_->zap->set_allowlist(std::move(allowlist));
 }
 
 Status ServerSocket::send(const std::string& routing_id, OutgoingMessage message) {

@@ -114,6 +114,10 @@ class ServerSocket {
   // message limit come back too: the caller rejects them (read_envelope).
   Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout);
   Status send(const std::string& routing_id, OutgoingMessage message);
+  // Replaces who may connect (a re-signed roster): new handshakes are checked
+  // against it. Connections already made stay up; the caller refuses their
+  // messages by name.
+  void set_allowlist(Allowlist allowlist);
   TransportCounters& counters() { return *counters_; }
   const TransportOptions& options() const { return options_; }
 

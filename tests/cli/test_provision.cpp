@@ -7,10 +7,14 @@
 //   test machine) finish a federation.
 // - Run again with a site added: only the new site gets keys, every other
 //   key file is byte for byte the same, and every kit gets the new roster.
+// - `fedmesh roster revoke` on the running aggregator's roster: it takes the
+//   new roster without a restart, refuses the revoked site (already
+//   connected) by name, and the federation goes on with the others.
 // - A bad description is refused with the reason.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -150,6 +154,66 @@ TEST_F(Provision, AddingASiteRotatesNothingElse) {
               0);
   }
   EXPECT_NE(slurp(kits() / "site-c" / "site.toml").find("data.sites = 3"), std::string::npos);
+}
+
+
+TEST_F(Provision, ARevokedSiteIsRefusedWithoutARestart) {
+  describe({"site-a", "site-b"});
+  ASSERT_EQ(provision().exit_code, 0);
+  const auto edit = [](const fs::path& config, const std::string& key, const std::string& value) {
+    std::string text = slurp(config);
+    const size_t at = text.find(key + " = ");
+    text.replace(at, text.find('\n', at) - at, key + " = " + value);
+    spit(config, text);
+  };
+  const fs::path agg = kits() / "aggregator" / "agg.toml";
+  edit(agg, "metrics", "\"127.0.0.1:" + std::to_string(port_ + 1) + "\"");
+  edit(agg, "rounds", "200");
+  edit(agg, "min_sites", "1");
+  spit(agg, slurp(agg) + "validation_limit = 200\ndeadline_seconds = 4\n");
+  edit(kits() / "site-a" / "site.toml", "metrics", "\"127.0.0.1:" + std::to_string(port_ + 2) + "\"");
+  edit(kits() / "site-b" / "site.toml", "metrics", "\"127.0.0.1:" + std::to_string(port_ + 3) + "\"");
+  for (const char* site : {"site-a", "site-b"}) spit(kits() / site / "site.toml", slurp(kits() / site / "site.toml") + "data.train_limit = 1000\n");
+  ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
+  ChildProcess aggregator({"/bin/sh", (kits() / "aggregator" / "start.sh").string(), "--json"});
+  std::vector<json> events;
+  ASSERT_TRUE(wait_for(aggregator, events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
+  ChildProcess a({"/bin/sh", (kits() / "site-a" / "start.sh").string(), "--json"});
+  ChildProcess b({"/bin/sh", (kits() / "site-b" / "start.sh").string(), "--json"});
+  ASSERT_TRUE(wait_for(aggregator, events, [](const json& e) { return e.value("event", "") == "round" && e["updates"] == 2; }, 90s))
+      << "the two sites never finished a round together";
+
+  const fedmesh::testing::FedmeshOutput revoked =
+      run_fedmesh({"roster", "revoke", "--roster", (kits() / "aggregator" / "roster.toml").string(), "--site", "site-b",
+                   "--admin-key", (kits() / "admin" / "admin.key").string(), "--json"});
+  ASSERT_EQ(revoked.exit_code, 0) << revoked.text;
+  std::optional<json> taken =
+      wait_for(aggregator, events, [](const json& e) { return e.value("event", "") == "roster"; }, 30s);
+  ASSERT_TRUE(taken.has_value()) << "the aggregator did not take the new roster";
+  EXPECT_EQ((*taken)["removed"], json::array({"site-b"}));
+  std::optional<json> refused = wait_for(
+      aggregator, events,
+      [](const json& e) { return e.value("event", "") == "rejected" && e.value("peer", "") == "site-b"; }, 30s);
+  ASSERT_TRUE(refused.has_value()) << "the revoked site's messages were not refused";
+  EXPECT_NE((*refused)["reason"].get<std::string>().find("revoked"), std::string::npos);
+  // The federation goes on with site-a alone.
+  int after = 0;
+  ASSERT_TRUE(wait_for(aggregator, events, [&](const json& e) {
+                return e.value("event", "") == "round" && e["updates"] == 1 && ++after == 2;
+              }, 90s))
+      << "the federation did not go on without the revoked site";
+  for (const json& e : events) {
+    if (e.value("event", "") == "update" && e.value("site", "") == "site-b" && e.value("accepted", false)) {
+      // Updates of site-b before the revocation are fine; none may come after it.
+      EXPECT_LT(&e, &*std::find(events.begin(), events.end(), *taken)) << "an update of the revoked site was accepted";
+    }
+  }
+  aggregator.signal(SIGTERM);
+  a.signal(SIGTERM);
+  b.signal(SIGTERM);
+  aggregator.wait();
+  a.wait();
+  b.wait();
 }
 
 TEST_F(Provision, BadDescriptionsAreRefused) {

@@ -2,6 +2,7 @@
 
 #include <sodium.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "crypto/keys.h"
@@ -31,6 +32,43 @@ std::vector<float> SecureResult::mean(int fraction_bits) const {
   const double scale = std::ldexp(1.0, -fraction_bits) / static_cast<double>(std::max<size_t>(contributors.size(), 1));
   for (size_t i = 0; i < sum.size(); ++i) out[i] = static_cast<float>(static_cast<double>(static_cast<int32_t>(sum[i])) * scale);
   return out;
+}
+
+protocol::SecAggDownMessage secagg_view(const crypto::SecAggServer& s, const std::string& site) {
+  protocol::SecAggDownMessage d;
+  d.round = s.params().round;
+  d.session = s.params().session;
+  d.length = s.params().length;
+  d.phase = s.phase();
+  d.member = s.member(site);
+  d.answered = s.answered(site);
+  d.threshold = s.params().threshold;
+  d.invited = static_cast<uint32_t>(s.invited().size());
+  if (!d.member) return d;
+  switch (d.phase) {
+    case SecAggPhase::kShareKeys: d.advertisements = s.advertisements(); break;
+    case SecAggPhase::kMaskedInput:
+      d.masked_next = s.masked_words_received(site);
+      // The shares once: a site sending its input in pieces has them already.
+      if (d.masked_next == 0) d.shares = s.shares_for(site);
+      break;
+    case SecAggPhase::kConsistency:
+    case SecAggPhase::kDone: d.alive = s.alive(); break;
+    case SecAggPhase::kUnmask: {
+      const crypto::SecAggUnmaskRequest r = s.unmask_request();
+      d.alive = r.alive;
+      d.dropped = r.dropped;
+      d.signatures = r.signatures;
+      break;
+    }
+    default: break;
+  }
+  return d;
+}
+
+void add_dp_fedavg_noise(std::span<float> mean, double noise_multiplier, double clip, size_t contributors, Rng& rng) {
+  const double stddev = noise_multiplier * clip / static_cast<double>(std::max<size_t>(contributors, 1));
+  for (float& v : mean) v = static_cast<float>(v + stddev * rng.normal());
 }
 
 SecureRound::SecureRound(SecureOptions options, const crypto::Roster& roster, std::string federation, uint64_t length,
@@ -91,47 +129,21 @@ void SecureRound::start_session(Clock::time_point now) {
 }
 
 protocol::SecAggDownMessage SecureRound::view(const std::string& site) const {
-  protocol::SecAggDownMessage d;
+  // After a result, until the next round opens, sites see `done`.
+  const bool shown = server_ && (round_open_ || server_->phase() == SecAggPhase::kDone);
+  protocol::SecAggDownMessage d = shown ? secagg_view(*server_, site) : protocol::SecAggDownMessage{};
   d.round = static_cast<uint64_t>(round_);
   d.base_version = static_cast<uint64_t>(base_version_);
   d.clip = options_.clip;
   d.fraction_bits = static_cast<uint8_t>(options_.fraction_bits);
   d.length = length_;
-  // After a result, until the next round opens, sites see `done`.
-  if (!server_ || (!round_open_ && server_->phase() != SecAggPhase::kDone)) {
+  if (!shown) {
     d.phase = SecAggPhase::kAborted;
     d.reason = round_open_ ? last_abort_ : "no round is open";
-    return d;
-  }
-  const crypto::SecAggServer& s = *server_;
-  d.session = s.params().session;
-  d.phase = s.phase();
-  d.member = s.member(site);
-  d.answered = s.answered(site);
-  d.threshold = s.params().threshold;
-  d.invited = static_cast<uint32_t>(s.invited().size());
-  if (!d.member) {
-    d.reason = d.phase == SecAggPhase::kAborted ? s.abort_reason()
+  } else if (!d.member) {
+    d.reason = d.phase == SecAggPhase::kAborted ? server_->abort_reason()
                                                 : "not in session " + d.session + " (it is in phase " +
                                                       crypto::secagg_phase_name(d.phase) + ")";
-    return d;
-  }
-  switch (d.phase) {
-    case SecAggPhase::kShareKeys: d.advertisements = s.advertisements(); break;
-    case SecAggPhase::kMaskedInput:
-      d.shares = s.shares_for(site);
-      d.masked_next = s.masked_words_received(site);
-      break;
-    case SecAggPhase::kConsistency:
-    case SecAggPhase::kDone: d.alive = s.alive(); break;
-    case SecAggPhase::kUnmask: {
-      const crypto::SecAggUnmaskRequest r = s.unmask_request();
-      d.alive = r.alive;
-      d.dropped = r.dropped;
-      d.signatures = r.signatures;
-      break;
-    }
-    default: break;
   }
   return d;
 }

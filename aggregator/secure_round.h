@@ -15,11 +15,13 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "base/random.h"
 #include "crypto/secure_aggregation.h"
 #include "protocol/secagg_wire.h"
 
@@ -44,6 +46,17 @@ struct SecureResult {
   // The mean update: sum decoded from fixed point over the contributors.
   std::vector<float> mean(int fraction_bits) const;
 };
+
+// What `site` is shown of `server`'s session now: the phase, whether it is a
+// member and has answered, and what the phase asks of a member (the key
+// list, its shares until its masked input starts arriving, the survivors,
+// the unmasking request). The one view both the aggregator (SecureRound)
+// and the simulation (secure_session.h) send.
+protocol::SecAggDownMessage secagg_view(const crypto::SecAggServer& server, const std::string& site);
+
+// DP-FedAvg: N(0, (noise_multiplier clip / contributors)^2) added to each
+// coordinate of the mean of `contributors` updates clipped to `clip`.
+void add_dp_fedavg_noise(std::span<float> mean, double noise_multiplier, double clip, size_t contributors, Rng& rng);
 
 class SecureRound {
  public:

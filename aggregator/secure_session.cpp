@@ -32,22 +32,7 @@ Result<SecureSessionOutcome> run_secure_session(const crypto::Roster& roster, co
     outcome.bytes_up += protocol::curve_message_bytes(protocol::encode_secagg_up(m, words).size());
   };
   const auto down = [&](const std::string& site) {
-    // What the site is shown in this phase (as aggregator/secure_round.cpp builds it).
-    protocol::SecAggDownMessage d;
-    d.round = params.round;
-    d.session = params.session;
-    d.phase = server.phase();
-    d.member = true;
-    if (d.phase == SecAggPhase::kShareKeys) d.advertisements = server.advertisements();
-    if (d.phase == SecAggPhase::kMaskedInput) d.shares = server.shares_for(site);
-    if (d.phase == SecAggPhase::kConsistency) d.alive = server.alive();
-    if (d.phase == SecAggPhase::kUnmask) {
-      const crypto::SecAggUnmaskRequest r = server.unmask_request();
-      d.alive = r.alive;
-      d.dropped = r.dropped;
-      d.signatures = r.signatures;
-    }
-    outcome.bytes_down += protocol::curve_message_bytes(protocol::encode_secagg_down(d).size());
+    outcome.bytes_down += protocol::curve_message_bytes(protocol::encode_secagg_down(secagg_view(server, site)).size());
   };
   const auto answers = [&](size_t i) {
     const auto it = dropped_at.find(names[i]);

@@ -21,6 +21,7 @@
 #include "node/data/text_corpus.h"
 #include "node/model.h"
 #include "node/trainer.h"
+#include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
 #include "protocol/model_transfer.h"
 #include "protocol/secagg_wire.h"
@@ -745,22 +746,12 @@ Status AggregatorServer::Impl::finish_secure_round(const SecureResult& result) {
   std::optional<store::PrivacyEntry> entry;
   if (dp) {
     // N(0, (σ C)²) on the sum is N(0, (σ C / k)²) on the mean; the noise is
-    // drawn from a generator seeded by the OS (it must not be predictable).
-    const double k = static_cast<double>(result.contributors.size());
-    const double stddev = config.dp_noise_multiplier * config.secure.clip / k;
+    // drawn from a generator the OS seeds (it must not be predictable).
     uint64_t seed = 0;
     randombytes_buf(&seed, sizeof seed);
     Rng noise(seed);
-    for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
-    entry.emplace();
-    entry->round = manager->round();
-    entry->mechanism = "dp-fedavg";
-    entry->sampling_rate = dp->q;
-    entry->noise_multiplier = dp->sigma;
-    entry->steps = dp_rounds + 1;
-    entry->epsilon = dp->after(dp_rounds + 1).epsilon;
-    entry->delta = dp->delta;
-    entry->rdp_json = nlohmann::json(dp->rdp(dp_rounds + 1)).dump();
+    add_dp_fedavg_noise(mean, config.dp_noise_multiplier, config.secure.clip, result.contributors.size(), noise);
+    entry = privacy::ledger_entry(*dp, "dp-fedavg", manager->round(), dp_rounds + 1);
   }
   Result<RoundRecord> record = manager->close_round_with_mean(std::move(mean), result.contributors);
   if (!record.is_ok()) return record.status();

@@ -350,10 +350,9 @@ class Simulation {
     if (!outcome->done) return manager_->close_round(time);  // aborted: no step this round
     std::vector<float> mean = outcome->result.mean(options_.secure_options.fraction_bits);
     if (options_.dp_noise_multiplier > 0.0) {
-      const double stddev = options_.dp_noise_multiplier * options_.secure_options.clip /
-                            static_cast<double>(outcome->result.contributors.size());
       Rng noise(mix_seed(options_.seed, 0xd9f0 + static_cast<uint64_t>(manager_->round())));
-      for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
+      add_dp_fedavg_noise(mean, options_.dp_noise_multiplier, options_.secure_options.clip,
+                          outcome->result.contributors.size(), noise);
     }
     return manager_->close_round_with_mean(std::move(mean), outcome->result.contributors);
   }

@@ -19,6 +19,7 @@
 #include "node/parallel/rank_group.h"
 #include "node/trainer.h"
 #include "node/training_checkpoint.h"
+#include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
 #include "store/checkpoint_store.h"
 
@@ -52,24 +53,6 @@ struct TrainFlags {
   // say what the accountant reports and when the budget stops the run.
   double dp_delta = 1e-5;
   double dp_target_epsilon = 0.0;  // 0: no target
-};
-
-// The privacy a DP-SGD run spends: `steps` sampled Gaussian steps of
-// sampling rate q = examples per step / training examples (shuffled
-// fixed-size batches, analysed as Poisson sampling at that rate, as Opacus
-// and TensorFlow Privacy tutorials do).
-struct PrivacyAccounting : privacy::ConstantRateAccounting {
-  store::PrivacyEntry entry(int64_t steps) const {
-    store::PrivacyEntry e;
-    e.mechanism = "dp-sgd";
-    e.sampling_rate = q;
-    e.noise_multiplier = sigma;
-    e.steps = steps;
-    e.epsilon = after(steps).epsilon;
-    e.delta = delta;
-    e.rdp_json = nlohmann::json(rdp(steps)).dump();
-    return e;
-  }
 };
 
 // Exit codes: 2 for input the user must fix, 1 for a failure while training.
@@ -272,8 +255,11 @@ int run_train(TrainFlags& flags) {
   if (flags.group.launched()) return run_train_rank(flags, *train);
 
   // DP-SGD: the accountant, and a target budget caps the steps up front, so
-  // that no step is taken whose epsilon would exceed it.
-  std::optional<PrivacyAccounting> accounting;
+  // that no step is taken whose epsilon would exceed it. Sampling rate q =
+  // examples per step / training examples (shuffled fixed-size batches,
+  // analysed as Poisson sampling at that rate, as Opacus and TensorFlow
+  // Privacy tutorials do).
+  std::optional<privacy::ConstantRateAccounting> accounting;
   if (flags.options.dp_clip_norm > 0.0f) {
     accounting.emplace();
     accounting->q = std::min(1.0, static_cast<double>(flags.options.batch_size * flags.options.grad_accumulation) /
@@ -393,7 +379,7 @@ int run_train(TrainFlags& flags) {
     metrics.update(last_test);
     std::optional<store::PrivacyEntry> privacy;
     if (accounting) {
-      privacy = accounting->entry(trainer.state().step);
+      privacy = privacy::ledger_entry(*accounting, "dp-sgd", 0, trainer.state().step);  // commit sets the round
       metrics["epsilon"] = privacy->epsilon;
       metrics["delta"] = privacy->delta;
     }

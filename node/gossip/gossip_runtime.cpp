@@ -27,6 +27,7 @@
 #include "kernels/parallel.h"
 #include "node/gossip/swim_wire.h"
 #include "node/model.h"
+#include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
 #include "protocol/transport.h"
 #include "protocol/update_service.h"
@@ -395,16 +396,7 @@ Status GossipRuntime::Impl::commit(const nlohmann::json& metrics, bool new_round
   store::RoundToCommit round;
   round.round = ++commits;
   if (dp && new_round) {
-    store::PrivacyEntry entry;
-    entry.round = round.round;
-    entry.mechanism = "gossip-local";
-    entry.sampling_rate = dp->q;
-    entry.noise_multiplier = dp->sigma;
-    entry.steps = static_cast<int64_t>(version);
-    entry.epsilon = dp->after(entry.steps).epsilon;
-    entry.delta = dp->delta;
-    entry.rdp_json = nlohmann::json(dp->rdp(entry.steps)).dump();
-    round.privacy = entry;
+    round.privacy = privacy::ledger_entry(*dp, "gossip-local", round.round, static_cast<int64_t>(version));
   }
   round.model_version = static_cast<int64_t>(version);
   round.metrics_json = metrics.dump();

@@ -117,6 +117,14 @@ class SiteRuntime::Impl {
   Status adopt(const Announcement& a);
   Status train_and_send(const Announcement& a);
   Status send_secure(const Announcement& a, const TrainedUpdate& update, Clock::time_point started);
+  // What /metrics and /status show of the round's update.
+  void note_update(bool accepted, double train_loss, double local_accuracy, uint64_t round) {
+    std::lock_guard lock(metrics_mutex);
+    (accepted ? sent_total : rejected_total) += 1;
+    last_train_loss = train_loss;
+    last_local_accuracy = local_accuracy;
+    shown_round = round;
+  }
   void heartbeat_if_due();
   std::string render_metrics() const;
   std::string render_status() const;
@@ -451,13 +459,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   if (!outcome.is_ok() || !outcome->accepted) compressor->rollback();
   if (!outcome.is_ok()) return outcome.status();
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  {
-    std::lock_guard lock(metrics_mutex);
-    (outcome->accepted ? sent_total : rejected_total) += 1;
-    last_train_loss = summary.final_train_loss;
-    last_local_accuracy = local_eval.accuracy;
-    shown_round = a.round;
-  }
+  note_update(outcome->accepted, summary.final_train_loss, local_eval.accuracy, a.round);
   nlohmann::json event = {{"event", "update"}, {"round", a.round}, {"version", a.version},
                           {"accepted", outcome->accepted}, {"train_loss", summary.final_train_loss},
                           {"local_accuracy", local_eval.accuracy}, {"steps", summary.steps},
@@ -484,13 +486,7 @@ Status SiteRuntime::Impl::send_secure(const Announcement& a, const TrainedUpdate
       secure_upload(*socket, keys, roster, a.round, a.version, update.delta, options, emit);
   if (!outcome.is_ok()) return outcome.status();
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  {
-    std::lock_guard lock(metrics_mutex);
-    (outcome->contributed ? sent_total : rejected_total) += 1;
-    last_train_loss = update.train_loss;
-    last_local_accuracy = update.local_accuracy;
-    shown_round = a.round;
-  }
+  note_update(outcome->contributed, update.train_loss, update.local_accuracy, a.round);
   nlohmann::json event = {{"event", "update"}, {"round", a.round}, {"version", a.version}, {"secure", true},
                           {"accepted", outcome->contributed}, {"session", outcome->session},
                           {"sessions", outcome->sessions}, {"train_loss", update.train_loss},

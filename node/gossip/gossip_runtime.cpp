@@ -210,6 +210,8 @@ class GossipRuntime::Impl {
   void flush_swim();
   void note_events();
   std::vector<std::string> alive_members() const;
+  // Whether the versions of min(catch_up_donors, alive others) members are known.
+  bool heard_enough_versions() const;
   uint64_t next_sequence() { return last_sequence = std::max(last_sequence + 1, unix_micros()); }
   Result<protocol::PreparedUpdate> prepare(const std::string& to, std::vector<protocol::EncodedTensor> tensors,
                                            const std::array<float, 4>& meta);
@@ -592,6 +594,16 @@ std::vector<std::string> GossipRuntime::Impl::alive_members() const {
   return names;
 }
 
+bool GossipRuntime::Impl::heard_enough_versions() const {
+  size_t others = 0, heard = 0;
+  for (const std::string& name : alive_members()) {
+    if (name == config.site.name) continue;
+    ++others;
+    if (peer_versions.contains(name)) ++heard;
+  }
+  return heard >= std::min(others, static_cast<size_t>(config.catch_up_donors));
+}
+
 Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string& to,
                                                               std::vector<protocol::EncodedTensor> tensors,
                                                               const std::array<float, 4>& meta) {
@@ -913,8 +925,20 @@ const std::string& GossipRuntime::metrics_address() const { return impl_->metric
 
 Status GossipRuntime::run(const std::atomic<bool>& stop) {
   Impl& s = *impl_;
-  // Hear from the members (their versions) before deciding to catch up.
-  s.pump(std::min(3.0, 2.0 * s.config.swim.period_seconds + 0.5));
+  // Hear from the members (their versions) before deciding to catch up: at
+  // least about two SWIM periods, and up to four periods more until as many
+  // members as catch-up donors (or every alive member) have told us theirs.
+  // A restarted node is pinged by few until it is known alive again, so a
+  // fixed wait could leave it knowing no version and skipping its catch-up.
+  {
+    const double began = s.now();
+    const double at_least = std::min(3.0, 2.0 * s.config.swim.period_seconds + 0.5);
+    const double at_most = at_least + 4.0 * s.config.swim.period_seconds;
+    while (!stop.load() && s.now() - began < at_most) {
+      s.pump(0.05);
+      if (s.now() - began >= at_least && s.heard_enough_versions()) break;
+    }
+  }
   TrainOptions evaluation = s.config.site.local;
   evaluation.max_steps = 1;
   Trainer evaluator(*s.worker, evaluation);

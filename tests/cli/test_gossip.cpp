@@ -167,6 +167,15 @@ class GossipCluster {
     return out;
   }
 
+  // The round number of peer k's last round event (0: none).
+  int64_t last_round(int k) {
+    const std::vector<json>& events = peer(k).events;
+    for (auto it = events.rbegin(); it != events.rend(); ++it) {
+      if (it->value("event", "") == "round") return it->value("round", int64_t{0});
+    }
+    return 0;
+  }
+
   // The last round event of peer k with a consensus distance.
   std::optional<json> last_consensus(int k) {
     const std::vector<json>& events = peer(k).events;
@@ -231,7 +240,16 @@ TEST(Gossip, EightPeersConvergeSurviveTwoKillsAndARestartedPeerCatchesUp) {
         << "site-" << k << " after the two deaths";
   }
 
-  // site-6 comes back from its store and catches up.
+  // site-6 comes back from its store and catches up. The survivors first get
+  // more than gossip.catch_up_lag (10) versions ahead of its last round, so
+  // that it comes back behind on any machine, however slow.
+  const int64_t site6_last = cluster.last_round(6);
+  EXPECT_TRUE(cluster.pump_until([&] {
+    for (int k = 0; k < 6; ++k) {
+      if (cluster.last_round(k) < site6_last + 12) return false;
+    }
+    return true;
+  }, 120s)) << "the survivors should get 12 versions ahead of site-6's " << site6_last;
   for (int k = 0; k < kPeers; ++k) marks[static_cast<size_t>(k)] = cluster.peer(k).events.size();
   cluster.peer(6).events.clear();
   cluster.peer(6).rounds = 0;

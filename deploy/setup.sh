@@ -13,7 +13,7 @@ PACKAGES=(
   libcli11-dev libtomlplusplus-dev libfmt-dev libspdlog-dev
   nlohmann-json3-dev libcpp-httplib-dev
   clang libclang-rt-dev
-  python3-numpy python3-yaml systemd
+  python3-numpy python3-yaml systemd iproute2
   dataset-fashion-mnist bible-kjv
 )
 

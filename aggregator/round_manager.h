@@ -118,6 +118,10 @@ class RoundManager {
   int64_t round() const { return round_; }
   bool round_open() const { return round_open_; }
   const std::vector<std::string>& sampled() const { return sampled_; }
+  // The updates taken into the open round (or the async buffer) so far.
+  const std::vector<AppliedUpdateRecord>& buffered() const { return buffer_info_; }
+  // Sync: when the open round closes, on the caller's clock.
+  double deadline() const { return deadline_; }
   const std::vector<Tensor>& model() const { return model_; }
   const std::vector<std::string>& names() const { return names_; }
   int64_t parameter_count() const { return parameter_count_; }

@@ -4,14 +4,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include <sodium.h>
 
+#include "aggregator/dashboard_page.h"
 #include "aggregator/manager_checkpoint.h"
+#include "aggregator/site_state.h"
 #include "base/http_endpoint.h"
 #include "base/prometheus.h"
 #include "crypto/keys.h"
@@ -41,6 +45,19 @@ Status AggregatorConfig::validate() const {
   if (!(site_timeout_seconds > 0.0)) return invalid_argument("site_timeout_seconds must be > 0");
   if (!(linger_seconds >= 0.0)) return invalid_argument("linger_seconds must be >= 0");
   if (validation_limit < 0) return invalid_argument("validation_limit must be >= 0");
+  if (!metrics.empty()) {
+    std::string host;
+    int port = 0;
+    if (Status s = parse_host_port(metrics, host, port); !s.is_ok()) return invalid_argument("metrics: " + s.message());
+    if (!metrics_token.empty()) {
+      if (Status s = check_access_token(metrics_token); !s.is_ok()) return invalid_argument("metrics_token: " + s.message());
+    } else if (!is_loopback_host(host)) {
+      return invalid_argument("metrics = \"" + metrics + "\" serves /dashboard, /status and /metrics beyond this machine: "
+                              "set metrics_token (or --metrics-token, or FEDMESH_METRICS_TOKEN) to an access token of at "
+                              "least " + std::to_string(kMinAccessTokenChars) + " characters (e.g. `openssl rand -hex "
+                              "32`), or bind it to 127.0.0.1");
+    }
+  }
   if (privacy_mode != "trusted" && privacy_mode != "private") {
     return invalid_argument("privacy.mode must be trusted or private, not '" + privacy_mode + "'");
   }
@@ -77,7 +94,7 @@ Status AggregatorConfig::validate() const {
   return rounds_options.validate();
 }
 
-Result<AggregatorConfig> read_aggregator_config(const std::string& path) {
+Result<AggregatorConfig> read_aggregator_config(const std::string& path, const AggregatorConfigOverrides& overrides) {
   Result<toml::table> table = crypto::read_toml_file(path);
   if (!table.is_ok()) return table.status();
   AggregatorConfig c;
@@ -90,6 +107,7 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path) {
   r.require("admin_public", c.admin_public);
   r.read("store", c.store);
   r.read("metrics", c.metrics);
+  r.read("metrics_token", c.metrics_token);
   r.read("model", c.model);
   r.read("seed", c.seed);
   r.read("rounds", c.rounds);
@@ -156,6 +174,8 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path) {
   if (!s.is_ok()) return invalid_argument(path + ": " + s.status().message());
   o.staleness = *s;
   o.seed = c.seed;
+  if (overrides.metrics) c.metrics = *overrides.metrics;
+  if (overrides.metrics_token) c.metrics_token = *overrides.metrics_token;
   if (Status v = c.validate(); !v.is_ok()) return invalid_argument(path + ": " + v.message());
   return c;
 }
@@ -169,13 +189,24 @@ uint64_t unix_ms() {
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
-struct SiteState {
+struct SiteRecord {
   std::string routing_id;
   Clock::time_point last_contact{};
-  int64_t updates_accepted = 0, updates_refused = 0;
+  int64_t updates_accepted = 0;
+  int64_t refused = 0;  // its updates and messages refused, for any reason
   double local_loss = 0.0, local_accuracy = 0.0, train_loss = 0.0;
   int64_t report_round = -1;
+  int64_t last_staleness = -1;  // of its last accepted update (-1: none yet)
+  bool missed_round = false;    // late (aggregator/site_state.h)
 };
+
+// What /status and the dashboard keep, each bounded: the rounds charted,
+// the last rounds `fedmesh status` lists, the refusals shown with their
+// reasons (and how much of each reason).
+constexpr size_t kRoundHistoryShown = 500;
+constexpr size_t kRecentRoundsShown = 10;
+constexpr size_t kRecentRejectionsShown = 50;
+constexpr size_t kRejectionReasonShownChars = 240;
 
 // A pending update's payload in the store: round, base version, sample
 // count, the site's reported loss and accuracy, then the delta (fp32).
@@ -234,7 +265,8 @@ class AggregatorServer::Impl {
   std::unique_ptr<protocol::UpdateService> service;
   protocol::ModelPublisher publisher;
   std::unique_ptr<HttpEndpoint> http;
-  std::map<std::string, SiteState> sites;
+  std::atomic<const HttpEndpoint*> serving{nullptr};  // `http` once set, for the pages it renders
+  std::map<std::string, SiteRecord> sites;
   Clock::time_point started = Clock::now();
   Clock::time_point round_started = Clock::now();
   std::optional<Clock::time_point> finished_at;
@@ -252,10 +284,15 @@ class AggregatorServer::Impl {
   Histogram staleness_histogram{{0, 1, 2, 4, 8, 16, 32}};
   double last_round_seconds = 0.0, last_aggregation_gbps = 0.0;
   double last_accuracy = -1.0, last_loss = -1.0;
-  std::vector<nlohmann::json> recent_rounds;
+  std::deque<nlohmann::json> round_history;        // the round events, oldest first
+  std::deque<nlohmann::json> recent_rejections;    // newest last
   nlohmann::json sites_json = nlohmann::json::array();
+  nlohmann::json progress_json = nlohmann::json::object();
   int64_t shown_round = 0, shown_version = 0;  // the manager's, copied by refresh_status()
   bool shown_open = false, shown_finished = false;
+  // Sites taken off the roster while this process ran, with what was known
+  // of them (bounded by the rosters seen): shown as revoked, never sampled.
+  std::map<std::string, SiteRecord> revoked_sites;
 
   double now() const { return std::chrono::duration<double>(Clock::now() - started).count(); }
 
@@ -281,6 +318,10 @@ class AggregatorServer::Impl {
   void set_service_round();
   protocol::OutgoingMessage announce(const std::string& site) const;
   void refresh_status();
+  // Counts a refused message or update by reason and keeps it for /status.
+  void record_rejection(const std::string& peer, const std::string& code, const std::string& reason);
+  // Sync: the sites sampled for the round just closed that sent nothing in it are late.
+  void note_round_closed(const std::vector<std::string>& delivered);
   // A re-signed roster on disk (`fedmesh roster revoke`, a site added) is
   // taken without a restart: checked like the one at start-up, then new
   // handshakes and every message are held to it.
@@ -288,6 +329,10 @@ class AggregatorServer::Impl {
   std::filesystem::file_time_type roster_mtime{};
   Clock::time_point last_roster_check{};
   std::string render_metrics() const;
+  int64_t unauthorized_requests() const {
+    const HttpEndpoint* endpoint = serving.load();
+    return endpoint ? endpoint->unauthorized_requests() : 0;
+  }
   std::string render_status() const;
 };
 
@@ -373,11 +418,22 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   set_service_round();
   FEDMESH_RETURN_IF_ERROR(publish());
 
-  Result<std::unique_ptr<HttpEndpoint>> endpoint =
-      serve_metrics_and_status(config.metrics, [this] { return render_metrics(); }, [this] { return render_status(); });
-  if (!endpoint.is_ok()) return endpoint.status();
-  http = std::move(*endpoint);
-  if (http) metrics_address = http->address();
+  if (!config.metrics.empty()) {
+    // With a token, /metrics needs it too (Prometheus sends it: a scrape
+    // job's `authorization`): the counters tell who is active and when.
+    // /healthz stays open for liveness probes.
+    std::map<std::string, HttpPage> pages =
+        metrics_and_status_pages([this] { return render_metrics(); }, [this] { return render_status(); });
+    const HttpPage dashboard{"text/html; charset=utf-8", [] { return std::string(dashboard_page()); }};
+    pages["/dashboard"] = dashboard;
+    pages["/"] = dashboard;
+    Result<std::unique_ptr<HttpEndpoint>> endpoint =
+        HttpEndpoint::start(config.metrics, std::move(pages), HttpEndpointOptions{config.metrics_token});
+    if (!endpoint.is_ok()) return endpoint.status();
+    http = std::move(*endpoint);
+    serving.store(http.get());
+    metrics_address = http->address();
+  }
   return Status::ok();
 }
 
@@ -531,7 +587,7 @@ bool AggregatorServer::Impl::handle_other(const protocol::Incoming& incoming, co
     }
     case wire::Message::SITE_REPORT: {
       const auto report = root.getSiteReport();
-      SiteState& site = sites[incoming.peer];
+      SiteRecord& site = sites[incoming.peer];
       const double values[3] = {report.getTrainLoss(), report.getLocalLoss(), report.getLocalAccuracy()};
       for (double v : values) {
         if (!std::isfinite(v)) {
@@ -558,19 +614,21 @@ void AggregatorServer::Impl::submit(SiteUpdate update, bool from_store) {
   const std::string id = update.id, site = update.site;
   const int64_t tau = manager->version() - update.base_version;
   Result<std::optional<RoundRecord>> submitted = manager->submit(std::move(update), now());
-  SiteState& state = sites[site];
+  SiteRecord& state = sites[site];
   if (!submitted.is_ok()) {
-    ++state.updates_refused;
+    ++state.refused;
     {
       std::lock_guard lock(metrics_mutex);
       ++refused_total;
-      ++refused_by_reason["round-manager"];
     }
+    record_rejection(site, "round-manager", submitted.status().message());
     emit({{"event", "update"}, {"site", site}, {"id", id}, {"accepted", false}, {"from_store", from_store},
           {"reason", submitted.status().message()}});
     return;
   }
   ++state.updates_accepted;
+  state.last_staleness = tau;
+  state.missed_round = false;
   {
     std::lock_guard lock(metrics_mutex);
     ++accepted_total;
@@ -591,7 +649,7 @@ void AggregatorServer::Impl::take_completed() {
     update.round = static_cast<int64_t>(received.metadata.round);
     update.base_version = static_cast<int64_t>(received.metadata.base_version);
     update.sample_count = static_cast<int64_t>(std::min<uint64_t>(received.metadata.sample_count, INT64_MAX));
-    const SiteState& site = sites[update.site];
+    const SiteRecord& site = sites[update.site];
     update.local_loss = site.local_loss;
     update.local_accuracy = site.local_accuracy;
     size_t total = 0;
@@ -636,7 +694,14 @@ void AggregatorServer::Impl::reload_roster_if_changed() {
   }
   roster = std::move(membership->roster);  // the service and the secure round read this object
   socket->set_allowlist(protocol::allowlist_from_roster(roster));
-  for (const std::string& name : removed) sites.erase(name);
+  for (const std::string& name : removed) {
+    const auto known = sites.find(name);
+    if (roster.find(name) == nullptr) {  // not a new key: gone
+      revoked_sites[name] = known == sites.end() ? SiteRecord{} : known->second;
+    }
+    if (known != sites.end()) sites.erase(known);
+  }
+  for (const std::string& name : added) revoked_sites.erase(name);
   emit({{"event", "roster"}, {"roster", config.roster}, {"sites", roster.sites.size()}, {"removed", removed},
         {"added", added}});
 }
@@ -644,10 +709,11 @@ void AggregatorServer::Impl::reload_roster_if_changed() {
 void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
   if (roster.find(incoming.peer) == nullptr) {
     // Connected before its key was revoked: refused by name from now on.
-    {
-      std::lock_guard lock(metrics_mutex);
-      ++refused_by_reason["revoked"];
+    if (const auto revoked = revoked_sites.find(incoming.peer); revoked != revoked_sites.end()) {
+      revoked->second.last_contact = Clock::now();
+      ++revoked->second.refused;
     }
+    record_rejection(incoming.peer, "revoked", incoming.peer + " is not on the roster (revoked)");
     socket->counters().count_rejection(wire::RejectCode::UNAUTHENTICATED);
     emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", "unauthenticated"},
           {"reason", incoming.peer + " is not on the roster (revoked)"}});
@@ -658,14 +724,16 @@ void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
     (void)socket->send(incoming.routing_id, protocol::serialize(builder));
     return;
   }
-  SiteState& site = sites[incoming.peer];
+  SiteRecord& site = sites[incoming.peer];
   site.last_contact = Clock::now();
   site.routing_id = incoming.routing_id;
   std::optional<protocol::OutgoingMessage> reply = service->handle(incoming);
   take_completed();  // before the reply: the Ack{complete} follows the durable write
   if (const auto& refused = service->last_rejection()) {
-    std::lock_guard lock(metrics_mutex);
-    ++refused_by_reason[protocol::reject_code_name(refused->code)];
+    // An update for a round that has closed: the site is late.
+    if (refused->code == wire::RejectCode::WRONG_ROUND) site.missed_round = true;
+    ++site.refused;
+    record_rejection(incoming.peer, protocol::reject_code_name(refused->code), refused->reason);
     emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", protocol::reject_code_name(refused->code)},
           {"reason", refused->reason}});
   }
@@ -755,6 +823,7 @@ Status AggregatorServer::Impl::finish_secure_round(const SecureResult& result) {
   }
   Result<RoundRecord> record = manager->close_round_with_mean(std::move(mean), result.contributors);
   if (!record.is_ok()) return record.status();
+  note_round_closed(result.contributors);
   FEDMESH_RETURN_IF_ERROR(finish_step(*record, entry));
   if (entry) ++dp_rounds;
   return Status::ok();
@@ -787,7 +856,13 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
   }
   nlohmann::json site_metrics = nlohmann::json::object();
   for (const AppliedUpdateRecord& applied : record.applied) {
-    const SiteState& site = sites[applied.site];
+    // Looked up, never added: a site revoked since it sent, or private
+    // mode's one "secure-aggregate", is no site to show.
+    const auto known = sites.find(applied.site);
+    const auto revoked = revoked_sites.find(applied.site);
+    const SiteRecord site = known != sites.end()           ? known->second
+                            : revoked != revoked_sites.end() ? revoked->second
+                                                             : SiteRecord{};
     site_metrics[applied.site] = {{"local_loss", site.local_loss}, {"local_accuracy", site.local_accuracy}};
   }
   metrics["sites"] = site_metrics;
@@ -832,8 +907,8 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
       last_accuracy = accuracy;
       last_loss = loss;
     }
-    recent_rounds.push_back(event);
-    if (recent_rounds.size() > 10) recent_rounds.erase(recent_rounds.begin());
+    round_history.push_back(event);
+    if (round_history.size() > kRoundHistoryShown) round_history.pop_front();
   }
   emit(event);
   round_started = Clock::now();
@@ -842,22 +917,91 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
 }
 
 void AggregatorServer::Impl::refresh_status() {
+  const bool asynchronous = config.rounds_options.asynchronous;
+  const bool open = manager->round_open();
+  std::set<std::string> delivered, sampled;
+  for (const AppliedUpdateRecord& update : manager->buffered()) delivered.insert(update.site);
+  if (open) sampled.insert(manager->sampled().begin(), manager->sampled().end());
+  // Every site on the roster (never heard from: dropped), every one heard
+  // from, and those revoked while this process ran.
+  std::set<std::string> names;
+  for (const auto& [name, site] : revoked_sites) names.insert(name);
+  for (const crypto::RosterEntry& e : roster.sites) {
+    if (e.role == crypto::Role::kSite) names.insert(e.identity.name);
+  }
+  for (const auto& [name, site] : sites) names.insert(name);
   nlohmann::json list = nlohmann::json::array();
   const auto now_point = Clock::now();
-  for (const auto& [name, site] : sites) {
+  for (const std::string& name : names) {
+    const auto known = sites.find(name);
+    const auto revoked = revoked_sites.find(name);
+    const SiteRecord site = known != sites.end()     ? known->second
+                            : revoked != revoked_sites.end() ? revoked->second
+                                                             : SiteRecord{};
     const double ago = site.last_contact.time_since_epoch().count() == 0
                            ? -1.0
                            : std::chrono::duration<double>(now_point - site.last_contact).count();
-    list.push_back({{"site", name}, {"last_contact_seconds", ago}, {"accepted", site.updates_accepted},
-                    {"refused", site.updates_refused}, {"local_accuracy", site.local_accuracy},
-                    {"connected", ago >= 0 && ago < config.site_timeout_seconds}});
+    SiteFacts facts;
+    facts.on_roster = roster.find(name) != nullptr;
+    facts.seconds_since_contact = ago;
+    facts.asynchronous = asynchronous;
+    facts.sampled_in_open_round = sampled.count(name) > 0;
+    facts.delivered_this_round = delivered.count(name) > 0;
+    facts.missed_last_round = site.missed_round;
+    const char* state = site_state_name(classify_site(facts, config.site_timeout_seconds));
+    list.push_back({{"site", name}, {"state", state}, {"last_contact_seconds", ago},
+                    {"accepted", site.updates_accepted}, {"refused", site.refused},
+                    {"local_accuracy", site.local_accuracy}, {"local_loss", site.local_loss},
+                    {"train_loss", site.train_loss}, {"report_round", site.report_round},
+                    {"staleness", site.last_staleness}, {"sampled", facts.sampled_in_open_round},
+                    {"delivered", facts.delivered_this_round},
+                    {"connected", facts.on_roster && ago >= 0 && ago < config.site_timeout_seconds}});
+  }
+  // Where the round stands: updates in of those wanted, and its deadline.
+  nlohmann::json progress = {{"mode", asynchronous ? "async" : "sync"}, {"open", asynchronous || open},
+                             {"secure", config.is_private()}};
+  if (asynchronous) {
+    progress["received"] = manager->buffered().size();
+    progress["wanted"] = config.rounds_options.fedasync_mixing > 0.0 ? 1 : config.rounds_options.buffer_size;
+  } else {
+    progress["round"] = manager->round();
+    progress["sampled"] = open ? manager->sampled().size() : 0;
+    // Private mode: the aggregator sees no update alone, only the sum (-1).
+    progress["received"] = config.is_private() ? int64_t{-1} : static_cast<int64_t>(manager->buffered().size());
+    progress["wanted"] = open ? manager->sampled().size() : 0;
+    progress["min_updates"] = config.rounds_options.min_updates;
+    progress["deadline_seconds"] = config.rounds_options.round_deadline_seconds;
+    if (open) {
+      const double left = std::max(0.0, manager->deadline() - now());
+      progress["deadline_seconds_left"] = left;
+      progress["deadline_unix_ms"] = unix_ms() + static_cast<uint64_t>(left * 1000.0);
+    }
   }
   std::lock_guard lock(metrics_mutex);
   sites_json = std::move(list);
+  progress_json = std::move(progress);
   shown_round = manager->round();
   shown_version = manager->version();
-  shown_open = manager->round_open();
+  shown_open = open;
   shown_finished = finished();
+}
+
+void AggregatorServer::Impl::record_rejection(const std::string& peer, const std::string& code,
+                                              const std::string& reason) {
+  std::lock_guard lock(metrics_mutex);
+  ++refused_by_reason[code];
+  recent_rejections.push_back({{"unix_ms", unix_ms()}, {"peer", peer}, {"code", code},
+                               {"reason", reason.substr(0, kRejectionReasonShownChars)}});
+  if (recent_rejections.size() > kRecentRejectionsShown) recent_rejections.pop_front();
+}
+
+void AggregatorServer::Impl::note_round_closed(const std::vector<std::string>& delivered) {
+  for (const std::string& name : manager->sampled()) {
+    const auto site = sites.find(name);  // gone if revoked meanwhile
+    if (site != sites.end() && std::find(delivered.begin(), delivered.end(), name) == delivered.end()) {
+      site->second.missed_round = true;
+    }
+  }
 }
 
 std::string AggregatorServer::Impl::render_metrics() const {
@@ -885,24 +1029,67 @@ std::string AggregatorServer::Impl::render_metrics() const {
   out.histogram("fedmesh_update_staleness", "Staleness tau of accepted updates (server versions)", staleness_histogram);
   out.gauge("fedmesh_round_duration_seconds", "Wall time of the last server step", last_round_seconds);
   if (last_accuracy >= 0.0) out.gauge("fedmesh_global_accuracy", "Validation accuracy of the global model", last_accuracy);
+  out.header("fedmesh_sites", "gauge", "Sites by state (connected, training, late, dropped, revoked)");
+  for (const SiteState state : {SiteState::kConnected, SiteState::kTraining, SiteState::kLate, SiteState::kDropped,
+                                SiteState::kRevoked}) {
+    int64_t count = 0;
+    for (const auto& site : sites_json) count += site["state"] == site_state_name(state) ? 1 : 0;
+    out.sample("fedmesh_sites", {{"state", site_state_name(state)}}, static_cast<double>(count));
+  }
+  out.counter("fedmesh_http_unauthorized_total", "Requests to this endpoint refused for want of the access token",
+              static_cast<double>(unauthorized_requests()));
   return out.text();
 }
 
 std::string AggregatorServer::Impl::render_status() const {
   std::lock_guard lock(metrics_mutex);
+  nlohmann::json recent_rounds = nlohmann::json::array(), history = nlohmann::json::array();
+  for (size_t i = 0; i < round_history.size(); ++i) {
+    const nlohmann::json& e = round_history[i];
+    if (i + kRecentRoundsShown >= round_history.size()) recent_rounds.push_back(e);
+    nlohmann::json point = {{"round", e["round"]}, {"version", e["version"]}, {"updates", e["updates"]},
+                            {"seconds", e["seconds"]}, {"closed_by_deadline", e["closed_by_deadline"]},
+                            {"bytes_sent", e["bytes_sent"]}, {"bytes_received", e["bytes_received"]},
+                            {"staleness", e["staleness"]}};
+    for (const char* key : {"test_accuracy", "test_loss", "epsilon"}) {
+      if (e.contains(key)) point[key] = e[key];
+    }
+    history.push_back(std::move(point));
+  }
+  nlohmann::json rejections = nlohmann::json::array();
+  for (auto it = recent_rejections.rbegin(); it != recent_rejections.rend(); ++it) rejections.push_back(*it);
+  int64_t rejections_total = 0;
+  for (const auto& [reason, count] : refused_by_reason) rejections_total += count;
+  const Histogram& h = staleness_histogram;
+  nlohmann::json staleness = {{"bounds", h.bounds()}, {"cumulative_counts", h.counts()}, {"count", h.count()},
+                              {"sum", h.sum()}};
+  if (h.count() > 0) staleness["mean"] = h.sum() / static_cast<double>(h.count());
   nlohmann::json status = {{"role", "aggregator"}, {"federation", config.federation}, {"name", config.name},
                            {"round", shown_round}, {"version", shown_version},
                            {"round_open", shown_open}, {"finished", shown_finished},
                            {"mode", config.rounds_options.asynchronous ? "async" : "sync"},
                            {"privacy_mode", config.privacy_mode},
                            {"rounds", config.rounds}, {"sites", sites_json}, {"recent_rounds", recent_rounds},
-                           {"updates_accepted", accepted_total}};
+                           {"progress", progress_json}, {"history", history},
+                           {"site_timeout_seconds", config.site_timeout_seconds},
+                           {"updates_accepted", accepted_total},
+                           {"bytes_sent", socket->counters().bytes_sent.load()},
+                           {"bytes_received", socket->counters().bytes_received.load()},
+                           {"staleness", staleness},
+                           {"recent_rejections", rejections}, {"rejections_total", rejections_total},
+                           {"rejections_by_reason", refused_by_reason},
+                           {"http_unauthorized", unauthorized_requests()},
+                           {"uptime_seconds", now()}};
   if (last_accuracy >= 0.0) status["test_accuracy"] = last_accuracy;
-  return status.dump();
+  if (last_loss >= 0.0) status["test_loss"] = last_loss;
+  // Reasons may quote what a peer sent: never let a stray byte fail the page.
+  return status.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
   emit({{"event", "listening"}, {"endpoint", socket->endpoint()}, {"metrics", metrics_address},
+        {"dashboard", metrics_address.empty() ? "" : "http://" + metrics_address + "/dashboard"},
+        {"token_required", !config.metrics_token.empty()},
         {"store", config.store}, {"round", manager->round()}, {"version", manager->version()},
         {"mode", config.rounds_options.asynchronous ? "async" : "sync"}});
   if (config.rounds_options.asynchronous) {
@@ -930,6 +1117,9 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
       if (secure) secure->close();
       Result<RoundRecord> record = manager->close_round(now());
       if (!record.is_ok()) return record.status();
+      std::vector<std::string> delivered;
+      for (const AppliedUpdateRecord& applied : record->applied) delivered.push_back(applied.site);
+      note_round_closed(delivered);
       FEDMESH_RETURN_IF_ERROR(finish_step(*record));
     }
     if (Clock::now() - last_refresh > std::chrono::milliseconds(250)) {

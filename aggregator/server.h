@@ -17,11 +17,18 @@
 // Sites learn about rounds by polling: each Heartbeat is answered with a
 // RoundAnnounce (round, model version and hash, deadline, whether the site is
 // sampled, whether the federation has finished).
+//
+// An operator watches it at the `metrics` address: Prometheus text at
+// /metrics, the federation as JSON at /status, and a read-only dashboard at
+// /dashboard (aggregator/dashboard_page.h) that polls /status. The address
+// is loopback unless configured otherwise; an exposed one needs
+// metrics_token, which then guards all three.
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -41,7 +48,10 @@ struct AggregatorConfig {
   std::string roster;                  // the signed roster
   std::string admin_public;            // the admin's sign key (hex), pinned here, never taken from the roster
   std::string store = "aggregator.db";
-  std::string metrics;                 // HOST:PORT for /metrics and /status ("" = off)
+  std::string metrics;                 // HOST:PORT for /metrics, /status and /dashboard ("" = off)
+  // The access token of /metrics, /status and /dashboard ("" = open, allowed
+  // only while `metrics` is a loopback address). /healthz stays open.
+  std::string metrics_token;
   std::string model = "mlp";
   uint64_t seed = 1;                   // the initial model (sites derive the same version 0)
   int64_t rounds = 10;                 // server steps to run (0: until stopped)
@@ -78,9 +88,15 @@ struct AggregatorConfig {
   Status validate() const;
 };
 
+// Command-line settings that win over the file's; applied before the
+// config is checked, so a token given by flag can open an exposed address.
+struct AggregatorConfigOverrides {
+  std::optional<std::string> metrics, metrics_token;
+};
+
 // Reads agg.toml (docs in README.md, "Running a federation"); unknown keys
 // and wrong types are refused by name.
-Result<AggregatorConfig> read_aggregator_config(const std::string& path);
+Result<AggregatorConfig> read_aggregator_config(const std::string& path, const AggregatorConfigOverrides& overrides = {});
 
 using EventSink = std::function<void(const nlohmann::json& event)>;
 

@@ -14,6 +14,7 @@ namespace {
 struct AggregatorFlags {
   std::string config;
   bool json = false;
+  aggregator::AggregatorConfigOverrides overrides;
 };
 
 // One line per event for a person reading a terminal.
@@ -24,6 +25,10 @@ void print_event(const nlohmann::json& e) {
                  e.value("endpoint", "").c_str(), e.value("metrics", "off").c_str(), e.value("store", "").c_str(),
                  e.value("mode", "").c_str(), static_cast<long long>(e.value("round", 0)),
                  static_cast<long long>(e.value("version", 0)));
+    if (!e.value("dashboard", "").empty()) {
+      std::fprintf(stderr, "dashboard: %s%s\n", e.value("dashboard", "").c_str(),
+                   e.value("token_required", false) ? "?token=TOKEN (the metrics_token)" : "");
+    }
   } else if (kind == "round_open") {
     std::fprintf(stderr, "round %lld open: %zu sites sampled%s\n", static_cast<long long>(e.value("round", 0)),
                  e["sampled"].size(), e.value("reopened", false) ? " (reopened after a restart)" : "");
@@ -66,7 +71,7 @@ int run_aggregator(const AggregatorFlags& flags) {
     std::fprintf(stderr, "fedmesh aggregator: %s\n", status.message().c_str());
     return bad_config || status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ? 2 : 1;
   };
-  Result<aggregator::AggregatorConfig> config = aggregator::read_aggregator_config(flags.config);
+  Result<aggregator::AggregatorConfig> config = aggregator::read_aggregator_config(flags.config, flags.overrides);
   if (!config.is_ok()) return fail(config.status(), true);
   const aggregator::EventSink sink = [&](const nlohmann::json& event) {
     if (flags.json) emit_json(event);
@@ -90,6 +95,16 @@ void add_aggregator_command(CLI::App& app, int& exit_code) {
       "announcing it. Killed at any moment, the same command resumes the round it was in.");
   cmd->add_option("--config", flags->config, "agg.toml (see README.md, 'Running a federation')")->required();
   cmd->add_flag("--json", flags->json, "Print JSON lines: listening, round_open, update, round, finished, ...");
+  cmd->add_option_function<std::string>(
+      "--metrics", [flags](const std::string& value) { flags->overrides.metrics = value; },
+      "HOST:PORT of /metrics, /status and the dashboard at /dashboard; wins over `metrics` in the config. A "
+      "non-loopback address needs an access token");
+  cmd->add_option_function<std::string>(
+         "--metrics-token", [flags](const std::string& value) { flags->overrides.metrics_token = value; },
+         "Access token of /metrics, /status and /dashboard (Authorization: Bearer TOKEN, or ?token=TOKEN); wins "
+         "over `metrics_token` in the config. Prefer the config file or the environment: a command line is visible "
+         "to other users of the machine")
+      ->envname("FEDMESH_METRICS_TOKEN");
   cmd->callback([flags, &exit_code] { exit_code = run_aggregator(*flags); });
 }
 

@@ -102,6 +102,7 @@ std::string aggregator_config(const FederationPlan& plan, const std::string& adm
   t += "roster = \"roster.toml\"\n";
   t += "admin_public = " + quoted(admin_hex) + "\n";
   t += "store = \"aggregator.db\"\n";
+  t += "# The dashboard (/dashboard), /status and /metrics; any address but loopback needs metrics_token too.\n";
   t += "metrics = \"127.0.0.1:9400\"\n";
   t += "model = " + quoted(plan.model) + "\n";
   t += "seed = 1\n";

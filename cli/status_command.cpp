@@ -13,11 +13,12 @@ namespace {
 
 struct StatusFlags {
   std::string aggregator;
+  std::string token;
   bool json = false;
 };
 
 int run_status(const StatusFlags& flags) {
-  Result<std::string> body = http_get(flags.aggregator, "/status");
+  Result<std::string> body = http_get(flags.aggregator, "/status", 5, flags.token);
   nlohmann::json status;
   if (body.is_ok()) {
     status = nlohmann::json::parse(*body, nullptr, false);
@@ -44,12 +45,13 @@ int run_status(const StatusFlags& flags) {
   if (status.contains("test_accuracy")) {
     std::printf("global test accuracy %.2f%%\n", 100.0 * status["test_accuracy"].get<double>());
   }
-  std::printf("%-20s %-10s %-14s %9s %8s %10s\n", "site", "connected", "last contact", "accepted", "refused",
+  std::printf("%-20s %-10s %-14s %9s %8s %10s\n", "site", "state", "last contact", "accepted", "refused",
               "local acc");
   for (const auto& site : status.value("sites", nlohmann::json::array())) {
     const double ago = site.value("last_contact_seconds", -1.0);
-    std::printf("%-20s %-10s %-14s %9lld %8lld %9.2f%%\n", site.value("site", "?").c_str(),
-                site.value("connected", false) ? "yes" : "no", ago < 0 ? "never" : (format_duration(ago) + " ago").c_str(),
+    const std::string state = site.value("state", site.value("connected", false) ? "connected" : "dropped");
+    std::printf("%-20s %-10s %-14s %9lld %8lld %9.2f%%\n", site.value("site", "?").c_str(), state.c_str(),
+                ago < 0 ? "never" : (format_duration(ago) + " ago").c_str(),
                 static_cast<long long>(site.value("accepted", 0)), static_cast<long long>(site.value("refused", 0)),
                 100.0 * site.value("local_accuracy", 0.0));
   }
@@ -73,6 +75,9 @@ void add_status_command(CLI::App& app, int& exit_code) {
                 "recent accuracy (from the aggregator's metrics endpoint).");
   cmd->add_option("--aggregator", flags->aggregator, "The aggregator's metrics address HOST:PORT (its `metrics` setting)")
       ->required();
+  cmd->add_option("--token", flags->token,
+                  "The aggregator's access token (its metrics_token), when it has one; sent as Authorization: Bearer")
+      ->envname("FEDMESH_METRICS_TOKEN");
   cmd->add_flag("--json", flags->json, "Print the aggregator's status object as one JSON line");
   cmd->callback([flags, &exit_code] { exit_code = run_status(*flags); });
 }

@@ -72,6 +72,7 @@ trap 'exit 130' INT TERM
 printf 'fedmesh demo: a federation of %s sites in %s (%s rounds, %s local steps each)\n' \
   "$SITES" "$DIR" "$ROUNDS" "$LOCAL_STEPS"
 printf 'fedmesh demo: watch it from another terminal: %s status --aggregator 127.0.0.1:%s\n' "$BIN" "$METRICS"
+printf 'fedmesh demo: or in a browser on this machine: http://127.0.0.1:%s/dashboard\n' "$METRICS"
 "$BIN" aggregator --config "$DIR/agg.toml" 2>&1 | tee "$DIR/aggregator.log" &
 PIDS+=($!)
 for ((k = 0; k < SITES; k++)); do

@@ -14,6 +14,7 @@ PACKAGES=(
   nlohmann-json3-dev libcpp-httplib-dev
   clang libclang-rt-dev
   python3-numpy python3-yaml systemd iproute2
+  chromium
   dataset-fashion-mnist bible-kjv
 )
 

@@ -36,6 +36,7 @@
 #include "node/data/text_corpus.h"
 #include "store/checkpoint_store.h"
 #include "support/cluster.h"
+#include "support/local_federation.h"
 #include "support/process.h"
 
 namespace fs = std::filesystem;
@@ -47,46 +48,11 @@ namespace {
 
 std::string binary() { return fedmesh::testing::fedmesh_binary(); }
 std::string script() { return fedmesh::testing::local_federation_script(); }
-using fedmesh::testing::free_ports;
 using fedmesh::testing::wait_for;
 
 bool is_round(const json& e) { return e.value("event", "") == "round"; }
 
-class Federation {
- public:
-  Federation(int sites, std::vector<std::string> extra, const std::string& name = "") : sites_(sites) {
-    dir_ = fs::path(::testing::TempDir()) / ("fedmesh-federation-" + name + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    port_ = free_ports(2 + sites);
-    std::vector<std::string> argv = {"/bin/bash", script(), "--fedmesh", binary(), "--dir", dir_.string(),
-                                     "--sites", std::to_string(sites), "--port", std::to_string(port_),
-                                     "--metrics-port", std::to_string(port_ + 1)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    ChildProcess make(argv);
-    make.read_all(60s);
-    made_ = port_ > 0 && make.wait() == 0;
-  }
-  ~Federation() { fs::remove_all(dir_); }
-  bool made() const { return made_; }
-  std::unique_ptr<ChildProcess> aggregator() {
-    return std::make_unique<ChildProcess>(
-        std::vector<std::string>{binary(), "aggregator", "--config", (dir_ / "agg.toml").string(), "--json"});
-  }
-  std::unique_ptr<ChildProcess> site(int k, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {binary(), "node", "--config", (dir_ / ("site-" + std::to_string(k) + ".toml")).string(),
-                                     "--json"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return std::make_unique<ChildProcess>(argv);
-  }
-  std::string metrics() const { return "127.0.0.1:" + std::to_string(port_ + 1); }
-  const fs::path& dir() const { return dir_; }
-
- private:
-  int sites_;
-  fs::path dir_;
-  int port_ = -1;
-  bool made_ = false;
-};
+using Federation = fedmesh::testing::LocalFederation;
 
 // Runs fedmesh with `args` and returns its stdout.
 std::string run_fedmesh(const std::vector<std::string>& args, int* exit_code) {

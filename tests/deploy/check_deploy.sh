@@ -62,6 +62,9 @@ for d in docs:
             for key in ("image", "readinessProbe", "livenessProbe", "resources"):
                 if key not in c: fail("container %s lacks %s" % (c["name"], key))
             if not c["securityContext"].get("allowPrivilegeEscalation") is False: fail("container %s may escalate" % c["name"])
+            for probe in ("readinessProbe", "livenessProbe"):
+                # /metrics needs the access token on an exposed aggregator: probes use the open /healthz.
+                if c[probe]["httpGet"]["path"] != "/healthz": fail("container %s: %s is not /healthz" % (c["name"], probe))
         if not spec["template"]["spec"]["securityContext"].get("runAsNonRoot"): fail("%s may run as root" % d["metadata"]["name"])
 for kind in ("Namespace", "Service", "StatefulSet"):
     if kind not in kinds: fail("fedmesh.yaml has no " + kind)
@@ -85,12 +88,21 @@ for metric in fedmesh_round fedmesh_global_accuracy fedmesh_updates_rejected_tot
   grep -q "\"$metric\"" "$ROOT/aggregator/server.cpp" || fail "the dashboard charts $metric, which the aggregator does not serve"
 done
 
-# Dockerfile: two stages, a non-root user last.
-DF=$ROOT/deploy/docker/Dockerfile
-[[ $(grep -c '^FROM ' "$DF") -ge 2 ]] || fail "the Dockerfile is not multi-stage"
-grep -q '^FROM debian:12' "$DF" || fail "the Dockerfile does not start from Debian 12"
-[[ $(grep '^USER ' "$DF" | tail -1) == "USER fedmesh" ]] || fail "the Dockerfile does not end as the fedmesh user"
-echo "ok: Dockerfile (multi-stage, non-root)"
+# The probes' /healthz is served by every role, without the access token.
+grep -q 'pages\["/healthz"\] = {"text/plain", .*, true}' "$ROOT/base/http_endpoint.cpp" \
+  || fail "base/http_endpoint.cpp does not serve /healthz open to probes"
+
+# Dockerfiles (CPU and CUDA): two stages, Debian 12, a non-root user last.
+for DF in "$ROOT"/deploy/docker/Dockerfile "$ROOT"/deploy/docker/Dockerfile.cuda; do
+  name=$(basename "$DF")
+  [[ $(grep -c '^FROM ' "$DF") -ge 2 ]] || fail "$name is not multi-stage"
+  grep -q '^FROM debian:12' "$DF" || fail "$name does not start from Debian 12"
+  [[ $(grep '^USER ' "$DF" | tail -1) == "USER fedmesh" ]] || fail "$name does not end as the fedmesh user"
+  echo "ok: $name (multi-stage, non-root)"
+done
+DF=$ROOT/deploy/docker/Dockerfile.cuda
+grep -q -- '-Dcuda=enabled' "$DF" || fail "Dockerfile.cuda does not build the CUDA backend"
+grep -q "grep -v '/libcuda" "$DF" || fail "Dockerfile.cuda would copy the build machine's driver library into the image"
 
 # Shell scripts parse.
 for script in "$ROOT"/deploy/slurm/*.sbatch; do

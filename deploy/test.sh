@@ -14,7 +14,7 @@ then (unless --no-fuzz, --sanitize or MESON TEST ARGS are given) builds the
 libFuzzer targets with clang (deploy/setup.sh --fuzz, in BUILD-fuzz/) and runs
   meson test -C BUILD-fuzz --suite fuzz --suite fuzz-run
 which replays every committed corpus and fuzzes each target for
-FEDMESH_FUZZ_SECONDS (default 60) seconds. It prints the wall time and, as
+FEDMESH_FUZZ_SECONDS (default 30) seconds. It prints the wall time and, as
 its last line, counting both runs,
   N passed, N failed, N skipped
 (OK and EXPECTEDFAIL count as passed; FAIL, TIMEOUT, ERROR, UNEXPECTEDPASS and

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target for a bounded time: FEDMESH_FUZZ_SECONDS (default
-# 60), with the committed corpus as read-only seeds and a temporary directory
+# 30), with the committed corpus as read-only seeds and a temporary directory
 # for what it finds. Memory is capped (-rss_limit_mb, -malloc_limit_mb), so an
 # unbounded allocation is a finding like a crash. A crash leaves its
 # reproducer in FEDMESH_FUZZ_ARTIFACTS (default: the temporary directory,
@@ -11,7 +11,7 @@ if [[ $# -ne 2 ]]; then
   exit 2
 fi
 target=$1 seeds=$2
-seconds=${FEDMESH_FUZZ_SECONDS:-60}
+seconds=${FEDMESH_FUZZ_SECONDS:-30}
 work=$(mktemp -d "${TMPDIR:-/tmp}/fedmesh-fuzz.XXXXXX")
 artifacts=${FEDMESH_FUZZ_ARTIFACTS:-$work}
 mkdir -p "$work/corpus" "$artifacts"

@@ -271,8 +271,11 @@ function renderBytes(s) {
   const parts = ['received ' + bytes(received), 'sent ' + bytes(sent)];
   const h = s.history || [];
   if (h.length >= 2) {
+    // Rounds from before a restart (the round log) have no byte counts.
     const a = h[h.length - 2], b = h[h.length - 1];
-    parts.push('last round ' + bytes((b.bytes_sent + b.bytes_received) - (a.bytes_sent + a.bytes_received)));
+    if ([a.bytes_sent, a.bytes_received, b.bytes_sent, b.bytes_received].every(isNumber)) {
+      parts.push('last round ' + bytes((b.bytes_sent + b.bytes_received) - (a.bytes_sent + a.bytes_received)));
+    }
   }
   $('bytes-text').textContent = parts.join(' \u00b7 ');
 }

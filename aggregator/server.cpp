@@ -437,6 +437,35 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   return Status::ok();
 }
 
+namespace {
+
+// A round event of the dashboard's history rebuilt from the round log: what
+// was committed with the round (bytes on the wire were counted by an earlier
+// process and are unknown: null). Nullopt for metrics that are not an object.
+std::optional<nlohmann::json> round_event_from_log(const store::RoundLogEntry& entry) {
+  const nlohmann::json metrics = nlohmann::json::parse(entry.metrics_json, nullptr, false);
+  if (!metrics.is_object()) return std::nullopt;
+  const auto number_or = [&](const char* key, double otherwise) {
+    const auto it = metrics.find(key);
+    return it != metrics.end() && it->is_number() ? it->get<double>() : otherwise;
+  };
+  nlohmann::json event = {{"event", "round"}, {"round", entry.round}, {"version", entry.model_version},
+                          {"updates", static_cast<int64_t>(number_or("updates", 0.0))},
+                          {"staleness", metrics.contains("staleness") && metrics["staleness"].is_array()
+                                            ? metrics["staleness"] : nlohmann::json::array()},
+                          {"closed_by_deadline", metrics.contains("closed_by_deadline") && metrics["closed_by_deadline"].is_boolean() &&
+                                                     metrics["closed_by_deadline"].get<bool>()},
+                          {"seconds", number_or("seconds", 0.0)},
+                          {"bytes_sent", nullptr}, {"bytes_received", nullptr},
+                          {"committed", entry.wall_time}, {"restored", true}};
+  for (const char* key : {"test_accuracy", "test_loss", "epsilon", "val_loss", "val_perplexity", "val_bits_per_byte"}) {
+    if (metrics.contains(key) && metrics[key].is_number()) event[key] = metrics[key];
+  }
+  return event;
+}
+
+}  // namespace
+
 Status AggregatorServer::Impl::restore() {
   Result<std::vector<store::RoundInfo>> committed = store->rounds();
   if (!committed.is_ok()) return committed.status();
@@ -473,8 +502,18 @@ Status AggregatorServer::Impl::restore() {
     return corrupt("the checkpoint's hash chain does not end at its model (version " +
                    std::to_string(manager->version()) + ")");
   }
+  // The dashboard's history goes back past this start: the store's round log.
+  Result<std::vector<store::RoundLogEntry>> log = store->round_log(static_cast<int64_t>(kRoundHistoryShown));
+  if (!log.is_ok()) return log.status();
+  {
+    std::lock_guard lock(metrics_mutex);
+    round_history.clear();
+    for (const store::RoundLogEntry& entry : *log) {
+      if (std::optional<nlohmann::json> event = round_event_from_log(entry)) round_history.push_back(std::move(*event));
+    }
+  }
   emit({{"event", "resume"}, {"store", config.store}, {"round", manager->round()}, {"version", manager->version()},
-        {"committed", latest->round.wall_time}});
+        {"committed", latest->round.wall_time}, {"history", round_history.size()}});
   return Status::ok();
 }
 

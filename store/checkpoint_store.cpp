@@ -461,6 +461,10 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
       .bind(4, std::string_view(round.state_json))
       .bind(5, static_cast<int64_t>(infos.size()));
   FEDMESH_RETURN_IF_ERROR(insert_round->run());
+  // The round log keeps this round's metrics after retention drops the round.
+  FEDMESH_RETURN_IF_ERROR(database_.execute(
+      "INSERT INTO round_log(round, model_version, wall_time, metrics) "
+      "SELECT round, model_version, wall_time, metrics FROM rounds WHERE round = " + std::to_string(round.round)));
 
   Result<Statement> insert_tensor = database_.prepare(
       "INSERT INTO tensors(round, role, name, dtype, shape, encoding, byte_size, chunk_count, checksum) "
@@ -1012,6 +1016,28 @@ Result<std::vector<PrivacyEntry>> CheckpointStore::privacy_ledger() {
     e.delta = statement->column_double(6);
     e.rdp_json = statement->column_text(7);
     e.wall_time = statement->column_text(8);
+    result.push_back(std::move(e));
+  }
+  return result;
+}
+
+Result<std::vector<RoundLogEntry>> CheckpointStore::round_log(int64_t newest) {
+  if (newest < 0) return invalid_argument("round_log: a negative count of rounds");
+  Result<Statement> statement = database_.prepare(
+      "SELECT round, model_version, wall_time, metrics FROM "
+      "(SELECT * FROM round_log ORDER BY round DESC LIMIT ?1) ORDER BY round");
+  if (!statement.is_ok()) return statement.status();
+  statement->bind(1, newest == 0 ? int64_t{-1} : newest);  // LIMIT -1: no limit
+  std::vector<RoundLogEntry> result;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    RoundLogEntry e;
+    e.round = statement->column_int(0);
+    e.model_version = statement->column_int(1);
+    e.wall_time = statement->column_text(2);
+    e.metrics_json = statement->column_text(3);
     result.push_back(std::move(e));
   }
   return result;

@@ -124,6 +124,15 @@ struct RoundInfo {
   int64_t byte_size = 0;  // sum of its tensors' bytes
 };
 
+// One committed round in the round log: what its metrics were, kept after
+// retention has dropped the round's checkpoint.
+struct RoundLogEntry {
+  int64_t round = 0;
+  int64_t model_version = 0;
+  std::string wall_time;
+  std::string metrics_json;
+};
+
 struct TensorInfo {
   int64_t id = 0;
   std::string role, name;
@@ -205,6 +214,10 @@ class CheckpointStore {
   Result<std::map<std::string, uint64_t>> replay_counters();
   // The privacy ledger, oldest first (kept whatever the retention).
   Result<std::vector<PrivacyEntry>> privacy_ledger();
+  // The round log, oldest first: the newest `newest` rounds (0: all). Every
+  // committed round has its entry, written in its commit, whatever the
+  // retention.
+  Result<std::vector<RoundLogEntry>> round_log(int64_t newest = 0);
   // Raises one sender's counter (durably); lowering is refused.
   Status record_replay_counter(const std::string& sender, uint64_t sequence);
 

@@ -89,6 +89,18 @@ CREATE TABLE privacy_ledger(
   rdp TEXT NOT NULL,                  -- JSON: the accountant's total RDP per order
   wall_time TEXT NOT NULL);
 )sql",
+    // 5: the round log: every committed round's metrics (the operator's
+    // history: accuracy and loss per round), kept whatever the retention.
+    // Existing rounds are copied in.
+    R"sql(
+CREATE TABLE round_log(
+  round INTEGER PRIMARY KEY,          -- written in the round's own commit
+  model_version INTEGER NOT NULL,
+  wall_time TEXT NOT NULL,
+  metrics TEXT NOT NULL);             -- JSON object, as in rounds.metrics
+INSERT INTO round_log(round, model_version, wall_time, metrics)
+  SELECT round, model_version, wall_time, metrics FROM rounds;
+)sql",
 };
 
 }  // namespace

@@ -19,7 +19,7 @@
 
 namespace fedmesh::store {
 
-inline constexpr int kSchemaVersion = 4;
+inline constexpr int kSchemaVersion = 5;
 
 // The version the database is at (0 for an empty database).
 Result<int> schema_version(Database& database);

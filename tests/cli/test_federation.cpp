@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -123,6 +124,26 @@ TEST(Federation, SurvivesASiteAndTheAggregatorBeingKilledAndReachesTheTarget) {
   // Committed before announced: what we saw announced is in the store (a
   // later round may have been committed before the kill landed).
   EXPECT_GE((*resumed)["version"].get<int>(), committed_version);
+  // The operator's history survives the restart: the round log gives the
+  // new process every committed round, with the accuracy announced for it.
+  EXPECT_EQ((*resumed)["history"].get<int>(), (*resumed)["version"].get<int>()) << resumed->dump();
+  const std::string resumed_status = run_fedmesh({"status", "--aggregator", federation.metrics(), "--json"}, &code);
+  const json after_restart = json::parse(resumed_status, nullptr, false);
+  ASSERT_TRUE(after_restart.is_object() && after_restart["history"].is_array()) << resumed_status;
+  std::map<int, double> announced;
+  for (const json& e : events) {
+    if (is_round(e) && e.contains("test_accuracy") && e["version"].get<int>() <= committed_version) {
+      announced[e["round"].get<int>()] = e["test_accuracy"].get<double>();
+    }
+  }
+  size_t matched = 0;
+  for (const json& point : after_restart["history"]) {
+    const auto it = announced.find(point["round"].get<int>());
+    if (it == announced.end()) continue;
+    EXPECT_EQ(point["test_accuracy"].get<double>(), it->second) << point.dump();
+    ++matched;
+  }
+  EXPECT_EQ(matched, announced.size()) << "rounds announced before the kill are missing from the history: " << resumed_status;
 
   std::optional<json> finished =
       wait_for(*aggregator, events, [](const json& e) { return e.value("event", "") == "finished"; }, 180s);

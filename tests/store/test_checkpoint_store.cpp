@@ -1255,6 +1255,37 @@ TEST_P(StoreByMaintenance, ThePrivacyLedgerIsCommittedWithItsRoundAndNeverShrink
   EXPECT_FALSE(ledger[3].wall_time.empty());
 }
 
+TEST_P(StoreByMaintenance, TheRoundLogKeepsEveryCommittedRoundsMetricsAfterRetention) {
+  const auto db = fresh_directory() / "store.db";
+  const Tensor t = random_tensor({10}, DType::kF32, 84);
+  {
+    CheckpointStore store = open_store(db, options_with(GetParam(), 1));
+    EXPECT_TRUE(store.round_log().value().empty());
+    for (int64_t round = 1; round <= 6; ++round) {
+      const std::string metrics = R"({"test_accuracy":0.)" + std::to_string(round) + "}";
+      ASSERT_TRUE(store.commit_round(simple_round(round, &t, metrics)).is_ok());
+    }
+    // A refused commit (its round is not above the last) writes no log entry.
+    EXPECT_FALSE(store.commit_round(simple_round(6, &t, R"({"test_accuracy":0.99})")).is_ok());
+    ASSERT_TRUE(store.settle().is_ok());
+  }
+  CheckpointStore store = open_store(db, options_with(GetParam(), 1));
+  EXPECT_EQ(round_numbers(store), std::vector<int64_t>{6}) << "retention keeps one round";
+  const std::vector<RoundLogEntry> log = store.round_log().value();
+  ASSERT_EQ(log.size(), 6u) << "the log keeps every committed round";
+  for (size_t i = 0; i < log.size(); ++i) {
+    EXPECT_EQ(log[i].round, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(log[i].model_version, log[i].round * 10);
+    EXPECT_EQ(log[i].metrics_json, R"({"test_accuracy":0.)" + std::to_string(i + 1) + "}");
+    EXPECT_FALSE(log[i].wall_time.empty());
+  }
+  const std::vector<RoundLogEntry> newest = store.round_log(2).value();
+  ASSERT_EQ(newest.size(), 2u);
+  EXPECT_EQ(newest[0].round, 5) << "the newest rounds, oldest first";
+  EXPECT_EQ(newest[1].round, 6);
+  EXPECT_EQ(store.round_log(-1).status().code(), StatusCode::kInvalidArgument);
+}
+
 // Sequences are uint64: a counter at or above 2^63 is not "negative".
 TEST_P(StoreByMaintenance, ReplayCountersRiseAndNeverFallOverTheWholeUint64Range) {
   const auto db = fresh_directory() / "store.db";

@@ -37,6 +37,7 @@ const std::vector<std::vector<std::string>> kTablesOf = {
     {"peers", "replay_counters"},
     {"pending_updates", "pending_update_chunks", "applied_updates"},
     {"privacy_ledger"},
+    {"round_log"},
 };
 
 bool contains(const Status& status, std::string_view text) { return status.message().find(text) != std::string::npos; }
@@ -208,6 +209,12 @@ TEST(Schema, EveryEarlierVersionOpensWithItsRowsIntactAndTheNewTablesWork) {
       EXPECT_TRUE(same_bytes(loaded->find("optimizer", "small")->value, source.small));
       EXPECT_TRUE(same_bytes(loaded->find("model", "scalar")->value, source.scalar));
       EXPECT_EQ(store->meta("config").value(), std::optional<std::string>(R"({"lr":0.01})"));
+      // The round log is filled from the rounds the old store had.
+      const std::vector<RoundLogEntry> log = store->round_log().value();
+      ASSERT_EQ(log.size(), 1u);
+      EXPECT_EQ(log[0].round, 12);
+      EXPECT_EQ(log[0].model_version, 34);
+      EXPECT_EQ(log[0].metrics_json, R"({"test_accuracy":0.75})");
       if (version >= 2) {
         ASSERT_EQ(store->peers().value().size(), 1u);
         EXPECT_EQ(store->peers().value()[0].incarnation, 3);
@@ -235,6 +242,7 @@ TEST(Schema, EveryEarlierVersionOpensWithItsRowsIntactAndTheNewTablesWork) {
       EXPECT_EQ(store->peers().value().at(0).site, "site-b");
       EXPECT_EQ(store->replay_counters().value().at("site-a"), 42u);
       EXPECT_EQ(store->load_latest().value().round.round, 13);
+      EXPECT_EQ(store->round_log().value().size(), 2u) << "the new round is logged too";
       EXPECT_TRUE(store->verify_round(12).is_ok());
       EXPECT_TRUE(store->integrity_check().is_ok());
     }

@@ -23,6 +23,7 @@ const std::vector<std::vector<std::string>> kTablesAddedBy = {
     {"peers", "replay_counters"},
     {"pending_updates", "pending_update_chunks", "applied_updates"},
     {"privacy_ledger"},
+    {"round_log"},
 };
 
 std::set<std::string> schema_of(Database& database) {

@@ -4,10 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 
@@ -15,6 +13,7 @@
 
 #include "aggregator/dashboard_page.h"
 #include "aggregator/manager_checkpoint.h"
+#include "aggregator/operator_view.h"
 #include "aggregator/site_state.h"
 #include "base/http_endpoint.h"
 #include "base/prometheus.h"
@@ -184,11 +183,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint64_t unix_ms() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-}
-
 struct SiteRecord {
   std::string routing_id;
   Clock::time_point last_contact{};
@@ -199,14 +193,6 @@ struct SiteRecord {
   int64_t last_staleness = -1;  // of its last accepted update (-1: none yet)
   bool missed_round = false;    // late (aggregator/site_state.h)
 };
-
-// What /status and the dashboard keep, each bounded: the rounds charted,
-// the last rounds `fedmesh status` lists, the refusals shown with their
-// reasons (and how much of each reason).
-constexpr size_t kRoundHistoryShown = 500;
-constexpr size_t kRecentRoundsShown = 10;
-constexpr size_t kRecentRejectionsShown = 50;
-constexpr size_t kRejectionReasonShownChars = 240;
 
 // A pending update's payload in the store: round, base version, sample
 // count, the site's reported loss and accuracy, then the delta (fp32).
@@ -277,19 +263,8 @@ class AggregatorServer::Impl {
   int64_t dp_rounds = 0;          // rounds released with noise (the ledger's length)
   bool budget_exhausted = false;  // the next round would exceed dp.target_epsilon
 
-  // What /metrics and /status show, written by the serving thread.
-  mutable std::mutex metrics_mutex;
-  int64_t accepted_total = 0, refused_total = 0;
-  std::map<std::string, int64_t> refused_by_reason;
-  Histogram staleness_histogram{{0, 1, 2, 4, 8, 16, 32}};
-  double last_round_seconds = 0.0, last_aggregation_gbps = 0.0;
-  double last_accuracy = -1.0, last_loss = -1.0;
-  std::deque<nlohmann::json> round_history;        // the round events, oldest first
-  std::deque<nlohmann::json> recent_rejections;    // newest last
-  nlohmann::json sites_json = nlohmann::json::array();
-  nlohmann::json progress_json = nlohmann::json::object();
-  int64_t shown_round = 0, shown_version = 0;  // the manager's, copied by refresh_status()
-  bool shown_open = false, shown_finished = false;
+  // What /metrics, /status and the dashboard show (its own lock).
+  OperatorView view;
   // Sites taken off the roster while this process ran, with what was known
   // of them (bounded by the rosters seen): shown as revoked, never sampled.
   std::map<std::string, SiteRecord> revoked_sites;
@@ -318,8 +293,6 @@ class AggregatorServer::Impl {
   void set_service_round();
   protocol::OutgoingMessage announce(const std::string& site) const;
   void refresh_status();
-  // Counts a refused message or update by reason and keeps it for /status.
-  void record_rejection(const std::string& peer, const std::string& code, const std::string& reason);
   // Sync: the sites sampled for the round just closed that sent nothing in it are late.
   void note_round_closed(const std::vector<std::string>& delivered);
   // A re-signed roster on disk (`fedmesh roster revoke`, a site added) is
@@ -328,12 +301,12 @@ class AggregatorServer::Impl {
   void reload_roster_if_changed();
   std::filesystem::file_time_type roster_mtime{};
   Clock::time_point last_roster_check{};
-  std::string render_metrics() const;
+  // What the view needs from the process itself when it renders.
+  OperatorContext operator_context() const;
   int64_t unauthorized_requests() const {
     const HttpEndpoint* endpoint = serving.load();
     return endpoint ? endpoint->unauthorized_requests() : 0;
   }
-  std::string render_status() const;
 };
 
 Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
@@ -423,7 +396,8 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
     // job's `authorization`): the counters tell who is active and when.
     // /healthz stays open for liveness probes.
     std::map<std::string, HttpPage> pages =
-        metrics_and_status_pages([this] { return render_metrics(); }, [this] { return render_status(); });
+        metrics_and_status_pages([this] { return view.render_metrics(operator_context()); },
+                                 [this] { return view.render_status(operator_context()); });
     const HttpPage dashboard{"text/html; charset=utf-8", [] { return std::string(dashboard_page()); }};
     pages["/dashboard"] = dashboard;
     pages["/"] = dashboard;
@@ -436,35 +410,6 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   }
   return Status::ok();
 }
-
-namespace {
-
-// A round event of the dashboard's history rebuilt from the round log: what
-// was committed with the round (bytes on the wire were counted by an earlier
-// process and are unknown: null). Nullopt for metrics that are not an object.
-std::optional<nlohmann::json> round_event_from_log(const store::RoundLogEntry& entry) {
-  const nlohmann::json metrics = nlohmann::json::parse(entry.metrics_json, nullptr, false);
-  if (!metrics.is_object()) return std::nullopt;
-  const auto number_or = [&](const char* key, double otherwise) {
-    const auto it = metrics.find(key);
-    return it != metrics.end() && it->is_number() ? it->get<double>() : otherwise;
-  };
-  nlohmann::json event = {{"event", "round"}, {"round", entry.round}, {"version", entry.model_version},
-                          {"updates", static_cast<int64_t>(number_or("updates", 0.0))},
-                          {"staleness", metrics.contains("staleness") && metrics["staleness"].is_array()
-                                            ? metrics["staleness"] : nlohmann::json::array()},
-                          {"closed_by_deadline", metrics.contains("closed_by_deadline") && metrics["closed_by_deadline"].is_boolean() &&
-                                                     metrics["closed_by_deadline"].get<bool>()},
-                          {"seconds", number_or("seconds", 0.0)},
-                          {"bytes_sent", nullptr}, {"bytes_received", nullptr},
-                          {"committed", entry.wall_time}, {"restored", true}};
-  for (const char* key : {"test_accuracy", "test_loss", "epsilon", "val_loss", "val_perplexity", "val_bits_per_byte"}) {
-    if (metrics.contains(key) && metrics[key].is_number()) event[key] = metrics[key];
-  }
-  return event;
-}
-
-}  // namespace
 
 Status AggregatorServer::Impl::restore() {
   Result<std::vector<store::RoundInfo>> committed = store->rounds();
@@ -505,15 +450,9 @@ Status AggregatorServer::Impl::restore() {
   // The dashboard's history goes back past this start: the store's round log.
   Result<std::vector<store::RoundLogEntry>> log = store->round_log(static_cast<int64_t>(kRoundHistoryShown));
   if (!log.is_ok()) return log.status();
-  {
-    std::lock_guard lock(metrics_mutex);
-    round_history.clear();
-    for (const store::RoundLogEntry& entry : *log) {
-      if (std::optional<nlohmann::json> event = round_event_from_log(entry)) round_history.push_back(std::move(*event));
-    }
-  }
+  const size_t history = view.restore_history(*log);
   emit({{"event", "resume"}, {"store", config.store}, {"round", manager->round()}, {"version", manager->version()},
-        {"committed", latest->round.wall_time}, {"history", round_history.size()}});
+        {"committed", latest->round.wall_time}, {"history", history}});
   return Status::ok();
 }
 
@@ -587,7 +526,7 @@ protocol::OutgoingMessage AggregatorServer::Impl::announce(const std::string& si
   if (!async && open) {
     const double left = std::max(0.0, config.rounds_options.round_deadline_seconds -
                                           std::chrono::duration<double>(Clock::now() - round_started).count());
-    a.setDeadlineUnixMs(unix_ms() + static_cast<uint64_t>(left * 1000.0));
+    a.setDeadlineUnixMs(unix_time_ms() + static_cast<uint64_t>(left * 1000.0));
   }
   return protocol::serialize(builder);
 }
@@ -656,11 +595,7 @@ void AggregatorServer::Impl::submit(SiteUpdate update, bool from_store) {
   SiteRecord& state = sites[site];
   if (!submitted.is_ok()) {
     ++state.refused;
-    {
-      std::lock_guard lock(metrics_mutex);
-      ++refused_total;
-    }
-    record_rejection(site, "round-manager", submitted.status().message());
+    view.rejection(site, "round-manager", submitted.status().message());
     emit({{"event", "update"}, {"site", site}, {"id", id}, {"accepted", false}, {"from_store", from_store},
           {"reason", submitted.status().message()}});
     return;
@@ -668,11 +603,7 @@ void AggregatorServer::Impl::submit(SiteUpdate update, bool from_store) {
   ++state.updates_accepted;
   state.last_staleness = tau;
   state.missed_round = false;
-  {
-    std::lock_guard lock(metrics_mutex);
-    ++accepted_total;
-    staleness_histogram.observe(static_cast<double>(tau));
-  }
+  view.update_accepted(tau);
   emit({{"event", "update"}, {"site", site}, {"id", id}, {"accepted", true}, {"staleness", tau},
         {"from_store", from_store}});
   if (submitted->has_value()) {
@@ -752,7 +683,7 @@ void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
       revoked->second.last_contact = Clock::now();
       ++revoked->second.refused;
     }
-    record_rejection(incoming.peer, "revoked", incoming.peer + " is not on the roster (revoked)");
+    view.rejection(incoming.peer, "revoked", incoming.peer + " is not on the roster (revoked)");
     socket->counters().count_rejection(wire::RejectCode::UNAUTHENTICATED);
     emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", "unauthenticated"},
           {"reason", incoming.peer + " is not on the roster (revoked)"}});
@@ -772,7 +703,7 @@ void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
     // An update for a round that has closed: the site is late.
     if (refused->code == wire::RejectCode::WRONG_ROUND) site.missed_round = true;
     ++site.refused;
-    record_rejection(incoming.peer, protocol::reject_code_name(refused->code), refused->reason);
+    view.rejection(incoming.peer, protocol::reject_code_name(refused->code), refused->reason);
     emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", protocol::reject_code_name(refused->code)},
           {"reason", refused->reason}});
   }
@@ -939,16 +870,7 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
       for (const char* key : {"val_loss", "val_perplexity", "val_bits_per_byte"}) event[key] = metrics[key];
     }
   }
-  {
-    std::lock_guard lock(metrics_mutex);
-    last_round_seconds = seconds;
-    if (accuracy >= 0.0) {
-      last_accuracy = accuracy;
-      last_loss = loss;
-    }
-    round_history.push_back(event);
-    if (round_history.size() > kRoundHistoryShown) round_history.pop_front();
-  }
+  view.round_closed(event);
   emit(event);
   round_started = Clock::now();
   refresh_status();
@@ -1013,25 +935,10 @@ void AggregatorServer::Impl::refresh_status() {
     if (open) {
       const double left = std::max(0.0, manager->deadline() - now());
       progress["deadline_seconds_left"] = left;
-      progress["deadline_unix_ms"] = unix_ms() + static_cast<uint64_t>(left * 1000.0);
+      progress["deadline_unix_ms"] = unix_time_ms() + static_cast<uint64_t>(left * 1000.0);
     }
   }
-  std::lock_guard lock(metrics_mutex);
-  sites_json = std::move(list);
-  progress_json = std::move(progress);
-  shown_round = manager->round();
-  shown_version = manager->version();
-  shown_open = open;
-  shown_finished = finished();
-}
-
-void AggregatorServer::Impl::record_rejection(const std::string& peer, const std::string& code,
-                                              const std::string& reason) {
-  std::lock_guard lock(metrics_mutex);
-  ++refused_by_reason[code];
-  recent_rejections.push_back({{"unix_ms", unix_ms()}, {"peer", peer}, {"code", code},
-                               {"reason", reason.substr(0, kRejectionReasonShownChars)}});
-  if (recent_rejections.size() > kRecentRejectionsShown) recent_rejections.pop_front();
+  view.set_snapshot({std::move(list), std::move(progress), manager->round(), manager->version(), open, finished()});
 }
 
 void AggregatorServer::Impl::note_round_closed(const std::vector<std::string>& delivered) {
@@ -1043,86 +950,24 @@ void AggregatorServer::Impl::note_round_closed(const std::vector<std::string>& d
   }
 }
 
-std::string AggregatorServer::Impl::render_metrics() const {
-  PrometheusText out;
-  std::lock_guard lock(metrics_mutex);
-  out.gauge("fedmesh_round", "The current (or last) round", static_cast<double>(shown_round));
-  out.gauge("fedmesh_model_version", "The global model's version", static_cast<double>(shown_version));
-  int64_t connected = 0;
-  for (const auto& site : sites_json) connected += site["connected"].get<bool>() ? 1 : 0;
-  out.gauge("fedmesh_connected_sites", "Sites heard from within the site timeout", static_cast<double>(connected));
-  out.counter("fedmesh_updates_accepted_total", "Updates folded into an aggregate", static_cast<double>(accepted_total));
-  out.header("fedmesh_updates_rejected_total", "counter", "Updates and messages refused, by reason");
+OperatorContext AggregatorServer::Impl::operator_context() const {
+  OperatorContext c;
+  c.federation = config.federation;
+  c.name = config.name;
+  c.mode = config.rounds_options.asynchronous ? "async" : "sync";
+  c.privacy_mode = config.privacy_mode;
+  c.rounds = config.rounds;
+  c.site_timeout_seconds = config.site_timeout_seconds;
+  c.bytes_sent = socket->counters().bytes_sent.load();
+  c.bytes_received = socket->counters().bytes_received.load();
   for (int code = 0; code < protocol::kRejectCodeCount; ++code) {
-    const auto c = static_cast<wire::RejectCode>(code);
-    out.sample("fedmesh_updates_rejected_total", {{"reason", protocol::reject_code_name(c)}},
-               static_cast<double>(socket->counters().rejections(c)));
+    const auto reject = static_cast<wire::RejectCode>(code);
+    c.transport_rejections.emplace_back(protocol::reject_code_name(reject),
+                                        static_cast<double>(socket->counters().rejections(reject)));
   }
-  const auto it = refused_by_reason.find("round-manager");
-  out.sample("fedmesh_updates_rejected_total", {{"reason", "round-manager"}},
-             it == refused_by_reason.end() ? 0.0 : static_cast<double>(it->second));
-  out.counter("fedmesh_bytes_received_total", "Bytes received on the federation socket",
-              static_cast<double>(socket->counters().bytes_received.load()));
-  out.counter("fedmesh_bytes_sent_total", "Bytes sent on the federation socket",
-              static_cast<double>(socket->counters().bytes_sent.load()));
-  out.histogram("fedmesh_update_staleness", "Staleness tau of accepted updates (server versions)", staleness_histogram);
-  out.gauge("fedmesh_round_duration_seconds", "Wall time of the last server step", last_round_seconds);
-  if (last_accuracy >= 0.0) out.gauge("fedmesh_global_accuracy", "Validation accuracy of the global model", last_accuracy);
-  out.header("fedmesh_sites", "gauge", "Sites by state (connected, training, late, dropped, revoked)");
-  for (const SiteState state : {SiteState::kConnected, SiteState::kTraining, SiteState::kLate, SiteState::kDropped,
-                                SiteState::kRevoked}) {
-    int64_t count = 0;
-    for (const auto& site : sites_json) count += site["state"] == site_state_name(state) ? 1 : 0;
-    out.sample("fedmesh_sites", {{"state", site_state_name(state)}}, static_cast<double>(count));
-  }
-  out.counter("fedmesh_http_unauthorized_total", "Requests to this endpoint refused for want of the access token",
-              static_cast<double>(unauthorized_requests()));
-  return out.text();
-}
-
-std::string AggregatorServer::Impl::render_status() const {
-  std::lock_guard lock(metrics_mutex);
-  nlohmann::json recent_rounds = nlohmann::json::array(), history = nlohmann::json::array();
-  for (size_t i = 0; i < round_history.size(); ++i) {
-    const nlohmann::json& e = round_history[i];
-    if (i + kRecentRoundsShown >= round_history.size()) recent_rounds.push_back(e);
-    nlohmann::json point = {{"round", e["round"]}, {"version", e["version"]}, {"updates", e["updates"]},
-                            {"seconds", e["seconds"]}, {"closed_by_deadline", e["closed_by_deadline"]},
-                            {"bytes_sent", e["bytes_sent"]}, {"bytes_received", e["bytes_received"]},
-                            {"staleness", e["staleness"]}};
-    for (const char* key : {"test_accuracy", "test_loss", "epsilon"}) {
-      if (e.contains(key)) point[key] = e[key];
-    }
-    history.push_back(std::move(point));
-  }
-  nlohmann::json rejections = nlohmann::json::array();
-  for (auto it = recent_rejections.rbegin(); it != recent_rejections.rend(); ++it) rejections.push_back(*it);
-  int64_t rejections_total = 0;
-  for (const auto& [reason, count] : refused_by_reason) rejections_total += count;
-  const Histogram& h = staleness_histogram;
-  nlohmann::json staleness = {{"bounds", h.bounds()}, {"cumulative_counts", h.counts()}, {"count", h.count()},
-                              {"sum", h.sum()}};
-  if (h.count() > 0) staleness["mean"] = h.sum() / static_cast<double>(h.count());
-  nlohmann::json status = {{"role", "aggregator"}, {"federation", config.federation}, {"name", config.name},
-                           {"round", shown_round}, {"version", shown_version},
-                           {"round_open", shown_open}, {"finished", shown_finished},
-                           {"mode", config.rounds_options.asynchronous ? "async" : "sync"},
-                           {"privacy_mode", config.privacy_mode},
-                           {"rounds", config.rounds}, {"sites", sites_json}, {"recent_rounds", recent_rounds},
-                           {"progress", progress_json}, {"history", history},
-                           {"site_timeout_seconds", config.site_timeout_seconds},
-                           {"updates_accepted", accepted_total},
-                           {"bytes_sent", socket->counters().bytes_sent.load()},
-                           {"bytes_received", socket->counters().bytes_received.load()},
-                           {"staleness", staleness},
-                           {"recent_rejections", rejections}, {"rejections_total", rejections_total},
-                           {"rejections_by_reason", refused_by_reason},
-                           {"http_unauthorized", unauthorized_requests()},
-                           {"uptime_seconds", now()}};
-  if (last_accuracy >= 0.0) status["test_accuracy"] = last_accuracy;
-  if (last_loss >= 0.0) status["test_loss"] = last_loss;
-  // Reasons may quote what a peer sent: never let a stray byte fail the page.
-  return status.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  c.http_unauthorized = unauthorized_requests();
+  c.uptime_seconds = now();
+  return c;
 }
 
 Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
@@ -1169,7 +1014,7 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
       if (!finished_at) {
         finished_at = Clock::now();
         emit({{"event", "finished"}, {"round", manager->round()}, {"version", manager->version()},
-              {"test_accuracy", last_accuracy}, {"store", config.store}});
+              {"test_accuracy", view.last_accuracy()}, {"store", config.store}});
       } else if (Clock::now() - *finished_at > std::chrono::duration<double>(config.linger_seconds)) {
         break;
       }

@@ -12,6 +12,7 @@
 #include "base/random.h"
 #include "cli/output.h"
 #include "kernels/parallel.h"
+#include "node/data/bpe_tokenizer.h"
 #include "node/data/text_corpus.h"
 #include "node/model.h"
 #include "node/training_checkpoint.h"
@@ -56,6 +57,29 @@ Result<std::string> stored_model_name(store::CheckpointStore& store) {
   return not_found("the checkpoint does not say which model it holds: give --model");
 }
 
+// The BPE tokenizer a store's run trained with (`fedmesh train --tokenizer`
+// keeps the file in meta "tokenizer"); nullopt for the byte tokenizer. The
+// store is checked like the file was: a damaged copy is refused by name, as
+// is one that is not the tokenizer the run's flags name.
+Result<std::optional<data::BpeTokenizer>> stored_tokenizer(store::CheckpointStore& store) {
+  Result<std::optional<std::string>> text = store.meta("tokenizer");
+  if (!text.is_ok()) return text.status();
+  if (!text->has_value() || (*text)->empty()) return std::optional<data::BpeTokenizer>();
+  Result<data::BpeTokenizer> tokenizer = data::BpeTokenizer::parse(**text);
+  if (!tokenizer.is_ok()) {
+    return Status(tokenizer.status().code(), "the tokenizer kept in the store: " + tokenizer.status().message());
+  }
+  Result<std::optional<std::string>> config = store.meta("train_config");
+  if (config.is_ok() && config->has_value()) {
+    const nlohmann::json flags = nlohmann::json::parse(**config, nullptr, false);
+    if (flags.is_object() && flags.contains("tokenizer") && flags["tokenizer"] != tokenizer->fingerprint()) {
+      return corrupt("the tokenizer kept in the store (" + tokenizer->fingerprint() +
+                     ") is not the one its run recorded training with");
+    }
+  }
+  return std::optional<data::BpeTokenizer>(std::move(*tokenizer));
+}
+
 // Samples the next token from the last row of `logits`: temperature, then
 // the top_k most likely (0: all), then a draw.
 int32_t sample(const float* logits, int64_t vocabulary, double temperature, int top_k, Rng& rng) {
@@ -93,15 +117,19 @@ int run_generate(const GenerateFlags& flags) {
   if (!name.is_ok()) return fail(flags, name.status());
   const std::optional<node::TransformerConfig> config = node::language_model_config(*name);
   if (!config) return fail(flags, invalid_argument("model '" + *name + "' is not a language model"));
+  Result<std::optional<data::BpeTokenizer>> tokenizer = stored_tokenizer(*store);
+  if (!tokenizer.is_ok()) return fail(flags, tokenizer.status(), 1);
+  const int64_t vocabulary = tokenizer->has_value() ? (*tokenizer)->vocabulary() : config->vocabulary;
   Result<store::LoadedCheckpoint> loaded = flags.round >= 0 ? store->load_round(flags.round) : store->load_latest();
   if (!loaded.is_ok()) return fail(flags, loaded.status(), 1);
-  Result<std::unique_ptr<node::Sequential>> model = node::make_model(*name, 0);
+  Result<std::unique_ptr<node::Sequential>> model =
+      node::make_model(*name, 0, tokenizer->has_value() ? vocabulary : 0);
   if (!model.is_ok()) return fail(flags, model.status());
   if (Status s = node::load_model_weights(*loaded, **model); !s.is_ok()) return fail(flags, s, 1);
 
-  std::vector<int32_t> tokens = data::byte_tokens(flags.prompt);
+  std::vector<int32_t> tokens = tokenizer->has_value() ? (*tokenizer)->encode(flags.prompt) : data::byte_tokens(flags.prompt);
   for (const int32_t t : tokens) {
-    if (t >= config->vocabulary) return fail(flags, invalid_argument("the prompt has a byte outside the model's vocabulary"));
+    if (t >= vocabulary) return fail(flags, invalid_argument("the prompt has a byte outside the model's vocabulary"));
   }
   Rng rng(flags.seed);
   const size_t prompt_tokens = tokens.size();
@@ -113,18 +141,30 @@ int run_generate(const GenerateFlags& flags) {
     Tensor x = Tensor::empty({1, length});
     for (int64_t t = 0; t < length; ++t) x.data<float>()[t] = static_cast<float>(tokens[begin + static_cast<size_t>(t)]);
     const Tensor logits = (*model)->forward(x, /*training=*/false);
-    const int32_t next = sample(logits.data<float>() + (length - 1) * config->vocabulary, config->vocabulary,
+    const int32_t next = sample(logits.data<float>() + (length - 1) * vocabulary, vocabulary,
                                 flags.temperature, flags.top_k, rng);
     tokens.push_back(next);
     if (!flags.json) {
-      std::fputc(static_cast<char>(next), stdout);
+      if (tokenizer->has_value()) {
+        const std::string_view bytes = (*tokenizer)->token_bytes(next);
+        std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+      } else {
+        std::fputc(static_cast<char>(next), stdout);
+      }
       std::fflush(stdout);
     }
   }
-  const std::string text = data::byte_text(std::span<const int32_t>(tokens).subspan(prompt_tokens)).value();
+  const std::span<const int32_t> generated = std::span<const int32_t>(tokens).subspan(prompt_tokens);
+  const std::string text =
+      tokenizer->has_value() ? (*tokenizer)->decode(generated).value() : data::byte_text(generated).value();
   if (flags.json) {
-    emit_json({{"event", "summary"}, {"command", "generate"}, {"model", *name}, {"round", loaded->round.round},
-               {"prompt", flags.prompt}, {"text", text}, {"tokens", flags.tokens}});
+    nlohmann::json summary = {{"event", "summary"}, {"command", "generate"}, {"model", *name}, {"round", loaded->round.round},
+                              {"prompt", flags.prompt}, {"text", text}, {"tokens", flags.tokens}};
+    if (tokenizer->has_value()) {
+      summary["tokenizer"] = (*tokenizer)->fingerprint();
+      summary["vocab_size"] = vocabulary;
+    }
+    emit_json(summary);
   } else {
     std::fputc('\n', stdout);
   }
@@ -137,12 +177,14 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<GenerateFlags>();
   CLI::App* cmd = app.add_subcommand(
       "generate", "Sample text from a language model's checkpoint (fedmesh train --db, or an aggregator's store): the "
-                  "prompt, then --tokens bytes drawn one at a time with --temperature and --top-k.");
+                  "prompt, then --tokens tokens drawn one at a time with --temperature and --top-k. Tokens are bytes, "
+                  "or, for a run trained with `fedmesh train --tokenizer FILE`, that BPE tokenizer's tokens: the "
+                  "store keeps the tokenizer, so nothing needs to be given.");
   cmd->add_option("--checkpoint", flags->checkpoint, "The store (SQLite) holding the model")->required();
   cmd->add_option("--model", flags->model, "The model's name (default: the one the store's run recorded)");
   cmd->add_option("--round", flags->round, "Which checkpoint (default: the newest)");
   cmd->add_option("--prompt", flags->prompt, "Text to continue")->capture_default_str();
-  cmd->add_option("--tokens", flags->tokens, "Bytes to generate")->capture_default_str();
+  cmd->add_option("--tokens", flags->tokens, "Tokens to generate (bytes with the byte tokenizer)")->capture_default_str();
   cmd->add_option("--temperature", flags->temperature, "Softmax temperature (0: the most likely byte every time)")
       ->capture_default_str();
   cmd->add_option("--top-k", flags->top_k, "Draw from the k most likely bytes only (0: all)")->capture_default_str();

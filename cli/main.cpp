@@ -12,6 +12,7 @@
 #include "cli/roster_command.h"
 #include "cli/sim_command.h"
 #include "cli/status_command.h"
+#include "cli/tokenizer_command.h"
 #include "cli/train_command.h"
 
 int main(int argc, char** argv) {
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   fedmesh::cli::add_generate_command(app, exit_code);
   fedmesh::cli::add_privacy_command(app, exit_code);
   fedmesh::cli::add_provision_command(app, exit_code);
+  fedmesh::cli::add_tokenizer_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

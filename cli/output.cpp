@@ -12,7 +12,9 @@
 namespace fedmesh::cli {
 
 void emit_json(const nlohmann::json& event) {
-  std::cout << event.dump() << std::endl;
+  // Text a model generated, or that a peer sent, need not be valid UTF-8:
+  // such bytes print as U+FFFD rather than end the command.
+  std::cout << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
 std::string format_bytes(int64_t bytes) {

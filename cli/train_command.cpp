@@ -12,6 +12,7 @@
 
 #include "cli/output.h"
 #include "kernels/parallel.h"
+#include "node/data/bpe_tokenizer.h"
 #include "node/data/fashion_mnist.h"
 #include "node/data/text_corpus.h"
 #include "node/model.h"
@@ -35,6 +36,7 @@ struct TrainFlags {
   std::string precision = "fp32";
   std::string device = "cpu";
   std::string schedule = "cosine";
+  std::string tokenizer;  // language models: a BPE tokenizer file (`fedmesh tokenizer train`); "": bytes
   int64_t train_limit = 0;
   int64_t test_limit = 0;
   int threads = 0;
@@ -71,11 +73,16 @@ struct CheckpointFailed {};
 // What a run trains and evaluates on: Fashion-MNIST images for the image
 // models, windows of a text corpus (95% of every document to train on, the
 // rest held out) for the language models.
-// The held-out loss (nats per byte token) as DESIGN.md names it for
-// language models, with its perplexity and bits per byte, and the unigram
-// baseline's bits per byte.
-nlohmann::json language_metrics(double loss, double unigram_loss) {
-  return {{"val_loss", loss}, {"val_perplexity", std::exp(loss)}, {"val_bits_per_byte", loss / std::log(2.0)},
+// The held-out loss (nats per token) as DESIGN.md names it for language
+// models, with its perplexity and bits per byte, and the unigram baseline's
+// bits per byte. Bits per byte are the nats of all held-out targets over
+// ln 2 and the bytes those targets stand for: loss * tokens_per_byte / ln 2
+// (1 token per byte with the byte tokenizer; fewer with BPE). The unigram
+// baseline is always the byte unigram's (nats per byte), so that runs with
+// and without a tokenizer compare.
+nlohmann::json language_metrics(double loss, double unigram_loss, double tokens_per_byte) {
+  return {{"val_loss", loss}, {"val_perplexity", std::exp(loss)},
+          {"val_bits_per_byte", loss * tokens_per_byte / std::log(2.0)},
           {"unigram_bits_per_byte", unigram_loss / std::log(2.0)}};
 }
 
@@ -84,12 +91,29 @@ struct TrainingData {
   std::unique_ptr<data::Dataset> train, test;
   bool language = false;
   std::string description;  // "60000 Fashion-MNIST images (10000 test)"
-  double unigram_loss = 0.0;  // language models: the no-context baseline on the held-out text
+  double unigram_loss = 0.0;  // language models: the byte unigram's nats per byte on the held-out text
+  // --tokenizer: the BPE tokenizer, the model's vocabulary (0: the model's
+  // own), held-out target tokens per byte they stand for, and the token
+  // unigram's nats per token on them.
+  std::optional<data::BpeTokenizer> tokenizer;
+  int64_t vocabulary = 0;
+  double tokens_per_byte = 1.0;
+  double token_unigram_loss = 0.0;
 };
+
+// `value` with `digits` decimals.
+std::string fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
 
 Result<TrainingData> load_training_data(const TrainFlags& flags) {
   TrainingData out;
   const std::optional<node::TransformerConfig> language = node::language_model_config(flags.model);
+  if (!language && !flags.tokenizer.empty()) {
+    return invalid_argument("--tokenizer applies to the language models (gpt-*), not to " + flags.model);
+  }
   if (!language) {
     Result<data::FashionMnistSplits> splits =
         data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
@@ -101,12 +125,19 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
                       std::to_string(out.images->test.count) + " test)";
     return out;
   }
+  if (!flags.tokenizer.empty()) {
+    Result<data::BpeTokenizer> tokenizer = data::BpeTokenizer::load(flags.tokenizer);
+    if (!tokenizer.is_ok()) return tokenizer.status();
+    out.tokenizer.emplace(std::move(*tokenizer));
+    out.vocabulary = out.tokenizer->vocabulary();
+  }
   const std::string source = data::text_source(flags.data);
   Result<data::TextCorpus> corpus = data::load_text_corpus(source);
   if (!corpus.is_ok()) return corpus.status();
   std::vector<size_t> all(corpus->documents.size());
   for (size_t d = 0; d < all.size(); ++d) all[d] = d;
-  data::TextSplit split = data::split_documents(*corpus, all, data::kHeldOutText);
+  data::TextSplit split = out.tokenizer ? data::split_documents(*corpus, all, data::kHeldOutText, *out.tokenizer)
+                                        : data::split_documents(*corpus, all, data::kHeldOutText);
   const int64_t context = language->context;
   // --train-limit / --test-limit count windows of `context` tokens.
   const auto cut = [context](std::vector<int32_t>& tokens, int64_t windows) {
@@ -114,7 +145,21 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
   };
   cut(split.train, flags.train_limit);
   cut(split.validation, flags.test_limit);
-  out.unigram_loss = data::unigram_cross_entropy(split.train, split.validation, data::kByteVocabulary);
+  if (out.tokenizer && split.validation.size() > static_cast<size_t>(context)) {
+    // The targets evaluation scores: tokens 1 .. windows * context of the
+    // held-out stream (windows of `context` at stride `context`).
+    const size_t windows = (split.validation.size() - static_cast<size_t>(context) - 1) / static_cast<size_t>(context) + 1;
+    const std::span<const int32_t> targets =
+        std::span<const int32_t>(split.validation).subspan(1, windows * static_cast<size_t>(context));
+    const std::string train_text = out.tokenizer->decode(split.train).value();
+    const std::string target_text = out.tokenizer->decode(targets).value();
+    out.unigram_loss = data::unigram_cross_entropy(data::byte_tokens(train_text), data::byte_tokens(target_text),
+                                                   data::kByteVocabulary);
+    out.token_unigram_loss = data::unigram_cross_entropy(split.train, targets, out.tokenizer->vocabulary());
+    out.tokens_per_byte = static_cast<double>(targets.size()) / static_cast<double>(target_text.size());
+  } else if (!out.tokenizer) {
+    out.unigram_loss = data::unigram_cross_entropy(split.train, split.validation, data::kByteVocabulary);
+  }
   const size_t train_tokens = split.train.size(), validation_tokens = split.validation.size();
   out.train = std::make_unique<data::TextWindows>(std::move(split.train), context, context);
   out.test = std::make_unique<data::TextWindows>(std::move(split.validation), context, context);
@@ -122,7 +167,11 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
     return invalid_argument(source + " is too short for windows of " + std::to_string(context) + " tokens");
   }
   out.language = true;
-  out.description = std::to_string(train_tokens) + " byte tokens of " + source + " (" +
+  out.description = std::to_string(train_tokens) +
+                    (out.tokenizer ? " BPE tokens (vocabulary " + std::to_string(out.vocabulary) + ", " +
+                                         fixed(1.0 / out.tokens_per_byte, 3) + " bytes per token held out) of "
+                                   : std::string(" byte tokens of ")) +
+                    source + " (" +
                     std::to_string(corpus->documents.size()) + " documents; " + std::to_string(validation_tokens) +
                     " held out) in windows of " + std::to_string(context);
   return out;
@@ -132,8 +181,8 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
 // (launched by rank 0 with --rank and --rendezvous), no output, no store.
 // They take rank 0's position and state (restored from its checkpoint, or
 // fresh), train their part of every batch and exit when the run ends.
-int run_train_rank(TrainFlags& flags, const data::Dataset& train) {
-  Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed);
+int run_train_rank(TrainFlags& flags, const data::Dataset& train, int64_t vocabulary) {
+  Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed, vocabulary);
   if (!model.is_ok()) return fail(flags, model.status());
   node::Trainer trainer(**model, flags.options);
   Result<std::unique_ptr<node::Communicator>> communicator = node::join_rank_group(flags.group);
@@ -153,8 +202,10 @@ int run_train_rank(TrainFlags& flags, const data::Dataset& train) {
 }
 
 // The flags that decide a run's trajectory: a resumed run must use the same
-// ones, or it would not continue the run it claims to continue.
-nlohmann::json trajectory_flags(const TrainFlags& flags) {
+// ones, or it would not continue the run it claims to continue. A BPE
+// tokenizer is recorded by its fingerprint (the file may move); a run of the
+// byte tokenizer has no "tokenizer" key, as before tokenizers existed.
+nlohmann::json trajectory_options(const TrainFlags& flags) {
   const node::TrainOptions& o = flags.options;
   return {{"model", flags.model},
           {"data", flags.data},
@@ -180,8 +231,32 @@ nlohmann::json trajectory_flags(const TrainFlags& flags) {
           {"dp_target_epsilon", flags.dp_target_epsilon}};
 }
 
+nlohmann::json trajectory_flags(const TrainFlags& flags, const TrainingData& data) {
+  nlohmann::json config = trajectory_options(flags);
+  if (data.tokenizer) config["tokenizer"] = data.tokenizer->fingerprint();
+  return config;
+}
+
 constexpr const char* kTrainConfigKey = "train_config";
 constexpr const char* kTrainThreadsKey = "train_threads";
+// The run's BPE tokenizer file, whole (absent for the byte tokenizer):
+// `fedmesh generate` decodes with it.
+constexpr const char* kTokenizerKey = "tokenizer";
+
+// A run resumes only with the tokenizer it started with (none: bytes).
+Status check_same_tokenizer(const nlohmann::json& stored, const TrainingData& data, const std::string& db) {
+  const std::string before = stored.is_object() && stored.contains("tokenizer") && stored["tokenizer"].is_string()
+                                 ? stored["tokenizer"].get<std::string>()
+                                 : std::string();
+  const std::string now = data.tokenizer ? data.tokenizer->fingerprint() : std::string();
+  if (before == now) return Status::ok();
+  const auto name = [](const std::string& fingerprint) {
+    return fingerprint.empty() ? std::string("the byte tokenizer (no --tokenizer)") : "the BPE tokenizer " + fingerprint;
+  };
+  return invalid_argument(db + " holds checkpoints of a run trained with " + name(before) + ", not " + name(now) +
+                          " as given now (--tokenizer): give the run's own tokenizer to resume it, or a new --db to "
+                          "start another run");
+}
 
 // Compares this command's trajectory flags with those the database's run was
 // started with; the message names every flag that differs.
@@ -252,7 +327,7 @@ int run_train(TrainFlags& flags) {
   if (!loaded.is_ok()) return fail(flags, loaded.status());
   const data::Dataset* train = loaded->train.get();
   const data::Dataset* test = loaded->test.get();
-  if (flags.group.launched()) return run_train_rank(flags, *train);
+  if (flags.group.launched()) return run_train_rank(flags, *train, loaded->vocabulary);
 
   // DP-SGD: the accountant, and a target budget caps the steps up front, so
   // that no step is taken whose epsilon would exceed it. Sampling rate q =
@@ -281,7 +356,7 @@ int run_train(TrainFlags& flags) {
       }
     }
   }
-  Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed);
+  Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed, loaded->vocabulary);
   if (!model.is_ok()) return fail(flags, model.status());
   node::Sequential& net = **model;
   node::Trainer trainer(net, flags.options);
@@ -301,17 +376,28 @@ int run_train(TrainFlags& flags) {
     checkpoints.emplace(std::move(*opened));
     Result<std::vector<store::RoundInfo>> rounds = checkpoints->rounds();
     if (!rounds.is_ok()) return fail(flags, rounds.status());
-    const nlohmann::json config = trajectory_flags(flags);
+    const nlohmann::json config = trajectory_flags(flags, *loaded);
     if (rounds->empty()) {
       if (flags.resume) return fail(flags, not_found(flags.db + ": no committed checkpoint to resume from"));
       // Nothing committed yet (or a run killed before its first commit): this run's flags are the run's.
       if (Status s = checkpoints->set_meta(kTrainConfigKey, config.dump()); !s.is_ok()) return fail(flags, s);
+      if (loaded->tokenizer) {
+        if (Status s = checkpoints->set_meta(kTokenizerKey, loaded->tokenizer->to_json()); !s.is_ok()) return fail(flags, s);
+      } else {
+        // A run that never committed may have left its tokenizer: this one has none.
+        Result<std::optional<std::string>> earlier = checkpoints->meta(kTokenizerKey);
+        if (!earlier.is_ok()) return fail(flags, earlier.status());
+        if (earlier->has_value() && !(*earlier)->empty()) {
+          if (Status s = checkpoints->set_meta(kTokenizerKey, ""); !s.is_ok()) return fail(flags, s);
+        }
+      }
       if (Status s = checkpoints->set_meta(kTrainThreadsKey, std::to_string(cpu_threads())); !s.is_ok()) return fail(flags, s);
     } else {
       Result<std::optional<std::string>> stored = checkpoints->meta(kTrainConfigKey);
       if (!stored.is_ok()) return fail(flags, stored.status());
       const nlohmann::json stored_config =
           stored->has_value() ? nlohmann::json::parse(**stored, nullptr, false) : nlohmann::json::object();
+      if (Status s = check_same_tokenizer(stored_config, *loaded, flags.db); !s.is_ok()) return fail(flags, s);
       if (Status s = check_same_run(stored_config, config, flags.db); !s.is_ok()) return fail(flags, s);
       Result<std::optional<std::string>> threads = checkpoints->meta(kTrainThreadsKey);
       if (threads.is_ok() && threads->has_value() && **threads != std::to_string(cpu_threads())) {
@@ -423,13 +509,23 @@ int run_train(TrainFlags& flags) {
                {"train_samples", train->size()},
                {"test_samples", test->size()},
                {"seed", flags.options.seed}});
+    if (loaded->tokenizer) {
+      emit_json({{"event", "tokenizer"},
+                 {"tokenizer", loaded->tokenizer->fingerprint()},
+                 {"vocab_size", loaded->vocabulary},
+                 {"held_out_bytes_per_token", 1.0 / loaded->tokens_per_byte}});
+    }
   } else {
     std::fprintf(stderr, "%s", net.summary().c_str());
     std::fprintf(stderr, "training %s on %s, %s, %d threads, batch %lld, %s lr %g\n", flags.model.c_str(),
                  loaded->description.c_str(), flags.precision.c_str(), cpu_threads(),
                  static_cast<long long>(flags.options.batch_size), flags.options.optimizer.c_str(),
                  static_cast<double>(flags.options.lr));
-    if (loaded->language) {
+    if (loaded->tokenizer) {
+      std::fprintf(stderr, "held-out text: a byte unigram model (no context) reaches %.3f bits/byte; a unigram of "
+                   "these tokens %.4f nats/token, %.3f bits/byte\n", loaded->unigram_loss / std::log(2.0),
+                   loaded->token_unigram_loss, loaded->token_unigram_loss * loaded->tokens_per_byte / std::log(2.0));
+    } else if (loaded->language) {
       std::fprintf(stderr, "held-out text: a unigram model (no context) reaches %.4f nats/token, %.3f bits/byte\n",
                    loaded->unigram_loss, loaded->unigram_loss / std::log(2.0));
     }
@@ -480,15 +576,16 @@ int run_train(TrainFlags& flags) {
                               {"test_loss", r.test.loss},
                               {"test_accuracy", r.test.accuracy},
                               {"seconds", r.seconds}};
-      if (loaded->language) event.update(language_metrics(r.test.loss, loaded->unigram_loss));
+      if (loaded->language) event.update(language_metrics(r.test.loss, loaded->unigram_loss, loaded->tokens_per_byte));
       emit_json(event);
       return;
     }
     line.finish();
     if (loaded->language) {
       std::fprintf(stderr, "epoch %lld: train loss %.4f, held-out loss %.4f (perplexity %.3f, %.3f bits/byte; unigram "
-                   "%.3f), next-byte accuracy %.2f%% (%s)\n", static_cast<long long>(r.epoch), r.train_loss,
-                   r.test.loss, std::exp(r.test.loss), r.test.loss / std::log(2.0), loaded->unigram_loss / std::log(2.0),
+                   "%.3f), next-%s accuracy %.2f%% (%s)\n", static_cast<long long>(r.epoch), r.train_loss,
+                   r.test.loss, std::exp(r.test.loss), r.test.loss * loaded->tokens_per_byte / std::log(2.0),
+                   loaded->unigram_loss / std::log(2.0), loaded->tokenizer ? "token" : "byte",
                    100.0 * r.test.accuracy, format_duration(r.seconds).c_str());
       return;
     }
@@ -553,14 +650,21 @@ int run_train(TrainFlags& flags) {
       event["dp_sampling_rate"] = accounting->q;
     }
     if (loaded->language) {
-      event.update(language_metrics(summary.test.loss, loaded->unigram_loss));
+      event.update(language_metrics(summary.test.loss, loaded->unigram_loss, loaded->tokens_per_byte));
       event["tokens_per_second"] = summary.samples_per_second * static_cast<double>(train->targets_per_sample());
+    }
+    if (loaded->tokenizer) {
+      event["tokenizer"] = loaded->tokenizer->fingerprint();
+      event["vocab_size"] = loaded->vocabulary;
+      event["held_out_bytes_per_token"] = 1.0 / loaded->tokens_per_byte;
+      event["token_unigram_bits_per_byte"] = loaded->token_unigram_loss * loaded->tokens_per_byte / std::log(2.0);
     }
     emit_json(event);
   } else if (loaded->language) {
     std::printf("%s %s: held-out loss %.4f (perplexity %.3f, %.3f bits/byte; a unigram model %.3f) after %lld steps, "
                 "%.0f tokens/s, %s\n", flags.model.c_str(), flags.precision.c_str(), summary.test.loss,
-                std::exp(summary.test.loss), summary.test.loss / std::log(2.0), loaded->unigram_loss / std::log(2.0),
+                std::exp(summary.test.loss), summary.test.loss * loaded->tokens_per_byte / std::log(2.0),
+                loaded->unigram_loss / std::log(2.0),
                 static_cast<long long>(summary.steps),
                 summary.samples_per_second * static_cast<double>(train->targets_per_sample()),
                 format_duration(wall_seconds).c_str());
@@ -592,7 +696,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
       "train", "Train a model locally on this machine's data (no federation) and report test accuracy.");
   cmd->add_option("--model", flags->model,
                   "Model to train: mlp (784-512-256-10) or cnn (2 conv + 2 fc) on Fashion-MNIST; or a GPT-style "
-                  "language model on text with the byte tokenizer: gpt-nano (0.1M parameters), gpt-tiny (1.8M), "
+                  "language model on text with the byte tokenizer (or --tokenizer FILE): gpt-nano (0.1M parameters), gpt-tiny (1.8M), "
                   "gpt-small (10.8M), gpt2 (124M)")
       ->check(CLI::IsMember(node::model_names()))
       ->capture_default_str();
@@ -602,6 +706,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "(the default; Debian's bible-kjv, one document per book) or a directory of plain-text files (one "
                   "document each); 5% of every document is held out. --train-limit/--test-limit count windows")
       ->capture_default_str();
+  cmd->add_option("--tokenizer", flags->tokenizer,
+                  "Language models: a BPE tokenizer file from `fedmesh tokenizer train` instead of the byte tokenizer; "
+                  "the model's vocabulary becomes the tokenizer's size, the tokenizer is kept in --db for `fedmesh "
+                  "generate`, and a resume must give the same one. val_bits_per_byte divides the held-out nats by "
+                  "ln 2 and by the bytes the held-out tokens stand for; unigram_bits_per_byte stays the byte unigram's");
   cmd->add_option("--epochs", o.epochs, "Passes over the training set")->capture_default_str();
   cmd->add_option("--steps", o.max_steps, "Stop after this many optimizer steps (overrides --epochs; 0 = off)")
       ->capture_default_str();

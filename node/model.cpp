@@ -111,9 +111,14 @@ std::unique_ptr<Sequential> make_transformer(std::string name, const Transformer
   return model;
 }
 
-Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed) {
+Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed, int64_t vocabulary) {
+  if (vocabulary < 0) return invalid_argument("a vocabulary of " + std::to_string(vocabulary) + " tokens");
   if (std::optional<TransformerConfig> config = language_model_config(name)) {
+    if (vocabulary > 0) config->vocabulary = vocabulary;
     return make_transformer(std::string(name), *config, seed);
+  }
+  if (vocabulary > 0) {
+    return invalid_argument("model '" + std::string(name) + "' is not a language model: it takes no vocabulary (tokenizer)");
   }
   Rng rng(seed);
   const Shape image = {1, kFashionMnistSide, kFashionMnistSide};

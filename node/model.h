@@ -62,8 +62,10 @@ inline constexpr int64_t kFashionMnistClasses = 10;
 //   "gpt-tiny"  vocabulary 256, context 128, width 192, 6 heads, 4 layers (~1.8M; CPU runs)
 //   "gpt-small" vocabulary 256, context 256, width 384, 6 heads, 6 layers (~10.8M)
 //   "gpt2"      vocabulary 50257, context 1024, width 768, 12 heads, 12 layers (124M, GPT-2 small)
-// initialized as GPT-2 is.
-Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed);
+// initialized as GPT-2 is. `vocabulary` > 0 replaces a language model's
+// vocabulary (a trained tokenizer's size, node/data/bpe_tokenizer.h); an
+// image model refuses it. 0: the model's own.
+Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed, int64_t vocabulary = 0);
 std::vector<std::string> model_names();
 // The transformer's sizes for a language model's name; nullopt for the
 // image models.

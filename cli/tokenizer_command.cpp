@@ -1,0 +1,147 @@
+#include "cli/tokenizer_command.h"
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli/output.h"
+#include "node/data/bpe_tokenizer.h"
+#include "node/data/text_corpus.h"
+
+namespace fedmesh::cli {
+
+namespace {
+
+struct TokenizerTrainFlags {
+  std::string data = data::kBibleCorpus;
+  int vocab_size = 1024;
+  int max_piece_bytes = data::kDefaultMaxPieceBytes;
+  std::string out;
+  uint64_t seed = 0;  // accepted as every command's is; training draws nothing at random
+  bool json = false;
+};
+
+int fail(const TokenizerTrainFlags& flags, const Status& status, int exit_code = 2) {
+  if (flags.json) {
+    emit_json({{"event", "error"}, {"command", "tokenizer train"}, {"code", status_code_name(status.code())},
+               {"message", status.message()}});
+  }
+  std::fprintf(stderr, "fedmesh tokenizer train: %s\n", status.message().c_str());
+  return exit_code;
+}
+
+int run_tokenizer_train(const TokenizerTrainFlags& flags) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  if (flags.vocab_size < 257 || flags.vocab_size > data::kMaxTokenizerVocabulary) {
+    return fail(flags, invalid_argument("--vocab-size must be in [257, " + std::to_string(data::kMaxTokenizerVocabulary) +
+                                        "]: the 256 bytes and at least one merge"));
+  }
+  if (flags.max_piece_bytes < 2 || flags.max_piece_bytes > data::kMaxPieceBytesLimit) {
+    return fail(flags, invalid_argument("--max-piece-bytes must be in [2, " + std::to_string(data::kMaxPieceBytesLimit) + "]"));
+  }
+  const std::string source = flags.data == "kjv" ? data::kBibleCorpus : data::text_source(flags.data);
+  Result<data::TextCorpus> corpus = data::load_text_corpus(source);
+  if (!corpus.is_ok()) return fail(flags, corpus.status());
+  const int64_t corpus_bytes = corpus->bytes();
+  if (!flags.json) {
+    std::fprintf(stderr, "training a BPE tokenizer of %d symbols on %s (%zu documents, %s)\n", flags.vocab_size,
+                 source.c_str(), corpus->documents.size(), format_bytes(corpus_bytes).c_str());
+  }
+
+  ProgressLine line;
+  data::BpeTrainOptions options;
+  options.vocabulary = flags.vocab_size;
+  options.max_piece_bytes = flags.max_piece_bytes;
+  options.progress_every = 100;
+  const auto train_start = std::chrono::steady_clock::now();
+  options.on_progress = [&](int done, int wanted) {
+    if (flags.json) {
+      emit_json({{"event", "progress"}, {"merges", done}, {"wanted_merges", wanted}, {"seconds", seconds_since(train_start)}});
+      return;
+    }
+    char text[128];
+    std::snprintf(text, sizeof text, "merges %d/%d  %.1fs", done, wanted, seconds_since(train_start));
+    line.update(text, done == wanted);
+  };
+  Result<data::BpeTokenizer> tokenizer = data::train_bpe(*corpus, options);
+  line.finish();
+  if (!tokenizer.is_ok()) return fail(flags, tokenizer.status());
+  const double train_seconds = seconds_since(train_start);
+  if (Status s = tokenizer->save(flags.out); !s.is_ok()) return fail(flags, s, 1);
+
+  // How well it compresses the corpus it was trained on.
+  int64_t tokens = 0;
+  for (const data::TextDocument& document : corpus->documents) tokens += static_cast<int64_t>(tokenizer->encode(document.text).size());
+  const double bytes_per_token = tokens > 0 ? static_cast<double>(corpus_bytes) / static_cast<double>(tokens) : 0.0;
+  const int merges = static_cast<int>(tokenizer->merges().size());
+  const double wall_seconds = seconds_since(start);
+  if (flags.json) {
+    emit_json({{"event", "summary"},
+               {"command", "tokenizer train"},
+               {"data", source},
+               {"out", flags.out},
+               {"vocab_size", tokenizer->vocabulary()},
+               {"requested_vocab_size", flags.vocab_size},
+               {"merges", merges},
+               {"checksum", tokenizer->fingerprint()},
+               {"documents", corpus->documents.size()},
+               {"corpus_bytes", corpus_bytes},
+               {"corpus_tokens", tokens},
+               {"bytes_per_token", bytes_per_token},
+               {"train_seconds", train_seconds},
+               {"rounds", 0},
+               {"bytes_sent", 0},
+               {"bytes_received", 0},
+               {"wall_seconds", wall_seconds}});
+    return 0;
+  }
+  if (tokenizer->vocabulary() < flags.vocab_size) {
+    std::fprintf(stderr, "stopped at %d symbols: no pair of symbols occurs twice in the corpus any more\n",
+                 tokenizer->vocabulary());
+  }
+  std::printf("wrote %s: %d symbols (%d merges), %.3f bytes per token on %s (%lld tokens for %lld bytes), "
+              "trained in %s, %s in all\n", flags.out.c_str(), tokenizer->vocabulary(), merges, bytes_per_token,
+              source.c_str(), static_cast<long long>(tokens), static_cast<long long>(corpus_bytes),
+              format_duration(train_seconds).c_str(), format_duration(wall_seconds).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_tokenizer_command(CLI::App& app, int& exit_code) {
+  CLI::App* tokenizer = app.add_subcommand(
+      "tokenizer", "Tokenizers for the language models: the byte tokenizer needs nothing; a BPE tokenizer is trained here");
+  tokenizer->require_subcommand(1);
+  auto flags = std::make_shared<TokenizerTrainFlags>();
+  CLI::App* train = tokenizer->add_subcommand(
+      "train",
+      "Train a byte-level BPE tokenizer on a text corpus and write it to --out (a small JSON file with a checksum). "
+      "It starts from the 256 bytes and merges the most frequent adjacent pair of symbols until --vocab-size "
+      "symbols (or until no pair occurs twice); text is first cut into words as GPT-2 cuts it (a leading space "
+      "joins the word after it), and merges never cross a word or a document. Any bytes encode, and decoding gives "
+      "them back exactly. Use it with `fedmesh train --model gpt-* --tokenizer FILE`.");
+  train->add_option("--data", flags->data,
+                    "bible-kjv (or kjv: Debian's King James Bible, one document per book) or a directory of text "
+                    "files (one document each)")
+      ->capture_default_str();
+  train->add_option("--vocab-size", flags->vocab_size,
+                    "Symbols in the vocabulary: 256 bytes plus this minus 256 merges, at most " +
+                        std::to_string(data::kMaxTokenizerVocabulary))
+      ->capture_default_str();
+  train->add_option("--out", flags->out, "The tokenizer file to write (replaced atomically)")->required();
+  train->add_option("--max-piece-bytes", flags->max_piece_bytes,
+                    "Words longer than this are cut into pieces of this many bytes (bounds a token's length)")
+      ->capture_default_str();
+  train->add_option("--seed", flags->seed, "Accepted for symmetry: training is deterministic and draws nothing at random")
+      ->capture_default_str();
+  train->add_flag("--json", flags->json,
+                  "Print JSON lines: {\"event\":\"progress\",\"merges\",...} every 100 merges, then "
+                  "{\"event\":\"summary\",\"vocab_size\",\"merges\",\"bytes_per_token\",\"wall_seconds\",...}");
+  train->callback([flags, &exit_code] { exit_code = run_tokenizer_train(*flags); });
+}
+
+}  // namespace fedmesh::cli

@@ -1,0 +1,61 @@
+// libFuzzer target for the BPE tokenizer file parser
+// (node/data/bpe_tokenizer.h): the input bytes are the file's text. How to
+// build and run it: tests/fuzz/README.md.
+//
+// For every input, besides "no crash, no sanitizer report, no unbounded
+// allocation":
+//   - a rejection has the code kCorrupt and a non-empty ASCII message (so a
+//     JSON error line can carry it whatever the file held);
+//   - an accepted tokenizer is within its limits, its canonical file parses
+//     back to the same merges and fingerprint, and the input itself, encoded
+//     with it, decodes back to the same bytes with every id in range.
+// A violation prints what was wrong and traps, which libFuzzer reports as a
+// crash and saves the input.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "node/data/bpe_tokenizer.h"
+
+namespace {
+
+using fedmesh::StatusCode;
+namespace data = fedmesh::data;
+
+[[noreturn]] void violated(const std::string& what) {
+  std::fprintf(stderr, "fuzz_tokenizer: invariant violated: %s\n", what.c_str());
+  __builtin_trap();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(bytes), size);
+  fedmesh::Result<data::BpeTokenizer> parsed = data::BpeTokenizer::parse(text);
+  if (!parsed.is_ok()) {
+    const fedmesh::Status& status = parsed.status();
+    if (status.code() != StatusCode::kCorrupt) violated("rejected with code " + std::string(fedmesh::status_code_name(status.code())));
+    if (status.message().empty()) violated("rejected with an empty message");
+    for (const char c : status.message()) {
+      if (static_cast<unsigned char>(c) >= 0x80) violated("a message that is not ASCII: " + status.message());
+    }
+    return 0;
+  }
+  const data::BpeTokenizer& tokenizer = parsed.value();
+  if (tokenizer.vocabulary() > data::kMaxTokenizerVocabulary) violated("accepted a vocabulary over the limit");
+  fedmesh::Result<data::BpeTokenizer> again = data::BpeTokenizer::parse(tokenizer.to_json());
+  if (!again.is_ok()) violated("to_json output does not parse: " + again.status().message());
+  if (again.value().merges() != tokenizer.merges() || again.value().fingerprint() != tokenizer.fingerprint()) {
+    violated("to_json output parses to another tokenizer");
+  }
+  const std::vector<int32_t> tokens = tokenizer.encode(text);
+  for (const int32_t t : tokens) {
+    if (t < 0 || t >= tokenizer.vocabulary()) violated("encode made token " + std::to_string(t));
+  }
+  fedmesh::Result<std::string> decoded = tokenizer.decode(tokens);
+  if (!decoded.is_ok() || decoded.value() != text) violated("decode(encode(input)) is not the input");
+  return 0;
+}

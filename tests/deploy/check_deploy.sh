@@ -85,7 +85,7 @@ PYEOF
 # The dashboard's metrics are ones the aggregator serves.
 for metric in fedmesh_round fedmesh_global_accuracy fedmesh_updates_rejected_total fedmesh_bytes_received_total \
               fedmesh_round_duration_seconds fedmesh_update_staleness fedmesh_connected_sites; do
-  grep -q "\"$metric\"" "$ROOT/aggregator/server.cpp" || fail "the dashboard charts $metric, which the aggregator does not serve"
+  grep -q "\"$metric\"" "$ROOT/aggregator/operator_view.cpp" || fail "the dashboard charts $metric, which the aggregator does not serve"
 done
 
 # The probes' /healthz is served by every role, without the access token.

@@ -20,9 +20,9 @@ PACKAGES=(
 
 # Meson options of the --sanitize build (FEDMESH_MESON_ARGS come after them).
 SANITIZE_ARGS=('-Db_sanitize=address,undefined' -Db_lundef=false -Dbuildtype=debugoptimized)
-# The --fuzz build: clang, CPU only, and only the libFuzzer targets built.
+# The --fuzz build: clang, CPU only, and only the libFuzzer targets built (every target of tests/fuzz/meson.build).
 FUZZ_ARGS=(-Dcuda=disabled -Dbenchmarks=false -Dfuzz=enabled)
-FUZZ_TARGETS=(tests/fuzz/fuzz_idx tests/fuzz/fuzz_roster tests/fuzz/fuzz_codec tests/fuzz/fuzz_wire tests/fuzz/fuzz_checkpoint)
+FUZZ_TARGETS=(tests/fuzz/fuzz_idx tests/fuzz/fuzz_roster tests/fuzz/fuzz_codec tests/fuzz/fuzz_wire tests/fuzz/fuzz_checkpoint tests/fuzz/fuzz_tokenizer)
 
 CUDA_BIN=/usr/local/cuda/bin
 # Written into the build directory: the meson arguments it was configured with.

@@ -301,7 +301,9 @@ TEST(Gossip, TwentyPercentMessageLossStillConverges) {
   for (int k = 0; k < kPeers; ++k) {
     for (const json& e : cluster.peer(k).events) {
       if (e.value("event", "") == "round") dropped = std::max<uint64_t>(dropped, e.value("dropped_by_faults", uint64_t{0}));
-      if (e.value("event", "") == "member") EXPECT_NE(e.value("state", ""), "dead") << "site-" << k << ": " << e.dump();
+      if (e.value("event", "") == "member") {
+        EXPECT_NE(e.value("state", ""), "dead") << "site-" << k << ": " << e.dump();
+      }
     }
   }
   EXPECT_GT(dropped, 0u) << "the fault injection should have dropped messages";

@@ -22,6 +22,7 @@
 #include "crypto/toml_input.h"
 #include "node/data/fashion_mnist.h"
 #include "node/data/text_corpus.h"
+#include "node/data/tokenized_text.h"
 #include "node/model.h"
 #include "node/trainer.h"
 #include "privacy/ledger.h"
@@ -44,6 +45,9 @@ Status AggregatorConfig::validate() const {
   if (!(site_timeout_seconds > 0.0)) return invalid_argument("site_timeout_seconds must be > 0");
   if (!(linger_seconds >= 0.0)) return invalid_argument("linger_seconds must be >= 0");
   if (validation_limit < 0) return invalid_argument("validation_limit must be >= 0");
+  if (!tokenizer.empty() && !node::language_model_config(model)) {
+    return invalid_argument("tokenizer applies to the language models (gpt-*), not to model '" + model + "'");
+  }
   if (!metrics.empty()) {
     std::string host;
     int port = 0;
@@ -117,6 +121,7 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path, const A
   r.read("transport.faults", c.faults);
   r.read("validation", c.validation);
   r.read("validation_limit", c.validation_limit);
+  r.read("tokenizer", c.tokenizer);
   r.read("keep_last", c.store_options.keep_last);
   r.read("privacy.mode", c.privacy_mode);
   int64_t threshold = 0, fraction_bits = c.secure.fraction_bits;
@@ -245,6 +250,12 @@ class AggregatorServer::Impl {
   std::unique_ptr<node::Sequential> evaluator_model;
   std::unique_ptr<data::Dataset> validation;  // null: no validation
   bool language_model = false;
+  // `tokenizer`: the BPE tokenizer (none: bytes), its fingerprint as
+  // announced ("" for bytes), and the held-out targets per byte they stand
+  // for (val_bits_per_byte = loss * tokens_per_byte / ln 2).
+  std::optional<data::BpeTokenizer> tokenizer;
+  std::string tokenizer_fingerprint;
+  double tokens_per_byte = 1.0;
   std::vector<crypto::Hash> chain;  // hash of every version, by version
   std::vector<protocol::TensorShape> manifest;
   std::unique_ptr<protocol::ServerSocket> socket;
@@ -321,8 +332,18 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   std::error_code mtime_error;
   roster_mtime = std::filesystem::last_write_time(config.roster, mtime_error);
 
-  // The model: version 0 is the seeded initial model every site can rebuild.
-  Result<std::unique_ptr<node::Sequential>> model = node::make_model(config.model, config.seed);
+  if (!config.tokenizer.empty()) {
+    Result<data::BpeTokenizer> loaded = data::BpeTokenizer::load(config.tokenizer);
+    if (!loaded.is_ok()) return Status(loaded.status().code(), "tokenizer: " + loaded.status().message());
+    tokenizer.emplace(std::move(*loaded));
+    tokenizer_fingerprint = tokenizer->fingerprint();
+  }
+  const data::BpeTokenizer* text_tokenizer = tokenizer ? &*tokenizer : nullptr;
+
+  // The model: version 0 is the seeded initial model every site can rebuild
+  // (with the tokenizer's vocabulary, as the sites make it).
+  Result<std::unique_ptr<node::Sequential>> model =
+      node::make_model(config.model, config.seed, tokenizer ? tokenizer->vocabulary() : 0);
   if (!model.is_ok()) return model.status();
   evaluator_model = std::move(*model);
   std::vector<std::string> names;
@@ -343,8 +364,11 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
     // Every document's held-out tail, which no site trains on.
     Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(config.validation));
     if (!corpus.is_ok()) return corpus.status();
-    Result<data::TextWindows> windows = data::held_out_windows(*corpus, language->context, config.validation_limit);
+    Result<data::TextWindows> windows =
+        data::held_out_windows(*corpus, language->context, config.validation_limit, text_tokenizer);
     if (!windows.is_ok()) return windows.status();
+    tokens_per_byte =
+        data::tokens_per_byte(data::scored_targets(windows->tokens(), language->context), text_tokenizer);
     validation = std::make_unique<data::TextWindows>(std::move(*windows));
   } else if (!config.validation.empty()) {
     Result<data::FashionMnistSplits> splits = data::load_fashion_mnist_splits(config.validation, 1, config.validation_limit);
@@ -414,9 +438,12 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
 Status AggregatorServer::Impl::restore() {
   Result<std::vector<store::RoundInfo>> committed = store->rounds();
   if (!committed.is_ok()) return committed.status();
-  const nlohmann::json fingerprint = {{"federation", config.federation}, {"model", config.model},
-                                      {"seed", config.seed}, {"asynchronous", config.rounds_options.asynchronous},
-                                      {"strategy", config.rounds_options.server.name}};
+  nlohmann::json fingerprint = {{"federation", config.federation}, {"model", config.model},
+                                {"seed", config.seed}, {"asynchronous", config.rounds_options.asynchronous},
+                                {"strategy", config.rounds_options.server.name}};
+  // A BPE run records its tokenizer; a byte run has no key, as its stores
+  // had before tokenizers existed, so that they still resume.
+  if (tokenizer) fingerprint["tokenizer"] = tokenizer_fingerprint;
   Result<std::optional<std::string>> stored = store->meta("aggregator_config");
   if (!stored.is_ok()) return stored.status();
   if (committed->empty() && !stored->has_value()) {
@@ -517,6 +544,7 @@ protocol::OutgoingMessage AggregatorServer::Impl::announce(const std::string& si
   a.setLocalSteps(static_cast<uint32_t>(config.local_steps));
   a.setAsynchronous(async);
   a.setSecureAggregation(config.is_private());
+  a.setTokenizer(tokenizer_fingerprint);
   const bool done = finished();
   a.setFinished(done);
   const bool open = !done && (async || manager->round_open());
@@ -820,7 +848,7 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
       if (language_model) {
         metrics["val_loss"] = loss;
         metrics["val_perplexity"] = std::exp(loss);
-        metrics["val_bits_per_byte"] = loss / std::log(2.0);
+        metrics["val_bits_per_byte"] = data::bits_per_byte(loss, tokens_per_byte);
       }
     }
   }
@@ -976,6 +1004,10 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
         {"token_required", !config.metrics_token.empty()},
         {"store", config.store}, {"round", manager->round()}, {"version", manager->version()},
         {"mode", config.rounds_options.asynchronous ? "async" : "sync"}});
+  if (tokenizer) {
+    emit({{"event", "tokenizer"}, {"tokenizer", tokenizer_fingerprint}, {"vocab_size", tokenizer->vocabulary()},
+          {"held_out_bytes_per_token", 1.0 / tokens_per_byte}});
+  }
   if (config.rounds_options.asynchronous) {
     // Updates received but not applied before a restart rejoin the buffer.
     Result<std::vector<SiteUpdate>> pending = unapplied_pending();

@@ -66,6 +66,13 @@ struct AggregatorConfig {
   // the Bible), which no site trains on.
   std::string validation = "fashion-mnist";
   int64_t validation_limit = 0;        // first N images or text windows (0 = all)
+  // Language models: a BPE tokenizer file (`fedmesh tokenizer train`) the
+  // federation reads text with instead of bytes ("" = bytes). The global
+  // model takes its vocabulary, the held-out text is evaluated in its
+  // tokens (val_bits_per_byte over the bytes they stand for), and every
+  // round announcement carries its fingerprint: a site with another
+  // data.tokenizer (or none) refuses to take part.
+  std::string tokenizer;
   store::StoreOptions store_options;
   RoundOptions rounds_options;
   // privacy.mode: "trusted" (the aggregator sees each site's signed update;

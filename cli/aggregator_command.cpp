@@ -29,6 +29,10 @@ void print_event(const nlohmann::json& e) {
       std::fprintf(stderr, "dashboard: %s%s\n", e.value("dashboard", "").c_str(),
                    e.value("token_required", false) ? "?token=TOKEN (the metrics_token)" : "");
     }
+  } else if (kind == "tokenizer") {
+    std::fprintf(stderr, "text read with the BPE tokenizer %s (vocabulary %lld, %.3f bytes per held-out token)\n",
+                 e.value("tokenizer", "").c_str(), static_cast<long long>(e.value("vocab_size", 0)),
+                 e.value("held_out_bytes_per_token", 0.0));
   } else if (kind == "round_open") {
     std::fprintf(stderr, "round %lld open: %zu sites sampled%s\n", static_cast<long long>(e.value("round", 0)),
                  e["sampled"].size(), e.value("reopened", false) ? " (reopened after a restart)" : "");
@@ -38,6 +42,10 @@ void print_event(const nlohmann::json& e) {
       char buffer[64];
       std::snprintf(buffer, sizeof buffer, "  test accuracy %.2f%%", 100.0 * e["test_accuracy"].get<double>());
       accuracy = buffer;
+      if (e.contains("val_bits_per_byte")) {
+        std::snprintf(buffer, sizeof buffer, ", held-out %.3f bits/byte", e.value("val_bits_per_byte", 0.0));
+        accuracy += buffer;
+      }
     }
     std::fprintf(stderr, "round %lld -> version %lld: %zu updates%s%s in %s\n", static_cast<long long>(e.value("round", 0)),
                  static_cast<long long>(e.value("version", 0)), e["staleness"].size(), accuracy.c_str(),

@@ -32,6 +32,10 @@ void print_event(const std::string& site, const nlohmann::json& e) {
                  static_cast<long long>(e.value("shard_images", 0)), static_cast<long long>(e.value("holdout_images", 0)),
                  e.value("store", "").c_str(),
                  e.value("ranks", 1) > 1 ? ("; " + std::to_string(e.value("ranks", 1)) + " data-parallel ranks").c_str() : "");
+    if (e.contains("tokenizer")) {
+      std::fprintf(stderr, "[%s] text read with the BPE tokenizer %s (vocabulary %lld)\n", name,
+                   e.value("tokenizer", "").c_str(), static_cast<long long>(e.value("vocab_size", 0)));
+    }
   } else if (kind == "model") {
     std::fprintf(stderr, "[%s] global model version %lld verified (%s..., %lld bytes)\n", name,
                  static_cast<long long>(e.value("version", 0)), e.value("hash", "").c_str(),

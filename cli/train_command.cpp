@@ -15,6 +15,7 @@
 #include "node/data/bpe_tokenizer.h"
 #include "node/data/fashion_mnist.h"
 #include "node/data/text_corpus.h"
+#include "node/data/tokenized_text.h"
 #include "node/model.h"
 #include "node/parallel/data_parallel.h"
 #include "node/parallel/rank_group.h"
@@ -76,13 +77,13 @@ struct CheckpointFailed {};
 // The held-out loss (nats per token) as DESIGN.md names it for language
 // models, with its perplexity and bits per byte, and the unigram baseline's
 // bits per byte. Bits per byte are the nats of all held-out targets over
-// ln 2 and the bytes those targets stand for: loss * tokens_per_byte / ln 2
-// (1 token per byte with the byte tokenizer; fewer with BPE). The unigram
+// ln 2 and the bytes those targets stand for (data::bits_per_byte: 1 token
+// per byte with the byte tokenizer; fewer with BPE). The unigram
 // baseline is always the byte unigram's (nats per byte), so that runs with
 // and without a tokenizer compare.
 nlohmann::json language_metrics(double loss, double unigram_loss, double tokens_per_byte) {
   return {{"val_loss", loss}, {"val_perplexity", std::exp(loss)},
-          {"val_bits_per_byte", loss * tokens_per_byte / std::log(2.0)},
+          {"val_bits_per_byte", data::bits_per_byte(loss, tokens_per_byte)},
           {"unigram_bits_per_byte", unigram_loss / std::log(2.0)}};
 }
 
@@ -136,8 +137,8 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
   if (!corpus.is_ok()) return corpus.status();
   std::vector<size_t> all(corpus->documents.size());
   for (size_t d = 0; d < all.size(); ++d) all[d] = d;
-  data::TextSplit split = out.tokenizer ? data::split_documents(*corpus, all, data::kHeldOutText, *out.tokenizer)
-                                        : data::split_documents(*corpus, all, data::kHeldOutText);
+  const data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
+  data::TextSplit split = data::split_text(*corpus, all, data::kHeldOutText, tokenizer);
   const int64_t context = language->context;
   // --train-limit / --test-limit count windows of `context` tokens.
   const auto cut = [context](std::vector<int32_t>& tokens, int64_t windows) {
@@ -145,21 +146,10 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
   };
   cut(split.train, flags.train_limit);
   cut(split.validation, flags.test_limit);
-  if (out.tokenizer && split.validation.size() > static_cast<size_t>(context)) {
-    // The targets evaluation scores: tokens 1 .. windows * context of the
-    // held-out stream (windows of `context` at stride `context`).
-    const size_t windows = (split.validation.size() - static_cast<size_t>(context) - 1) / static_cast<size_t>(context) + 1;
-    const std::span<const int32_t> targets =
-        std::span<const int32_t>(split.validation).subspan(1, windows * static_cast<size_t>(context));
-    const std::string train_text = out.tokenizer->decode(split.train).value();
-    const std::string target_text = out.tokenizer->decode(targets).value();
-    out.unigram_loss = data::unigram_cross_entropy(data::byte_tokens(train_text), data::byte_tokens(target_text),
-                                                   data::kByteVocabulary);
-    out.token_unigram_loss = data::unigram_cross_entropy(split.train, targets, out.tokenizer->vocabulary());
-    out.tokens_per_byte = static_cast<double>(targets.size()) / static_cast<double>(target_text.size());
-  } else if (!out.tokenizer) {
-    out.unigram_loss = data::unigram_cross_entropy(split.train, split.validation, data::kByteVocabulary);
-  }
+  const data::HeldOutBaseline baseline = data::held_out_baseline(split.train, split.validation, context, tokenizer);
+  out.unigram_loss = baseline.byte_unigram_loss;
+  out.token_unigram_loss = baseline.token_unigram_loss;
+  out.tokens_per_byte = baseline.tokens_per_byte;
   const size_t train_tokens = split.train.size(), validation_tokens = split.validation.size();
   out.train = std::make_unique<data::TextWindows>(std::move(split.train), context, context);
   out.test = std::make_unique<data::TextWindows>(std::move(split.validation), context, context);
@@ -524,7 +514,7 @@ int run_train(TrainFlags& flags) {
     if (loaded->tokenizer) {
       std::fprintf(stderr, "held-out text: a byte unigram model (no context) reaches %.3f bits/byte; a unigram of "
                    "these tokens %.4f nats/token, %.3f bits/byte\n", loaded->unigram_loss / std::log(2.0),
-                   loaded->token_unigram_loss, loaded->token_unigram_loss * loaded->tokens_per_byte / std::log(2.0));
+                   loaded->token_unigram_loss, data::bits_per_byte(loaded->token_unigram_loss, loaded->tokens_per_byte));
     } else if (loaded->language) {
       std::fprintf(stderr, "held-out text: a unigram model (no context) reaches %.4f nats/token, %.3f bits/byte\n",
                    loaded->unigram_loss, loaded->unigram_loss / std::log(2.0));
@@ -584,7 +574,7 @@ int run_train(TrainFlags& flags) {
     if (loaded->language) {
       std::fprintf(stderr, "epoch %lld: train loss %.4f, held-out loss %.4f (perplexity %.3f, %.3f bits/byte; unigram "
                    "%.3f), next-%s accuracy %.2f%% (%s)\n", static_cast<long long>(r.epoch), r.train_loss,
-                   r.test.loss, std::exp(r.test.loss), r.test.loss * loaded->tokens_per_byte / std::log(2.0),
+                   r.test.loss, std::exp(r.test.loss), data::bits_per_byte(r.test.loss, loaded->tokens_per_byte),
                    loaded->unigram_loss / std::log(2.0), loaded->tokenizer ? "token" : "byte",
                    100.0 * r.test.accuracy, format_duration(r.seconds).c_str());
       return;
@@ -657,13 +647,13 @@ int run_train(TrainFlags& flags) {
       event["tokenizer"] = loaded->tokenizer->fingerprint();
       event["vocab_size"] = loaded->vocabulary;
       event["held_out_bytes_per_token"] = 1.0 / loaded->tokens_per_byte;
-      event["token_unigram_bits_per_byte"] = loaded->token_unigram_loss * loaded->tokens_per_byte / std::log(2.0);
+      event["token_unigram_bits_per_byte"] = data::bits_per_byte(loaded->token_unigram_loss, loaded->tokens_per_byte);
     }
     emit_json(event);
   } else if (loaded->language) {
     std::printf("%s %s: held-out loss %.4f (perplexity %.3f, %.3f bits/byte; a unigram model %.3f) after %lld steps, "
                 "%.0f tokens/s, %s\n", flags.model.c_str(), flags.precision.c_str(), summary.test.loss,
-                std::exp(summary.test.loss), summary.test.loss * loaded->tokens_per_byte / std::log(2.0),
+                std::exp(summary.test.loss), data::bits_per_byte(summary.test.loss, loaded->tokens_per_byte),
                 loaded->unigram_loss / std::log(2.0),
                 static_cast<long long>(summary.steps),
                 summary.samples_per_second * static_cast<double>(train->targets_per_sample()),

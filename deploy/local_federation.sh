@@ -14,7 +14,7 @@ usage() {
 Usage: deploy/local_federation.sh --fedmesh BIN --dir DIR [--sites 4] [--port 7400] [--metrics-port 9400]
                                   [--rounds 15] [--local-steps 60] [--mode sync|fedbuff|fedasync]
                                   [--deadline 30] [--min-sites SITES] [--gossip]
-                                  [--model mlp] [--partition dirichlet:0.5]
+                                  [--model mlp] [--partition dirichlet:0.5] [--tokenizer FILE]
                                   [--agg 'KEY = VALUE']... [--site 'KEY = VALUE']...
 
 Creates DIR (it must not exist yet) holding keys/, roster.toml, agg.toml and
@@ -27,7 +27,10 @@ twice is an error, so only add keys the defaults below do not set), e.g.
 --model names the model of every process (mlp, cnn, or a language model:
 gpt-nano, gpt-tiny, ...); --partition how the sites split the data
 (dirichlet:A, iid, shards:K for images; iid, books, contiguous or testament for a
-language model's text, the Bible by default).
+language model's text, the Bible by default); --tokenizer a BPE tokenizer
+file (`fedmesh tokenizer train`) that the aggregator (`tokenizer`) and every
+site (`data.tokenizer`) read a language model's text with instead of bytes,
+written into the configs as an absolute path (not with --gossip).
 
 --gossip: no aggregator and no agg.toml. Site K is a gossip peer listening on
 tcp://127.0.0.1:PORT+K (metrics on METRICS_PORT+1+K); its config has
@@ -39,7 +42,7 @@ EOF
 
 FEDMESH="" DIR="" SITES=4 PORT=7400 METRICS_PORT=9400
 AGG_EXTRA=() SITE_EXTRA=()
-ROUNDS=15 LOCAL_STEPS=60 MODE=sync DEADLINE=30 MIN_SITES= GOSSIP=0 MODEL=mlp PARTITION=dirichlet:0.5
+ROUNDS=15 LOCAL_STEPS=60 MODE=sync DEADLINE=30 MIN_SITES= GOSSIP=0 MODEL=mlp PARTITION=dirichlet:0.5 TOKENIZER=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --fedmesh) FEDMESH=$2; shift 2 ;;
@@ -55,6 +58,7 @@ while [[ $# -gt 0 ]]; do
     --gossip) GOSSIP=1; shift ;;
     --model) MODEL=$2; shift 2 ;;
     --partition) PARTITION=$2; shift 2 ;;
+    --tokenizer) TOKENIZER=$2; shift 2 ;;
     --agg) AGG_EXTRA+=("$2"); shift 2 ;;
     --site) SITE_EXTRA+=("$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -64,6 +68,11 @@ done
 [[ -n $FEDMESH && -n $DIR ]] || { usage >&2; exit 2; }
 [[ $SITES =~ ^[1-9][0-9]*$ ]] || { printf 'local_federation.sh: --sites must be a positive integer\n' >&2; exit 2; }
 [[ -e $DIR ]] && { printf 'local_federation.sh: %s exists; give a new directory\n' "$DIR" >&2; exit 2; }
+if [[ -n $TOKENIZER ]]; then
+  ((GOSSIP == 0)) || { printf 'local_federation.sh: --tokenizer needs an aggregator (gossip peers read bytes)\n' >&2; exit 2; }
+  [[ -f $TOKENIZER ]] || { printf 'local_federation.sh: --tokenizer %s is not a file\n' "$TOKENIZER" >&2; exit 2; }
+  TOKENIZER=$(cd "$(dirname "$TOKENIZER")" && pwd -P)/$(basename "$TOKENIZER")
+fi
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd -P)
 FED=fed-local
@@ -106,6 +115,7 @@ min_sites = ${MIN_SITES:-$SITES}
 rounds_mode = "$MODE"
 deadline_seconds = $DEADLINE
 EOF
+  [[ -z $TOKENIZER ]] || printf 'tokenizer = "%s"\n' "$TOKENIZER"
   for line in "${AGG_EXTRA[@]}"; do printf '%s\n' "$line"; done
 } > "$DIR/agg.toml"
 
@@ -133,6 +143,7 @@ data.index = $k
 data.seed = 1
 training.threads = 1
 EOF
+    [[ -z $TOKENIZER ]] || printf 'data.tokenizer = "%s"\n' "$TOKENIZER"
     for line in "${SITE_EXTRA[@]}"; do printf '%s\n' "$line"; done
   } > "$DIR/site-$k.toml"
 done

@@ -155,24 +155,31 @@ Status check_text_partition(std::string_view partition) {
                           "' (expected iid, books, contiguous or testament)");
 }
 
-Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition, int sites, int index, double holdout) {
+Result<TextCorpus> site_corpus(const TextCorpus& corpus, std::string_view partition, int sites, int index) {
+  TextCorpus parts;
   if (partition != "iid") {
     Result<std::vector<size_t>> mine = documents_for_site(corpus, partition, sites, index);
     if (!mine.is_ok()) return mine.status();
-    return split_documents(corpus, *mine, holdout);
+    for (const size_t d : *mine) parts.documents.push_back(corpus.documents[d]);
+    return parts;
   }
   FEDMESH_RETURN_IF_ERROR(check_text_partition(partition));
   if (sites < 1 || index < 0 || index >= sites) return invalid_argument("site " + std::to_string(index) + " of " + std::to_string(sites));
-  // The site's part of every document, as a corpus of its own.
-  TextCorpus parts;
+  // The site's part of every document.
   for (const TextDocument& d : corpus.documents) {
     const size_t n = d.text.size(), begin = n * static_cast<size_t>(index) / static_cast<size_t>(sites),
                  end = n * static_cast<size_t>(index + 1) / static_cast<size_t>(sites);
     parts.documents.push_back({d.name, d.text.substr(begin, end - begin)});
   }
-  std::vector<size_t> all(parts.documents.size());
+  return parts;
+}
+
+Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition, int sites, int index, double holdout) {
+  Result<TextCorpus> mine = site_corpus(corpus, partition, sites, index);
+  if (!mine.is_ok()) return mine.status();
+  std::vector<size_t> all(mine->documents.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  return split_documents(parts, all, holdout);
+  return split_documents(*mine, all, holdout);
 }
 
 Result<std::vector<size_t>> documents_for_site(const TextCorpus& corpus, std::string_view partition, int sites,
@@ -233,9 +240,12 @@ std::string text_source(const std::string& source) { return source == "fashion-m
 Result<TextWindows> held_out_windows(const TextCorpus& corpus, int64_t context, int64_t limit) {
   std::vector<size_t> all(corpus.documents.size());
   for (size_t d = 0; d < all.size(); ++d) all[d] = d;
-  TextSplit split = split_documents(corpus, all, kHeldOutText);
-  if (limit > 0) split.validation.resize(std::min(split.validation.size(), static_cast<size_t>(limit * context + 1)));
-  TextWindows windows(std::move(split.validation), context, context);
+  return held_out_token_windows(split_documents(corpus, all, kHeldOutText).validation, context, limit);
+}
+
+Result<TextWindows> held_out_token_windows(std::vector<int32_t> held_out, int64_t context, int64_t limit) {
+  if (limit > 0) held_out.resize(std::min(held_out.size(), static_cast<size_t>(limit * context + 1)));
+  TextWindows windows(std::move(held_out), context, context);
   if (windows.size() == 0) return invalid_argument("the held-out text is shorter than one window of " + std::to_string(context));
   return windows;
 }

@@ -67,9 +67,13 @@ Status check_text_partition(std::string_view partition);
 Result<std::vector<size_t>> documents_for_site(const TextCorpus& corpus, std::string_view partition, int sites,
                                                int index);
 
+// The text site `index` of `sites` holds under a text partition, as a
+// corpus of its own: its documents (or, for "iid", its part of every one).
+Result<TextCorpus> site_corpus(const TextCorpus& corpus, std::string_view partition, int sites, int index);
+
 // The text site `index` of `sites` trains on and holds out under a text
-// partition: its documents (or, for "iid", its part of every document),
-// each cut into training text and the last `holdout` of it.
+// partition: site_corpus's documents, each cut into training text and the
+// last `holdout` of it (tokenized_text.h: the same under a BPE tokenizer).
 Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition, int sites, int index, double holdout);
 
 // Windows of `context` tokens; sample i starts at token i * stride and its
@@ -97,6 +101,9 @@ std::string text_source(const std::string& source);
 // the corpus, in windows of `context` (the first `limit` windows; 0: all).
 inline constexpr double kHeldOutText = 0.05;
 Result<TextWindows> held_out_windows(const TextCorpus& corpus, int64_t context, int64_t limit);
+// The held-out tokens of a split in windows of `context` (the first `limit`;
+// 0: all); text shorter than one window is refused.
+Result<TextWindows> held_out_token_windows(std::vector<int32_t> held_out, int64_t context, int64_t limit);
 
 // Entropy of the unigram distribution of `train`'s tokens measured on
 // `evaluated` (cross-entropy in nats per token, add-one smoothed): the loss

@@ -43,6 +43,15 @@ Status GossipConfig::validate() const {
     FEDMESH_RETURN_IF_ERROR(gossip::check_gossip_compression(*plan));
   }
   FEDMESH_RETURN_IF_ERROR(site.validate());
+  if (!site.tokenizer.empty()) {
+    // Peers would each read their own file, and nothing in the gossip
+    // exchange lets them check that the files agree (the aggregator's round
+    // announcement does, node/site/site_runtime.cpp): refused rather than
+    // merging models of different vocabularies or merges.
+    return invalid_argument("data.tokenizer: gossip peers train language models on bytes only for now (nothing "
+                            "checks that peers share one BPE tokenizer); run the federation with an aggregator "
+                            "and its `tokenizer` key, or leave data.tokenizer out");
+  }
   if (Status s = gossip::parse_topology(topology).status(); !s.is_ok()) return invalid_argument("gossip.topology: " + s.message());
   if (Status s = gossip::parse_merge_rule(merge).status(); !s.is_ok()) return invalid_argument("gossip.merge: " + s.message());
   if (Status s = aggregator::StalenessFunction::parse(staleness, max_staleness).status(); !s.is_ok()) {

@@ -2,6 +2,7 @@
 
 #include "node/data/partition.h"
 #include "node/data/text_corpus.h"
+#include "node/data/tokenized_text.h"
 #include "node/model.h"
 #include "protocol/compression_spec.h"
 #include "protocol/fault_injection.h"
@@ -32,6 +33,8 @@ Status SiteConfig::validate() const {
   if (!(give_up_seconds >= 0.0)) return invalid_argument("give_up_seconds must be >= 0");
   if (language_model_config(model)) {
     FEDMESH_RETURN_IF_ERROR(data::check_text_partition(partition));
+  } else if (!tokenizer.empty()) {
+    return invalid_argument("data.tokenizer applies to the language models (gpt-*), not to model '" + model + "'");
   } else {
     FEDMESH_RETURN_IF_ERROR(data::PartitionSpec::parse(partition).status());
   }
@@ -83,6 +86,7 @@ void read_site_keys(crypto::ConfigReader& r, SiteConfig& c, bool with_aggregator
   r.read("data.index", c.index);
   r.read("data.seed", c.data_seed);
   r.read("data.train_limit", c.train_limit);
+  r.read("data.tokenizer", c.tokenizer);
   r.read("training.batch_size", c.local.batch_size);
   r.read("training.optimizer", c.local.optimizer);
   r.read("training.lr", c.local.lr);
@@ -130,20 +134,29 @@ Result<std::string> read_node_mode(const std::string& path) {
 namespace {
 
 Result<SiteData> load_site_text(const SiteConfig& config, const TransformerConfig& model, int64_t test_limit) {
+  SiteData out;
+  if (!config.tokenizer.empty()) {
+    Result<data::BpeTokenizer> tokenizer = data::BpeTokenizer::load(config.tokenizer);
+    if (!tokenizer.is_ok()) {
+      return Status(tokenizer.status().code(), "data.tokenizer: " + tokenizer.status().message());
+    }
+    out.tokenizer.emplace(std::move(*tokenizer));
+    out.vocabulary = out.tokenizer->vocabulary();
+  }
+  const data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
   Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(config.data));
   if (!corpus.is_ok()) return corpus.status();
-  Result<data::TextSplit> text = data::site_text(*corpus, config.partition, config.sites, config.index, 0.1);
+  Result<data::TextSplit> text = data::site_text(*corpus, config.partition, config.sites, config.index, 0.1, tokenizer);
   if (!text.is_ok()) return invalid_argument("data.partition: " + text.status().message() + " (language models split text)");
   data::TextSplit& split = *text;
   if (config.train_limit > 0) {
     split.train.resize(std::min(split.train.size(), static_cast<size_t>(config.train_limit * model.context + 1)));
   }
-  SiteData out;
   out.shard = std::make_unique<data::TextWindows>(std::move(split.train), model.context, model.context);
   out.holdout = std::make_unique<data::TextWindows>(std::move(split.validation), model.context, model.context);
   if (out.shard->size() == 0) return invalid_argument("site " + std::to_string(config.index) + "'s text is shorter than one window");
   if (test_limit >= 0) {
-    Result<data::TextWindows> test = data::held_out_windows(*corpus, model.context, test_limit);
+    Result<data::TextWindows> test = data::held_out_windows(*corpus, model.context, test_limit, tokenizer);
     if (!test.is_ok()) return test.status();
     out.test = std::make_unique<data::TextWindows>(std::move(*test));
   }

@@ -8,11 +8,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "crypto/toml_input.h"
+#include "node/data/bpe_tokenizer.h"
 #include "node/data/dataset.h"
 #include "node/data/fashion_mnist.h"
 #include "node/trainer.h"
@@ -38,6 +40,12 @@ struct SiteConfig {
   int index = 0;
   uint64_t data_seed = 1;
   int64_t train_limit = 0;
+  // data.tokenizer: language models, a BPE tokenizer file (`fedmesh
+  // tokenizer train`) to read the text with instead of bytes; the model's
+  // vocabulary becomes the tokenizer's. It must be the aggregator's
+  // `tokenizer` (the site refuses to take part otherwise). Aggregator mode
+  // only: gossip peers have no way to agree on one yet. "" = bytes.
+  std::string tokenizer;
   TrainOptions local;                     // max_steps comes from the aggregator's announcement
   int threads = 1;
   int ranks = 1;                          // `fedmesh node --ranks N`: data-parallel ranks (site_ranks.h)
@@ -83,9 +91,15 @@ Result<std::string> read_node_mode(const std::string& path);
 // (node/data/text_corpus.h): the node's documents under a text partition
 // (books, contiguous, testament), the first 90% of each to train on and
 // the rest held out; the test set is every document's last 5%, which no
-// node trains on.
+// node trains on. With data.tokenizer the text is read with it (loaded
+// here; a file that is not a valid tokenizer is refused by name) and the
+// model is made with its vocabulary (make_model(model, seed, vocabulary)).
 struct SiteData {
   std::unique_ptr<data::Dataset> shard, holdout, test;
+  std::optional<data::BpeTokenizer> tokenizer;
+  int64_t vocabulary = 0;  // the tokenizer's; 0: the model's own
+  // "fnv1a64:..." of data.tokenizer, "" for bytes (and the image models).
+  std::string tokenizer_fingerprint() const { return tokenizer ? tokenizer->fingerprint() : std::string(); }
 };
 Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit = -1);
 

@@ -66,7 +66,7 @@ Status run_site_rank(const SiteConfig& config, const RankFlags& flags) {
   set_cpu_threads(config.threads);
   Result<SiteData> data = load_site_data(config);
   if (!data.is_ok()) return data.status();
-  Result<std::unique_ptr<Sequential>> model = make_model(config.model, config.seed);
+  Result<std::unique_ptr<Sequential>> model = make_model(config.model, config.seed, data->vocabulary);
   if (!model.is_ok()) return model.status();
   Result<std::unique_ptr<Communicator>> communicator = join_rank_group(flags);
   if (!communicator.is_ok()) return communicator.status();

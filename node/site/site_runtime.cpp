@@ -46,7 +46,21 @@ struct Announcement {
   crypto::Hash hash{};
   uint32_t local_steps = 0;
   bool selected = false, open = false, asynchronous = false, finished = false, secure = false;
+  std::string tokenizer;  // the federation's BPE tokenizer fingerprint; "": bytes
 };
+
+// How long a tokenizer fingerprint from the aggregator may be in a message
+// (a real one is 24 characters: "fnv1a64:" and 16 hex digits).
+constexpr size_t kMaxShownFingerprint = 80;
+
+// A tokenizer as the refusal below names it: the aggregator's, or this
+// site's (`ours`, read from `path`).
+std::string tokenizer_name(const std::string& fingerprint, bool ours, const std::string& path) {
+  if (fingerprint.empty()) return ours ? "the byte tokenizer (no data.tokenizer)" : "the byte tokenizer (no `tokenizer`)";
+  const std::string shown =
+      fingerprint.size() > kMaxShownFingerprint ? fingerprint.substr(0, kMaxShownFingerprint) + "..." : fingerprint;
+  return "the BPE tokenizer " + shown + (ours ? " (data.tokenizer = " + path + ")" : "");
+}
 
 // The phase of `round` at which --secure-exit-at asks this process to die.
 std::optional<crypto::SecAggPhase> exit_phase(const std::string& schedule, uint64_t round) {
@@ -87,6 +101,7 @@ class SiteRuntime::Impl {
   int64_t last_sent_round = -1, last_sent_version = -1;
   int64_t commits = 0;
   SiteData data;  // shard, holdout
+  std::string tokenizer;  // data.tokenizer's fingerprint ("": bytes), compared with every announcement's
   // Private mode: the update of a round whose secure aggregation did not
   // finish yet, kept so that a new session of the same round needs no retraining.
   struct TrainedUpdate {
@@ -116,6 +131,7 @@ class SiteRuntime::Impl {
   std::optional<Announcement> poll();
   Status adopt(const Announcement& a);
   Status train_and_send(const Announcement& a);
+  Status check_tokenizer(const Announcement& a) const;
   Status send_secure(const Announcement& a, const TrainedUpdate& update, Clock::time_point started);
   // What /metrics and /status show of the round's update.
   void note_update(bool accepted, double train_loss, double local_accuracy, uint64_t round) {
@@ -147,7 +163,13 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   }
   aggregator_key = aggregator->identity.box_public;
 
-  Result<std::unique_ptr<Sequential>> model = make_model(config.model, config.seed);
+  // The data first: a tokenizer (data.tokenizer) sets the model's vocabulary.
+  Result<SiteData> site_data = load_site_data(config);
+  if (!site_data.is_ok()) return site_data.status();
+  data = std::move(*site_data);
+  tokenizer = data.tokenizer_fingerprint();
+
+  Result<std::unique_ptr<Sequential>> model = make_model(config.model, config.seed, data.vocabulary);
   if (!model.is_ok()) return model.status();
   worker = std::move(*model);
   for (Parameter* p : worker->parameters()) {
@@ -158,10 +180,6 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   FEDMESH_RETURN_IF_ERROR(make_compressor());
   // Version 0 is the seeded model: its hash is the first one a site trusts.
   held_hash = aggregator::model_version_hash(0, crypto::Hash{}, names, global);
-
-  Result<SiteData> site_data = load_site_data(config);
-  if (!site_data.is_ok()) return site_data.status();
-  data = std::move(*site_data);
 
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store);
   if (!opened.is_ok()) return opened.status();
@@ -178,8 +196,14 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
     if (!launched.is_ok()) return launched.status();
     ranks = std::move(*launched);
   }
-  emit({{"event", "site"}, {"site", config.name}, {"shard_images", data.shard->size()}, {"holdout_images", data.holdout->size()},
-        {"store", config.store}, {"metrics", metrics_address}, {"version", held_version}, {"ranks", config.ranks}});
+  nlohmann::json event = {{"event", "site"}, {"site", config.name}, {"shard_images", data.shard->size()},
+                          {"holdout_images", data.holdout->size()}, {"store", config.store},
+                          {"metrics", metrics_address}, {"version", held_version}, {"ranks", config.ranks}};
+  if (data.tokenizer) {
+    event["tokenizer"] = tokenizer;
+    event["vocab_size"] = data.vocabulary;
+  }
+  emit(event);
   return Status::ok();
 }
 
@@ -218,7 +242,8 @@ Status SiteRuntime::Impl::restore() {
     for (size_t i = 0; i < names.size(); ++i) {
       const store::StoredTensor* t = latest->find("model", names[i]);
       if (t == nullptr || t->value.shape() != global[i].shape() || t->value.dtype() != DType::kF32) {
-        return corrupt(config.store + ": no model tensor " + names[i] + " of the model's shape");
+        return corrupt(config.store + ": no model tensor " + names[i] + " of the model's shape (a store of another "
+                       "model, or of another data.tokenizer's vocabulary?)");
       }
       restored.push_back(t->value.clone());
     }
@@ -312,6 +337,7 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
       a.asynchronous = r.getAsynchronous();
       a.finished = r.getFinished();
       a.secure = r.getSecureAggregation();
+      a.tokenizer = r.getTokenizer().cStr();
       last_heard = Clock::now();
       return a;
     } catch (const kj::Exception& e) {
@@ -319,6 +345,24 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
     }
   }
   return std::nullopt;
+}
+
+// Sites and the aggregator must read text with one tokenizer: another
+// vocabulary gives other tensor shapes (refused update by update, as
+// wrongShape, with no word of why), and another tokenizer of the same size
+// would go unnoticed while its token ids mean other text. So the
+// aggregator announces its tokenizer's fingerprint with every round (an
+// added RoundAnnounce field, which peers of older builds skip; their
+// announcements read as "" = bytes, which is what they use), and a site
+// that reads text with another refuses to take part: a config to fix, so
+// the node exits naming both.
+Status SiteRuntime::Impl::check_tokenizer(const Announcement& a) const {
+  if (a.tokenizer == tokenizer) return Status::ok();
+  return invalid_argument("the aggregator's federation reads its text with " + tokenizer_name(a.tokenizer, false, "") +
+                          ", and this site with " + tokenizer_name(tokenizer, true, config.tokenizer) +
+                          ": the tokenizers differ, so the models' vocabularies and token ids would not match. Set "
+                          "data.tokenizer to the aggregator's tokenizer file (its `tokenizer` key), or leave both out "
+                          "to use bytes");
 }
 
 // Keeps the aggregator aware of us during long local training; replies are
@@ -557,6 +601,7 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
     }
     if (waiting_reported) s.emit({{"event", "connected"}, {"aggregator", s.config.aggregator}});
     waiting_reported = false;
+    FEDMESH_RETURN_IF_ERROR(s.check_tokenizer(*a));
     if (a->finished) {
       if (Status adopted = s.adopt(*a); !adopted.is_ok()) s.emit({{"event", "warning"}, {"message", adopted.message()}});
       s.emit({{"event", "finished"}, {"version", s.held_version}});

@@ -20,9 +20,10 @@ PACKAGES=(
 
 # Meson options of the --sanitize build (FEDMESH_MESON_ARGS come after them).
 SANITIZE_ARGS=('-Db_sanitize=address,undefined' -Db_lundef=false -Dbuildtype=debugoptimized)
-# The --fuzz build: clang, CPU only, and only the libFuzzer targets built (every target of tests/fuzz/meson.build).
+# The --fuzz build: clang, CPU only, and only the libFuzzer targets built:
+# every entry of fuzz_targets in tests/fuzz/meson.build (read from there by
+# fuzz_targets below, so a new target needs no line here).
 FUZZ_ARGS=(-Dcuda=disabled -Dbenchmarks=false -Dfuzz=enabled)
-FUZZ_TARGETS=(tests/fuzz/fuzz_idx tests/fuzz/fuzz_roster tests/fuzz/fuzz_codec tests/fuzz/fuzz_wire tests/fuzz/fuzz_checkpoint tests/fuzz/fuzz_tokenizer)
 
 CUDA_BIN=/usr/local/cuda/bin
 # Written into the build directory: the meson arguments it was configured with.
@@ -216,7 +217,8 @@ main() {
   if [[ $sanitize == 1 ]]; then args+=("${SANITIZE_ARGS[@]}"); fi
   if [[ $sanitize == fuzz ]]; then
     args+=("${FUZZ_ARGS[@]}")
-    NINJA_TARGETS=("${FUZZ_TARGETS[@]}")
+    mapfile -t NINJA_TARGETS < <(sed -n "s|^  \['\([a-z_]*\)',.*|tests/fuzz/fuzz_\1|p" "$ROOT/tests/fuzz/meson.build")
+    ((${#NINJA_TARGETS[@]} > 0)) || die "found no fuzz targets in tests/fuzz/meson.build"
     export CC=clang CXX=clang++
   fi
   read -r -a extra <<<"${FEDMESH_MESON_ARGS:-}"

@@ -462,9 +462,12 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
       .bind(5, static_cast<int64_t>(infos.size()));
   FEDMESH_RETURN_IF_ERROR(insert_round->run());
   // The round log keeps this round's metrics after retention drops the round.
-  FEDMESH_RETURN_IF_ERROR(database_.execute(
+  Result<Statement> log_round = database_.prepare(
       "INSERT INTO round_log(round, model_version, wall_time, metrics) "
-      "SELECT round, model_version, wall_time, metrics FROM rounds WHERE round = " + std::to_string(round.round)));
+      "SELECT round, model_version, wall_time, metrics FROM rounds WHERE round = ?1");
+  if (!log_round.is_ok()) return log_round.status();
+  log_round->bind(1, round.round);
+  FEDMESH_RETURN_IF_ERROR(log_round->run());
 
   Result<Statement> insert_tensor = database_.prepare(
       "INSERT INTO tensors(round, role, name, dtype, shape, encoding, byte_size, chunk_count, checksum) "

@@ -219,8 +219,14 @@ class GossipRuntime::Impl {
   void flush_swim();
   void note_events();
   std::vector<std::string> alive_members() const;
-  // Whether the versions of min(catch_up_donors, alive others) members are known.
-  bool heard_enough_versions() const;
+  // The alive members other than us, as far as their versions go: those
+  // catch_up_lag or more versions ahead of ours, and those not heard yet.
+  struct MembersHeard {
+    std::vector<std::pair<uint64_t, std::string>> ahead;  // (version, name)
+    size_t others = 0, unknown = 0;
+    size_t heard() const { return others - unknown; }
+  };
+  MembersHeard members_heard() const;
   uint64_t next_sequence() { return last_sequence = std::max(last_sequence + 1, unix_micros()); }
   Result<protocol::PreparedUpdate> prepare(const std::string& to, std::vector<protocol::EncodedTensor> tensors,
                                            const std::array<float, 4>& meta);
@@ -603,14 +609,19 @@ std::vector<std::string> GossipRuntime::Impl::alive_members() const {
   return names;
 }
 
-bool GossipRuntime::Impl::heard_enough_versions() const {
-  size_t others = 0, heard = 0;
+GossipRuntime::Impl::MembersHeard GossipRuntime::Impl::members_heard() const {
+  MembersHeard out;
   for (const std::string& name : alive_members()) {
     if (name == config.site.name) continue;
-    ++others;
-    if (peer_versions.contains(name)) ++heard;
+    ++out.others;
+    const auto known = peer_versions.find(name);
+    if (known == peer_versions.end()) {
+      ++out.unknown;
+    } else if (known->second >= version + static_cast<uint64_t>(config.catch_up_lag)) {
+      out.ahead.emplace_back(known->second, name);
+    }
   }
-  return heard >= std::min(others, static_cast<size_t>(config.catch_up_donors));
+  return out;
 }
 
 Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string& to,
@@ -681,31 +692,17 @@ void GossipRuntime::Impl::serve_catch_up_requests() {
 // slices (asking another donor for a slice whose donor stays silent), and
 // adopt the model they make up.
 Status GossipRuntime::Impl::catch_up_if_behind(const std::atomic<bool>& stop) {
-  std::vector<std::pair<uint64_t, std::string>> ahead;
-  size_t unknown = 0;  // alive members whose version we have not heard yet
-  const auto collect = [&] {
-    ahead.clear();
-    unknown = 0;
-    for (const std::string& name : alive_members()) {
-      if (name == config.site.name) continue;
-      const auto known = peer_versions.find(name);
-      if (known == peer_versions.end()) {
-        ++unknown;
-      } else if (known->second >= version + static_cast<uint64_t>(config.catch_up_lag)) {
-        ahead.emplace_back(known->second, name);
-      }
-    }
-  };
-  collect();
+  MembersHeard heard = members_heard();
   // Behind, but heard from fewer members ahead than donors wanted (a node
   // just restarted has heard from few): listen up to four SWIM periods more
   // for the others' versions, so the catch-up draws on several donors.
   const double wait_until = now() + 4.0 * config.swim.period_seconds;
-  while (!ahead.empty() && ahead.size() < static_cast<size_t>(config.catch_up_donors) && unknown > 0 && !stop.load() &&
-         now() < wait_until) {
+  while (!heard.ahead.empty() && heard.ahead.size() < static_cast<size_t>(config.catch_up_donors) && heard.unknown > 0 &&
+         !stop.load() && now() < wait_until) {
     pump(0.05);
-    collect();
+    heard = members_heard();
   }
+  std::vector<std::pair<uint64_t, std::string>>& ahead = heard.ahead;
   if (ahead.empty()) return Status::ok();
   std::sort(ahead.rbegin(), ahead.rend());
   const uint32_t slices = static_cast<uint32_t>(std::min<size_t>(ahead.size(), static_cast<size_t>(config.catch_up_donors)));
@@ -945,7 +942,9 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     const double at_most = at_least + 4.0 * s.config.swim.period_seconds;
     while (!stop.load() && s.now() - began < at_most) {
       s.pump(0.05);
-      if (s.now() - began >= at_least && s.heard_enough_versions()) break;
+      if (s.now() - began < at_least) continue;
+      const auto heard = s.members_heard();
+      if (heard.heard() >= std::min(heard.others, static_cast<size_t>(s.config.catch_up_donors))) break;
     }
   }
   TrainOptions evaluation = s.config.site.local;

@@ -26,12 +26,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,10 +39,13 @@
 #include "support/cluster.h"
 #include "support/fedmesh_run.h"
 #include "support/process.h"
+#include "support/text_files.h"
 
 namespace fs = std::filesystem;
 using fedmesh::testing::ChildProcess;
 using fedmesh::testing::run_fedmesh;
+using fedmesh::testing::set_toml_option;
+using fedmesh::testing::spit;
 using fedmesh::testing::wait_for;
 using nlohmann::json;
 using namespace std::chrono_literals;
@@ -55,28 +56,6 @@ constexpr int kSites = 4;
 constexpr int kRounds = 60;  // rounds take a fraction of a second: enough to outlast a TCP retransmission backoff
 constexpr double kTargetAccuracy = 0.75;
 constexpr const char* kSubnet = "10.213.0.";  // private to the test's namespaces
-
-std::string slurp(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void spit(const fs::path& file, const std::string& text) { std::ofstream(file, std::ios::binary) << text; }
-
-// Replaces the line `key = ...` of a TOML file, or appends one.
-void set_option(const fs::path& config, const std::string& key, const std::string& value) {
-  std::string text = slurp(config);
-  const size_t at = text.find("\n" + key + " = ");
-  if (at == std::string::npos) {
-    text += key + " = " + value + "\n";
-  } else {
-    const size_t begin = at + 1;
-    text.replace(begin, text.find('\n', begin) - begin, key + " = " + value);
-  }
-  spit(config, text);
-}
 
 // Runs a command to its end; its exit code (-1 when it could not start).
 int run(const std::vector<std::string>& argv, std::string* output = nullptr) {
@@ -202,12 +181,12 @@ TEST_F(MultiHost, FederationAcrossNamespacesSurvivesALinkDownAndLosesNothing) {
   // Small for the test machine; three sites may close a round at its
   // deadline, so the federation goes on while one is cut off.
   const fs::path agg = dir_ / "kits" / "aggregator" / "agg.toml";
-  set_option(agg, "min_sites", "3");
-  set_option(agg, "min_updates", "3");
-  set_option(agg, "deadline_seconds", "6");
-  set_option(agg, "validation_limit", "1000");
-  set_option(agg, "linger_seconds", "10");
-  for (int k = 0; k < kSites; ++k) set_option(dir_ / "kits" / site_name(k) / "site.toml", "data.train_limit", "2000");
+  set_toml_option(agg, "min_sites", "3");
+  set_toml_option(agg, "min_updates", "3");
+  set_toml_option(agg, "deadline_seconds", "6");
+  set_toml_option(agg, "validation_limit", "1000");
+  set_toml_option(agg, "linger_seconds", "10");
+  for (int k = 0; k < kSites; ++k) set_toml_option(dir_ / "kits" / site_name(k) / "site.toml", "data.train_limit", "2000");
   ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
 
   std::vector<json>& events = events_;

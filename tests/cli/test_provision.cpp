@@ -17,8 +17,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -27,24 +25,19 @@
 #include "support/cluster.h"
 #include "support/fedmesh_run.h"
 #include "support/process.h"
+#include "support/text_files.h"
 
 namespace fs = std::filesystem;
 using fedmesh::testing::ChildProcess;
 using fedmesh::testing::run_fedmesh;
+using fedmesh::testing::set_toml_option;
+using fedmesh::testing::slurp;
+using fedmesh::testing::spit;
 using fedmesh::testing::wait_for;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::string slurp(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void spit(const fs::path& file, const std::string& text) { std::ofstream(file, std::ios::binary) << text; }
 
 std::vector<std::string> key_files(const fs::path& dir) {
   std::vector<std::string> keys;
@@ -104,15 +97,14 @@ TEST_F(Provision, KitsHoldOnlyTheirOwnSecretsAndRunAFederation) {
   EXPECT_NE(slurp(kits() / "site-a" / "README.md").find("secret"), std::string::npos);
 
   // Run it: the kits' own configs, with this machine's free metrics ports and small data.
-  const auto adapt = [](const fs::path& config, int metrics, const std::string& extra) {
-    std::string text = slurp(config);
-    const size_t at = text.find("metrics = ");
-    text.replace(at, text.find('\n', at) - at, "metrics = \"127.0.0.1:" + std::to_string(metrics) + "\"");
-    spit(config, text + extra);
-  };
-  adapt(kits() / "aggregator" / "agg.toml", port_ + 1, "validation_limit = 500\nlinger_seconds = 5\n");
-  adapt(kits() / "site-a" / "site.toml", port_ + 2, "data.train_limit = 2000\n");
-  adapt(kits() / "site-b" / "site.toml", port_ + 3, "data.train_limit = 2000\n");
+  const auto metrics = [&](int offset) { return "\"127.0.0.1:" + std::to_string(port_ + offset) + "\""; };
+  set_toml_option(kits() / "aggregator" / "agg.toml", "metrics", metrics(1));
+  set_toml_option(kits() / "aggregator" / "agg.toml", "validation_limit", "500");
+  set_toml_option(kits() / "aggregator" / "agg.toml", "linger_seconds", "5");
+  set_toml_option(kits() / "site-a" / "site.toml", "metrics", metrics(2));
+  set_toml_option(kits() / "site-a" / "site.toml", "data.train_limit", "2000");
+  set_toml_option(kits() / "site-b" / "site.toml", "metrics", metrics(3));
+  set_toml_option(kits() / "site-b" / "site.toml", "data.train_limit", "2000");
   ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
   ChildProcess aggregator({"/bin/sh", (kits() / "aggregator" / "start.sh").string(), "--json"});
   std::vector<json> events;
@@ -160,20 +152,15 @@ TEST_F(Provision, AddingASiteRotatesNothingElse) {
 TEST_F(Provision, ARevokedSiteIsRefusedWithoutARestart) {
   describe({"site-a", "site-b"});
   ASSERT_EQ(provision().exit_code, 0);
-  const auto edit = [](const fs::path& config, const std::string& key, const std::string& value) {
-    std::string text = slurp(config);
-    const size_t at = text.find(key + " = ");
-    text.replace(at, text.find('\n', at) - at, key + " = " + value);
-    spit(config, text);
-  };
   const fs::path agg = kits() / "aggregator" / "agg.toml";
-  edit(agg, "metrics", "\"127.0.0.1:" + std::to_string(port_ + 1) + "\"");
-  edit(agg, "rounds", "200");
-  edit(agg, "min_sites", "1");
-  spit(agg, slurp(agg) + "validation_limit = 200\ndeadline_seconds = 4\n");
-  edit(kits() / "site-a" / "site.toml", "metrics", "\"127.0.0.1:" + std::to_string(port_ + 2) + "\"");
-  edit(kits() / "site-b" / "site.toml", "metrics", "\"127.0.0.1:" + std::to_string(port_ + 3) + "\"");
-  for (const char* site : {"site-a", "site-b"}) spit(kits() / site / "site.toml", slurp(kits() / site / "site.toml") + "data.train_limit = 1000\n");
+  set_toml_option(agg, "metrics", "\"127.0.0.1:" + std::to_string(port_ + 1) + "\"");
+  set_toml_option(agg, "rounds", "200");
+  set_toml_option(agg, "min_sites", "1");
+  set_toml_option(agg, "validation_limit", "200");
+  set_toml_option(agg, "deadline_seconds", "4");
+  set_toml_option(kits() / "site-a" / "site.toml", "metrics", "\"127.0.0.1:" + std::to_string(port_ + 2) + "\"");
+  set_toml_option(kits() / "site-b" / "site.toml", "metrics", "\"127.0.0.1:" + std::to_string(port_ + 3) + "\"");
+  for (const char* site : {"site-a", "site-b"}) set_toml_option(kits() / site / "site.toml", "data.train_limit", "1000");
   ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
   ChildProcess aggregator({"/bin/sh", (kits() / "aggregator" / "start.sh").string(), "--json"});
   std::vector<json> events;

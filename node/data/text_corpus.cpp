@@ -174,14 +174,6 @@ Result<TextCorpus> site_corpus(const TextCorpus& corpus, std::string_view partit
   return parts;
 }
 
-Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition, int sites, int index, double holdout) {
-  Result<TextCorpus> mine = site_corpus(corpus, partition, sites, index);
-  if (!mine.is_ok()) return mine.status();
-  std::vector<size_t> all(mine->documents.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  return split_documents(*mine, all, holdout);
-}
-
 Result<std::vector<size_t>> documents_for_site(const TextCorpus& corpus, std::string_view partition, int sites,
                                                int index) {
   const size_t count = corpus.documents.size();
@@ -236,12 +228,6 @@ void TextWindows::make_batch(std::span<const int64_t> indices, DType, Tensor& in
 }
 
 std::string text_source(const std::string& source) { return source == "fashion-mnist" ? kBibleCorpus : source; }
-
-Result<TextWindows> held_out_windows(const TextCorpus& corpus, int64_t context, int64_t limit) {
-  std::vector<size_t> all(corpus.documents.size());
-  for (size_t d = 0; d < all.size(); ++d) all[d] = d;
-  return held_out_token_windows(split_documents(corpus, all, kHeldOutText).validation, context, limit);
-}
 
 Result<TextWindows> held_out_token_windows(std::vector<int32_t> held_out, int64_t context, int64_t limit) {
   if (limit > 0) held_out.resize(std::min(held_out.size(), static_cast<size_t>(limit * context + 1)));

@@ -56,7 +56,7 @@ TextSplit split_documents(const TextCorpus& corpus, std::span<const size_t> docu
 
 // The documents site `index` of `sites` holds under a text partition:
 //   "iid"        every document: the site holds its index-th of `sites`
-//                equal parts of each (site_text below);
+//                equal parts of each (site_text, tokenized_text.h);
 //   "books"      documents index, index + sites, index + 2 sites, ...;
 //   "contiguous" a contiguous run of about documents/sites (non-IID: for the
 //                Bible, early sites hold the law and the prophets, late ones
@@ -70,11 +70,6 @@ Result<std::vector<size_t>> documents_for_site(const TextCorpus& corpus, std::st
 // The text site `index` of `sites` holds under a text partition, as a
 // corpus of its own: its documents (or, for "iid", its part of every one).
 Result<TextCorpus> site_corpus(const TextCorpus& corpus, std::string_view partition, int sites, int index);
-
-// The text site `index` of `sites` trains on and holds out under a text
-// partition: site_corpus's documents, each cut into training text and the
-// last `holdout` of it (tokenized_text.h: the same under a BPE tokenizer).
-Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition, int sites, int index, double holdout);
 
 // Windows of `context` tokens; sample i starts at token i * stride and its
 // targets are the `context` tokens after each of its positions.
@@ -96,11 +91,9 @@ class TextWindows final : public Dataset {
 // image data set's default ("fashion-mnist"): the Bible; else `source`.
 std::string text_source(const std::string& source);
 
-// The text every site holds out from training, as the aggregator and
-// `fedmesh train` evaluate on it: the last `holdout` of every document of
-// the corpus, in windows of `context` (the first `limit` windows; 0: all).
+// The share of every document held out from training, as the aggregator
+// and `fedmesh train` evaluate on it (held_out_windows, tokenized_text.h).
 inline constexpr double kHeldOutText = 0.05;
-Result<TextWindows> held_out_windows(const TextCorpus& corpus, int64_t context, int64_t limit);
 // The held-out tokens of a split in windows of `context` (the first `limit`;
 // 0: all); text shorter than one window is refused.
 Result<TextWindows> held_out_token_windows(std::vector<int32_t> held_out, int64_t context, int64_t limit);

@@ -26,14 +26,17 @@ namespace fedmesh::data {
 TextSplit split_text(const TextCorpus& corpus, std::span<const size_t> documents, double holdout,
                      const BpeTokenizer* tokenizer);
 
-// site_text (text_corpus.h) under `tokenizer`.
+// The text site `index` of `sites` trains on and holds out under a text
+// partition: site_corpus's documents (text_corpus.h), each cut into training
+// text and the last `holdout` of it.
 Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition, int sites, int index, double holdout,
-                            const BpeTokenizer* tokenizer);
+                            const BpeTokenizer* tokenizer = nullptr);
 
-// held_out_windows (text_corpus.h) under `tokenizer`: `limit` counts windows
-// of `context` tokens.
+// The text every site holds out from training: the last kHeldOutText of
+// every document of the corpus, in windows of `context` tokens (the first
+// `limit` windows; 0: all).
 Result<TextWindows> held_out_windows(const TextCorpus& corpus, int64_t context, int64_t limit,
-                                     const BpeTokenizer* tokenizer);
+                                     const BpeTokenizer* tokenizer = nullptr);
 
 // The targets an evaluation of `held_out` in windows of `context` at stride
 // `context` scores: tokens 1 .. windows * context (empty when the text is

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "node/data/text_corpus.h"
+#include "node/data/tokenized_text.h"
 
 namespace fedmesh::data {
 namespace {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device_ops.h"
 #include "kernels/gemm.h"
 #include "kernels/parallel.h"
 
@@ -114,6 +115,7 @@ void causal_softmax_backward_row(const float* p, float* grad, int64_t visible, i
 }  // namespace
 
 void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved) {
+  device::require_host("causal_attention_forward", {&qkv, &out});
   constexpr const char* kFunction = "causal_attention_forward";
   check_attention_shape(kFunction, s);
   check_rows(kFunction, "qkv", qkv, s, 3 * s.heads * s.head_dim);
@@ -143,6 +145,7 @@ void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor
 
 void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
                                Tensor& dqkv) {
+  device::require_host("causal_attention_backward", {&qkv, &dout});
   constexpr const char* kFunction = "causal_attention_backward";
   check_attention_shape(kFunction, s);
   check_rows(kFunction, "qkv", qkv, s, 3 * s.heads * s.head_dim);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "kernels/convert.h"
+#include "kernels/device_ops.h"
 #include "kernels/gemm.h"
 #include "kernels/parallel.h"
 
@@ -27,6 +28,7 @@ std::pair<int64_t, int64_t> valid_output_range(int64_t offset, int64_t stride, i
 }  // namespace
 
 void im2col(const Conv2dGeometry& g, const Tensor& x, float* col) {
+  device::require_host("im2col", {&x});
   const int64_t oh = g.out_height(), ow = g.out_width(), plane = oh * ow;
   const int64_t k = g.kernel, columns = g.columns();
   visit_dtype(x.dtype(), [&]<class T>() {
@@ -65,6 +67,7 @@ void im2col(const Conv2dGeometry& g, const Tensor& x, float* col) {
 }
 
 void col2im(const Conv2dGeometry& g, const float* dcol, Tensor& dx) {
+  device::require_host("col2im", {&dx});
   const int64_t oh = g.out_height(), ow = g.out_width(), plane = oh * ow;
   const int64_t k = g.kernel, columns = g.columns(), image_plane = g.height * g.width;
   visit_dtype(dx.dtype(), [&]<class T>() {
@@ -114,6 +117,7 @@ const float* weight_as_f32(const Tensor& weight, std::vector<float>& scratch) {
 
 void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                     std::vector<float>& col) {
+  device::require_host("conv2d_forward (column vector)", {&x, &weight, &bias, &y});
   const int64_t patch = g.patch_size(), columns = g.columns();
   const int64_t plane = g.out_height() * g.out_width();
   FEDMESH_CHECK(x.numel() == g.batch * g.in_channels * g.height * g.width, "conv2d: input shape");
@@ -148,6 +152,7 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
 
 void conv2d_backward(const Conv2dGeometry& g, const std::vector<float>& col, const Tensor& weight, const Tensor& dy,
                      Tensor& dweight, Tensor& dbias, Tensor* dx) {
+  device::require_host("conv2d_backward (column vector)", {&weight, &dy, &dweight, &dbias, dx});
   const int64_t patch = g.patch_size(), columns = g.columns();
   const int64_t plane = g.out_height() * g.out_width();
   FEDMESH_CHECK(dy.numel() == g.batch * g.out_channels * plane, "conv2d_backward: dy shape");
@@ -189,6 +194,7 @@ void conv2d_backward(const Conv2dGeometry& g, const std::vector<float>& col, con
 }
 
 void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, std::vector<int32_t>& argmax) {
+  device::require_host("maxpool2d_forward (argmax vector)", {&x, &y});
   const int64_t oh = g.out_height(), ow = g.out_width();
   const int64_t planes = g.batch * g.channels, in_plane = g.height * g.width, out_plane = oh * ow;
   FEDMESH_CHECK(x.numel() == planes * in_plane && y.numel() == planes * out_plane, "maxpool2d: shapes");
@@ -249,6 +255,7 @@ void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, std:
 }
 
 void maxpool2d_backward(const Pool2dGeometry& g, const std::vector<int32_t>& argmax, const Tensor& dy, Tensor& dx) {
+  device::require_host("maxpool2d_backward (argmax vector)", {&dy, &dx});
   const int64_t planes = g.batch * g.channels, in_plane = g.height * g.width;
   const int64_t out_plane = g.out_height() * g.out_width();
   FEDMESH_CHECK(dy.numel() == planes * out_plane && dx.numel() == planes * in_plane, "maxpool2d_backward: shapes");

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "kernels/device_ops.h"
 #include "kernels/parallel.h"
 
 namespace fedmesh {
@@ -38,6 +39,7 @@ void narrow_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
 }
 
 void convert(const Tensor& src, Tensor& dst) {
+  if (device::on_cuda(dst)) return device::convert(src, dst);
   FEDMESH_CHECK(src.numel() == dst.numel(), "convert: element counts differ");
   if (src.dtype() == dst.dtype()) {
     if (src.raw() != dst.raw()) std::memcpy(dst.raw(), src.raw(), src.nbytes());

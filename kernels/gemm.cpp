@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/convert.h"
+#include "kernels/device_ops.h"
 #include "kernels/parallel.h"
 
 namespace fedmesh {
@@ -80,6 +81,7 @@ void widen_block(const void* src, DType dtype, int64_t ld, int64_t r0, int64_t r
 
 void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor& a, const Tensor& b, float beta,
           Tensor& c) {
+  if (device::on_cuda(c)) return device::gemm(transpose_a, transpose_b, alpha, a, b, beta, c);
   FEDMESH_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "gemm takes 2-D tensors");
   const int64_t m = transpose_a ? a.dim(1) : a.dim(0);
   const int64_t k = transpose_a ? a.dim(0) : a.dim(1);

@@ -4,10 +4,13 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/device_ops.h"
+
 namespace fedmesh {
 
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const int32_t> labels, Tensor* dlogits,
                                          float grad_scale, float normalizer) {
+  device::require_host("softmax_cross_entropy (labels on the host)", {&logits, dlogits});
   FEDMESH_CHECK(logits.rank() == 2 && static_cast<int64_t>(labels.size()) == logits.dim(0),
                 "softmax_cross_entropy: logits " + shape_to_string(logits.shape()) + " vs " +
                     std::to_string(labels.size()) + " labels");

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "kernels/cuda_ops.h"
+#include "kernels/device_ops.h"
 #include "kernels/parallel.h"
 
 namespace fedmesh {
@@ -66,7 +68,14 @@ class Sgd final : public Optimizer {
     ++steps_;
     for (Parameter* p : parameters) {
       float* momentum = options_.momentum != 0.0f ? momentum_buffer(*p).data<float>() : nullptr;
-      sgd_step(p->value.data<float>(), p->grad.data<float>(), momentum, p->value.numel(), lr, options_);
+      if (device::on_cuda(p->value)) {
+        device::require_cuda("sgd step", {&p->value, &p->grad});
+        cuda::sgd_step(cuda::default_stream(), p->value.data<float>(), p->grad.data<float>(), momentum, nullptr,
+                       DType::kF32, p->value.numel(), lr, options_);
+      } else {
+        device::require_host("sgd step", {&p->value, &p->grad});
+        sgd_step(p->value.data<float>(), p->grad.data<float>(), momentum, p->value.numel(), lr, options_);
+      }
     }
   }
   std::string name() const override { return "sgd"; }
@@ -80,7 +89,7 @@ class Sgd final : public Optimizer {
  private:
   Tensor& momentum_buffer(const Parameter& p) {
     auto [it, inserted] = momentum_.try_emplace(p.name);
-    if (inserted) it->second = Tensor::zeros(p.value.shape());
+    if (inserted) it->second = Tensor::zeros(p.value.shape(), DType::kF32, p.value.device());
     return it->second;
   }
   SgdOptions options_;
@@ -94,8 +103,15 @@ class AdamW final : public Optimizer {
     ++steps_;
     for (Parameter* p : parameters) {
       auto& [first, second] = moments(*p);
-      adamw_step(p->value.data<float>(), p->grad.data<float>(), first.data<float>(), second.data<float>(),
-                 p->value.numel(), steps_, lr, options_);
+      if (device::on_cuda(p->value)) {
+        device::require_cuda("adamw step", {&p->value, &p->grad, &first, &second});
+        cuda::adamw_step(cuda::default_stream(), p->value.data<float>(), p->grad.data<float>(), first.data<float>(),
+                         second.data<float>(), nullptr, DType::kF32, p->value.numel(), steps_, lr, options_);
+      } else {
+        device::require_host("adamw step", {&p->value, &p->grad, &first, &second});
+        adamw_step(p->value.data<float>(), p->grad.data<float>(), first.data<float>(), second.data<float>(),
+                   p->value.numel(), steps_, lr, options_);
+      }
     }
   }
   std::string name() const override { return "adamw"; }
@@ -112,7 +128,10 @@ class AdamW final : public Optimizer {
  private:
   std::pair<Tensor, Tensor>& moments(const Parameter& p) {
     auto [it, inserted] = moments_.try_emplace(p.name);
-    if (inserted) it->second = {Tensor::zeros(p.value.shape()), Tensor::zeros(p.value.shape())};
+    if (inserted) {
+      it->second = {Tensor::zeros(p.value.shape(), DType::kF32, p.value.device()),
+                    Tensor::zeros(p.value.shape(), DType::kF32, p.value.device())};
+    }
     return it->second;
   }
   AdamWOptions options_;

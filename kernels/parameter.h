@@ -20,6 +20,8 @@ struct Parameter {
   void set_compute_dtype(DType dtype);
   // Re-rounds the compute copy from the master after the master changed.
   void refresh_compute();
+  // Moves master, gradient and compute copy to `device` (their values kept).
+  void to_device(Device device);
 };
 
 }  // namespace fedmesh

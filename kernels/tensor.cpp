@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/cuda_ops.h"
+
 namespace fedmesh {
 
 size_t dtype_size(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
@@ -76,7 +78,6 @@ struct Tensor::Storage {
 };
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
-  FEDMESH_CHECK(device == Device::kCpu, "CUDA tensors are created by kernels/cuda");
   Tensor t;
   t.numel_ = shape_numel(shape);
   t.shape_ = std::move(shape);
@@ -84,15 +85,19 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   t.device_ = device;
   t.storage_ = std::make_shared<Storage>();
   t.storage_->bytes = t.nbytes();
-  t.storage_->allocator = &cpu_allocator();
+  t.storage_->allocator = device == Device::kCpu ? &cpu_allocator() : &cuda::device_allocator();
   t.storage_->data = t.storage_->allocator->allocate(t.storage_->bytes);
   t.data_ = t.storage_->data;
   return t;
 }
 
-Tensor Tensor::zeros(Shape shape, DType dtype) {
-  Tensor t = empty(std::move(shape), dtype);
-  std::memset(t.data_, 0, t.nbytes());
+Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+  Tensor t = empty(std::move(shape), dtype, device);
+  if (device == Device::kCpu) {
+    std::memset(t.data_, 0, t.nbytes());
+  } else {
+    cuda::set_zero(t.data_, t.nbytes(), cuda::default_stream());
+  }
   return t;
 }
 
@@ -134,19 +139,38 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   return t;
 }
 
-Tensor& Tensor::reuse(Tensor& slot, const Shape& shape, DType dtype) {
-  if (slot.defined() && slot.dtype() == dtype && slot.device() == Device::kCpu && slot.numel() == shape_numel(shape)) {
+Tensor& Tensor::reuse(Tensor& slot, const Shape& shape, DType dtype, Device device) {
+  if (slot.defined() && slot.dtype() == dtype && slot.device() == device && slot.numel() == shape_numel(shape)) {
     slot = slot.reshape(shape);
   } else {
-    slot = empty(shape, dtype);
+    slot = empty(shape, dtype, device);
   }
   return slot;
 }
 
-Tensor Tensor::clone() const {
-  Tensor t = empty(shape_, dtype_, device_);
-  if (nbytes() > 0) std::memcpy(t.data_, data_, nbytes());
+Tensor Tensor::clone() const { return to(device_); }
+
+Tensor Tensor::to(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
   return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  FEDMESH_CHECK(src.dtype_ == dtype_ && src.numel_ == numel_,
+                std::string("copy_from: ") + dtype_name(src.dtype_) + " " + shape_to_string(src.shape_) + " into " +
+                    dtype_name(dtype_) + " " + shape_to_string(shape_));
+  const size_t bytes = nbytes();
+  if (bytes == 0) return;
+  if (device_ == Device::kCpu && src.device_ == Device::kCpu) {
+    std::memcpy(data_, src.data_, bytes);
+  } else if (device_ == Device::kCpu) {
+    cuda::copy_to_host(src.data_, data_, bytes, cuda::default_stream());
+  } else if (src.device_ == Device::kCpu) {
+    cuda::copy_to_device(src.data_, data_, bytes, cuda::default_stream());
+  } else {
+    cuda::copy_on_device(src.data_, data_, bytes, cuda::default_stream());
+  }
 }
 
 void Tensor::check_type(DType requested) const {

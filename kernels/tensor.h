@@ -61,8 +61,10 @@ class Tensor {
  public:
   Tensor() = default;
 
+  // On Device::kCuda the storage comes from the CUDA backend's caching
+  // allocator (kernels/cuda_ops.h; ask cuda::available() first).
   static Tensor empty(Shape shape, DType dtype = DType::kF32, Device device = Device::kCpu);
-  static Tensor zeros(Shape shape, DType dtype = DType::kF32);
+  static Tensor zeros(Shape shape, DType dtype = DType::kF32, Device device = Device::kCpu);
   // Non-owning view of memory that must outlive the tensor and its views.
   static Tensor view_of(void* data, Shape shape, DType dtype, Device device = Device::kCpu);
 
@@ -94,11 +96,17 @@ class Tensor {
   Tensor slice_rows(int64_t begin, int64_t end) const;
   // A deep copy (same dtype and device).
   Tensor clone() const;
+  // A deep copy on `device` (the same dtype); on the CPU from a CUDA tensor
+  // it returns once the bytes are there.
+  Tensor to(Device device) const;
+  // Copies src's bytes into this tensor (same dtype and element count), across
+  // devices where they differ.
+  void copy_from(const Tensor& src);
 
   // Makes `slot` a (shape, dtype) tensor, keeping its memory when it already
   // has that element count and dtype (contents then unspecified), else
-  // allocating. For buffers rewritten on every step.
-  static Tensor& reuse(Tensor& slot, const Shape& shape, DType dtype);
+  // allocating (on `device`). For buffers rewritten on every step.
+  static Tensor& reuse(Tensor& slot, const Shape& shape, DType dtype, Device device = Device::kCpu);
 
  private:
   struct Storage;

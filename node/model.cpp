@@ -41,7 +41,18 @@ int64_t Sequential::parameter_count() {
 }
 
 void Sequential::zero_grad() {
-  for (Parameter* p : parameters()) std::memset(p->grad.raw(), 0, p->grad.nbytes());
+  for (Parameter* p : parameters()) {
+    if (p->grad.device() == Device::kCpu) {
+      std::memset(p->grad.raw(), 0, p->grad.nbytes());
+    } else {
+      fill(p->grad, 0.0f);
+    }
+  }
+}
+
+void Sequential::to_device(Device device) {
+  for (Parameter* p : parameters()) p->to_device(device);
+  device_ = device;
 }
 
 void Sequential::set_compute_dtype(DType dtype) {

@@ -40,6 +40,11 @@ class Sequential {
   void set_compute_dtype(DType dtype);
   // Re-rounds compute copies after the masters changed (after an optimizer step).
   void refresh_compute();
+  // Moves every parameter (master, gradient, compute copy) to `device`; the
+  // layers then keep their activations there. For Device::kCuda ask
+  // cuda::available() first, and check cuda_unsupported().
+  void to_device(Device device);
+  Device device() const { return device_; }
   // A human-readable table: layer, output shape, parameters.
   std::string summary();
 
@@ -47,6 +52,7 @@ class Sequential {
   std::string name_;
   Shape sample_shape_;
   DType compute_dtype_ = DType::kF32;
+  Device device_ = Device::kCpu;
   std::vector<std::unique_ptr<Layer>> layers_;
 };
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/device_ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/loss.h"
 #include "node/data/batch.h"
@@ -107,6 +108,7 @@ TrainSummary Trainer::fit(const data::ImageDataset& train, const data::ImageData
 // summed, noised, divided by the samples; left in the parameters' grads.
 // Returns the step's loss sum and correct count in `result`.
 void Trainer::private_gradient(const data::Dataset& dataset, std::span<const int64_t> indices, StepResult& result) {
+  FEDMESH_CHECK(model_.device() == Device::kCpu, "DP-SGD runs on the CPU only");
   std::vector<Parameter*> parameters = model_.parameters();
   dp_sum_.resize(parameters.size());
   for (size_t p = 0; p < parameters.size(); ++p) {
@@ -161,15 +163,25 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
   // The loss is the mean over every target of the step's samples.
   const int64_t targets = static_cast<int64_t>(indices.size()) * dataset.targets_per_sample();
   const float normalizer = static_cast<float>(targets);
+  // On a CUDA device the loss and the correct count stay there until the
+  // step's last backward pass is enqueued: one wait per step.
+  const bool on_device = model_.device() == Device::kCuda;
+  FEDMESH_CHECK(!on_device || sync_ == nullptr, "in-site gradient sync runs on the CPU only for now");
+  if (on_device) device_loss_.clear();
   double loss_sum = 0.0;
   for (size_t begin = 0; begin < indices.size(); begin += static_cast<size_t>(options_.batch_size)) {
     const size_t end = std::min(indices.size(), begin + static_cast<size_t>(options_.batch_size));
-    dataset.make_batch(indices.subspan(begin, end - begin), model_.compute_dtype(), inputs_, targets_);
-    const Tensor logits = model_.forward(inputs_, /*training=*/true);
-    Tensor::reuse(dlogits_, logits.shape(), logits.dtype());
-    const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, &dlogits_, scale, normalizer);
-    loss_sum += ce.loss_sum;
-    result.correct += ce.correct;
+    const Tensor& input = load_batch(dataset, indices.subspan(begin, end - begin));
+    const Tensor logits = model_.forward(input, /*training=*/true);
+    Tensor::reuse(dlogits_, logits.shape(), logits.dtype(), logits.device());
+    if (on_device) {
+      device::softmax_cross_entropy(logits, device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size())),
+                                    &dlogits_, scale, normalizer, device_loss_);
+    } else {
+      const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, &dlogits_, scale, normalizer);
+      loss_sum += ce.loss_sum;
+      result.correct += ce.correct;
+    }
     if (sync_ != nullptr && end == indices.size()) {
       result.samples = static_cast<int64_t>(indices.size());
       result.loss = loss_sum / static_cast<double>(targets);
@@ -179,10 +191,22 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
       model_.backward(dlogits_);
     }
   }
+  if (on_device) {
+    const device::LossSums::Values sums = device_loss_.read();
+    loss_sum = sums.loss_sum;
+    result.correct = sums.correct;
+  }
   result.samples = static_cast<int64_t>(indices.size());
   // A data-parallel rank may get no sample of a short last batch.
   result.loss = indices.empty() ? 0.0 : loss_sum / static_cast<double>(targets);
   return apply_gradients(result, lr);
+}
+
+const Tensor& Trainer::load_batch(const data::Dataset& dataset, std::span<const int64_t> indices) {
+  dataset.make_batch(indices, model_.compute_dtype(), inputs_, targets_);
+  if (model_.device() == Device::kCpu) return inputs_;
+  Tensor::reuse(device_inputs_, inputs_.shape(), inputs_.dtype(), model_.device()).copy_from(inputs_);
+  return device_inputs_;
 }
 
 StepResult Trainer::apply_gradients(StepResult result, float lr) {
@@ -197,10 +221,19 @@ StepResult Trainer::apply_gradients(StepResult result, float lr) {
   }
   bool finite = true;
   double squared_norm = 0.0;
-  for (Parameter* p : parameters) {
-    const double s = squared_l2_norm(p->grad);
-    finite &= std::isfinite(s);
-    squared_norm += s;
+  if (model_.device() == Device::kCuda) {
+    // One fp64 sum over every gradient, read once: any non-finite
+    // coordinate makes it non-finite (squares are never negative).
+    device::SquaredNorm total;
+    for (Parameter* p : parameters) total.add(p->grad);
+    squared_norm = total.read();
+    finite = std::isfinite(squared_norm);
+  } else {
+    for (Parameter* p : parameters) {
+      const double s = squared_l2_norm(p->grad);
+      finite &= std::isfinite(s);
+      squared_norm += s;
+    }
   }
   if (!loss_scaler_.update(finite)) {
     result.applied = false;
@@ -225,15 +258,26 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
   double loss_sum = 0.0;
   int64_t correct = 0;
   const int64_t count = dataset.size();
+  const bool on_device = model_.device() == Device::kCuda;
+  if (on_device) device_loss_.clear();
   for (int64_t begin = 0; begin < count; begin += options_.eval_batch_size) {
     const int64_t end = std::min(count, begin + options_.eval_batch_size);
     indices.resize(static_cast<size_t>(end - begin));
     std::iota(indices.begin(), indices.end(), begin);
-    dataset.make_batch(indices, model_.compute_dtype(), inputs_, targets_);
-    const Tensor logits = model_.forward(inputs_, /*training=*/false);
-    const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, nullptr);
-    loss_sum += ce.loss_sum;
-    correct += ce.correct;
+    const Tensor logits = model_.forward(load_batch(dataset, indices), /*training=*/false);
+    if (on_device) {
+      device::softmax_cross_entropy(logits, device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size())),
+                                    nullptr, 1.0f, 1.0f, device_loss_);
+    } else {
+      const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, nullptr);
+      loss_sum += ce.loss_sum;
+      correct += ce.correct;
+    }
+  }
+  if (on_device) {
+    const device::LossSums::Values sums = device_loss_.read();
+    loss_sum = sums.loss_sum;
+    correct = sums.correct;
   }
   result.count = count;
   if (count > 0) {

@@ -13,6 +13,7 @@
 
 #include "base/random.h"
 #include "base/status.h"
+#include "kernels/device_ops.h"
 #include "kernels/optimizer.h"
 #include "node/data/dataset.h"
 #include "node/data/fashion_mnist.h"
@@ -198,7 +199,11 @@ class Trainer {
   bool run_in_progress_ = false;  // restored, or fit() left by an exception: the next fit() continues
   GradientSync* sync_ = nullptr;
   Status hook_status_;
-  Tensor inputs_, dlogits_;
+  // The batch's inputs (on the model's device) and its labels in targets_.
+  const Tensor& load_batch(const data::Dataset& dataset, std::span<const int64_t> indices);
+  Tensor inputs_, device_inputs_, dlogits_;
+  device::LossSums device_loss_;     // CUDA: the loss and correct sums of a step or an evaluation
+  device::DeviceLabels device_labels_;
   std::vector<std::vector<float>> dp_sum_;  // DP-SGD: the clipped per-example gradients' sum
   std::vector<int32_t> targets_;
 };

@@ -1,6 +1,6 @@
 #include "node/training_checkpoint.h"
 
-#include <cstring>
+#include <deque>
 
 namespace fedmesh::node {
 
@@ -12,7 +12,7 @@ Status copy_into(const store::StoredTensor& stored, Tensor& destination, const s
                    shape_to_string(stored.value.shape()) + ", the model expects " + dtype_name(destination.dtype()) +
                    " " + shape_to_string(destination.shape()));
   }
-  std::memcpy(destination.raw(), stored.value.raw(), destination.nbytes());
+  destination.copy_from(stored.value);  // onto the CUDA device where the model lives there
   return Status::ok();
 }
 
@@ -83,9 +83,18 @@ Status commit_training_checkpoint(store::CheckpointStore& store, Sequential& mod
   round.model_version = state.step;
   round.metrics_json = metrics.dump();
   round.state_json = trainer_state_to_json(state).dump();
-  for (Parameter* parameter : parameters) round.tensors.push_back({kModelRole, parameter->name, &parameter->value});
+  // The store reads host memory: tensors on the CUDA device are copied out
+  // first (a deque keeps the copies where the round's pointers point).
+  std::deque<Tensor> host_copies;
+  const auto on_host = [&host_copies](Tensor* tensor) {
+    if (tensor->device() == Device::kCpu) return tensor;
+    return &host_copies.emplace_back(tensor->to(Device::kCpu));
+  };
+  for (Parameter* parameter : parameters) {
+    round.tensors.push_back({kModelRole, parameter->name, on_host(&parameter->value)});
+  }
   for (const OptimizerStateTensor& tensor : trainer.optimizer().state_tensors(parameters)) {
-    round.tensors.push_back({kOptimizerRole, tensor.name, tensor.tensor});
+    round.tensors.push_back({kOptimizerRole, tensor.name, on_host(tensor.tensor)});
   }
   return store.commit_round(round);
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/device_ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
@@ -50,9 +51,11 @@ Shape Linear::output_shape(const Shape& input) const {
 Tensor Linear::forward(const Tensor& x, bool training) {
   const int64_t batch = x.dim(0);
   const Tensor input = x.reshape({batch, in_});
-  Tensor& y = Tensor::reuse(output_, output_shape(x.shape()), x.dtype());
+  Tensor& y = Tensor::reuse(output_, output_shape(x.shape()), x.dtype(), x.device());
   const Tensor& w = weight_.compute;
-  if (y.dtype() == DType::kF32 && input.dtype() == DType::kF32 && w.dtype() == DType::kF32) {
+  if (device::on_cuda(y)) {
+    device::gemm(false, true, 1.0f, input, w, 0.0f, y, &bias_.value);  // the bias in the GEMM's epilogue
+  } else if (y.dtype() == DType::kF32 && input.dtype() == DType::kF32 && w.dtype() == DType::kF32) {
     // Start from the bias and let the GEMM accumulate onto it (beta = 1).
     float* out = y.data<float>();
     const float* b = bias_.value.data<float>();
@@ -75,7 +78,7 @@ Tensor Linear::backward(const Tensor& dy, bool need_input_grad) {
   gemm(true, false, 1.0f, grad, input_, 1.0f, weight_.grad);  // (out, in) += dy^T · x
   bias_grad(grad, bias_.grad, /*accumulate=*/true);
   if (!need_input_grad) return {};
-  Tensor& dx = Tensor::reuse(input_grad_, input_.shape(), input_.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, input_.shape(), input_.dtype(), input_.device());
   gemm(false, false, 1.0f, grad, weight_.compute, 0.0f, dx);  // (batch, in) = dy · W
   return dx.reshape(input_shape_);
 }
@@ -83,20 +86,20 @@ Tensor Linear::backward(const Tensor& dy, bool need_input_grad) {
 // ---- ReLU / GELU ---------------------------------------------------------------
 
 Tensor ReLU::forward(const Tensor& x, bool) {
-  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype());
+  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype(), x.device());
   relu_forward(x, y);
   return y;
 }
 
 Tensor ReLU::backward(const Tensor& dy, bool need_input_grad) {
   if (!need_input_grad) return {};
-  Tensor& dx = Tensor::reuse(input_grad_, dy.shape(), dy.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, dy.shape(), dy.dtype(), dy.device());
   relu_backward(output_, dy, dx);
   return dx;
 }
 
 Tensor Gelu::forward(const Tensor& x, bool training) {
-  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype());
+  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype(), x.device());
   gelu_forward(x, y);
   if (training) input_ = x;
   return y;
@@ -104,7 +107,7 @@ Tensor Gelu::forward(const Tensor& x, bool training) {
 
 Tensor Gelu::backward(const Tensor& dy, bool need_input_grad) {
   if (!need_input_grad) return {};
-  Tensor& dx = Tensor::reuse(input_grad_, dy.shape(), dy.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, dy.shape(), dy.dtype(), dy.device());
   gelu_backward(input_, dy, dx);
   return dx;
 }
@@ -170,9 +173,13 @@ Shape Conv2d::output_shape(const Shape& input) const {
 
 Tensor Conv2d::forward(const Tensor& x, bool training) {
   const Conv2dGeometry g = geometry(x.shape());
-  Tensor& y = Tensor::reuse(output_, output_shape(x.shape()), x.dtype());
-  thread_local std::vector<float> inference_columns;
-  conv2d_forward(g, x, weight_.compute, bias_.value, y, training ? columns_ : inference_columns);
+  Tensor& y = Tensor::reuse(output_, output_shape(x.shape()), x.dtype(), x.device());
+  if (device::on_cuda(x)) {
+    device::conv2d_forward(g, x, weight_.compute, bias_.value, y, device_columns_);
+  } else {
+    thread_local std::vector<float> inference_columns;
+    conv2d_forward(g, x, weight_.compute, bias_.value, y, training ? columns_ : inference_columns);
+  }
   if (training) input_shape_ = x.shape();
   return y;
 }
@@ -181,8 +188,12 @@ Tensor Conv2d::backward(const Tensor& dy, bool need_input_grad) {
   FEDMESH_CHECK(!input_shape_.empty(), "Conv2d::backward before a training forward");
   const Conv2dGeometry g = geometry(input_shape_);
   Tensor* dx = nullptr;
-  if (need_input_grad) dx = &Tensor::reuse(input_grad_, input_shape_, dy.dtype());
-  conv2d_backward(g, columns_, weight_.compute, dy, weight_.grad, bias_.grad, dx);
+  if (need_input_grad) dx = &Tensor::reuse(input_grad_, input_shape_, dy.dtype(), dy.device());
+  if (device::on_cuda(dy)) {
+    device::conv2d_backward(g, device_columns_, weight_.compute, dy, weight_.grad, bias_.grad, dx);
+  } else {
+    conv2d_backward(g, columns_, weight_.compute, dy, weight_.grad, bias_.grad, dx);
+  }
   return need_input_grad ? *dx : Tensor{};
 }
 
@@ -207,16 +218,24 @@ Shape MaxPool2d::output_shape(const Shape& input) const {
 }
 
 Tensor MaxPool2d::forward(const Tensor& x, bool training) {
-  Tensor& y = Tensor::reuse(output_, output_shape(x.shape()), x.dtype());
-  maxpool2d_forward(geometry(x.shape()), x, y, argmax_);
+  Tensor& y = Tensor::reuse(output_, output_shape(x.shape()), x.dtype(), x.device());
+  if (device::on_cuda(x)) {
+    device::maxpool2d_forward(geometry(x.shape()), x, y, device_argmax_);
+  } else {
+    maxpool2d_forward(geometry(x.shape()), x, y, argmax_);
+  }
   if (training) input_shape_ = x.shape();
   return y;
 }
 
 Tensor MaxPool2d::backward(const Tensor& dy, bool need_input_grad) {
   if (!need_input_grad) return {};
-  Tensor& dx = Tensor::reuse(input_grad_, input_shape_, dy.dtype());
-  maxpool2d_backward(geometry(input_shape_), argmax_, dy, dx);
+  Tensor& dx = Tensor::reuse(input_grad_, input_shape_, dy.dtype(), dy.device());
+  if (device::on_cuda(dy)) {
+    device::maxpool2d_backward(geometry(input_shape_), device_argmax_, dy, dx);
+  } else {
+    maxpool2d_backward(geometry(input_shape_), argmax_, dy, dx);
+  }
   return dx;
 }
 
@@ -232,9 +251,9 @@ Tensor LayerNorm::forward(const Tensor& x, bool training) {
   FEDMESH_CHECK(x.rank() >= 1 && x.shape().back() == features_, "layernorm: last dimension must be " +
                                                                      std::to_string(features_));
   const int64_t rows = x.numel() / features_;
-  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype());
-  Tensor::reuse(mean_, {rows}, DType::kF32);
-  Tensor::reuse(rstd_, {rows}, DType::kF32);
+  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype(), x.device());
+  Tensor::reuse(mean_, {rows}, DType::kF32, x.device());
+  Tensor::reuse(rstd_, {rows}, DType::kF32, x.device());
   layernorm_forward(x, gamma_.value, beta_.value, y, mean_, rstd_);
   if (training) input_ = x;
   return y;
@@ -242,7 +261,7 @@ Tensor LayerNorm::forward(const Tensor& x, bool training) {
 
 Tensor LayerNorm::backward(const Tensor& dy, bool need_input_grad) {
   FEDMESH_CHECK(input_.defined(), "LayerNorm::backward before a training forward");
-  Tensor& dx = Tensor::reuse(input_grad_, input_.shape(), dy.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, input_.shape(), dy.dtype(), dy.device());
   layernorm_backward(input_, dy, gamma_.value, mean_, rstd_, dx, gamma_.grad, beta_.grad);
   return need_input_grad ? dx : Tensor{};
 }

@@ -6,6 +6,7 @@
 
 #include "base/random.h"
 #include "kernels/conv.h"
+#include "kernels/cuda_ops.h"
 #include "node/layers/layer.h"
 
 namespace fedmesh::node {
@@ -86,6 +87,7 @@ class Conv2d final : public Layer {
   Parameter weight_, bias_;
   Shape input_shape_;
   std::vector<float> columns_;  // im2col of the last training input
+  Tensor device_columns_;       // the same on the CUDA device (also written in inference)
   Tensor output_, input_grad_;
 };
 
@@ -102,6 +104,7 @@ class MaxPool2d final : public Layer {
   int64_t kernel_, stride_;
   Shape input_shape_;
   std::vector<int32_t> argmax_;
+  cuda::DeviceBuffer device_argmax_;  // the same on the CUDA device
   Tensor output_, input_grad_;
 };
 

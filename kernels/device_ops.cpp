@@ -1,0 +1,245 @@
+#include "kernels/device_ops.h"
+
+#include <cstring>
+#include <string>
+
+namespace fedmesh::device {
+
+namespace {
+
+cuda::Stream stream() { return cuda::default_stream(); }
+
+}  // namespace
+
+void require_cuda(const char* op, std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors) {
+    FEDMESH_CHECK(t == nullptr || !t->defined() || t->device() == Device::kCuda,
+                  std::string(op) + ": a CPU tensor among CUDA ones (move every operand to one device)");
+  }
+}
+
+void require_host(const char* op, std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors) {
+    FEDMESH_CHECK(t == nullptr || !t->defined() || t->device() == Device::kCpu,
+                  std::string(op) + " runs on the CPU only: it was given a CUDA tensor");
+  }
+}
+
+void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c,
+          const Tensor* bias) {
+  require_cuda("gemm", {&a, &b, &c, bias});
+  FEDMESH_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "gemm takes 2-D tensors");
+  const int64_t m = transpose_a ? a.dim(1) : a.dim(0);
+  const int64_t k = transpose_a ? a.dim(0) : a.dim(1);
+  const int64_t n = transpose_b ? b.dim(0) : b.dim(1);
+  FEDMESH_CHECK((transpose_b ? b.dim(1) : b.dim(0)) == k && c.dim(0) == m && c.dim(1) == n,
+                "gemm shapes do not match: a " + shape_to_string(a.shape()) + ", b " + shape_to_string(b.shape()) +
+                    ", c " + shape_to_string(c.shape()));
+  FEDMESH_CHECK(a.dtype() == b.dtype() && (c.dtype() == a.dtype() || c.dtype() == DType::kF32),
+                std::string("cuda gemm: a and b must share a dtype and c have it or fp32 (got ") +
+                    dtype_name(a.dtype()) + ", " + dtype_name(b.dtype()) + ", " + dtype_name(c.dtype()) + ")");
+  cuda::GemmEpilogue epilogue;
+  if (bias != nullptr) {
+    FEDMESH_CHECK(bias->numel() == n, "gemm: bias of " + std::to_string(bias->numel()) + " for " + std::to_string(n) +
+                                          " columns");
+    epilogue.kind = cuda::GemmEpilogueKind::kBias;
+    epilogue.bias = bias->data<float>();
+  }
+  cuda::gemm(stream(), transpose_a, transpose_b, m, n, k, alpha, a.raw(), a.dtype(), a.dim(1), b.raw(), b.dtype(),
+             b.dim(1), beta, c.raw(), c.dtype(), n, epilogue);
+}
+
+void fill(Tensor& x, float value) {
+  require_cuda("fill", {&x});
+  cuda::fill(stream(), x.raw(), x.dtype(), x.numel(), value);
+}
+
+void scale(Tensor& x, float factor) {
+  require_cuda("scale", {&x});
+  cuda::scale(stream(), x.raw(), x.dtype(), x.numel(), factor);
+}
+
+void axpy(float alpha, const Tensor& x, Tensor& y) {
+  require_cuda("axpy", {&x, &y});
+  FEDMESH_CHECK(x.numel() == y.numel(), "axpy: element counts differ");
+  cuda::axpy(stream(), alpha, x.raw(), x.dtype(), y.raw(), y.dtype(), x.numel());
+}
+
+void convert(const Tensor& src, Tensor& dst) {
+  require_cuda("convert", {&src, &dst});
+  FEDMESH_CHECK(src.numel() == dst.numel(), "convert: element counts differ");
+  if (src.raw() == dst.raw() && src.dtype() == dst.dtype()) return;
+  cuda::cast(stream(), src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel());
+}
+
+void add_bias(Tensor& y, const Tensor& bias) {
+  require_cuda("add_bias", {&y, &bias});
+  const int64_t n = bias.numel();
+  FEDMESH_CHECK(n > 0 && y.numel() % n == 0, "add_bias: bias does not divide the output");
+  cuda::add_bias(stream(), y.raw(), y.dtype(), y.numel() / n, n, bias.data<float>());
+}
+
+void bias_grad(const Tensor& dy, Tensor& db, bool accumulate) {
+  require_cuda("bias_grad", {&dy, &db});
+  const int64_t n = db.numel();
+  FEDMESH_CHECK(n > 0 && dy.numel() % n == 0, "bias_grad: shapes do not match");
+  cuda::bias_grad(stream(), dy.raw(), dy.dtype(), dy.numel() / n, n, db.data<float>(), accumulate);
+}
+
+void channel_bias_grad(const Tensor& dy, Tensor& db, bool accumulate) {
+  require_cuda("channel_bias_grad", {&dy, &db});
+  FEDMESH_CHECK(dy.rank() >= 2 && dy.dim(1) == db.numel(), "channel_bias_grad: shapes do not match");
+  const int64_t batch = dy.dim(0), channels = dy.dim(1);
+  cuda::channel_bias_grad(stream(), dy.raw(), dy.dtype(), batch, channels, dy.numel() / (batch * channels),
+                          db.data<float>(), accumulate);
+}
+
+void relu_forward(const Tensor& x, Tensor& y) {
+  require_cuda("relu_forward", {&x, &y});
+  FEDMESH_CHECK(x.numel() == y.numel(), "relu_forward: element counts differ");
+  cuda::relu_forward(stream(), x.raw(), x.dtype(), y.raw(), y.dtype(), x.numel());
+}
+
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  require_cuda("relu_backward", {&y, &dy, &dx});
+  FEDMESH_CHECK(y.numel() == dy.numel() && dy.numel() == dx.numel(), "relu_backward: element counts differ");
+  cuda::relu_backward(stream(), y.raw(), y.dtype(), dy.raw(), dy.dtype(), dx.raw(), dx.dtype(), y.numel());
+}
+
+void gelu_forward(const Tensor& x, Tensor& y) {
+  require_cuda("gelu_forward", {&x, &y});
+  FEDMESH_CHECK(x.numel() == y.numel(), "gelu_forward: element counts differ");
+  cuda::gelu_forward(stream(), x.raw(), x.dtype(), y.raw(), y.dtype(), x.numel());
+}
+
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  require_cuda("gelu_backward", {&x, &dy, &dx});
+  FEDMESH_CHECK(x.numel() == dy.numel() && dy.numel() == dx.numel(), "gelu_backward: element counts differ");
+  cuda::gelu_backward(stream(), x.raw(), x.dtype(), dy.raw(), dy.dtype(), dx.raw(), dx.dtype(), x.numel());
+}
+
+void add_squared_l2_norm(const Tensor& x, double* sum) {
+  require_cuda("squared_l2_norm", {&x});
+  cuda::squared_l2_norm(stream(), x.data<float>(), x.numel(), sum);
+}
+
+double squared_l2_norm(const Tensor& x) {
+  SquaredNorm norm;
+  norm.add(x);
+  return norm.read();
+}
+
+void SquaredNorm::add(const Tensor& x) {
+  if (sum_.data() == nullptr) {
+    sum_ = cuda::DeviceBuffer(sizeof(double), stream());
+    cuda::set_zero(sum_.data(), sizeof(double), stream());
+  }
+  add_squared_l2_norm(x, sum_.as<double>());
+}
+
+double SquaredNorm::read() const {
+  double host = 0.0;
+  if (sum_.data() != nullptr) cuda::copy_to_host(sum_.data(), &host, sizeof(double), stream());
+  return host;
+}
+
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd,
+                       float epsilon) {
+  require_cuda("layernorm_forward", {&x, &gamma, &beta, &y, &mean, &rstd});
+  const int64_t n = gamma.numel();
+  FEDMESH_CHECK(n > 0 && x.numel() % n == 0 && y.numel() == x.numel() && beta.numel() == n &&
+                    mean.numel() == x.numel() / n && rstd.numel() == mean.numel(),
+                "layernorm_forward: shapes do not match");
+  cuda::layernorm_forward(stream(), x.raw(), x.dtype(), gamma.data<float>(), beta.data<float>(), y.raw(), y.dtype(),
+                          mean.data<float>(), rstd.data<float>(), x.numel() / n, n, epsilon);
+}
+
+void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                        Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  require_cuda("layernorm_backward", {&x, &dy, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta});
+  const int64_t n = gamma.numel();
+  FEDMESH_CHECK(n > 0 && x.numel() % n == 0 && dy.numel() == x.numel() && dx.numel() == x.numel() &&
+                    dgamma.numel() == n && dbeta.numel() == n && mean.numel() == x.numel() / n,
+                "layernorm_backward: shapes do not match");
+  cuda::layernorm_backward(stream(), x.raw(), x.dtype(), dy.raw(), dy.dtype(), gamma.data<float>(),
+                           mean.data<float>(), rstd.data<float>(), dx.raw(), dx.dtype(), dgamma.data<float>(),
+                           dbeta.data<float>(), x.numel() / n, n);
+}
+
+void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
+                    Tensor& col) {
+  require_cuda("conv2d_forward", {&x, &weight, &bias, &y});
+  FEDMESH_CHECK(x.numel() == g.batch * g.in_channels * g.height * g.width, "conv2d: input shape");
+  FEDMESH_CHECK(weight.numel() == g.out_channels * g.patch_size() && bias.numel() == g.out_channels,
+                "conv2d: weight shape");
+  FEDMESH_CHECK(y.numel() == g.batch * g.out_channels * g.out_height() * g.out_width(), "conv2d: output shape");
+  Tensor::reuse(col, {g.patch_size(), g.columns()}, DType::kF32, Device::kCuda);
+  cuda::conv2d_forward(stream(), g, x.raw(), x.dtype(), weight.raw(), weight.dtype(), bias.data<float>(), y.raw(),
+                       y.dtype(), col.data<float>());
+}
+
+void conv2d_backward(const Conv2dGeometry& g, const Tensor& col, const Tensor& weight, const Tensor& dy,
+                     Tensor& dweight, Tensor& dbias, Tensor* dx) {
+  require_cuda("conv2d_backward", {&col, &weight, &dy, &dweight, &dbias, dx});
+  FEDMESH_CHECK(col.numel() == g.patch_size() * g.columns(), "conv2d_backward: no columns from a training forward");
+  FEDMESH_CHECK(dy.numel() == g.batch * g.out_channels * g.out_height() * g.out_width(), "conv2d_backward: dy shape");
+  FEDMESH_CHECK(dx == nullptr || dx->numel() == g.batch * g.in_channels * g.height * g.width,
+                "conv2d_backward: dx shape");
+  cuda::conv2d_backward(stream(), g, col.data<float>(), weight.raw(), weight.dtype(), dy.raw(), dy.dtype(),
+                        dweight.data<float>(), dbias.data<float>(), dx ? dx->raw() : nullptr,
+                        dx ? dx->dtype() : DType::kF32);
+}
+
+void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, cuda::DeviceBuffer& argmax) {
+  require_cuda("maxpool2d_forward", {&x, &y});
+  FEDMESH_CHECK(x.numel() == g.batch * g.channels * g.height * g.width &&
+                    y.numel() == g.batch * g.channels * g.out_height() * g.out_width(),
+                "maxpool2d: shapes do not match");
+  const size_t bytes = static_cast<size_t>(y.numel()) * sizeof(int32_t);
+  if (argmax.bytes() < bytes) argmax = cuda::DeviceBuffer(bytes, stream());
+  cuda::maxpool2d_forward(stream(), g, x.raw(), x.dtype(), y.raw(), y.dtype(), argmax.as<int32_t>());
+}
+
+void maxpool2d_backward(const Pool2dGeometry& g, const cuda::DeviceBuffer& argmax, const Tensor& dy, Tensor& dx) {
+  require_cuda("maxpool2d_backward", {&dy, &dx});
+  FEDMESH_CHECK(dy.numel() == g.batch * g.channels * g.out_height() * g.out_width() &&
+                    dx.numel() == g.batch * g.channels * g.height * g.width &&
+                    argmax.bytes() >= static_cast<size_t>(dy.numel()) * sizeof(int32_t),
+                "maxpool2d_backward: shapes do not match (or no training forward)");
+  cuda::maxpool2d_backward(stream(), g, argmax.as<int32_t>(), dy.raw(), dy.dtype(), dx.raw(), dx.dtype());
+}
+
+void LossSums::clear() {
+  constexpr size_t kBytes = sizeof(double) + sizeof(int64_t);
+  if (buffer_.bytes() < kBytes) buffer_ = cuda::DeviceBuffer(kBytes, stream());
+  cuda::set_zero(buffer_.data(), kBytes, stream());
+}
+
+LossSums::Values LossSums::read() const {
+  FEDMESH_CHECK(buffer_.data() != nullptr, "LossSums::read before clear");
+  unsigned char bytes[sizeof(double) + sizeof(int64_t)];
+  cuda::copy_to_host(buffer_.data(), bytes, sizeof(bytes), stream());
+  Values values;
+  std::memcpy(&values.loss_sum, bytes, sizeof(double));
+  std::memcpy(&values.correct, bytes + sizeof(double), sizeof(int64_t));
+  return values;
+}
+
+const int32_t* DeviceLabels::upload(const int32_t* host, int64_t count) {
+  const size_t bytes = static_cast<size_t>(count) * sizeof(int32_t);
+  if (buffer_.bytes() < bytes) buffer_ = cuda::DeviceBuffer(bytes, stream());
+  cuda::copy_to_device(host, buffer_.data(), bytes, stream());
+  return buffer_.as<int32_t>();
+}
+
+void softmax_cross_entropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits, float grad_scale,
+                           float normalizer, LossSums& sums) {
+  require_cuda("softmax_cross_entropy", {&logits, dlogits});
+  FEDMESH_CHECK(logits.rank() == 2, "softmax_cross_entropy: logits must be (rows, classes)");
+  FEDMESH_CHECK(dlogits == nullptr || dlogits->numel() == logits.numel(), "softmax_cross_entropy: dlogits shape");
+  cuda::softmax_cross_entropy(stream(), logits.raw(), logits.dtype(), labels, logits.dim(0), logits.dim(1),
+                              dlogits ? dlogits->raw() : nullptr, dlogits ? dlogits->dtype() : DType::kF32,
+                              grad_scale, normalizer, sums.loss_sum(), sums.correct());
+}
+
+}  // namespace fedmesh::device

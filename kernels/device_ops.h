@@ -1,0 +1,107 @@
+// The Tensor-level kernels (gemm.h, elementwise.h, convert.h, layernorm.h,
+// conv.h, loss.h) for tensors on the CUDA device: each CPU kernel hands a
+// call whose tensors live on Device::kCuda to its counterpart here, which
+// enqueues kernels/cuda_ops.h's op on cuda::default_stream() (where every
+// device tensor's storage belongs) and returns without waiting, so the same
+// layers and trainer run on either device. Shapes are checked as the CPU
+// kernels check them; mixing devices in one call aborts naming the op.
+//
+// The CPU kernels' buffers that are not Tensors (conv's column matrix, the
+// pooling argmax, labels, the loss sums) have device forms here: a Tensor
+// for the columns, DeviceBuffers for the integers and scalars.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/conv.h"
+#include "kernels/cuda_ops.h"
+#include "kernels/tensor.h"
+
+namespace fedmesh::device {
+
+inline bool on_cuda(const Tensor& t) { return t.device() == Device::kCuda; }
+// Aborts unless every tensor is on the CUDA device (names `op`).
+void require_cuda(const char* op, std::initializer_list<const Tensor*> tensors);
+// Aborts when any tensor is on the CUDA device: for the CPU kernels that have
+// no device form here (they would read device memory on the host).
+void require_host(const char* op, std::initializer_list<const Tensor*> tensors);
+
+// bias (n, fp32), when given, is added to every row of c in the GEMM's
+// epilogue (cuBLASLt's where it takes it).
+void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c,
+          const Tensor* bias = nullptr);
+
+void fill(Tensor& x, float value);
+void scale(Tensor& x, float factor);
+void axpy(float alpha, const Tensor& x, Tensor& y);
+void convert(const Tensor& src, Tensor& dst);
+void add_bias(Tensor& y, const Tensor& bias);
+void bias_grad(const Tensor& dy, Tensor& db, bool accumulate);
+void channel_bias_grad(const Tensor& dy, Tensor& db, bool accumulate);
+void relu_forward(const Tensor& x, Tensor& y);
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+// Adds x's squared L2 norm (fp32 x) to the device scalar *sum (fp64).
+void add_squared_l2_norm(const Tensor& x, double* sum);
+// The squared L2 norm read back to the host (waits for the device).
+double squared_l2_norm(const Tensor& x);
+
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd,
+                       float epsilon);
+void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                        Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+
+// col: an fp32 device tensor, made (patch_size, columns) here.
+void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
+                    Tensor& col);
+void conv2d_backward(const Conv2dGeometry& g, const Tensor& col, const Tensor& weight, const Tensor& dy,
+                     Tensor& dweight, Tensor& dbias, Tensor* dx);
+// argmax: a device buffer of y.numel() int32, grown here when too small.
+void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, cuda::DeviceBuffer& argmax);
+void maxpool2d_backward(const Pool2dGeometry& g, const cuda::DeviceBuffer& argmax, const Tensor& dy, Tensor& dx);
+
+// The loss's sums, kept on the device across the micro-batches of a step and
+// read once (read() waits for the device).
+class LossSums {
+ public:
+  void clear();  // zeroes both sums (allocates on first use)
+  double* loss_sum() { return static_cast<double*>(buffer_.data()); }
+  int64_t* correct() { return reinterpret_cast<int64_t*>(static_cast<char*>(buffer_.data()) + sizeof(double)); }
+  struct Values {
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+  };
+  Values read() const;
+
+ private:
+  cuda::DeviceBuffer buffer_;
+};
+
+// A sum of squared L2 norms over several fp32 tensors, kept on the device
+// and read once (read() waits for the device).
+class SquaredNorm {
+ public:
+  void add(const Tensor& x);
+  double read() const;
+
+ private:
+  cuda::DeviceBuffer sum_;
+};
+
+// Labels copied to the device for softmax_cross_entropy (grown as needed).
+class DeviceLabels {
+ public:
+  const int32_t* upload(const int32_t* host, int64_t count);
+
+ private:
+  cuda::DeviceBuffer buffer_;
+};
+
+// loss.h's softmax_cross_entropy on device logits: adds to sums.loss_sum()
+// and sums.correct() instead of returning them.
+void softmax_cross_entropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits, float grad_scale,
+                           float normalizer, LossSums& sums);
+
+}  // namespace fedmesh::device

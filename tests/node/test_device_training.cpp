@@ -1,0 +1,252 @@
+// Training on the CUDA device against training on the CPU: the same model,
+// data, options and seed, moved to Device::kCuda with Sequential::to_device,
+// give the CPU's losses, accuracy and weights within the tolerances below;
+// a checkpoint committed from the device and restored onto it continues the
+// run exactly; a step waits for the device at most twice (the loss and the
+// gradient norm); device memory stops growing after the first step; a CPU-only
+// kernel given a device tensor, or a device op given a host one, aborts by
+// name.
+//
+// Built twice. test_device_training links tests/support/host_cuda_backend (a
+// host emulation of kernels/cuda_ops.h) and runs everywhere: it exercises the
+// device path of the layers, the trainer, the optimizers and the checkpoint
+// code, not the CUDA kernels. test_device_training_cuda links the real
+// backend and skips, saying why, without a GPU; there the tolerances are
+// those of a different summation order (cuBLAS and the device reductions).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <string>
+
+#include <unistd.h>
+
+#include "kernels/attention.h"
+#include "kernels/cuda_ops.h"
+#include "kernels/device_ops.h"
+#include "kernels/elementwise.h"
+#include "node/trainer.h"
+#include "node/training_checkpoint.h"
+#include "store/checkpoint_store.h"
+#include "tests/support/fashion_data.h"
+#ifdef FEDMESH_HOST_CUDA_EMULATION
+#include "tests/support/host_cuda_backend.h"
+#endif
+
+namespace fedmesh::node {
+namespace {
+
+using fedmesh::testing::fashion_split;
+
+#ifdef FEDMESH_HOST_CUDA_EMULATION
+constexpr bool kEmulated = true;
+#else
+constexpr bool kEmulated = false;
+#endif
+
+#define REQUIRE_DEVICE()                                                         \
+  do {                                                                           \
+    if (Status s = cuda::available(); !s.is_ok()) GTEST_SKIP() << s.message();  \
+  } while (false)
+
+std::unique_ptr<Sequential> model(const std::string& name, Device device) {
+  auto m = make_model(name, 11);
+  EXPECT_TRUE(m.is_ok());
+  std::unique_ptr<Sequential> net = std::move(m).value();
+  net->to_device(device);
+  return net;
+}
+
+std::vector<Tensor> host_weights(Sequential& net) {
+  std::vector<Tensor> result;
+  for (Parameter* p : net.parameters()) result.push_back(p->value.to(Device::kCpu));
+  return result;
+}
+
+// The largest relative L2 distance ||a - b|| / ||b|| over the tensors.
+double weight_difference(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  double worst = 0.0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    const float* x = a[t].data<float>();
+    const float* y = b[t].data<float>();
+    double difference = 0.0, norm = 0.0;
+    for (int64_t i = 0; i < a[t].numel(); ++i) {
+      difference += (double{x[i]} - double{y[i]}) * (double{x[i]} - double{y[i]});
+      norm += double{y[i]} * double{y[i]};
+    }
+    worst = std::max(worst, std::sqrt(difference / std::max(norm, 1e-30)));
+  }
+  return worst;
+}
+
+struct Outcome {
+  std::vector<double> losses;
+  std::vector<Tensor> weights;
+  EvalResult eval;
+};
+
+Outcome train(const std::string& name, Device device, const TrainOptions& options, int64_t steps) {
+  const data::ImageDataset train_set = fashion_split(data::Split::kTrain).head(512);
+  const data::ImageDataset test_set = fashion_split(data::Split::kTest).head(256);
+  auto net = model(name, device);
+  Trainer trainer(*net, options);
+  Outcome run;
+  std::vector<int64_t> indices(static_cast<size_t>(options.batch_size * options.grad_accumulation));
+  for (int64_t step = 0; step < steps; ++step) {
+    std::iota(indices.begin(), indices.end(), (step * static_cast<int64_t>(indices.size())) % 384);
+    run.losses.push_back(trainer.train_step(train_set, indices, options.lr).loss);
+  }
+  run.weights = host_weights(*net);
+  run.eval = trainer.evaluate(test_set);
+  return run;
+}
+
+struct Case {
+  const char* label;
+  const char* model;
+  DType precision;
+  const char* optimizer;
+  // Relative weight difference allowed after the steps: emulated (the CPU's
+  // kernels, bias added before or after the GEMM's rounding), real device.
+  double emulated_tolerance, device_tolerance;
+};
+
+class DeviceTraining : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DeviceTraining, MatchesTheCpu) {
+  REQUIRE_DEVICE();
+  const Case& c = GetParam();
+  TrainOptions options;
+  options.batch_size = 32;
+  options.grad_accumulation = 2;
+  options.optimizer = c.optimizer;
+  options.lr = c.optimizer == std::string("sgd") ? 0.05f : 2e-3f;
+  options.clip_grad_norm = 1.0f;
+  options.precision = c.precision;
+  options.seed = 5;
+  constexpr int64_t kSteps = 12;
+  const Outcome cpu = train(c.model, Device::kCpu, options, kSteps);
+  const Outcome gpu = train(c.model, Device::kCuda, options, kSteps);
+  const double tolerance = kEmulated ? c.emulated_tolerance : c.device_tolerance;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    EXPECT_NEAR(gpu.losses[static_cast<size_t>(s)], cpu.losses[static_cast<size_t>(s)],
+                tolerance * 10 * cpu.losses[static_cast<size_t>(s)])
+        << c.label << " step " << s;
+  }
+  EXPECT_LT(cpu.losses.back(), cpu.losses.front()) << "the run learns";
+  const double difference = weight_difference(gpu.weights, cpu.weights);
+  EXPECT_LE(difference, tolerance) << c.label;
+  std::printf("%s: weights differ by %.3g (relative L2, worst tensor), final loss %.6f vs %.6f on the CPU\n", c.label,
+              difference, gpu.losses.back(), cpu.losses.back());
+  EXPECT_EQ(gpu.eval.count, cpu.eval.count);
+  EXPECT_NEAR(gpu.eval.loss, cpu.eval.loss, tolerance * 10 * cpu.eval.loss);
+  EXPECT_NEAR(gpu.eval.accuracy, cpu.eval.accuracy, 2.0 / 256) << "at most two test images change their answer";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, DeviceTraining,
+    ::testing::Values(Case{"mlp fp32 adamw", "mlp", DType::kF32, "adamw", 1e-4, 1e-3},
+                      Case{"mlp bf16 sgd", "mlp", DType::kBF16, "sgd", 2e-2, 5e-2},
+                      Case{"cnn fp32 sgd", "cnn", DType::kF32, "sgd", 1e-4, 1e-3},
+                      Case{"cnn fp16 adamw", "cnn", DType::kF16, "adamw", 2e-2, 5e-2}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = info.param.label;
+      std::replace(name.begin(), name.end(), ' ', '_');
+      return name;
+    });
+
+// Checkpoint committed from the device at step 4, restored into a fresh
+// device model and trainer, run to step 8: the weights equal those of a run
+// never interrupted, bit for bit.
+TEST(DeviceTraining, CheckpointRoundTripsThroughTheStore) {
+  REQUIRE_DEVICE();
+  const data::ImageDataset train_set = fashion_split(data::Split::kTrain).head(256);
+  TrainOptions options;
+  options.batch_size = 32;
+  options.precision = DType::kBF16;
+  options.max_steps = 8;
+  options.seed = 9;
+  const auto path = std::filesystem::temp_directory_path() / ("fedmesh_device_ckpt_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(path);
+  std::filesystem::create_directories(path);
+  const std::string db = (path / "run.db").string();
+
+  auto whole = model("mlp", Device::kCuda);
+  Trainer whole_trainer(*whole, options);
+  whole_trainer.fit(train_set, nullptr, {});
+
+  {
+    auto first = model("mlp", Device::kCuda);
+    Trainer trainer(*first, options);
+    auto store = store::CheckpointStore::open(db);
+    ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+    TrainCallbacks callbacks;
+    callbacks.on_step = [&](const StepProgress& p) {
+      if (p.step == 4) {
+        ASSERT_TRUE(commit_training_checkpoint(*store, *first, trainer, nlohmann::json::object()).is_ok());
+        throw std::runtime_error("interrupted");
+      }
+    };
+    EXPECT_THROW(trainer.fit(train_set, nullptr, callbacks), std::runtime_error);
+  }
+  auto resumed = model("mlp", Device::kCuda);
+  Trainer trainer(*resumed, options);
+  auto store = store::CheckpointStore::open_existing(db);
+  ASSERT_TRUE(store.is_ok());
+  auto latest = store->load_latest();
+  ASSERT_TRUE(latest.is_ok()) << latest.status().to_string();
+  ASSERT_TRUE(restore_training_checkpoint(*latest, *resumed, trainer).is_ok());
+  EXPECT_EQ(resumed->parameters().front()->value.device(), Device::kCuda) << "restored onto the device";
+  trainer.fit(train_set, nullptr, {});
+  const std::vector<Tensor> a = host_weights(*resumed), b = host_weights(*whole);
+  for (size_t t = 0; t < a.size(); ++t) {
+    EXPECT_EQ(std::memcmp(a[t].raw(), b[t].raw(), a[t].nbytes()), 0) << "tensor " << t;
+  }
+  std::filesystem::remove_all(path);
+}
+
+#ifdef FEDMESH_HOST_CUDA_EMULATION
+// The step enqueues its work and waits twice: for the loss sums and for the
+// gradient norm (which decides a skipped step). Its device memory is reused
+// from the second step on.
+TEST(DeviceTraining, AStepWaitsTwiceAndReusesItsMemory) {
+  const data::ImageDataset train_set = fashion_split(data::Split::kTrain).head(256);
+  TrainOptions options;
+  options.batch_size = 32;
+  options.grad_accumulation = 2;
+  options.precision = DType::kF16;
+  auto net = model("cnn", Device::kCuda);
+  Trainer trainer(*net, options);
+  std::vector<int64_t> indices(64);
+  std::iota(indices.begin(), indices.end(), 0);
+  trainer.train_step(train_set, indices, options.lr);
+  trainer.train_step(train_set, indices, options.lr);
+  const cuda::emulation::Counters before = cuda::emulation::counters();
+  for (int i = 0; i < 3; ++i) trainer.train_step(train_set, indices, options.lr);
+  const cuda::emulation::Counters after = cuda::emulation::counters();
+  EXPECT_EQ(after.waits - before.waits, 3 * 2);
+  EXPECT_GT(after.ops - before.ops, 3 * 40) << "the layers' work was enqueued on the device";
+  EXPECT_EQ(after.live_blocks, before.live_blocks);
+  EXPECT_EQ(after.live_bytes, before.live_bytes);
+}
+#endif
+
+TEST(DeviceTraining, KernelsRefuseTensorsOnTheOtherDevice) {
+  REQUIRE_DEVICE();
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  Tensor host = Tensor::zeros({4, 8});
+  Tensor on_device = Tensor::zeros({4, 8}, DType::kF32, Device::kCuda);
+  EXPECT_DEATH(fedmesh::sum(on_device), "runs on the CPU only");
+  EXPECT_DEATH(fedmesh::relu_forward(host, on_device), "a CPU tensor among CUDA ones");
+  Tensor saved;
+  const AttentionShape shape{1, 2, 1, 4};
+  Tensor qkv = Tensor::zeros({2, 12}, DType::kF32, Device::kCuda);
+  Tensor out = Tensor::zeros({2, 4}, DType::kF32, Device::kCuda);
+  EXPECT_DEATH(causal_attention_forward(shape, qkv, out, saved), "causal_attention_forward runs on the CPU only");
+}
+
+}  // namespace
+}  // namespace fedmesh::node

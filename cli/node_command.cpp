@@ -19,6 +19,7 @@ struct NodeFlags {
   std::string config;
   std::string mode;  // "" : the config's `mode` key (default aggregator)
   bool json = false;
+  std::string device;     // --device: overrides training.device ("" = the config's)
   node::RankFlags group;  // --ranks N (aggregator mode): data-parallel CPU ranks
   bool zero_one = false;  // --zero-1
   std::string secure_exit_at, secure_dump;  // hidden: tests of private mode
@@ -135,6 +136,10 @@ int run_node(const NodeFlags& flags) {
     return fail(flags, invalid_argument("--ranks: a gossip peer trains in one process for now (use --ranks with "
                                         "--mode aggregator)"), true);
   }
+  if (mode == "gossip" && !flags.device.empty() && flags.device != "cpu") {
+    return fail(flags, invalid_argument("--device " + flags.device + ": a gossip peer trains on the cpu for now (use "
+                                        "--device with --mode aggregator)"), true);
+  }
   if (mode == "gossip") {
     Result<node::GossipConfig> config = node::read_gossip_config(flags.config);
     const std::string site = config.is_ok() ? config->site.name : "";
@@ -146,6 +151,7 @@ int run_node(const NodeFlags& flags) {
     return fail(flags, invalid_argument("--zero-1 needs --ranks N with N >= 2"), true);
   }
   if (config.is_ok()) {
+    if (!flags.device.empty()) config->device = flags.device;
     config->ranks = flags.group.ranks;
     config->zero_one = flags.zero_one;
     config->secure_exit_at = flags.secure_exit_at;
@@ -173,6 +179,9 @@ void add_node_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--config", flags->config, "site.toml (see README.md, 'Running a federation' and 'Gossip')")->required();
   cmd->add_option("--mode", flags->mode, "aggregator or gossip (default: the config's `mode` key, else aggregator)")
       ->check(CLI::IsMember({"aggregator", "gossip"}));
+  cmd->add_option("--device", flags->device,
+                  "Aggregator mode: cpu or cuda, where the site trains (overrides training.device; cuda: mlp and cnn, "
+                  "one rank)");
   cmd->add_option("--ranks", flags->group.ranks,
                   "Aggregator mode: data-parallel CPU ranks, processes launched by this one that train every round "
                   "together (1/N of every batch each, gradients all-reduced with Gloo); the federation still sees one "

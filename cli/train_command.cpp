@@ -275,11 +275,9 @@ int64_t total_steps_of(const node::TrainOptions& options, int64_t train_count) {
 
 int run_train(TrainFlags& flags) {
   const auto wall_start = std::chrono::steady_clock::now();
-  if (flags.device != "cpu") {
-    return fail(flags, unavailable("--device " + flags.device +
-                                   ": this build trains on the CPU only for now; use --device cpu "
-                                   "(`fedmesh doctor` lists the GPUs this build can see)"));
-  }
+  Result<Device> device = node::training_device(flags.device, flags.model, std::max(flags.group.ranks, 1),
+                                                flags.options.dp_clip_norm > 0.0f);
+  if (!device.is_ok()) return fail(flags, device.status());
   if (Status s = flags.group.validate(); !s.is_ok()) return fail(flags, s);
   if (flags.zero_one && flags.group.ranks < 2) return fail(flags, invalid_argument("--zero-1 needs --ranks N with N >= 2"));
   if (flags.zero_one && !flags.db.empty()) {
@@ -349,6 +347,7 @@ int run_train(TrainFlags& flags) {
   Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed, loaded->vocabulary);
   if (!model.is_ok()) return fail(flags, model.status());
   node::Sequential& net = **model;
+  net.to_device(*device);
   node::Trainer trainer(net, flags.options);
   const int64_t total_steps = total_steps_of(flags.options, train->size());
 
@@ -507,8 +506,8 @@ int run_train(TrainFlags& flags) {
     }
   } else {
     std::fprintf(stderr, "%s", net.summary().c_str());
-    std::fprintf(stderr, "training %s on %s, %s, %d threads, batch %lld, %s lr %g\n", flags.model.c_str(),
-                 loaded->description.c_str(), flags.precision.c_str(), cpu_threads(),
+    std::fprintf(stderr, "training %s on %s, %s, %s, %d threads, batch %lld, %s lr %g\n", flags.model.c_str(),
+                 loaded->description.c_str(), flags.device.c_str(), flags.precision.c_str(), cpu_threads(),
                  static_cast<long long>(flags.options.batch_size), flags.options.optimizer.c_str(),
                  static_cast<double>(flags.options.lr));
     if (loaded->tokenizer) {
@@ -723,7 +722,10 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "fp32, or bf16/fp16 compute copies of fp32 master weights (fp16 uses dynamic loss scaling)")
       ->capture_default_str();
   cmd->add_option("--loss-scale", o.loss_scaling.initial_scale, "Initial loss scale for fp16")->capture_default_str();
-  cmd->add_option("--device", flags->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--device", flags->device,
+                  "cpu, or cuda: the model, its gradients and optimizer state on the GPU (mlp and cnn; one process, "
+                  "no --dp-clip); checkpoints are the same either way")
+      ->capture_default_str();
   cmd->add_option("--ranks", flags->group.ranks,
                   "Data-parallel CPU ranks: processes launched by this one, each training on 1/N of every batch, "
                   "gradients all-reduced with Gloo (the run equals one process on the whole batches)")

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/cuda_ops.h"
 #include "kernels/device_ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/loss.h"
@@ -77,6 +78,25 @@ Status TrainOptions::validate() const {
                             "per rank)");
   }
   return Status::ok();
+}
+
+Result<Device> training_device(std::string_view device, std::string_view model, int ranks, bool dp_sgd) {
+  if (device == "cpu") return Device::kCpu;
+  if (device != "cuda") return invalid_argument("unknown device '" + std::string(device) + "' (expected cpu or cuda)");
+  if (language_model_config(model)) {
+    return invalid_argument("device cuda trains the image models (mlp, cnn) for now: causal attention has no CUDA "
+                            "kernel yet, so " + std::string(model) + " trains on the cpu");
+  }
+  if (ranks > 1) {
+    return invalid_argument("device cuda with --ranks: in-site data parallelism runs on CPU ranks (Gloo) for now; "
+                            "drop one of them");
+  }
+  if (dp_sgd) return invalid_argument("device cuda with DP-SGD (--dp-clip): per-example gradients run on the CPU only");
+  if (Status s = cuda::available(); !s.is_ok()) {
+    return unavailable("device cuda: " + s.message() + "; use --device cpu (training.device = \"cpu\" for a site; "
+                       "`fedmesh doctor` lists the GPUs this build can see)");
+  }
+  return Device::kCuda;
 }
 
 Trainer::Trainer(Sequential& model, TrainOptions options)

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/random.h"
@@ -143,6 +144,12 @@ struct TrainCallbacks {
   std::function<void(const StepProgress&)> on_step;
   std::function<void(const EpochReport&)> on_epoch;
 };
+
+// The device a run trains on, from its --device / training.device ("cpu"
+// or "cuda"): cuda where this build has the backend, a GPU is there, and the
+// run is one the device path covers (an image model, one process, no
+// DP-SGD). Otherwise kInvalidArgument or kUnavailable saying what to do.
+Result<Device> training_device(std::string_view device, std::string_view model, int ranks, bool dp_sgd);
 
 class Trainer {
  public:

@@ -52,6 +52,10 @@ Status GossipConfig::validate() const {
                             "checks that peers share one BPE tokenizer); run the federation with an aggregator "
                             "and its `tokenizer` key, or leave data.tokenizer out");
   }
+  if (site.device != "cpu") {
+    return invalid_argument("training.device = \"" + site.device + "\": gossip peers train on the cpu for now (the "
+                            "aggregator's sites take training.device = \"cuda\")");
+  }
   if (Status s = gossip::parse_topology(topology).status(); !s.is_ok()) return invalid_argument("gossip.topology: " + s.message());
   if (Status s = gossip::parse_merge_rule(merge).status(); !s.is_ok()) return invalid_argument("gossip.merge: " + s.message());
   if (Status s = aggregator::StalenessFunction::parse(staleness, max_staleness).status(); !s.is_ok()) {

@@ -28,6 +28,7 @@ Status SiteConfig::validate() const {
   }
   if (train_limit < 0) return invalid_argument("data.train_limit must be >= 0");
   if (threads < 0 || threads > 1024) return invalid_argument("training.threads must be in 0..1024");
+  if (device != "cpu" && device != "cuda") return invalid_argument("training.device must be cpu or cuda, not '" + device + "'");
   if (!(poll_seconds > 0.0) || poll_seconds > 60.0) return invalid_argument("poll_seconds must be in (0, 60]");
   if (!(step_delay_seconds >= 0.0)) return invalid_argument("step_delay_seconds must be >= 0");
   if (!(give_up_seconds >= 0.0)) return invalid_argument("give_up_seconds must be >= 0");
@@ -93,6 +94,7 @@ void read_site_keys(crypto::ConfigReader& r, SiteConfig& c, bool with_aggregator
   r.read("training.momentum", c.local.momentum);
   r.read("training.weight_decay", c.local.weight_decay);
   r.read("training.threads", c.threads);
+  r.read("training.device", c.device);
   r.read("training.step_delay_seconds", c.step_delay_seconds);
   r.read("compression.default", c.compress);
   r.read("compression.overrides", c.compress_overrides);

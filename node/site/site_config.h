@@ -48,6 +48,9 @@ struct SiteConfig {
   std::string tokenizer;
   TrainOptions local;                     // max_steps comes from the aggregator's announcement
   int threads = 1;
+  // training.device / `fedmesh node --device`: "cpu" or "cuda" (the model
+  // trained on the GPU: node/trainer.h's training_device says when it can).
+  std::string device = "cpu";
   int ranks = 1;                          // `fedmesh node --ranks N`: data-parallel ranks (site_ranks.h)
   bool zero_one = false;                  // `--zero-1`: their optimizer state sharded
   double poll_seconds = 0.2;

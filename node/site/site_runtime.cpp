@@ -152,6 +152,8 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   if (config.store.empty()) config.store = config.name + ".db";
   FEDMESH_RETURN_IF_ERROR(config.validate());
   set_cpu_threads(config.threads);
+  Result<Device> device = training_device(config.device, config.model, config.ranks, /*dp_sgd=*/false);
+  if (!device.is_ok()) return device.status();
   Result<crypto::Membership> membership =
       crypto::load_membership(config.keys, config.name, config.roster, config.admin_public, config.federation);
   if (!membership.is_ok()) return membership.status();
@@ -174,9 +176,10 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   worker = std::move(*model);
   for (Parameter* p : worker->parameters()) {
     names.push_back(p->name);
-    global.push_back(p->value.clone());
+    global.push_back(p->value.clone());  // the held model stays on the host; only the worker moves
     manifest.push_back({p->name, std::vector<int64_t>(p->value.shape().begin(), p->value.shape().end())});
   }
+  worker->to_device(*device);
   FEDMESH_RETURN_IF_ERROR(make_compressor());
   // Version 0 is the seeded model: its hash is the first one a site trusts.
   held_hash = aggregator::model_version_hash(0, crypto::Hash{}, names, global);
@@ -429,9 +432,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
     return send_secure(a, *trained, started);  // a new session of the same round
   }
   std::vector<Parameter*> parameters = worker->parameters();
-  for (size_t t = 0; t < parameters.size(); ++t) {
-    std::memcpy(parameters[t]->value.raw(), global[t].raw(), parameters[t]->value.nbytes());
-  }
+  for (size_t t = 0; t < parameters.size(); ++t) parameters[t]->value.copy_from(global[t]);
   worker->refresh_compute();
   TrainOptions local = config.local;
   local.max_steps = std::max<int64_t>(1, a.local_steps);
@@ -455,7 +456,9 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   const EvalResult local_eval = data.holdout->size() > 0 ? trainer.evaluate(*data.holdout) : EvalResult{};
   std::vector<std::vector<float>> delta(parameters.size());
   for (size_t t = 0; t < parameters.size(); ++t) {
-    const float* after = parameters[t]->value.data<float>();
+    const Tensor trained_weights =
+        parameters[t]->value.device() == Device::kCpu ? parameters[t]->value : parameters[t]->value.to(Device::kCpu);
+    const float* after = trained_weights.data<float>();
     const float* before = global[t].data<float>();
     delta[t].resize(static_cast<size_t>(global[t].numel()));
     for (size_t i = 0; i < delta[t].size(); ++i) delta[t][i] = after[i] - before[i];

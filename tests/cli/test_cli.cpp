@@ -128,9 +128,22 @@ TEST(Cli, BadInputGivesAClearErrorNotACrash) {
   EXPECT_EQ(schedule.exit_code, 2);
   EXPECT_NE(schedule.output.find("EVERY"), std::string::npos) << schedule.output;
 
-  const CommandRun cuda = run("train --device cuda --steps 1");
-  EXPECT_EQ(cuda.exit_code, 2);
-  EXPECT_NE(cuda.output.find("--device cpu"), std::string::npos) << cuda.output;
+  // Without a GPU (or a CUDA build) the run is refused, naming the way out;
+  // with one it trains.
+  const CommandRun cuda = run("train --device cuda --steps 1 --train-limit 64 --test-limit 64");
+  if (cuda.exit_code != 0) {
+    EXPECT_EQ(cuda.exit_code, 2);
+    EXPECT_NE(cuda.output.find("--device cpu"), std::string::npos) << cuda.output;
+  }
+  const CommandRun tpu = run("train --device tpu --steps 1");
+  EXPECT_EQ(tpu.exit_code, 2);
+  EXPECT_NE(tpu.output.find("unknown device 'tpu' (expected cpu or cuda)"), std::string::npos) << tpu.output;
+  const CommandRun attention = run("train --device cuda --model gpt-nano --steps 1");
+  EXPECT_EQ(attention.exit_code, 2);
+  EXPECT_NE(attention.output.find("causal attention has no CUDA kernel"), std::string::npos) << attention.output;
+  const CommandRun cuda_ranks = run("train --device cuda --ranks 2 --steps 1");
+  EXPECT_EQ(cuda_ranks.exit_code, 2);
+  EXPECT_NE(cuda_ranks.output.find("CPU ranks (Gloo)"), std::string::npos) << cuda_ranks.output;
 
   const CommandRun threads = run("train --threads 100000 --steps 1");
   EXPECT_EQ(threads.exit_code, 2);
@@ -444,6 +457,12 @@ TEST(Cli, FederationConfigsAreCheckedByName) {
        "compression.overrides must be an array of strings"},
       {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ncompression.device = \"tpu\"\n",
        "compression.device must be cpu, cuda or auto"},
+      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ntraining.device = \"tpu\"\n",
+       "training.device must be cpu or cuda"},
+      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\nmodel = \"gpt-nano\"\ndata.partition = \"books\"\n"
+                      "training.device = \"cuda\"\n",
+       "causal attention has no CUDA kernel"},
+      {"node", base + "name = \"s\"\nmode = \"gossip\"\ntraining.device = \"cuda\"\n", "gossip peers train on the cpu"},
       // Gossip peers (mode = "gossip"): their own keys, checked the same way.
       {"node", base + "name = \"s\"\nmode = \"mesh\"\n", "mode must be \"aggregator\" or \"gossip\""},
       {"node", base + "name = \"s\"\nmode = \"gossip\"\ngossip.topology = \"star\"\n", "topology 'star'"},

@@ -17,7 +17,7 @@ namespace {
 // that a training loop stops allocating after its first step.
 struct HeadScratch {
   std::vector<float> blocks;  // (seq, head_dim) blocks: q, k, v, then out or dout, dq, dk, dv
-  std::vector<float> scores;  // (seq, seq): dP, then dS, in the backward pass
+  std::vector<float> scores;  // (seq, seq) twice: P, and dP then dS in the backward pass
 };
 
 HeadScratch& thread_scratch() {
@@ -90,8 +90,9 @@ void load_qkv(const Tensor& qkv, const HeadLayout& at, float* q, float* k, float
 }
 
 // row[0, visible) holds scores: makes them softmax probabilities (row max
-// subtracted first) and zeroes the masked row[visible, width).
-void causal_softmax_row(float* row, int64_t visible, int64_t width) {
+// subtracted first), zeroes the masked row[visible, width), and returns the
+// row's log-sum-exp.
+float causal_softmax_row(float* row, int64_t visible, int64_t width) {
   float max_score = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < visible; ++j) max_score = std::max(max_score, row[j]);
   float total = 0.0f;
@@ -100,6 +101,14 @@ void causal_softmax_row(float* row, int64_t visible, int64_t width) {
     total += row[j];
   }
   for (int64_t j = 0; j < visible; ++j) row[j] /= total;
+  std::fill(row + visible, row + width, 0.0f);
+  return max_score + std::log(total);
+}
+
+// row[0, visible) holds scores: makes them the probabilities exp(score − lse)
+// of the forward pass's log-sum-exp, zeroing the masked row[visible, width).
+void recompute_probability_row(float* row, float lse, int64_t visible, int64_t width) {
+  for (int64_t j = 0; j < visible; ++j) row[j] = std::exp(row[j] - lse);
   std::fill(row + visible, row + width, 0.0f);
 }
 
@@ -120,23 +129,25 @@ void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor
   check_attention_shape(kFunction, s);
   check_rows(kFunction, "qkv", qkv, s, 3 * s.heads * s.head_dim);
   check_rows(kFunction, "out", out, s, s.heads * s.head_dim);
-  Tensor::reuse(saved, {s.batch, s.heads, s.seq, s.seq}, DType::kF32);
-  float* probabilities = saved.data<float>();
+  Tensor::reuse(saved, {s.batch, s.heads, s.seq}, DType::kF32);
+  float* log_sum_exp = saved.data<float>();
   const int64_t seq = s.seq, head_dim = s.head_dim, block = seq * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   parallel_for(s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     HeadScratch& scratch = thread_scratch();
     scratch.blocks.resize(static_cast<size_t>(4 * block));
+    scratch.scores.resize(static_cast<size_t>(seq * seq));
     float* q = scratch.blocks.data();
     float* k = q + block;
     float* v = k + block;
     float* o = v + block;
+    float* p = scratch.scores.data();  // (seq, seq)
     for (int64_t index = begin; index < end; ++index) {
       const HeadLayout at = head_layout(s, index);
       load_qkv(qkv, at, q, k, v);
-      float* p = probabilities + index * seq * seq;  // (seq, seq)
+      float* lse = log_sum_exp + index * seq;
       sgemm(false, true, seq, seq, head_dim, scale, q, head_dim, k, head_dim, 0.0f, p, seq);
-      for (int64_t t = 0; t < seq; ++t) causal_softmax_row(p + t * seq, t + 1, seq);
+      for (int64_t t = 0; t < seq; ++t) lse[t] = causal_softmax_row(p + t * seq, t + 1, seq);
       sgemm(false, false, seq, head_dim, seq, 1.0f, p, seq, v, head_dim, 0.0f, o, head_dim);
       store_block(o, at.width, at.row0, seq, at.column, head_dim, out);
     }
@@ -151,18 +162,18 @@ void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const
   check_rows(kFunction, "qkv", qkv, s, 3 * s.heads * s.head_dim);
   check_rows(kFunction, "dout", dout, s, s.heads * s.head_dim);
   check_rows(kFunction, "dqkv", dqkv, s, 3 * s.heads * s.head_dim);
-  const Shape saved_shape = {s.batch, s.heads, s.seq, s.seq};
+  const Shape saved_shape = {s.batch, s.heads, s.seq};
   FEDMESH_CHECK(saved.device() == Device::kCpu && saved.dtype() == DType::kF32 && saved.shape() == saved_shape,
                 std::string(kFunction) + ": saved is " + dtype_name(saved.dtype()) + " " +
                     shape_to_string(saved.shape()) + " on " + device_name(saved.device()) + ", expected fp32 " +
                     shape_to_string(saved_shape) + " on cpu from causal_attention_forward");
-  const float* probabilities = saved.data<float>();
+  const float* log_sum_exp = saved.data<float>();
   const int64_t seq = s.seq, head_dim = s.head_dim, block = seq * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   parallel_for(s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     HeadScratch& scratch = thread_scratch();
     scratch.blocks.resize(static_cast<size_t>(7 * block));
-    scratch.scores.resize(static_cast<size_t>(seq * seq));
+    scratch.scores.resize(static_cast<size_t>(2 * seq * seq));
     float* q = scratch.blocks.data();
     float* k = q + block;
     float* v = k + block;
@@ -170,12 +181,16 @@ void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const
     float* dq = g + block;
     float* dk = dq + block;
     float* dv = dk + block;
-    float* ds = scratch.scores.data();
+    float* p = scratch.scores.data();
+    float* ds = p + seq * seq;
     for (int64_t index = begin; index < end; ++index) {
       const HeadLayout at = head_layout(s, index);
       load_qkv(qkv, at, q, k, v);
       load_block(dout, at.width, at.row0, seq, at.column, head_dim, g);
-      const float* p = probabilities + index * seq * seq;
+      // P again, from the scores and the forward pass's log-sum-exps.
+      const float* lse = log_sum_exp + index * seq;
+      sgemm(false, true, seq, seq, head_dim, scale, q, head_dim, k, head_dim, 0.0f, p, seq);
+      for (int64_t t = 0; t < seq; ++t) recompute_probability_row(p + t * seq, lse[t], t + 1, seq);
       sgemm(true, false, seq, head_dim, seq, 1.0f, p, seq, g, head_dim, 0.0f, dv, head_dim);  // dV = Pᵀ·dout
       sgemm(false, true, seq, seq, head_dim, 1.0f, g, head_dim, v, head_dim, 0.0f, ds, seq);  // dP = dout·vᵀ
       for (int64_t t = 0; t < seq; ++t) causal_softmax_backward_row(p + t * seq, ds + t * seq, t + 1, seq);

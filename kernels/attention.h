@@ -18,8 +18,12 @@ struct AttentionShape {
 // GPT-2 lays out the output of c_attn. (batch * seq, 3 * heads * head_dim) is
 // accepted too: only the element count and the last axis are checked.
 // out: (batch, seq, heads * head_dim) any dtype, heads side by side like q.
-// saved: made (batch, heads, seq, seq) fp32 by Tensor::reuse and filled with
-// the softmax probabilities P; row t holds P[t][0..t] and exact zeros after t.
+// saved: made (batch, heads, seq) fp32 by Tensor::reuse and filled with each
+// query row's log-sum-exp L[t] = log Σ_{j<=t} exp(scores[t][j]), the softmax's
+// normalizer: the backward pass recomputes P[t][j] = exp(scores[t][j] − L[t])
+// from it and q, k, so what a training step keeps is O(seq) per head, not the
+// O(seq²) probabilities (as flash attention does; the (seq, seq) rows live in
+// one scratch buffer per worker thread, reused for every head).
 //
 //   scores = q·kᵀ / sqrt(head_dim), position t attending to positions <= t,
 //   P = softmax over the key axis (row max subtracted), out = P·v.
@@ -30,7 +34,8 @@ struct AttentionShape {
 void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved);
 
 // dqkv (shape of qkv, any dtype, overwritten) from dout (shape of out, any
-// dtype), given the qkv and the saved probabilities of the forward pass:
+// dtype), given the qkv and the saved log-sum-exps of the forward pass
+// (P recomputed from them):
 //   dV = Pᵀ·dout, dP = dout·vᵀ, dS = P ∘ (dP − rowsum(dP ∘ P)),
 //   dQ = dS·k / sqrt(head_dim), dK = dSᵀ·q / sqrt(head_dim).
 void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,

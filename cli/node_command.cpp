@@ -180,8 +180,7 @@ void add_node_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--mode", flags->mode, "aggregator or gossip (default: the config's `mode` key, else aggregator)")
       ->check(CLI::IsMember({"aggregator", "gossip"}));
   cmd->add_option("--device", flags->device,
-                  "Aggregator mode: cpu or cuda, where the site trains (overrides training.device; cuda: mlp and cnn, "
-                  "one rank)");
+                  "Aggregator mode: cpu or cuda, where the site trains (overrides training.device; cuda: one rank)");
   cmd->add_option("--ranks", flags->group.ranks,
                   "Aggregator mode: data-parallel CPU ranks, processes launched by this one that train every round "
                   "together (1/N of every batch each, gradients all-reduced with Gloo); the federation still sees one "

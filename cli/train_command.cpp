@@ -275,7 +275,7 @@ int64_t total_steps_of(const node::TrainOptions& options, int64_t train_count) {
 
 int run_train(TrainFlags& flags) {
   const auto wall_start = std::chrono::steady_clock::now();
-  Result<Device> device = node::training_device(flags.device, flags.model, std::max(flags.group.ranks, 1),
+  Result<Device> device = node::training_device(flags.device, std::max(flags.group.ranks, 1),
                                                 flags.options.dp_clip_norm > 0.0f);
   if (!device.is_ok()) return fail(flags, device.status());
   if (Status s = flags.group.validate(); !s.is_ok()) return fail(flags, s);
@@ -723,7 +723,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--loss-scale", o.loss_scaling.initial_scale, "Initial loss scale for fp16")->capture_default_str();
   cmd->add_option("--device", flags->device,
-                  "cpu, or cuda: the model, its gradients and optimizer state on the GPU (mlp and cnn; one process, "
+                  "cpu, or cuda: the model, its activations, gradients and optimizer state on the GPU (one process, "
                   "no --dp-clip); checkpoints are the same either way")
       ->capture_default_str();
   cmd->add_option("--ranks", flags->group.ranks,

@@ -124,7 +124,7 @@ void causal_softmax_backward_row(const float* p, float* grad, int64_t visible, i
 }  // namespace
 
 void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved) {
-  device::require_host("causal_attention_forward", {&qkv, &out});
+  if (device::on_cuda(out)) return device::causal_attention_forward(s, qkv, out, saved);
   constexpr const char* kFunction = "causal_attention_forward";
   check_attention_shape(kFunction, s);
   check_rows(kFunction, "qkv", qkv, s, 3 * s.heads * s.head_dim);
@@ -156,7 +156,7 @@ void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor
 
 void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
                                Tensor& dqkv) {
-  device::require_host("causal_attention_backward", {&qkv, &dout});
+  if (device::on_cuda(dqkv)) return device::causal_attention_backward(s, qkv, saved, dout, dqkv);
   constexpr const char* kFunction = "causal_attention_backward";
   check_attention_shape(kFunction, s);
   check_rows(kFunction, "qkv", qkv, s, 3 * s.heads * s.head_dim);

@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "base/status.h"
+#include "kernels/attention.h"
 #include "kernels/conv.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
@@ -248,6 +249,28 @@ void embedding_forward(Stream stream, const void* table, DType table_type, int64
 // vocabulary are skipped.
 void embedding_backward(Stream stream, const int32_t* ids, int64_t count, const void* dout, DType dout_type,
                         float* dtable, int64_t vocabulary, int64_t dim);
+
+// ---- causal attention (attention.h) and token ids -----------------------------
+
+// qkv (batch * seq, 3 * heads * head_dim) and out (batch * seq, heads *
+// head_dim), any dtypes; log_sum_exp (batch, heads, seq) fp32 receives each
+// query row's log-sum-exp: attention.h's forward pass. head_dim <= 128,
+// batch and heads <= 65535. Arithmetic in fp32 with the exponentials and the
+// sums in another order than the CPU's (an online softmax over the keys):
+// equal within rounding, not bit for bit.
+void causal_attention_forward(Stream stream, const AttentionShape& s, const void* qkv, DType qkv_type, void* out,
+                              DType out_type, float* log_sum_exp);
+// dqkv (shape of qkv, any dtype, overwritten) from dout and the forward
+// pass's qkv and log_sum_exp, probabilities recomputed. dk and dv are summed
+// over query rows by atomicAdd into fp32 scratch (the allocator's, on
+// `stream`): their last bits may vary between runs.
+void causal_attention_backward(Stream stream, const AttentionShape& s, const void* qkv, DType qkv_type,
+                               const float* log_sum_exp, const void* dout, DType dout_type, void* dqkv,
+                               DType dqkv_type);
+// ids[i] = x[i] for token ids held in fp32 (the transformer's input); a value
+// that is not an integer in [0, vocabulary) gives -1, which
+// embedding_forward turns into a NaN row.
+void token_ids(Stream stream, const float* x, int64_t n, int64_t vocabulary, int32_t* ids);
 
 // ---- optimizers over fp32 master weights (optimizer.h) ----------------------
 // optimizer.cpp's arithmetic, operation for operation, so a step is

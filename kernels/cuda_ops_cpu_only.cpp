@@ -111,6 +111,15 @@ void embedding_backward(Stream, const int32_t*, int64_t, const void*, DType, flo
   no_backend("embedding_backward");
 }
 
+void causal_attention_forward(Stream, const AttentionShape&, const void*, DType, void*, DType, float*) {
+  no_backend("causal_attention_forward");
+}
+void causal_attention_backward(Stream, const AttentionShape&, const void*, DType, const float*, const void*, DType,
+                               void*, DType) {
+  no_backend("causal_attention_backward");
+}
+void token_ids(Stream, const float*, int64_t, int64_t, int32_t*) { no_backend("token_ids"); }
+
 void sgd_step(Stream, float*, const float*, float*, void*, DType, int64_t, float, const SgdOptions&, const float*,
               const int*) {
   no_backend("sgd_step");

@@ -129,6 +129,66 @@ double squared_l2_norm(const Tensor& x) {
   return norm.read();
 }
 
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  require_cuda("add", {&a, &b, &out});
+  FEDMESH_CHECK(a.numel() == b.numel() && b.numel() == out.numel(), "add: element counts differ");
+  // out = a, then out += 1 · b: the product is exact, so the sum is rounded
+  // once as the CPU rounds it.
+  const Tensor& first = out.raw() == b.raw() ? b : a;
+  const Tensor& second = out.raw() == b.raw() ? a : b;
+  convert(first, out);
+  axpy(1.0f, second, out);
+}
+
+void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved) {
+  require_cuda("causal_attention_forward", {&qkv, &out});
+  const int64_t width = s.heads * s.head_dim;
+  FEDMESH_CHECK(qkv.numel() == s.batch * s.seq * 3 * width && out.numel() == s.batch * s.seq * width,
+                "causal_attention_forward: qkv " + shape_to_string(qkv.shape()) + " and out " +
+                    shape_to_string(out.shape()) + " do not fit the attention shape");
+  Tensor::reuse(saved, {s.batch, s.heads, s.seq}, DType::kF32, Device::kCuda);
+  cuda::causal_attention_forward(stream(), s, qkv.raw(), qkv.dtype(), out.raw(), out.dtype(), saved.data<float>());
+}
+
+void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
+                               Tensor& dqkv) {
+  require_cuda("causal_attention_backward", {&qkv, &saved, &dout, &dqkv});
+  const int64_t width = s.heads * s.head_dim;
+  FEDMESH_CHECK(qkv.numel() == s.batch * s.seq * 3 * width && dqkv.numel() == qkv.numel() &&
+                    dout.numel() == s.batch * s.seq * width && saved.numel() == s.batch * s.heads * s.seq &&
+                    saved.dtype() == DType::kF32,
+                "causal_attention_backward: shapes do not fit the attention shape (or no training forward)");
+  cuda::causal_attention_backward(stream(), s, qkv.raw(), qkv.dtype(), saved.data<float>(), dout.raw(), dout.dtype(),
+                                  dqkv.raw(), dqkv.dtype());
+}
+
+void token_ids(const Tensor& x, int64_t vocabulary, cuda::DeviceBuffer& ids) {
+  require_cuda("token_ids", {&x});
+  const size_t bytes = static_cast<size_t>(x.numel()) * sizeof(int32_t);
+  if (ids.bytes() < bytes) ids = cuda::DeviceBuffer(bytes, stream());
+  cuda::token_ids(stream(), x.data<float>(), x.numel(), vocabulary, ids.as<int32_t>());
+}
+
+void embedding_forward(const Tensor& table, const cuda::DeviceBuffer& ids, Tensor& out) {
+  require_cuda("embedding_forward", {&table, &out});
+  FEDMESH_CHECK(table.rank() == 2, "embedding table must be 2-D");
+  const int64_t vocabulary = table.dim(0), dim = table.dim(1), count = out.numel() / dim;
+  FEDMESH_CHECK(out.numel() == count * dim && ids.bytes() >= static_cast<size_t>(count) * sizeof(int32_t),
+                "embedding_forward: output shape");
+  cuda::embedding_forward(stream(), table.raw(), table.dtype(), vocabulary, dim, ids.as<int32_t>(), count, out.raw(),
+                          out.dtype());
+}
+
+void embedding_backward(const cuda::DeviceBuffer& ids, const Tensor& dout, Tensor& dtable) {
+  require_cuda("embedding_backward", {&dout, &dtable});
+  FEDMESH_CHECK(dtable.rank() == 2, "embedding table must be 2-D");
+  const int64_t vocabulary = dtable.dim(0), dim = dtable.dim(1), count = dout.numel() / dim;
+  FEDMESH_CHECK(dout.numel() == count * dim && ids.bytes() >= static_cast<size_t>(count) * sizeof(int32_t),
+                "embedding_backward: dout shape");
+  cuda::embedding_backward(stream(), ids.as<int32_t>(), count, dout.raw(), dout.dtype(), dtable.data<float>(),
+                           vocabulary, dim);
+}
+
 void SquaredNorm::add(const Tensor& x) {
   if (sum_.data() == nullptr) {
     sum_ = cuda::DeviceBuffer(sizeof(double), stream());

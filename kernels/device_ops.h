@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/attention.h"
 #include "kernels/conv.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/tensor.h"
@@ -78,6 +79,21 @@ class LossSums {
  private:
   cuda::DeviceBuffer buffer_;
 };
+
+// out = a + b (each element rounded once, as the CPU's add).
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+
+// attention.h's pair; saved made (batch, heads, seq) fp32 on the device.
+void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved);
+void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
+                               Tensor& dqkv);
+
+// Token ids held in fp32 (x, on the device) as int32 in `ids` (grown as
+// needed); a value outside [0, vocabulary) becomes -1 (a NaN embedding row).
+void token_ids(const Tensor& x, int64_t vocabulary, cuda::DeviceBuffer& ids);
+// embedding.h's pair with the ids on the device (count = out's rows).
+void embedding_forward(const Tensor& table, const cuda::DeviceBuffer& ids, Tensor& out);
+void embedding_backward(const cuda::DeviceBuffer& ids, const Tensor& dout, Tensor& dtable);
 
 // A sum of squared L2 norms over several fp32 tensors, kept on the device
 // and read once (read() waits for the device).

@@ -80,13 +80,9 @@ Status TrainOptions::validate() const {
   return Status::ok();
 }
 
-Result<Device> training_device(std::string_view device, std::string_view model, int ranks, bool dp_sgd) {
+Result<Device> training_device(std::string_view device, int ranks, bool dp_sgd) {
   if (device == "cpu") return Device::kCpu;
   if (device != "cuda") return invalid_argument("unknown device '" + std::string(device) + "' (expected cpu or cuda)");
-  if (language_model_config(model)) {
-    return invalid_argument("device cuda trains the image models (mlp, cnn) for now: causal attention has no CUDA "
-                            "kernel yet, so " + std::string(model) + " trains on the cpu");
-  }
   if (ranks > 1) {
     return invalid_argument("device cuda with --ranks: in-site data parallelism runs on CPU ranks (Gloo) for now; "
                             "drop one of them");

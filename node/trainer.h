@@ -149,7 +149,7 @@ struct TrainCallbacks {
 // or "cuda"): cuda where this build has the backend, a GPU is there, and the
 // run is one the device path covers (an image model, one process, no
 // DP-SGD). Otherwise kInvalidArgument or kUnavailable saying what to do.
-Result<Device> training_device(std::string_view device, std::string_view model, int ranks, bool dp_sgd);
+Result<Device> training_device(std::string_view device, int ranks, bool dp_sgd);
 
 class Trainer {
  public:

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/device_ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
@@ -53,6 +54,17 @@ Tensor TokenEmbedding::forward(const Tensor& x, bool training) {
   FEDMESH_CHECK(x.dtype() == DType::kF32, "embedding expects token ids held in fp32");
   const Shape shape = output_shape(x.shape());
   const int64_t batch = shape[0], seq = shape[1];
+  if (device::on_cuda(x)) {
+    // The ids become int32 on the device (a bad one gives a NaN row, not an
+    // abort), and the positions are added from the fp32 master table.
+    device::token_ids(x, vocabulary_, device_ids_);
+    Tensor& y = Tensor::reuse(output_, shape, tokens_.compute.dtype(), Device::kCuda);
+    device::embedding_forward(tokens_.compute, device_ids_, y);
+    Tensor rows = y.reshape({batch, seq * width_});
+    add_bias(rows, positions_.value.slice_rows(0, seq).reshape({seq * width_}));
+    if (training) input_shape_ = x.shape();
+    return y;
+  }
   ids_.resize(static_cast<size_t>(x.numel()));
   const float* id = x.data<float>();
   for (size_t i = 0; i < ids_.size(); ++i) {
@@ -82,8 +94,14 @@ Tensor TokenEmbedding::forward(const Tensor& x, bool training) {
 Tensor TokenEmbedding::backward(const Tensor& dy, bool need_input_grad) {
   FEDMESH_CHECK(!input_shape_.empty(), "TokenEmbedding::backward before a training forward");
   FEDMESH_CHECK(!need_input_grad, "token ids have no gradient");
-  embedding_backward(ids_, dy, tokens_.grad);
   const int64_t batch = input_shape_[0], seq = input_shape_[1];
+  if (device::on_cuda(dy)) {
+    device::embedding_backward(device_ids_, dy, tokens_.grad);
+    Tensor positions = positions_.grad.slice_rows(0, seq).reshape({seq * width_});
+    bias_grad(dy.reshape({batch, seq * width_}), positions, /*accumulate=*/true);
+    return {};
+  }
+  embedding_backward(ids_, dy, tokens_.grad);
   float* dp = positions_.grad.data<float>();
   visit_dtype(dy.dtype(), [&]<class T>() {
     const T* g = dy.data<T>();
@@ -158,18 +176,18 @@ Tensor TransformerBlock::forward(const Tensor& x, bool training) {
   // Attention branch (a shard: its heads, then the sum over the ranks).
   const Tensor a = ln_1_.forward(x, training);
   const Tensor qkv = attention_in_.forward(a.reshape({rows, width_}), training);
-  Tensor& attended = Tensor::reuse(attended_, {batch, seq, attention}, x.dtype());
+  Tensor& attended = Tensor::reuse(attended_, {batch, seq, attention}, x.dtype(), x.device());
   causal_attention_forward(shape_, qkv.reshape({batch, seq, 3 * attention}), attended, saved_);
   const Tensor projected = attention_out_.forward(attended.reshape({rows, attention}), training);
   reduce(projected);
-  Tensor& residual = Tensor::reuse(residual_, x.shape(), x.dtype());
+  Tensor& residual = Tensor::reuse(residual_, x.shape(), x.dtype(), x.device());
   add(x, projected, residual);
   // MLP branch (a shard: its features, then the sum over the ranks).
   const Tensor m = ln_2_.forward(residual, training);
   const Tensor hidden = gelu_.forward(mlp_in_.forward(m.reshape({rows, width_}), training), training);
   const Tensor back = mlp_out_.forward(hidden, training);
   reduce(back);
-  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype());
+  Tensor& y = Tensor::reuse(output_, x.shape(), x.dtype(), x.device());
   add(residual, back, y);
   return y;
 }
@@ -182,24 +200,21 @@ Tensor TransformerBlock::backward(const Tensor& dy, bool need_input_grad) {
   const Tensor dm = mlp_in_.backward(gelu_.backward(dhidden, true), true);
   reduce(dm);
   const Tensor dln_2 = ln_2_.backward(dm.reshape(activations), true);
-  Tensor& dresidual = Tensor::reuse(residual_grad_, activations, dy.dtype());
+  Tensor& dresidual = Tensor::reuse(residual_grad_, activations, dy.dtype(), dy.device());
   add(dy, dln_2, dresidual);
   // Attention branch: dx = d residual + d(attention(ln_1(x))).
   const Tensor dattended = attention_out_.backward(dresidual.reshape({rows, width_}), true);
-  Tensor& dqkv = Tensor::reuse(qkv_grad_, {batch, seq, 3 * attention}, dy.dtype());
+  Tensor& dqkv = Tensor::reuse(qkv_grad_, {batch, seq, 3 * attention}, dy.dtype(), dy.device());
   const Tensor qkv = attention_in_.last_output().reshape({batch, seq, 3 * attention});
   causal_attention_backward(shape_, qkv, saved_, dattended.reshape({batch, seq, attention}), dqkv);
   const Tensor da = attention_in_.backward(dqkv.reshape({rows, 3 * attention}), true);
   reduce(da);
   const Tensor dln_1 = ln_1_.backward(da.reshape(activations), true);
   if (!owns_output_biases_) {
-    for (Linear* projection : {&attention_out_, &mlp_out_}) {
-      Tensor& g = projection->bias().grad;
-      std::memset(g.raw(), 0, g.nbytes());
-    }
+    for (Linear* projection : {&attention_out_, &mlp_out_}) fill(projection->bias().grad, 0.0f);
   }
   if (!need_input_grad) return {};
-  Tensor& dx = Tensor::reuse(input_grad_, activations, dy.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, activations, dy.dtype(), dy.device());
   add(dresidual, dln_1, dx);
   return dx;
 }
@@ -215,7 +230,7 @@ Shape TiedProjection::output_shape(const Shape& input) const {
 Tensor TiedProjection::forward(const Tensor& x, bool training) {
   const Shape shape = output_shape(x.shape());
   const Tensor input = x.reshape({shape[0], width_});
-  Tensor& logits = Tensor::reuse(output_, shape, x.dtype());
+  Tensor& logits = Tensor::reuse(output_, shape, x.dtype(), x.device());
   gemm(false, true, 1.0f, input, embedding_.token_table().compute, 0.0f, logits);  // (rows, V) = x · wteᵀ
   if (training) {
     input_ = input;
@@ -229,7 +244,7 @@ Tensor TiedProjection::backward(const Tensor& dy, bool need_input_grad) {
   Parameter& table = embedding_.token_table();
   gemm(true, false, 1.0f, dy, input_, 1.0f, table.grad);  // (V, width) += dyᵀ · x
   if (!need_input_grad) return {};
-  Tensor& dx = Tensor::reuse(input_grad_, input_.shape(), dy.dtype());
+  Tensor& dx = Tensor::reuse(input_grad_, input_.shape(), dy.dtype(), dy.device());
   gemm(false, false, 1.0f, dy, table.compute, 0.0f, dx);  // (rows, width) = dy · wte
   return dx.reshape(input_shape_);
 }

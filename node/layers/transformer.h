@@ -14,6 +14,7 @@
 
 #include "base/random.h"
 #include "kernels/attention.h"
+#include "kernels/cuda_ops.h"
 #include "node/layers/layer.h"
 #include "node/layers/layers.h"
 
@@ -44,6 +45,7 @@ class TokenEmbedding final : public Layer {
   int64_t vocabulary_, context_, width_;
   Parameter tokens_, positions_;
   std::vector<int32_t> ids_;
+  cuda::DeviceBuffer device_ids_;  // the same on the CUDA device
   Shape input_shape_;
   Tensor output_;
 };

@@ -138,9 +138,6 @@ TEST(Cli, BadInputGivesAClearErrorNotACrash) {
   const CommandRun tpu = run("train --device tpu --steps 1");
   EXPECT_EQ(tpu.exit_code, 2);
   EXPECT_NE(tpu.output.find("unknown device 'tpu' (expected cpu or cuda)"), std::string::npos) << tpu.output;
-  const CommandRun attention = run("train --device cuda --model gpt-nano --steps 1");
-  EXPECT_EQ(attention.exit_code, 2);
-  EXPECT_NE(attention.output.find("causal attention has no CUDA kernel"), std::string::npos) << attention.output;
   const CommandRun cuda_ranks = run("train --device cuda --ranks 2 --steps 1");
   EXPECT_EQ(cuda_ranks.exit_code, 2);
   EXPECT_NE(cuda_ranks.output.find("CPU ranks (Gloo)"), std::string::npos) << cuda_ranks.output;
@@ -459,9 +456,6 @@ TEST(Cli, FederationConfigsAreCheckedByName) {
        "compression.device must be cpu, cuda or auto"},
       {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ntraining.device = \"tpu\"\n",
        "training.device must be cpu or cuda"},
-      {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\nmodel = \"gpt-nano\"\ndata.partition = \"books\"\n"
-                      "training.device = \"cuda\"\n",
-       "causal attention has no CUDA kernel"},
       {"node", base + "name = \"s\"\nmode = \"gossip\"\ntraining.device = \"cuda\"\n", "gossip peers train on the cpu"},
       // Gossip peers (mode = "gossip"): their own keys, checked the same way.
       {"node", base + "name = \"s\"\nmode = \"mesh\"\n", "mode must be \"aggregator\" or \"gossip\""},

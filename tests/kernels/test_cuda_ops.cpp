@@ -67,6 +67,7 @@
 
 #include "base/random.h"
 #include "base/status.h"
+#include "kernels/attention.h"
 #include "kernels/conv.h"
 #include "kernels/convert.h"
 #include "kernels/cuda_ops.h"
@@ -1226,6 +1227,56 @@ TEST_F(CudaOps, EmbeddingGathersBitIdenticallyAndScattersWithinSummationOrder) {
       }
     }
   }
+}
+
+// Attention: the device's online softmax sums in another order than the
+// CPU's row softmax, and dk, dv are summed by atomicAdd, so the comparison is
+// within rounding: 1e-4 + 1e-4·|cpu| in fp32, and one unit of bf16/fp16 more
+// for low-precision outputs (a different fp32 value may round the other way).
+// These bounds are a first estimate: the test has not yet run on a GPU.
+TEST_F(CudaOps, CausalAttentionMatchesTheCpuWithinRounding) {
+  Rng rng(21);
+  for (const AttentionShape s : {AttentionShape{1, 1, 1, 4}, AttentionShape{2, 17, 3, 8},
+                                 AttentionShape{2, 64, 2, 64}, AttentionShape{1, 40, 1, 128}}) {
+    for (const DType dtype : kDTypes) {
+      const int64_t width = s.heads * s.head_dim;
+      SCOPED_TRACE("batch " + std::to_string(s.batch) + " seq " + std::to_string(s.seq) + " heads " +
+                   std::to_string(s.heads) + " head_dim " + std::to_string(s.head_dim) + " " + describe(dtype));
+      const Tensor qkv = random_tensor({s.batch, s.seq, 3 * width}, dtype, rng);
+      Tensor out = Tensor::empty({s.batch, s.seq, width}, dtype), saved;
+      causal_attention_forward(s, qkv, out, saved);
+      const DeviceArray device_qkv(qkv);
+      DeviceArray device_out(out.nbytes()), device_lse(saved.nbytes());
+      cuda::causal_attention_forward(stream(), s, device_qkv.data(), dtype, device_out.data(), dtype,
+                                     device_lse.as<float>());
+      const double relative = dtype == DType::kF32 ? 1e-4 : 1e-4 + 8e-3;
+      const auto close = [&](const std::vector<float>& cpu, const std::vector<float>& gpu, const char* what) {
+        ASSERT_EQ(cpu.size(), gpu.size()) << what;
+        for (size_t i = 0; i < cpu.size(); ++i) {
+          ASSERT_NEAR(gpu[i], cpu[i], 1e-4 + relative * std::fabs(cpu[i])) << what << " element " << i;
+        }
+      };
+      close(widen(out), widen(device_out.tensor(out.shape(), dtype)), "out");
+      close(widen(saved), device_lse.values<float>(), "log-sum-exp");
+
+      const Tensor dout = random_tensor(out.shape(), dtype, rng);
+      Tensor dqkv = Tensor::empty(qkv.shape(), dtype);
+      causal_attention_backward(s, qkv, saved, dout, dqkv);
+      const DeviceArray device_dout(dout);
+      DeviceArray device_dqkv(dqkv.nbytes());
+      cuda::causal_attention_backward(stream(), s, device_qkv.data(), dtype, device_lse.as<float>(), device_dout.data(),
+                                      dtype, device_dqkv.data(), dtype);
+      close(widen(dqkv), widen(device_dqkv.tensor(dqkv.shape(), dtype)), "dqkv");
+    }
+  }
+}
+
+TEST_F(CudaOps, TokenIdsRoundTripAndMarkBadOnes) {
+  const std::vector<float> x = {0.0f, 5.0f, 255.0f, 256.0f, -1.0f, 2.5f};
+  const DeviceArray device_x(x);
+  DeviceArray ids(x.size() * sizeof(int32_t));
+  cuda::token_ids(stream(), device_x.as<const float>(), static_cast<int64_t>(x.size()), 256, ids.as<int32_t>());
+  EXPECT_EQ(ids.values<int32_t>(), (std::vector<int32_t>{0, 5, 255, -1, -1, -1}));
 }
 
 TEST_F(CudaOps, EmbeddingGivesNaNForAnIdOutsideTheVocabulary) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/conv.h"
 #include "kernels/convert.h"
 #include "kernels/cuda_ops.h"
@@ -365,6 +366,39 @@ void embedding_backward(Stream, const int32_t* ids, int64_t count, const void* d
   Tensor t = view_f32(dtable, {vocabulary, dim}, "embedding_backward dtable");
   fedmesh::embedding_backward(std::span<const int32_t>(ids, static_cast<size_t>(count)),
                               view(dout, {count, dim}, dout_type, "embedding_backward dout"), t);
+  count_op();
+}
+
+void causal_attention_forward(Stream, const AttentionShape& s, const void* qkv, DType qkv_type, void* out,
+                              DType out_type, float* log_sum_exp) {
+  const int64_t width = s.heads * s.head_dim;
+  check_device(log_sum_exp, static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float), "attention lse");
+  Tensor o = view(out, {s.batch, s.seq, width}, out_type, "causal_attention_forward out");
+  Tensor saved;
+  fedmesh::causal_attention_forward(s, view(qkv, {s.batch, s.seq, 3 * width}, qkv_type, "causal_attention_forward qkv"),
+                                    o, saved);
+  std::memcpy(log_sum_exp, saved.raw(), saved.nbytes());
+  count_op();
+}
+void causal_attention_backward(Stream, const AttentionShape& s, const void* qkv, DType qkv_type,
+                               const float* log_sum_exp, const void* dout, DType dout_type, void* dqkv,
+                               DType dqkv_type) {
+  const int64_t width = s.heads * s.head_dim;
+  Tensor saved = Tensor::empty({s.batch, s.heads, s.seq});
+  check_device(log_sum_exp, saved.nbytes(), "attention lse");
+  std::memcpy(saved.raw(), log_sum_exp, saved.nbytes());
+  Tensor d = view(dqkv, {s.batch, s.seq, 3 * width}, dqkv_type, "causal_attention_backward dqkv");
+  fedmesh::causal_attention_backward(s, view(qkv, {s.batch, s.seq, 3 * width}, qkv_type, "attention qkv"), saved,
+                                     view(dout, {s.batch, s.seq, width}, dout_type, "attention dout"), d);
+  count_op();
+}
+void token_ids(Stream, const float* x, int64_t n, int64_t vocabulary, int32_t* ids) {
+  check_device(x, static_cast<size_t>(n) * sizeof(float), "token_ids x");
+  check_device(ids, static_cast<size_t>(n) * sizeof(int32_t), "token_ids ids");
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    ids[i] = (v >= 0.0f && v < static_cast<float>(vocabulary) && v == std::floor(v)) ? static_cast<int32_t>(v) : -1;
+  }
   count_op();
 }
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Compare fedmesh's CPU training throughput with PyTorch on this machine, in
-# the same run: same model, batch size, optimizer (AdamW lr=1e-3 wd=1e-4),
-# thread count and data (Fashion-MNIST).  Prints a table and one JSON line per
-# model with the ratio fedmesh/PyTorch (samples per second).
+# Compare fedmesh's training throughput with PyTorch on this machine, in the
+# same run: same model, batch size, optimizer (AdamW lr=1e-3 wd=1e-4), thread
+# count, data (Fashion-MNIST), device (CPU by default, or one CUDA GPU) and
+# precision.  Prints a table and one JSON line per model with the ratio
+# fedmesh/PyTorch (samples per second); with --device cuda also the ratio to
+# PyTorch with torch.compile.
 #
 # Missing a target is reported, never an error; the exit status is non-zero
 # only when a run itself fails or the setup is broken.
@@ -14,7 +16,10 @@ Usage: bench/compare_torch.sh [options]
 
 Runs `fedmesh train ... --json` and bench/torch_train.py with identical
 settings for each model and prints samples/s of both, the ratio
-fedmesh/PyTorch, the target and both test accuracies.
+fedmesh/PyTorch, the target and both test accuracies.  With --device cuda
+PyTorch runs twice, eager and with --compile (torch.compile), and the report
+adds the compiled samples/s and the ratio fedmesh/torch.compile
+("ratio_compile" in the JSON).
 
 Options:
   --models LIST        comma-separated models (default: mlp,cnn)
@@ -25,6 +30,17 @@ Options:
   --repeat R           run each framework R times, alternating which goes
                        first, and report the median samples/s (default: 1)
   --seed S             seed passed to both (default: 0)
+  --device D           cpu (default) or cuda: `fedmesh train --device cuda` against
+                       torch_train.py --device cuda (model, optimizer state and
+                       batches on the GPU; by default PyTorch keeps the whole
+                       training set on the GPU, --loader resident) and against
+                       torch_train.py --device cuda --compile. Needs a python whose
+                       torch has CUDA (Debian's python3-torch has not: give --python);
+                       exits 2 at once when none is found
+  --precision P        fp32 (default), bf16 or fp16 for both: fedmesh --precision P,
+                       PyTorch autocast with fp32 master weights (+ GradScaler for
+                       fp16 on cuda). Debian's torch 1.13 refuses fp16 on the CPU
+  --no-compile         with --device cuda: skip the torch.compile run
   --data-dir DIR       Fashion-MNIST IDX directory (default: /usr/share/datasets/fashion-mnist);
                        when given it is also passed to fedmesh as --data DIR
   --fedmesh PATH       fedmesh binary (default: ${FEDMESH_BUILD_DIR:-build}/cli/fedmesh)
@@ -40,12 +56,20 @@ Environment:
                        or absolute (default: build); if
                        $FEDMESH_BUILD_DIR/cli/fedmesh is missing, deploy/setup.sh is run
   FEDMESH_EXTRA_ARGS   extra arguments appended to every `fedmesh train` call
-  TORCH_EXTRA_ARGS     extra arguments appended to every torch_train.py call, e.g.
-                       "--omp-wait-policy passive" for a tuned PyTorch baseline (Debian's
-                       torch otherwise loses up to ~2x on small models to libgomp workers
-                       spinning against OpenBLAS's own thread pool)
+  TORCH_EXTRA_ARGS     extra arguments appended to every torch_train.py call (eager
+                       and compiled), e.g. "--omp-wait-policy passive" for a tuned
+                       PyTorch baseline (Debian's torch otherwise loses up to ~2x on
+                       small models to libgomp workers spinning against OpenBLAS's own
+                       thread pool), "--loader dataloader" (cuda: batches from a host
+                       DataLoader), "--compile-mode max-autotune", "--warmup-steps 10"
 
-Targets (fedmesh/PyTorch samples/s): mlp >= 1.5, cnn >= 1.0.
+Timing: PyTorch leaves its warm-up steps out (1 on the CPU; 5 on cuda, where
+torch.compile compiles inside them; compile time is reported apart), fedmesh
+times all its steps.
+
+Targets (fedmesh/PyTorch samples/s): on the CPU mlp >= 1.5, cnn >= 1.0; on
+cuda mlp >= 1.0 and cnn >= 1.0 against PyTorch eager (the ratio to
+torch.compile is reported, without a target).
 EOF
 }
 
@@ -69,6 +93,9 @@ OUT_DIR=""
 INSTALL=1
 TORCH_TUNED=0
 DATA_DIR_SET=0
+DEVICE=cpu
+PRECISION=fp32
+COMPILE=1
 
 need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
@@ -80,6 +107,9 @@ while [[ $# -gt 0 ]]; do
     --steps)      need_arg "$@"; STEPS="$2"; shift 2 ;;
     --repeat)     need_arg "$@"; REPEAT="$2"; shift 2 ;;
     --seed)       need_arg "$@"; SEED="$2"; shift 2 ;;
+    --device)     need_arg "$@"; DEVICE="$2"; shift 2 ;;
+    --precision)  need_arg "$@"; PRECISION="$2"; shift 2 ;;
+    --no-compile) COMPILE=0; shift ;;
     --data-dir)   need_arg "$@"; DATA_DIR="$2"; DATA_DIR_SET=1; shift 2 ;;
     --fedmesh)    need_arg "$@"; FEDMESH="$2"; shift 2 ;;
     --python)     need_arg "$@"; PYTHON="$2"; shift 2 ;;
@@ -100,6 +130,10 @@ is_uint "$REPEAT" || die "--repeat must be a positive integer (got '$REPEAT')"
 [[ -z "$EPOCHS" ]] || is_uint "$EPOCHS" || die "--epochs must be a positive integer"
 [[ -z "$STEPS" ]] || { is_uint "$STEPS" && (( STEPS >= 2 )); } || die "--steps must be an integer >= 2"
 [[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer"
+[[ "$DEVICE" == cpu || "$DEVICE" == cuda ]] || die "--device must be cpu or cuda (got '$DEVICE')"
+[[ "$PRECISION" == fp32 || "$PRECISION" == bf16 || "$PRECISION" == fp16 ]] ||
+  die "--precision must be fp32, bf16 or fp16 (got '$PRECISION')"
+[[ "$DEVICE" == cuda ]] || COMPILE=0   # the torch.compile run belongs to the GPU comparison
 IFS=',' read -r -a MODEL_LIST <<< "$MODELS"
 [[ ${#MODEL_LIST[@]} -gt 0 ]] || die "--models is empty"
 for m in "${MODEL_LIST[@]}"; do
@@ -113,6 +147,7 @@ cd "$REPO_ROOT"
 # dist-packages; a pyenv/venv python3 earlier on PATH will not see it).
 # ---------------------------------------------------------------------------
 has_torch() { "$1" -c 'import torch, numpy' >/dev/null 2>&1; }
+has_cuda_torch() { "$1" -c 'import sys, torch, numpy; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
 find_python() {
   local c
   for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
@@ -120,8 +155,30 @@ find_python() {
   done
   return 1
 }
+find_cuda_python() {
+  local c
+  for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
+    if command -v "$c" >/dev/null 2>&1 && has_cuda_torch "$c"; then command -v "$c"; return 0; fi
+  done
+  return 1
+}
+# What a python's torch says about CUDA, in one line (for the refusal below).
+torch_cuda_line() {
+  "$1" -c 'import torch
+print("torch %s (CUDA build: %s), torch.cuda.is_available() = %s" % (torch.__version__, torch.version.cuda, torch.cuda.is_available()))' 2>/dev/null ||
+    echo "cannot import torch"
+}
 
-if ! PY="$(find_python)"; then
+if [[ "$DEVICE" == cuda ]]; then
+  # No apt-get install here: Debian's python3-torch is a CPU-only build.
+  if ! PY="$(find_cuda_python)"; then
+    seen=""
+    for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
+      command -v "$c" >/dev/null 2>&1 && seen+="; $c: $(torch_cuda_line "$c")"
+    done
+    die "--device cuda: no python here has a PyTorch that sees a GPU${seen}. Run on a machine with an NVIDIA GPU and give --python PATH for a CUDA build of PyTorch (or use --device cpu)"
+  fi
+elif ! PY="$(find_python)"; then
   [[ -n "$PYTHON" ]] && die "$PYTHON cannot import torch and numpy"
   [[ $INSTALL -eq 1 ]] || die "no python3 can import torch and numpy (install python3-torch python3-numpy)"
   if [[ $(id -u) -eq 0 ]]; then SUDO=()
@@ -163,6 +220,13 @@ read -r -a FM_EXTRA <<< "${FEDMESH_EXTRA_ARGS:-}"
 [[ $DATA_DIR_SET -eq 1 ]] && FM_EXTRA=(--data "$DATA_DIR" "${FM_EXTRA[@]}")
 read -r -a PT_EXTRA <<< "${TORCH_EXTRA_ARGS:-}"
 [[ $TORCH_TUNED -eq 1 ]] && PT_EXTRA=(--omp-wait-policy passive "${PT_EXTRA[@]}")
+# --device / --precision for both sides; left out at their defaults (cpu,
+# fp32) so that the CPU commands are exactly the ones of before.
+DEV_ARGS=()
+[[ "$DEVICE" != cpu ]] && DEV_ARGS+=(--device "$DEVICE")
+[[ "$PRECISION" != fp32 ]] && DEV_ARGS+=(--precision "$PRECISION")
+FRAMEWORKS=(fedmesh pytorch)
+[[ $COMPILE -eq 1 ]] && FRAMEWORKS+=(pytorch-compile)
 
 # CPUs kept busy by other processes right before a run (we are idle then):
 # sampled from /proc/stat over 0.5 s.  The load average would mostly show our
@@ -186,29 +250,41 @@ run_fedmesh() {  # model rep
   busy_cpus >"$out.busy"
   log "fedmesh $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
   if "$FEDMESH" train --model "$1" "${LEN_ARGS[@]}" --batch-size "$BATCH" --threads "$THREADS" \
-       --seed "$SEED" --json "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+       --seed "$SEED" --json "${DEV_ARGS[@]}" "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
   else
     echo $? >"$out.rc"; log "fedmesh $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
   fi
 }
-run_torch() {  # model rep
-  local out="$OUT_DIR/pytorch-$1-$2"
+run_torch() {  # model rep [pytorch|pytorch-compile]
+  local fw="${3:-pytorch}" compile_args=()
+  [[ "$fw" == pytorch-compile ]] && compile_args=(--compile)
+  local out="$OUT_DIR/$fw-$1-$2"
   busy_cpus >"$out.busy"
-  log "pytorch $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
+  log "$fw $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
   if "$PY" "$SCRIPT_DIR/torch_train.py" --model "$1" "${LEN_ARGS[@]}" --batch-size "$BATCH" \
-       --threads "$THREADS" --seed "$SEED" --data-dir "$DATA_DIR" "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+       --threads "$THREADS" --seed "$SEED" --data-dir "$DATA_DIR" "${DEV_ARGS[@]}" "${compile_args[@]}" \
+       "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
   else
-    echo $? >"$out.rc"; log "pytorch $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
+    echo $? >"$out.rc"; log "$fw $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
   fi
+}
+run_one() {  # framework model rep
+  case "$1" in
+    fedmesh) run_fedmesh "$2" "$3" ;;
+    *)       run_torch "$2" "$3" "$1" ;;
+  esac
 }
 
 for m in "${MODEL_LIST[@]}"; do
   for ((r = 1; r <= REPEAT; r++)); do
-    # Alternate the order so slow drifts of a noisy machine hit both sides.
-    if (( r % 2 == 1 )); then run_fedmesh "$m" "$r"; run_torch "$m" "$r"
-    else run_torch "$m" "$r"; run_fedmesh "$m" "$r"; fi
+    # Alternate the order so slow drifts of a noisy machine hit every side.
+    if (( r % 2 == 1 )); then
+      for ((i = 0; i < ${#FRAMEWORKS[@]}; i++)); do run_one "${FRAMEWORKS[i]}" "$m" "$r"; done
+    else
+      for ((i = ${#FRAMEWORKS[@]} - 1; i >= 0; i--)); do run_one "${FRAMEWORKS[i]}" "$m" "$r"; done
+    fi
   done
 done
 
@@ -216,14 +292,19 @@ done
 # Report (stdlib-only python: any python3 will do, prefer the torch one)
 # ---------------------------------------------------------------------------
 set +e
-"$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "${EPOCHS:-}" "${STEPS:-}" "$(nproc 2>/dev/null || echo 0)" "${PT_EXTRA[*]}" <<'PYEOF'
+"$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "${EPOCHS:-}" "${STEPS:-}" "$(nproc 2>/dev/null || echo 0)" "${PT_EXTRA[*]}" \
+  "$DEVICE" "$PRECISION" "$COMPILE" <<'PYEOF'
 import json, os, statistics, sys
 
-out_dir, models, repeat, batch, threads, epochs, steps, ncpu, torch_extra = sys.argv[1:10]
+out_dir, models, repeat, batch, threads, epochs, steps, ncpu, torch_extra, device, precision, compile_run = sys.argv[1:13]
 ncpu = int(ncpu)
 models = models.split(",")
 repeat, batch, threads = int(repeat), int(batch), int(threads)
-TARGETS = {"mlp": 1.5, "cnn": 1.0}
+on_cuda = device == "cuda"
+compile_run = compile_run == "1"
+# On the CPU: the issue-2 targets; on one GPU: at least PyTorch eager's speed.
+TARGETS = {"mlp": 1.0, "cnn": 1.0} if on_cuda else {"mlp": 1.5, "cnn": 1.0}
+FRAMEWORKS = ("fedmesh", "pytorch") + (("pytorch-compile",) if compile_run else ())
 
 def json_lines(path):
     objs = []
@@ -243,6 +324,18 @@ def json_lines(path):
         pass
     return objs
 
+def stderr_line(base):
+    """The run's own error line: the first "fedmesh ..:" / "torch_...py:" line
+    of its stderr, else its last non-empty line (a traceback's exception)."""
+    try:
+        lines = [l.strip() for l in open(base + ".err", errors="replace") if l.strip()]
+    except OSError:
+        return None
+    for l in lines:
+        if l.startswith(("fedmesh", "torch_train.py:")):
+            return l
+    return lines[-1] if lines else None
+
 def load(framework, model, rep):
     base = os.path.join(out_dir, f"{framework}-{model}-{rep}")
     try:
@@ -258,6 +351,9 @@ def load(framework, model, rep):
     err = None
     if rc != 0:
         err = f"exit status {rc}"
+        line = stderr_line(base)
+        if line and on_cuda:  # (CPU reports stay as they were)
+            err += f": {line}"
     elif rec is None:
         err = "no summary JSON line in output"
     elif not isinstance(rec.get("samples_per_second"), (int, float)) or rec["samples_per_second"] <= 0:
@@ -281,7 +377,7 @@ rows, records = [], []
 for m in models:
     res = {}
     loads = []
-    for fw in ("fedmesh", "pytorch"):
+    for fw in FRAMEWORKS:
         sps, acc, errs, extra = [], [], [], {}
         for r in range(1, repeat + 1):
             la = busy_before(fw, m, r)
@@ -295,18 +391,24 @@ for m in models:
             a = num(rec.get("test_accuracy"))
             if a is not None:
                 acc.append(a)
-            if fw == "pytorch":
+            if fw != "fedmesh":
                 extra["torch_version"] = rec.get("torch_version")
                 extra["omp_wait_policy"] = rec.get("omp_wait_policy")
+                extra["device_name"] = rec.get("device_name")
+                extra["loader"] = rec.get("loader")
                 if num(rec.get("median_step_ms")) is not None:
                     extra.setdefault("median_step_ms", []).append(rec["median_step_ms"])
+                if num(rec.get("mean_step_ms")) is not None:
+                    extra.setdefault("mean_step_ms", []).append(rec["mean_step_ms"])
+                if num(rec.get("compile_seconds")) is not None:
+                    extra.setdefault("compile_seconds", []).append(rec["compile_seconds"])
         res[fw] = dict(sps=sps, acc=acc, errs=errs, extra=extra)
     fm, pt = res["fedmesh"], res["pytorch"]
     fm_med, pt_med = median(fm["sps"]), median(pt["sps"])
     ratio = fm_med / pt_med if fm_med and pt_med else None
     target = TARGETS.get(m)
     meets = (ratio >= target) if (ratio is not None and target is not None) else None
-    errors = [f"fedmesh {e}" for e in fm["errs"]] + [f"pytorch {e}" for e in pt["errs"]]
+    errors = [f"{fw} {e}" for fw in FRAMEWORKS for e in res[fw]["errs"]]
     if errors:
         failed = True
     rec = {
@@ -333,7 +435,22 @@ for m in models:
         "max_busy_cpus_before_runs": max(loads) if loads else None,
         "cpus": ncpu,
         "errors": errors,
+        "device": device,
+        "precision": precision,
     }
+    if on_cuda:
+        pc = res.get("pytorch-compile")
+        pc_med = median(pc["sps"]) if pc else None
+        rec.update({
+            "device_name": pt["extra"].get("device_name") or (pc["extra"].get("device_name") if pc else None),
+            "pytorch_loader": pt["extra"].get("loader"),
+            "pytorch_mean_step_ms": median(pt["extra"].get("mean_step_ms", [])),
+            "pytorch_compile_samples_per_second": pc_med,
+            "ratio_compile": fm_med / pc_med if fm_med and pc_med else None,
+            "pytorch_compile_runs_samples_per_second": pc["sps"] if pc else None,
+            "pytorch_compile_seconds": median(pc["extra"].get("compile_seconds", [])) if pc else None,
+            "pytorch_compile_accuracy": median(pc["acc"]) if pc else None,
+        })
     records.append(rec)
 
 def f(x, fmt):
@@ -344,16 +461,26 @@ def f(x, fmt):
 
 length = f"{steps} steps" if steps else f"{epochs} epoch(s)"
 agg = f", median of {repeat}" if repeat > 1 else ""
-print(f"fedmesh vs PyTorch (CPU) -- batch {batch}, {threads} thread(s), {length}{agg}"
+if on_cuda:
+    names = sorted({r.get("device_name") for r in records if r.get("device_name")})
+    where = f"CUDA {', '.join(names) if names else 'GPU'}, {precision}"
+else:
+    where = "CPU" if precision == "fp32" else f"CPU, {precision}"
+print(f"fedmesh vs PyTorch ({where}) -- batch {batch}, {threads} thread(s), {length}{agg}"
       + (f"; torch_train.py {torch_extra}" if torch_extra else ""))
 hdr = f"{'model':<6} {'fedmesh sps':>12} {'pytorch sps':>12} {'ratio':>7} {'target':>8} {'status':<7} {'fm acc':>7} {'pt acc':>7}"
+if on_cuda:
+    hdr += f" {'compile sps':>12} {'vs compile':>10}"
 print(hdr)
 print("-" * len(hdr))
 for r in records:
     status = "ERROR" if r["ratio"] is None else ("met" if r["meets_target"] else ("MISSED" if r["meets_target"] is False else "-"))
-    print(f"{r['model']:<6} {f(r['fedmesh_samples_per_second'], '12.1f')} {f(r['pytorch_samples_per_second'], '12.1f')} "
-          f"{f(r['ratio'], '7.3f')} {'>= ' + f(r['target'], 'g'):>8} {status:<7} "
-          f"{f(r['fedmesh_test_accuracy'], '7.4f')} {f(r['pytorch_test_accuracy'], '7.4f')}")
+    line = (f"{r['model']:<6} {f(r['fedmesh_samples_per_second'], '12.1f')} {f(r['pytorch_samples_per_second'], '12.1f')} "
+            f"{f(r['ratio'], '7.3f')} {'>= ' + f(r['target'], 'g'):>8} {status:<7} "
+            f"{f(r['fedmesh_test_accuracy'], '7.4f')} {f(r['pytorch_test_accuracy'], '7.4f')}")
+    if on_cuda:
+        line += f" {f(r.get('pytorch_compile_samples_per_second'), '12.1f')} {f(r.get('ratio_compile'), '10.3f')}"
+    print(line)
     for e in r["errors"]:
         print(f"  ! {r['model']}: {e}")
 busy = [r for r in records if r["max_busy_cpus_before_runs"] is not None
@@ -363,6 +490,9 @@ if busy:
     print(f"WARNING: other processes kept {worst:.2f} of {ncpu} CPU(s) busy just before some runs; "
           "they compete for the cores, so these numbers are unreliable (rerun on an idle machine, "
           "or use --repeat).")
+if on_cuda:
+    print("(cuda: ratio = fedmesh / PyTorch eager, the target; vs compile = fedmesh / torch.compile; "
+          "PyTorch leaves its warm-up steps and compile time out of the timing, fedmesh times every step)")
 print()
 for r in records:
     print(json.dumps(r))

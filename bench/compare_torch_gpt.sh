@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Compare fedmesh's CPU language-model training throughput with PyTorch on
-# this machine, in the same run (issue 9): the same GPT-2-style decoder
-# (byte tokenizer, King James Bible), batch size, AdamW (lr 1e-3, betas
-# 0.9/0.999, eps 1e-8, wd 1e-4) at a constant learning rate, thread count and
-# number of steps.  Prints a table and one JSON line per model with the ratio
-# fedmesh/PyTorch (training tokens per second).
+# Compare fedmesh's language-model training throughput with PyTorch on this
+# machine, in the same run (issue 9): the same GPT-2-style decoder (byte
+# tokenizer, King James Bible), batch size, AdamW (lr 1e-3, betas 0.9/0.999,
+# eps 1e-8, wd 1e-4) at a constant learning rate, thread count, number of
+# steps, device (CPU by default, or one CUDA GPU) and precision.  Prints a
+# table and one JSON line per model with the ratio fedmesh/PyTorch (training
+# tokens per second); with --device cuda also PyTorch with torch.compile and
+# the MFU of every side.
 #
 # Missing a target is reported, never an error; the exit status is non-zero
 # only when a run itself fails or the setup is broken.
@@ -17,10 +19,18 @@ Usage: bench/compare_torch_gpt.sh [options]
 Runs `fedmesh train --model M ... --schedule constant --json` and
 bench/torch_gpt.py with identical settings for each model and prints
 training tokens/s of both, the ratio fedmesh/PyTorch, the target and both
-losses (last training batch, and held-out after the last step).
+losses (last training batch, and held-out after the last step).  With
+--device cuda PyTorch runs twice, eager and with --compile (torch.compile),
+and the report adds the compiled tokens/s, the ratio fedmesh/torch.compile
+("ratio_compile") and the MFU of each side (see bench/torch_gpt.py --help).
+When fedmesh refuses the GPU run (exit 2: language models have no CUDA
+attention yet), its side is reported as "refused" with the first line of
+its message, the PyTorch numbers are still printed, and the exit status is 0.
 
 Options:
-  --models LIST        comma-separated models (default: gpt-nano,gpt-tiny; also gpt-small)
+  --models LIST        comma-separated models (default: gpt-nano,gpt-tiny; also gpt-small
+                       and gpt2: vocabulary 50257, context 1024, width 768, 12 heads,
+                       12 layers, 124M parameters)
   --batch-size B       windows per batch (default: 16)
   --threads T          compute threads for both frameworks (default: 2)
   --steps N            optimizer steps (default: 60; PyTorch excludes its first
@@ -30,6 +40,17 @@ Options:
   --repeat R           run each framework R times, alternating which goes
                        first, and report the median tokens/s (default: 1)
   --seed S             seed passed to both (default: 0)
+  --device D           cpu (default) or cuda: `fedmesh train --device cuda` against
+                       torch_gpt.py --device cuda, eager and --compile. Needs a python
+                       whose torch has CUDA (Debian's python3-torch has not: give
+                       --python); exits 2 at once when none is found
+  --precision P        fp32 (default), bf16 or fp16 for both: fedmesh --precision P,
+                       PyTorch autocast with fp32 master weights (+ GradScaler for
+                       fp16 on cuda). Debian's torch 1.13 refuses fp16 on the CPU
+  --no-compile         with --device cuda: skip the torch.compile run
+  --peak-flops F       peak FLOP/s for the MFU (default: torch_gpt.py's table of dense
+                       bf16 peaks by GPU name: H100 SXM 989e12, H100 PCIe 756e12,
+                       H200 989e12, A100 312e12; else MFU "unknown")
   --fedmesh PATH       fedmesh binary (default: ${FEDMESH_BUILD_DIR:-build}/cli/fedmesh)
   --python PATH        python with torch+numpy (default: auto; python3, then /usr/bin/python3)
   --out-dir DIR        keep raw outputs of every run here (default: a temp dir, removed)
@@ -43,10 +64,17 @@ Environment:
                        or absolute (default: build); if
                        $FEDMESH_BUILD_DIR/cli/fedmesh is missing, deploy/setup.sh is run
   FEDMESH_EXTRA_ARGS   extra arguments appended to every `fedmesh train` call
-  TORCH_EXTRA_ARGS     extra arguments appended to every torch_gpt.py call, e.g.
-                       "--omp-wait-policy passive" (what --torch-tuned adds)
+  TORCH_EXTRA_ARGS     extra arguments appended to every torch_gpt.py call (eager and
+                       compiled), e.g. "--omp-wait-policy passive" (what --torch-tuned
+                       adds), "--compile-mode max-autotune", "--warmup-steps 10"
 
-Target (fedmesh/PyTorch tokens/s): >= 1.0 for every model.
+Timing: PyTorch leaves its warm-up steps out (1 on the CPU; 5 on cuda, where
+torch.compile compiles inside them; compile time is reported apart), fedmesh
+times all its steps.
+
+Target (fedmesh/PyTorch tokens/s): on the CPU >= 1.0 for every model; on cuda
+>= 1.0 against torch.compile (against eager with --no-compile) and fedmesh's
+MFU >= 40% where the GPU's peak is known.
 EOF
 }
 
@@ -69,6 +97,10 @@ PYTHON="${PYTHON:-}"
 OUT_DIR=""
 INSTALL=1
 TORCH_TUNED=0
+DEVICE=cpu
+PRECISION=fp32
+COMPILE=1
+PEAK_FLOPS=""
 
 need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
@@ -81,6 +113,10 @@ while [[ $# -gt 0 ]]; do
     --test-limit) need_arg "$@"; TEST_LIMIT="$2"; shift 2 ;;
     --repeat)     need_arg "$@"; REPEAT="$2"; shift 2 ;;
     --seed)       need_arg "$@"; SEED="$2"; shift 2 ;;
+    --device)     need_arg "$@"; DEVICE="$2"; shift 2 ;;
+    --precision)  need_arg "$@"; PRECISION="$2"; shift 2 ;;
+    --no-compile) COMPILE=0; shift ;;
+    --peak-flops) need_arg "$@"; PEAK_FLOPS="$2"; shift 2 ;;
     --fedmesh)    need_arg "$@"; FEDMESH="$2"; shift 2 ;;
     --python)     need_arg "$@"; PYTHON="$2"; shift 2 ;;
     --out-dir)    need_arg "$@"; OUT_DIR="$2"; shift 2 ;;
@@ -99,11 +135,17 @@ is_uint "$REPEAT" || die "--repeat must be a positive integer (got '$REPEAT')"
 is_uint "$TEST_LIMIT" || die "--test-limit must be a positive integer (got '$TEST_LIMIT')"
 [[ "$LR" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || die "--lr must be a positive number (got '$LR')"
 [[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer"
+[[ "$DEVICE" == cpu || "$DEVICE" == cuda ]] || die "--device must be cpu or cuda (got '$DEVICE')"
+[[ "$PRECISION" == fp32 || "$PRECISION" == bf16 || "$PRECISION" == fp16 ]] ||
+  die "--precision must be fp32, bf16 or fp16 (got '$PRECISION')"
+[[ -z "$PEAK_FLOPS" || "$PEAK_FLOPS" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] ||
+  die "--peak-flops must be a positive number (got '$PEAK_FLOPS')"
+[[ "$DEVICE" == cuda ]] || COMPILE=0   # the torch.compile run belongs to the GPU comparison
 IFS=',' read -r -a MODEL_LIST <<< "$MODELS"
 [[ ${#MODEL_LIST[@]} -gt 0 ]] || die "--models is empty"
 for m in "${MODEL_LIST[@]}"; do
-  [[ "$m" == gpt-nano || "$m" == gpt-tiny || "$m" == gpt-small ]] ||
-    die "unknown model '$m' (expected gpt-nano, gpt-tiny or gpt-small)"
+  [[ "$m" == gpt-nano || "$m" == gpt-tiny || "$m" == gpt-small || "$m" == gpt2 ]] ||
+    die "unknown model '$m' (expected gpt-nano, gpt-tiny, gpt-small or gpt2)"
 done
 
 cd "$REPO_ROOT"
@@ -131,6 +173,7 @@ apt_install() {
 # dist-packages; a pyenv/venv python3 earlier on PATH will not see it).
 # ---------------------------------------------------------------------------
 has_torch() { "$1" -c 'import torch, numpy' >/dev/null 2>&1; }
+has_cuda_torch() { "$1" -c 'import sys, torch, numpy; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
 find_python() {
   local c
   for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
@@ -138,8 +181,30 @@ find_python() {
   done
   return 1
 }
+find_cuda_python() {
+  local c
+  for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
+    if command -v "$c" >/dev/null 2>&1 && has_cuda_torch "$c"; then command -v "$c"; return 0; fi
+  done
+  return 1
+}
+# What a python's torch says about CUDA, in one line (for the refusal below).
+torch_cuda_line() {
+  "$1" -c 'import torch
+print("torch %s (CUDA build: %s), torch.cuda.is_available() = %s" % (torch.__version__, torch.version.cuda, torch.cuda.is_available()))' 2>/dev/null ||
+    echo "cannot import torch"
+}
 
-if ! PY="$(find_python)"; then
+if [[ "$DEVICE" == cuda ]]; then
+  # No apt-get install here: Debian's python3-torch is a CPU-only build.
+  if ! PY="$(find_cuda_python)"; then
+    seen=""
+    for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
+      command -v "$c" >/dev/null 2>&1 && seen+="; $c: $(torch_cuda_line "$c")"
+    done
+    die "--device cuda: no python here has a PyTorch that sees a GPU${seen}. Run on a machine with an NVIDIA GPU and give --python PATH for a CUDA build of PyTorch (or use --device cpu)"
+  fi
+elif ! PY="$(find_python)"; then
   [[ -n "$PYTHON" ]] && die "$PYTHON cannot import torch and numpy"
   apt_install python3-torch python3-numpy
   PY="$(find_python)" || die "torch still not importable after apt-get install"
@@ -173,6 +238,15 @@ fi
 read -r -a FM_EXTRA <<< "${FEDMESH_EXTRA_ARGS:-}"
 read -r -a PT_EXTRA <<< "${TORCH_EXTRA_ARGS:-}"
 [[ $TORCH_TUNED -eq 1 ]] && PT_EXTRA=(--omp-wait-policy passive "${PT_EXTRA[@]}")
+# --device / --precision for both sides; left out at their defaults (cpu,
+# fp32) so that the CPU commands are exactly the ones of before.
+DEV_ARGS=()
+[[ "$DEVICE" != cpu ]] && DEV_ARGS+=(--device "$DEVICE")
+[[ "$PRECISION" != fp32 ]] && DEV_ARGS+=(--precision "$PRECISION")
+PEAK_ARGS=()
+[[ -n "$PEAK_FLOPS" ]] && PEAK_ARGS=(--peak-flops "$PEAK_FLOPS")
+FRAMEWORKS=(fedmesh pytorch)
+[[ $COMPILE -eq 1 ]] && FRAMEWORKS+=(pytorch-compile)
 
 # CPUs kept busy by other processes right before a run (we are idle then):
 # sampled from /proc/stat over 0.5 s.  The load average would mostly show our
@@ -197,30 +271,46 @@ run_fedmesh() {  # model rep
   log "fedmesh $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
   if "$FEDMESH" train --model "$1" --steps "$STEPS" --batch-size "$BATCH" --threads "$THREADS" \
        --lr "$LR" --schedule constant --test-limit "$TEST_LIMIT" --seed "$SEED" --json \
-       "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+       "${DEV_ARGS[@]}" "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
   else
-    echo $? >"$out.rc"; log "fedmesh $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
+    echo $? >"$out.rc"
+    if [[ "$DEVICE" == cuda && $(cat "$out.rc") -eq 2 ]]; then
+      log "fedmesh $1 run $2 refused --device cuda: $(grep -m1 . "$out.err" || true)"
+    else
+      log "fedmesh $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
+    fi
   fi
 }
-run_torch() {  # model rep
-  local out="$OUT_DIR/pytorch-$1-$2"
+run_torch() {  # model rep [pytorch|pytorch-compile]
+  local fw="${3:-pytorch}" compile_args=()
+  [[ "$fw" == pytorch-compile ]] && compile_args=(--compile)
+  local out="$OUT_DIR/$fw-$1-$2"
   busy_cpus >"$out.busy"
-  log "pytorch $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
+  log "$fw $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
   if "$PY" "$SCRIPT_DIR/torch_gpt.py" --model "$1" --steps "$STEPS" --batch-size "$BATCH" \
        --threads "$THREADS" --lr "$LR" --test-limit "$TEST_LIMIT" --seed "$SEED" \
-       "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+       "${DEV_ARGS[@]}" "${compile_args[@]}" "${PEAK_ARGS[@]}" "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
   else
-    echo $? >"$out.rc"; log "pytorch $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
+    echo $? >"$out.rc"; log "$fw $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
   fi
+}
+run_one() {  # framework model rep
+  case "$1" in
+    fedmesh) run_fedmesh "$2" "$3" ;;
+    *)       run_torch "$2" "$3" "$1" ;;
+  esac
 }
 
 for m in "${MODEL_LIST[@]}"; do
   for ((r = 1; r <= REPEAT; r++)); do
-    # Alternate the order so slow drifts of a noisy machine hit both sides.
-    if (( r % 2 == 1 )); then run_fedmesh "$m" "$r"; run_torch "$m" "$r"
-    else run_torch "$m" "$r"; run_fedmesh "$m" "$r"; fi
+    # Alternate the order so slow drifts of a noisy machine hit every side.
+    if (( r % 2 == 1 )); then
+      for ((i = 0; i < ${#FRAMEWORKS[@]}; i++)); do run_one "${FRAMEWORKS[i]}" "$m" "$r"; done
+    else
+      for ((i = ${#FRAMEWORKS[@]} - 1; i >= 0; i--)); do run_one "${FRAMEWORKS[i]}" "$m" "$r"; done
+    fi
   done
 done
 
@@ -229,14 +319,19 @@ done
 # ---------------------------------------------------------------------------
 set +e
 "$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "$STEPS" "$LR" "$TEST_LIMIT" \
-  "$(nproc 2>/dev/null || echo 0)" "${PT_EXTRA[*]}" <<'PYEOF'
+  "$(nproc 2>/dev/null || echo 0)" "${PT_EXTRA[*]}" "$DEVICE" "$PRECISION" "$COMPILE" <<'PYEOF'
 import json, os, statistics, sys
 
-out_dir, models, repeat, batch, threads, steps, lr, test_limit, ncpu, torch_extra = sys.argv[1:11]
+(out_dir, models, repeat, batch, threads, steps, lr, test_limit, ncpu, torch_extra,
+ device, precision, compile_run) = sys.argv[1:14]
 ncpu = int(ncpu)
 models = models.split(",")
 repeat, batch, threads, steps, test_limit = int(repeat), int(batch), int(threads), int(steps), int(test_limit)
+on_cuda = device == "cuda"
+compile_run = compile_run == "1"
+FRAMEWORKS = ("fedmesh", "pytorch") + (("pytorch-compile",) if compile_run else ())
 TARGET = 1.0
+MFU_TARGET = 0.40  # on cuda, where the GPU's peak is known
 
 def json_lines(path):
     objs = []
@@ -259,12 +354,28 @@ def json_lines(path):
 def num(x):
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
+def stderr_line(base, first=False):
+    """The run's own error line: the first "fedmesh ..:" / "torch_gpt.py:"
+    line of its stderr, else its first (first=True) or last non-empty line."""
+    try:
+        lines = [l.strip() for l in open(base + ".err", errors="replace") if l.strip()]
+    except OSError:
+        return None
+    for l in lines:
+        if l.startswith(("fedmesh", "torch_gpt.py:")):
+            return l
+    return (lines[0] if first else lines[-1]) if lines else None
+
 def load(framework, model, rep):
+    """(record, error, refusal): refusal is fedmesh's first message line when
+    it declined --device cuda (exit 2)."""
     base = os.path.join(out_dir, f"{framework}-{model}-{rep}")
     try:
         rc = int(open(base + ".rc").read().strip())
     except (OSError, ValueError):
         rc = None
+    if on_cuda and framework == "fedmesh" and rc == 2:
+        return None, None, stderr_line(base, first=True) or "exit status 2"
     objs = json_lines(base + ".out")
     if framework == "fedmesh":
         cand = [o for o in objs if o.get("event") == "summary"]
@@ -274,11 +385,14 @@ def load(framework, model, rep):
     err = None
     if rc != 0:
         err = f"exit status {rc}"
+        line = stderr_line(base)
+        if line and on_cuda:  # (CPU reports stay as they were)
+            err += f": {line}"
     elif rec is None:
         err = "no summary JSON line in output"
     elif not (num(rec.get("tokens_per_second")) or 0) > 0:
         err = "summary has no positive tokens_per_second"
-    return rec, err
+    return rec, err, None
 
 def busy_before(framework, model, rep):
     try:
@@ -294,13 +408,16 @@ records = []
 for m in models:
     res = {}
     loads = []
-    for fw in ("fedmesh", "pytorch"):
-        tps, train_loss, test_loss, errs, extra = [], [], [], [], {}
+    for fw in FRAMEWORKS:
+        tps, train_loss, test_loss, errs, refusals, extra = [], [], [], [], [], {}
         for r in range(1, repeat + 1):
             la = busy_before(fw, m, r)
             if la is not None:
                 loads.append(la)
-            rec, err = load(fw, m, r)
+            rec, err, refusal = load(fw, m, r)
+            if refusal:
+                refusals.append(refusal)
+                continue
             if err:
                 errs.append(f"run {r}: {err}")
                 continue
@@ -311,24 +428,31 @@ for m in models:
             el = num(rec.get("test_loss"))
             if el is not None:
                 test_loss.append(el)
-            if fw == "pytorch":
+            if fw != "fedmesh":
                 extra["torch_version"] = rec.get("torch_version")
                 extra["omp_wait_policy"] = rec.get("omp_wait_policy")
                 extra["attention"] = rec.get("attention")
+                for k in ("device_name", "flops_per_token", "peak_flops", "peak_flops_source", "parameters"):
+                    if rec.get(k) is not None:
+                        extra[k] = rec[k]
                 if num(rec.get("median_step_ms")) is not None:
                     extra.setdefault("median_step_ms", []).append(rec["median_step_ms"])
+                for k in ("mean_step_ms", "compile_seconds", "mfu"):
+                    if num(rec.get(k)) is not None:
+                        extra.setdefault(k, []).append(rec[k])
             else:
                 if num(rec.get("unigram_bits_per_byte")) is not None:
                     extra["unigram_bits_per_byte"] = rec["unigram_bits_per_byte"]
-        res[fw] = dict(tps=tps, train_loss=train_loss, test_loss=test_loss, errs=errs, extra=extra)
+        res[fw] = dict(tps=tps, train_loss=train_loss, test_loss=test_loss, errs=errs,
+                       refusals=refusals, extra=extra)
     fm, pt = res["fedmesh"], res["pytorch"]
     fm_med, pt_med = median(fm["tps"]), median(pt["tps"])
     ratio = fm_med / pt_med if fm_med and pt_med else None
     meets = (ratio >= TARGET) if ratio is not None else None
-    errors = [f"fedmesh {e}" for e in fm["errs"]] + [f"pytorch {e}" for e in pt["errs"]]
+    errors = [f"{fw} {e}" for fw in FRAMEWORKS for e in res[fw]["errs"]]
     if errors:
         failed = True
-    records.append({
+    rec = {
         "benchmark": "fedmesh_vs_pytorch_lm",
         "model": m,
         "batch_size": batch,
@@ -358,7 +482,51 @@ for m in models:
         "max_busy_cpus_before_runs": max(loads) if loads else None,
         "cpus": ncpu,
         "errors": errors,
-    })
+        "device": device,
+        "precision": precision,
+    }
+    if on_cuda:
+        pc = res.get("pytorch-compile")
+        pc_med = median(pc["tps"]) if pc else None
+        ratio_compile = fm_med / pc_med if fm_med and pc_med else None
+        info = dict(pt["extra"])
+        if pc:
+            info.update({k: v for k, v in pc["extra"].items() if k not in info})
+        fpt, peak = num(info.get("flops_per_token")), num(info.get("peak_flops"))
+        fm_mfu = fm_med * fpt / peak if (fm_med and fpt and peak) else None
+        # The cuda target: >= 1.0x torch.compile (eager with --no-compile) and
+        # fedmesh's MFU >= 40% where the peak is known.
+        against = ratio_compile if pc else ratio
+        meets_ratio = (against >= TARGET) if against is not None else None
+        meets_mfu = (fm_mfu >= MFU_TARGET) if fm_mfu is not None else None
+        if meets_ratio is None:
+            meets_cuda = None
+        elif meets_mfu is None:
+            meets_cuda = meets_ratio
+        else:
+            meets_cuda = meets_ratio and meets_mfu
+        rec.update({
+            "meets_target": meets_cuda,
+            "target_against": "torch.compile" if pc else "pytorch eager",
+            "mfu_target": MFU_TARGET,
+            "fedmesh_refused": fm["refusals"][0] if fm["refusals"] else None,
+            "device_name": info.get("device_name"),
+            "parameters": info.get("parameters"),
+            "flops_per_token": fpt,
+            "peak_flops": peak,
+            "peak_flops_source": info.get("peak_flops_source"),
+            "fedmesh_mfu": fm_mfu,
+            "pytorch_mfu": median(pt["extra"].get("mfu", [])),
+            "pytorch_mean_step_ms": median(pt["extra"].get("mean_step_ms", [])),
+            "pytorch_compile_tokens_per_second": pc_med,
+            "ratio_compile": ratio_compile,
+            "pytorch_compile_mfu": median(pc["extra"].get("mfu", [])) if pc else None,
+            "pytorch_compile_runs_tokens_per_second": pc["tps"] if pc else None,
+            "pytorch_compile_seconds": median(pc["extra"].get("compile_seconds", [])) if pc else None,
+            "pytorch_compile_train_loss": median(pc["train_loss"]) if pc else None,
+            "pytorch_compile_test_loss": median(pc["test_loss"]) if pc else None,
+        })
+    records.append(rec)
 
 def f(x, fmt):
     if x is None:
@@ -367,20 +535,58 @@ def f(x, fmt):
     return format(x, fmt)
 
 agg = f", median of {repeat}" if repeat > 1 else ""
-print(f"fedmesh vs PyTorch (CPU, language models) -- batch {batch}, {threads} thread(s), {steps} steps, "
-      f"AdamW lr {lr} constant{agg}" + (f"; torch_gpt.py {torch_extra}" if torch_extra else ""))
-hdr = (f"{'model':<9} {'fedmesh tok/s':>13} {'pytorch tok/s':>13} {'ratio':>7} {'target':>8} {'status':<7} "
-       f"{'fm train':>8} {'pt train':>8} {'fm test':>8} {'pt test':>8}")
-print(hdr)
-print("-" * len(hdr))
-for r in records:
-    status = "ERROR" if r["ratio"] is None else ("met" if r["meets_target"] else "MISSED")
-    print(f"{r['model']:<9} {f(r['fedmesh_tokens_per_second'], '13.0f')} {f(r['pytorch_tokens_per_second'], '13.0f')} "
-          f"{f(r['ratio'], '7.3f')} {'>= ' + f(r['target'], 'g'):>8} {status:<7} "
-          f"{f(r['fedmesh_train_loss'], '8.3f')} {f(r['pytorch_train_loss'], '8.3f')} "
-          f"{f(r['fedmesh_test_loss'], '8.3f')} {f(r['pytorch_test_loss'], '8.3f')}")
-    for e in r["errors"]:
-        print(f"  ! {r['model']}: {e}")
+if not on_cuda:
+    where = "CPU" if precision == "fp32" else f"CPU, {precision}"
+    print(f"fedmesh vs PyTorch ({where}, language models) -- batch {batch}, {threads} thread(s), {steps} steps, "
+          f"AdamW lr {lr} constant{agg}" + (f"; torch_gpt.py {torch_extra}" if torch_extra else ""))
+    hdr = (f"{'model':<9} {'fedmesh tok/s':>13} {'pytorch tok/s':>13} {'ratio':>7} {'target':>8} {'status':<7} "
+           f"{'fm train':>8} {'pt train':>8} {'fm test':>8} {'pt test':>8}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in records:
+        status = "ERROR" if r["ratio"] is None else ("met" if r["meets_target"] else "MISSED")
+        print(f"{r['model']:<9} {f(r['fedmesh_tokens_per_second'], '13.0f')} {f(r['pytorch_tokens_per_second'], '13.0f')} "
+              f"{f(r['ratio'], '7.3f')} {'>= ' + f(r['target'], 'g'):>8} {status:<7} "
+              f"{f(r['fedmesh_train_loss'], '8.3f')} {f(r['pytorch_train_loss'], '8.3f')} "
+              f"{f(r['fedmesh_test_loss'], '8.3f')} {f(r['pytorch_test_loss'], '8.3f')}")
+        for e in r["errors"]:
+            print(f"  ! {r['model']}: {e}")
+else:
+    names = sorted({r.get("device_name") for r in records if r.get("device_name")})
+    print(f"fedmesh vs PyTorch (CUDA {', '.join(names) if names else 'GPU'}, {precision}, language models) -- "
+          f"batch {batch}, {steps} steps, AdamW lr {lr} constant{agg}"
+          + (f"; torch_gpt.py {torch_extra}" if torch_extra else ""))
+    def pct(x):
+        return format("unknown", ">7") if x is None else format(f"{100 * x:.1f}%", ">7")
+    hdr = (f"{'model':<9} {'fedmesh tok/s':>13} {'eager tok/s':>13} {'compile tok/s':>13} {'ratio':>7} "
+           f"{'vs comp':>7} {'status':<8} {'fm MFU':>7} {'eag MFU':>7} {'cmp MFU':>7} "
+           f"{'fm test':>8} {'pt test':>8}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in records:
+        if r["fedmesh_refused"]:
+            status = "refused"
+        elif r["errors"] or r["meets_target"] is None:
+            status = "ERROR"
+        else:
+            status = "met" if r["meets_target"] else "MISSED"
+        fm_tps = format("refused", ">13") if r["fedmesh_refused"] else f(r["fedmesh_tokens_per_second"], "13.0f")
+        fm_mfu = format("-", ">7") if r["fedmesh_refused"] else pct(r["fedmesh_mfu"])
+        print(f"{r['model']:<9} {fm_tps} {f(r['pytorch_tokens_per_second'], '13.0f')} "
+              f"{f(r['pytorch_compile_tokens_per_second'], '13.0f')} {f(r['ratio'], '7.3f')} "
+              f"{f(r['ratio_compile'], '7.3f')} {status:<8} {fm_mfu} {pct(r['pytorch_mfu'])} "
+              f"{pct(r['pytorch_compile_mfu'])} {f(r['fedmesh_test_loss'], '8.3f')} "
+              f"{f(r['pytorch_test_loss'], '8.3f')}")
+        if r["fedmesh_refused"]:
+            print(f"  fedmesh refused --device cuda: {r['fedmesh_refused']}")
+        for e in r["errors"]:
+            print(f"  ! {r['model']}: {e}")
+    srcs = sorted({r.get("peak_flops_source") for r in records if r.get("peak_flops_source")})
+    print(f"(target: fedmesh >= {TARGET:g}x "
+          f"{'torch.compile' if compile_run else 'PyTorch eager'} and fedmesh MFU >= {100 * MFU_TARGET:.0f}% where "
+          f"the peak is known; MFU = tokens/s x (6 x parameters less wpe + 12 x layers x context x width) / peak; "
+          f"peak: {', '.join(srcs) if srcs else 'unknown'}; PyTorch leaves its warm-up steps and compile time out "
+          "of the timing, fedmesh times every step)")
 print("(losses: nats per byte; train = the last training batch, test = the first "
       f"{test_limit} held-out windows after the last step; different initial weights and "
       "shuffles, so only roughly comparable)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""PyTorch CPU reference trainer for the fedmesh language-model throughput comparison.
+"""PyTorch reference trainer for the fedmesh language-model throughput comparison (CPU or CUDA).
 
-Trains the same GPT-2-style decoder as `fedmesh train --model gpt-nano|gpt-tiny|gpt-small`
+Trains the same GPT-2-style decoder as `fedmesh train --model gpt-nano|gpt-tiny|gpt-small|gpt2`
 the way a typical PyTorch user would write it (nanoGPT style: nn.Module with
 nn.Embedding, nn.LayerNorm, nn.Linear, F.gelu(approximate="tanh"), causal
 self-attention computed by hand with a registered lower-triangular mask --
@@ -12,10 +12,13 @@ line on stdout:
 
   {"framework": "pytorch", "torch_version": ..., "model": ..., "batch_size": ...,
    "threads": ..., "tokens_per_second": ..., "train_seconds": ...,
-   "final_train_loss": ..., "test_loss": ..., "bits_per_byte": ..., ...}
+   "final_train_loss": ..., "test_loss": ..., "bits_per_byte": ..., "device": ...,
+   "precision": ..., "compiled": ..., "flops_per_token": ..., "mfu": ..., ...}
 
 Model (must match fedmesh's node/model.cpp + node/layers/transformer.cpp):
-  token embedding wte (256, C) + learned positions wpe (context, C);
+  token embedding wte (V, C) + learned positions wpe (context, C), V = 256
+  for gpt-nano/tiny/small and 50257 for gpt2 (fedmesh's gpt2 keeps GPT-2's
+  vocabulary with the byte tokenizer: only ids 0-255 occur);
   per block x + attn(ln_1(x)), then + mlp(ln_2(.)); attention c_attn
   Linear(C, 3C) laid out [q|k|v], causal softmax(q k^T / sqrt(d)) v per head,
   c_proj Linear(C, C); MLP c_fc Linear(C, 4C), GELU (tanh), c_proj
@@ -43,9 +46,28 @@ windows of the permutation.  Evaluation: the first --test-limit windows of
 the held-out bytes (fedmesh's --test-limit), mean cross-entropy per byte.
 
 Timing: time.perf_counter() around the training loop only (batch assembly
-included, evaluation excluded).  The very first optimizer step is a warm-up
-step and is excluded from the timing and from the token count; it is still a
-real training step, so --steps N = N steps in total, N-1 of them timed.
+included, evaluation excluded).  The first --warmup-steps optimizer steps
+(default 1 on the CPU without --compile, else 5) are a warm-up, excluded from
+the timing and from the token count; they are still real training steps, so
+--steps N = N steps in total, N - warm-up of them timed.
+
+--device cuda / --precision fp32|bf16|fp16 / --compile: as bench/torch_train.py
+(model, optimizer state and the tokenized windows on the GPU, batches gathered
+there; torch.cuda.synchronize() before each timer read; autocast with fp32
+master weights, GradScaler for fp16 on cuda; torch.compile(dynamic=False)
+with compile time inside the warm-up, reported as compile_seconds; exit 2
+when the GPU, the precision or torch.compile is not available).
+
+MFU (model FLOPs utilization): tokens/s x flops_per_token / peak, with
+flops_per_token = 6 x N + 12 x layers x context x width, N = the parameters
+less the position embedding (the tied wte is counted once: it is the output
+projection's matmul), the second term the attention scores and their
+weighted sum (q k^T and att v, forward + backward, counted over the full
+context as in the PaLM / nanoGPT estimate, not halved for the causal mask).
+The peak is the GPU's dense bf16 tensor-core FLOP/s (whatever --precision)
+from a table keyed by torch.cuda.get_device_name() (H100 SXM 989e12, H100
+PCIe 756e12, H200 989e12, A100 312e12), or --peak-flops; otherwise mfu is
+null and "unknown" is printed.
 
 Only Debian's python3-torch is expected.  If the interpreter running this
 script cannot import torch (e.g. a pyenv/venv python3 shadows the system one)
@@ -65,35 +87,67 @@ BIBLE_PROGRAM = "/usr/bin/bible"
 BIBLE_RANGE = "Gen1:1-Rev22:21"
 BIBLE_BOOKS = 66
 HELD_OUT = 0.05
-VOCABULARY = 256
 
-# name: (context, width, heads, layers) -- node/model.cpp language_model_config
+# name: (vocabulary, context, width, heads, layers) -- node/model.cpp language_model_config
 CONFIGS = {
-    "gpt-nano": (64, 64, 4, 2),
-    "gpt-tiny": (128, 192, 6, 4),
-    "gpt-small": (256, 384, 6, 6),
+    "gpt-nano": (256, 64, 64, 4, 2),
+    "gpt-tiny": (256, 128, 192, 6, 4),
+    "gpt-small": (256, 256, 384, 6, 6),
+    "gpt2": (50257, 1024, 768, 12, 12),
 }
+
+# Dense bf16 tensor-core peak FLOP/s by GPU (the vendors' data sheets, without sparsity).
+PEAK_BF16_FLOPS = {
+    "H100 SXM": 989e12,
+    "H100 PCIe": 756e12,
+    "H200": 989e12,
+    "A100": 312e12,
+}
+
+
+def peak_flops_for(device_name):
+    """(peak FLOP/s, table key) for torch.cuda.get_device_name(), or (None, None)."""
+    n = device_name.lower()
+    if "h100" in n:
+        if "pcie" in n:
+            return PEAK_BF16_FLOPS["H100 PCIe"], "H100 PCIe"
+        if "nvl" in n:
+            return None, None  # a different clock and power limit: not in the table
+        return PEAK_BF16_FLOPS["H100 SXM"], "H100 SXM"  # "NVIDIA H100 80GB HBM3"
+    if "h200" in n:
+        return (None, None) if "nvl" in n else (PEAK_BF16_FLOPS["H200"], "H200")
+    if "a100" in n:
+        return PEAK_BF16_FLOPS["A100"], "A100"
+    return None, None
+
+
+def flops_per_token(parameters, context, width, layers):
+    """6 N + 12 L T C: N = parameters less the position embedding."""
+    return 6 * (parameters - context * width) + 12 * layers * context * width
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description="PyTorch CPU language-model training-throughput reference for fedmesh "
-                    "(GPT-2-style decoder, byte tokenizer, King James Bible, AdamW wd=1e-4, "
-                    "constant lr). Prints one JSON line on stdout.")
+        description="PyTorch language-model training-throughput reference for fedmesh on the CPU "
+                    "or one CUDA GPU (GPT-2-style decoder, byte tokenizer, King James Bible, AdamW "
+                    "wd=1e-4, constant lr). Prints one JSON line on stdout.")
     p.add_argument("--model", choices=sorted(CONFIGS), required=True,
                    help="gpt-nano (ctx 64, C 64, 4 heads, 2 layers), gpt-tiny (ctx 128, C 192, 6 heads, "
-                        "4 layers), gpt-small (ctx 256, C 384, 6 heads, 6 layers)")
+                        "4 layers), gpt-small (ctx 256, C 384, 6 heads, 6 layers), all vocabulary 256; "
+                        "gpt2 (vocabulary 50257, ctx 1024, C 768, 12 heads, 12 layers, 124M parameters)")
     p.add_argument("--batch-size", type=int, default=64, help="windows per batch (default 64)")
     p.add_argument("--threads", type=int, default=2,
                    help="intra-op threads: torch.set_num_threads, also OMP/OpenBLAS thread env (default 2)")
     p.add_argument("--steps", type=int, required=True,
-                   help="train exactly N optimizer steps in total (first one is the untimed warm-up); "
+                   help="train exactly N optimizer steps in total (the first --warmup-steps are untimed); "
                         "cycles over the data as needed")
     p.add_argument("--lr", type=float, default=1e-3, help="constant learning rate (default 1e-3)")
     p.add_argument("--weight-decay", type=float, default=1e-4, help="AdamW weight decay (default 1e-4)")
     p.add_argument("--test-limit", type=int, default=0,
                    help="evaluate on only the first N held-out windows (0 = all, as fedmesh)")
-    p.add_argument("--eval-batch-size", type=int, default=256, help="evaluation batch size (default 256)")
+    p.add_argument("--eval-batch-size", type=int, default=None,
+                   help="evaluation batch size (default 256, fewer where batch x context x vocabulary "
+                        "logits would pass 2^30 values: 20 for gpt2)")
     p.add_argument("--no-eval", action="store_true", help="skip evaluation (test_loss = null)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed for init and shuffling (default 0)")
     p.add_argument("--omp-wait-policy", choices=["passive", "active"], default=None,
@@ -103,6 +157,10 @@ def parse_args(argv=None):
                         "can be much faster; use it for a tuned baseline")
     p.add_argument("--blas-threads", type=int, default=None,
                    help="OPENBLAS_NUM_THREADS (default: --threads)")
+    add_device_args(p)
+    p.add_argument("--peak-flops", type=float, default=None,
+                   help="the accelerator's peak FLOP/s for the MFU estimate (default: dense bf16 from the "
+                        "table for H100 SXM/PCIe, H200, A100 by torch.cuda.get_device_name(); else unknown)")
     p.add_argument("--verbose", "-v", action="store_true", help="progress on stderr")
     p.add_argument("--log-every", type=int, default=0,
                    help="with --verbose: log the training loss every N steps (default 0 = never; "
@@ -112,20 +170,22 @@ def parse_args(argv=None):
         p.error("--batch-size must be >= 1")
     if a.threads < 1:
         p.error("--threads must be >= 1")
-    if a.steps < 2:
-        p.error("--steps must be >= 2 (the first step is an untimed warm-up)")
+    resolve_warmup(p, a)
     if a.blas_threads is not None and a.blas_threads < 1:
         p.error("--blas-threads must be >= 1")
     if a.test_limit < 0:
         p.error("--test-limit must be >= 0")
-    if a.eval_batch_size < 1:
+    if a.eval_batch_size is not None and a.eval_batch_size < 1:
         p.error("--eval-batch-size must be >= 1")
+    if a.peak_flops is not None and not a.peak_flops > 0:
+        p.error("--peak-flops must be > 0")
     return a
 
 
-# The thread environment and the torch import are torch_train.py's.
+# The thread environment, the torch import and --device/--precision/--compile are torch_train.py's.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_train import configure_thread_env, import_torch_or_reexec  # noqa: E402
+from torch_train import (  # noqa: E402
+    Runtime, add_device_args, configure_thread_env, import_torch_or_reexec, resolve_warmup, step_time_stats)
 
 
 # ----------------------------------------------------------------------------
@@ -191,7 +251,7 @@ def windows(data, context, stride):
 # The model (must match fedmesh's exactly)
 # ----------------------------------------------------------------------------
 
-def build_model(context, width, heads, layers):
+def build_model(vocabulary, context, width, heads, layers):
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -247,7 +307,7 @@ def build_model(context, width, heads, layers):
     class GPT(nn.Module):
         def __init__(self):
             super().__init__()
-            self.wte = nn.Embedding(VOCABULARY, width)
+            self.wte = nn.Embedding(vocabulary, width)
             self.wpe = nn.Embedding(context, width)
             self.h = nn.ModuleList(Block() for _ in range(layers))
             self.ln_f = nn.LayerNorm(width, eps=1e-5)
@@ -278,7 +338,7 @@ def build_model(context, width, heads, layers):
     return GPT(), ("scaled_dot_product_attention" if has_sdpa else "manual (masked_fill + softmax)")
 
 
-def evaluate(model, x, y, batch_size):
+def evaluate(model, x, y, batch_size, rt):
     import torch
     from torch.nn import functional as F
     model.eval()
@@ -286,9 +346,12 @@ def evaluate(model, x, y, batch_size):
     count = 0
     with torch.no_grad():
         for i in range(0, x.shape[0], batch_size):
-            xb, yb = x[i:i + batch_size], y[i:i + batch_size]
-            logits, _ = model(xb)
-            loss_sum += F.cross_entropy(logits.view(-1, logits.size(-1)), yb.reshape(-1), reduction="sum").item()
+            xb = x[i:i + batch_size].to(rt.device)
+            yb = y[i:i + batch_size].to(rt.device)
+            with rt.autocast():
+                logits, _ = model(xb)
+            loss_sum += F.cross_entropy(logits.float().view(-1, logits.size(-1)), yb.reshape(-1),
+                                        reduction="sum").item()
             count += yb.numel()
     model.train()
     return loss_sum / count
@@ -301,6 +364,8 @@ def main():
 
     import torch
 
+    rt = Runtime(args, "torch_gpt.py")
+    on_cuda = args.device == "cuda"
     torch.set_num_threads(args.threads)
     try:
         torch.set_num_interop_threads(1)
@@ -312,7 +377,8 @@ def main():
         if args.verbose:
             print(f"[torch_gpt] {msg}", file=sys.stderr, flush=True)
 
-    context, width, heads, layers = CONFIGS[args.model]
+    vocabulary, context, width, heads, layers = CONFIGS[args.model]
+    eval_batch_size = args.eval_batch_size or max(1, min(256, (1 << 30) // (context * vocabulary)))
 
     t_load = time.perf_counter()
     train_bytes, held_out_bytes = split_books(load_bible_books())
@@ -325,62 +391,113 @@ def main():
     log(f"{len(train_bytes)} training bytes -> {x_train.shape[0]} windows of {context}; "
         f"{len(held_out_bytes)} held-out bytes ({time.perf_counter() - t_load:.2f}s)")
 
-    model, attention_impl = build_model(context, width, heads, layers)
+    model, attention_impl = build_model(vocabulary, context, width, heads, layers)
+    model = model.to(rt.device)
     parameters = sum(p.numel() for p in model.parameters())
-    log(f"{args.model}: {parameters} parameters, attention: {attention_impl}")
+    fpt = flops_per_token(parameters, context, width, layers)
+    log(f"{args.model}: {parameters} parameters, attention: {attention_impl}; device {args.device} "
+        f"({rt.device_name}), precision {args.precision}, "
+        f"{'torch.compile mode ' + rt.compile_mode if rt.compiled else 'eager'}, "
+        f"{args.warmup_steps} warm-up step(s)")
+    train_model = rt.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=args.weight_decay)
     generator = torch.Generator().manual_seed(args.seed)
+    if on_cuda:  # the tokenized windows live on the GPU; batches are gathered there
+        x_train, y_train = x_train.to(rt.device), y_train.to(rt.device)
 
     train_count = x_train.shape[0]
     steps_per_epoch = (train_count + args.batch_size - 1) // args.batch_size
     total_steps = args.steps
+    warmup = args.warmup_steps
+    tail = train_count % args.batch_size  # size of each epoch's last, smaller batch (0: none)
+
+    def precompile_tail():
+        """--compile, dynamic=False: compile the short last batch's shape before
+        timing (forward + backward, gradients dropped, weights untouched)."""
+        with rt.autocast():
+            _, loss = train_model(x_train[:tail], y_train[:tail])
+        loss.backward()
+        optimizer.zero_grad(set_to_none=True)
 
     model.train()
     step = 0
     timed_tokens = 0
+    t_start = time.perf_counter()
     t0 = t_prev = None
+    warmup_seconds = None
     step_times = []
     first_loss = last_loss = None
     epoch = 0
     while step < total_steps:
         epoch += 1
         order = torch.randperm(train_count, generator=generator)
+        if on_cuda:
+            order = order.to(rt.device)
         for begin in range(0, train_count, args.batch_size):
             index = order[begin:begin + args.batch_size]
             xb, yb = x_train[index], y_train[index]
             optimizer.zero_grad(set_to_none=True)
-            _, loss = model(xb, yb)
-            loss.backward()
-            optimizer.step()
+            with rt.autocast():
+                _, loss = train_model(xb, yb)
+            rt.backward_and_step(loss, optimizer)
             step += 1
             if args.log_every and (step % args.log_every == 0 or step == total_steps):
                 log(f"step {step}/{total_steps}: loss {loss.item():.4f}")  # .item() syncs; off by default
             if step == 1:
-                first_loss = loss.item()  # also syncs; nothing is async on CPU anyway
-                t0 = t_prev = time.perf_counter()  # timing starts after the warm-up step
+                first_loss = loss.item()  # also syncs
+            if step < warmup:
+                pass
+            elif step == warmup:
+                if rt.compiled and tail and total_steps >= steps_per_epoch and warmup < steps_per_epoch:
+                    precompile_tail()
+                rt.synchronize()
+                t0 = t_prev = time.perf_counter()  # timing starts after the warm-up
+                warmup_seconds = t0 - t_start
             else:
                 timed_tokens += yb.numel()
-                t_now = time.perf_counter()
-                step_times.append(t_now - t_prev)  # includes assembling the batch
-                t_prev = t_now
+                if not on_cuda:  # a per-step timer read would need a sync on cuda
+                    t_now = time.perf_counter()
+                    step_times.append(t_now - t_prev)  # includes assembling the batch
+                    t_prev = t_now
             if step >= total_steps:
                 break
+    rt.synchronize()
     train_seconds = time.perf_counter() - t0
     last_loss = loss.item()
+    timed_steps = step - warmup
     tps = timed_tokens / train_seconds if train_seconds > 0 else None
     log(f"{step} steps ({epoch} epoch(s) of {steps_per_epoch} steps), {timed_tokens} timed tokens in "
         f"{train_seconds:.3f}s -> {tps:.1f} tokens/s, loss {first_loss:.4f} -> {last_loss:.4f}")
 
-    step_times.sort()
-    median_step_ms = 1e3 * step_times[len(step_times) // 2]
-    p90_step_ms = 1e3 * step_times[min(len(step_times) - 1, (9 * len(step_times)) // 10)]
-    log(f"step time: median {median_step_ms:.2f} ms, p90 {p90_step_ms:.2f} ms")
+    median_step_ms, p90_step_ms, mean_step_ms = step_time_stats(step_times, train_seconds, timed_steps, on_cuda)
+    if median_step_ms is not None:
+        log(f"step time: median {median_step_ms:.2f} ms, p90 {p90_step_ms:.2f} ms")
+    compile_seconds = None
+    if rt.compiled:
+        compile_seconds = max(0.0, warmup_seconds - warmup * train_seconds / timed_steps)
+        log(f"warm-up {warmup_seconds:.2f}s, of which about {compile_seconds:.2f}s compiling")
+
+    # MFU: against --peak-flops, else the table's dense bf16 peak of this GPU.
+    if args.peak_flops is not None:
+        peak, peak_source = args.peak_flops, "--peak-flops"
+    elif on_cuda:
+        peak, key = peak_flops_for(rt.device_name)
+        peak_source = f"table: {key} dense bf16" if key else f"unknown: '{rt.device_name}' is not in the table"
+    else:
+        peak, peak_source = None, "unknown: no --peak-flops on cpu"
+    mfu = tps * fpt / peak if (peak and tps) else None
+    if on_cuda or args.peak_flops is not None:
+        achieved = f"{tps * fpt / 1e12:.3g} TFLOP/s" if tps else "n/a"
+        mfu_text = f"{100 * mfu:.3g}%" if mfu is not None else "unknown"
+        print(f"[torch_gpt] MFU {mfu_text} ({achieved} at {fpt / 1e6:.1f} MFLOP/token; peak "
+              f"{'%.0f TFLOP/s' % (peak / 1e12) if peak else 'unknown'}, {peak_source})",
+              file=sys.stderr, flush=True)
 
     test_loss = None
     if not args.no_eval:
         t_eval = time.perf_counter()
-        test_loss = evaluate(model, x_test, y_test, args.eval_batch_size)
+        test_loss = evaluate(model, x_test, y_test, eval_batch_size, rt)
         log(f"eval: loss {test_loss:.4f} on {x_test.shape[0]} windows ({time.perf_counter() - t_eval:.2f}s)")
 
     result = {
@@ -388,6 +505,7 @@ def main():
         "torch_version": torch.__version__,
         "model": args.model,
         "parameters": parameters,
+        "vocabulary": vocabulary,
         "context": context,
         "batch_size": args.batch_size,
         "threads": args.threads,
@@ -395,7 +513,7 @@ def main():
         "samples_per_second": tps / context if tps else None,
         "train_seconds": train_seconds,
         "steps": step,
-        "timed_steps": step - 1,
+        "timed_steps": timed_steps,
         "timed_tokens": timed_tokens,
         "train_windows": int(train_count),
         "first_train_loss": first_loss,
@@ -406,14 +524,25 @@ def main():
         "lr": args.lr,
         "weight_decay": args.weight_decay,
         "attention": attention_impl,
-        # Diagnostics for noisy machines: per-step wall time of the timed steps.
+        # Diagnostics for noisy machines: per-step wall time of the timed steps
+        # (median/p90: CPU only; mean: timed time / timed steps).
         "median_step_ms": median_step_ms,
         "p90_step_ms": p90_step_ms,
+        "mean_step_ms": mean_step_ms,
         "seed": args.seed,
         "openblas_threads": int(os.environ["OPENBLAS_NUM_THREADS"]),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "python": platform.python_version(),
+        "warmup_steps": warmup,
+        "warmup_seconds": warmup_seconds,
+        "compile_seconds": compile_seconds,
+        "eval_batch_size": eval_batch_size,
+        "flops_per_token": fpt,
+        "peak_flops": peak,
+        "peak_flops_source": peak_source,
+        "mfu": mfu,
     }
+    result.update(rt.describe())
     print(json.dumps(result), flush=True)
 
 

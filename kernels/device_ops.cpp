@@ -3,6 +3,8 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/gemm.h"
+
 namespace fedmesh::device {
 
 namespace {
@@ -28,13 +30,7 @@ void require_host(const char* op, std::initializer_list<const Tensor*> tensors) 
 void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c,
           const Tensor* bias) {
   require_cuda("gemm", {&a, &b, &c, bias});
-  FEDMESH_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "gemm takes 2-D tensors");
-  const int64_t m = transpose_a ? a.dim(1) : a.dim(0);
-  const int64_t k = transpose_a ? a.dim(0) : a.dim(1);
-  const int64_t n = transpose_b ? b.dim(0) : b.dim(1);
-  FEDMESH_CHECK((transpose_b ? b.dim(1) : b.dim(0)) == k && c.dim(0) == m && c.dim(1) == n,
-                "gemm shapes do not match: a " + shape_to_string(a.shape()) + ", b " + shape_to_string(b.shape()) +
-                    ", c " + shape_to_string(c.shape()));
+  const auto [m, n, k] = gemm_dims(transpose_a, transpose_b, a, b, c);
   FEDMESH_CHECK(a.dtype() == b.dtype() && (c.dtype() == a.dtype() || c.dtype() == DType::kF32),
                 std::string("cuda gemm: a and b must share a dtype and c have it or fp32 (got ") +
                     dtype_name(a.dtype()) + ", " + dtype_name(b.dtype()) + ", " + dtype_name(c.dtype()) + ")");

@@ -79,9 +79,7 @@ void widen_block(const void* src, DType dtype, int64_t ld, int64_t r0, int64_t r
 
 }  // namespace
 
-void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor& a, const Tensor& b, float beta,
-          Tensor& c) {
-  if (device::on_cuda(c)) return device::gemm(transpose_a, transpose_b, alpha, a, b, beta, c);
+GemmDims gemm_dims(bool transpose_a, bool transpose_b, const Tensor& a, const Tensor& b, const Tensor& c) {
   FEDMESH_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "gemm takes 2-D tensors");
   const int64_t m = transpose_a ? a.dim(1) : a.dim(0);
   const int64_t k = transpose_a ? a.dim(0) : a.dim(1);
@@ -89,6 +87,13 @@ void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor& a, cons
   FEDMESH_CHECK((transpose_b ? b.dim(1) : b.dim(0)) == k && c.dim(0) == m && c.dim(1) == n,
                 "gemm shapes do not match: a " + shape_to_string(a.shape()) + ", b " + shape_to_string(b.shape()) +
                     ", c " + shape_to_string(c.shape()));
+  return {m, n, k};
+}
+
+void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+          Tensor& c) {
+  if (device::on_cuda(c)) return device::gemm(transpose_a, transpose_b, alpha, a, b, beta, c);
+  const auto [m, n, k] = gemm_dims(transpose_a, transpose_b, a, b, c);
   const bool all_f32 = a.dtype() == DType::kF32 && b.dtype() == DType::kF32 && c.dtype() == DType::kF32;
   if (all_f32) {
     sgemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(), b.dim(1), beta,

@@ -16,6 +16,14 @@ void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, 
 // time (never a whole-tensor copy), and a bf16/fp16 c is accumulated in fp32
 // and rounded once at the end.
 inline constexpr int64_t kGemmBlockK = 256;
+
+// m, n, k of gemm()'s operands, checked (2-D, matching): shared by the CPU
+// kernel and its CUDA counterpart (device_ops.h).
+struct GemmDims {
+  int64_t m, n, k;
+};
+GemmDims gemm_dims(bool transpose_a, bool transpose_b, const Tensor& a, const Tensor& b, const Tensor& c);
+
 void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c);
 
 }  // namespace fedmesh

@@ -15,6 +15,7 @@
 #include "crypto/keys.h"
 #include "crypto/masking.h"
 #include "privacy/rdp_accountant.h"
+#include "node/data/tokenized_text.h"
 #include "node/model.h"
 #include "protocol/compressor.h"
 #include "store/checkpoint_store.h"
@@ -25,7 +26,7 @@ namespace {
 
 struct VirtualSite {
   std::string name;
-  data::ImageDataset shard;
+  std::unique_ptr<data::Dataset> shard;
   double speed = 1.0;  // time per local step
   bool poisoned = false;
   std::optional<protocol::UpdateCompressor> compressor;  // made at its first update
@@ -36,12 +37,13 @@ double sample_weight(const SiteUpdate& update) { return static_cast<double>(std:
 
 class Simulation {
  public:
-  Simulation(const SimulationOptions& options, const data::ImageDataset& test) : options_(options), test_(test) {}
+  Simulation(const SimulationOptions& options, SimulationData data) : options_(options), data_(std::move(data)) {}
 
-  Status prepare(const data::ImageDataset& train) {
-    Result<std::vector<data::ImageDataset>> shards =
-        split_among_sites(train, options_.sites, options_.partition, options_.seed);
-    if (!shards.is_ok()) return shards.status();
+  Status prepare() {
+    if (data_.shards.size() != static_cast<size_t>(options_.sites) || data_.test == nullptr) {
+      return invalid_argument("simulation data for " + std::to_string(data_.shards.size()) + " sites, options for " +
+                              std::to_string(options_.sites));
+    }
     Rng rng(mix_seed(options_.seed, 0x517e));
     const int stragglers = static_cast<int>(std::lround(options_.straggler_fraction * options_.sites));
     std::vector<int> order(static_cast<size_t>(options_.sites));
@@ -52,12 +54,12 @@ class Simulation {
       char name[32];
       std::snprintf(name, sizeof name, "site-%04d", i);
       site.name = name;
-      site.shard = std::move((*shards)[static_cast<size_t>(i)]);
+      site.shard = std::move(data_.shards[static_cast<size_t>(i)]);
       site.poisoned = i < options_.poisoned_sites;
       sites_.push_back(std::move(site));
     }
     for (int i = 0; i < stragglers; ++i) sites_[static_cast<size_t>(order[static_cast<size_t>(i)])].speed = options_.straggler_factor;
-    Result<std::unique_ptr<node::Sequential>> worker = node::make_model(options_.model, options_.seed);
+    Result<std::unique_ptr<node::Sequential>> worker = node::make_model(options_.model, options_.seed, data_.vocabulary);
     if (!worker.is_ok()) return worker.status();
     worker_ = std::move(*worker);
     std::vector<std::string> names;
@@ -212,13 +214,13 @@ class Simulation {
     local.max_steps = options_.local_steps;
     local.seed = mix_seed(mix_seed(options_.seed, std::hash<std::string>{}(site.name)), static_cast<uint64_t>(serial));
     node::Trainer trainer(*worker_, local);
-    const node::TrainSummary summary = trainer.fit(site.shard, nullptr, {});
+    const node::TrainSummary summary = trainer.fit(*site.shard, nullptr, {});
     SiteUpdate update;
     update.id = site.name + "/" + std::to_string(serial);
     update.site = site.name;
     update.round = round;
     update.base_version = manager_->version();
-    update.sample_count = std::min<int64_t>(site.shard.count, options_.rounds_options.max_sample_count);
+    update.sample_count = std::min<int64_t>(site.shard->size(), options_.rounds_options.max_sample_count);
     update.local_loss = summary.final_train_loss;
     update.delta.resize(static_cast<size_t>(manager_->parameter_count()));
     size_t offset = 0;
@@ -240,12 +242,13 @@ class Simulation {
     load_global();
     node::TrainOptions options = options_.local;
     node::Trainer evaluator(*worker_, options);
-    const node::EvalResult result = evaluator.evaluate(test_);
+    const node::EvalResult result = evaluator.evaluate(*data_.test);
     SimulationRound round;
     round.record = record;
     round.virtual_time = time;
     round.test_accuracy = result.accuracy;
     round.test_loss = result.loss;
+    if (data_.tokens_per_byte > 0.0) round.bits_per_byte = data::bits_per_byte(result.loss, data_.tokens_per_byte);
     round.updates = static_cast<int64_t>(record.applied.size());
     return round;
   }
@@ -291,7 +294,9 @@ class Simulation {
   // resumed run is the same run.
   nlohmann::json fingerprint() const {
     const RoundOptions& r = options_.rounds_options;
-    return {{"sites", options_.sites}, {"partition", options_.partition.to_string()}, {"model", options_.model},
+    const bool text = node::language_model_config(options_.model).has_value();
+    return {{"sites", options_.sites}, {"partition", text ? options_.text_partition : options_.partition.to_string()},
+            {"model", options_.model},
             {"local_steps", options_.local_steps}, {"batch_size", options_.local.batch_size},
             {"lr", options_.local.lr}, {"optimizer", options_.local.optimizer}, {"dropout", options_.dropout},
             {"straggler", {options_.straggler_fraction, options_.straggler_factor}},
@@ -569,11 +574,12 @@ class Simulation {
     if (!summary.rounds.empty()) {
       summary.final_accuracy = summary.rounds.back().test_accuracy;
       summary.final_loss = summary.rounds.back().test_loss;
+      summary.final_bits_per_byte = summary.rounds.back().bits_per_byte;
     }
   }
 
   const SimulationOptions& options_;
-  const data::ImageDataset& test_;
+  SimulationData data_;  // the shards move to the sites in prepare()
   std::vector<VirtualSite> sites_;
   std::unique_ptr<node::Sequential> worker_;
   std::optional<RoundManager> manager_;
@@ -595,6 +601,7 @@ Status SimulationOptions::validate() const {
   }
   if (rounds < 1) return invalid_argument("--rounds must be at least 1");
   if (local_steps < 1) return invalid_argument("--local-steps must be at least 1");
+  if (node::language_model_config(model)) FEDMESH_RETURN_IF_ERROR(data::check_text_partition(text_partition));
   if (!(dropout >= 0.0 && dropout < 1.0)) return invalid_argument("--dropout must be in [0, 1)");
   if (!(straggler_fraction >= 0.0 && straggler_fraction <= 1.0) || !(straggler_factor >= 1.0) ||
       !std::isfinite(straggler_factor)) {
@@ -658,13 +665,53 @@ Status validate_local_training(const node::TrainOptions& local, int64_t local_st
   return checked.validate();
 }
 
+Result<SimulationData> image_simulation_data(const SimulationOptions& options, const data::ImageDataset& train,
+                                             data::ImageDataset test) {
+  if (node::language_model_config(options.model)) {
+    return invalid_argument("model " + options.model + " is a language model: it trains on text, not images");
+  }
+  Result<std::vector<data::ImageDataset>> shards = split_among_sites(train, options.sites, options.partition, options.seed);
+  if (!shards.is_ok()) return shards.status();
+  SimulationData out;
+  for (data::ImageDataset& shard : *shards) out.shards.push_back(std::make_unique<data::ImageSet>(std::move(shard)));
+  out.test = std::make_unique<data::ImageSet>(std::move(test));
+  return out;
+}
+
+Result<SimulationData> text_simulation_data(const SimulationOptions& options, const data::TextCorpus& corpus,
+                                            int64_t train_limit, int64_t test_limit) {
+  const std::optional<node::TransformerConfig> language = node::language_model_config(options.model);
+  if (!language) return invalid_argument("model " + options.model + " is not a language model: it trains on images");
+  FEDMESH_RETURN_IF_ERROR(data::check_text_partition(options.text_partition));
+  SimulationData out;
+  for (int i = 0; i < options.sites; ++i) {
+    Result<data::SiteWindows> windows =
+        data::site_windows(corpus, options.text_partition, options.sites, i, language->context, train_limit);
+    if (!windows.is_ok()) return invalid_argument("--partition " + options.text_partition + ": " + windows.status().message());
+    out.shards.push_back(std::make_unique<data::TextWindows>(std::move(windows->train)));
+  }
+  Result<data::TextWindows> test = data::held_out_windows(corpus, language->context, test_limit);
+  if (!test.is_ok()) return test.status();
+  out.tokens_per_byte = data::tokens_per_byte(data::scored_targets(test->tokens(), language->context), nullptr);
+  out.test = std::make_unique<data::TextWindows>(std::move(*test));
+  return out;
+}
+
+Result<SimulationSummary> run_simulation(const SimulationOptions& options, SimulationData data,
+                                         const std::function<void(const SimulationRound&)>& on_round) {
+  FEDMESH_RETURN_IF_ERROR(options.validate());
+  Simulation simulation(options, std::move(data));
+  FEDMESH_RETURN_IF_ERROR(simulation.prepare());
+  return simulation.run(on_round);
+}
+
 Result<SimulationSummary> run_simulation(const SimulationOptions& options, const data::ImageDataset& train,
                                          const data::ImageDataset& test,
                                          const std::function<void(const SimulationRound&)>& on_round) {
   FEDMESH_RETURN_IF_ERROR(options.validate());
-  Simulation simulation(options, test);
-  FEDMESH_RETURN_IF_ERROR(simulation.prepare(train));
-  return simulation.run(on_round);
+  Result<SimulationData> data = image_simulation_data(options, train, test);
+  if (!data.is_ok()) return data.status();
+  return run_simulation(options, std::move(*data), on_round);
 }
 
 }  // namespace fedmesh::aggregator

@@ -1,5 +1,7 @@
 // `fedmesh sim`: a whole federation in one process. Virtual sites hold
-// shards of Fashion-MNIST split by a partitioner, train locally with the
+// shards of Fashion-MNIST split by a partitioner (or, for the language
+// models, their part of a text corpus split as the nodes split it), train
+// locally with the
 // node's real Trainer, and hand their updates to the real RoundManager; time
 // is virtual (a site's round takes local_steps x its speed factor), so a run
 // is deterministic for a seed and replays exactly, stragglers and dropouts
@@ -16,14 +18,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "aggregator/round_manager.h"
 #include "aggregator/secure_round.h"
 #include "base/status.h"
+#include "node/data/dataset.h"
 #include "node/data/fashion_mnist.h"
 #include "node/data/partition.h"
+#include "node/data/text_corpus.h"
 #include "node/trainer.h"
 #include "protocol/compression_spec.h"
 
@@ -34,6 +39,9 @@ inline constexpr int kMaxSimulatedSites = 10'000;
 struct SimulationOptions {
   int sites = 10;
   data::PartitionSpec partition;        // default iid
+  // Language models: the text partition (text_corpus.h: iid, books,
+  // contiguous, testament) instead of `partition`.
+  std::string text_partition = "iid";
   std::string model = "mlp";
   int64_t rounds = 10;                  // sync rounds, or async server steps
   int64_t local_steps = 20;             // optimizer steps per site per round
@@ -75,12 +83,14 @@ struct SimulationRound {
   int64_t dropped = 0;         // sampled sites that did not report
   int64_t bytes = 0;           // update bytes the sites sent, on the wire (signed, chunked, CurveZMQ-framed)
   double epsilon = -1.0;       // DP-FedAvg: the privacy spent so far (-1: no DP)
+  double bits_per_byte = -1.0; // language models: the test loss as bits per byte of text (-1: images)
 };
 
 struct SimulationSummary {
   std::vector<SimulationRound> rounds;  // the rounds this run did (after a resume, the rest)
   int64_t resumed_from_round = 0;       // 0: started fresh
   double final_accuracy = 0.0, final_loss = 0.0;
+  double final_bits_per_byte = -1.0;  // language models (-1: images)
   double virtual_time = 0.0;
   int64_t bytes_sent = 0;      // sites -> aggregator
   int64_t bytes_received = 0;  // aggregator -> sites (the global model, dense fp32; PowerSGD's shared P)
@@ -97,8 +107,30 @@ Result<std::vector<data::ImageDataset>> split_among_sites(const data::ImageDatas
                                                           const data::PartitionSpec& partition, uint64_t seed);
 Status validate_local_training(const node::TrainOptions& local, int64_t local_steps);
 
+// What a simulated federation trains and is evaluated on: one training set
+// per virtual site (in site order) and the test set the aggregator scores
+// each model on.
+struct SimulationData {
+  std::vector<std::unique_ptr<data::Dataset>> shards;
+  std::unique_ptr<data::Dataset> test;
+  int64_t vocabulary = 0;        // language models: the model's vocabulary (0: the model's own)
+  double tokens_per_byte = 0.0;  // language models: the test's scored tokens per byte of text; 0: images
+};
+// Fashion-MNIST split among the sites by options.partition.
+Result<SimulationData> image_simulation_data(const SimulationOptions& options, const data::ImageDataset& train,
+                                             data::ImageDataset test);
+// A corpus split among the sites by options.text_partition as the nodes
+// split it (data::site_windows: each site trains on 90% of its text), and
+// every document's held-out last 5% (the first test_limit windows, 0: all)
+// as the test set; byte tokens.
+Result<SimulationData> text_simulation_data(const SimulationOptions& options, const data::TextCorpus& corpus,
+                                            int64_t train_limit, int64_t test_limit);
+
 // Runs the federation; `on_round` sees each server step as it happens (after
 // its checkpoint is committed, with db).
+Result<SimulationSummary> run_simulation(const SimulationOptions& options, SimulationData data,
+                                         const std::function<void(const SimulationRound&)>& on_round);
+// The same on Fashion-MNIST (image_simulation_data).
 Result<SimulationSummary> run_simulation(const SimulationOptions& options, const data::ImageDataset& train,
                                          const data::ImageDataset& test,
                                          const std::function<void(const SimulationRound&)>& on_round);

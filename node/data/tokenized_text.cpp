@@ -1,5 +1,6 @@
 #include "node/data/tokenized_text.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -19,6 +20,23 @@ Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition
   std::vector<size_t> all(mine->documents.size());
   for (size_t d = 0; d < all.size(); ++d) all[d] = d;
   return split_text(*mine, all, holdout, tokenizer);
+}
+
+Result<SiteWindows> site_windows(const TextCorpus& corpus, std::string_view partition, int sites, int index,
+                                 int64_t context, int64_t train_limit, const BpeTokenizer* tokenizer) {
+  Result<TextSplit> text = site_text(corpus, partition, sites, index, kSiteHoldout, tokenizer);
+  if (!text.is_ok()) return text.status();
+  TextSplit& split = *text;
+  if (train_limit > 0) {
+    split.train.resize(std::min(split.train.size(), static_cast<size_t>(train_limit * context + 1)));
+  }
+  SiteWindows windows{TextWindows(std::move(split.train), context, context),
+                      TextWindows(std::move(split.validation), context, context)};
+  if (windows.train.size() == 0) {
+    return invalid_argument("site " + std::to_string(index) + "'s text is shorter than one window of " +
+                            std::to_string(context) + " tokens");
+  }
+  return windows;
 }
 
 Result<TextWindows> held_out_windows(const TextCorpus& corpus, int64_t context, int64_t limit,

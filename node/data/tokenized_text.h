@@ -32,6 +32,18 @@ TextSplit split_text(const TextCorpus& corpus, std::span<const size_t> documents
 Result<TextSplit> site_text(const TextCorpus& corpus, std::string_view partition, int sites, int index, double holdout,
                             const BpeTokenizer* tokenizer = nullptr);
 
+// What a site of a federation trains on and holds out for its local
+// evaluation: site_text with the last kSiteHoldout of each of its
+// documents held out, in windows of `context` at stride `context` (the
+// first train_limit training windows when > 0). kInvalidArgument when the
+// training text is shorter than one window.
+inline constexpr double kSiteHoldout = 0.1;
+struct SiteWindows {
+  TextWindows train, holdout;
+};
+Result<SiteWindows> site_windows(const TextCorpus& corpus, std::string_view partition, int sites, int index,
+                                 int64_t context, int64_t train_limit, const BpeTokenizer* tokenizer = nullptr);
+
 // The text every site holds out from training: the last kHeldOutText of
 // every document of the corpus, in windows of `context` tokens (the first
 // `limit` windows; 0: all).

@@ -148,15 +148,13 @@ Result<SiteData> load_site_text(const SiteConfig& config, const TransformerConfi
   const data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
   Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(config.data));
   if (!corpus.is_ok()) return corpus.status();
-  Result<data::TextSplit> text = data::site_text(*corpus, config.partition, config.sites, config.index, 0.1, tokenizer);
-  if (!text.is_ok()) return invalid_argument("data.partition: " + text.status().message() + " (language models split text)");
-  data::TextSplit& split = *text;
-  if (config.train_limit > 0) {
-    split.train.resize(std::min(split.train.size(), static_cast<size_t>(config.train_limit * model.context + 1)));
+  Result<data::SiteWindows> windows = data::site_windows(*corpus, config.partition, config.sites, config.index,
+                                                          model.context, config.train_limit, tokenizer);
+  if (!windows.is_ok()) {
+    return invalid_argument("data.partition: " + windows.status().message() + " (language models split text)");
   }
-  out.shard = std::make_unique<data::TextWindows>(std::move(split.train), model.context, model.context);
-  out.holdout = std::make_unique<data::TextWindows>(std::move(split.validation), model.context, model.context);
-  if (out.shard->size() == 0) return invalid_argument("site " + std::to_string(config.index) + "'s text is shorter than one window");
+  out.shard = std::make_unique<data::TextWindows>(std::move(windows->train));
+  out.holdout = std::make_unique<data::TextWindows>(std::move(windows->holdout));
   if (test_limit >= 0) {
     Result<data::TextWindows> test = data::held_out_windows(*corpus, model.context, test_limit, tokenizer);
     if (!test.is_ok()) return test.status();

@@ -370,6 +370,24 @@ TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
   EXPECT_EQ(summary["rounds"], 2);
   EXPECT_GT(summary["test_accuracy"].get<double>(), 0.3);
 
+  // A language model: text split by book, held-out bits per byte per round.
+  const CommandRun text = run("sim --model gpt-nano --sites 2 --partition books --rounds 1 --local-steps 2 "
+                              "--test-limit 20 --optimizer adamw --lr 0.003 --threads 2 --json",
+                              /*with_stderr=*/false);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  const auto text_lines = json_lines(text.stdout_only);
+  ASSERT_FALSE(text_lines.empty());
+  EXPECT_EQ(text_lines.front()["partition"], "books");
+  ASSERT_EQ(text_lines.back()["event"], "summary");
+  EXPECT_GT(text_lines.back()["bits_per_byte"].get<double>(), 0.0);
+  EXPECT_LT(text_lines.back()["bits_per_byte"].get<double>(), 9.0) << "bounded by about 8 bits for bytes at start";
+  const CommandRun text_gossip = run("sim --model gpt-nano --mode gossip --rounds 1");
+  EXPECT_EQ(text_gossip.exit_code, 2);
+  EXPECT_NE(text_gossip.output.find("--mode gossip simulates the image models"), std::string::npos) << text_gossip.output;
+  const CommandRun text_partition = run("sim --model gpt-nano --partition dirichlet:0.5 --rounds 1");
+  EXPECT_EQ(text_partition.exit_code, 2);
+  EXPECT_NE(text_partition.output.find("unknown text partition"), std::string::npos) << text_partition.output;
+
   const CommandRun help = run("sim --help");
   for (const char* flag : {"--sites", "--partition", "--strategy", "--rule", "--async", "--staleness", "--dropout",
                            "--straggler", "--rounds", "--seed", "--json"}) {

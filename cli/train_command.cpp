@@ -12,6 +12,7 @@
 
 #include "cli/output.h"
 #include "kernels/parallel.h"
+#include "kernels/step_profile.h"
 #include "node/data/bpe_tokenizer.h"
 #include "node/data/fashion_mnist.h"
 #include "node/data/text_corpus.h"
@@ -52,6 +53,7 @@ struct TrainFlags {
   node::TrainOptions options;
   node::RankFlags group;  // --ranks N: data-parallel CPU ranks (Gloo)
   bool zero_one = false;  // --zero-1: shard the optimizer state across the ranks
+  bool profile = false;   // --profile: the step-time breakdown (kernels/step_profile.h)
   // Differential privacy (DP-SGD): --dp-clip, --dp-noise in options; these
   // say what the accountant reports and when the budget stops the run.
   double dp_delta = 1e-5;
@@ -583,6 +585,7 @@ int run_train(TrainFlags& flags) {
                  100.0 * r.test.accuracy, format_duration(r.seconds).c_str());
   };
 
+  if (flags.profile) enable_step_profile();
   node::TrainSummary summary;
   try {
     if (sync) {
@@ -609,6 +612,12 @@ int run_train(TrainFlags& flags) {
   }
   const double wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  // --profile: the steps' time split into GEMM, other kernels, exposed
+  // communication and the host's own work (the rest of the steps' time).
+  const StepTimes times = step_profile_totals();
+  disable_step_profile();
+  const double host_seconds =
+      std::max(0.0, summary.train_seconds - times.gemm_seconds - times.kernel_seconds - times.communication_seconds);
   if (flags.json) {
     nlohmann::json event = {{"event", "summary"},
                {"command", "train"},
@@ -631,6 +640,13 @@ int run_train(TrainFlags& flags) {
                {"bytes_sent", 0},
                {"bytes_received", 0},
                {"wall_seconds", wall_seconds}};
+    if (flags.profile) {
+      event["step_time"] = {{"gemm_seconds", times.gemm_seconds},
+                            {"kernel_seconds", times.kernel_seconds},
+                            {"communication_seconds", times.communication_seconds},
+                            {"host_seconds", host_seconds},
+                            {"train_seconds", summary.train_seconds}};
+    }
     if (accounting) {
       const privacy::PrivacySpent spent = accounting->after(summary.steps);
       event["epsilon"] = spent.epsilon;
@@ -667,6 +683,12 @@ int run_train(TrainFlags& flags) {
                   flags.db.c_str(), static_cast<long long>(summary.steps),
                   resumed_step > 0 ? (", resumed from step " + std::to_string(resumed_step)).c_str() : "");
     }
+  }
+  if (flags.profile && !flags.json && summary.train_seconds > 0.0) {
+    const auto share = [&](double seconds) { return 100.0 * seconds / summary.train_seconds; };
+    std::printf("step time %s: GEMM %.1f%%, other kernels %.1f%%, communication %.1f%%, host %.1f%%\n",
+                format_duration(summary.train_seconds).c_str(), share(times.gemm_seconds), share(times.kernel_seconds),
+                share(times.communication_seconds), share(host_seconds));
   }
   if (accounting && !flags.json) {
     std::printf("differential privacy (DP-SGD, clip %g, noise %g, q %.4g): (epsilon %.4f, delta %g) spent over %lld steps\n",
@@ -768,6 +790,10 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--keep-best", flags->keep_best,
                   "Also keep the checkpoint with the highest value of this metric (none: keep only the last ones)")
       ->capture_default_str();
+  cmd->add_flag("--profile", flags->profile,
+                "Split the steps' time into GEMM, other kernels, exposed communication (--ranks) and host work, "
+                "printed at the end (\"step_time\" in the --json summary). On the CPU; with --device cuda the "
+                "kernels' share is the time to enqueue them and to wait for the device");
   cmd->add_flag("--json", flags->json, "Print JSON lines; the last is {\"event\":\"summary\",...}");
   cmd->callback([flags, &exit_code] {
     try {

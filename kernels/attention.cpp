@@ -9,6 +9,7 @@
 #include "kernels/device_ops.h"
 #include "kernels/gemm.h"
 #include "kernels/parallel.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh {
 namespace {
@@ -124,6 +125,7 @@ void causal_softmax_backward_row(const float* p, float* grad, int64_t visible, i
 }  // namespace
 
 void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(out)) return device::causal_attention_forward(s, qkv, out, saved);
   constexpr const char* kFunction = "causal_attention_forward";
   check_attention_shape(kFunction, s);
@@ -156,6 +158,7 @@ void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor
 
 void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
                                Tensor& dqkv) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(dqkv)) return device::causal_attention_backward(s, qkv, saved, dout, dqkv);
   constexpr const char* kFunction = "causal_attention_backward";
   check_attention_shape(kFunction, s);

@@ -9,6 +9,7 @@
 #include "kernels/device_ops.h"
 #include "kernels/gemm.h"
 #include "kernels/parallel.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh {
 
@@ -117,6 +118,7 @@ const float* weight_as_f32(const Tensor& weight, std::vector<float>& scratch) {
 
 void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                     std::vector<float>& col) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("conv2d_forward (column vector)", {&x, &weight, &bias, &y});
   const int64_t patch = g.patch_size(), columns = g.columns();
   const int64_t plane = g.out_height() * g.out_width();
@@ -152,6 +154,7 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
 
 void conv2d_backward(const Conv2dGeometry& g, const std::vector<float>& col, const Tensor& weight, const Tensor& dy,
                      Tensor& dweight, Tensor& dbias, Tensor* dx) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("conv2d_backward (column vector)", {&weight, &dy, &dweight, &dbias, dx});
   const int64_t patch = g.patch_size(), columns = g.columns();
   const int64_t plane = g.out_height() * g.out_width();
@@ -194,6 +197,7 @@ void conv2d_backward(const Conv2dGeometry& g, const std::vector<float>& col, con
 }
 
 void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, std::vector<int32_t>& argmax) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("maxpool2d_forward (argmax vector)", {&x, &y});
   const int64_t oh = g.out_height(), ow = g.out_width();
   const int64_t planes = g.batch * g.channels, in_plane = g.height * g.width, out_plane = oh * ow;
@@ -255,6 +259,7 @@ void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, std:
 }
 
 void maxpool2d_backward(const Pool2dGeometry& g, const std::vector<int32_t>& argmax, const Tensor& dy, Tensor& dx) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("maxpool2d_backward (argmax vector)", {&dy, &dx});
   const int64_t planes = g.batch * g.channels, in_plane = g.height * g.width;
   const int64_t out_plane = g.out_height() * g.out_width();

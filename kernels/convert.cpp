@@ -4,6 +4,7 @@
 
 #include "kernels/device_ops.h"
 #include "kernels/parallel.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh {
 namespace {
@@ -39,6 +40,7 @@ void narrow_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
 }
 
 void convert(const Tensor& src, Tensor& dst) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(dst)) return device::convert(src, dst);
   FEDMESH_CHECK(src.numel() == dst.numel(), "convert: element counts differ");
   if (src.dtype() == dst.dtype()) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/gemm.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh::device {
 
@@ -159,6 +160,7 @@ void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const
 }
 
 void token_ids(const Tensor& x, int64_t vocabulary, cuda::DeviceBuffer& ids) {
+  const ProfileScope profile(StepTime::kKernels);
   require_cuda("token_ids", {&x});
   const size_t bytes = static_cast<size_t>(x.numel()) * sizeof(int32_t);
   if (ids.bytes() < bytes) ids = cuda::DeviceBuffer(bytes, stream());
@@ -166,6 +168,7 @@ void token_ids(const Tensor& x, int64_t vocabulary, cuda::DeviceBuffer& ids) {
 }
 
 void embedding_forward(const Tensor& table, const cuda::DeviceBuffer& ids, Tensor& out) {
+  const ProfileScope profile(StepTime::kKernels);
   require_cuda("embedding_forward", {&table, &out});
   FEDMESH_CHECK(table.rank() == 2, "embedding table must be 2-D");
   const int64_t vocabulary = table.dim(0), dim = table.dim(1), count = out.numel() / dim;
@@ -176,6 +179,7 @@ void embedding_forward(const Tensor& table, const cuda::DeviceBuffer& ids, Tenso
 }
 
 void embedding_backward(const cuda::DeviceBuffer& ids, const Tensor& dout, Tensor& dtable) {
+  const ProfileScope profile(StepTime::kKernels);
   require_cuda("embedding_backward", {&dout, &dtable});
   FEDMESH_CHECK(dtable.rank() == 2, "embedding table must be 2-D");
   const int64_t vocabulary = dtable.dim(0), dim = dtable.dim(1), count = dout.numel() / dim;
@@ -186,6 +190,7 @@ void embedding_backward(const cuda::DeviceBuffer& ids, const Tensor& dout, Tenso
 }
 
 void SquaredNorm::add(const Tensor& x) {
+  const ProfileScope profile(StepTime::kKernels);
   if (sum_.data() == nullptr) {
     sum_ = cuda::DeviceBuffer(sizeof(double), stream());
     cuda::set_zero(sum_.data(), sizeof(double), stream());
@@ -194,6 +199,7 @@ void SquaredNorm::add(const Tensor& x) {
 }
 
 double SquaredNorm::read() const {
+  const ProfileScope profile(StepTime::kKernels);
   double host = 0.0;
   if (sum_.data() != nullptr) cuda::copy_to_host(sum_.data(), &host, sizeof(double), stream());
   return host;
@@ -224,6 +230,7 @@ void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, 
 
 void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                     Tensor& col) {
+  const ProfileScope profile(StepTime::kKernels);
   require_cuda("conv2d_forward", {&x, &weight, &bias, &y});
   FEDMESH_CHECK(x.numel() == g.batch * g.in_channels * g.height * g.width, "conv2d: input shape");
   FEDMESH_CHECK(weight.numel() == g.out_channels * g.patch_size() && bias.numel() == g.out_channels,
@@ -236,6 +243,7 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
 
 void conv2d_backward(const Conv2dGeometry& g, const Tensor& col, const Tensor& weight, const Tensor& dy,
                      Tensor& dweight, Tensor& dbias, Tensor* dx) {
+  const ProfileScope profile(StepTime::kKernels);
   require_cuda("conv2d_backward", {&col, &weight, &dy, &dweight, &dbias, dx});
   FEDMESH_CHECK(col.numel() == g.patch_size() * g.columns(), "conv2d_backward: no columns from a training forward");
   FEDMESH_CHECK(dy.numel() == g.batch * g.out_channels * g.out_height() * g.out_width(), "conv2d_backward: dy shape");
@@ -247,6 +255,7 @@ void conv2d_backward(const Conv2dGeometry& g, const Tensor& col, const Tensor& w
 }
 
 void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, cuda::DeviceBuffer& argmax) {
+  const ProfileScope profile(StepTime::kKernels);
   require_cuda("maxpool2d_forward", {&x, &y});
   FEDMESH_CHECK(x.numel() == g.batch * g.channels * g.height * g.width &&
                     y.numel() == g.batch * g.channels * g.out_height() * g.out_width(),
@@ -257,6 +266,7 @@ void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, cuda
 }
 
 void maxpool2d_backward(const Pool2dGeometry& g, const cuda::DeviceBuffer& argmax, const Tensor& dy, Tensor& dx) {
+  const ProfileScope profile(StepTime::kKernels);
   require_cuda("maxpool2d_backward", {&dy, &dx});
   FEDMESH_CHECK(dy.numel() == g.batch * g.channels * g.out_height() * g.out_width() &&
                     dx.numel() == g.batch * g.channels * g.height * g.width &&
@@ -272,6 +282,7 @@ void LossSums::clear() {
 }
 
 LossSums::Values LossSums::read() const {
+  const ProfileScope profile(StepTime::kKernels);
   FEDMESH_CHECK(buffer_.data() != nullptr, "LossSums::read before clear");
   unsigned char bytes[sizeof(double) + sizeof(int64_t)];
   cuda::copy_to_host(buffer_.data(), bytes, sizeof(bytes), stream());
@@ -290,6 +301,7 @@ const int32_t* DeviceLabels::upload(const int32_t* host, int64_t count) {
 
 void softmax_cross_entropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits, float grad_scale,
                            float normalizer, LossSums& sums) {
+  const ProfileScope profile(StepTime::kKernels);
   require_cuda("softmax_cross_entropy", {&logits, dlogits});
   FEDMESH_CHECK(logits.rank() == 2, "softmax_cross_entropy: logits must be (rows, classes)");
   FEDMESH_CHECK(dlogits == nullptr || dlogits->numel() == logits.numel(), "softmax_cross_entropy: dlogits shape");

@@ -9,6 +9,7 @@
 
 #include "kernels/device_ops.h"
 #include "kernels/parallel.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh {
 namespace {
@@ -81,6 +82,7 @@ inline float tanh_for_gelu(float u) {
 }  // namespace
 
 void fill(Tensor& x, float value) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(x)) return device::fill(x, value);
   visit_dtype(x.dtype(), [&]<class T>() {
     const T v = from_float<T>(value);
@@ -90,17 +92,20 @@ void fill(Tensor& x, float value) {
 }
 
 void scale(Tensor& x, float factor) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(x)) return device::scale(x, factor);
   map_unary(x, x, [factor](float v) { return v * factor; });
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(y)) return device::axpy(alpha, x, y);
   check_same_numel(x, y, "axpy");
   map_binary(x, y, y, [alpha](float xv, float yv) { return yv + alpha * xv; });
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(out)) return device::add(a, b, out);
   check_same_numel(a, b, "add");
   check_same_numel(a, out, "add");
@@ -108,6 +113,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("mul", {&a, &b, &out});
   check_same_numel(a, b, "mul");
   check_same_numel(a, out, "mul");
@@ -115,6 +121,7 @@ void mul(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void add_bias(Tensor& y, const Tensor& bias) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(y)) return device::add_bias(y, bias);
   const int64_t n = bias.numel();
   FEDMESH_CHECK(n > 0 && y.numel() % n == 0, "add_bias: bias does not divide the output");
@@ -132,6 +139,7 @@ void add_bias(Tensor& y, const Tensor& bias) {
 }
 
 void bias_grad(const Tensor& dy, Tensor& db, bool accumulate) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(db)) return device::bias_grad(dy, db, accumulate);
   const int64_t n = db.numel();
   FEDMESH_CHECK(n > 0 && dy.numel() % n == 0, "bias_grad: shapes do not match");
@@ -148,6 +156,7 @@ void bias_grad(const Tensor& dy, Tensor& db, bool accumulate) {
 }
 
 void channel_bias_grad(const Tensor& dy, Tensor& db, bool accumulate) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(db)) return device::channel_bias_grad(dy, db, accumulate);
   FEDMESH_CHECK(dy.rank() >= 2 && dy.dim(1) == db.numel(), "channel_bias_grad: shapes do not match");
   const int64_t batch = dy.dim(0), channels = dy.dim(1);
@@ -169,12 +178,14 @@ void channel_bias_grad(const Tensor& dy, Tensor& db, bool accumulate) {
 }
 
 void relu_forward(const Tensor& x, Tensor& y) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(y)) return device::relu_forward(x, y);
   check_same_numel(x, y, "relu");
   map_unary(x, y, [](float v) { return v > 0.0f ? v : 0.0f; });
 }
 
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(dx)) return device::relu_backward(y, dy, dx);
   check_same_numel(y, dy, "relu_backward");
   check_same_numel(y, dx, "relu_backward");
@@ -194,6 +205,7 @@ inline float gelu_slope(float v) {
 }
 
 void gelu_forward(const Tensor& x, Tensor& y) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(y)) return device::gelu_forward(x, y);
   check_same_numel(x, y, "gelu");
   if (x.dtype() == DType::kF32 && y.dtype() == DType::kF32) {
@@ -210,6 +222,7 @@ void gelu_forward(const Tensor& x, Tensor& y) {
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(dx)) return device::gelu_backward(x, dy, dx);
   check_same_numel(x, dy, "gelu_backward");
   check_same_numel(x, dx, "gelu_backward");
@@ -254,6 +267,7 @@ double sum(const Tensor& x) {
 }
 
 double squared_l2_norm(const Tensor& x) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(x)) return device::squared_l2_norm(x);
   if (x.dtype() != DType::kF32) return reduce(x, [](float v) { return static_cast<double>(v) * v; });
   // fp32 fast path: 8 double lanes per block of kNormBlock values (explicit
@@ -284,6 +298,7 @@ double squared_l2_norm(const Tensor& x) {
 }
 
 float max_abs(const Tensor& x) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("max_abs", {&x});
   return visit_dtype(x.dtype(), [&]<class T>() {
     const T* p = static_cast<const T*>(x.raw());
@@ -294,6 +309,7 @@ float max_abs(const Tensor& x) {
 }
 
 bool all_finite(const Tensor& x) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("all_finite", {&x});
   return visit_dtype(x.dtype(), [&]<class T>() {
     const T* p = static_cast<const T*>(x.raw());
@@ -304,6 +320,7 @@ bool all_finite(const Tensor& x) {
 }
 
 void argmax_rows(const Tensor& x, std::span<int32_t> out) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("argmax_rows", {&x});
   FEDMESH_CHECK(x.rank() == 2 && static_cast<int64_t>(out.size()) == x.dim(0), "argmax_rows: shapes");
   const int64_t n = x.dim(1);

@@ -1,10 +1,12 @@
 #include "kernels/embedding.h"
 
 #include "kernels/device_ops.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh {
 
 void embedding_forward(const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("embedding_forward", {&table, &out});
   FEDMESH_CHECK(table.rank() == 2, "embedding table must be 2-D");
   const int64_t vocabulary = table.dim(0), dim = table.dim(1);
@@ -25,6 +27,7 @@ void embedding_forward(const Tensor& table, std::span<const int32_t> ids, Tensor
 }
 
 void embedding_backward(std::span<const int32_t> ids, const Tensor& dout, Tensor& dtable) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("embedding_backward", {&dout, &dtable});
   const int64_t vocabulary = dtable.dim(0), dim = dtable.dim(1);
   FEDMESH_CHECK(dout.numel() == static_cast<int64_t>(ids.size()) * dim, "embedding_backward: shapes");

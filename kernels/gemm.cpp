@@ -8,6 +8,7 @@
 #include "kernels/convert.h"
 #include "kernels/device_ops.h"
 #include "kernels/parallel.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh {
 
@@ -29,6 +30,7 @@ void blas_sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_
 
 void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const ProfileScope profile(StepTime::kGemm);
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i)
@@ -92,6 +94,7 @@ GemmDims gemm_dims(bool transpose_a, bool transpose_b, const Tensor& a, const Te
 
 void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor& a, const Tensor& b, float beta,
           Tensor& c) {
+  const ProfileScope profile(StepTime::kGemm);
   if (device::on_cuda(c)) return device::gemm(transpose_a, transpose_b, alpha, a, b, beta, c);
   const auto [m, n, k] = gemm_dims(transpose_a, transpose_b, a, b, c);
   const bool all_f32 = a.dtype() == DType::kF32 && b.dtype() == DType::kF32 && c.dtype() == DType::kF32;

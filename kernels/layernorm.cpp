@@ -5,11 +5,13 @@
 
 #include "kernels/device_ops.h"
 #include "kernels/parallel.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh {
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
                        Tensor& rstd, float epsilon) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(y)) return device::layernorm_forward(x, gamma, beta, y, mean, rstd, epsilon);
   const int64_t n = gamma.numel();
   FEDMESH_CHECK(n > 0 && x.numel() % n == 0 && y.numel() == x.numel() && beta.numel() == n,
@@ -51,6 +53,7 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 
 void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const ProfileScope profile(StepTime::kKernels);
   if (device::on_cuda(dx)) return device::layernorm_backward(x, dy, gamma, mean, rstd, dx, dgamma, dbeta);
   const int64_t n = gamma.numel();
   const int64_t rows = x.numel() / n;

@@ -5,11 +5,13 @@
 #include <vector>
 
 #include "kernels/device_ops.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh {
 
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const int32_t> labels, Tensor* dlogits,
                                          float grad_scale, float normalizer) {
+  const ProfileScope profile(StepTime::kKernels);
   device::require_host("softmax_cross_entropy (labels on the host)", {&logits, dlogits});
   FEDMESH_CHECK(logits.rank() == 2 && static_cast<int64_t>(labels.size()) == logits.dim(0),
                 "softmax_cross_entropy: logits " + shape_to_string(logits.shape()) + " vs " +

@@ -7,6 +7,7 @@
 #include "kernels/cuda_ops.h"
 #include "kernels/device_ops.h"
 #include "kernels/parallel.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh {
 
@@ -19,6 +20,7 @@ constexpr int64_t kOptimizerGrain = 1 << 14;
 // compiler from vectorizing.
 void sgd_step(float* weights, const float* grads, float* momentum_buffer, int64_t n, float lr,
               const SgdOptions& options) {
+  const ProfileScope profile(StepTime::kKernels);
   const float momentum = options.momentum, weight_decay = options.weight_decay;
   const bool nesterov = options.nesterov;
   parallel_for(n, kOptimizerGrain, [=](int64_t begin, int64_t end) {
@@ -39,6 +41,7 @@ void sgd_step(float* weights, const float* grads, float* momentum_buffer, int64_
 
 void adamw_step(float* weights, const float* grads, float* first_moment, float* second_moment, int64_t n,
                 int64_t step, float lr, const AdamWOptions& options) {
+  const ProfileScope profile(StepTime::kKernels);
   const float beta1 = options.beta1, beta2 = options.beta2, epsilon = options.epsilon;
   const float correction1 = 1.0f - std::pow(beta1, static_cast<float>(step));
   const float correction2 = 1.0f - std::pow(beta2, static_cast<float>(step));

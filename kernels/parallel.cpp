@@ -136,6 +136,8 @@ void set_cpu_threads(int n) {
 
 int cpu_threads() { return worker_pool().threads(); }
 
+bool inside_parallel_region() { return tls_inside_parallel_region; }
+
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);

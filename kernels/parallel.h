@@ -18,5 +18,8 @@ int cpu_threads();
 // at least `grain` items each. Runs inline when the work is too small or when
 // called from inside another parallel_for.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
+// Whether the calling thread is running a parallel_for body (a worker's, or
+// the caller's own share).
+bool inside_parallel_region();
 
 }  // namespace fedmesh

@@ -9,6 +9,7 @@
 #include "kernels/device_ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/loss.h"
+#include "kernels/step_profile.h"
 #include "node/data/batch.h"
 
 namespace fedmesh::node {
@@ -229,6 +230,7 @@ StepResult Trainer::apply_gradients(StepResult result, float lr) {
   const float scale = loss_scaler_.scale();
   std::vector<Parameter*> parameters = model_.parameters();
   if (sync_ != nullptr) {
+    const ProfileScope profile(StepTime::kCommunication);
     hook_status_ = sync_->finish(parameters, result);
     if (!hook_status_.is_ok()) {
       result.applied = false;
@@ -269,6 +271,7 @@ StepResult Trainer::apply_gradients(StepResult result, float lr) {
 }
 
 EvalResult Trainer::evaluate(const data::Dataset& dataset) {
+  const ProfilePause not_step_time;
   EvalResult result;
   std::vector<int64_t> indices(static_cast<size_t>(options_.eval_batch_size));
   double loss_sum = 0.0;

@@ -183,8 +183,8 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
   // On a CUDA device the loss and the correct count stay there until the
   // step's last backward pass is enqueued: one wait per step.
   const bool on_device = model_.device() == Device::kCuda;
-  FEDMESH_CHECK(!on_device || sync_ == nullptr, "in-site gradient sync runs on the CPU only for now");
   if (on_device) device_loss_.clear();
+  bool sums_read = false;  // CUDA: the device's loss sums are in loss_sum and result.correct
   double loss_sum = 0.0;
   for (size_t begin = 0; begin < indices.size(); begin += static_cast<size_t>(options_.batch_size)) {
     const size_t end = std::min(indices.size(), begin + static_cast<size_t>(options_.batch_size));
@@ -200,6 +200,13 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
       result.correct += ce.correct;
     }
     if (sync_ != nullptr && end == indices.size()) {
+      if (on_device) {
+        // The sync sends the step's loss with the gradients: read it now.
+        const device::LossSums::Values sums = device_loss_.read();
+        loss_sum = sums.loss_sum;
+        result.correct = sums.correct;
+        sums_read = true;
+      }
       result.samples = static_cast<int64_t>(indices.size());
       result.loss = loss_sum / static_cast<double>(targets);
       sync_->before_last_backward(result);
@@ -208,7 +215,7 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
       model_.backward(dlogits_);
     }
   }
-  if (on_device) {
+  if (on_device && !sums_read) {
     const device::LossSums::Values sums = device_loss_.read();
     loss_sum = sums.loss_sum;
     result.correct = sums.correct;

@@ -26,6 +26,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* backend() const = 0;
+  // Whether the spans every call takes are CUDA device memory (NCCL) rather
+  // than host memory (Gloo): data parallelism keeps a model's buckets where
+  // the model is and needs a communicator that reads them there.
+  virtual bool device_memory() const { return false; }
 
   // values <- the elementwise sum over ranks.
   virtual Status all_reduce_sum(std::span<float> values) = 0;

@@ -5,9 +5,22 @@
 #include <limits>
 #include <memory>
 
+#include "kernels/convert.h"
+#include "kernels/cuda_ops.h"
+#include "kernels/elementwise.h"
 #include "node/parallel/zero.h"
 
 namespace fedmesh::node {
+
+namespace {
+
+constexpr int64_t kCounts = 3;  // the last bucket's tail: samples, loss sum, correct
+
+std::span<float> values_of(const Tensor& t) {
+  return {const_cast<float*>(t.data<float>()), static_cast<size_t>(t.numel())};
+}
+
+}  // namespace
 
 DataParallel::DataParallel(Communicator& communicator, Sequential& model, DataParallelOptions options)
     : communicator_(communicator), model_(model), options_(options) {
@@ -26,6 +39,14 @@ DataParallel::DataParallel(Communicator& communicator, Sequential& model, DataPa
       bytes += static_cast<size_t>(p->grad.numel()) * sizeof(float);
     }
     bucket.lowest_layer = i;
+  }
+  FEDMESH_CHECK(model_.device() == Device::kCpu || communicator_.device_memory(),
+                std::string("data parallel: the model is on the CUDA device and the ") + communicator_.backend() +
+                    " communicator reads host memory (use NCCL)");
+  for (Bucket& bucket : buckets_) {
+    int64_t total = &bucket == &buckets_.back() ? kCounts : 0;
+    for (const Parameter* p : bucket.parameters) total += p->grad.numel();
+    bucket.values = Tensor::zeros({total}, DType::kF32, model_.device());
   }
   if (options_.overlap) thread_ = std::thread([this] { communicate(); });
 }
@@ -57,22 +78,22 @@ void DataParallel::after_layer(size_t layer) {
 // it here without overlap.
 void DataParallel::queue(size_t b) {
   Bucket& bucket = buckets_[b];
-  size_t total = b + 1 == buckets_.size() ? 3 : 0;
-  for (const Parameter* p : bucket.parameters) total += static_cast<size_t>(p->grad.numel());
-  bucket.values.resize(total);
-  size_t at = 0;
+  int64_t at = 0;
   for (const Parameter* p : bucket.parameters) {
-    const float* g = p->grad.data<float>();
-    for (int64_t i = 0; i < p->grad.numel(); ++i) bucket.values[at++] = g[i] * weight_;
+    Tensor slice = bucket.values.slice_rows(at, at + p->grad.numel());
+    convert(p->grad, slice);
+    scale(slice, weight_);
+    at += p->grad.numel();
   }
   if (b + 1 == buckets_.size()) {
-    bucket.values[at++] = weight_;
-    bucket.values[at++] = static_cast<float>(loss_sum_);
-    bucket.values[at++] = static_cast<float>(correct_);
+    float counts[kCounts] = {weight_, static_cast<float>(loss_sum_), static_cast<float>(correct_)};
+    bucket.values.slice_rows(at, at + kCounts).copy_from(Tensor::view_of(counts, {kCounts}, DType::kF32));
   }
   bucket.queued = true;
+  // The collective reads the bucket on its own stream: the packing first.
+  if (model_.device() == Device::kCuda) cuda::synchronize(cuda::default_stream());
   if (!options_.overlap) {
-    if (error_.is_ok()) error_ = communicator_.all_reduce_sum(bucket.values);
+    if (error_.is_ok()) error_ = communicator_.all_reduce_sum(values_of(bucket.values));
     return;
   }
   {
@@ -93,7 +114,7 @@ void DataParallel::communicate() {
     const bool failed = !error_.is_ok();
     lock.unlock();
     // After a failure the later buckets are not sent: the step fails anyway.
-    Status s = failed ? Status::ok() : communicator_.all_reduce_sum(buckets_[b].values);
+    Status s = failed ? Status::ok() : communicator_.all_reduce_sum(values_of(buckets_[b].values));
     lock.lock();
     --in_flight_;
     if (!s.is_ok() && error_.is_ok()) error_ = std::move(s);
@@ -118,20 +139,23 @@ Status DataParallel::finish(std::span<Parameter* const> parameters, StepResult& 
   }
   for (Bucket& bucket : buckets_) bucket.queued = false;
   FEDMESH_RETURN_IF_ERROR(error);
-  const std::vector<float>& last = buckets_.back().values;
-  const float all_samples = last[last.size() - 3];
+  const Tensor& last = buckets_.back().values;
+  float counts[kCounts];
+  Tensor::view_of(counts, {kCounts}, DType::kF32).copy_from(last.slice_rows(last.numel() - kCounts, last.numel()));
+  const float all_samples = counts[0];
   if (!(all_samples > 0.0f)) return invalid_argument("data parallel: no rank had samples in this step");
   const float inverse = 1.0f / all_samples;
   for (Bucket& bucket : buckets_) {
-    size_t at = 0;
+    int64_t at = 0;
     for (Parameter* p : bucket.parameters) {
-      float* g = p->grad.data<float>();
-      for (int64_t i = 0; i < p->grad.numel(); ++i) g[i] = bucket.values[at++] * inverse;
+      convert(bucket.values.slice_rows(at, at + p->grad.numel()), p->grad);
+      scale(p->grad, inverse);
+      at += p->grad.numel();
     }
   }
   step.samples = static_cast<int64_t>(all_samples);
-  step.loss = static_cast<double>(last[last.size() - 2]) / static_cast<double>(all_samples);
-  step.correct = static_cast<int64_t>(last[last.size() - 1]);
+  step.loss = static_cast<double>(counts[1]) / static_cast<double>(all_samples);
+  step.correct = static_cast<int64_t>(counts[2]);
   return Status::ok();
 }
 
@@ -168,23 +192,22 @@ Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, con
   return summary;
 }
 
-namespace {
-
-std::vector<float> flatten_values(Sequential& model) {
-  std::vector<float> out;
-  for (Parameter* p : model.parameters()) out.insert(out.end(), p->value.data<float>(), p->value.data<float>() + p->value.numel());
-  return out;
-}
-
-}  // namespace
-
 Status broadcast_parameters(Communicator& communicator, Sequential& model) {
-  std::vector<float> values = flatten_values(model);
-  FEDMESH_RETURN_IF_ERROR(communicator.broadcast(values, 0));
-  size_t at = 0;
+  // Every master in one buffer where the model lives (the communicator's memory).
+  int64_t total = 0;
+  for (Parameter* p : model.parameters()) total += p->value.numel();
+  Tensor values = Tensor::empty({total}, DType::kF32, model.device());
+  int64_t at = 0;
   for (Parameter* p : model.parameters()) {
-    std::memcpy(p->value.raw(), values.data() + at, p->value.nbytes());
-    at += static_cast<size_t>(p->value.numel());
+    values.slice_rows(at, at + p->value.numel()).copy_from(p->value);
+    at += p->value.numel();
+  }
+  if (model.device() == Device::kCuda) cuda::synchronize(cuda::default_stream());
+  FEDMESH_RETURN_IF_ERROR(communicator.broadcast(std::span<float>(values.data<float>(), static_cast<size_t>(total)), 0));
+  at = 0;
+  for (Parameter* p : model.parameters()) {
+    p->value.copy_from(values.slice_rows(at, at + p->value.numel()));
+    at += p->value.numel();
   }
   model.refresh_compute();
   return Status::ok();
@@ -203,12 +226,21 @@ Status check_replicas_equal(Communicator& communicator, Sequential& model) {
   // FNV-1a over the bytes, carried as two 16-bit halves (exact in fp32).
   uint32_t hash = 2166136261u;
   for (Parameter* p : model.parameters()) {
-    const auto* bytes = static_cast<const unsigned char*>(p->value.raw());
-    for (size_t i = 0; i < p->value.nbytes(); ++i) hash = (hash ^ bytes[i]) * 16777619u;
+    const Tensor host = p->value.device() == Device::kCpu ? p->value : p->value.to(Device::kCpu);
+    const auto* bytes = static_cast<const unsigned char*>(host.raw());
+    for (size_t i = 0; i < host.nbytes(); ++i) hash = (hash ^ bytes[i]) * 16777619u;
   }
-  const float mine[2] = {static_cast<float>(hash >> 16), static_cast<float>(hash & 0xffffu)};
-  std::vector<float> all(2 * static_cast<size_t>(communicator.size()));
-  FEDMESH_RETURN_IF_ERROR(communicator.all_gather(mine, all));
+  float mine[2] = {static_cast<float>(hash >> 16), static_cast<float>(hash & 0xffffu)};
+  const int64_t ranks = communicator.size();
+  // Gathered in the communicator's memory: the model's device.
+  Tensor mine_there = Tensor::empty({2}, DType::kF32, model.device());
+  mine_there.copy_from(Tensor::view_of(mine, {2}, DType::kF32));
+  Tensor all_there = Tensor::empty({2 * ranks}, DType::kF32, model.device());
+  if (model.device() == Device::kCuda) cuda::synchronize(cuda::default_stream());
+  FEDMESH_RETURN_IF_ERROR(communicator.all_gather(std::span<const float>(mine_there.data<float>(), 2),
+                                                  std::span<float>(all_there.data<float>(), static_cast<size_t>(2 * ranks))));
+  std::vector<float> all(static_cast<size_t>(2 * ranks));
+  Tensor::view_of(all.data(), {2 * ranks}, DType::kF32).copy_from(all_there);
   for (int r = 1; r < communicator.size(); ++r) {
     if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
       return Status(StatusCode::kInternal, "data parallel: rank " + std::to_string(r) +

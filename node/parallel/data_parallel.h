@@ -13,6 +13,12 @@
 // layers below; the step waits for the last bucket only. The step's sample
 // count, loss and correct count ride in the last bucket. Every rank sends
 // the same buckets in the same order, so the collectives match.
+//
+// The buckets live where the model lives: for a model on the CUDA device
+// they are device memory, packed and unpacked by the device's kernels, and
+// the communicator must read device memory (NCCL); before a bucket goes to
+// the collective, which runs on its own stream, the host waits for the
+// kernels that packed it.
 #pragma once
 
 #include <condition_variable>
@@ -55,7 +61,7 @@ class DataParallel final : public GradientSync {
   struct Bucket {
     std::vector<Parameter*> parameters;  // in the order they are packed
     size_t lowest_layer = 0;             // the bucket is complete once this layer's backward is done
-    std::vector<float> values;
+    Tensor values;                       // fp32, on the model's device; the last bucket also the counts
     bool queued = false;
   };
   void queue(size_t bucket);

@@ -43,6 +43,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
+  bool device_memory() const override { return true; }
 
   Status all_reduce_sum(std::span<float> values) override {
     return run("all-reduce", [&] {

@@ -152,6 +152,10 @@ int run_node(const NodeFlags& flags) {
   }
   if (config.is_ok()) {
     if (!flags.device.empty()) config->device = flags.device;
+    if (config->device == "cuda" && flags.zero_one) {
+      return fail(flags, invalid_argument("--zero-1 with --device cuda: the sharded optimizer keeps its shards in host "
+                                          "memory for now; drop --zero-1"), true);
+    }
     config->ranks = flags.group.ranks;
     config->zero_one = flags.zero_one;
     config->secure_exit_at = flags.secure_exit_at;
@@ -180,7 +184,7 @@ void add_node_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--mode", flags->mode, "aggregator or gossip (default: the config's `mode` key, else aggregator)")
       ->check(CLI::IsMember({"aggregator", "gossip"}));
   cmd->add_option("--device", flags->device,
-                  "Aggregator mode: cpu or cuda, where the site trains (overrides training.device; cuda: one rank)");
+                  "Aggregator mode: cpu or cuda, where the site trains (overrides training.device; cuda with --ranks N: one rank per GPU, NCCL)");
   cmd->add_option("--ranks", flags->group.ranks,
                   "Aggregator mode: data-parallel CPU ranks, processes launched by this one that train every round "
                   "together (1/N of every batch each, gradients all-reduced with Gloo); the federation still sees one "

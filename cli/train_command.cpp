@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/output.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/parallel.h"
 #include "kernels/step_profile.h"
 #include "node/data/bpe_tokenizer.h"
@@ -173,11 +174,13 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
 // (launched by rank 0 with --rank and --rendezvous), no output, no store.
 // They take rank 0's position and state (restored from its checkpoint, or
 // fresh), train their part of every batch and exit when the run ends.
-int run_train_rank(TrainFlags& flags, const data::Dataset& train, int64_t vocabulary) {
+int run_train_rank(TrainFlags& flags, const data::Dataset& train, int64_t vocabulary, Device device) {
   Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed, vocabulary);
   if (!model.is_ok()) return fail(flags, model.status());
+  (*model)->to_device(device);
   node::Trainer trainer(**model, flags.options);
-  Result<std::unique_ptr<node::Communicator>> communicator = node::join_rank_group(flags.group);
+  Result<std::unique_ptr<node::Communicator>> communicator =
+      node::join_rank_group(flags.group, node::kRankTimeout, device);
   if (!communicator.is_ok()) return fail(flags, communicator.status(), 1);
   Result<std::optional<nlohmann::json>> command = node::read_rank_command();
   if (!command.is_ok()) return fail(flags, command.status(), 1);
@@ -277,9 +280,18 @@ int64_t total_steps_of(const node::TrainOptions& options, int64_t train_count) {
 
 int run_train(TrainFlags& flags) {
   const auto wall_start = std::chrono::steady_clock::now();
-  Result<Device> device = node::training_device(flags.device, std::max(flags.group.ranks, 1),
-                                                flags.options.dp_clip_norm > 0.0f);
+  if (flags.device == "cuda" && flags.group.launched()) {
+    // A GPU rank takes its own device before anything makes a CUDA context.
+    if (Result<int> index = cuda::use_device_for_rank(flags.group.rank); !index.is_ok()) {
+      return fail(flags, index.status(), 1);
+    }
+  }
+  Result<Device> device = node::training_device(flags.device, flags.options.dp_clip_norm > 0.0f);
   if (!device.is_ok()) return fail(flags, device.status());
+  if (*device == Device::kCuda && flags.zero_one) {
+    return fail(flags, invalid_argument("--zero-1 with --device cuda: the sharded optimizer keeps its shards in host "
+                                        "memory for now; drop --zero-1"));
+  }
   if (Status s = flags.group.validate(); !s.is_ok()) return fail(flags, s);
   if (flags.zero_one && flags.group.ranks < 2) return fail(flags, invalid_argument("--zero-1 needs --ranks N with N >= 2"));
   if (flags.zero_one && !flags.db.empty()) {
@@ -317,7 +329,7 @@ int run_train(TrainFlags& flags) {
   if (!loaded.is_ok()) return fail(flags, loaded.status());
   const data::Dataset* train = loaded->train.get();
   const data::Dataset* test = loaded->test.get();
-  if (flags.group.launched()) return run_train_rank(flags, *train, loaded->vocabulary);
+  if (flags.group.launched()) return run_train_rank(flags, *train, loaded->vocabulary, *device);
 
   // DP-SGD: the accountant, and a target budget caps the steps up front, so
   // that no step is taken whose epsilon would exceed it. Sampling rate q =
@@ -472,7 +484,8 @@ int run_train(TrainFlags& flags) {
   std::unique_ptr<node::RankGroup> group;
   std::optional<node::DataParallel> sync;
   if (flags.group.ranks > 1) {
-    Result<std::unique_ptr<node::RankGroup>> launched = node::RankGroup::launch(flags.group.ranks);
+    Result<std::unique_ptr<node::RankGroup>> launched =
+        node::RankGroup::launch(flags.group.ranks, node::kRankTimeout, *device);
     if (!launched.is_ok()) return fail(flags, launched.status(), 1);
     group = std::move(*launched);
     Status shared = group->command({{"command", "train"}, {"state", node::trainer_state_to_json(trainer.state())}});
@@ -745,8 +758,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--loss-scale", o.loss_scaling.initial_scale, "Initial loss scale for fp16")->capture_default_str();
   cmd->add_option("--device", flags->device,
-                  "cpu, or cuda: the model, its activations, gradients and optimizer state on the GPU (one process, "
-                  "no --dp-clip); checkpoints are the same either way")
+                  "cpu, or cuda: the model, its activations, gradients and optimizer state on the GPU (with --ranks N: "
+                  "one rank per GPU, NCCL; no --dp-clip or --zero-1); checkpoints are the same either way")
       ->capture_default_str();
   cmd->add_option("--ranks", flags->group.ranks,
                   "Data-parallel CPU ranks: processes launched by this one, each training on 1/N of every batch, "

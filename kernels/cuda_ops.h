@@ -42,6 +42,12 @@ namespace fedmesh::cuda {
 // "no CUDA device (0 found)", the driver's error). Decided once per process.
 Status available();
 
+// In-site GPU ranks: makes device `rank` modulo the device count this
+// process's device (cudaSetDevice) and returns its index. Call it before
+// anything else of the backend (available() included), so that the process
+// makes its context on that device only.
+Result<int> use_device_for_rank(int rank);
+
 // A cudaStream_t. nullptr is CUDA's legacy default stream.
 using Stream = void*;
 // A non-blocking stream created once per process (never destroyed).

@@ -27,6 +27,7 @@ class NoDeviceAllocator final : public Allocator {
 }  // namespace
 
 Status available() { return unavailable(kNoBackend); }
+Result<int> use_device_for_rank(int) { return unavailable(kNoBackend); }
 
 Stream default_stream() { no_backend("default_stream"); }
 Stream create_stream() { no_backend("create_stream"); }

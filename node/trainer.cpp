@@ -81,13 +81,9 @@ Status TrainOptions::validate() const {
   return Status::ok();
 }
 
-Result<Device> training_device(std::string_view device, int ranks, bool dp_sgd) {
+Result<Device> training_device(std::string_view device, bool dp_sgd) {
   if (device == "cpu") return Device::kCpu;
   if (device != "cuda") return invalid_argument("unknown device '" + std::string(device) + "' (expected cpu or cuda)");
-  if (ranks > 1) {
-    return invalid_argument("device cuda with --ranks: in-site data parallelism runs on CPU ranks (Gloo) for now; "
-                            "drop one of them");
-  }
   if (dp_sgd) return invalid_argument("device cuda with DP-SGD (--dp-clip): per-example gradients run on the CPU only");
   if (Status s = cuda::available(); !s.is_ok()) {
     return unavailable("device cuda: " + s.message() + "; use --device cpu (training.device = \"cpu\" for a site; "

@@ -147,9 +147,9 @@ struct TrainCallbacks {
 
 // The device a run trains on, from its --device / training.device ("cpu"
 // or "cuda"): cuda where this build has the backend, a GPU is there, and the
-// run is one the device path covers (an image model, one process, no
-// DP-SGD). Otherwise kInvalidArgument or kUnavailable saying what to do.
-Result<Device> training_device(std::string_view device, int ranks, bool dp_sgd);
+// run is not DP-SGD (its per-example gradients run on the CPU). Otherwise
+// kInvalidArgument or kUnavailable saying what to do.
+Result<Device> training_device(std::string_view device, bool dp_sgd);
 
 class Trainer {
  public:

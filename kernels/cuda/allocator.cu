@@ -178,6 +178,24 @@ Status available() {
   return status;
 }
 
+Result<int> use_device_for_rank(int rank) {
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return unavailable("no usable CUDA device: " + cuda_error_text(error));
+  }
+  if (count == 0) return unavailable("no CUDA device (0 found)");
+  const int device = rank % count;
+  error = cudaSetDevice(device);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return unavailable("CUDA device " + std::to_string(device) + " (rank " + std::to_string(rank) +
+                       ") cannot be used: " + cuda_error_text(error));
+  }
+  return device;
+}
+
 Stream default_stream() {
   static const Stream stream = [] {
     cudaStream_t created = nullptr;

@@ -14,6 +14,8 @@
 #include <iostream>
 #include <thread>
 
+#include "kernels/cuda_ops.h"
+
 namespace fedmesh::node {
 
 namespace {
@@ -51,7 +53,20 @@ Status RankFlags::validate() const {
   return Status::ok();
 }
 
-Result<std::unique_ptr<RankGroup>> RankGroup::launch(int ranks, std::chrono::milliseconds timeout) {
+namespace {
+
+// The group's communicator: Gloo for CPU ranks; NCCL for GPU ranks, on
+// device rank modulo the GPUs (made this process's device first).
+Result<std::unique_ptr<Communicator>> connect_ranks(const RendezvousOptions& options, Device device) {
+  if (device == Device::kCpu) return make_gloo_communicator(options);
+  Result<int> index = cuda::use_device_for_rank(options.rank);
+  if (!index.is_ok()) return index.status();
+  return make_nccl_communicator(options, *index);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RankGroup>> RankGroup::launch(int ranks, std::chrono::milliseconds timeout, Device device) {
   if (ranks < 2 || ranks > kMaxRanks) return invalid_argument("a rank group has 2 to " + std::to_string(kMaxRanks) + " ranks");
   std::error_code ec;
   const std::filesystem::path executable = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -111,7 +126,7 @@ Result<std::unique_ptr<RankGroup>> RankGroup::launch(int ranks, std::chrono::mil
   options.rank = 0;
   options.size = ranks;
   options.timeout = timeout;
-  Result<std::unique_ptr<Communicator>> communicator = make_gloo_communicator(options);
+  Result<std::unique_ptr<Communicator>> communicator = connect_ranks(options, device);
   if (!communicator.is_ok()) {
     // Say why when a rank failed at start (a bad flag, no data) rather than
     // only that it never arrived.
@@ -185,7 +200,8 @@ RankGroup::~RankGroup() {
   std::filesystem::remove_all(directory_, ec);
 }
 
-Result<std::unique_ptr<Communicator>> join_rank_group(const RankFlags& flags, std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<Communicator>> join_rank_group(const RankFlags& flags, std::chrono::milliseconds timeout,
+                                                      Device device) {
   FEDMESH_RETURN_IF_ERROR(flags.validate());
   if (!flags.launched()) return invalid_argument("this process is rank 0: it launches the group, it does not join one");
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -194,7 +210,7 @@ Result<std::unique_ptr<Communicator>> join_rank_group(const RankFlags& flags, st
   options.rank = flags.rank;
   options.size = flags.ranks;
   options.timeout = timeout;
-  return make_gloo_communicator(options);
+  return connect_ranks(options, device);
 }
 
 Result<std::optional<nlohmann::json>> read_rank_command() {

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "kernels/tensor.h"
 #include "node/parallel/communicator.h"
 
 namespace fedmesh::node {
@@ -43,7 +44,10 @@ class RankGroup {
   // /proc/self/cmdline) once for every rank 1..ranks-1, then connects as
   // rank 0. The ranks' stdout goes to /dev/null (rank 0 speaks for the
   // group); their stderr is this process's.
-  static Result<std::unique_ptr<RankGroup>> launch(int ranks, std::chrono::milliseconds timeout = kRankTimeout);
+  // Device kCuda: GPU ranks, each on device rank modulo the GPUs, meeting
+  // through NCCL (kernels' use_device_for_rank, make_nccl_communicator).
+  static Result<std::unique_ptr<RankGroup>> launch(int ranks, std::chrono::milliseconds timeout = kRankTimeout,
+                                                   Device device = Device::kCpu);
   // Closes the command pipes (the ranks exit on end of file), waits for the
   // ranks a few seconds, kills any left and removes the directory.
   ~RankGroup();
@@ -73,7 +77,8 @@ class RankGroup {
 // In a launched rank: makes it die with its parent, then connects to the
 // group (kUnavailable after the timeout when rank 0 is gone).
 Result<std::unique_ptr<Communicator>> join_rank_group(const RankFlags& flags,
-                                                      std::chrono::milliseconds timeout = kRankTimeout);
+                                                      std::chrono::milliseconds timeout = kRankTimeout,
+                                                      Device device = Device::kCpu);
 
 // In a launched rank: the next command from rank 0 (blocks); nullopt when
 // rank 0 closed the pipe (time to exit), kInvalidArgument for a line that

@@ -33,7 +33,7 @@ DataParallelOptions site_parallel_options(const SiteConfig& config) {
 }
 
 Result<std::unique_ptr<SiteRanks>> SiteRanks::launch(int ranks, Sequential& model, const DataParallelOptions& parallel) {
-  Result<std::unique_ptr<RankGroup>> group = RankGroup::launch(ranks);
+  Result<std::unique_ptr<RankGroup>> group = RankGroup::launch(ranks, kRankTimeout, model.device());
   if (!group.is_ok()) return group.status();
   std::unique_ptr<SiteRanks> out(new SiteRanks());
   out->group_ = std::move(*group);
@@ -68,8 +68,11 @@ Status run_site_rank(const SiteConfig& config, const RankFlags& flags) {
   if (!data.is_ok()) return data.status();
   Result<std::unique_ptr<Sequential>> model = make_model(config.model, config.seed, data->vocabulary);
   if (!model.is_ok()) return model.status();
-  Result<std::unique_ptr<Communicator>> communicator = join_rank_group(flags);
+  // GPU ranks: joining picks this rank's device, then the model moves there.
+  const Device device = config.device == "cuda" ? Device::kCuda : Device::kCpu;
+  Result<std::unique_ptr<Communicator>> communicator = join_rank_group(flags, kRankTimeout, device);
   if (!communicator.is_ok()) return communicator.status();
+  (*model)->to_device(device);
   DataParallel sync(**communicator, **model, site_parallel_options(config));
   for (;;) {
     Result<std::optional<nlohmann::json>> command = read_rank_command();

@@ -152,7 +152,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   if (config.store.empty()) config.store = config.name + ".db";
   FEDMESH_RETURN_IF_ERROR(config.validate());
   set_cpu_threads(config.threads);
-  Result<Device> device = training_device(config.device, config.ranks, /*dp_sgd=*/false);
+  Result<Device> device = training_device(config.device, /*dp_sgd=*/false);
   if (!device.is_ok()) return device.status();
   Result<crypto::Membership> membership =
       crypto::load_membership(config.keys, config.name, config.roster, config.admin_public, config.federation);

@@ -114,6 +114,7 @@ Counters counters() {
 }  // namespace emulation
 
 Status available() { return Status::ok(); }
+Result<int> use_device_for_rank(int) { return 0; }  // one emulated device
 Stream default_stream() { return &stream_token; }
 Stream create_stream() { return &stream_token; }
 void destroy_stream(Stream) {}

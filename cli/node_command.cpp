@@ -20,6 +20,8 @@ struct NodeFlags {
   std::string mode;  // "" : the config's `mode` key (default aggregator)
   bool json = false;
   std::string device;     // --device: overrides training.device ("" = the config's)
+  int gpus = 0;           // --gpus N: --device cuda --ranks N
+  bool ranks_given = false;
   node::RankFlags group;  // --ranks N (aggregator mode): data-parallel CPU ranks
   bool zero_one = false;  // --zero-1
   std::string secure_exit_at, secure_dump;  // hidden: tests of private mode
@@ -124,7 +126,22 @@ int run_runtime(const NodeFlags& flags, Result<Config> config, const std::string
   return 0;
 }
 
-int run_node(const NodeFlags& flags) {
+int run_node(const NodeFlags& given) {
+  NodeFlags flags = given;
+  if (flags.gpus != 0) {
+    // --gpus N: --device cuda --ranks N.
+    if (flags.gpus < 1) return fail(flags, invalid_argument("--gpus must be at least 1"), true);
+    if (flags.ranks_given && flags.group.ranks != flags.gpus) {
+      return fail(flags, invalid_argument("--gpus " + std::to_string(flags.gpus) + " and --ranks " +
+                                          std::to_string(flags.group.ranks) + " disagree: --gpus N is --ranks N on GPUs"),
+                  true);
+    }
+    if (!flags.device.empty() && flags.device != "cuda") {
+      return fail(flags, invalid_argument("--gpus with --device " + flags.device + ": --gpus trains on GPUs"), true);
+    }
+    flags.group.ranks = flags.gpus;
+    flags.device = "cuda";
+  }
   std::string mode = flags.mode;
   if (mode.empty()) {
     Result<std::string> configured = node::read_node_mode(flags.config);
@@ -185,11 +202,15 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"aggregator", "gossip"}));
   cmd->add_option("--device", flags->device,
                   "Aggregator mode: cpu or cuda, where the site trains (overrides training.device; cuda with --ranks N: one rank per GPU, NCCL)");
-  cmd->add_option("--ranks", flags->group.ranks,
-                  "Aggregator mode: data-parallel CPU ranks, processes launched by this one that train every round "
-                  "together (1/N of every batch each, gradients all-reduced with Gloo); the federation still sees one "
-                  "site and one update")
-      ->capture_default_str();
+  cmd->add_option("--gpus", flags->gpus,
+                  "Aggregator mode: train on N GPUs of this machine, one rank per GPU with NCCL (--device cuda "
+                  "--ranks N)");
+  CLI::Option* ranks_option =
+      cmd->add_option("--ranks", flags->group.ranks,
+                      "Aggregator mode: data-parallel ranks, processes launched by this one that train every round "
+                      "together (1/N of every batch each, gradients all-reduced: Gloo on CPUs, NCCL with --device "
+                      "cuda); the federation still sees one site and one update")
+          ->capture_default_str();
   cmd->add_flag("--zero-1", flags->zero_one, "With --ranks: shard the optimizer state across the ranks (ZeRO stage 1)");
   cmd->add_option("--rank", flags->group.rank)->group("");  // set by rank 0 for the ranks it launches
   cmd->add_option("--rendezvous", flags->group.rendezvous)->group("");
@@ -198,7 +219,10 @@ void add_node_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--secure-dump", flags->secure_dump)->group("");
   cmd->add_flag("--json", flags->json, "Print JSON lines: site, model, update, finished (aggregator); peer, member, "
                                        "round, catch-up, refused, finished (gossip)");
-  cmd->callback([flags, &exit_code] { exit_code = run_node(*flags); });
+  cmd->callback([flags, ranks_option, &exit_code] {
+    flags->ranks_given = ranks_option->count() > 0;
+    exit_code = run_node(*flags);
+  });
 }
 
 }  // namespace fedmesh::cli

@@ -478,6 +478,8 @@ TEST(Cli, FederationConfigsAreCheckedByName) {
       {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ntraining.device = \"tpu\"\n",
        "training.device must be cpu or cuda"},
       {"node", base + "name = \"s\"\nmode = \"gossip\"\ntraining.device = \"cuda\"\n", "gossip peers train on the cpu"},
+      {"node --gpus 2 --ranks 3", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\n",
+       "--gpus 2 and --ranks 3 disagree"},
       // Gossip peers (mode = "gossip"): their own keys, checked the same way.
       {"node", base + "name = \"s\"\nmode = \"mesh\"\n", "mode must be \"aggregator\" or \"gossip\""},
       {"node", base + "name = \"s\"\nmode = \"gossip\"\ngossip.topology = \"star\"\n", "topology 'star'"},

@@ -275,20 +275,21 @@ void maxpool2d_backward(const Pool2dGeometry& g, const cuda::DeviceBuffer& argma
   cuda::maxpool2d_backward(stream(), g, argmax.as<int32_t>(), dy.raw(), dy.dtype(), dx.raw(), dx.dtype());
 }
 
-void LossSums::clear() {
-  constexpr size_t kBytes = sizeof(double) + sizeof(int64_t);
+void StepScalars::clear() {
   if (buffer_.bytes() < kBytes) buffer_ = cuda::DeviceBuffer(kBytes, stream());
   cuda::set_zero(buffer_.data(), kBytes, stream());
 }
 
-LossSums::Values LossSums::read() const {
+StepScalars::Values StepScalars::read() const {
   const ProfileScope profile(StepTime::kKernels);
-  FEDMESH_CHECK(buffer_.data() != nullptr, "LossSums::read before clear");
-  unsigned char bytes[sizeof(double) + sizeof(int64_t)];
-  cuda::copy_to_host(buffer_.data(), bytes, sizeof(bytes), stream());
+  FEDMESH_CHECK(buffer_.data() != nullptr, "StepScalars::read before clear");
+  unsigned char bytes[kBytes];
+  cuda::copy_to_host(buffer_.data(), bytes, kBytes, stream());
   Values values;
-  std::memcpy(&values.loss_sum, bytes, sizeof(double));
-  std::memcpy(&values.correct, bytes + sizeof(double), sizeof(int64_t));
+  std::memcpy(&values.loss_sum, bytes + kLossSum, sizeof(double));
+  std::memcpy(&values.correct, bytes + kCorrect, sizeof(int64_t));
+  std::memcpy(&values.squared_norm, bytes + kSquaredNorm, sizeof(double));
+  std::memcpy(&values.found_inf, bytes + kFoundInf, sizeof(int));
   return values;
 }
 
@@ -300,7 +301,7 @@ const int32_t* DeviceLabels::upload(const int32_t* host, int64_t count) {
 }
 
 void softmax_cross_entropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits, float grad_scale,
-                           float normalizer, LossSums& sums) {
+                           float normalizer, StepScalars& sums) {
   const ProfileScope profile(StepTime::kKernels);
   require_cuda("softmax_cross_entropy", {&logits, dlogits});
   FEDMESH_CHECK(logits.rank() == 2, "softmax_cross_entropy: logits must be (rows, classes)");

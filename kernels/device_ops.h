@@ -7,7 +7,7 @@
 // kernels check them; mixing devices in one call aborts naming the op.
 //
 // The CPU kernels' buffers that are not Tensors (conv's column matrix, the
-// pooling argmax, labels, the loss sums) have device forms here: a Tensor
+// pooling argmax, labels, the step's scalars) have device forms here: a Tensor
 // for the columns, DeviceBuffers for the integers and scalars.
 #pragma once
 
@@ -63,23 +63,6 @@ void conv2d_backward(const Conv2dGeometry& g, const Tensor& col, const Tensor& w
 void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, cuda::DeviceBuffer& argmax);
 void maxpool2d_backward(const Pool2dGeometry& g, const cuda::DeviceBuffer& argmax, const Tensor& dy, Tensor& dx);
 
-// The loss's sums, kept on the device across the micro-batches of a step and
-// read once (read() waits for the device).
-class LossSums {
- public:
-  void clear();  // zeroes both sums (allocates on first use)
-  double* loss_sum() { return static_cast<double*>(buffer_.data()); }
-  int64_t* correct() { return reinterpret_cast<int64_t*>(static_cast<char*>(buffer_.data()) + sizeof(double)); }
-  struct Values {
-    double loss_sum = 0.0;
-    int64_t correct = 0;
-  };
-  Values read() const;
-
- private:
-  cuda::DeviceBuffer buffer_;
-};
-
 // out = a + b (each element rounded once, as the CPU's add).
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 
@@ -94,6 +77,36 @@ void token_ids(const Tensor& x, int64_t vocabulary, cuda::DeviceBuffer& ids);
 // embedding.h's pair with the ids on the device (count = out's rows).
 void embedding_forward(const Tensor& table, const cuda::DeviceBuffer& ids, Tensor& out);
 void embedding_backward(const cuda::DeviceBuffer& ids, const Tensor& dout, Tensor& dtable);
+
+// The scalars of a training step (or an evaluation), kept on the device in
+// one buffer so that the host reads them with one wait: the loss and
+// correct sums the micro-batches add to, the squared gradient norm, the
+// gradient factor (loss scale and clipping) and the found-inf flag the
+// optimizer is gated by.
+class StepScalars {
+ public:
+  void clear();  // zeroes them all (allocates on first use)
+  double* loss_sum() { return at<double>(kLossSum); }
+  int64_t* correct() { return at<int64_t>(kCorrect); }
+  double* squared_norm() { return at<double>(kSquaredNorm); }
+  float* factor() { return at<float>(kFactor); }
+  int* found_inf() { return at<int>(kFoundInf); }
+  struct Values {
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+    double squared_norm = 0.0;
+    int found_inf = 0;
+  };
+  Values read() const;  // waits for the device
+
+ private:
+  static constexpr size_t kLossSum = 0, kCorrect = 8, kSquaredNorm = 16, kFactor = 24, kFoundInf = 28, kBytes = 32;
+  template <class T>
+  T* at(size_t offset) {
+    return reinterpret_cast<T*>(static_cast<char*>(buffer_.data()) + offset);
+  }
+  cuda::DeviceBuffer buffer_;
+};
 
 // A sum of squared L2 norms over several fp32 tensors, kept on the device
 // and read once (read() waits for the device).
@@ -118,6 +131,6 @@ class DeviceLabels {
 // loss.h's softmax_cross_entropy on device logits: adds to sums.loss_sum()
 // and sums.correct() instead of returning them.
 void softmax_cross_entropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits, float grad_scale,
-                           float normalizer, LossSums& sums);
+                           float normalizer, StepScalars& sums);
 
 }  // namespace fedmesh::device

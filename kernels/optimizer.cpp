@@ -74,7 +74,7 @@ class Sgd final : public Optimizer {
       if (device::on_cuda(p->value)) {
         device::require_cuda("sgd step", {&p->value, &p->grad});
         cuda::sgd_step(cuda::default_stream(), p->value.data<float>(), p->grad.data<float>(), momentum, nullptr,
-                       DType::kF32, p->value.numel(), lr, options_);
+                       DType::kF32, p->value.numel(), lr, options_, gate_.grad_scale_inverse, gate_.found_inf);
       } else {
         device::require_host("sgd step", {&p->value, &p->grad});
         sgd_step(p->value.data<float>(), p->grad.data<float>(), momentum, p->value.numel(), lr, options_);
@@ -109,7 +109,8 @@ class AdamW final : public Optimizer {
       if (device::on_cuda(p->value)) {
         device::require_cuda("adamw step", {&p->value, &p->grad, &first, &second});
         cuda::adamw_step(cuda::default_stream(), p->value.data<float>(), p->grad.data<float>(), first.data<float>(),
-                         second.data<float>(), nullptr, DType::kF32, p->value.numel(), steps_, lr, options_);
+                         second.data<float>(), nullptr, DType::kF32, p->value.numel(), steps_, lr, options_,
+                         gate_.grad_scale_inverse, gate_.found_inf);
       } else {
         device::require_host("adamw step", {&p->value, &p->grad, &first, &second});
         adamw_step(p->value.data<float>(), p->grad.data<float>(), first.data<float>(), second.data<float>(),

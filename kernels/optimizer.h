@@ -54,8 +54,20 @@ class Optimizer {
   // With state_tensors(), restores a checkpoint (AdamW's bias correction reads it).
   void set_steps_taken(int64_t steps) { steps_ = steps; }
 
+  // CUDA: device scalars that gate the next steps on parameters on the
+  // device (kernels/cuda_ops.h's grad_scale_inverse and found_inf): every
+  // gradient times *grad_scale_inverse first (loss scale and clipping in one
+  // factor), and nothing done where *found_inf != 0, so a step needs no
+  // host decision. Both null: ungated. CPU parameters ignore it.
+  struct DeviceGate {
+    const float* grad_scale_inverse = nullptr;
+    const int* found_inf = nullptr;
+  };
+  void set_device_gate(DeviceGate gate) { gate_ = gate; }
+
  protected:
   int64_t steps_ = 0;
+  DeviceGate gate_;
 };
 
 std::unique_ptr<Optimizer> make_sgd(const SgdOptions& options);

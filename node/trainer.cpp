@@ -176,10 +176,11 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
   // The loss is the mean over every target of the step's samples.
   const int64_t targets = static_cast<int64_t>(indices.size()) * dataset.targets_per_sample();
   const float normalizer = static_cast<float>(targets);
-  // On a CUDA device the loss and the correct count stay there until the
-  // step's last backward pass is enqueued: one wait per step.
+  // On a CUDA device the loss and the correct count stay there, with the
+  // gradient norm and the optimizer's gate, until the whole step is
+  // enqueued: one wait per step (step_on_device).
   const bool on_device = model_.device() == Device::kCuda;
-  if (on_device) device_loss_.clear();
+  if (on_device) device_scalars_.clear();
   bool sums_read = false;  // CUDA: the device's loss sums are in loss_sum and result.correct
   double loss_sum = 0.0;
   for (size_t begin = 0; begin < indices.size(); begin += static_cast<size_t>(options_.batch_size)) {
@@ -189,7 +190,7 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
     Tensor::reuse(dlogits_, logits.shape(), logits.dtype(), logits.device());
     if (on_device) {
       device::softmax_cross_entropy(logits, device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size())),
-                                    &dlogits_, scale, normalizer, device_loss_);
+                                    &dlogits_, scale, normalizer, device_scalars_);
     } else {
       const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, &dlogits_, scale, normalizer);
       loss_sum += ce.loss_sum;
@@ -198,7 +199,7 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
     if (sync_ != nullptr && end == indices.size()) {
       if (on_device) {
         // The sync sends the step's loss with the gradients: read it now.
-        const device::LossSums::Values sums = device_loss_.read();
+        const device::StepScalars::Values sums = device_scalars_.read();
         loss_sum = sums.loss_sum;
         result.correct = sums.correct;
         sums_read = true;
@@ -211,15 +212,50 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
       model_.backward(dlogits_);
     }
   }
-  if (on_device && !sums_read) {
-    const device::LossSums::Values sums = device_loss_.read();
-    loss_sum = sums.loss_sum;
-    result.correct = sums.correct;
-  }
   result.samples = static_cast<int64_t>(indices.size());
   // A data-parallel rank may get no sample of a short last batch.
   result.loss = indices.empty() ? 0.0 : loss_sum / static_cast<double>(targets);
+  if (on_device) return step_on_device(result, lr, sums_read ? -1 : targets);
   return apply_gradients(result, lr);
+}
+
+// apply_gradients on the CUDA device, decided there: the squared norm of
+// every gradient, the factor that unscales and clips, and found_inf (a
+// non-finite norm) go to device scalars that gate the optimizer's kernels,
+// so the host enqueues the whole step and then reads the step's scalars
+// once. A skipped step leaves the weights as they were, as on the CPU (the
+// optimizer's kernels do nothing, and AdamW's step count is taken back).
+StepResult Trainer::step_on_device(StepResult result, float lr, int64_t targets) {
+  const float scale = loss_scaler_.scale();
+  std::vector<Parameter*> parameters = model_.parameters();
+  if (sync_ != nullptr) {
+    const ProfileScope profile(StepTime::kCommunication);
+    hook_status_ = sync_->finish(parameters, result);
+    if (!hook_status_.is_ok()) {
+      result.applied = false;
+      return result;
+    }
+  }
+  for (Parameter* p : parameters) device::add_squared_l2_norm(p->grad, device_scalars_.squared_norm());
+  cuda::gradient_scale_factor(cuda::default_stream(), device_scalars_.squared_norm(), scale, options_.clip_grad_norm,
+                              device_scalars_.factor(), device_scalars_.found_inf());
+  optimizer_->set_device_gate({device_scalars_.factor(), device_scalars_.found_inf()});
+  optimizer_->step(parameters, lr);
+  optimizer_->set_device_gate({});
+  model_.refresh_compute();
+  const device::StepScalars::Values values = device_scalars_.read();  // the step's one wait
+  if (targets >= 0) {
+    result.loss = targets > 0 ? values.loss_sum / static_cast<double>(targets) : 0.0;
+    result.correct = values.correct;
+  }
+  const bool finite = values.found_inf == 0;
+  if (!loss_scaler_.update(finite)) {
+    result.applied = false;
+    optimizer_->set_steps_taken(optimizer_->steps_taken() - 1);
+    return result;
+  }
+  result.grad_norm = std::sqrt(values.squared_norm) / scale;
+  return result;
 }
 
 const Tensor& Trainer::load_batch(const data::Dataset& dataset, std::span<const int64_t> indices) {
@@ -242,19 +278,10 @@ StepResult Trainer::apply_gradients(StepResult result, float lr) {
   }
   bool finite = true;
   double squared_norm = 0.0;
-  if (model_.device() == Device::kCuda) {
-    // One fp64 sum over every gradient, read once: any non-finite
-    // coordinate makes it non-finite (squares are never negative).
-    device::SquaredNorm total;
-    for (Parameter* p : parameters) total.add(p->grad);
-    squared_norm = total.read();
-    finite = std::isfinite(squared_norm);
-  } else {
-    for (Parameter* p : parameters) {
-      const double s = squared_l2_norm(p->grad);
-      finite &= std::isfinite(s);
-      squared_norm += s;
-    }
+  for (Parameter* p : parameters) {
+    const double s = squared_l2_norm(p->grad);
+    finite &= std::isfinite(s);
+    squared_norm += s;
   }
   if (!loss_scaler_.update(finite)) {
     result.applied = false;
@@ -281,7 +308,7 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
   int64_t correct = 0;
   const int64_t count = dataset.size();
   const bool on_device = model_.device() == Device::kCuda;
-  if (on_device) device_loss_.clear();
+  if (on_device) device_scalars_.clear();
   for (int64_t begin = 0; begin < count; begin += options_.eval_batch_size) {
     const int64_t end = std::min(count, begin + options_.eval_batch_size);
     indices.resize(static_cast<size_t>(end - begin));
@@ -289,7 +316,7 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
     const Tensor logits = model_.forward(load_batch(dataset, indices), /*training=*/false);
     if (on_device) {
       device::softmax_cross_entropy(logits, device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size())),
-                                    nullptr, 1.0f, 1.0f, device_loss_);
+                                    nullptr, 1.0f, 1.0f, device_scalars_);
     } else {
       const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, nullptr);
       loss_sum += ce.loss_sum;
@@ -297,7 +324,7 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
     }
   }
   if (on_device) {
-    const device::LossSums::Values sums = device_loss_.read();
+    const device::StepScalars::Values sums = device_scalars_.read();
     loss_sum = sums.loss_sum;
     correct = sums.correct;
   }

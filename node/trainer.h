@@ -209,7 +209,9 @@ class Trainer {
   // The batch's inputs (on the model's device) and its labels in targets_.
   const Tensor& load_batch(const data::Dataset& dataset, std::span<const int64_t> indices);
   Tensor inputs_, device_inputs_, dlogits_;
-  device::LossSums device_loss_;     // CUDA: the loss and correct sums of a step or an evaluation
+  // CUDA: the step's (or an evaluation's) scalars on the device.
+  StepResult step_on_device(StepResult result, float lr, int64_t targets);
+  device::StepScalars device_scalars_;
   device::DeviceLabels device_labels_;
   std::vector<std::vector<float>> dp_sum_;  // DP-SGD: the clipped per-example gradients' sum
   std::vector<int32_t> targets_;

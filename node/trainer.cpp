@@ -219,6 +219,15 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
   return apply_gradients(result, lr);
 }
 
+bool Trainer::sync_gradients(std::span<Parameter* const> parameters, StepResult& result) {
+  if (sync_ == nullptr) return true;
+  const ProfileScope profile(StepTime::kCommunication);
+  hook_status_ = sync_->finish(parameters, result);
+  if (hook_status_.is_ok()) return true;
+  result.applied = false;
+  return false;
+}
+
 // apply_gradients on the CUDA device, decided there: the squared norm of
 // every gradient, the factor that unscales and clips, and found_inf (a
 // non-finite norm) go to device scalars that gate the optimizer's kernels,
@@ -228,14 +237,7 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
 StepResult Trainer::step_on_device(StepResult result, float lr, int64_t targets) {
   const float scale = loss_scaler_.scale();
   std::vector<Parameter*> parameters = model_.parameters();
-  if (sync_ != nullptr) {
-    const ProfileScope profile(StepTime::kCommunication);
-    hook_status_ = sync_->finish(parameters, result);
-    if (!hook_status_.is_ok()) {
-      result.applied = false;
-      return result;
-    }
-  }
+  if (!sync_gradients(parameters, result)) return result;
   for (Parameter* p : parameters) device::add_squared_l2_norm(p->grad, device_scalars_.squared_norm());
   cuda::gradient_scale_factor(cuda::default_stream(), device_scalars_.squared_norm(), scale, options_.clip_grad_norm,
                               device_scalars_.factor(), device_scalars_.found_inf());
@@ -268,14 +270,7 @@ const Tensor& Trainer::load_batch(const data::Dataset& dataset, std::span<const 
 StepResult Trainer::apply_gradients(StepResult result, float lr) {
   const float scale = loss_scaler_.scale();
   std::vector<Parameter*> parameters = model_.parameters();
-  if (sync_ != nullptr) {
-    const ProfileScope profile(StepTime::kCommunication);
-    hook_status_ = sync_->finish(parameters, result);
-    if (!hook_status_.is_ok()) {
-      result.applied = false;
-      return result;
-    }
-  }
+  if (!sync_gradients(parameters, result)) return result;
   bool finite = true;
   double squared_norm = 0.0;
   for (Parameter* p : parameters) {

@@ -209,6 +209,9 @@ class Trainer {
   // The batch's inputs (on the model's device) and its labels in targets_.
   const Tensor& load_batch(const data::Dataset& dataset, std::span<const int64_t> indices);
   Tensor inputs_, device_inputs_, dlogits_;
+  // The gradient sync's finish (a no-op without one); false, with the step
+  // marked unapplied and the reason in hook_status_, when it failed.
+  bool sync_gradients(std::span<Parameter* const> parameters, StepResult& result);
   // CUDA: the step's (or an evaluation's) scalars on the device.
   StepResult step_on_device(StepResult result, float lr, int64_t targets);
   device::StepScalars device_scalars_;

@@ -30,7 +30,7 @@ gpt-nano, gpt-tiny, ...); --partition how the sites split the data
 language model's text, the Bible by default); --tokenizer a BPE tokenizer
 file (`fedmesh tokenizer train`) that the aggregator (`tokenizer`) and every
 site (`data.tokenizer`) read a language model's text with instead of bytes,
-written into the configs as an absolute path (not with --gossip).
+written into the configs as an absolute path (with --gossip, every peer's).
 
 --gossip: no aggregator and no agg.toml. Site K is a gossip peer listening on
 tcp://127.0.0.1:PORT+K (metrics on METRICS_PORT+1+K); its config has
@@ -69,7 +69,6 @@ done
 [[ $SITES =~ ^[1-9][0-9]*$ ]] || { printf 'local_federation.sh: --sites must be a positive integer\n' >&2; exit 2; }
 [[ -e $DIR ]] && { printf 'local_federation.sh: %s exists; give a new directory\n' "$DIR" >&2; exit 2; }
 if [[ -n $TOKENIZER ]]; then
-  ((GOSSIP == 0)) || { printf 'local_federation.sh: --tokenizer needs an aggregator (gossip peers read bytes)\n' >&2; exit 2; }
   [[ -f $TOKENIZER ]] || { printf 'local_federation.sh: --tokenizer %s is not a file\n' "$TOKENIZER" >&2; exit 2; }
   TOKENIZER=$(cd "$(dirname "$TOKENIZER")" && pwd -P)/$(basename "$TOKENIZER")
 fi

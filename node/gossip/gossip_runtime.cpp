@@ -36,6 +36,10 @@
 
 namespace fedmesh::node {
 
+std::string gossip_federation(const std::string& federation, const std::string& tokenizer_fingerprint) {
+  return tokenizer_fingerprint.empty() ? federation : federation + "/tokenizer=" + tokenizer_fingerprint;
+}
+
 Status GossipConfig::validate() const {
   if (Result<protocol::CompressionPlan> plan =
           protocol::make_compression_plan(site.compress, site.compress_overrides, site.dense_below);
@@ -43,15 +47,6 @@ Status GossipConfig::validate() const {
     FEDMESH_RETURN_IF_ERROR(gossip::check_gossip_compression(*plan));
   }
   FEDMESH_RETURN_IF_ERROR(site.validate());
-  if (!site.tokenizer.empty()) {
-    // Peers would each read their own file, and nothing in the gossip
-    // exchange lets them check that the files agree (the aggregator's round
-    // announcement does, node/site/site_runtime.cpp): refused rather than
-    // merging models of different vocabularies or merges.
-    return invalid_argument("data.tokenizer: gossip peers train language models on bytes only for now (nothing "
-                            "checks that peers share one BPE tokenizer); run the federation with an aggregator "
-                            "and its `tokenizer` key, or leave data.tokenizer out");
-  }
   if (site.device != "cpu") {
     return invalid_argument("training.device = \"" + site.device + "\": gossip peers train on the cpu for now (the "
                             "aggregator's sites take training.device = \"cuda\")");
@@ -183,6 +178,7 @@ class GossipRuntime::Impl {
   std::optional<gossip::Swim> swim;
   Rng rng{1};
   SiteData data;
+  std::string wire_federation;  // the federation name on this peer's shares (gossip_federation)
   std::unique_ptr<HttpEndpoint> http;
   std::string metrics_address;
   Clock::time_point started = Clock::now();
@@ -281,7 +277,14 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   staleness = *aggregator::StalenessFunction::parse(config.staleness, config.max_staleness);
   rng = Rng(mix_seed(site.data_seed, 0x5eed + static_cast<uint64_t>(site.index)));
 
-  Result<std::unique_ptr<Sequential>> model = make_model(site.model, site.seed);
+  // The data first: a tokenizer (data.tokenizer) sets the model's vocabulary
+  // and the federation name this peer's shares carry (gossip_federation).
+  Result<SiteData> loaded = load_site_data(site, config.test_limit);
+  if (!loaded.is_ok()) return loaded.status();
+  data = std::move(*loaded);
+  wire_federation = gossip_federation(site.federation, data.tokenizer_fingerprint());
+
+  Result<std::unique_ptr<Sequential>> model = make_model(site.model, site.seed, data.vocabulary);
   if (!model.is_ok()) return model.status();
   worker = std::move(*model);
   std::vector<std::vector<float>> reference;
@@ -306,10 +309,6 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   if (dense_bytes > protocol::kDefaultChunkBytes * 64) {
     return invalid_argument("the model (" + std::to_string(dense_bytes) + " bytes) is too large for gossip shares");
   }
-
-  Result<SiteData> loaded = load_site_data(site, config.test_limit);
-  if (!loaded.is_ok()) return loaded.status();
-  data = std::move(*loaded);
 
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(site.store);
   if (!opened.is_ok()) return opened.status();
@@ -338,7 +337,7 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   if (!bound.is_ok()) return bound.status();
   server = std::move(*bound);
   protocol::ReceiverPolicy policy;
-  policy.federation = site.federation;
+  policy.federation = wire_federation;
   policy.self = site.name;
   policy.manifest = wire_manifest;
   // Any sender version; staleness is ours to weigh, not a refusal.
@@ -639,7 +638,7 @@ Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string&
   extra.segments = std::move(*segments);
   tensors.push_back(std::move(extra));
   protocol::UpdateMetadata metadata;
-  metadata.federation = config.site.federation;
+  metadata.federation = wire_federation;
   metadata.round = version;
   const auto known = peer_versions.find(to);
   metadata.base_version = known == peer_versions.end() ? 0 : known->second;

@@ -80,6 +80,14 @@ Result<GossipConfig> read_gossip_config(const std::string& path);
 
 using GossipEventSink = std::function<void(const nlohmann::json& event)>;
 
+// The federation name a gossip peer's shares carry and the name it takes
+// shares for: the federation's, with "/tokenizer=FINGERPRINT" appended when
+// the peer reads its text with a BPE tokenizer (data.tokenizer). Peers
+// merge only models of the same vocabulary and merges: a share from a peer
+// with another tokenizer, or none, is refused (wrong federation) with both
+// names in the reason, and counted.
+std::string gossip_federation(const std::string& federation, const std::string& tokenizer_fingerprint);
+
 class GossipRuntime {
  public:
   static Result<std::unique_ptr<GossipRuntime>> start(GossipConfig config, GossipEventSink emit);

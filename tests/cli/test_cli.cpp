@@ -491,13 +491,10 @@ TEST(Cli, FederationConfigsAreCheckedByName) {
       {"node", base + "name = \"s\"\nmode = \"gossip\"\naggregator = \"tcp://127.0.0.1:1\"\n",
        "unknown key 'aggregator'"},
       {"node", base + "name = \"s\"\nmode = \"gossip\"\ngossip.roundz = 3\n", "unknown key 'gossip.roundz'"},
-      // A BPE tokenizer is for the language models, and not for gossip peers yet.
+      // A BPE tokenizer is for the language models.
       {"aggregator", base + "tokenizer = \"t.json\"\n", "tokenizer applies to the language models"},
       {"node", base + "name = \"s\"\naggregator = \"tcp://127.0.0.1:1\"\ndata.tokenizer = \"t.json\"\n",
        "data.tokenizer applies to the language models"},
-      {"node", base + "name = \"s\"\nmode = \"gossip\"\nmodel = \"gpt-nano\"\ndata.partition = \"books\"\n"
-                      "data.tokenizer = \"t.json\"\n",
-       "gossip peers train language models on bytes only"},
   };
   int i = 0;
   for (const auto& c : cases) {

@@ -31,6 +31,7 @@
 
 #include "support/cluster.h"
 #include "support/process.h"
+#include "support/text_files.h"
 
 namespace fs = std::filesystem;
 using fedmesh::testing::ChildProcess;
@@ -52,20 +53,26 @@ struct Peer {
 
 class GossipCluster {
  public:
-  explicit GossipCluster(std::vector<std::string> site_lines) {
+  // `fashion`: the Fashion-MNIST settings below are added to site_lines.
+  // `script`: more deploy/local_federation.sh flags (--model, --tokenizer, ...).
+  explicit GossipCluster(std::vector<std::string> site_lines, int peers = kPeers, bool fashion = true,
+                         const std::vector<std::string>& script = {}) {
     dir_ = fs::path(::testing::TempDir()) / ("fedmesh-gossip-" + std::to_string(::getpid()) + "-" + std::to_string(++runs_));
     fs::remove_all(dir_);
-    const int port = fedmesh::testing::free_ports(2 * kPeers + 2);
+    const int port = fedmesh::testing::free_ports(2 * peers + 2);
     std::vector<std::string> argv = {"/bin/bash", fedmesh::testing::local_federation_script(), "--fedmesh",
                                      fedmesh::testing::fedmesh_binary(), "--dir", dir_.string(), "--gossip",
-                                     "--sites", std::to_string(kPeers), "--port", std::to_string(port),
-                                     "--metrics-port", std::to_string(port + kPeers), "--rounds", "0",
+                                     "--sites", std::to_string(peers), "--port", std::to_string(port),
+                                     "--metrics-port", std::to_string(port + peers), "--rounds", "0",
                                      "--local-steps", "10"};
+    argv.insert(argv.end(), script.begin(), script.end());
     // Plain SGD: momentum restarted every round of 10 steps on a skewed
     // shard only adds drift. Shares in int8.
-    site_lines.insert(site_lines.end(), {"data.train_limit = 16000", "gossip.test_limit = 2000", "gossip.eval_every = 2",
-                                         "training.lr = 0.1", "training.momentum = 0.0",
-                                         "compression.default = \"int8\""});
+    if (fashion) {
+      site_lines.insert(site_lines.end(), {"data.train_limit = 16000", "gossip.test_limit = 2000",
+                                           "gossip.eval_every = 2", "training.lr = 0.1", "training.momentum = 0.0",
+                                           "compression.default = \"int8\""});
+    }
     for (const std::string& line : site_lines) {
       argv.push_back("--site");
       argv.push_back(line);
@@ -73,8 +80,9 @@ class GossipCluster {
     ChildProcess make(argv);
     make.read_all(120s);
     made_ = port > 0 && make.wait() == 0;
-    peers_.resize(kPeers);
+    peers_.resize(static_cast<size_t>(peers));
   }
+  fs::path config(int k) const { return dir_ / ("site-" + std::to_string(k) + ".toml"); }
   ~GossipCluster() {
     peers_.clear();  // SIGKILLs what still runs
     fs::remove_all(dir_);
@@ -129,7 +137,7 @@ class GossipCluster {
       }
       return true;
     }, timeout);
-    for (int k = 0; k < kPeers; ++k) {
+    for (int k = 0; k < static_cast<int>(peers_.size()); ++k) {
       EXPECT_GE(peer(k).best_accuracy, target) << "site-" << k << " after " << peer(k).rounds << " rounds";
     }
     return reached;
@@ -191,6 +199,68 @@ class GossipCluster {
   bool made_ = false;
   std::vector<Peer> peers_;
 };
+
+// Language-model peers with BPE tokenizers: two peers that read the Bible
+// with one tokenizer merge each other's shares; a third with another
+// tokenizer of the same vocabulary size (so the models' shapes agree) has
+// every share refused by them, naming both tokenizers, and merges nothing
+// of theirs.
+TEST(Gossip, PeersMergeOnlyModelsOfTheirOwnTokenizer) {
+  if (fedmesh::testing::fedmesh_binary().empty() || fedmesh::testing::local_federation_script().empty()) {
+    GTEST_SKIP() << "FEDMESH_BINARY / FEDMESH_LOCAL_FEDERATION not set (meson test sets them)";
+  }
+  const fs::path texts = fs::path(::testing::TempDir()) / ("fedmesh-gossip-texts-" + std::to_string(::getpid()));
+  fs::remove_all(texts);
+  fs::create_directories(texts / "a");
+  fs::create_directories(texts / "b");
+  std::string a, b;
+  for (int i = 0; i < 200; ++i) {
+    a += "In the beginning God created the heaven and the earth, and the earth was without form. ";
+    b += "Federated sites train their models on their own data and share only signed updates. ";
+  }
+  fedmesh::testing::spit(texts / "a" / "a.txt", a);
+  fedmesh::testing::spit(texts / "b" / "b.txt", b);
+  for (const char* name : {"a", "b"}) {
+    ChildProcess train({fedmesh::testing::fedmesh_binary(), "tokenizer", "train", "--data", (texts / name).string(),
+                        "--vocab-size", "300", "--out", (texts / (std::string(name) + ".json")).string()});
+    train.read_all(60s);
+    ASSERT_EQ(train.wait(), 0) << "tokenizer " << name;
+  }
+  GossipCluster cluster({"data.train_limit = 40", "gossip.test_limit = 20", "gossip.eval_every = 1",
+                         "training.batch_size = 8", "training.optimizer = \"adamw\"", "training.lr = 0.003"},
+                        3, /*fashion=*/false,
+                        {"--model", "gpt-nano", "--partition", "books", "--tokenizer", (texts / "a.json").string()});
+  ASSERT_TRUE(cluster.made()) << "deploy/local_federation.sh --gossip failed";
+  fedmesh::testing::set_toml_option(cluster.config(2), "data.tokenizer", "\"" + (texts / "b.json").string() + "\"");
+  for (int k = 0; k < 3; ++k) cluster.start(k);
+  const auto merged = [&](int k) {
+    int64_t most = 0;
+    for (const json& e : cluster.peer(k).events) {
+      if (e.value("event", "") == "round") most = std::max<int64_t>(most, e.value("merged", int64_t{0}));
+    }
+    return most;
+  };
+  const auto refused_from = [&](int k, const std::string& from) -> std::optional<json> {
+    for (const json& e : cluster.peer(k).events) {
+      if (e.value("event", "") == "refused" && e.value("from", "") == from) return e;
+    }
+    return std::nullopt;
+  };
+  const bool done = cluster.pump_until([&] {
+    return merged(0) > 0 && merged(1) > 0 && refused_from(0, "site-2") && refused_from(2, "site-0") &&
+           cluster.peer(2).rounds >= 3;
+  }, 150s);
+  EXPECT_TRUE(done) << "site-0 merged " << merged(0) << ", site-1 " << merged(1) << ", site-2 ran "
+                    << cluster.peer(2).rounds << " rounds";
+  if (const std::optional<json> refused = refused_from(0, "site-2")) {
+    const std::string reason = refused->value("reason", "");
+    EXPECT_EQ(refused->value("code", ""), "wrong-federation") << refused->dump();
+    EXPECT_NE(reason.find("/tokenizer=fnv1a64:"), std::string::npos) << reason;
+    std::printf("site-0 refused site-2: %s\n", reason.c_str());
+  }
+  EXPECT_EQ(merged(2), 0) << "site-2 reads another tokenizer: nothing of the others' may reach its model";
+  fs::remove_all(texts);
+}
 
 TEST(Gossip, EightPeersConvergeSurviveTwoKillsAndARestartedPeerCatchesUp) {
   if (fedmesh::testing::fedmesh_binary().empty() || fedmesh::testing::local_federation_script().empty()) {

@@ -386,6 +386,17 @@ Status GossipRuntime::Impl::restore() {
       return invalid_argument(config.site.store + " was written with merge " + saved.value("merge", std::string()) +
                               ", this config says " + config.merge);
     }
+    // The model was trained on text read with one tokenizer (none: bytes);
+    // resuming it with another would mix two vocabularies in one model.
+    const std::string tokenizer = data.tokenizer_fingerprint();
+    if (saved.value("tokenizer", std::string()) != tokenizer) {
+      const auto name = [](const std::string& fingerprint) {
+        return fingerprint.empty() ? std::string("bytes (no tokenizer)") : "tokenizer " + fingerprint;
+      };
+      return invalid_argument(config.site.store + " holds a model trained on " +
+                              name(saved.value("tokenizer", std::string())) + ", this config reads " +
+                              name(tokenizer) + "; use the same data.tokenizer, or a new store");
+    }
     const double weight = saved.at("weight").get<double>();
     if (!std::isfinite(weight) || !(weight > 0.0)) return corrupt(config.site.store + ": the stored push-sum weight is not positive");
     for (size_t t = 0; t < manifest.size(); ++t) {
@@ -422,7 +433,8 @@ Status GossipRuntime::Impl::commit(const nlohmann::json& metrics, bool new_round
   round.metrics_json = metrics.dump();
   round.state_json = nlohmann::json({{"version", version}, {"weight", state->weight()}, {"merge", config.merge},
                                      {"last_sequence", last_sequence},
-                                     {"compressor_rounds", state->compressor().rounds()}})
+                                     {"compressor_rounds", state->compressor().rounds()},
+                                     {"tokenizer", data.tokenizer_fingerprint()}})
                          .dump();
   std::deque<Tensor> views;
   for (size_t t = 0; t < manifest.size(); ++t) {

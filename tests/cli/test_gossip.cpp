@@ -204,7 +204,8 @@ class GossipCluster {
 // with one tokenizer merge each other's shares; a third with another
 // tokenizer of the same vocabulary size (so the models' shapes agree) has
 // every share refused by them, naming both tokenizers, and merges nothing
-// of theirs.
+// of theirs; restarted with the others' tokenizer, it refuses to resume the
+// model its store holds.
 TEST(Gossip, PeersMergeOnlyModelsOfTheirOwnTokenizer) {
   if (fedmesh::testing::fedmesh_binary().empty() || fedmesh::testing::local_federation_script().empty()) {
     GTEST_SKIP() << "FEDMESH_BINARY / FEDMESH_LOCAL_FEDERATION not set (meson test sets them)";
@@ -259,6 +260,16 @@ TEST(Gossip, PeersMergeOnlyModelsOfTheirOwnTokenizer) {
     std::printf("site-0 refused site-2: %s\n", reason.c_str());
   }
   EXPECT_EQ(merged(2), 0) << "site-2 reads another tokenizer: nothing of the others' may reach its model";
+  // Its store remembers the tokenizer: restarted with site-0's, site-2 refuses
+  // to resume the model it trained on the other one.
+  cluster.kill(2);
+  fedmesh::testing::set_toml_option(cluster.config(2), "data.tokenizer", "\"" + (texts / "a.json").string() + "\"");
+  ChildProcess restarted({fedmesh::testing::fedmesh_binary(), "node", "--mode", "gossip", "--config",
+                          cluster.config(2).string(), "--json"});
+  std::string output;
+  for (const std::string& line : restarted.read_all(60s)) output += line + "\n";
+  EXPECT_EQ(restarted.wait(), 2) << output;
+  EXPECT_NE(output.find("holds a model trained on tokenizer fnv1a64:"), std::string::npos) << output;
   fs::remove_all(texts);
 }
 

@@ -121,9 +121,12 @@ void add_squared_l2_norm(const Tensor& x, double* sum) {
 }
 
 double squared_l2_norm(const Tensor& x) {
-  SquaredNorm norm;
-  norm.add(x);
-  return norm.read();
+  cuda::DeviceBuffer sum(sizeof(double), stream());
+  cuda::set_zero(sum.data(), sizeof(double), stream());
+  add_squared_l2_norm(x, sum.as<double>());
+  double host = 0.0;
+  cuda::copy_to_host(sum.data(), &host, sizeof(double), stream());
+  return host;
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
@@ -187,22 +190,6 @@ void embedding_backward(const cuda::DeviceBuffer& ids, const Tensor& dout, Tenso
                 "embedding_backward: dout shape");
   cuda::embedding_backward(stream(), ids.as<int32_t>(), count, dout.raw(), dout.dtype(), dtable.data<float>(),
                            vocabulary, dim);
-}
-
-void SquaredNorm::add(const Tensor& x) {
-  const ProfileScope profile(StepTime::kKernels);
-  if (sum_.data() == nullptr) {
-    sum_ = cuda::DeviceBuffer(sizeof(double), stream());
-    cuda::set_zero(sum_.data(), sizeof(double), stream());
-  }
-  add_squared_l2_norm(x, sum_.as<double>());
-}
-
-double SquaredNorm::read() const {
-  const ProfileScope profile(StepTime::kKernels);
-  double host = 0.0;
-  if (sum_.data() != nullptr) cuda::copy_to_host(sum_.data(), &host, sizeof(double), stream());
-  return host;
 }
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd,

@@ -108,17 +108,6 @@ class StepScalars {
   cuda::DeviceBuffer buffer_;
 };
 
-// A sum of squared L2 norms over several fp32 tensors, kept on the device
-// and read once (read() waits for the device).
-class SquaredNorm {
- public:
-  void add(const Tensor& x);
-  double read() const;
-
- private:
-  cuda::DeviceBuffer sum_;
-};
-
 // Labels copied to the device for softmax_cross_entropy (grown as needed).
 class DeviceLabels {
  public:

@@ -156,6 +156,8 @@ Tensor Tensor::to(Device device) const {
   return t;
 }
 
+Tensor Tensor::host() const { return device_ == Device::kCpu ? *this : to(Device::kCpu); }
+
 void Tensor::copy_from(const Tensor& src) {
   FEDMESH_CHECK(src.dtype_ == dtype_ && src.numel_ == numel_,
                 std::string("copy_from: ") + dtype_name(src.dtype_) + " " + shape_to_string(src.shape_) + " into " +

@@ -99,6 +99,9 @@ class Tensor {
   // A deep copy on `device` (the same dtype); on the CPU from a CUDA tensor
   // it returns once the bytes are there.
   Tensor to(Device device) const;
+  // This tensor when it is on the CPU (the same storage, no copy), else
+  // to(Device::kCpu): for reading a tensor on the host wherever it lives.
+  Tensor host() const;
   // Copies src's bytes into this tensor (same dtype and element count), across
   // devices where they differ.
   void copy_from(const Tensor& src);

@@ -1,6 +1,5 @@
 #include "node/model.h"
 
-#include <cstring>
 #include <sstream>
 
 #include "base/random.h"
@@ -41,13 +40,7 @@ int64_t Sequential::parameter_count() {
 }
 
 void Sequential::zero_grad() {
-  for (Parameter* p : parameters()) {
-    if (p->grad.device() == Device::kCpu) {
-      std::memset(p->grad.raw(), 0, p->grad.nbytes());
-    } else {
-      fill(p->grad, 0.0f);
-    }
-  }
+  for (Parameter* p : parameters()) fill(p->grad, 0.0f);
 }
 
 void Sequential::to_device(Device device) {

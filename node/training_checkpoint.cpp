@@ -84,17 +84,13 @@ Status commit_training_checkpoint(store::CheckpointStore& store, Sequential& mod
   round.metrics_json = metrics.dump();
   round.state_json = trainer_state_to_json(state).dump();
   // The store reads host memory: tensors on the CUDA device are copied out
-  // first (a deque keeps the copies where the round's pointers point).
-  std::deque<Tensor> host_copies;
-  const auto on_host = [&host_copies](Tensor* tensor) {
-    if (tensor->device() == Device::kCpu) return tensor;
-    return &host_copies.emplace_back(tensor->to(Device::kCpu));
-  };
+  // first (the deque keeps every host tensor where the round's pointers point).
+  std::deque<Tensor> host;
   for (Parameter* parameter : parameters) {
-    round.tensors.push_back({kModelRole, parameter->name, on_host(&parameter->value)});
+    round.tensors.push_back({kModelRole, parameter->name, &host.emplace_back(parameter->value.host())});
   }
   for (const OptimizerStateTensor& tensor : trainer.optimizer().state_tensors(parameters)) {
-    round.tensors.push_back({kOptimizerRole, tensor.name, on_host(tensor.tensor)});
+    round.tensors.push_back({kOptimizerRole, tensor.name, &host.emplace_back(tensor.tensor->host())});
   }
   return store.commit_round(round);
 }

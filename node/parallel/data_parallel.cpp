@@ -226,7 +226,7 @@ Status check_replicas_equal(Communicator& communicator, Sequential& model) {
   // FNV-1a over the bytes, carried as two 16-bit halves (exact in fp32).
   uint32_t hash = 2166136261u;
   for (Parameter* p : model.parameters()) {
-    const Tensor host = p->value.device() == Device::kCpu ? p->value : p->value.to(Device::kCpu);
+    const Tensor host = p->value.host();
     const auto* bytes = static_cast<const unsigned char*>(host.raw());
     for (size_t i = 0; i < host.nbytes(); ++i) hash = (hash ^ bytes[i]) * 16777619u;
   }

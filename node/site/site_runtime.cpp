@@ -456,8 +456,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   const EvalResult local_eval = data.holdout->size() > 0 ? trainer.evaluate(*data.holdout) : EvalResult{};
   std::vector<std::vector<float>> delta(parameters.size());
   for (size_t t = 0; t < parameters.size(); ++t) {
-    const Tensor trained_weights =
-        parameters[t]->value.device() == Device::kCpu ? parameters[t]->value : parameters[t]->value.to(Device::kCpu);
+    const Tensor trained_weights = parameters[t]->value.host();
     const float* after = trained_weights.data<float>();
     const float* before = global[t].data<float>();
     delta[t].resize(static_cast<size_t>(global[t].numel()));

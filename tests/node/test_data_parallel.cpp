@@ -66,7 +66,7 @@ TrainOptions options() {
 std::vector<float> flatten(Sequential& model) {
   std::vector<float> out;
   for (Parameter* p : model.parameters()) {
-    const Tensor host = p->value.to(Device::kCpu);
+    const Tensor host = p->value.host();
     out.insert(out.end(), host.data<float>(), host.data<float>() + host.numel());
   }
   return out;

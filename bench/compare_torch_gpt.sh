@@ -172,38 +172,11 @@ apt_install() {
 # Python with torch + numpy (Debian's python3-torch lives in /usr/bin/python3's
 # dist-packages; a pyenv/venv python3 earlier on PATH will not see it).
 # ---------------------------------------------------------------------------
-has_torch() { "$1" -c 'import torch, numpy' >/dev/null 2>&1; }
-has_cuda_torch() { "$1" -c 'import sys, torch, numpy; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
-find_python() {
-  local c
-  for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
-    if command -v "$c" >/dev/null 2>&1 && has_torch "$c"; then command -v "$c"; return 0; fi
-  done
-  return 1
-}
-find_cuda_python() {
-  local c
-  for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
-    if command -v "$c" >/dev/null 2>&1 && has_cuda_torch "$c"; then command -v "$c"; return 0; fi
-  done
-  return 1
-}
-# What a python's torch says about CUDA, in one line (for the refusal below).
-torch_cuda_line() {
-  "$1" -c 'import torch
-print("torch %s (CUDA build: %s), torch.cuda.is_available() = %s" % (torch.__version__, torch.version.cuda, torch.cuda.is_available()))' 2>/dev/null ||
-    echo "cannot import torch"
-}
+source "$SCRIPT_DIR/torch_python.sh"
 
 if [[ "$DEVICE" == cuda ]]; then
   # No apt-get install here: Debian's python3-torch is a CPU-only build.
-  if ! PY="$(find_cuda_python)"; then
-    seen=""
-    for c in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
-      command -v "$c" >/dev/null 2>&1 && seen+="; $c: $(torch_cuda_line "$c")"
-    done
-    die "--device cuda: no python here has a PyTorch that sees a GPU${seen}. Run on a machine with an NVIDIA GPU and give --python PATH for a CUDA build of PyTorch (or use --device cpu)"
-  fi
+  PY="$(find_cuda_python)" || die "$(cuda_python_refusal)"
 elif ! PY="$(find_python)"; then
   [[ -n "$PYTHON" ]] && die "$PYTHON cannot import torch and numpy"
   apt_install python3-torch python3-numpy

@@ -185,7 +185,7 @@ def parse_args(argv=None):
 # The thread environment, the torch import and --device/--precision/--compile are torch_train.py's.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_train import (  # noqa: E402
-    Runtime, add_device_args, configure_thread_env, import_torch_or_reexec, resolve_warmup, step_time_stats)
+    Runtime, add_device_args, configure_thread_env, import_torch_or_reexec, resolve_warmup, timing_report)
 
 
 # ----------------------------------------------------------------------------
@@ -470,13 +470,8 @@ def main():
     log(f"{step} steps ({epoch} epoch(s) of {steps_per_epoch} steps), {timed_tokens} timed tokens in "
         f"{train_seconds:.3f}s -> {tps:.1f} tokens/s, loss {first_loss:.4f} -> {last_loss:.4f}")
 
-    median_step_ms, p90_step_ms, mean_step_ms = step_time_stats(step_times, train_seconds, timed_steps, on_cuda)
-    if median_step_ms is not None:
-        log(f"step time: median {median_step_ms:.2f} ms, p90 {p90_step_ms:.2f} ms")
-    compile_seconds = None
-    if rt.compiled:
-        compile_seconds = max(0.0, warmup_seconds - warmup * train_seconds / timed_steps)
-        log(f"warm-up {warmup_seconds:.2f}s, of which about {compile_seconds:.2f}s compiling")
+    median_step_ms, p90_step_ms, mean_step_ms, compile_seconds = timing_report(
+        log, rt, step_times, train_seconds, timed_steps, warmup, warmup_seconds, on_cuda)
 
     # MFU: against --peak-flops, else the table's dense bf16 peak of this GPU.
     if args.peak_flops is not None:

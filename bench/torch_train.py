@@ -260,16 +260,23 @@ class Runtime:
         }
 
 
-def step_time_stats(step_times, train_seconds, timed_steps, on_cuda):
-    """(median_step_ms, p90_step_ms, mean_step_ms); the per-step ones are
-    None on cuda (no sync inside the timed loop)."""
+def timing_report(log, rt, step_times, train_seconds, timed_steps, warmup, warmup_seconds, on_cuda):
+    """(median_step_ms, p90_step_ms, mean_step_ms, compile_seconds), logged.
+    The per-step times are None on cuda (no sync inside the timed loop);
+    compile_seconds (None unless compiled) is the warm-up's time beyond what
+    its steps would take at the timed steps' pace."""
     mean_ms = 1e3 * train_seconds / timed_steps if timed_steps > 0 else None
-    if on_cuda or not step_times:
-        return None, None, mean_ms
-    times = sorted(step_times)
-    median_ms = 1e3 * times[len(times) // 2]
-    p90_ms = 1e3 * times[min(len(times) - 1, (9 * len(times)) // 10)]
-    return median_ms, p90_ms, mean_ms
+    median_ms = p90_ms = None
+    if not on_cuda and step_times:
+        times = sorted(step_times)
+        median_ms = 1e3 * times[len(times) // 2]
+        p90_ms = 1e3 * times[min(len(times) - 1, (9 * len(times)) // 10)]
+        log(f"step time: median {median_ms:.2f} ms, p90 {p90_ms:.2f} ms")
+    compile_seconds = None
+    if rt.compiled:
+        compile_seconds = max(0.0, warmup_seconds - warmup * train_seconds / timed_steps)
+        log(f"warm-up {warmup_seconds:.2f}s, of which about {compile_seconds:.2f}s compiling")
+    return median_ms, p90_ms, mean_ms, compile_seconds
 
 
 def configure_thread_env(args):
@@ -502,13 +509,8 @@ def main():
     log(f"{step} steps ({epoch} epoch(s)), {timed_samples} timed samples in {train_seconds:.3f}s "
         f"-> {sps:.1f} samples/s, last loss {last_loss:.4f}")
 
-    median_step_ms, p90_step_ms, mean_step_ms = step_time_stats(step_times, train_seconds, timed_steps, on_cuda)
-    if median_step_ms is not None:
-        log(f"step time: median {median_step_ms:.2f} ms, p90 {p90_step_ms:.2f} ms")
-    compile_seconds = None
-    if rt.compiled:
-        compile_seconds = max(0.0, warmup_seconds - warmup * train_seconds / timed_steps)
-        log(f"warm-up {warmup_seconds:.2f}s, of which about {compile_seconds:.2f}s compiling")
+    median_step_ms, p90_step_ms, mean_step_ms, compile_seconds = timing_report(
+        log, rt, step_times, train_seconds, timed_steps, warmup, warmup_seconds, on_cuda)
 
     test_acc = test_loss = None
     if not args.no_eval:

@@ -188,20 +188,11 @@ StepResult Trainer::train_step(const data::Dataset& dataset, std::span<const int
     const Tensor& input = load_batch(dataset, indices.subspan(begin, end - begin));
     const Tensor logits = model_.forward(input, /*training=*/true);
     Tensor::reuse(dlogits_, logits.shape(), logits.dtype(), logits.device());
-    if (on_device) {
-      device::softmax_cross_entropy(logits, device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size())),
-                                    &dlogits_, scale, normalizer, device_scalars_);
-    } else {
-      const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, &dlogits_, scale, normalizer);
-      loss_sum += ce.loss_sum;
-      result.correct += ce.correct;
-    }
+    add_loss(logits, &dlogits_, scale, normalizer, loss_sum, result.correct);
     if (sync_ != nullptr && end == indices.size()) {
       if (on_device) {
         // The sync sends the step's loss with the gradients: read it now.
-        const device::StepScalars::Values sums = device_scalars_.read();
-        loss_sum = sums.loss_sum;
-        result.correct = sums.correct;
+        read_device_loss(loss_sum, result.correct);
         sums_read = true;
       }
       result.samples = static_cast<int64_t>(indices.size());
@@ -260,6 +251,24 @@ StepResult Trainer::step_on_device(StepResult result, float lr, int64_t targets)
   return result;
 }
 
+void Trainer::add_loss(const Tensor& logits, Tensor* dlogits, float grad_scale, float normalizer, double& loss_sum,
+                       int64_t& correct) {
+  if (logits.device() == Device::kCuda) {
+    const int32_t* labels = device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size()));
+    device::softmax_cross_entropy(logits, labels, dlogits, grad_scale, normalizer, device_scalars_);
+    return;
+  }
+  const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, dlogits, grad_scale, normalizer);
+  loss_sum += ce.loss_sum;
+  correct += ce.correct;
+}
+
+void Trainer::read_device_loss(double& loss_sum, int64_t& correct) {
+  const device::StepScalars::Values sums = device_scalars_.read();
+  loss_sum = sums.loss_sum;
+  correct = sums.correct;
+}
+
 const Tensor& Trainer::load_batch(const data::Dataset& dataset, std::span<const int64_t> indices) {
   dataset.make_batch(indices, model_.compute_dtype(), inputs_, targets_);
   if (model_.device() == Device::kCpu) return inputs_;
@@ -309,20 +318,9 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
     indices.resize(static_cast<size_t>(end - begin));
     std::iota(indices.begin(), indices.end(), begin);
     const Tensor logits = model_.forward(load_batch(dataset, indices), /*training=*/false);
-    if (on_device) {
-      device::softmax_cross_entropy(logits, device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size())),
-                                    nullptr, 1.0f, 1.0f, device_scalars_);
-    } else {
-      const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, nullptr);
-      loss_sum += ce.loss_sum;
-      correct += ce.correct;
-    }
+    add_loss(logits, nullptr, 1.0f, 1.0f, loss_sum, correct);
   }
-  if (on_device) {
-    const device::StepScalars::Values sums = device_scalars_.read();
-    loss_sum = sums.loss_sum;
-    correct = sums.correct;
-  }
+  if (on_device) read_device_loss(loss_sum, correct);
   result.count = count;
   if (count > 0) {
     const double targets = static_cast<double>(count * dataset.targets_per_sample());

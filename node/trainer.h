@@ -208,6 +208,12 @@ class Trainer {
   Status hook_status_;
   // The batch's inputs (on the model's device) and its labels in targets_.
   const Tensor& load_batch(const data::Dataset& dataset, std::span<const int64_t> indices);
+  // The batch's cross-entropy against targets_ (and dlogits when given):
+  // added to loss_sum and correct on the CPU; on the CUDA device to
+  // device_scalars_, which read_device_loss reads (waiting) into them.
+  void add_loss(const Tensor& logits, Tensor* dlogits, float grad_scale, float normalizer, double& loss_sum,
+                int64_t& correct);
+  void read_device_loss(double& loss_sum, int64_t& correct);
   Tensor inputs_, device_inputs_, dlogits_;
   // The gradient sync's finish (a no-op without one); false, with the step
   // marked unapplied and the reason in hook_status_, when it failed.

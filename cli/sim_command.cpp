@@ -77,10 +77,6 @@ Status check_mode_flags(const SimFlags& flags) {
   return Status::ok();
 }
 
-Result<data::FashionMnistSplits> load_data(const SimFlags& flags) {
-  return data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
-}
-
 // The sites' data: Fashion-MNIST for the image models, text (--data: the
 // Bible by default, or a directory of .txt files) for the language models.
 Result<aggregator::SimulationData> load_simulation_data(const SimFlags& flags) {
@@ -90,9 +86,21 @@ Result<aggregator::SimulationData> load_simulation_data(const SimFlags& flags) {
     if (!corpus.is_ok()) return corpus.status();
     return aggregator::text_simulation_data(o, *corpus, flags.train_limit, flags.test_limit);
   }
-  Result<data::FashionMnistSplits> splits = load_data(flags);
+  Result<data::FashionMnistSplits> splits =
+      data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
   if (!splits.is_ok()) return splits.status();
   return aggregator::image_simulation_data(o, splits->train, std::move(splits->test));
+}
+
+int64_t sample_count(const aggregator::SimulationData& data) {
+  int64_t samples = 0;
+  for (const auto& shard : data.shards) samples += shard->size();
+  return samples;
+}
+
+// What the sites' samples are, for the start line.
+std::string data_description(const SimFlags& flags, bool text) {
+  return text ? "windows of " + data::text_source(flags.data) + " text" : "Fashion-MNIST images";
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -146,30 +154,31 @@ int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& stalene
   g.eval_every = flags.eval_every;
   if (Status s = g.validate(); !s.is_ok()) return fail(flags, s);
 
-  Result<data::FashionMnistSplits> splits = load_data(flags);
-  if (!splits.is_ok()) return fail(flags, splits.status());
+  Result<aggregator::SimulationData> data = load_simulation_data(flags);
+  if (!data.is_ok()) return fail(flags, data.status());
+  const bool text = data->tokens_per_byte > 0.0;
   const std::string merge_name = gossip::merge_rule_name(g.merge);
   const std::string topology_name = gossip::topology_name(g.topology);
   if (flags.json) {
     emit_json({{"event", "start"}, {"command", "sim"}, {"mode", "gossip"}, {"sites", g.peers},
-               {"partition", g.partition.to_string()}, {"topology", topology_name}, {"fanout", g.fanout},
+               {"partition", text ? o.text_partition : g.partition.to_string()}, {"topology", topology_name}, {"fanout", g.fanout},
                {"merge", merge_name}, {"rounds", g.rounds}, {"local_steps", g.local_steps}, {"model", g.model},
                {"seed", g.seed}, {"compression", g.compression.to_string()}, {"loss", g.loss},
                {"delay_steps", g.delay_steps}, {"delay_jitter_steps", g.delay_jitter_steps},
                {"staleness", g.staleness.to_string()}, {"max_staleness", g.staleness.max_staleness()},
                {"eval_every", g.eval_every}});
   } else {
-    std::fprintf(stderr, "simulating %d gossip peers (%s) of %lld Fashion-MNIST images: %s merge on the %s topology, "
+    std::fprintf(stderr, "simulating %d gossip peers (%s) of %lld %s: %s merge on the %s topology, "
                  "%lld rounds of %lld local steps\n",
-                 g.peers, g.partition.to_string().c_str(), static_cast<long long>(splits->train.count),
-                 merge_name.c_str(), topology_name.c_str(), static_cast<long long>(g.rounds),
+                 g.peers, text ? o.text_partition.c_str() : g.partition.to_string().c_str(),
+                 static_cast<long long>(sample_count(*data)), data_description(flags, text).c_str(), merge_name.c_str(), topology_name.c_str(), static_cast<long long>(g.rounds),
                  static_cast<long long>(g.local_steps));
     std::fprintf(stderr, "shares compressed as %s; %.0f%% of messages lost; delay %lld+-%lld steps\n",
                  g.compression.to_string().c_str(), 100.0 * g.loss, static_cast<long long>(g.delay_steps),
                  static_cast<long long>(g.delay_jitter_steps));
   }
   Result<gossip::GossipSimulationSummary> summary = gossip::run_gossip_simulation(
-      g, splits->train, splits->test, [&](const gossip::GossipSimulationRound& r) {
+      g, std::move(*data), [&](const gossip::GossipSimulationRound& r) {
         if (flags.json) {
           nlohmann::json event = {{"event", "round"}, {"round", r.round}, {"virtual_time", r.virtual_time},
                                   {"messages_sent", r.messages_sent}, {"messages_lost", r.messages_lost},
@@ -182,6 +191,7 @@ int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& stalene
                           {"max_test_accuracy", r.max_test_accuracy}, {"test_loss", r.mean_test_loss},
                           {"max_model_distance", r.max_model_distance},
                           {"mean_model_distance", r.mean_model_distance}});
+            if (text) event.update({{"bits_per_byte", r.mean_bits_per_byte}, {"max_bits_per_byte", r.max_bits_per_byte}});
           }
           emit_json(event);
           return;
@@ -190,7 +200,10 @@ int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& stalene
                      static_cast<long long>(r.round), static_cast<long long>(r.messages_sent),
                      static_cast<long long>(r.messages_lost), static_cast<long long>(r.messages_merged),
                      static_cast<long long>(r.messages_stale), static_cast<double>(r.bytes_sent) / 1e6);
-        if (r.evaluated) {
+        if (r.evaluated && text) {
+          std::fprintf(stderr, "  held-out %.3f bits/byte (worst %.3f)  model distance %.4f", r.mean_bits_per_byte,
+                       r.max_bits_per_byte, r.max_model_distance);
+        } else if (r.evaluated) {
           std::fprintf(stderr, "  test accuracy %.2f%% (min %.2f%%)  loss %.4f  model distance %.4f",
                        100.0 * r.mean_test_accuracy, 100.0 * r.min_test_accuracy, r.mean_test_loss,
                        r.max_model_distance);
@@ -201,15 +214,24 @@ int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& stalene
   const double wall_seconds = seconds_since(wall_start);
   const gossip::GossipSimulationRound& last = summary->last();
   if (flags.json) {
-    emit_json({{"event", "summary"}, {"command", "sim"}, {"mode", "gossip"},
-               {"test_accuracy", last.mean_test_accuracy}, {"min_test_accuracy", last.min_test_accuracy},
-               {"test_loss", last.mean_test_loss}, {"max_model_distance", last.max_model_distance},
-               {"mean_model_distance", last.mean_model_distance}, {"rounds", summary->rounds.size()},
-               {"bytes_sent", summary->bytes_sent}, {"bytes_received", summary->bytes_received},
-               {"messages_sent", summary->messages_sent}, {"messages_lost", summary->messages_lost},
-               {"messages_stale", summary->messages_stale}, {"messages_refused", summary->messages_refused},
-               {"messages_in_flight", summary->messages_in_flight}, {"virtual_time", last.virtual_time},
-               {"wall_seconds", wall_seconds}});
+    nlohmann::json event = {
+        {"event", "summary"}, {"command", "sim"}, {"mode", "gossip"},
+        {"test_accuracy", last.mean_test_accuracy}, {"min_test_accuracy", last.min_test_accuracy},
+        {"test_loss", last.mean_test_loss}, {"max_model_distance", last.max_model_distance},
+        {"mean_model_distance", last.mean_model_distance}, {"rounds", summary->rounds.size()},
+        {"bytes_sent", summary->bytes_sent}, {"bytes_received", summary->bytes_received},
+        {"messages_sent", summary->messages_sent}, {"messages_lost", summary->messages_lost},
+        {"messages_stale", summary->messages_stale}, {"messages_refused", summary->messages_refused},
+        {"messages_in_flight", summary->messages_in_flight}, {"virtual_time", last.virtual_time},
+        {"wall_seconds", wall_seconds}};
+    if (text) event.update({{"bits_per_byte", last.mean_bits_per_byte}, {"max_bits_per_byte", last.max_bits_per_byte}});
+    emit_json(event);
+  } else if (text) {
+    std::printf("sim gossip %s %s: held-out %.3f bits/byte (worst peer %.3f), models within %.4f after %zu rounds, "
+                "%.1f MB sent, %lld messages lost, %s\n",
+                merge_name.c_str(), topology_name.c_str(), last.mean_bits_per_byte, last.max_bits_per_byte,
+                last.max_model_distance, summary->rounds.size(), static_cast<double>(summary->bytes_sent) / 1e6,
+                static_cast<long long>(summary->messages_lost), format_duration(wall_seconds).c_str());
   } else {
     std::printf("sim gossip %s %s: mean test accuracy %.2f%% (min %.2f%%), models within %.4f after %zu rounds, "
                 "%.1f MB sent, %lld messages lost, %s\n",
@@ -232,10 +254,6 @@ int run_sim(SimFlags& flags) {
     // Language models split text as the nodes do (iid, books, contiguous, testament).
     if (Status s = data::check_text_partition(flags.partition); !s.is_ok()) return fail(flags, s);
     o.text_partition = flags.partition;
-    if (flags.mode == "gossip") {
-      return fail(flags, invalid_argument("--mode gossip simulates the image models (mlp, cnn) for now; " + o.model +
-                                          " runs with --mode aggregator or private"));
-    }
   } else {
     Result<data::PartitionSpec> partition = data::PartitionSpec::parse(flags.partition);
     if (!partition.is_ok()) return fail(flags, partition.status());
@@ -282,8 +300,6 @@ int run_sim(SimFlags& flags) {
 
   Result<aggregator::SimulationData> data = load_simulation_data(flags);
   if (!data.is_ok()) return fail(flags, data.status());
-  int64_t samples = 0;
-  for (const auto& shard : data->shards) samples += shard->size();
 
   const std::string mode = o.rounds_options.asynchronous
                                ? (flags.fedasync > 0.0 ? "fedasync" : "fedbuff:" + std::to_string(flags.async_buffer))
@@ -297,8 +313,7 @@ int run_sim(SimFlags& flags) {
   } else {
     std::fprintf(stderr, "simulating %d sites (%s) of %lld %s: %s, %s, rule %s, %lld rounds of %lld local steps\n",
                  o.sites, text ? o.text_partition.c_str() : o.partition.to_string().c_str(),
-                 static_cast<long long>(samples),
-                 text ? ("windows of " + data::text_source(flags.data) + " text").c_str() : "Fashion-MNIST images",
+                 static_cast<long long>(sample_count(*data)), data_description(flags, text).c_str(),
                  mode.c_str(),
                  flags.strategy.c_str(), flags.rule.c_str(), static_cast<long long>(o.rounds),
                  static_cast<long long>(o.local_steps));

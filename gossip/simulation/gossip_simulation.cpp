@@ -12,6 +12,7 @@
 #include "aggregator/simulation.h"
 #include "crypto/keys.h"
 #include "gossip/averaging.h"
+#include "node/data/tokenized_text.h"
 #include "node/model.h"
 #include "protocol/update_transfer.h"
 
@@ -25,7 +26,7 @@ constexpr uint64_t kMaxInFlightBytes = uint64_t{8} << 30;
 
 struct VirtualPeer {
   std::string name;
-  data::ImageDataset shard;
+  std::unique_ptr<data::Dataset> shard;
   std::optional<GossipState> state;
   int64_t version = 0;  // rounds of local training done: the counter staleness is measured in
   Rng topology_rng;     // the random topology's draws
@@ -46,11 +47,16 @@ struct Message {
 
 class GossipSimulation {
  public:
-  GossipSimulation(const GossipSimulationOptions& options, const data::ImageDataset& test)
-      : options_(options), test_(test), network_rng_(mix_seed(options.seed, 0x6e37)) {}
+  GossipSimulation(const GossipSimulationOptions& options, aggregator::SimulationData data)
+      : options_(options), data_(std::move(data)), network_rng_(mix_seed(options.seed, 0x6e37)) {}
 
-  Status prepare(const data::ImageDataset& train) {
-    Result<std::unique_ptr<node::Sequential>> worker = node::make_model(options_.model, options_.seed);
+  Status prepare() {
+    if (data_.shards.size() != static_cast<size_t>(options_.peers) || data_.test == nullptr) {
+      return invalid_argument("simulation data for " + std::to_string(data_.shards.size()) + " peers, options for " +
+                              std::to_string(options_.peers));
+    }
+    Result<std::unique_ptr<node::Sequential>> worker =
+        node::make_model(options_.model, options_.seed, data_.vocabulary);
     if (!worker.is_ok()) return worker.status();
     worker_ = std::move(*worker);
     // x0: the seeded model every peer rebuilds and starts from.
@@ -73,15 +79,12 @@ class GossipSimulation {
     }
     Result<kernels::CompressionKernels*> backend = kernels::compression_kernels_named(options_.compression_device);
     if (!backend.is_ok()) return backend.status();
-    Result<std::vector<data::ImageDataset>> shards =
-        aggregator::split_among_sites(train, options_.peers, options_.partition, options_.seed);
-    if (!shards.is_ok()) return shards.status();
     for (int i = 0; i < options_.peers; ++i) {
       VirtualPeer peer;
       char name[32];
       std::snprintf(name, sizeof name, "peer-%04d", i);
       peer.name = name;
-      peer.shard = std::move((*shards)[static_cast<size_t>(i)]);
+      peer.shard = std::move(data_.shards[static_cast<size_t>(i)]);
       peer.topology_rng.reseed(mix_seed(options_.seed, 0x7090 + static_cast<uint64_t>(i)));
       Result<GossipState> state = GossipState::create(options_.merge, options_.compression, manifest_, reference,
                                                       mix_seed(options_.seed, 0xc0de + static_cast<uint64_t>(i)),
@@ -139,7 +142,7 @@ class GossipSimulation {
     local.max_steps = options_.local_steps;
     local.seed = mix_seed(mix_seed(options_.seed, 0x7ea1 + static_cast<uint64_t>(i)), static_cast<uint64_t>(round));
     node::Trainer trainer(*worker_, local);
-    trainer.fit(peer.shard, nullptr, {});
+    trainer.fit(*peer.shard, nullptr, {});
     std::vector<Parameter*> parameters = worker_->parameters();
     model_.resize(parameters.size());
     for (size_t t = 0; t < parameters.size(); ++t) {
@@ -171,7 +174,7 @@ class GossipSimulation {
     metadata.sender = peer.name;
     metadata.recipient = peers_[targets.front()].name;
     metadata.sequence = static_cast<uint64_t>(round + 1);
-    metadata.sample_count = static_cast<uint64_t>(peer.shard.count);
+    metadata.sample_count = static_cast<uint64_t>(peer.shard->size());
     const auto bytes = static_cast<int64_t>(
         protocol::wire_bytes(protocol::prepare_encoded_update(metadata, std::move(share->tensors), keys_)));
     for (size_t to : targets) {
@@ -231,9 +234,10 @@ class GossipSimulation {
     for (size_t i = 0; i < peers_.size(); ++i) {
       load_worker(peers_[i].state->model());
       node::Trainer evaluator(*worker_, options_.local);
-      const node::EvalResult result = evaluator.evaluate(test_);
+      const node::EvalResult result = evaluator.evaluate(*data_.test);
       record.mean_test_accuracy += result.accuracy;
       record.mean_test_loss += result.loss;
+      record.max_test_loss = std::max(record.max_test_loss, result.loss);
       record.min_test_accuracy = std::min(record.min_test_accuracy, result.accuracy);
       record.max_test_accuracy = std::max(record.max_test_accuracy, result.accuracy);
       std::vector<float>& flat = flat_models_[i];
@@ -244,6 +248,10 @@ class GossipSimulation {
     const auto n = static_cast<double>(peers_.size());
     record.mean_test_accuracy /= n;
     record.mean_test_loss /= n;
+    if (data_.tokens_per_byte > 0.0) {  // bits per byte are linear in the loss
+      record.mean_bits_per_byte = data::bits_per_byte(record.mean_test_loss, data_.tokens_per_byte);
+      record.max_bits_per_byte = data::bits_per_byte(record.max_test_loss, data_.tokens_per_byte);
+    }
     double distance_sum = 0.0;
     int64_t pairs = 0;
     for (size_t i = 0; i < peers_.size(); ++i) {
@@ -258,7 +266,7 @@ class GossipSimulation {
   }
 
   const GossipSimulationOptions& options_;
-  const data::ImageDataset& test_;
+  aggregator::SimulationData data_;  // the shards move to the peers in prepare()
   std::vector<VirtualPeer> peers_;
   std::unique_ptr<node::Sequential> worker_;
   std::vector<protocol::TensorShape> manifest_;
@@ -302,12 +310,26 @@ Status GossipSimulationOptions::validate() const {
 }
 
 Result<GossipSimulationSummary> run_gossip_simulation(
+    const GossipSimulationOptions& options, aggregator::SimulationData data,
+    const std::function<void(const GossipSimulationRound&)>& on_round) {
+  FEDMESH_RETURN_IF_ERROR(options.validate());
+  GossipSimulation simulation(options, std::move(data));
+  FEDMESH_RETURN_IF_ERROR(simulation.prepare());
+  return simulation.run(on_round);
+}
+
+Result<GossipSimulationSummary> run_gossip_simulation(
     const GossipSimulationOptions& options, const data::ImageDataset& train, const data::ImageDataset& test,
     const std::function<void(const GossipSimulationRound&)>& on_round) {
   FEDMESH_RETURN_IF_ERROR(options.validate());
-  GossipSimulation simulation(options, test);
-  FEDMESH_RETURN_IF_ERROR(simulation.prepare(train));
-  return simulation.run(on_round);
+  aggregator::SimulationOptions split;
+  split.sites = options.peers;
+  split.partition = options.partition;
+  split.model = options.model;
+  split.seed = options.seed;
+  Result<aggregator::SimulationData> data = aggregator::image_simulation_data(split, train, test);
+  if (!data.is_ok()) return data.status();
+  return run_gossip_simulation(options, std::move(*data), on_round);
 }
 
 }  // namespace fedmesh::gossip

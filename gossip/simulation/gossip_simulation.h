@@ -1,11 +1,14 @@
 // `fedmesh sim --mode gossip`: a decentralized federation in one process.
-// Virtual peers hold shards of Fashion-MNIST split by a partitioner, train H
-// local steps per round with the node's real Trainer, and gossip their models
+// Virtual peers hold shards of Fashion-MNIST split by a partitioner (or, for
+// the language models, their part of a text corpus split as the nodes split
+// it: aggregator::text_simulation_data), train H local steps per round with
+// the node's real Trainer, and gossip their models
 // through the real GossipState (gossip/exchange.h: push-sum or pairwise
 // merge, compression with error feedback) to the peers a topology picks
 // (gossip/topology.h). No server, no global model: each peer's model is its
-// own, and the run reports how good the worst and the average peer are and
-// how far apart they still are.
+// own, and the run reports how good the worst and the average peer are
+// (accuracy; for text also held-out bits per byte) and how far apart they
+// still are.
 //
 // Time is virtual and in local-step units, as in aggregator/simulation.h:
 // every peer does H steps per round, so round r ends at (r + 1) H. At the end
@@ -35,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "aggregator/simulation.h"
 #include "aggregator/staleness.h"
 #include "base/status.h"
 #include "gossip/exchange.h"
@@ -53,7 +57,7 @@ inline constexpr int64_t kMaxMessageDelaySteps = 1'000'000;
 
 struct GossipSimulationOptions {
   int peers = 8;
-  data::PartitionSpec partition;   // default iid
+  data::PartitionSpec partition;   // images: how the training set is split (default iid)
   std::string model = "mlp";
   int64_t rounds = 20;
   int64_t local_steps = 20;        // H: optimizer steps per peer per round
@@ -80,7 +84,10 @@ struct GossipSimulationRound {
   double virtual_time = 0.0;     // end of the round, in local-step units
   bool evaluated = false;        // accuracy and loss below are from this round's evaluation
   double mean_test_accuracy = 0.0, min_test_accuracy = 0.0, max_test_accuracy = 0.0;
-  double mean_test_loss = 0.0;
+  double mean_test_loss = 0.0, max_test_loss = 0.0;
+  // Language models: the mean and the worst peer's held-out loss as bits per
+  // byte of text (-1: images).
+  double mean_bits_per_byte = -1.0, max_bits_per_byte = -1.0;
   double max_model_distance = 0.0;   // the largest L2 distance between two peers' models
   double mean_model_distance = 0.0;  // ... and the mean over all pairs
   int64_t messages_sent = 0;     // this round
@@ -103,7 +110,13 @@ struct GossipSimulationSummary {
   int64_t messages_in_flight = 0;  // still delayed when the run ended
 };
 
-// Runs the federation; `on_round` sees each round as it ends.
+// Runs the federation on one shard per peer (in peer order) and the test set
+// every peer is scored on (aggregator::image_simulation_data or
+// text_simulation_data); `on_round` sees each round as it ends.
+Result<GossipSimulationSummary> run_gossip_simulation(
+    const GossipSimulationOptions& options, aggregator::SimulationData data,
+    const std::function<void(const GossipSimulationRound&)>& on_round);
+// The same on Fashion-MNIST, split among the peers by options.partition.
 Result<GossipSimulationSummary> run_gossip_simulation(
     const GossipSimulationOptions& options, const data::ImageDataset& train, const data::ImageDataset& test,
     const std::function<void(const GossipSimulationRound&)>& on_round);

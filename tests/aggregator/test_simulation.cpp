@@ -13,6 +13,7 @@
 #include "kernels/parallel.h"
 #include "node/data/tokenized_text.h"
 #include "tests/support/fashion_data.h"
+#include "tests/support/text_baseline.h"
 
 namespace fedmesh::aggregator {
 namespace {
@@ -280,12 +281,8 @@ TEST(Simulation, LanguageModelSitesSplitByBookBeatTheUnigram) {
   EXPECT_EQ(data->test->size(), kTestWindows);
 
   // The unigram baseline on the held-out windows the simulation scores.
-  std::vector<size_t> all(corpus->documents.size());
-  for (size_t d = 0; d < all.size(); ++d) all[d] = d;
-  const data::TextSplit split = data::split_documents(*corpus, all, data::kHeldOutText);
-  const auto& windows = static_cast<const data::TextWindows&>(*data->test);
-  const data::HeldOutBaseline baseline = data::held_out_baseline(split.train, windows.tokens(), 64, nullptr);
-  const double unigram_bits = baseline.byte_unigram_loss / std::log(2.0);
+  const double unigram_bits = fedmesh::testing::byte_unigram_bits_per_byte(
+      *corpus, static_cast<const data::TextWindows&>(*data->test), 64);
 
   auto summary = run_simulation(options, std::move(*data), nullptr);
   ASSERT_TRUE(summary.is_ok()) << summary.status().to_string();

@@ -384,9 +384,18 @@ TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
   ASSERT_EQ(text_lines.back()["event"], "summary");
   EXPECT_GT(text_lines.back()["bits_per_byte"].get<double>(), 0.0);
   EXPECT_LT(text_lines.back()["bits_per_byte"].get<double>(), 9.0) << "bounded by about 8 bits for bytes at start";
-  const CommandRun text_gossip = run("sim --model gpt-nano --mode gossip --rounds 1");
-  EXPECT_EQ(text_gossip.exit_code, 2);
-  EXPECT_NE(text_gossip.output.find("--mode gossip simulates the image models"), std::string::npos) << text_gossip.output;
+  // The same text among gossip peers: bits per byte of the mean and the worst peer.
+  const CommandRun text_gossip = run("sim --model gpt-nano --mode gossip --sites 2 --partition testament --rounds 1 "
+                                     "--local-steps 2 --test-limit 20 --optimizer adamw --lr 0.003 --threads 2 --json",
+                                     /*with_stderr=*/false);
+  ASSERT_EQ(text_gossip.exit_code, 0) << text_gossip.output;
+  const auto gossip_lines = json_lines(text_gossip.stdout_only);
+  ASSERT_FALSE(gossip_lines.empty());
+  EXPECT_EQ(gossip_lines.front()["partition"], "testament");
+  ASSERT_EQ(gossip_lines.back()["event"], "summary");
+  EXPECT_GT(gossip_lines.back()["bits_per_byte"].get<double>(), 0.0);
+  EXPECT_LE(gossip_lines.back()["bits_per_byte"].get<double>(), gossip_lines.back()["max_bits_per_byte"].get<double>());
+  EXPECT_LT(gossip_lines.back()["max_bits_per_byte"].get<double>(), 9.0);
   const CommandRun text_partition = run("sim --model gpt-nano --partition dirichlet:0.5 --rounds 1");
   EXPECT_EQ(text_partition.exit_code, 2);
   EXPECT_NE(text_partition.output.find("unknown text partition"), std::string::npos) << text_partition.output;

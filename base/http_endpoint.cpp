@@ -104,7 +104,8 @@ Result<std::unique_ptr<HttpEndpoint>> HttpEndpoint::start(const std::string& add
                                "frame-ancestors 'none'"}});
   const std::string token = options.access_token;
   for (auto& [path, page] : pages) {
-    server.Get(path, [page, token, impl](const httplib::Request& request, httplib::Response& response) {
+    // (page = page: clang before 16 cannot capture a structured binding.)
+    server.Get(path, [page = page, token, impl](const httplib::Request& request, httplib::Response& response) {
       if (!page.open && !token.empty() && !access_token_matches(presented_token(request), token)) {
         impl->unauthorized.fetch_add(1);
         response.status = 401;

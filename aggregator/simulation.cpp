@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -266,6 +267,11 @@ class Simulation {
     worker_->refresh_compute();
   }
 
+  // The index of the virtual site with this name (sites_.size(): none).
+  size_t site_index(std::string_view name) const {
+    const auto site = std::find_if(sites_.begin(), sites_.end(), [&](const VirtualSite& s) { return s.name == name; });
+    return static_cast<size_t>(site - sites_.begin());
+  }
   int64_t model_bytes() const { return manager_->parameter_count() * static_cast<int64_t>(sizeof(float)); }
 
   std::vector<std::span<const float>> tensor_spans(const std::vector<float>& flat) const {
@@ -326,8 +332,7 @@ class Simulation {
     std::vector<VirtualSecureSite> sites;
     std::map<std::string, crypto::SecAggPhase> dropped_at;
     for (const std::string& name : sampled) {
-      const size_t index = static_cast<size_t>(
-          std::find_if(sites_.begin(), sites_.end(), [&](const VirtualSite& s) { return s.name == name; }) - sites_.begin());
+      const size_t index = site_index(name);
       VirtualSecureSite site;
       site.keys = &site_keys_[index];
       if (dropped.count(name) != 0) {
@@ -411,13 +416,14 @@ class Simulation {
       summary.bytes_received = state.at("bytes_received").get<int64_t>();
       summary.refused_updates = state.at("refused_updates").get<int64_t>();
       for (const auto& [name, rounds] : state.at("compressor_rounds").items()) {
-        auto site = std::find_if(sites_.begin(), sites_.end(), [&](const VirtualSite& s) { return s.name == name; });
-        if (site == sites_.end()) return corrupt("the checkpoint has compression state of an unknown site " + name);
-        Result<protocol::UpdateCompressor> made = make_compressor(static_cast<size_t>(site - sites_.begin()));
+        const size_t index = site_index(name);
+        if (index == sites_.size()) return corrupt("the checkpoint has compression state of an unknown site " + name);
+        Result<protocol::UpdateCompressor> made = make_compressor(index);
         if (!made.is_ok()) return made.status();
-        site->compressor.emplace(std::move(*made));
-        site->compressor->set_rounds(rounds.get<int64_t>());
-        FEDMESH_RETURN_IF_ERROR(restore_compression_tensors(*site->compressor, site->name + "/", *latest));
+        VirtualSite& site = sites_[index];
+        site.compressor.emplace(std::move(*made));
+        site.compressor->set_rounds(rounds.get<int64_t>());
+        FEDMESH_RETURN_IF_ERROR(restore_compression_tensors(*site.compressor, site.name + "/", *latest));
       }
       for (size_t i = 0; i < shared_q_.size(); ++i) {
         const store::StoredTensor* q = latest->find("powersgd_q", std::to_string(i));
@@ -473,17 +479,18 @@ class Simulation {
       std::set<std::string> dropped_names;
       std::vector<std::pair<size_t, SiteUpdate>> batch;
       for (const std::string& name : sampled) {
-        const auto site = std::find_if(sites_.begin(), sites_.end(), [&](const VirtualSite& s) { return s.name == name; });
+        const size_t index = site_index(name);
+        VirtualSite& site = sites_[index];
         summary.bytes_received += model_bytes();
         if (dropout.uniform() < options_.dropout) {
           ++dropped;
           dropped_names.insert(name);
           continue;
         }
-        Result<SiteUpdate> update = train_site(*site, manager_->round(), ++serial);
+        Result<SiteUpdate> update = train_site(site, manager_->round(), ++serial);
         if (!update.is_ok()) return update.status();
-        round_time = std::max(round_time, static_cast<double>(options_.local_steps) * site->speed);
-        batch.emplace_back(static_cast<size_t>(site - sites_.begin()), std::move(*update));
+        round_time = std::max(round_time, static_cast<double>(options_.local_steps) * site.speed);
+        batch.emplace_back(index, std::move(*update));
       }
       // Without dropouts the round closes when the slowest site reports; with
       // one, at the deadline (a silent site never holds a round past it).

@@ -236,7 +236,8 @@ TEST(DataParallel, RanksEqualOneProcessOnTheCombinedBatch) {
   for (const auto& [label, parallel] : {std::pair{"one bucket", one_bucket}, std::pair{"overlapped buckets", per_layer}}) {
     for (const int size : {2, 3}) {
       const std::string dir = base + "-" + std::to_string(size);
-      launch(dir, size, [&](Communicator* c, int rank, int n) { return train(data, c, rank, n, parallel); });
+      const DataParallelOptions& options = parallel;  // (clang before 16 cannot capture a structured binding)
+      launch(dir, size, [&](Communicator* c, int rank, int n) { return train(data, c, rank, n, options); });
       const std::vector<float> rank0 = read(dir + "/rank-0", reference.size());
       double worst = 0.0, worst_loss = 0.0;
       for (size_t i = 0; i < count; ++i) worst = std::max(worst, std::fabs(static_cast<double>(rank0[i]) - reference[i]));

@@ -160,6 +160,13 @@ struct GemmEpilogue {
 void gemm(Stream stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
           const void* a, DType a_type, int64_t lda, const void* b, DType b_type, int64_t ldb, float beta, void* c,
           DType c_type, int64_t ldc, const GemmEpilogue& epilogue = {});
+// `batch` independent products c_i = alpha * op(a_i) · op(b_i) + beta * c_i,
+// with a_i = a + i * stride_a elements (b_i and c_i alike): gemm's semantics
+// and dtype rules without an epilogue, in one strided-batched cuBLASLt call.
+void gemm_strided_batched(Stream stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
+                          float alpha, const void* a, DType a_type, int64_t lda, int64_t stride_a, const void* b,
+                          DType b_type, int64_t ldb, int64_t stride_b, float beta, void* c, DType c_type, int64_t ldc,
+                          int64_t stride_c, int64_t batch);
 
 // ---- elementwise and reductions (elementwise.h, convert.h) ------------------
 
@@ -258,21 +265,28 @@ void embedding_backward(Stream stream, const int32_t* ids, int64_t count, const 
 
 // ---- causal attention (attention.h) and token ids -----------------------------
 
-// qkv (batch * seq, 3 * heads * head_dim) and out (batch * seq, heads *
-// head_dim), any dtypes; log_sum_exp (batch, heads, seq) fp32 receives each
-// query row's log-sum-exp: attention.h's forward pass. head_dim <= 128,
-// batch and heads <= 65535. Arithmetic in fp32 with the exponentials and the
-// sums in another order than the CPU's (an online softmax over the keys):
-// equal within rounding, not bit for bit.
-void causal_attention_forward(Stream stream, const AttentionShape& s, const void* qkv, DType qkv_type, void* out,
-                              DType out_type, float* log_sum_exp);
-// dqkv (shape of qkv, any dtype, overwritten) from dout and the forward
-// pass's qkv and log_sum_exp, probabilities recomputed. dk and dv are summed
-// over query rows by atomicAdd into fp32 scratch (the allocator's, on
-// `stream`): their last bits may vary between runs.
-void causal_attention_backward(Stream stream, const AttentionShape& s, const void* qkv, DType qkv_type,
-                               const float* log_sum_exp, const void* dout, DType dout_type, void* dqkv,
-                               DType dqkv_type);
+// Causal attention itself (device::causal_attention_forward/backward in
+// device_ops.cpp) is batched GEMMs through gemm_strided_batched and these two
+// row kernels, head by head over as many sequences as a workspace holds.
+//
+// scores (batch, seq, seq) fp32: the products q_t · k_j of `batch` (sequence,
+// head) pairs. Row t keeps keys j <= t. probabilities (same shape, p_type)
+// receive exp(scale * s_tj - lse_t) for j <= t and 0 past it, where lse_t is
+// the log-sum-exp of the row's kept scale * s_tj, written to
+// log_sum_exp[i * lse_stride + t] for pair i. Arithmetic in fp32, one
+// rounding to p_type.
+void causal_softmax(Stream stream, const float* scores, int64_t batch, int64_t seq, float scale, float* log_sum_exp,
+                    int64_t lse_stride, void* probabilities, DType p_type);
+// The same probabilities from the log-sum-exps causal_softmax wrote (the
+// backward pass recomputing them).
+void causal_probabilities(Stream stream, const float* scores, int64_t batch, int64_t seq, float scale,
+                          const float* log_sum_exp, int64_t lse_stride, void* probabilities, DType p_type);
+// The softmax's backward pass, in place: probabilities (batch, seq, seq,
+// p_type) become scale * p_tj * (dp_tj - sum_k p_tk dp_tk) for j <= t (0 past
+// it), the gradient with respect to the unscaled scores q_t · k_j, from
+// dprobabilities (same shape, fp32).
+void causal_softmax_backward(Stream stream, void* probabilities, DType p_type, const float* dprobabilities,
+                             int64_t batch, int64_t seq, float scale);
 // ids[i] = x[i] for token ids held in fp32 (the transformer's input); a value
 // that is not an integer in [0, vocabulary) gives -1, which
 // embedding_forward turns into a NaN row.

@@ -54,6 +54,10 @@ void gemm(Stream, bool, bool, int64_t, int64_t, int64_t, float, const void*, DTy
           int64_t, float, void*, DType, int64_t, const GemmEpilogue&) {
   no_backend("gemm");
 }
+void gemm_strided_batched(Stream, bool, bool, int64_t, int64_t, int64_t, float, const void*, DType, int64_t, int64_t,
+                          const void*, DType, int64_t, int64_t, float, void*, DType, int64_t, int64_t, int64_t) {
+  no_backend("gemm_strided_batched");
+}
 
 void fill(Stream, void*, DType, int64_t, float) { no_backend("fill"); }
 void scale(Stream, void*, DType, int64_t, float) { no_backend("scale"); }
@@ -112,12 +116,14 @@ void embedding_backward(Stream, const int32_t*, int64_t, const void*, DType, flo
   no_backend("embedding_backward");
 }
 
-void causal_attention_forward(Stream, const AttentionShape&, const void*, DType, void*, DType, float*) {
-  no_backend("causal_attention_forward");
+void causal_softmax(Stream, const float*, int64_t, int64_t, float, float*, int64_t, void*, DType) {
+  no_backend("causal_softmax");
 }
-void causal_attention_backward(Stream, const AttentionShape&, const void*, DType, const float*, const void*, DType,
-                               void*, DType) {
-  no_backend("causal_attention_backward");
+void causal_probabilities(Stream, const float*, int64_t, int64_t, float, const float*, int64_t, void*, DType) {
+  no_backend("causal_probabilities");
+}
+void causal_softmax_backward(Stream, void*, DType, const float*, int64_t, int64_t, float) {
+  no_backend("causal_softmax_backward");
 }
 void token_ids(Stream, const float*, int64_t, int64_t, int32_t*) { no_backend("token_ids"); }
 

@@ -1,5 +1,7 @@
 #include "kernels/device_ops.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -140,26 +142,158 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   axpy(1.0f, second, out);
 }
 
-void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved) {
-  require_cuda("causal_attention_forward", {&qkv, &out});
+// ---- causal attention -----------------------------------------------------------
+//
+// Batched GEMMs (cuBLASLt) around two row kernels, head by head: for head h
+// and a chunk of sequences, q, k and v are strided views of qkv (row stride
+// 3 * width, one sequence every seq rows), so no permutation is copied.
+//   forward:  S = q kᵀ (fp32), P = causal softmax(scale S) and each row's
+//             log-sum-exp (saved), out = P v.
+//   backward: S = q kᵀ again and P = exp(scale S - lse) (O(seq) saved per
+//             head, as on the CPU), dv = Pᵀ dout, dP = dout vᵀ (fp32, into
+//             S's buffer), dS = scale P (dP - rowsum(P dP)) (over P),
+//             dq = dS k, dk = dSᵀ q.
+// P and dS are in qkv's dtype (the GEMMs' operands share one), the products
+// accumulate in fp32. The scores of a chunk take (chunk, seq, seq) fp32 plus
+// the same in P's dtype; chunks are as many sequences as the workspace
+// bound holds (at least one). The masked half of each
+// product is computed and discarded: simple, not yet measured against a
+// fused kernel.
+namespace {
+
+struct AttentionGeometry {
+  AttentionShape s;
+  DType dtype;                  // qkv's, and P's
+  int64_t width, qkv_row;       // heads * head_dim, and 3 * width
+  int64_t scores, chunk;        // seq * seq, sequences per pass
+  float scale;
+
+  AttentionGeometry(const AttentionShape& shape, DType qkv_dtype, size_t workspace_bytes)
+      : s(shape), dtype(qkv_dtype), width(shape.heads * shape.head_dim), qkv_row(3 * width),
+        scores(shape.seq * shape.seq), chunk(1), scale(1.0f / std::sqrt(static_cast<float>(shape.head_dim))) {
+    const size_t per_sequence = static_cast<size_t>(scores) * (sizeof(float) + dtype_size(dtype));
+    chunk = std::clamp<int64_t>(static_cast<int64_t>(workspace_bytes / std::max<size_t>(per_sequence, 1)), 1,
+                                std::max<int64_t>(s.batch, 1));
+  }
+  // Element offsets of head h of sequence b: its q in qkv (k and v follow at
+  // + width and + 2 width), and its slice of out (or dout).
+  int64_t qkv_at(int64_t b, int64_t h) const { return b * s.seq * qkv_row + h * s.head_dim; }
+  int64_t out_at(int64_t b, int64_t h) const { return b * s.seq * width + h * s.head_dim; }
+};
+
+const char* at(const Tensor& t, int64_t elements) {
+  return static_cast<const char*>(t.raw()) + static_cast<size_t>(elements) * dtype_size(t.dtype());
+}
+char* at(Tensor& t, int64_t elements) {
+  return static_cast<char*>(t.raw()) + static_cast<size_t>(elements) * dtype_size(t.dtype());
+}
+
+// c_i = a_i op(b_i) over the chunk's sequences (stride: one sequence).
+struct HeadOperand {
+  const void* data;
+  DType dtype;
+  int64_t ld, stride;
+};
+
+void batched_product(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, const HeadOperand& a,
+                     const HeadOperand& b, void* c, DType c_type, int64_t ldc, int64_t stride_c, int64_t count) {
+  cuda::gemm_strided_batched(stream(), transpose_a, transpose_b, m, n, k, 1.0f, a.data, a.dtype, a.ld, a.stride,
+                             b.data, b.dtype, b.ld, b.stride, 0.0f, c, c_type, ldc, stride_c, count);
+}
+
+// One pass of the head-by-head walk: head h of sequences [b, b + count),
+// their q, k, v views, and the pass's workspace with S = q kᵀ (fp32) in it.
+struct HeadChunk {
+  int64_t h, b, count;
+  HeadOperand q, k, v;
+  float* scores;        // (count, seq, seq) fp32
+  void* probabilities;  // (count, seq, seq) in qkv's dtype
+  int64_t lse_offset;   // of (b, h, position 0) in the (batch, heads, seq) log-sum-exps
+};
+
+template <class Pass>
+void for_each_head_chunk(const AttentionGeometry& g, const Tensor& qkv, Pass pass) {
+  const int64_t T = g.s.seq;
+  cuda::DeviceBuffer scores(static_cast<size_t>(g.chunk * g.scores) * sizeof(float), stream());
+  cuda::DeviceBuffer probabilities(static_cast<size_t>(g.chunk * g.scores) * dtype_size(g.dtype), stream());
+  for (int64_t h = 0; h < g.s.heads; ++h) {
+    for (int64_t b = 0; b < g.s.batch; b += g.chunk) {
+      const int64_t q_at = g.qkv_at(b, h), stride = T * g.qkv_row;
+      const HeadChunk c{h,
+                        b,
+                        std::min(g.chunk, g.s.batch - b),
+                        {at(qkv, q_at), g.dtype, g.qkv_row, stride},
+                        {at(qkv, q_at + g.width), g.dtype, g.qkv_row, stride},
+                        {at(qkv, q_at + 2 * g.width), g.dtype, g.qkv_row, stride},
+                        scores.as<float>(),
+                        probabilities.data(),
+                        (b * g.s.heads + h) * T};
+      batched_product(false, true, T, T, g.s.head_dim, c.q, c.k, c.scores, DType::kF32, T, g.scores, c.count);
+      pass(c);
+    }
+  }
+}
+
+void check_attention_tensors(const char* op, const AttentionShape& s, const Tensor& qkv, const Tensor& out) {
   const int64_t width = s.heads * s.head_dim;
   FEDMESH_CHECK(qkv.numel() == s.batch * s.seq * 3 * width && out.numel() == s.batch * s.seq * width,
-                "causal_attention_forward: qkv " + shape_to_string(qkv.shape()) + " and out " +
-                    shape_to_string(out.shape()) + " do not fit the attention shape");
+                std::string(op) + ": qkv " + shape_to_string(qkv.shape()) + " and out " + shape_to_string(out.shape()) +
+                    " do not fit the attention shape");
+  FEDMESH_CHECK(out.dtype() == qkv.dtype() || out.dtype() == DType::kF32,
+                std::string(op) + ": the output must have qkv's dtype or fp32 (got " + dtype_name(qkv.dtype()) +
+                    " and " + dtype_name(out.dtype()) + ")");
+}
+
+}  // namespace
+
+void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved,
+                              size_t workspace_bytes) {
+  require_cuda("causal_attention_forward", {&qkv, &out});
+  check_attention_tensors("causal_attention_forward", s, qkv, out);
   Tensor::reuse(saved, {s.batch, s.heads, s.seq}, DType::kF32, Device::kCuda);
-  cuda::causal_attention_forward(stream(), s, qkv.raw(), qkv.dtype(), out.raw(), out.dtype(), saved.data<float>());
+  if (s.batch == 0 || s.seq == 0) return;
+  const AttentionGeometry g(s, qkv.dtype(), workspace_bytes);
+  const int64_t T = s.seq;
+  for_each_head_chunk(g, qkv, [&](const HeadChunk& c) {
+    cuda::causal_softmax(stream(), c.scores, c.count, T, g.scale, saved.data<float>() + c.lse_offset, s.heads * T,
+                         c.probabilities, g.dtype);
+    const HeadOperand p{c.probabilities, g.dtype, T, g.scores};
+    batched_product(false, false, T, s.head_dim, T, p, c.v, at(out, g.out_at(c.b, c.h)), out.dtype(), g.width,
+                    T * g.width, c.count);
+  });
 }
 
 void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
-                               Tensor& dqkv) {
+                               Tensor& dqkv, size_t workspace_bytes) {
   require_cuda("causal_attention_backward", {&qkv, &saved, &dout, &dqkv});
-  const int64_t width = s.heads * s.head_dim;
-  FEDMESH_CHECK(qkv.numel() == s.batch * s.seq * 3 * width && dqkv.numel() == qkv.numel() &&
-                    dout.numel() == s.batch * s.seq * width && saved.numel() == s.batch * s.heads * s.seq &&
-                    saved.dtype() == DType::kF32,
-                "causal_attention_backward: shapes do not fit the attention shape (or no training forward)");
-  cuda::causal_attention_backward(stream(), s, qkv.raw(), qkv.dtype(), saved.data<float>(), dout.raw(), dout.dtype(),
-                                  dqkv.raw(), dqkv.dtype());
+  check_attention_tensors("causal_attention_backward", s, qkv, dout);
+  FEDMESH_CHECK(dqkv.numel() == qkv.numel() && saved.numel() == s.batch * s.heads * s.seq &&
+                    saved.dtype() == DType::kF32 && (dqkv.dtype() == qkv.dtype() || dqkv.dtype() == DType::kF32),
+                "causal_attention_backward: shapes or dtypes do not fit the attention shape (or no training forward)");
+  if (s.batch == 0 || s.seq == 0) return;
+  const AttentionGeometry g(s, qkv.dtype(), workspace_bytes);
+  const int64_t T = s.seq;
+  // dout meets P and v in the GEMMs, so it takes their dtype.
+  Tensor dout_cast;
+  if (dout.dtype() != g.dtype) {
+    dout_cast = Tensor::empty(dout.shape(), g.dtype, Device::kCuda);
+    convert(dout, dout_cast);
+  }
+  const Tensor& g_out = dout.dtype() == g.dtype ? dout : dout_cast;
+  for_each_head_chunk(g, qkv, [&](const HeadChunk& c) {
+    cuda::causal_probabilities(stream(), c.scores, c.count, T, g.scale, saved.data<float>() + c.lse_offset,
+                               s.heads * T, c.probabilities, g.dtype);
+    const HeadOperand p{c.probabilities, g.dtype, T, g.scores};
+    const HeadOperand d{at(g_out, g.out_at(c.b, c.h)), g.dtype, g.width, T * g.width};
+    const auto into = [&](int64_t offset) { return at(dqkv, g.qkv_at(c.b, c.h) + offset); };
+    const int64_t D = s.head_dim, ld = g.qkv_row, stride = T * g.qkv_row;
+    batched_product(true, false, T, D, T, p, d, into(2 * g.width), dqkv.dtype(), ld, stride, c.count);  // dv = Pᵀ dout
+    batched_product(false, true, T, T, D, d, c.v, c.scores, DType::kF32, T, g.scores, c.count);  // dP = dout vᵀ
+    cuda::causal_softmax_backward(stream(), c.probabilities, g.dtype, c.scores, c.count, T, g.scale);
+    const HeadOperand& ds = p;  // P's buffer now holds dS
+    batched_product(false, false, T, D, T, ds, c.k, into(0), dqkv.dtype(), ld, stride, c.count);        // dq = dS k
+    batched_product(true, false, T, D, T, ds, c.q, into(g.width), dqkv.dtype(), ld, stride, c.count);   // dk = dSᵀ q
+  });
 }
 
 void token_ids(const Tensor& x, int64_t vocabulary, cuda::DeviceBuffer& ids) {

@@ -11,6 +11,7 @@
 // for the columns, DeviceBuffers for the integers and scalars.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 
@@ -67,9 +68,14 @@ void maxpool2d_backward(const Pool2dGeometry& g, const cuda::DeviceBuffer& argma
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 
 // attention.h's pair; saved made (batch, heads, seq) fp32 on the device.
-void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved);
+// Batched GEMMs around cuda::causal_softmax, head by head over chunks of as
+// many sequences as workspace_bytes of scores hold (at least one; tests pass
+// a small bound to run several chunks).
+inline constexpr size_t kAttentionWorkspaceBytes = size_t{256} << 20;
+void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved,
+                              size_t workspace_bytes = kAttentionWorkspaceBytes);
 void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
-                               Tensor& dqkv);
+                               Tensor& dqkv, size_t workspace_bytes = kAttentionWorkspaceBytes);
 
 // Token ids held in fp32 (x, on the device) as int32 in `ids` (grown as
 // needed); a value outside [0, vocabulary) becomes -1 (a NaN embedding row).

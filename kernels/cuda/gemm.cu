@@ -84,6 +84,8 @@ struct GemmCall {
   void* c;
   DType c_type;
   int64_t ldc;
+  // gemm_strided_batched: `batch` products, operand i at i * stride elements.
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 // The descriptors of one cublasLtMatmul, destroyed with it.
@@ -119,7 +121,15 @@ void set_preference(cublasLtMatmulPreference_t preference, cublasLtMatmulPrefere
 std::string describe(const GemmCall& call) {
   return "gemm m " + std::to_string(call.m) + " n " + std::to_string(call.n) + " k " + std::to_string(call.k) +
          (call.transpose_a ? " a^T" : "") + (call.transpose_b ? " b^T" : "") + " " + dtype_name(call.ab_type) + " -> " +
-         dtype_name(call.c_type);
+         dtype_name(call.c_type) + (call.batch > 1 ? " x " + std::to_string(call.batch) : "");
+}
+
+void set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
+  const int32_t count = static_cast<int32_t>(batch);
+  FEDMESH_CUBLAS_CHECK(
+      cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  FEDMESH_CUBLAS_CHECK(
+      cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
 // One cublasLtMatmul with `epilogue` (bias and aux as that epilogue reads
@@ -152,6 +162,11 @@ bool lt_matmul(const GemmCall& call, cublasLtEpilogue_t epilogue, const float* b
                                                   call.transpose_a ? call.k : call.m, call.lda));
   FEDMESH_CUBLAS_CHECK(
       cublasLtMatrixLayoutCreate(&descriptors.d, cuda_data_type(call.c_type), call.n, call.m, call.ldc));
+  if (call.batch > 1) {
+    set_batch(descriptors.a, call.batch, call.stride_b);
+    set_batch(descriptors.b, call.batch, call.stride_a);
+    set_batch(descriptors.d, call.batch, call.stride_c);
+  }
 
   FEDMESH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&descriptors.preference));
   set_preference(descriptors.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
@@ -239,20 +254,30 @@ void gemm_then_epilogue(const GemmCall& call, const GemmEpilogue& epilogue) {
                   call.c_type, call.c, call.c_type, call.ldc);
 }
 
+void check_gemm(const GemmCall& call, const char* op) {
+  const std::string name = std::string("cuda::") + op;
+  FEDMESH_CHECK(call.m >= 0 && call.n >= 0 && call.k >= 0, name + ": negative size in " + describe(call));
+  FEDMESH_CHECK(call.c_type == call.ab_type || call.c_type == DType::kF32,
+                name + ": c must be fp32 or the operands' dtype in " + describe(call));
+  FEDMESH_CHECK(call.lda >= std::max<int64_t>(1, call.transpose_a ? call.m : call.k) &&
+                    call.ldb >= std::max<int64_t>(1, call.transpose_b ? call.k : call.n) &&
+                    call.ldc >= std::max<int64_t>(1, call.n),
+                name + ": leading dimension too small in " + describe(call));
+}
+
+void check_same_dtype(DType a_type, DType b_type, const char* op) {
+  FEDMESH_CHECK(a_type == b_type, std::string("cuda::") + op + ": a and b must have one dtype (" +
+                                      dtype_name(a_type) + " vs " + dtype_name(b_type) + ")");
+}
+
 }  // namespace
 
 void gemm(Stream stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
           const void* a, DType a_type, int64_t lda, const void* b, DType b_type, int64_t ldb, float beta, void* c,
           DType c_type, int64_t ldc, const GemmEpilogue& epilogue) {
+  check_same_dtype(a_type, b_type, "gemm");
   const GemmCall call{stream, transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, a_type, beta, c, c_type, ldc};
-  FEDMESH_CHECK(m >= 0 && n >= 0 && k >= 0, "cuda::gemm: negative size in " + describe(call));
-  FEDMESH_CHECK(a_type == b_type, "cuda::gemm: a and b must have one dtype (" + std::string(dtype_name(a_type)) +
-                                      " vs " + dtype_name(b_type) + ")");
-  FEDMESH_CHECK(c_type == a_type || c_type == DType::kF32,
-                "cuda::gemm: c must be fp32 or the operands' dtype in " + describe(call));
-  FEDMESH_CHECK(lda >= std::max<int64_t>(1, transpose_a ? m : k) && ldb >= std::max<int64_t>(1, transpose_b ? k : n) &&
-                    ldc >= std::max<int64_t>(1, n),
-                "cuda::gemm: leading dimension too small in " + describe(call));
+  check_gemm(call, "gemm");
   const bool bias_needed = epilogue.kind == GemmEpilogueKind::kBias;
   FEDMESH_CHECK(!bias_needed || epilogue.bias != nullptr, "cuda::gemm: a kBias epilogue without a bias");
   FEDMESH_CHECK(epilogue.gelu_input_out == nullptr || epilogue.kind == GemmEpilogueKind::kGeluBias,
@@ -294,6 +319,24 @@ void gemm(Stream stream, bool transpose_a, bool transpose_b, int64_t m, int64_t 
     return;
   }
   gemm_then_epilogue(call, epilogue);
+}
+
+void gemm_strided_batched(Stream stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
+                          float alpha, const void* a, DType a_type, int64_t lda, int64_t stride_a, const void* b,
+                          DType b_type, int64_t ldb, int64_t stride_b, float beta, void* c, DType c_type, int64_t ldc,
+                          int64_t stride_c, int64_t batch) {
+  check_same_dtype(a_type, b_type, "gemm_strided_batched");
+  GemmCall call{stream, transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, a_type, beta, c, c_type, ldc};
+  call.batch = batch;
+  call.stride_a = stride_a;
+  call.stride_b = stride_b;
+  call.stride_c = stride_c;
+  check_gemm(call, "gemm_strided_batched");
+  FEDMESH_CHECK(batch >= 0 && batch <= INT32_MAX && stride_a >= 0 && stride_b >= 0 && stride_c >= 0,
+                "cuda::gemm_strided_batched: batch or stride out of range in " + describe(call));
+  if (m == 0 || n == 0 || batch == 0) return;
+  FEDMESH_CHECK(k > 0, "cuda::gemm_strided_batched: k is 0 in " + describe(call));
+  lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
 }
 
 }  // namespace fedmesh::cuda

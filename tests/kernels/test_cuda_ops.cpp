@@ -1229,44 +1229,96 @@ TEST_F(CudaOps, EmbeddingGathersBitIdenticallyAndScattersWithinSummationOrder) {
   }
 }
 
-// Attention: the device's online softmax sums in another order than the
-// CPU's row softmax, and dk, dv are summed by atomicAdd, so the comparison is
-// within rounding: 1e-4 + 1e-4·|cpu| in fp32, and one unit of bf16/fp16 more
-// for low-precision outputs (a different fp32 value may round the other way).
-// These bounds are a first estimate: the test has not yet run on a GPU.
+// Attention (device_ops.cpp: cuBLASLt's batched products around
+// cuda::causal_softmax) against the CPU's, by relative L2 distance over each
+// output: fp32 within 1e-5 (fp32 products, sums in another order); bf16 and
+// fp16 within 2e-2, since the probabilities and their gradients are rounded
+// to the operands' dtype for the products (the CPU keeps them in fp32). The
+// log-sum-exps are fp32 arithmetic on rounded scores: 1e-5 in fp32, 1e-2
+// otherwise. First estimates: the test has not yet run on a GPU.
 TEST_F(CudaOps, CausalAttentionMatchesTheCpuWithinRounding) {
   Rng rng(21);
-  for (const AttentionShape s : {AttentionShape{1, 1, 1, 4}, AttentionShape{2, 17, 3, 8},
-                                 AttentionShape{2, 64, 2, 64}, AttentionShape{1, 40, 1, 128}}) {
+  const auto distance = [](const Tensor& gpu, const Tensor& cpu) {
+    const std::vector<float> x = widen(gpu.to(Device::kCpu)), y = widen(cpu);
+    double difference = 0.0, norm = 0.0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      if (!std::isfinite(x[i])) return double{INFINITY};
+      difference += (double{x[i]} - y[i]) * (double{x[i]} - y[i]);
+      norm += double{y[i]} * y[i];
+    }
+    return std::sqrt(difference / std::max(norm, 1e-30));
+  };
+  for (const AttentionShape s : {AttentionShape{1, 1, 1, 4}, AttentionShape{2, 17, 3, 8}, AttentionShape{2, 64, 2, 64},
+                                 AttentionShape{1, 40, 1, 128}, AttentionShape{2, 131, 3, 64},
+                                 AttentionShape{1, 1024, 2, 64}}) {
     for (const DType dtype : kDTypes) {
       const int64_t width = s.heads * s.head_dim;
       SCOPED_TRACE("batch " + std::to_string(s.batch) + " seq " + std::to_string(s.seq) + " heads " +
                    std::to_string(s.heads) + " head_dim " + std::to_string(s.head_dim) + " " + describe(dtype));
+      const double tolerance = dtype == DType::kF32 ? 1e-5 : 2e-2;
       const Tensor qkv = random_tensor({s.batch, s.seq, 3 * width}, dtype, rng);
-      Tensor out = Tensor::empty({s.batch, s.seq, width}, dtype), saved;
+      const Tensor dout = random_tensor({s.batch, s.seq, width}, dtype, rng);
+      Tensor out = Tensor::empty(dout.shape(), dtype), saved, dqkv = Tensor::empty(qkv.shape(), dtype);
       causal_attention_forward(s, qkv, out, saved);
-      const DeviceArray device_qkv(qkv);
-      DeviceArray device_out(out.nbytes()), device_lse(saved.nbytes());
-      cuda::causal_attention_forward(stream(), s, device_qkv.data(), dtype, device_out.data(), dtype,
-                                     device_lse.as<float>());
-      const double relative = dtype == DType::kF32 ? 1e-4 : 1e-4 + 8e-3;
-      const auto close = [&](const std::vector<float>& cpu, const std::vector<float>& gpu, const char* what) {
-        ASSERT_EQ(cpu.size(), gpu.size()) << what;
-        for (size_t i = 0; i < cpu.size(); ++i) {
-          ASSERT_NEAR(gpu[i], cpu[i], 1e-4 + relative * std::fabs(cpu[i])) << what << " element " << i;
-        }
-      };
-      close(widen(out), widen(device_out.tensor(out.shape(), dtype)), "out");
-      close(widen(saved), device_lse.values<float>(), "log-sum-exp");
-
-      const Tensor dout = random_tensor(out.shape(), dtype, rng);
-      Tensor dqkv = Tensor::empty(qkv.shape(), dtype);
       causal_attention_backward(s, qkv, saved, dout, dqkv);
-      const DeviceArray device_dout(dout);
-      DeviceArray device_dqkv(dqkv.nbytes());
-      cuda::causal_attention_backward(stream(), s, device_qkv.data(), dtype, device_lse.as<float>(), device_dout.data(),
-                                      dtype, device_dqkv.data(), dtype);
-      close(widen(dqkv), widen(device_dqkv.tensor(dqkv.shape(), dtype)), "dqkv");
+
+      const Tensor device_qkv = qkv.to(Device::kCuda), device_dout = dout.to(Device::kCuda);
+      Tensor device_out = Tensor::empty(dout.shape(), dtype, Device::kCuda), device_saved;
+      Tensor device_dqkv = Tensor::empty(qkv.shape(), dtype, Device::kCuda);
+      causal_attention_forward(s, device_qkv, device_out, device_saved);
+      causal_attention_backward(s, device_qkv, device_saved, device_dout, device_dqkv);
+      EXPECT_LE(distance(device_out, out), tolerance) << "out";
+      EXPECT_LE(distance(device_saved, saved), dtype == DType::kF32 ? 1e-5 : 1e-2) << "log-sum-exp";
+      EXPECT_LE(distance(device_dqkv, dqkv), tolerance) << "dqkv";
+    }
+  }
+}
+
+// The strided batched product against a double reference, with leading
+// dimensions past the columns and gaps between the batch's operands (as
+// attention's views of qkv have), in every transpose and operand dtype.
+TEST_F(CudaOps, StridedBatchedGemmMatchesTheReference) {
+  Rng rng(22);
+  const int64_t m = 19, n = 13, k = 37, batch = 3, pad = 5;
+  for (const DType dtype : kDTypes) {
+    for (const bool transpose_a : {false, true}) {
+      for (const bool transpose_b : {false, true}) {
+        SCOPED_TRACE(describe(dtype) + (transpose_a ? " a^T" : "") + (transpose_b ? " b^T" : ""));
+        const int64_t a_rows = transpose_a ? k : m, a_cols = transpose_a ? m : k;
+        const int64_t b_rows = transpose_b ? n : k, b_cols = transpose_b ? k : n;
+        const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = n + pad;
+        const int64_t stride_a = a_rows * lda + pad, stride_b = b_rows * ldb + pad, stride_c = m * ldc + pad;
+        const std::vector<float> a = rounded(random_values(batch * stride_a, dtype, rng), dtype);
+        const std::vector<float> b = rounded(random_values(batch * stride_b, dtype, rng), dtype);
+        const DeviceArray device_a(from_values(a, {static_cast<int64_t>(a.size())}, dtype));
+        const DeviceArray device_b(from_values(b, {static_cast<int64_t>(b.size())}, dtype));
+        DeviceArray device_c(std::vector<float>(static_cast<size_t>(batch * stride_c), 7.0f));
+        cuda::gemm_strided_batched(stream(), transpose_a, transpose_b, m, n, k, 0.5f, device_a.data(), dtype, lda,
+                                   stride_a, device_b.data(), dtype, ldb, stride_b, 0.0f, device_c.data(), DType::kF32,
+                                   ldc, stride_c, batch);
+        const std::vector<float> c = device_c.values<float>();
+        for (int64_t i = 0; i < batch; ++i) {
+          for (int64_t row = 0; row < m; ++row) {
+            for (int64_t column = 0; column < ldc; ++column) {
+              const float got = c[static_cast<size_t>(i * stride_c + row * ldc + column)];
+              if (column >= n) {
+                ASSERT_EQ(got, 7.0f) << "written past the columns at " << i << ", " << row << ", " << column;
+                continue;
+              }
+              double expected = 0.0, magnitude = 0.0;
+              for (int64_t p = 0; p < k; ++p) {
+                const double x = a[static_cast<size_t>(i * stride_a + (transpose_a ? p * lda + row : row * lda + p))];
+                const double y = b[static_cast<size_t>(i * stride_b + (transpose_b ? column * ldb + p : p * ldb + column))];
+                expected += x * y;
+                magnitude += std::fabs(x * y);
+              }
+              // fp32 sums of k terms: within k * 2^-24 of the terms' magnitude.
+              ASSERT_NEAR(got, 0.5 * expected, 0.5 * 1e-5 * magnitude + 1e-7)
+                  << "batch " << i << " (" << row << ", " << column << ")";
+            }
+          }
+        }
+      }
     }
   }
 }

@@ -2,6 +2,7 @@
 // memory, by the CPU kernels.
 #include "tests/support/host_cuda_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/half.h"
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
 #include "kernels/optimizer.h"
@@ -370,29 +372,125 @@ void embedding_backward(Stream, const int32_t* ids, int64_t count, const void* d
   count_op();
 }
 
-void causal_attention_forward(Stream, const AttentionShape& s, const void* qkv, DType qkv_type, void* out,
-                              DType out_type, float* log_sum_exp) {
-  const int64_t width = s.heads * s.head_dim;
-  check_device(log_sum_exp, static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float), "attention lse");
-  Tensor o = view(out, {s.batch, s.seq, width}, out_type, "causal_attention_forward out");
-  Tensor saved;
-  fedmesh::causal_attention_forward(s, view(qkv, {s.batch, s.seq, 3 * width}, qkv_type, "causal_attention_forward qkv"),
-                                    o, saved);
-  std::memcpy(log_sum_exp, saved.raw(), saved.nbytes());
+// Attention's pieces (device_ops.cpp puts them together), in plain loops:
+// fp32 sums, one rounding per stored value, as the device does.
+namespace {
+
+float element(const void* p, DType type, int64_t i) {
+  switch (type) {
+    case DType::kBF16: return to_float(static_cast<const bf16*>(p)[i]);
+    case DType::kF16: return to_float(static_cast<const fp16*>(p)[i]);
+    case DType::kF32: break;
+  }
+  return static_cast<const float*>(p)[i];
+}
+
+void set_element(void* p, DType type, int64_t i, float v) {
+  switch (type) {
+    case DType::kBF16: static_cast<bf16*>(p)[i] = to_bf16(v); return;
+    case DType::kF16: static_cast<fp16*>(p)[i] = to_fp16(v); return;
+    case DType::kF32: break;
+  }
+  static_cast<float*>(p)[i] = v;
+}
+
+void causal_softmax_rows(const float* scores, int64_t batch, int64_t seq, float scale, const float* lse_in,
+                         float* lse_out, int64_t lse_stride, void* probabilities, DType p_type, const char* op) {
+  check_device(scores, bytes_of(DType::kF32, batch * seq * seq), op);
+  check_device(probabilities, bytes_of(p_type, batch * seq * seq), op);
+  for (int64_t pair = 0; pair < batch; ++pair) {
+    check_device(lse_in != nullptr ? lse_in + pair * lse_stride : lse_out + pair * lse_stride,
+                 bytes_of(DType::kF32, seq), op);
+    for (int64_t t = 0; t < seq; ++t) {
+      const float* row = scores + (pair * seq + t) * seq;
+      float lse;
+      if (lse_out != nullptr) {
+        float max_value = -INFINITY, sum = 0.0f;
+        for (int64_t j = 0; j <= t; ++j) max_value = std::max(max_value, scale * row[j]);
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(scale * row[j] - max_value);
+        lse = max_value + std::log(sum);
+        lse_out[pair * lse_stride + t] = lse;
+      } else {
+        lse = lse_in[pair * lse_stride + t];
+      }
+      for (int64_t j = 0; j < seq; ++j) {
+        set_element(probabilities, p_type, (pair * seq + t) * seq + j, j <= t ? std::exp(scale * row[j] - lse) : 0.0f);
+      }
+    }
+  }
   count_op();
 }
-void causal_attention_backward(Stream, const AttentionShape& s, const void* qkv, DType qkv_type,
-                               const float* log_sum_exp, const void* dout, DType dout_type, void* dqkv,
-                               DType dqkv_type) {
-  const int64_t width = s.heads * s.head_dim;
-  Tensor saved = Tensor::empty({s.batch, s.heads, s.seq});
-  check_device(log_sum_exp, saved.nbytes(), "attention lse");
-  std::memcpy(saved.raw(), log_sum_exp, saved.nbytes());
-  Tensor d = view(dqkv, {s.batch, s.seq, 3 * width}, dqkv_type, "causal_attention_backward dqkv");
-  fedmesh::causal_attention_backward(s, view(qkv, {s.batch, s.seq, 3 * width}, qkv_type, "attention qkv"), saved,
-                                     view(dout, {s.batch, s.seq, width}, dout_type, "attention dout"), d);
+
+}  // namespace
+
+void gemm_strided_batched(Stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const void* a, DType a_type, int64_t lda, int64_t stride_a, const void* b, DType b_type,
+                          int64_t ldb, int64_t stride_b, float beta, void* c, DType c_type, int64_t ldc,
+                          int64_t stride_c, int64_t batch) {
+  FEDMESH_CHECK(a_type == b_type && (c_type == a_type || c_type == DType::kF32),
+                "emulated cuda::gemm_strided_batched: dtypes");
+  if (m == 0 || n == 0 || batch == 0) return;
+  const int64_t a_rows = transpose_a ? k : m, a_cols = transpose_a ? m : k;
+  const int64_t b_rows = transpose_b ? n : k, b_cols = transpose_b ? k : n;
+  for (int64_t i = 0; i < batch; ++i) {
+    check_device(static_cast<const char*>(a) + bytes_of(a_type, i * stride_a),
+                 bytes_of(a_type, (a_rows - 1) * lda + a_cols), "gemm_strided_batched a");
+    check_device(static_cast<const char*>(b) + bytes_of(b_type, i * stride_b),
+                 bytes_of(b_type, (b_rows - 1) * ldb + b_cols), "gemm_strided_batched b");
+    check_device(static_cast<const char*>(c) + bytes_of(c_type, i * stride_c), bytes_of(c_type, (m - 1) * ldc + n),
+                 "gemm_strided_batched c");
+    // Each operand widened into a dense fp32 copy, then the CPU's sgemm.
+    const auto dense = [](const void* p, DType type, int64_t offset, int64_t rows, int64_t cols, int64_t ld) {
+      std::vector<float> out(static_cast<size_t>(rows * cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t col = 0; col < cols; ++col) out[static_cast<size_t>(r * cols + col)] = element(p, type, offset + r * ld + col);
+      }
+      return out;
+    };
+    const std::vector<float> x = dense(a, a_type, i * stride_a, a_rows, a_cols, lda);
+    const std::vector<float> y = dense(b, b_type, i * stride_b, b_rows, b_cols, ldb);
+    std::vector<float> product(static_cast<size_t>(m * n));
+    sgemm(transpose_a, transpose_b, m, n, k, alpha, x.data(), std::max<int64_t>(a_cols, 1), y.data(),
+          std::max<int64_t>(b_cols, 1), 0.0f, product.data(), n);
+    for (int64_t row = 0; row < m; ++row) {
+      for (int64_t column = 0; column < n; ++column) {
+        const int64_t at = i * stride_c + row * ldc + column;
+        const float value = product[static_cast<size_t>(row * n + column)];
+        set_element(c, c_type, at, value + (beta != 0.0f ? beta * element(c, c_type, at) : 0.0f));
+      }
+    }
+  }
   count_op();
 }
+
+void causal_softmax(Stream, const float* scores, int64_t batch, int64_t seq, float scale, float* log_sum_exp,
+                    int64_t lse_stride, void* probabilities, DType p_type) {
+  causal_softmax_rows(scores, batch, seq, scale, nullptr, log_sum_exp, lse_stride, probabilities, p_type,
+                      "causal_softmax");
+}
+
+void causal_probabilities(Stream, const float* scores, int64_t batch, int64_t seq, float scale,
+                          const float* log_sum_exp, int64_t lse_stride, void* probabilities, DType p_type) {
+  causal_softmax_rows(scores, batch, seq, scale, log_sum_exp, nullptr, lse_stride, probabilities, p_type,
+                      "causal_probabilities");
+}
+
+void causal_softmax_backward(Stream, void* probabilities, DType p_type, const float* dprobabilities, int64_t batch,
+                             int64_t seq, float scale) {
+  check_device(probabilities, bytes_of(p_type, batch * seq * seq), "causal_softmax_backward p");
+  check_device(dprobabilities, bytes_of(DType::kF32, batch * seq * seq), "causal_softmax_backward dp");
+  for (int64_t row = 0; row < batch * seq; ++row) {
+    const int64_t t = row % seq, base = row * seq;
+    float dot = 0.0f;
+    for (int64_t j = 0; j <= t; ++j) dot += element(probabilities, p_type, base + j) * dprobabilities[base + j];
+    for (int64_t j = 0; j < seq; ++j) {
+      const float p = element(probabilities, p_type, base + j);
+      set_element(probabilities, p_type, base + j, j <= t ? scale * p * (dprobabilities[base + j] - dot) : 0.0f);
+    }
+  }
+  count_op();
+}
+
 void token_ids(Stream, const float* x, int64_t n, int64_t vocabulary, int32_t* ids) {
   check_device(x, static_cast<size_t>(n) * sizeof(float), "token_ids x");
   check_device(ids, static_cast<size_t>(n) * sizeof(int32_t), "token_ids ids");

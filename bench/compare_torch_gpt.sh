@@ -63,6 +63,8 @@ Environment:
   FEDMESH_BUILD_DIR    fedmesh build directory, relative to the repository root
                        or absolute (default: build); if
                        $FEDMESH_BUILD_DIR/cli/fedmesh is missing, deploy/setup.sh is run
+  FEDMESH_BIBLE        the bible program both sides read the corpus from (default
+                       /usr/bin/bible, installed with bible-kjv when missing)
   FEDMESH_EXTRA_ARGS   extra arguments appended to every `fedmesh train` call
   TORCH_EXTRA_ARGS     extra arguments appended to every torch_gpt.py call (eager and
                        compiled), e.g. "--omp-wait-policy passive" (what --torch-tuned
@@ -165,8 +167,13 @@ apt_install() {
 # ---------------------------------------------------------------------------
 # The corpus: Debian's King James Bible (both sides run `bible`).
 # ---------------------------------------------------------------------------
-[[ -x /usr/bin/bible ]] || apt_install bible-kjv
-[[ -x /usr/bin/bible ]] || die "/usr/bin/bible still missing after apt-get install bible-kjv"
+# FEDMESH_BIBLE names another bible program for both (deploy/gpu_kit.sh).
+if [[ -n "${FEDMESH_BIBLE:-}" ]]; then
+  [[ -x "$FEDMESH_BIBLE" ]] || die "FEDMESH_BIBLE=$FEDMESH_BIBLE is not an executable bible program"
+else
+  [[ -x /usr/bin/bible ]] || apt_install bible-kjv
+  [[ -x /usr/bin/bible ]] || die "/usr/bin/bible still missing after apt-get install bible-kjv"
+fi
 
 # ---------------------------------------------------------------------------
 # Python with torch + numpy (Debian's python3-torch lives in /usr/bin/python3's

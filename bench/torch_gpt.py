@@ -34,7 +34,7 @@ weight_decay 1e-4 on every parameter), constant learning rate (fedmesh's
 --schedule constant).
 
 Data (must match fedmesh's node/data/text_corpus.cpp): `bible -f
-Gen1:1-Rev22:21` (Debian's bible-kjv), each line "Ref text": the reference
+Gen1:1-Rev22:21` (Debian's bible-kjv; $FEDMESH_BIBLE names another program), each line "Ref text": the reference
 (before the first space) is dropped, its book prefix ("Ge" of "Ge1:1", "1Sm"
 of "1Sm3:4") starts a new document when it changes, every verse's text is
 followed by "\n"; the first 95 % of every book (rounded half up) concatenated
@@ -83,7 +83,7 @@ import subprocess
 import sys
 import time
 
-BIBLE_PROGRAM = "/usr/bin/bible"
+BIBLE_PROGRAM = os.environ.get("FEDMESH_BIBLE") or "/usr/bin/bible"  # as fedmesh reads it
 BIBLE_RANGE = "Gen1:1-Rev22:21"
 BIBLE_BOOKS = 66
 HELD_OUT = 0.05
@@ -197,7 +197,8 @@ def load_bible_books():
     reference ends at the first space, the book is what precedes the chapter
     digits before its colon ("1Sm3:4" -> "1Sm"); lines without one are skipped."""
     if not os.path.exists(BIBLE_PROGRAM):
-        sys.exit(f"torch_gpt.py: {BIBLE_PROGRAM} is missing: apt-get install bible-kjv")
+        sys.exit(f"torch_gpt.py: {BIBLE_PROGRAM} is missing: apt-get install bible-kjv"
+                 " (or name another bible program in FEDMESH_BIBLE)")
     raw = subprocess.run([BIBLE_PROGRAM, "-f", BIBLE_RANGE], check=True,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
     books = []  # [name, bytearray]

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,7 +13,21 @@ namespace fedmesh::data {
 
 namespace {
 
-constexpr const char* kBibleProgram = "/usr/bin/bible";
+constexpr const char* kDefaultBibleProgram = "/usr/bin/bible";
+
+// FEDMESH_BIBLE names another `bible` program (a GPU machine without Debian's
+// packages runs one unpacked into a private prefix: deploy/gpu_kit.sh).
+std::string bible_program() {
+  const char* program = std::getenv(kBibleProgramVariable);
+  return program != nullptr && *program != '\0' ? program : kDefaultBibleProgram;
+}
+
+// The program's path as one word for popen's shell.
+std::string shell_quoted(const std::string& word) {
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
 
 // "Ge1:1 In the beginning ..." -> book "Ge", text "In the beginning ...".
 // Book abbreviations may start with a digit ("1Sm"); the reference ends at
@@ -32,12 +47,14 @@ bool parse_verse(std::string_view line, std::string& book, std::string_view& tex
 }
 
 Result<TextCorpus> load_bible() {
-  if (!std::filesystem::exists(kBibleProgram)) {
-    return not_found(std::string(kBibleProgram) + " is missing: install Debian's King James Bible with "
-                                                  "`apt-get install bible-kjv` (deploy/setup.sh does)");
+  const std::string program = bible_program();
+  if (!std::filesystem::exists(program)) {
+    return not_found(program + " is missing: install Debian's King James Bible with `apt-get install bible-kjv` "
+                               "(deploy/setup.sh does), or name another bible program in " +
+                     kBibleProgramVariable);
   }
-  FILE* pipe = ::popen("/usr/bin/bible -f Gen1:1-Rev22:21 2>/dev/null", "r");
-  if (pipe == nullptr) return io_error("cannot run " + std::string(kBibleProgram));
+  FILE* pipe = ::popen((shell_quoted(program) + " -f Gen1:1-Rev22:21 2>/dev/null").c_str(), "r");
+  if (pipe == nullptr) return io_error("cannot run " + program);
   TextCorpus corpus;
   std::string line, book;
   char buffer[1 << 16];
@@ -65,9 +82,9 @@ Result<TextCorpus> load_bible() {
   }
   if (!line.empty()) take(line);
   const int status = ::pclose(pipe);
-  if (status != 0) return io_error(std::string(kBibleProgram) + " failed (status " + std::to_string(status) + ")");
+  if (status != 0) return io_error(program + " failed (status " + std::to_string(status) + ")");
   if (corpus.documents.size() != static_cast<size_t>(kBibleBooks)) {
-    return corrupt(std::string(kBibleProgram) + " printed " + std::to_string(corpus.documents.size()) +
+    return corrupt(program + " printed " + std::to_string(corpus.documents.size()) +
                    " books, not " + std::to_string(kBibleBooks) + " (" + std::to_string(skipped) +
                    " lines without a verse reference)");
   }

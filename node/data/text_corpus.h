@@ -6,7 +6,8 @@
 // - "bible-kjv": the King James Bible from Debian's bible-kjv package
 //   (`bible -f Gen1:1-Rev22:21`, 4.4 MB), one document per book (66: Ge ..
 //   Rev, the Old Testament the first 39), verse references dropped, one
-//   verse per line;
+//   verse per line; the environment variable FEDMESH_BIBLE names another
+//   `bible` program to run (default /usr/bin/bible);
 // - a directory: every regular file in it (not recursive), sorted by name,
 //   is a document, its bytes taken as they are.
 // Both are input from outside: sizes are bounded and a source with no text
@@ -25,6 +26,7 @@
 namespace fedmesh::data {
 
 inline constexpr const char* kBibleCorpus = "bible-kjv";
+inline constexpr const char* kBibleProgramVariable = "FEDMESH_BIBLE";
 inline constexpr int kBibleBooks = 66, kOldTestamentBooks = 39;
 inline constexpr int64_t kMaxCorpusBytes = int64_t{2} << 30;
 inline constexpr int kByteVocabulary = 256;

@@ -32,6 +32,44 @@ TEST(TextCorpus, TheBibleIsSixtySixBooksWithoutVerseReferences) {
   EXPECT_LT(bible->bytes(), 4'400'000);
 }
 
+// FEDMESH_BIBLE names the program to run: one under a path with a space and
+// a quote runs (it hands over to Debian's), a missing one is refused naming
+// the variable, and one that prints too few books is refused by name.
+TEST(TextCorpus, FedmeshBibleNamesTheProgramToRun) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("fedmesh bible's " + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto script = [&](const std::string& name, const std::string& body) {
+    const fs::path path = dir / name;
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    fs::permissions(path, fs::perms::owner_all);
+    return path.string();
+  };
+  const std::string forward = script("bible", "exec /usr/bin/bible \"$@\"");
+  const std::string two_books = script("two", "echo 'Ge1:1 In the beginning'; echo 'Ex1:1 Now these'");
+
+  ASSERT_EQ(::setenv(kBibleProgramVariable, forward.c_str(), 1), 0);
+  Result<TextCorpus> bible = load_text_corpus(kBibleCorpus);
+  ASSERT_TRUE(bible.is_ok()) << bible.status().to_string();
+  EXPECT_EQ(bible->documents.size(), 66u);
+
+  ASSERT_EQ(::setenv(kBibleProgramVariable, two_books.c_str(), 1), 0);
+  Result<TextCorpus> short_bible = load_text_corpus(kBibleCorpus);
+  EXPECT_EQ(short_bible.status().code(), StatusCode::kCorrupt) << short_bible.status().to_string();
+  EXPECT_NE(short_bible.status().message().find(two_books + " printed 2 books"), std::string::npos)
+      << short_bible.status().message();
+
+  const std::string missing = (dir / "absent").string();
+  ASSERT_EQ(::setenv(kBibleProgramVariable, missing.c_str(), 1), 0);
+  Result<TextCorpus> none = load_text_corpus(kBibleCorpus);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find(missing + " is missing"), std::string::npos) << none.status().message();
+  EXPECT_NE(none.status().message().find("FEDMESH_BIBLE"), std::string::npos) << none.status().message();
+
+  ::unsetenv(kBibleProgramVariable);
+  fs::remove_all(dir);
+}
+
 TEST(TextCorpus, ADirectoryIsItsFilesInNameOrder) {
   const fs::path dir = fs::path(::testing::TempDir()) / ("fedmesh-text-" + std::to_string(::getpid()));
   fs::remove_all(dir);

@@ -1,7 +1,12 @@
-// The real Fashion-MNIST files, loaded once per test binary.
+// The real Fashion-MNIST files, loaded once per test binary: Debian's, or
+// those in $FEDMESH_TEST_FASHION_MNIST_DIR (deploy/gpu_kit.sh carries a slice
+// of them to GPU machines that have no Debian packages).
 #pragma once
 
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
 
 #include "node/data/fashion_mnist.h"
 
@@ -9,7 +14,8 @@ namespace fedmesh::testing {
 
 inline const data::ImageDataset& fashion_split(data::Split split) {
   static const auto load = [](data::Split s) {
-    auto dataset = data::load_fashion_mnist(data::kDefaultFashionMnistDir, s);
+    const char* dir = std::getenv("FEDMESH_TEST_FASHION_MNIST_DIR");
+    auto dataset = data::load_fashion_mnist(dir != nullptr ? std::string(dir) : data::kDefaultFashionMnistDir, s);
     // deploy/setup.sh installs dataset-fashion-mnist, so its absence is a setup failure.
     if (!dataset.is_ok()) ADD_FAILURE() << dataset.status().to_string();
     return dataset.is_ok() ? std::move(dataset).value() : data::ImageDataset{};

@@ -41,8 +41,9 @@ Usage: deploy/gpu_kit.sh pack [--build DIR] [--kit DIR]
 
 pack   On Debian 12, after a CUDA-enabled build (deploy/setup.sh where nvcc is
        found): copies and strips ${BINARIES[*]}
-       into KIT/bin, downloads (apt-get download, the installed versions) the
-       Debian packages of every shared library they load other than the C/C++
+       into KIT/bin, downloads (apt-get download: the installed versions, or
+       the mirror's current one where it no longer has them) the Debian
+       packages of every shared library they load other than the C/C++
        runtime and CUDA's own, plus ${EXTRA_PACKAGES[*]}, into KIT/debs, cuts
        the first $FASHION_IMAGES images of each Fashion-MNIST split into
        KIT/data/fashion-mnist, and writes KIT/MANIFEST. Fails if the kit and the
@@ -63,6 +64,8 @@ run    On the GPU machine, from the repository root: dpkg -x every package into
                   (fedmesh vs PyTorch eager and torch.compile, MFU)
        Each step's output goes to LOG_DIR/STEP.log; the last lines are a table
        of the steps and their exit codes. Exit status: nonzero if any failed.
+       A device call runs at most 10 minutes: give profile and gpt2 a call
+       each rather than all the steps in one.
 
 Options:
   --build DIR       build directory (default: \$FEDMESH_BUILD_DIR or build)
@@ -246,16 +249,24 @@ kit_library_path() {
   echo "${dirs[*]}"
 }
 
+# Every library of every binary resolves, from the prefix unless it is the
+# host's C/C++ runtime or CUDA's, and no symbol version is missing (a host
+# C library older than Debian 12's, say).
 check_libraries() {
-  local binary missing=0 soname path
+  local binary missing=0 soname path listing
   for binary in "$KIT"/bin/* "$PREFIX"/usr/bin/bible; do
+    listing=$(LD_LIBRARY_PATH=$LIBRARY_PATH_KIT ldd "$binary" 2>&1) || true
+    if grep -q "version .* not found" <<< "$listing"; then
+      printf 'gpu_kit: %s: %s\n' "$binary" "$(grep "version .* not found" <<< "$listing" | head -n 3)" >&2
+      missing=1
+    fi
     while read -r soname path; do
       if [[ $path == "not" ]]; then
         printf 'gpu_kit: %s: %s is not found\n' "$binary" "$soname" >&2; missing=1
       elif [[ ! $soname =~ $HOST_LIBRARIES && $path != "$PREFIX"/* ]]; then
         printf 'gpu_kit: %s: %s comes from %s, not from the kit\n' "$binary" "$soname" "$path" >&2; missing=1
       fi
-    done < <(LD_LIBRARY_PATH=$LIBRARY_PATH_KIT ldd "$binary" | awk '$2 == "=>" { print $1, $3 }')
+    done < <(awk '$2 == "=>" { print $1, $3 }' <<< "$listing")
   done
   [[ $missing -eq 0 ]] || return 1
   echo "every library of $(ls "$KIT/bin" | wc -l) binaries and bible resolves (kit or host C/C++/CUDA)"

@@ -41,4 +41,13 @@ inline std::string format_number(double value, int significant = 17) {
   return text;
 }
 
+// The shortest text that parses back to exactly `value` (std::to_chars):
+// "0.1", not 17 digits' "0.10000000000000001"; for specs that are written
+// out and read again (a checkpoint's, a log's) and must mean the same.
+inline std::string format_shortest(double value) {
+  char text[40];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, value);
+  return error == std::errc() ? std::string(text, end) : format_number(value);
+}
+
 }  // namespace fedmesh

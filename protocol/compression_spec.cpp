@@ -28,10 +28,10 @@ std::string CompressionSpec::to_string() const {
       return text;
     }
     case CompressionMethod::kTopK: {
-      std::string text = "topk:" + format_number(density, 10);
+      std::string text = "topk:" + format_shortest(density);
       text += values == Encoding::kSparseInt8 ? "+int8" : values == Encoding::kSparseF32 ? "+fp32" : "+fp16";
       if (warmup_rounds > 0) text += ":warmup=" + std::to_string(warmup_rounds);
-      if (momentum > 0.0) text += ":momentum=" + format_number(momentum, 10);
+      if (momentum > 0.0) text += ":momentum=" + format_shortest(momentum);
       return text;
     }
     case CompressionMethod::kPowerSgd: return "powersgd:" + std::to_string(rank);

@@ -16,6 +16,9 @@ SEEDS = {
     "compression_powersgd": (COMPRESSION, 0, "powersgd:4"),
     "compression_dct": (COMPRESSION, 0, "dct-sign:32"),
     "compression_bf16": (COMPRESSION, 0, "bf16"),
+    # Found by fuzz_specs: to_string wrote 10 digits ("topk:0.0995+fp16"),
+    # which parse back to another density.
+    "compression_density_round_trip": (COMPRESSION, 0, "topk:0.09949999999999"),
     "override_bias": (OVERRIDE, 0, "*.bias=identity"),
     "plan": (PLAN, 64, "topk:0.01;*.bias=fp16;layer0.*=int8"),
     "faults": (FAULTS, 0, "drop=0.2,delay=50ms,jitter=10ms,bandwidth=1MB/s,seed=7"),

@@ -16,12 +16,13 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/fedmesh-fuzz.XXXXXX")
 artifacts=${FEDMESH_FUZZ_ARTIFACTS:-$work}
 mkdir -p "$work/corpus" "$artifacts"
 status=0
+# -error_exitcode=1: libFuzzer's default, 77, is meson's code for a skipped
+# test, and hid a crash as a skip.
 "$target" "$work/corpus" "$seeds" \
-  -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=20 \
+  -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=20 -error_exitcode=1 \
   -print_final_stats=1 -artifact_prefix="$artifacts/" || status=$?
 if [[ $status -ne 0 ]]; then
   echo "run_fuzz: $(basename "$target") FAILED (exit $status); reproducers in $artifacts" >&2
-else
-  rm -rf "$work"
+  exit 1  # never 77, which meson would count as a skip
 fi
-exit "$status"
+rm -rf "$work"

@@ -63,7 +63,7 @@ void convert(const Tensor& src, Tensor& dst) {
 }
 
 Tensor to_dtype(const Tensor& src, DType dtype) {
-  Tensor out = Tensor::empty(src.shape(), dtype);
+  Tensor out = Tensor::empty(src.shape(), dtype, src.device());
   convert(src, out);
   return out;
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/step_profile.h"
 
@@ -138,7 +139,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   // once as the CPU rounds it.
   const Tensor& first = out.raw() == b.raw() ? b : a;
   const Tensor& second = out.raw() == b.raw() ? a : b;
-  convert(first, out);
+  device::convert(first, out);
   axpy(1.0f, second, out);
 }
 
@@ -274,11 +275,7 @@ void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const
   const AttentionGeometry g(s, qkv.dtype(), workspace_bytes);
   const int64_t T = s.seq;
   // dout meets P and v in the GEMMs, so it takes their dtype.
-  Tensor dout_cast;
-  if (dout.dtype() != g.dtype) {
-    dout_cast = Tensor::empty(dout.shape(), g.dtype, Device::kCuda);
-    convert(dout, dout_cast);
-  }
+  const Tensor dout_cast = dout.dtype() == g.dtype ? Tensor() : fedmesh::to_dtype(dout, g.dtype);
   const Tensor& g_out = dout.dtype() == g.dtype ? dout : dout_cast;
   for_each_head_chunk(g, qkv, [&](const HeadChunk& c) {
     cuda::causal_probabilities(stream(), c.scores, c.count, T, g.scale, saved.data<float>() + c.lse_offset,

@@ -81,22 +81,27 @@ void check_rows(const char* op, int64_t batch, int64_t seq) {
                                             std::to_string(batch) + ", seq " + std::to_string(seq) + ")");
 }
 
+// causal_softmax (lse_out) and causal_probabilities (lse_in): one kernel.
+void launch_softmax(const char* op, Stream stream, const float* scores, int64_t batch, int64_t seq, float scale,
+                    const float* lse_in, float* lse_out, int64_t lse_stride, void* probabilities, DType p_type) {
+  check_rows(op, batch, seq);
+  if (batch == 0 || seq == 0) return;
+  launch(causal_softmax_kernel, dim3(row_blocks(batch * seq)), dim3(kRowThreads), stream, scores, batch * seq, seq,
+         scale, lse_in, lse_out, lse_stride, probabilities, p_type);
+}
+
 }  // namespace
 
 void causal_softmax(Stream stream, const float* scores, int64_t batch, int64_t seq, float scale, float* log_sum_exp,
                     int64_t lse_stride, void* probabilities, DType p_type) {
-  check_rows("causal_softmax", batch, seq);
-  if (batch == 0 || seq == 0) return;
-  launch(causal_softmax_kernel, dim3(row_blocks(batch * seq)), dim3(kRowThreads), stream, scores, batch * seq, seq,
-         scale, static_cast<const float*>(nullptr), log_sum_exp, lse_stride, probabilities, p_type);
+  launch_softmax("causal_softmax", stream, scores, batch, seq, scale, nullptr, log_sum_exp, lse_stride, probabilities,
+                 p_type);
 }
 
 void causal_probabilities(Stream stream, const float* scores, int64_t batch, int64_t seq, float scale,
                           const float* log_sum_exp, int64_t lse_stride, void* probabilities, DType p_type) {
-  check_rows("causal_probabilities", batch, seq);
-  if (batch == 0 || seq == 0) return;
-  launch(causal_softmax_kernel, dim3(row_blocks(batch * seq)), dim3(kRowThreads), stream, scores, batch * seq, seq,
-         scale, log_sum_exp, static_cast<float*>(nullptr), lse_stride, probabilities, p_type);
+  launch_softmax("causal_probabilities", stream, scores, batch, seq, scale, log_sum_exp, nullptr, lse_stride,
+                 probabilities, p_type);
 }
 
 void causal_softmax_backward(Stream stream, void* probabilities, DType p_type, const float* dprobabilities,

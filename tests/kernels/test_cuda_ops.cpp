@@ -79,13 +79,17 @@
 #include "kernels/loss.h"
 #include "kernels/optimizer.h"
 #include "kernels/tensor.h"
+#include "tests/support/attention_testing.h"
 #include "tests/support/tensor_testing.h"
 
 namespace fedmesh {
 namespace {
 
+using testing::attention_pass;
+using testing::AttentionPass;
 using testing::from_values;
 using testing::random_tensor;
+using testing::relative_l2;
 using testing::widen;
 
 constexpr std::array<int64_t, 4> kSizes = {1, 7, 255, 4097};
@@ -1238,16 +1242,6 @@ TEST_F(CudaOps, EmbeddingGathersBitIdenticallyAndScattersWithinSummationOrder) {
 // otherwise. First estimates: the test has not yet run on a GPU.
 TEST_F(CudaOps, CausalAttentionMatchesTheCpuWithinRounding) {
   Rng rng(21);
-  const auto distance = [](const Tensor& gpu, const Tensor& cpu) {
-    const std::vector<float> x = widen(gpu.to(Device::kCpu)), y = widen(cpu);
-    double difference = 0.0, norm = 0.0;
-    for (size_t i = 0; i < y.size(); ++i) {
-      if (!std::isfinite(x[i])) return double{INFINITY};
-      difference += (double{x[i]} - y[i]) * (double{x[i]} - y[i]);
-      norm += double{y[i]} * y[i];
-    }
-    return std::sqrt(difference / std::max(norm, 1e-30));
-  };
   for (const AttentionShape s : {AttentionShape{1, 1, 1, 4}, AttentionShape{2, 17, 3, 8}, AttentionShape{2, 64, 2, 64},
                                  AttentionShape{1, 40, 1, 128}, AttentionShape{2, 131, 3, 64},
                                  AttentionShape{1, 1024, 2, 64}}) {
@@ -1258,18 +1252,11 @@ TEST_F(CudaOps, CausalAttentionMatchesTheCpuWithinRounding) {
       const double tolerance = dtype == DType::kF32 ? 1e-5 : 2e-2;
       const Tensor qkv = random_tensor({s.batch, s.seq, 3 * width}, dtype, rng);
       const Tensor dout = random_tensor({s.batch, s.seq, width}, dtype, rng);
-      Tensor out = Tensor::empty(dout.shape(), dtype), saved, dqkv = Tensor::empty(qkv.shape(), dtype);
-      causal_attention_forward(s, qkv, out, saved);
-      causal_attention_backward(s, qkv, saved, dout, dqkv);
-
-      const Tensor device_qkv = qkv.to(Device::kCuda), device_dout = dout.to(Device::kCuda);
-      Tensor device_out = Tensor::empty(dout.shape(), dtype, Device::kCuda), device_saved;
-      Tensor device_dqkv = Tensor::empty(qkv.shape(), dtype, Device::kCuda);
-      causal_attention_forward(s, device_qkv, device_out, device_saved);
-      causal_attention_backward(s, device_qkv, device_saved, device_dout, device_dqkv);
-      EXPECT_LE(distance(device_out, out), tolerance) << "out";
-      EXPECT_LE(distance(device_saved, saved), dtype == DType::kF32 ? 1e-5 : 1e-2) << "log-sum-exp";
-      EXPECT_LE(distance(device_dqkv, dqkv), tolerance) << "dqkv";
+      const AttentionPass cpu = attention_pass(s, qkv, dout);
+      const AttentionPass gpu = attention_pass(s, qkv.to(Device::kCuda), dout.to(Device::kCuda));
+      EXPECT_LE(relative_l2(gpu.out, cpu.out), tolerance) << "out";
+      EXPECT_LE(relative_l2(gpu.saved, cpu.saved), dtype == DType::kF32 ? 1e-5 : 1e-2) << "log-sum-exp";
+      EXPECT_LE(relative_l2(gpu.dqkv, cpu.dqkv), tolerance) << "dqkv";
     }
   }
 }

@@ -38,7 +38,9 @@
 #include "node/trainer.h"
 #include "node/training_checkpoint.h"
 #include "store/checkpoint_store.h"
+#include "tests/support/attention_testing.h"
 #include "tests/support/fashion_data.h"
+#include "tests/support/tensor_testing.h"
 #ifdef FEDMESH_HOST_CUDA_EMULATION
 #include "tests/support/host_cuda_backend.h"
 #endif
@@ -46,7 +48,10 @@
 namespace fedmesh::node {
 namespace {
 
+using fedmesh::testing::attention_pass;
+using fedmesh::testing::AttentionPass;
 using fedmesh::testing::fashion_split;
+using fedmesh::testing::relative_l2;
 
 #ifdef FEDMESH_HOST_CUDA_EMULATION
 constexpr bool kEmulated = true;
@@ -71,22 +76,6 @@ std::vector<Tensor> host_weights(Sequential& net) {
   std::vector<Tensor> result;
   for (Parameter* p : net.parameters()) result.push_back(p->value.to(Device::kCpu));
   return result;
-}
-
-// The relative L2 distance ||a - b|| / ||b|| over all the weights together
-// (a per-tensor ratio is meaningless for the biases that start at zero: Adam
-// moves them by ±lr whatever the size of their gradients' rounding noise).
-double weight_difference(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-  double difference = 0.0, norm = 0.0;
-  for (size_t t = 0; t < a.size(); ++t) {
-    const float* x = a[t].data<float>();
-    const float* y = b[t].data<float>();
-    for (int64_t i = 0; i < a[t].numel(); ++i) {
-      difference += (double{x[i]} - double{y[i]}) * (double{x[i]} - double{y[i]});
-      norm += double{y[i]} * double{y[i]};
-    }
-  }
-  return std::sqrt(difference / std::max(norm, 1e-30));
 }
 
 struct Outcome {
@@ -166,7 +155,7 @@ TEST_P(DeviceTraining, MatchesTheCpu) {
         << c.label << " step " << s;
   }
   EXPECT_LT(cpu.losses.back(), cpu.losses.front()) << "the run learns";
-  const double difference = weight_difference(gpu.weights, cpu.weights);
+  const double difference = relative_l2(gpu.weights, cpu.weights);
   EXPECT_LE(difference, tolerance) << c.label;
   std::printf("%s: weights differ by %.3g (relative L2), final loss %.6f vs %.6f on the CPU\n", c.label,
               difference, gpu.losses.back(), cpu.losses.back());
@@ -207,7 +196,6 @@ TEST(DeviceAttention, ChunksOfSequencesMatchTheCpu) {
     for (int64_t i = 0; i < values.numel(); ++i) values.data<float>()[i] = normal(rng);
     return to_dtype(values, dtype);
   };
-  const auto widened = [](const Tensor& t) { return to_dtype(t.to(Device::kCpu), DType::kF32); };
   const auto same_bits = [](const Tensor& a, const Tensor& b) {
     const Tensor x = a.to(Device::kCpu), y = b.to(Device::kCpu);
     return x.nbytes() == y.nbytes() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
@@ -217,32 +205,21 @@ TEST(DeviceAttention, ChunksOfSequencesMatchTheCpu) {
     const double tolerance = dtype == DType::kF32 ? 1e-5 : 2e-2;
     const Tensor qkv = random({s.batch, s.seq, 3 * width}, dtype);
     const Tensor dout = random({s.batch, s.seq, width}, dtype);
-    Tensor out = Tensor::empty(dout.shape(), dtype), saved, dqkv = Tensor::empty(qkv.shape(), dtype);
-    causal_attention_forward(s, qkv, out, saved);
-    causal_attention_backward(s, qkv, saved, dout, dqkv);
-
+    const AttentionPass cpu = attention_pass(s, qkv, dout);
     const Tensor device_qkv = qkv.to(Device::kCuda), device_dout = dout.to(Device::kCuda);
-    Tensor one_out = Tensor::empty(dout.shape(), dtype, Device::kCuda), one_saved;
-    Tensor one_dqkv = Tensor::empty(qkv.shape(), dtype, Device::kCuda);
-    device::causal_attention_forward(s, device_qkv, one_out, one_saved);
-    device::causal_attention_backward(s, device_qkv, one_saved, device_dout, one_dqkv);
-    Tensor split_out = Tensor::empty(dout.shape(), dtype, Device::kCuda), split_saved;
-    Tensor split_dqkv = Tensor::empty(qkv.shape(), dtype, Device::kCuda);
-    device::causal_attention_forward(s, device_qkv, split_out, split_saved, /*workspace_bytes=*/1);
-    device::causal_attention_backward(s, device_qkv, split_saved, device_dout, split_dqkv, /*workspace_bytes=*/1);
+    const AttentionPass one = attention_pass(s, device_qkv, device_dout);
+    const AttentionPass split = attention_pass(s, device_qkv, device_dout, /*workspace_bytes=*/1);
 
-    EXPECT_TRUE(same_bits(one_out, split_out)) << "out";
-    EXPECT_TRUE(same_bits(one_saved, split_saved)) << "log-sum-exps";
-    EXPECT_TRUE(same_bits(one_dqkv, split_dqkv)) << "dqkv";
-    EXPECT_LE(weight_difference({widened(one_out)}, {widened(out)}), tolerance) << "out";
-    EXPECT_LE(weight_difference({widened(one_saved)}, {widened(saved)}), 1e-5) << "log-sum-exps (fp32 arithmetic)";
-    EXPECT_LE(weight_difference({widened(one_dqkv)}, {widened(dqkv)}), tolerance) << "dqkv";
+    EXPECT_TRUE(same_bits(one.out, split.out)) << "out";
+    EXPECT_TRUE(same_bits(one.saved, split.saved)) << "log-sum-exps";
+    EXPECT_TRUE(same_bits(one.dqkv, split.dqkv)) << "dqkv";
+    EXPECT_LE(relative_l2(one.out, cpu.out), tolerance) << "out";
+    EXPECT_LE(relative_l2(one.saved, cpu.saved), 1e-5) << "log-sum-exps (fp32 arithmetic)";
+    EXPECT_LE(relative_l2(one.dqkv, cpu.dqkv), tolerance) << "dqkv";
     std::printf("attention %s: out %.3g, dqkv %.3g (relative L2 to the CPU)\n", dtype_name(dtype),
-                weight_difference({widened(one_out)}, {widened(out)}),
-                weight_difference({widened(one_dqkv)}, {widened(dqkv)}));
+                relative_l2(one.out, cpu.out), relative_l2(one.dqkv, cpu.dqkv));
   }
 }
-
 
 // Checkpoint committed from the device at step 4, restored into a fresh
 // device model and trainer, run to step 8: the weights equal those of a run

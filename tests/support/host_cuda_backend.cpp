@@ -19,7 +19,6 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
-#include "kernels/half.h"
 #include "kernels/layernorm.h"
 #include "kernels/loss.h"
 #include "kernels/optimizer.h"
@@ -376,23 +375,11 @@ void embedding_backward(Stream, const int32_t* ids, int64_t count, const void* d
 // fp32 sums, one rounding per stored value, as the device does.
 namespace {
 
-float element(const void* p, DType type, int64_t i) {
-  switch (type) {
-    case DType::kBF16: return to_float(static_cast<const bf16*>(p)[i]);
-    case DType::kF16: return to_float(static_cast<const fp16*>(p)[i]);
-    case DType::kF32: break;
-  }
-  return static_cast<const float*>(p)[i];
+// Element `offset` of a buffer of `type`.
+const void* element_at(const void* p, DType type, int64_t offset) {
+  return static_cast<const char*>(p) + bytes_of(type, offset);
 }
-
-void set_element(void* p, DType type, int64_t i, float v) {
-  switch (type) {
-    case DType::kBF16: static_cast<bf16*>(p)[i] = to_bf16(v); return;
-    case DType::kF16: static_cast<fp16*>(p)[i] = to_fp16(v); return;
-    case DType::kF32: break;
-  }
-  static_cast<float*>(p)[i] = v;
-}
+void* element_at(void* p, DType type, int64_t offset) { return static_cast<char*>(p) + bytes_of(type, offset); }
 
 void causal_softmax_rows(const float* scores, int64_t batch, int64_t seq, float scale, const float* lse_in,
                          float* lse_out, int64_t lse_stride, void* probabilities, DType p_type, const char* op) {
@@ -413,9 +400,9 @@ void causal_softmax_rows(const float* scores, int64_t batch, int64_t seq, float 
       } else {
         lse = lse_in[pair * lse_stride + t];
       }
-      for (int64_t j = 0; j < seq; ++j) {
-        set_element(probabilities, p_type, (pair * seq + t) * seq + j, j <= t ? std::exp(scale * row[j] - lse) : 0.0f);
-      }
+      std::vector<float> p(static_cast<size_t>(seq), 0.0f);
+      for (int64_t j = 0; j <= t; ++j) p[static_cast<size_t>(j)] = std::exp(scale * row[j] - lse);
+      narrow_from_f32(p.data(), element_at(probabilities, p_type, (pair * seq + t) * seq), p_type, seq);
     }
   }
   count_op();
@@ -433,31 +420,27 @@ void gemm_strided_batched(Stream, bool transpose_a, bool transpose_b, int64_t m,
   const int64_t a_rows = transpose_a ? k : m, a_cols = transpose_a ? m : k;
   const int64_t b_rows = transpose_b ? n : k, b_cols = transpose_b ? k : n;
   for (int64_t i = 0; i < batch; ++i) {
-    check_device(static_cast<const char*>(a) + bytes_of(a_type, i * stride_a),
-                 bytes_of(a_type, (a_rows - 1) * lda + a_cols), "gemm_strided_batched a");
-    check_device(static_cast<const char*>(b) + bytes_of(b_type, i * stride_b),
-                 bytes_of(b_type, (b_rows - 1) * ldb + b_cols), "gemm_strided_batched b");
-    check_device(static_cast<const char*>(c) + bytes_of(c_type, i * stride_c), bytes_of(c_type, (m - 1) * ldc + n),
-                 "gemm_strided_batched c");
+    check_device(element_at(a, a_type, i * stride_a), bytes_of(a_type, (a_rows - 1) * lda + a_cols),
+                 "gemm_strided_batched a");
+    check_device(element_at(b, b_type, i * stride_b), bytes_of(b_type, (b_rows - 1) * ldb + b_cols),
+                 "gemm_strided_batched b");
+    check_device(element_at(c, c_type, i * stride_c), bytes_of(c_type, (m - 1) * ldc + n), "gemm_strided_batched c");
     // Each operand widened into a dense fp32 copy, then the CPU's sgemm.
     const auto dense = [](const void* p, DType type, int64_t offset, int64_t rows, int64_t cols, int64_t ld) {
       std::vector<float> out(static_cast<size_t>(rows * cols));
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t col = 0; col < cols; ++col) out[static_cast<size_t>(r * cols + col)] = element(p, type, offset + r * ld + col);
+        widen_to_f32(element_at(p, type, offset + r * ld), type, out.data() + r * cols, cols);
       }
       return out;
     };
     const std::vector<float> x = dense(a, a_type, i * stride_a, a_rows, a_cols, lda);
     const std::vector<float> y = dense(b, b_type, i * stride_b, b_rows, b_cols, ldb);
-    std::vector<float> product(static_cast<size_t>(m * n));
+    std::vector<float> product =
+        beta != 0.0f ? dense(c, c_type, i * stride_c, m, n, ldc) : std::vector<float>(static_cast<size_t>(m * n));
     sgemm(transpose_a, transpose_b, m, n, k, alpha, x.data(), std::max<int64_t>(a_cols, 1), y.data(),
-          std::max<int64_t>(b_cols, 1), 0.0f, product.data(), n);
-    for (int64_t row = 0; row < m; ++row) {
-      for (int64_t column = 0; column < n; ++column) {
-        const int64_t at = i * stride_c + row * ldc + column;
-        const float value = product[static_cast<size_t>(row * n + column)];
-        set_element(c, c_type, at, value + (beta != 0.0f ? beta * element(c, c_type, at) : 0.0f));
-      }
+          std::max<int64_t>(b_cols, 1), beta, product.data(), n);
+    for (int64_t r = 0; r < m; ++r) {
+      narrow_from_f32(product.data() + r * n, element_at(c, c_type, i * stride_c + r * ldc), c_type, n);
     }
   }
   count_op();
@@ -479,14 +462,16 @@ void causal_softmax_backward(Stream, void* probabilities, DType p_type, const fl
                              int64_t seq, float scale) {
   check_device(probabilities, bytes_of(p_type, batch * seq * seq), "causal_softmax_backward p");
   check_device(dprobabilities, bytes_of(DType::kF32, batch * seq * seq), "causal_softmax_backward dp");
+  std::vector<float> p(static_cast<size_t>(seq));
   for (int64_t row = 0; row < batch * seq; ++row) {
     const int64_t t = row % seq, base = row * seq;
+    widen_to_f32(element_at(probabilities, p_type, base), p_type, p.data(), seq);
     float dot = 0.0f;
-    for (int64_t j = 0; j <= t; ++j) dot += element(probabilities, p_type, base + j) * dprobabilities[base + j];
+    for (int64_t j = 0; j <= t; ++j) dot += p[static_cast<size_t>(j)] * dprobabilities[base + j];
     for (int64_t j = 0; j < seq; ++j) {
-      const float p = element(probabilities, p_type, base + j);
-      set_element(probabilities, p_type, base + j, j <= t ? scale * p * (dprobabilities[base + j] - dot) : 0.0f);
+      p[static_cast<size_t>(j)] = j <= t ? scale * p[static_cast<size_t>(j)] * (dprobabilities[base + j] - dot) : 0.0f;
     }
+    narrow_from_f32(p.data(), element_at(probabilities, p_type, base), p_type, seq);
   }
   count_op();
 }

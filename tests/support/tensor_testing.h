@@ -1,8 +1,10 @@
 // Helpers shared by the kernel tests: tensors from values, random tensors in
-// any dtype, per-dtype rounding bounds, and a guard that restores the thread
-// count a test changed.
+// any dtype, per-dtype rounding bounds, relative L2 distances, and a guard
+// that restores the thread count a test changed.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -49,6 +51,29 @@ inline std::vector<float> widen(const Tensor& t) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
   widen_to_f32(t.raw(), t.dtype(), out.data(), t.numel());
   return out;
+}
+
+// The relative L2 distance ||a - b|| / ||b|| over all the tensors together
+// (any dtype, either device; sums in double): a per-tensor ratio is
+// meaningless for a tensor that is near zero, such as biases that start at
+// zero. Infinity when a holds a NaN or an infinity, or the shapes differ.
+inline double relative_l2(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  constexpr double kInfinity = std::numeric_limits<double>::infinity();
+  if (a.size() != b.size()) return kInfinity;
+  double difference = 0.0, norm = 0.0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    const std::vector<float> x = widen(a[t].to(Device::kCpu)), y = widen(b[t].to(Device::kCpu));
+    if (x.size() != y.size()) return kInfinity;
+    for (size_t i = 0; i < y.size(); ++i) {
+      if (!std::isfinite(x[i])) return kInfinity;
+      difference += (double{x[i]} - y[i]) * (double{x[i]} - y[i]);
+      norm += double{y[i]} * y[i];
+    }
+  }
+  return std::sqrt(difference / std::max(norm, 1e-30));
+}
+inline double relative_l2(const Tensor& a, const Tensor& b) {
+  return relative_l2(std::vector<Tensor>{a}, std::vector<Tensor>{b});
 }
 
 inline Tensor from_values(const std::vector<float>& values, Shape shape, DType dtype) {

@@ -32,12 +32,13 @@ EXTRA_PACKAGES=(bible-kjv bible-kjv-text)
 FASHION_IMAGES=1024
 # What one device call may carry, the working tree included (device README).
 CARRY_LIMIT_BYTES=$((64 << 20))
-STEPS_DEFAULT=check,doctor,smoke,tests,profile,gpt2
+STEPS_DEFAULT=check,doctor,smoke,tests,sanitize,train,federation,throughput,profile,gpt2
 
 usage() {
   cat <<EOF
 Usage: deploy/gpu_kit.sh pack [--build DIR] [--kit DIR]
        deploy/gpu_kit.sh run  [--kit DIR] [--steps LIST] [--log-dir DIR] [--gpt2-steps N]
+                              [--quiet] [--deadline SECONDS] [--bundle FILE]
 
 pack   On Debian 12, after a CUDA-enabled build (deploy/setup.sh where nvcc is
        found): copies and strips ${BINARIES[*]}
@@ -57,6 +58,19 @@ run    On the GPU machine, from the repository root: dpkg -x every package into
          smoke    fedmesh train --model gpt-nano --steps 2 on the CPU: the kit's
                   bible program (FEDMESH_BIBLE) gives the corpus
          tests    the CUDA test binaries (they skip without a GPU)
+         sanitize compute-sanitizer memcheck over the CUDA op and compression
+                  tests, racecheck over the shared-memory kernels' tests (top-k,
+                  Gram-Schmidt, attention rows, reductions); says so when the
+                  machine has no compute-sanitizer
+         train    fedmesh train --device cuda against --device cpu, same seed,
+                  steps and data: mlp and cnn in fp32/bf16/fp16 (test accuracy)
+                  and gpt-nano in fp32/bf16 (held-out loss); a table with the
+                  verdict of each pair (deploy/gpu_kit_report.py)
+         federation an aggregator + 2 sites with training.device = "cuda" and
+                  top-k compressed on the device, beside the same federation on
+                  the CPU: their last test accuracies within 1 point
+         throughput bench/compare_torch.sh --device cuda, mlp and cnn in fp32
+                  and bf16 against PyTorch eager on the same GPU
          profile  fedmesh train --model gpt2 --device cuda --precision bf16
                   --batch-size 16 --steps 20 --profile --json
          gpt2     bench/compare_torch_gpt.sh --device cuda --precision bf16
@@ -73,10 +87,20 @@ Options:
   --steps LIST      comma-separated steps of run
   --log-dir DIR     where run writes its logs (default: \$OUT when set, else KIT/logs)
   --gpt2-steps N    optimizer steps of the gpt2 comparison (default: 50)
+  --quiet           write each step's output to its log only and print its
+                    verdict lines (and its end when it failed)
+  --deadline S      the steps end by S seconds into the run: one still running
+                    then is stopped with what it started, and none starts in
+                    its last 20 s (each said in the summary; the run then exits
+                    nonzero), so that the report is written before a device
+                    call's limit
+  --bundle FILE     at the end, tar.gz the log directory into FILE; LOG_DIR
+                    also gets report.json (deploy/gpu_kit_report.py)
   -h, --help        show this help
 
-A device call, for example (carry names the kit):
-  run(command: "deploy/gpu_kit.sh run --log-dir \$OUT", carry: [".deps/gpu-kit"])
+A device call, for example (carry names the kit; \$OUT takes 8 files at most):
+  run(command: "deploy/gpu_kit.sh run --quiet --deadline 380 --log-dir /tmp/kit-logs
+       --bundle \$OUT/logs.tar.gz; cp /tmp/kit-logs/report.json \$OUT", carry: [".deps/gpu-kit"])
 EOF
 }
 
@@ -272,11 +296,113 @@ check_libraries() {
   echo "every library of $(ls "$KIT/bin" | wc -l) binaries and bible resolves (kit or host C/C++/CUDA)"
 }
 
+# compute-sanitizer over the CUDA op tests: memcheck over every test, racecheck
+# over those whose kernels use shared memory. Says so when the image has none.
+sanitize_step() {
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [[ -z $sanitizer ]]; then echo "compute-sanitizer: not on this machine (skipped)"; return 0; fi
+  # The sanitizer runs the real binaries (the wrappers are shell scripts).
+  local status=0 code tool test filter
+  local -a runs=(
+    "memcheck test_cuda_ops *"
+    "memcheck test_compression_kernels_cuda *"
+    "racecheck test_compression_kernels_cuda *TopK*:*Orthonormalize*"
+    "racecheck test_cuda_ops *Attention*:*LayerNorm*:*CrossEntropy*:*SquaredNorm*:*BiasGradients*"
+  )
+  local line
+  for line in "${runs[@]}"; do
+    read -r tool test filter <<< "$line"
+    echo "== compute-sanitizer --tool $tool $test --gtest_filter=$filter"
+    code=0
+    LD_LIBRARY_PATH=$LIBRARY_PATH_KIT timeout 60 "$sanitizer" --tool "$tool" --error-exitcode 99 \
+      "$KIT/bin/$test" --gtest_color=no --gtest_brief=1 "--gtest_filter=$filter" || code=$?
+    case $code in 0) echo "RESULT $tool $test: clean" ;;
+                  124) echo "RESULT $tool $test: TIMED OUT (60 s)"; status=1 ;;
+                  *) echo "RESULT $tool $test: FAILED (exit $code)"; status=1 ;; esac
+  done
+  return $status
+}
+
+# fedmesh train on the GPU against the CPU, same seed, steps and data: mlp
+# and cnn in fp32, bf16 and fp16, and gpt-nano. One JSON summary per run in
+# LOG_DIR/train/; the table (and report.json's "train") compares them.
+train_step() {
+  local model precision device code status=0 out
+  mkdir -p "$LOG_DIR/train"
+  local -a runs=(mlp:fp32 mlp:bf16 mlp:fp16 cnn:fp32 cnn:bf16 cnn:fp16 gpt-nano:fp32 gpt-nano:bf16)
+  local run
+  for run in "${runs[@]}"; do
+    model=${run%%:*} precision=${run#*:}
+    for device in cpu cuda; do
+      out=$LOG_DIR/train/$model-$precision-$device.jsonl
+      local -a args=(--model "$model" --device "$device" --precision "$precision" --seed 7 --json --threads 8)
+      if [[ $model == gpt-* ]]; then
+        args+=(--steps 60 --batch-size 8 --test-limit 64 --log-every 20)
+      else
+        args+=(--data "$DATA" --steps 150 --batch-size 64 --test-limit 1024 --log-every 50)
+      fi
+      code=0
+      timeout 60 "$WRAPPED/fedmesh" train "${args[@]}" > "$out" 2> "${out%.jsonl}.err" || code=$?
+      echo "$model $precision $device: exit $code"
+      [[ $code -eq 0 ]] || { tail -n 5 "${out%.jsonl}.err"; [[ $device == cpu && $precision == fp16 ]] || status=1; }
+    done
+  done
+  python3 "$ROOT/deploy/gpu_kit_report.py" train "$LOG_DIR/train" || status=1
+  return $status
+}
+
+# A federation on the GPU: an aggregator and 2 sites training on the one GPU
+# with top-k compressed on the device, beside the same federation on the CPU
+# (same seed, data and rounds); their last test accuracies side by side.
+federation_step() {
+  local device port dir status=0
+  local -a pids=() aggregators=()
+  for device in cuda cpu; do
+    [[ $device == cuda ]] && port=7610 || port=7710
+    dir=$LOG_DIR/federation-$device
+    rm -rf "$dir"
+    bash "$ROOT/deploy/local_federation.sh" --fedmesh "$WRAPPED/fedmesh" --dir "$dir" --sites 2 --port "$port" \
+      --metrics-port $((port + 50)) --rounds 6 --local-steps 40 --model mlp --partition iid \
+      --agg "validation = \"$DATA\"" --agg "validation_limit = 1024" \
+      --site "data.source = \"$DATA\"" --site "training.device = \"$device\"" \
+      --site "compression.device = \"$device\"" --site 'compression.default = "topk:0.05"' > /dev/null || return 1
+    ( timeout 120 "$WRAPPED/fedmesh" aggregator --config "$dir/agg.toml" > "$dir/aggregator.log" 2>&1 ) &
+    aggregators+=($!)
+    local k
+    for k in 0 1; do
+      ( timeout 120 "$WRAPPED/fedmesh" node --config "$dir/site-$k.toml" > "$dir/site-$k.log" 2>&1 ) &
+      pids+=($!)
+    done
+  done
+  # The sites end after their last round (or fail at once); an aggregator
+  # left without sites is given 20 s to finish, then stopped.
+  local pid waited
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  for pid in "${aggregators[@]}"; do
+    for ((waited = 0; waited < 20; waited++)); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    wait "$pid" || status=1
+  done
+  for device in cuda cpu; do
+    echo "== federation on $device"; grep -E "^round .* test accuracy|error|refused" "$LOG_DIR/federation-$device/aggregator.log" | tail -n 8
+    grep -iE "error|fail" "$LOG_DIR"/federation-$device/site-*.log | tail -n 5 || true
+  done
+  python3 "$ROOT/deploy/gpu_kit_report.py" federation "$LOG_DIR" || status=1
+  return $status
+}
+
 run_step() {
   local step=$1
   case $step in
     check) check_libraries ;;
-    doctor) "$WRAPPED/fedmesh" doctor --json ;;
+    doctor)
+      if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+      else
+        echo "nvidia-smi: not on this machine"
+      fi
+      "$WRAPPED/fedmesh" doctor --json ;;
     smoke)
       "$WRAPPED/fedmesh" train --model gpt-nano --device cpu --steps 2 --batch-size 4 --test-limit 4 --threads 1 \
         --json ;;
@@ -286,11 +412,24 @@ run_step() {
       for test in test_device test_cuda_ops test_compression_kernels_cuda test_device_training_cuda test_communicator_nccl; do
         echo "== $test"
         code=0
-        timeout 300 "$WRAPPED/$test" --gtest_color=no || code=$?
+        timeout 120 "$WRAPPED/$test" --gtest_color=no || code=$?
         case $code in 0) results+=("$test: passed") ;; 77) results+=("$test: skipped") ;;
                       *) results+=("$test: FAILED (exit $code)"); status=1 ;; esac
       done
       printf '%s\n' "${results[@]}"
+      return $status ;;
+    sanitize) sanitize_step ;;
+    train) train_step ;;
+    federation) federation_step ;;
+    throughput)
+      # mlp and cnn on the GPU against PyTorch eager on the same GPU (fp32 and bf16).
+      local precision status=0
+      for precision in fp32 bf16; do
+        echo "== throughput $precision"
+        timeout 100 bash "$ROOT/bench/compare_torch.sh" --device cuda --precision "$precision" --models mlp,cnn \
+          --batch-size 256 --steps 300 --threads 8 --no-compile --no-install --data-dir "$DATA" \
+          --fedmesh "$WRAPPED/fedmesh" --out-dir "$LOG_DIR/throughput-$precision" || status=$?
+      done
       return $status ;;
     profile)
       "$WRAPPED/fedmesh" train --model gpt2 --device cuda --precision bf16 --batch-size 16 --steps 20 \
@@ -301,6 +440,26 @@ run_step() {
   esac
 }
 
+# Stops PID and every process below it.
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+
+# run_step, stopped (with everything it started) at the --deadline if any.
+run_with_deadline() {
+  [[ $DEADLINE -gt 0 ]] || { run_step "$1"; return; }
+  run_step "$1" &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null && [[ $SECONDS -lt $DEADLINE ]]; do sleep 1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "gpu_kit: step $1 stopped at the --deadline of ${DEADLINE}s"
+    kill_tree "$pid"
+  fi
+  wait "$pid"
+}
+
 run() {
   [[ -d $KIT/debs && -f $KIT/MANIFEST ]] || die "$KIT holds no kit: run deploy/gpu_kit.sh pack here first and carry it"
   local -a steps summary=()
@@ -309,8 +468,8 @@ run() {
   IFS=',' read -r -a asked <<< "$STEPS"
   steps=(check)
   for step in "${asked[@]}"; do
-    [[ $step =~ ^(check|doctor|smoke|tests|profile|gpt2)$ ]] ||
-      die "unknown step '$step' (expected check, doctor, smoke, tests, profile or gpt2)"
+    [[ $step =~ ^(check|doctor|smoke|tests|sanitize|train|federation|throughput|profile|gpt2)$ ]] ||
+      die "unknown step '$step' (expected one of ${STEPS_DEFAULT//,/, })"
     [[ $step == check ]] || steps+=("$step")
   done
   mkdir -p "$LOG_DIR"
@@ -330,24 +489,43 @@ run() {
   printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q -p %q "$@"\n' "$LIBRARY_PATH_KIT" \
     "$PREFIX/usr/bin/bible" "$PREFIX/usr/lib" > "$WRAPPED/bible"
   chmod +x "$WRAPPED"/*
-  export FEDMESH_BIBLE=$WRAPPED/bible FEDMESH_TEST_FASHION_MNIST_DIR=$KIT/data/fashion-mnist
+  DATA=$KIT/data/fashion-mnist
+  export FEDMESH_BIBLE=$WRAPPED/bible FEDMESH_TEST_FASHION_MNIST_DIR=$DATA
 
   local status failed=0 start
   for step in "${steps[@]}"; do
+    if [[ $DEADLINE -gt 0 && $SECONDS -ge $((DEADLINE - 20)) ]]; then
+      summary+=("$(printf '%-10s not run: too close to the --deadline of %ss' "$step" "$DEADLINE")")
+      failed=1
+      continue
+    fi
     say "step $step (log: $LOG_DIR/$step.log)"
     start=$SECONDS
     set +e
-    run_step "$step" > >(tee "$LOG_DIR/$step.log") 2>&1
-    status=$?
+    if [[ $QUIET == 1 ]]; then
+      run_with_deadline "$step" > "$LOG_DIR/$step.log" 2>&1
+      status=$?
+      # The step's verdict lines, or its end when it failed.
+      grep -E "^(RESULT|test_[a-z_]+: |\[  FAILED  \]|federation on|GPU - CPU|[a-z-]+ +(fp32|bf16|fp16) )|ERROR|MISSED|error" \
+        "$LOG_DIR/$step.log" | head -n 60 || true
+      [[ $status -eq 0 ]] || tail -n 25 "$LOG_DIR/$step.log"
+    else
+      run_with_deadline "$step" > >(tee "$LOG_DIR/$step.log") 2>&1
+      status=$?
+    fi
     set -e
-    summary+=("$(printf '%-8s exit %-3s %4ss' "$step" "$status" $((SECONDS - start)))")
+    summary+=("$(printf '%-10s exit %-3s %4ss' "$step" "$status" $((SECONDS - start)))")
     if [[ $status -ne 0 ]]; then
       failed=1
       [[ $step == check ]] && break   # nothing runs without its libraries
     fi
   done
   sleep 0.2   # let tee flush
-  printf '%s\n' "--- gpu_kit steps (logs in $LOG_DIR)" "${summary[@]}"
+  printf '%s\n' "--- gpu_kit steps (logs in $LOG_DIR)" "${summary[@]}" | tee "$LOG_DIR/summary.txt"
+  python3 "$ROOT/deploy/gpu_kit_report.py" report "$LOG_DIR" || true
+  if [[ -n $BUNDLE ]]; then
+    tar -czf "$BUNDLE" --exclude='*.db' --exclude='*.db-*' -C "$LOG_DIR" . && say "logs bundled in $BUNDLE ($(du -h "$BUNDLE" | cut -f1))"
+  fi
   return $failed
 }
 
@@ -355,7 +533,7 @@ main() {
   [[ $# -gt 0 ]] || { usage >&2; exit 2; }
   local command=$1; shift
   local build=${FEDMESH_BUILD_DIR:-build}
-  STEPS=$STEPS_DEFAULT LOG_DIR=${OUT:-} GPT2_STEPS=50
+  STEPS=$STEPS_DEFAULT LOG_DIR=${OUT:-} GPT2_STEPS=50 BUNDLE= QUIET=0 DEADLINE=0
   case $command in -h|--help) usage; return 0 ;; pack|run) ;; *) usage >&2; die "unknown command '$command'" ;; esac
   while [[ $# -gt 0 ]]; do
     case $1 in
@@ -363,6 +541,9 @@ main() {
       --kit) [[ $# -ge 2 ]] || die "--kit needs a directory"; KIT=$(readlink -f -- "$2"); shift 2 ;;
       --steps) [[ $# -ge 2 ]] || die "--steps needs a list"; STEPS=$2; shift 2 ;;
       --log-dir) [[ $# -ge 2 ]] || die "--log-dir needs a directory"; LOG_DIR=$2; shift 2 ;;
+      --quiet) QUIET=1; shift ;;
+      --deadline) [[ $# -ge 2 && $2 =~ ^[0-9]+$ ]] || die "--deadline needs seconds"; DEADLINE=$2; shift 2 ;;
+      --bundle) [[ $# -ge 2 ]] || die "--bundle needs a file"; BUNDLE=$(readlink -f -- "$2"); shift 2 ;;
       --gpt2-steps) [[ $# -ge 2 && $2 =~ ^[0-9]+$ && $2 -ge 2 ]] || die "--gpt2-steps needs an integer >= 2"
                     GPT2_STEPS=$2; shift 2 ;;
       -h|--help) usage; return 0 ;;

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Reads the logs of deploy/gpu_kit.sh run and says what they hold.
+
+  gpu_kit_report.py train DIR        the GPU-vs-CPU training table of DIR/*.jsonl;
+                                     exit 1 if a GPU run failed or disagrees
+  gpu_kit_report.py federation LOG   the GPU and CPU federations' last test
+                                     accuracies; exit 1 unless both finished
+                                     all their rounds within 1 point
+  gpu_kit_report.py report LOG       LOG/report.json: every step's exit code and
+                                     time, the device, the tests, the sanitizer,
+                                     training, federation and throughput results
+
+Python's standard library only (it runs on the GPU machine's python3).
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+# How far the GPU may be from the CPU run of the same seed and steps. Image
+# models: test accuracy in points (reductions run in another order, so the
+# runs drift apart step by step, more in half precision). Language models:
+# held-out loss in nats.
+ACCURACY_POINTS = {"fp32": 1.5, "bf16": 3.0, "fp16": 3.0}
+LOSS_NATS = {"fp32": 0.05, "bf16": 0.15, "fp16": 0.15}
+FEDERATION_POINTS = 1.0
+
+
+def last_summary(path):
+    """The last {"event":"summary"} line of a JSON-lines file, or None."""
+    summary = None
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("event") == "summary":
+                    summary = event
+    except OSError:
+        return None
+    return summary
+
+
+def train_table(directory):
+    """Rows of (model, precision) with the CPU and GPU summaries side by side."""
+    rows = []
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.jsonl"))):
+        name = os.path.basename(path)[: -len(".jsonl")]
+        model_precision, device = name.rsplit("-", 1)
+        model, precision = model_precision.rsplit("-", 1)
+        runs.setdefault((model, precision), {})[device] = last_summary(path)
+    for (model, precision), by_device in sorted(runs.items()):
+        cpu, gpu = by_device.get("cpu"), by_device.get("cuda")
+        row = {"model": model, "precision": precision}
+        for device, summary in (("cpu", cpu), ("cuda", gpu)):
+            if summary:
+                row[device] = {key: summary.get(key) for key in
+                               ("test_accuracy", "test_loss", "train_loss", "samples_per_second", "steps",
+                                "skipped_steps")}
+            else:
+                row[device] = None
+        language = model.startswith("gpt")
+        if cpu and gpu:
+            if language:
+                row["loss_difference"] = gpu["test_loss"] - cpu["test_loss"]
+                row["agrees"] = abs(row["loss_difference"]) <= LOSS_NATS[precision]
+            else:
+                row["accuracy_points"] = 100.0 * (gpu["test_accuracy"] - cpu["test_accuracy"])
+                row["agrees"] = abs(row["accuracy_points"]) <= ACCURACY_POINTS[precision]
+        elif gpu:
+            # The CPU may refuse a precision (fp16): the GPU run still counts
+            # if it learned at all.
+            row["agrees"] = None
+        else:
+            row["agrees"] = False
+        rows.append(row)
+    return rows
+
+
+def print_train(rows):
+    print(f"{'model':<9} {'prec':<5} {'cpu acc':>8} {'gpu acc':>8} {'cpu loss':>9} {'gpu loss':>9} "
+          f"{'cpu sps':>9} {'gpu sps':>10}  verdict")
+
+    def cell(row, device, key, fmt):
+        value = (row.get(device) or {}).get(key)
+        return format(value, fmt) if isinstance(value, (int, float)) else "n/a"
+
+    for row in rows:
+        verdict = {True: "agree", False: "DISAGREE", None: "gpu only"}[row["agrees"]]
+        if "accuracy_points" in row:
+            verdict += f" ({row['accuracy_points']:+.2f} points)"
+        if "loss_difference" in row:
+            verdict += f" ({row['loss_difference']:+.4f} nats)"
+        print(f"{row['model']:<9} {row['precision']:<5} {cell(row, 'cpu', 'test_accuracy', '8.4f'):>8} "
+              f"{cell(row, 'cuda', 'test_accuracy', '8.4f'):>8} {cell(row, 'cpu', 'test_loss', '9.4f'):>9} "
+              f"{cell(row, 'cuda', 'test_loss', '9.4f'):>9} {cell(row, 'cpu', 'samples_per_second', '9.0f'):>9} "
+              f"{cell(row, 'cuda', 'samples_per_second', '10.0f'):>10}  {verdict}")
+
+
+ROUND = re.compile(r"^round (\d+) -> version (\d+): (\d+) updates\s+test accuracy ([0-9.]+)%")
+
+
+def federation_result(log_dir, device):
+    path = os.path.join(log_dir, f"federation-{device}", "aggregator.log")
+    rounds = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                match = ROUND.match(line)
+                if match:
+                    rounds.append({"round": int(match.group(1)), "updates": int(match.group(3)),
+                                   "test_accuracy": float(match.group(4)) / 100.0})
+    except OSError:
+        return None
+    expected = None
+    try:
+        with open(os.path.join(log_dir, f"federation-{device}", "agg.toml")) as f:
+            for line in f:
+                if line.startswith("rounds ="):
+                    expected = int(line.split("=")[1])
+    except OSError:
+        pass
+    return {"rounds": rounds, "rounds_expected": expected,
+            "final_accuracy": rounds[-1]["test_accuracy"] if rounds else None}
+
+
+def federation(log_dir):
+    results = {device: federation_result(log_dir, device) for device in ("cuda", "cpu")}
+    ok = True
+    for device, result in results.items():
+        if not result or result["final_accuracy"] is None:
+            print(f"federation on {device}: no round finished")
+            ok = False
+            continue
+        finished = len(result["rounds"])
+        print(f"federation on {device}: {finished}/{result['rounds_expected']} rounds, "
+              f"last test accuracy {100 * result['final_accuracy']:.2f}%")
+        if result["rounds_expected"] and finished < result["rounds_expected"]:
+            ok = False
+    if ok:
+        gap = 100.0 * (results["cuda"]["final_accuracy"] - results["cpu"]["final_accuracy"])
+        results["points"] = gap
+        results["agrees"] = abs(gap) <= FEDERATION_POINTS
+        print(f"GPU - CPU: {gap:+.2f} points ({'within' if results['agrees'] else 'NOT within'} "
+              f"{FEDERATION_POINTS} point)")
+        ok = results["agrees"]
+    return results, ok
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def json_lines(text):
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def report(log_dir):
+    result = {"steps": []}
+    for line in read(os.path.join(log_dir, "summary.txt")).splitlines():
+        match = re.match(r"^(\S+)\s+exit (\d+)\s+(\d+)s", line)
+        if match:
+            result["steps"].append({"step": match.group(1), "exit": int(match.group(2)),
+                                    "seconds": int(match.group(3))})
+    doctor = read(os.path.join(log_dir, "doctor.log"))
+    gpus = [line for line in doctor.splitlines() if "," in line and not line.startswith(("{", "name"))]
+    result["gpu"] = gpus[0] if gpus else None
+    doctor_json = [event for event in json_lines(doctor)]
+    result["doctor"] = doctor_json[-1] if doctor_json else None
+    tests = read(os.path.join(log_dir, "tests.log"))
+    result["tests"] = re.findall(r"^(test_\w+: .*)$", tests, re.M)
+    result["tests_failed"] = re.findall(r"^\[  FAILED  \] (\S+)", tests, re.M)
+    result["sanitize"] = re.findall(r"^RESULT (.*)$", read(os.path.join(log_dir, "sanitize.log")), re.M)
+    if os.path.isdir(os.path.join(log_dir, "train")):
+        result["train"] = train_table(os.path.join(log_dir, "train"))
+    if os.path.isdir(os.path.join(log_dir, "federation-cuda")):
+        result["federation"] = {device: federation_result(log_dir, device) for device in ("cuda", "cpu")}
+    throughput = [r for r in json_lines(read(os.path.join(log_dir, "throughput.log")))
+                  if r.get("benchmark") == "fedmesh_vs_pytorch"]
+    result["throughput"] = [{key: r.get(key) for key in
+                             ("model", "precision", "batch_size", "device_name", "fedmesh_samples_per_second",
+                              "pytorch_samples_per_second", "ratio", "fedmesh_test_accuracy",
+                              "pytorch_test_accuracy", "errors")} for r in throughput]
+    profile = [event for event in json_lines(read(os.path.join(log_dir, "profile.log")))
+               if event.get("event") == "summary"]
+    result["profile"] = profile[-1] if profile else None
+    with open(os.path.join(log_dir, "report.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"report: {os.path.join(log_dir, 'report.json')}")
+    return True
+
+
+def main(argv):
+    if len(argv) != 3 or argv[1] not in ("train", "federation", "report"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv[1] == "train":
+        rows = train_table(argv[2])
+        print_train(rows)
+        return 0 if rows and all(row["agrees"] is not False for row in rows) else 1
+    if argv[1] == "federation":
+        _, ok = federation(argv[2])
+        return 0 if ok else 1
+    return 0 if report(argv[2]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -181,10 +181,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The device's attention (batched GEMMs around the softmax rows, head by head
 // over chunks of sequences) against the CPU's on random inputs: in one chunk
-// and in chunks of one sequence it gives the same bits, and the CPU's values
-// within rounding (fp32: 1e-5 relative L2; bf16, whose probabilities and their
-// gradients are rounded to bf16 for the GEMMs: 2e-2). Odd sizes: 19 positions,
-// 3 sequences.
+// and in chunks of one sequence it gives the same values within rounding
+// (not the same bits: cuBLASLt may sum batches of another count in another
+// order, as it did on an H200), and the CPU's values within rounding (fp32:
+// 1e-5 relative L2; bf16, whose probabilities and their gradients are rounded
+// to bf16 for the GEMMs: 2e-2). Odd sizes: 19 positions, 3 sequences.
 TEST(DeviceAttention, ChunksOfSequencesMatchTheCpu) {
   REQUIRE_DEVICE();
   const AttentionShape s{3, 19, 2, 8};
@@ -196,13 +197,11 @@ TEST(DeviceAttention, ChunksOfSequencesMatchTheCpu) {
     for (int64_t i = 0; i < values.numel(); ++i) values.data<float>()[i] = normal(rng);
     return to_dtype(values, dtype);
   };
-  const auto same_bits = [](const Tensor& a, const Tensor& b) {
-    const Tensor x = a.to(Device::kCpu), y = b.to(Device::kCpu);
-    return x.nbytes() == y.nbytes() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
-  };
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(dtype_name(dtype));
     const double tolerance = dtype == DType::kF32 ? 1e-5 : 2e-2;
+    // Chunked against one chunk: fp32 rounding; in bf16 a value's last bit.
+    const double chunking = dtype == DType::kF32 ? 1e-6 : 1e-2;
     const Tensor qkv = random({s.batch, s.seq, 3 * width}, dtype);
     const Tensor dout = random({s.batch, s.seq, width}, dtype);
     const AttentionPass cpu = attention_pass(s, qkv, dout);
@@ -210,14 +209,15 @@ TEST(DeviceAttention, ChunksOfSequencesMatchTheCpu) {
     const AttentionPass one = attention_pass(s, device_qkv, device_dout);
     const AttentionPass split = attention_pass(s, device_qkv, device_dout, /*workspace_bytes=*/1);
 
-    EXPECT_TRUE(same_bits(one.out, split.out)) << "out";
-    EXPECT_TRUE(same_bits(one.saved, split.saved)) << "log-sum-exps";
-    EXPECT_TRUE(same_bits(one.dqkv, split.dqkv)) << "dqkv";
+    EXPECT_LE(relative_l2(one.out, split.out), chunking) << "out";
+    EXPECT_LE(relative_l2(one.saved, split.saved), 1e-6) << "log-sum-exps";
+    EXPECT_LE(relative_l2(one.dqkv, split.dqkv), chunking) << "dqkv";
     EXPECT_LE(relative_l2(one.out, cpu.out), tolerance) << "out";
     EXPECT_LE(relative_l2(one.saved, cpu.saved), 1e-5) << "log-sum-exps (fp32 arithmetic)";
     EXPECT_LE(relative_l2(one.dqkv, cpu.dqkv), tolerance) << "dqkv";
-    std::printf("attention %s: out %.3g, dqkv %.3g (relative L2 to the CPU)\n", dtype_name(dtype),
-                relative_l2(one.out, cpu.out), relative_l2(one.dqkv, cpu.dqkv));
+    std::printf("attention %s: out %.3g, dqkv %.3g (relative L2 to the CPU); chunked: out %.3g, dqkv %.3g\n",
+                dtype_name(dtype), relative_l2(one.out, cpu.out), relative_l2(one.dqkv, cpu.dqkv),
+                relative_l2(one.out, split.out), relative_l2(one.dqkv, split.dqkv));
   }
 }
 

@@ -437,8 +437,22 @@ void gemm_strided_batched(Stream, bool transpose_a, bool transpose_b, int64_t m,
     const std::vector<float> y = dense(b, b_type, i * stride_b, b_rows, b_cols, ldb);
     std::vector<float> product =
         beta != 0.0f ? dense(c, c_type, i * stride_c, m, n, ldc) : std::vector<float>(static_cast<size_t>(m * n));
-    sgemm(transpose_a, transpose_b, m, n, k, alpha, x.data(), std::max<int64_t>(a_cols, 1), y.data(),
-          std::max<int64_t>(b_cols, 1), beta, product.data(), n);
+    // cuBLASLt picks its algorithm by the whole problem, batch count
+    // included, so the same matrices in batches of another count may be
+    // summed in another order (split-K, other tiles): on an H200 one chunk of
+    // 3 sequences and chunks of 1 gave different bits. The emulation does the
+    // same, so that no test here relies on bits a GPU does not keep: batches
+    // of more than one sum K in two halves.
+    const int64_t split = batch > 1 && k > 1 ? k / 2 : k;
+    const int64_t lda_dense = std::max<int64_t>(a_cols, 1), ldb_dense = std::max<int64_t>(b_cols, 1);
+    sgemm(transpose_a, transpose_b, m, n, split, alpha, x.data(), lda_dense, y.data(), ldb_dense, beta,
+          product.data(), n);
+    if (split < k) {
+      const float* a_rest = transpose_a ? x.data() + split * a_cols : x.data() + split;
+      const float* b_rest = transpose_b ? y.data() + split : y.data() + split * b_cols;
+      sgemm(transpose_a, transpose_b, m, n, k - split, alpha, a_rest, lda_dense, b_rest, ldb_dense, 1.0f,
+            product.data(), n);
+    }
     for (int64_t r = 0; r < m; ++r) {
       narrow_from_f32(product.data() + r * n, element_at(c, c_type, i * stride_c + r * ldc), c_type, n);
     }

@@ -6,6 +6,8 @@
   gpu_kit_report.py federation LOG   the GPU and CPU federations' last test
                                      accuracies; exit 1 unless both finished
                                      all their rounds within 1 point
+  gpu_kit_report.py kernels CSV       the kernels of an Nsight Compute raw CSV
+                                     (gpu__time_duration.sum) summed by name
   gpu_kit_report.py report LOG       LOG/report.json: every step's exit code and
                                      time, the device, the tests, the sanitizer,
                                      training, federation and throughput results
@@ -154,6 +156,46 @@ def federation(log_dir):
     return results, ok
 
 
+def kernel_times(path):
+    """{kernel name: [launches, nanoseconds]} from `ncu --import R --csv --page raw`."""
+    import csv
+    totals = {}
+    with open(path, newline="", errors="replace") as f:
+        rows = list(csv.reader(f))
+    header = next((i for i, row in enumerate(rows) if "Kernel Name" in row), None)
+    if header is None:
+        raise ValueError(f"{path}: no 'Kernel Name' column")
+    columns = rows[header]
+    name_column = columns.index("Kernel Name")
+    time_column = next(i for i, c in enumerate(columns) if c.startswith("gpu__time_duration"))
+    scale = 1.0
+    for row in rows[header + 1:]:
+        if len(row) <= max(name_column, time_column):
+            continue
+        value = row[time_column].replace(",", "")
+        try:
+            duration = float(value)
+        except ValueError:
+            # The units row ("ns", "usecond", "msecond") under the header.
+            unit = value.lower()
+            scale = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}.get(unit, scale)
+            continue
+        name = row[name_column]
+        entry = totals.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += duration * scale
+    return totals
+
+
+def print_kernels(totals, top=30):
+    total = sum(ns for _, ns in totals.values())
+    launches = sum(count for count, _ in totals.values())
+    print(f"{launches} kernel launches, {total / 1e6:.2f} ms of device time in all")
+    print(f"{'ms':>9} {'share':>6} {'launches':>8}  kernel")
+    for name, (count, ns) in sorted(totals.items(), key=lambda item: -item[1][1])[:top]:
+        print(f"{ns / 1e6:9.3f} {100 * ns / total:5.1f}% {count:8d}  {name[:140]}")
+
+
 def read(path):
     try:
         with open(path, errors="replace") as f:
@@ -210,13 +252,17 @@ def report(log_dir):
 
 
 def main(argv):
-    if len(argv) != 3 or argv[1] not in ("train", "federation", "report"):
+    if len(argv) != 3 or argv[1] not in ("train", "federation", "kernels", "report"):
         print(__doc__, file=sys.stderr)
         return 2
     if argv[1] == "train":
         rows = train_table(argv[2])
         print_train(rows)
         return 0 if rows and all(row["agrees"] is not False for row in rows) else 1
+    if argv[1] == "kernels":
+        totals = kernel_times(argv[2])
+        print_kernels(totals)
+        return 0 if totals else 1
     if argv[1] == "federation":
         _, ok = federation(argv[2])
         return 0 if ok else 1

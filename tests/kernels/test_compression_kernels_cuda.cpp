@@ -31,6 +31,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -46,6 +47,14 @@ namespace fedmesh::kernels {
 namespace {
 
 constexpr std::array<size_t, 6> kSizes = {1, 7, 4095, 4096, 4097, 1'000'003};
+// The sizes the parity tests run: all of kSizes, or with FEDMESH_TEST_SANITIZER
+// set (deploy/gpu_kit.sh's racecheck runs, where a kernel runs hundreds of
+// times slower) those up to 4097, which still take every path of the
+// shared-memory kernels (a partial block, one full block, one more).
+std::span<const size_t> test_sizes() {
+  static const bool sanitizer = std::getenv("FEDMESH_TEST_SANITIZER") != nullptr;
+  return sanitizer ? std::span<const size_t>(kSizes).first(kSizes.size() - 1) : std::span<const size_t>(kSizes);
+}
 constexpr std::array<uint32_t, 3> kBlockSizes = {1, 256, 4096};
 
 // ---- helpers -----------------------------------------------------------------
@@ -185,7 +194,7 @@ TEST(CudaCompressionKernels, NamesItsDeviceOrSaysWhyThereIsNone) {
 // ---- elementwise -------------------------------------------------------------
 
 TEST_F(CudaParity, AddAndSubtractAreBitIdentical) {
-  for (const size_t n : kSizes) {
+  for (const size_t n : test_sizes()) {
     SCOPED_TRACE("n " + std::to_string(n));
     // Finite inputs over many magnitudes (sums may overflow to Inf on both;
     // NaN inputs are left out: x86 and CUDA propagate different NaN bits).
@@ -229,7 +238,7 @@ std::string describe(const BlockQuantization& q, size_t n) {
 }
 
 TEST_F(CudaParity, QuantizeIsBitIdentical) {
-  for (const size_t n : kSizes) {
+  for (const size_t n : test_sizes()) {
     const std::vector<float> x = awkward_values(n, 11 + n);
     for (const uint32_t block_size : kBlockSizes) {
       for (const int bits : {8, 4}) {
@@ -250,7 +259,7 @@ TEST_F(CudaParity, QuantizeIsBitIdentical) {
 }
 
 TEST_F(CudaParity, DequantizeIsBitIdentical) {
-  for (const size_t n : kSizes) {
+  for (const size_t n : test_sizes()) {
     const std::vector<float> x = awkward_values(n, 23 + n);
     for (const uint32_t block_size : kBlockSizes) {
       for (const int bits : {8, 4}) {
@@ -293,7 +302,7 @@ std::vector<float> cast_inputs() {
 
 TEST_F(CudaParity, CastsAreBitIdentical) {
   const std::vector<float> all = cast_inputs();
-  for (const size_t n : kSizes) {
+  for (const size_t n : test_sizes()) {
     const std::span<const float> x(all.data(), n);
     for (const HalfType type : {HalfType::kFp16, HalfType::kBf16}) {
       SCOPED_TRACE("n " + std::to_string(n) + (type == HalfType::kBf16 ? " bf16" : " fp16"));
@@ -341,7 +350,7 @@ TEST_F(CudaParity, TopKSelectsTheSameIndices) {
       TopKOptions{.exact_below = 0, .sample_fraction = 0.001, .seed = 77},  // 1024 samples: more refinements
   };
   int sampled_runs = 0;
-  for (const size_t n : kSizes) {
+  for (const size_t n : test_sizes()) {
     for (const bool tied : {false, true}) {
       const std::vector<float> x = tied ? tied_values(n, n) : normal_values(n, n);
       for (const uint64_t k : {uint64_t{1}, uint64_t{7}, uint64_t{n / 100 + 1}, uint64_t{n / 4}, uint64_t{n / 3 + 1},
@@ -398,7 +407,7 @@ TEST_F(CudaParity, DctMatchesWithinFp32Rounding) {
 
 TEST_F(CudaParity, ChunkTopKSelectsTheSameIndices) {
   // 5000 and 65536 are past the shared-memory sort (4096): the radix-sort path.
-  for (const size_t n : kSizes) {
+  for (const size_t n : test_sizes()) {
     for (const bool tied : {false, true}) {
       const std::vector<float> x = tied ? tied_values(n, 100 + n) : normal_values(n, 100 + n);
       for (const uint32_t chunk : {4096u, 1u, 7u, 256u, 4095u, 5000u, 65536u}) {

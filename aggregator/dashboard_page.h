@@ -1,5 +1,7 @@
-// The aggregator's operator dashboard: one self-contained HTML page (inline
-// CSS and JavaScript, the chart an inline SVG drawn by the script; no fonts,
+// The aggregator's operator dashboard: one self-contained HTML page, written
+// in aggregator/dashboard/ (dashboard.html, .css, .js) and put together at
+// build time by embed_page.py (inline CSS and JavaScript, the chart an inline
+// SVG drawn by the script; no fonts,
 // scripts or images from anywhere, so it works on a network with no way
 // out, and the endpoint's Content-Security-Policy forbids them anyway).
 //
@@ -21,6 +23,9 @@
 
 namespace fedmesh::aggregator {
 
+// The page, as served at /dashboard. Untrusted text (site names, rejection
+// reasons) reaches it only through textContent and setAttribute, never as
+// markup.
 std::string_view dashboard_page();
 
 }  // namespace fedmesh::aggregator

@@ -29,8 +29,8 @@ Status commit_manager_round(store::CheckpointStore& store, RoundManager& manager
                       {"rng", rng_json(manager_state->rng)},
                       {"server_steps", manager_state->server_steps}, {"accepted", manager_state->accepted},
                       {"refused", manager_state->refused}, {"applied_ids", manager_state->applied_ids},
-                      {"model_hash", hash_hex(manager_state->link.hash)},
-                      {"parent_hash", hash_hex(manager_state->link.parent)}};
+                      {"model_hash", federation::hash_hex(manager_state->link.hash)},
+                      {"parent_hash", federation::hash_hex(manager_state->link.parent)}};
   store::RoundToCommit commit;
   commit.round = record.round;
   commit.model_version = record.version;
@@ -42,7 +42,7 @@ Status commit_manager_round(store::CheckpointStore& store, RoundManager& manager
   }
   metrics["updates"] = record.applied.size();
   metrics["staleness"] = staleness;
-  metrics["model_hash"] = hash_hex(record.link.hash);
+  metrics["model_hash"] = federation::hash_hex(record.link.hash);
   commit.metrics_json = metrics.dump();
   commit.state_json = state.dump();
   commit.replay_counters = replay_counters;
@@ -72,8 +72,8 @@ Result<nlohmann::json> restore_manager(const store::LoadedCheckpoint& checkpoint
     manager_state.refused = m.at("refused").get<int64_t>();
     manager_state.applied_ids = m.at("applied_ids").get<std::vector<std::string>>();
     manager_state.link.version = manager_state.version;
-    Result<crypto::Hash> model_hash = parse_hash_hex(m.at("model_hash").get<std::string>());
-    Result<crypto::Hash> parent_hash = parse_hash_hex(m.at("parent_hash").get<std::string>());
+    Result<crypto::Hash> model_hash = federation::parse_hash_hex(m.at("model_hash").get<std::string>());
+    Result<crypto::Hash> parent_hash = federation::parse_hash_hex(m.at("parent_hash").get<std::string>());
     if (!model_hash.is_ok()) return model_hash.status();
     if (!parent_hash.is_ok()) return parent_hash.status();
     manager_state.link.hash = *model_hash;

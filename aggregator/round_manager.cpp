@@ -47,7 +47,7 @@ Result<RoundManager> RoundManager::create(RoundOptions options, std::vector<std:
   RoundManager manager(std::move(options), std::move(names), std::move(model));
   manager.server_ = std::move(*server);
   manager.link_.version = 0;
-  manager.link_.hash = model_version_hash(0, manager.link_.parent, manager.names_, manager.model_);
+  manager.link_.hash = federation::model_version_hash(0, manager.link_.parent, manager.names_, manager.model_);
   return manager;
 }
 
@@ -72,7 +72,7 @@ Status RoundManager::restore(const RoundManagerState& state) {
     return invalid_argument("round manager state out of range");
   }
   if (state.link.version != state.version) return invalid_argument("round manager state: chain link of another version");
-  FEDMESH_RETURN_IF_ERROR(verify_model(state.link, names_, model_));
+  FEDMESH_RETURN_IF_ERROR(federation::verify_model(state.link, names_, model_));
   version_ = state.version;
   round_ = state.round;
   rng_.set_state(state.rng);
@@ -321,10 +321,10 @@ Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
   for (size_t i = 0; i < model_.size(); ++i) step.push_back({names_[i], &model_[i], &delta_views[i]});
   FEDMESH_RETURN_IF_ERROR(server_->step(step));
   ++version_;
-  ChainLink next;
+  federation::ChainLink next;
   next.version = version_;
   next.parent = link_.hash;
-  next.hash = model_version_hash(version_, next.parent, names_, model_);
+  next.hash = federation::model_version_hash(version_, next.parent, names_, model_);
   link_ = next;
 
   RoundRecord record;

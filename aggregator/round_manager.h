@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "aggregator/exact_accumulator.h"
-#include "aggregator/model_chain.h"
+#include "federation/model_chain.h"
 #include "aggregator/server_optimizer.h"
-#include "aggregator/staleness.h"
+#include "federation/staleness.h"
 #include "base/random.h"
 #include "base/status.h"
 #include "kernels/tensor.h"
@@ -50,7 +50,7 @@ struct RoundOptions {
   bool fold_late_updates = false;  // sync: late updates join the next round, weighted by s(tau)
   int64_t buffer_size = 4;         // async FedBuff: updates per server step
   double fedasync_mixing = 0.0;    // async: > 0 selects FedAsync with this alpha (buffer size ignored)
-  StalenessFunction staleness;
+  federation::StalenessFunction staleness;
   // Aggregation
   std::string rule = "mean";       // mean | median | trimmed_mean | krum
   double trim_beta = 0.2;          // trimmed_mean
@@ -90,7 +90,7 @@ struct AppliedUpdateRecord {
 struct RoundRecord {
   int64_t round = 0;
   int64_t version = 0;  // the model version the step produced
-  ChainLink link;       // its place in the model hash chain
+  federation::ChainLink link;       // its place in the model hash chain
   std::vector<AppliedUpdateRecord> applied;
   double mean_local_loss = 0.0, mean_local_accuracy = 0.0;
   bool closed_by_deadline = false;
@@ -104,7 +104,7 @@ struct RoundManagerState {
   int64_t server_steps = 0;
   int64_t accepted = 0, refused = 0;
   std::vector<std::string> applied_ids;
-  ChainLink link;  // the current version's
+  federation::ChainLink link;  // the current version's
 };
 
 class RoundManager {
@@ -114,7 +114,7 @@ class RoundManager {
 
   int64_t version() const { return version_; }
   // The current version's link in the model hash chain.
-  const ChainLink& link() const { return link_; }
+  const federation::ChainLink& link() const { return link_; }
   int64_t round() const { return round_; }
   bool round_open() const { return round_open_; }
   const std::vector<std::string>& sampled() const { return sampled_; }
@@ -175,7 +175,7 @@ class RoundManager {
   std::vector<SiteUpdate> buffer_;               // updates of the round (or async buffer)
   std::vector<AppliedUpdateRecord> buffer_info_;  // their weights and norms
   std::vector<std::string> applied_ids_;          // ids ever applied (the store keeps them durably)
-  ChainLink link_;
+  federation::ChainLink link_;
   int64_t accepted_ = 0, refused_ = 0;
 };
 

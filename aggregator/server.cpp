@@ -19,170 +19,19 @@
 #include "base/prometheus.h"
 #include "crypto/keys.h"
 #include "crypto/roster.h"
-#include "crypto/toml_input.h"
-#include "node/data/fashion_mnist.h"
-#include "node/data/text_corpus.h"
-#include "node/data/tokenized_text.h"
-#include "node/model.h"
-#include "node/trainer.h"
+#include "train/data/fashion_mnist.h"
+#include "train/data/text_corpus.h"
+#include "train/data/tokenized_text.h"
+#include "train/model.h"
+#include "train/trainer.h"
 #include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
 #include "protocol/model_transfer.h"
 #include "protocol/secagg_wire.h"
 #include "protocol/update_service.h"
+#include "store/pending_payload.h"
 
 namespace fedmesh::aggregator {
-
-Status AggregatorConfig::validate() const {
-  if (federation.empty()) return invalid_argument("federation is required");
-  FEDMESH_RETURN_IF_ERROR(protocol::parse_fault_plan(faults).status());
-  if (keys.empty() || roster.empty() || admin_public.empty()) {
-    return invalid_argument("keys, roster and admin_public are required");
-  }
-  if (rounds < 0) return invalid_argument("rounds must be >= 0");
-  if (local_steps < 1) return invalid_argument("local_steps must be >= 1");
-  if (min_sites < 1) return invalid_argument("min_sites must be >= 1");
-  if (!(site_timeout_seconds > 0.0)) return invalid_argument("site_timeout_seconds must be > 0");
-  if (!(linger_seconds >= 0.0)) return invalid_argument("linger_seconds must be >= 0");
-  if (validation_limit < 0) return invalid_argument("validation_limit must be >= 0");
-  if (!tokenizer.empty() && !node::language_model_config(model)) {
-    return invalid_argument("tokenizer applies to the language models (gpt-*), not to model '" + model + "'");
-  }
-  if (!metrics.empty()) {
-    std::string host;
-    int port = 0;
-    if (Status s = parse_host_port(metrics, host, port); !s.is_ok()) return invalid_argument("metrics: " + s.message());
-    if (!metrics_token.empty()) {
-      if (Status s = check_access_token(metrics_token); !s.is_ok()) return invalid_argument("metrics_token: " + s.message());
-    } else if (!is_loopback_host(host)) {
-      return invalid_argument("metrics = \"" + metrics + "\" serves /dashboard, /status and /metrics beyond this machine: "
-                              "set metrics_token (or --metrics-token, or FEDMESH_METRICS_TOKEN) to an access token of at "
-                              "least " + std::to_string(kMinAccessTokenChars) + " characters (e.g. `openssl rand -hex "
-                              "32`), or bind it to 127.0.0.1");
-    }
-  }
-  if (privacy_mode != "trusted" && privacy_mode != "private") {
-    return invalid_argument("privacy.mode must be trusted or private, not '" + privacy_mode + "'");
-  }
-  if (is_private()) {
-    if (rounds_options.asynchronous) {
-      return invalid_argument("privacy.mode = \"private\" needs rounds_mode = \"sync\": secure aggregation sums one "
-                              "round's sites together, and FedBuff/FedAsync apply updates one by one");
-    }
-    if (rounds_options.rule != "mean") {
-      return invalid_argument("rule '" + rounds_options.rule + "' needs each site's update, which privacy.mode = "
-                              "\"private\" hides from the aggregator (secure aggregation reveals only the sum): use "
-                              "rule = \"mean\", or privacy.mode = \"trusted\" for median, trimmed mean and Krum");
-    }
-    if (rounds_options.norm_bound > 0.0) {
-      return invalid_argument("norm_bound: in private mode the aggregator never sees an update to bound; sites clip "
-                              "theirs before masking, to secure_aggregation.clip");
-    }
-    if (rounds_options.fold_late_updates) {
-      return invalid_argument("fold_late_updates: a late site's masked input cannot join another round's sum");
-    }
-  }
-  if (dp_noise_multiplier < 0.0) return invalid_argument("dp.noise_multiplier must be >= 0");
-  if (dp_noise_multiplier > 0.0 && !is_private()) {
-    return invalid_argument("dp.noise_multiplier: site-level DP-FedAvg needs privacy.mode = \"private\", whose "
-                            "equal-weight sum of clipped updates bounds what one site changes (to "
-                            "secure_aggregation.clip)");
-  }
-  if (!(dp_delta > 0.0 && dp_delta < 1.0)) return invalid_argument("dp.delta must be in (0, 1)");
-  if (dp_target_epsilon < 0.0) return invalid_argument("dp.target_epsilon must be >= 0");
-  if (dp_target_epsilon > 0.0 && dp_noise_multiplier <= 0.0) {
-    return invalid_argument("dp.target_epsilon needs dp.noise_multiplier > 0");
-  }
-  FEDMESH_RETURN_IF_ERROR(store_options.validate());
-  return rounds_options.validate();
-}
-
-Result<AggregatorConfig> read_aggregator_config(const std::string& path, const AggregatorConfigOverrides& overrides) {
-  Result<toml::table> table = crypto::read_toml_file(path);
-  if (!table.is_ok()) return table.status();
-  AggregatorConfig c;
-  crypto::ConfigReader r(*table, path);
-  r.require("federation", c.federation);
-  r.read("name", c.name);
-  r.read("listen", c.listen);
-  r.require("keys", c.keys);
-  r.require("roster", c.roster);
-  r.require("admin_public", c.admin_public);
-  r.read("store", c.store);
-  r.read("metrics", c.metrics);
-  r.read("metrics_token", c.metrics_token);
-  r.read("model", c.model);
-  r.read("seed", c.seed);
-  r.read("rounds", c.rounds);
-  r.read("local_steps", c.local_steps);
-  r.read("min_sites", c.min_sites);
-  r.read("site_timeout_seconds", c.site_timeout_seconds);
-  r.read("linger_seconds", c.linger_seconds);
-  r.read("transport.faults", c.faults);
-  r.read("validation", c.validation);
-  r.read("validation_limit", c.validation_limit);
-  r.read("tokenizer", c.tokenizer);
-  r.read("keep_last", c.store_options.keep_last);
-  r.read("privacy.mode", c.privacy_mode);
-  int64_t threshold = 0, fraction_bits = c.secure.fraction_bits;
-  double clip = c.secure.clip;
-  r.read("secure_aggregation.threshold", threshold);
-  r.read("secure_aggregation.phase_seconds", c.secure.phase_seconds);
-  r.read("secure_aggregation.clip", clip);
-  r.read("secure_aggregation.fraction_bits", fraction_bits);
-  if (threshold < 0 || threshold > 255) return invalid_argument(path + ": secure_aggregation.threshold must be in 0..255");
-  if (fraction_bits < 0 || fraction_bits > 24) return invalid_argument(path + ": secure_aggregation.fraction_bits must be in 0..24");
-  c.secure.threshold = static_cast<uint32_t>(threshold);
-  c.secure.fraction_bits = static_cast<int>(fraction_bits);
-  c.secure.clip = static_cast<float>(clip);
-  r.read("dp.noise_multiplier", c.dp_noise_multiplier);
-  r.read("dp.delta", c.dp_delta);
-  r.read("dp.target_epsilon", c.dp_target_epsilon);
-  c.store_options.best_metric = "test_accuracy";
-  RoundOptions& o = c.rounds_options;
-  std::string mode = "sync", strategy = "fedavg", rule = "mean", staleness = "polynomial:0.5";
-  int64_t max_staleness = -1;
-  double server_lr = 0.0;
-  r.read("rounds_mode", mode);
-  r.read("sites_per_round", o.sites_per_round);
-  r.read("min_updates", o.min_updates);
-  r.read("deadline_seconds", o.round_deadline_seconds);
-  r.read("fold_late_updates", o.fold_late_updates);
-  r.read("buffer_size", o.buffer_size);
-  r.read("fedasync_mixing", o.fedasync_mixing);
-  r.read("staleness", staleness);
-  r.read("max_staleness", max_staleness);
-  r.read("strategy", strategy);
-  r.read("server_lr", server_lr);
-  r.read("rule", rule);
-  r.read("norm_bound", o.norm_bound);
-  r.read("max_sample_count", o.max_sample_count);
-  FEDMESH_RETURN_IF_ERROR(r.finish());
-  if (mode == "sync") {
-    o.asynchronous = false;
-  } else if (mode == "fedbuff") {
-    o.asynchronous = true;
-    o.fedasync_mixing = 0.0;
-  } else if (mode == "fedasync") {
-    o.asynchronous = true;
-    if (o.fedasync_mixing <= 0.0) o.fedasync_mixing = 0.5;
-  } else {
-    return invalid_argument(path + ": rounds_mode '" + mode + "' is not sync, fedbuff or fedasync");
-  }
-  Result<ServerOptimizerOptions> server = ServerOptimizerOptions::defaults_for(strategy);
-  if (!server.is_ok()) return invalid_argument(path + ": " + server.status().message());
-  if (server_lr > 0.0) server->lr = static_cast<float>(server_lr);
-  o.server = *server;
-  if (Status s = parse_rule(rule, o); !s.is_ok()) return invalid_argument(path + ": " + s.message());
-  Result<StalenessFunction> s = StalenessFunction::parse(staleness, max_staleness);
-  if (!s.is_ok()) return invalid_argument(path + ": " + s.status().message());
-  o.staleness = *s;
-  o.seed = c.seed;
-  if (overrides.metrics) c.metrics = *overrides.metrics;
-  if (overrides.metrics_token) c.metrics_token = *overrides.metrics_token;
-  if (Status v = c.validate(); !v.is_ok()) return invalid_argument(path + ": " + v.message());
-  return c;
-}
 
 namespace {
 
@@ -199,40 +48,31 @@ struct SiteRecord {
   bool missed_round = false;    // late (aggregator/site_state.h)
 };
 
-// A pending update's payload in the store: round, base version, sample
-// count, the site's reported loss and accuracy, then the delta (fp32).
-constexpr size_t kPendingHeaderBytes = 5 * 8;
-
+// A pending update's payload in the store (store/pending_payload.h).
 std::vector<uint8_t> pending_payload(const SiteUpdate& update) {
-  std::vector<uint8_t> bytes(kPendingHeaderBytes + update.delta.size() * sizeof(float));
-  const int64_t ints[3] = {update.round, update.base_version, update.sample_count};
-  const double reals[2] = {update.local_loss, update.local_accuracy};
-  std::memcpy(bytes.data(), ints, sizeof ints);
-  std::memcpy(bytes.data() + sizeof ints, reals, sizeof reals);
-  std::memcpy(bytes.data() + kPendingHeaderBytes, update.delta.data(), update.delta.size() * sizeof(float));
-  return bytes;
+  store::PendingPayload payload;
+  payload.round = update.round;
+  payload.base_version = update.base_version;
+  payload.sample_count = update.sample_count;
+  payload.local_loss = update.local_loss;
+  payload.local_accuracy = update.local_accuracy;
+  payload.delta = update.delta;
+  return store::encode_pending_payload(payload);
 }
 
 Result<SiteUpdate> update_from_pending(const store::PendingUpdate& pending, std::span<const uint8_t> bytes,
                                        int64_t parameters) {
-  if (bytes.size() != kPendingHeaderBytes + static_cast<size_t>(parameters) * sizeof(float)) {
-    return corrupt("pending update from " + pending.sender + " has " + std::to_string(bytes.size()) +
-                   " bytes, not a delta of this model");
-  }
+  Result<store::PendingPayload> payload = store::decode_pending_payload(bytes, static_cast<size_t>(parameters));
+  if (!payload.is_ok()) return corrupt("pending update from " + pending.sender + ": " + payload.status().message());
   SiteUpdate update;
   update.id.assign(pending.update_id.begin(), pending.update_id.end());
   update.site = pending.sender;
-  int64_t ints[3];
-  double reals[2];
-  std::memcpy(ints, bytes.data(), sizeof ints);
-  std::memcpy(reals, bytes.data() + sizeof ints, sizeof reals);
-  update.round = ints[0];
-  update.base_version = ints[1];
-  update.sample_count = ints[2];
-  update.local_loss = reals[0];
-  update.local_accuracy = reals[1];
-  update.delta.resize(static_cast<size_t>(parameters));
-  std::memcpy(update.delta.data(), bytes.data() + kPendingHeaderBytes, update.delta.size() * sizeof(float));
+  update.round = payload->round;
+  update.base_version = payload->base_version;
+  update.sample_count = payload->sample_count;
+  update.local_loss = payload->local_loss;
+  update.local_accuracy = payload->local_accuracy;
+  update.delta = std::move(payload->delta);
   return update;
 }
 
@@ -247,7 +87,7 @@ class AggregatorServer::Impl {
   std::optional<store::CheckpointStore> store;
   std::optional<crypto::ReplayGuard> replay;
   std::optional<RoundManager> manager;
-  std::unique_ptr<node::Sequential> evaluator_model;
+  std::unique_ptr<train::Sequential> evaluator_model;
   std::unique_ptr<data::Dataset> validation;  // null: no validation
   bool language_model = false;
   // `tokenizer`: the BPE tokenizer (none: bytes), its fingerprint as
@@ -342,8 +182,8 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
 
   // The model: version 0 is the seeded initial model every site can rebuild
   // (with the tokenizer's vocabulary, as the sites make it).
-  Result<std::unique_ptr<node::Sequential>> model =
-      node::make_model(config.model, config.seed, tokenizer ? tokenizer->vocabulary() : 0);
+  Result<std::unique_ptr<train::Sequential>> model =
+      train::make_model(config.model, config.seed, tokenizer ? tokenizer->vocabulary() : 0);
   if (!model.is_ok()) return model.status();
   evaluator_model = std::move(*model);
   std::vector<std::string> names;
@@ -358,7 +198,7 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   manager.emplace(std::move(*created));
   chain = {manager->link().hash};
 
-  const std::optional<node::TransformerConfig> language = node::language_model_config(config.model);
+  const std::optional<train::TransformerConfig> language = train::language_model_config(config.model);
   language_model = language.has_value();
   if (!config.validation.empty() && language) {
     // Every document's held-out tail, which no site trains on.
@@ -463,7 +303,7 @@ Status AggregatorServer::Impl::restore() {
   try {
     chain.clear();
     for (const auto& hex : state->at("chain")) {
-      Result<crypto::Hash> hash = parse_hash_hex(hex.get<std::string>());
+      Result<crypto::Hash> hash = federation::parse_hash_hex(hex.get<std::string>());
       if (!hash.is_ok()) return hash.status();
       chain.push_back(*hash);
     }
@@ -839,8 +679,8 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
         std::memcpy(parameters[t]->value.raw(), manager->model()[t].raw(), parameters[t]->value.nbytes());
       }
       evaluator_model->refresh_compute();
-      node::Trainer evaluator(*evaluator_model, node::TrainOptions{});
-      const node::EvalResult result = evaluator.evaluate(*validation);
+      train::Trainer evaluator(*evaluator_model, train::TrainOptions{});
+      const train::EvalResult result = evaluator.evaluate(*validation);
       accuracy = result.accuracy;
       loss = result.loss;
       metrics["test_accuracy"] = accuracy;
@@ -866,7 +706,7 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
   metrics["sites"] = site_metrics;
   nlohmann::json state = nlohmann::json::object();
   nlohmann::json chain_hex = nlohmann::json::array();
-  for (const crypto::Hash& h : chain) chain_hex.push_back(hash_hex(h));
+  for (const crypto::Hash& h : chain) chain_hex.push_back(federation::hash_hex(h));
   state["chain"] = chain_hex;
   if (privacy) {
     metrics["epsilon"] = privacy->epsilon;
@@ -884,7 +724,7 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
   nlohmann::json event = {{"event", "round"}, {"round", record.round}, {"version", record.version},
                           {"updates", record.applied.size()}, {"staleness", staleness},
                           {"closed_by_deadline", record.closed_by_deadline}, {"seconds", seconds},
-                          {"model_hash", hash_hex(record.link.hash)},
+                          {"model_hash", federation::hash_hex(record.link.hash)},
                           {"bytes_received", socket->counters().bytes_received.load()},
                           {"bytes_sent", socket->counters().bytes_sent.load()}};
   if (epsilon >= 0.0) {

@@ -1,5 +1,5 @@
 // How long does committing one checkpoint take, and how large is the store,
-// next to writing the same bytes to a plain file with fsync?  The issue's
+// next to writing the same bytes to a plain file with fsync?  The
 // target: a commit within 1.5x of the plain file write, for 10M and 100M fp32
 // parameters.  Both are measured in the same run, in the same directory.
 //

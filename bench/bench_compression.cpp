@@ -1,9 +1,9 @@
 // How fast is update compression on the CPU, next to memcpy measured in the
-// same run? (issue 6: compress + decompress of a 100M-element fp32 tensor per
+// same run? (compress + decompress of a 100M-element fp32 tensor per
 // method, in GB/s; target for int8 and top-k: at least 25 % of memcpy.)
 //
 //   memcpy       std::memcpy of the tensor's 4N bytes into a buffer already
-//                faulted in, one thread (the ceiling the issue names); the
+//                faulted in, one thread (the ceiling the target is set against); the
 //                same copy split over --threads is printed for reference
 //   compress     UpdateCompressor::compress on one tensor {"w", {N}}: check
 //                finite, a = e + delta, encode, decode the bytes again with
@@ -54,7 +54,7 @@ using fedmesh::protocol::EncodedSegment;
 using fedmesh::protocol::TensorShape;
 
 constexpr const char* kProgram = "bench_compression";
-constexpr double kTargetFraction = 0.25;  // issue 6: int8 and top-k at >= 25 % of memcpy
+constexpr double kTargetFraction = 0.25;  // the target: int8 and top-k at >= 25 % of memcpy
 constexpr const char* kDefaultMethods =
     "identity,fp16,bf16,int8,int4,int8:stochastic,topk:0.01+fp16,topk:0.01+int8,topk:0.001+int8,dct-sign:32,powersgd:4";
 
@@ -436,11 +436,11 @@ int main(int argc, char** argv) {
     verdict += piece;
   }
   if (any) {
-    std::printf("target (issue 6: int8 and top-k compress+decompress >= 25%% of 1-thread memcpy, %.2f GB/s): %s -> "
+    std::printf("target (int8 and top-k compress+decompress >= 25%% of 1-thread memcpy, %.2f GB/s): %s -> "
                 "%s\n",
                 baseline.one_thread_gbs, verdict.c_str(), all_met ? "MET" : "NOT MET");
   } else {
-    std::printf("target (issue 6): no int8 or top-k method was run\n");
+    std::printf("target: no int8 or top-k method was run\n");
   }
   return 0;
 }

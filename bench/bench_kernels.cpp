@@ -8,8 +8,8 @@
 #include "kernels/conv.h"
 #include "kernels/gemm.h"
 #include "kernels/parallel.h"
-#include "node/data/fashion_mnist.h"
-#include "node/trainer.h"
+#include "train/data/fashion_mnist.h"
+#include "train/trainer.h"
 
 namespace fedmesh {
 namespace {
@@ -66,9 +66,9 @@ void BM_TrainStep(benchmark::State& state, const char* model_name) {
     state.SkipWithError(dataset.status().to_string().c_str());
     return;
   }
-  auto model = node::make_model(model_name, 0);
-  node::TrainOptions options;
-  node::Trainer trainer(**model, options);
+  auto model = train::make_model(model_name, 0);
+  train::TrainOptions options;
+  train::Trainer trainer(**model, options);
   std::vector<int64_t> indices(64);
   int64_t offset = 0;
   for (auto _ : state) {

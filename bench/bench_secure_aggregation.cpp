@@ -24,7 +24,7 @@
 //
 // A round's critical path is train + site + aggregator; overhead is private
 // over trusted, minus one. One thread throughout.
-// The target: under 20% at 10 sites x 10M. A plain program; see --help.
+// The target: under 20% at 10 sites x 10M. A plain program; see --help.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,11 +42,11 @@
 #include "crypto/roster.h"
 #include "crypto/secure_aggregation.h"
 #include "kernels/parallel.h"
-#include "node/data/dataset.h"
-#include "node/layers/layers.h"
-#include "node/model.h"
-#include "node/site/secure_upload.h"
-#include "node/trainer.h"
+#include "train/data/dataset.h"
+#include "train/layers/layers.h"
+#include "train/model.h"
+#include "node/secure_upload.h"
+#include "train/trainer.h"
 #include "protocol/secagg_wire.h"
 #include "protocol/update_transfer.h"
 
@@ -258,14 +258,14 @@ double time_local_training(int64_t d, int64_t& parameters) {
   const double b = 794.0;
   const auto h = static_cast<int64_t>((-b + std::sqrt(b * b + 4.0 * static_cast<double>(d))) / 2.0);
   fedmesh::Rng rng(11);
-  auto model = std::make_unique<fedmesh::node::Sequential>("bench-mlp", fedmesh::Shape{1, 28, 28});
-  model->add(std::make_unique<fedmesh::node::Flatten>());
+  auto model = std::make_unique<fedmesh::train::Sequential>("bench-mlp", fedmesh::Shape{1, 28, 28});
+  model->add(std::make_unique<fedmesh::train::Flatten>());
   const int64_t widths[4] = {784, h, h, 10};
   for (int l = 0; l < 3; ++l) {
-    auto layer = std::make_unique<fedmesh::node::Linear>("fc" + std::to_string(l + 1), widths[l], widths[l + 1]);
+    auto layer = std::make_unique<fedmesh::train::Linear>("fc" + std::to_string(l + 1), widths[l], widths[l + 1]);
     layer->initialize(rng);
     model->add(std::move(layer));
-    if (l < 2) model->add(std::make_unique<fedmesh::node::ReLU>());
+    if (l < 2) model->add(std::make_unique<fedmesh::train::ReLU>());
   }
   parameters = 0;
   for (fedmesh::Parameter* p : model->parameters()) parameters += p->value.numel();
@@ -277,11 +277,11 @@ double time_local_training(int64_t d, int64_t& parameters) {
   for (auto& p : images.pixels) p = static_cast<uint8_t>(rng.next_u64());
   for (auto& l : images.labels) l = static_cast<uint8_t>(rng.next_u64() % 10);
   const fedmesh::data::ImageSet set(std::move(images));
-  fedmesh::node::TrainOptions options;
+  fedmesh::train::TrainOptions options;
   options.batch_size = 32;
   options.max_steps = 50;
   options.epochs = 2;
-  fedmesh::node::Trainer trainer(*model, options);
+  fedmesh::train::Trainer trainer(*model, options);
   const auto t = Clock::now();
   (void)trainer.fit(set, nullptr, {});
   return since(t);

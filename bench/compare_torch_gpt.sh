@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compare fedmesh's language-model training throughput with PyTorch on this
-# machine, in the same run (issue 9): the same GPT-2-style decoder (byte
+# machine, in the same run: the same GPT-2-style decoder (byte
 # tokenizer, King James Bible), batch size, AdamW (lr 1e-3, betas 0.9/0.999,
 # eps 1e-8, wd 1e-4) at a constant learning rate, thread count, number of
 # steps, device (CPU by default, or one CUDA GPU) and precision.  Prints a

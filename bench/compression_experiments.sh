@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bytes-to-accuracy experiments for update compression (issue 6).
+# Bytes-to-accuracy experiments for update compression.
 #
 # Runs `fedmesh sim` with the same federation for every compression setting
 # (8 sites, Dirichlet 0.5 shards, mlp, same local steps / lr / rounds, fixed

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Gossip against the aggregator path for 32 simulated peers (issue 7).
+# Gossip against the aggregator path for 32 simulated peers.
 #
 # Runs `fedmesh sim --mode gossip --json` for every topology x compression
 # below and `fedmesh sim --json` (the aggregator path, FedAvg) on the same

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table and plot for the update-compression experiments (issue 6).
+"""Table and plot for the update-compression experiments.
 
 Reads OUT/<setting>__seed<S>.jsonl (the JSON lines of `fedmesh sim --json`,
 written by bench/compression_experiments.sh) and writes

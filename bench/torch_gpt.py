@@ -15,7 +15,7 @@ line on stdout:
    "final_train_loss": ..., "test_loss": ..., "bits_per_byte": ..., "device": ...,
    "precision": ..., "compiled": ..., "flops_per_token": ..., "mfu": ..., ...}
 
-Model (must match fedmesh's node/model.cpp + node/layers/transformer.cpp):
+Model (must match fedmesh's train/model.cpp + train/layers/transformer.cpp):
   token embedding wte (V, C) + learned positions wpe (context, C), V = 256
   for gpt-nano/tiny/small and 50257 for gpt2 (fedmesh's gpt2 keeps GPT-2's
   vocabulary with the byte tokenizer: only ids 0-255 occur);
@@ -33,7 +33,7 @@ Optimizer: torch.optim.AdamW(lr, betas (0.9, 0.999), eps 1e-8,
 weight_decay 1e-4 on every parameter), constant learning rate (fedmesh's
 --schedule constant).
 
-Data (must match fedmesh's node/data/text_corpus.cpp): `bible -f
+Data (must match fedmesh's train/data/text_corpus.cpp): `bible -f
 Gen1:1-Rev22:21` (Debian's bible-kjv; $FEDMESH_BIBLE names another program), each line "Ref text": the reference
 (before the first space) is dropped, its book prefix ("Ge" of "Ge1:1", "1Sm"
 of "1Sm3:4") starts a new document when it changes, every verse's text is
@@ -88,7 +88,7 @@ BIBLE_RANGE = "Gen1:1-Rev22:21"
 BIBLE_BOOKS = 66
 HELD_OUT = 0.05
 
-# name: (vocabulary, context, width, heads, layers) -- node/model.cpp language_model_config
+# name: (vocabulary, context, width, heads, layers) -- train/model.cpp language_model_config
 CONFIGS = {
     "gpt-nano": (256, 64, 64, 4, 2),
     "gpt-tiny": (256, 128, 192, 6, 4),

@@ -101,7 +101,7 @@ void add_aggregator_command(CLI::App& app, int& exit_code) {
       "Run the federation's central aggregator: serve the global model, take signed updates from the sites on "
       "the roster, aggregate rounds (sync, FedBuff or FedAsync), commit every round to its store before "
       "announcing it. Killed at any moment, the same command resumes the round it was in.");
-  cmd->add_option("--config", flags->config, "agg.toml (see README.md, 'Running a federation')")->required();
+  cmd->add_option("--config", flags->config, "agg.toml (every key: docs/configuration.md)")->required();
   cmd->add_flag("--json", flags->json, "Print JSON lines: listening, round_open, update, round, finished, ...");
   cmd->add_option_function<std::string>(
       "--metrics", [flags](const std::string& value) { flags->overrides.metrics = value; },

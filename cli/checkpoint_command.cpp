@@ -31,14 +31,7 @@ struct CheckpointFlags {
 };
 
 int fail(const CheckpointFlags& flags, const std::string& command, const Status& status, int exit_code = kExitBadInput) {
-  if (flags.json) {
-    emit_json({{"event", "error"},
-               {"command", "checkpoint " + command},
-               {"code", status_code_name(status.code())},
-               {"message", status.message()}});
-  }
-  std::fprintf(stderr, "fedmesh checkpoint %s: %s\n", command.c_str(), status.message().c_str());
-  return exit_code;
+  return report_failure("checkpoint " + command, flags.json, status, exit_code);
 }
 
 std::string hex(const crypto::Hash& hash) { return crypto::to_hex(hash); }

@@ -11,7 +11,7 @@
 
 #include "cli/output.h"
 #include "kernels/device_info.h"
-#include "node/data/fashion_mnist.h"
+#include "train/data/fashion_mnist.h"
 
 namespace fedmesh::cli {
 

@@ -12,10 +12,10 @@
 #include "base/random.h"
 #include "cli/output.h"
 #include "kernels/parallel.h"
-#include "node/data/bpe_tokenizer.h"
-#include "node/data/text_corpus.h"
-#include "node/model.h"
-#include "node/training_checkpoint.h"
+#include "train/data/bpe_tokenizer.h"
+#include "train/data/text_corpus.h"
+#include "train/model.h"
+#include "train/training_checkpoint.h"
 #include "store/checkpoint_store.h"
 
 namespace fedmesh::cli {
@@ -36,12 +36,7 @@ struct GenerateFlags {
 };
 
 int fail(const GenerateFlags& flags, const Status& status, int exit_code = 2) {
-  if (flags.json) {
-    emit_json({{"event", "error"}, {"command", "generate"}, {"code", status_code_name(status.code())},
-               {"message", status.message()}});
-  }
-  std::fprintf(stderr, "fedmesh generate: %s\n", status.message().c_str());
-  return exit_code;
+  return report_failure("generate", flags.json, status, exit_code);
 }
 
 // The model a store's run trained: `fedmesh train` and the aggregator
@@ -115,17 +110,17 @@ int run_generate(const GenerateFlags& flags) {
   if (!store.is_ok()) return fail(flags, store.status());
   Result<std::string> name = flags.model.empty() ? stored_model_name(*store) : Result<std::string>(flags.model);
   if (!name.is_ok()) return fail(flags, name.status());
-  const std::optional<node::TransformerConfig> config = node::language_model_config(*name);
+  const std::optional<train::TransformerConfig> config = train::language_model_config(*name);
   if (!config) return fail(flags, invalid_argument("model '" + *name + "' is not a language model"));
   Result<std::optional<data::BpeTokenizer>> tokenizer = stored_tokenizer(*store);
   if (!tokenizer.is_ok()) return fail(flags, tokenizer.status(), 1);
   const int64_t vocabulary = tokenizer->has_value() ? (*tokenizer)->vocabulary() : config->vocabulary;
   Result<store::LoadedCheckpoint> loaded = flags.round >= 0 ? store->load_round(flags.round) : store->load_latest();
   if (!loaded.is_ok()) return fail(flags, loaded.status(), 1);
-  Result<std::unique_ptr<node::Sequential>> model =
-      node::make_model(*name, 0, tokenizer->has_value() ? vocabulary : 0);
+  Result<std::unique_ptr<train::Sequential>> model =
+      train::make_model(*name, 0, tokenizer->has_value() ? vocabulary : 0);
   if (!model.is_ok()) return fail(flags, model.status());
-  if (Status s = node::load_model_weights(*loaded, **model); !s.is_ok()) return fail(flags, s, 1);
+  if (Status s = train::load_model_weights(*loaded, **model); !s.is_ok()) return fail(flags, s, 1);
 
   std::vector<int32_t> tokens = tokenizer->has_value() ? (*tokenizer)->encode(flags.prompt) : data::byte_tokens(flags.prompt);
   for (const int32_t t : tokens) {

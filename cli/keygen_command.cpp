@@ -18,14 +18,7 @@ struct KeygenFlags {
 };
 
 int fail(const KeygenFlags& flags, const Status& status) {
-  if (flags.json) {
-    emit_json({{"event", "error"},
-               {"command", "keygen"},
-               {"code", status_code_name(status.code())},
-               {"message", status.message()}});
-  }
-  std::fprintf(stderr, "fedmesh keygen: %s\n", status.message().c_str());
-  return 2;
+  return report_failure("keygen", flags.json, status, 2);
 }
 
 int run_keygen(const KeygenFlags& flags) {

@@ -1,42 +1,4 @@
 // fedmesh: one binary for every role of a federation.
-#include <CLI/CLI.hpp>
+#include "cli/app.h"
 
-#include "cli/aggregator_command.h"
-#include "cli/checkpoint_command.h"
-#include "cli/doctor_command.h"
-#include "cli/generate_command.h"
-#include "cli/keygen_command.h"
-#include "cli/node_command.h"
-#include "cli/privacy_command.h"
-#include "cli/provision_command.h"
-#include "cli/roster_command.h"
-#include "cli/sim_command.h"
-#include "cli/status_command.h"
-#include "cli/tokenizer_command.h"
-#include "cli/train_command.h"
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "fedmesh: federated and decentralized training. Each site trains on its own data and shares only "
-      "compressed, signed, encrypted model updates.\n"
-      "Start with `fedmesh train --model cnn` (local training on Fashion-MNIST) or `fedmesh doctor`.",
-      "fedmesh"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "fedmesh 0.1.0");
-  int exit_code = 0;
-  fedmesh::cli::add_train_command(app, exit_code);
-  fedmesh::cli::add_doctor_command(app, exit_code);
-  fedmesh::cli::add_keygen_command(app, exit_code);
-  fedmesh::cli::add_roster_command(app, exit_code);
-  fedmesh::cli::add_checkpoint_command(app, exit_code);
-  fedmesh::cli::add_sim_command(app, exit_code);
-  fedmesh::cli::add_aggregator_command(app, exit_code);
-  fedmesh::cli::add_node_command(app, exit_code);
-  fedmesh::cli::add_status_command(app, exit_code);
-  fedmesh::cli::add_generate_command(app, exit_code);
-  fedmesh::cli::add_privacy_command(app, exit_code);
-  fedmesh::cli::add_provision_command(app, exit_code);
-  fedmesh::cli::add_tokenizer_command(app, exit_code);
-  CLI11_PARSE(app, argc, argv);
-  return exit_code;
-}
+int main(int argc, char** argv) { return fedmesh::cli::run_fedmesh(argc, argv); }

@@ -4,12 +4,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "base/text.h"
 #include "cli/output.h"
-#include "node/gossip/gossip_runtime.h"
-#include "node/site/site_ranks.h"
-#include "node/site/site_runtime.h"
+#include "node/gossip_runtime.h"
+#include "node/site_ranks.h"
+#include "node/site_runtime.h"
 
 namespace fedmesh::cli {
 
@@ -22,9 +23,8 @@ struct NodeFlags {
   std::string device;     // --device: overrides training.device ("" = the config's)
   int gpus = 0;           // --gpus N: --device cuda --ranks N
   bool ranks_given = false;
-  node::RankFlags group;  // --ranks N (aggregator mode): data-parallel CPU ranks
+  train::RankFlags group;  // --ranks N (aggregator mode): data-parallel CPU ranks
   bool zero_one = false;  // --zero-1
-  std::string secure_exit_at, secure_dump;  // hidden: tests of private mode
 };
 
 void print_event(const std::string& site, const nlohmann::json& e) {
@@ -102,31 +102,27 @@ void print_event(const std::string& site, const nlohmann::json& e) {
 // A config that cannot be used is the operator's to fix: exit 2 like a bad
 // flag; failures later (the store, the network) exit 1.
 int fail(const NodeFlags& flags, const Status& status, bool bad_config = false) {
-  if (flags.json) {
-    emit_json({{"event", "error"}, {"command", "node"}, {"code", status_code_name(status.code())},
-               {"message", status.message()}});
-  }
-  std::fprintf(stderr, "fedmesh node: %s\n", status.message().c_str());
-  return bad_config || status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ? 2 : 1;
+  const bool bad_input = bad_config || status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound;
+  return report_failure("node", flags.json, status, bad_input ? 2 : 1);
 }
 
 // Runs one role's runtime (aggregator-mode site or gossip peer) until it
 // ends or a signal stops it.
-template <typename Runtime, typename Config>
-int run_runtime(const NodeFlags& flags, Result<Config> config, const std::string& site) {
+template <typename Runtime, typename Config, typename... Extra>
+int run_runtime(const NodeFlags& flags, Result<Config> config, const std::string& site, Extra&&... extra) {
   if (!config.is_ok()) return fail(flags, config.status(), true);
   const std::function<void(const nlohmann::json&)> sink = [&](const nlohmann::json& event) {
     if (flags.json) emit_json(event);
     else print_event(site, event);
   };
   const std::atomic<bool>& stop = stop_on_signals();
-  Result<std::unique_ptr<Runtime>> runtime = Runtime::start(std::move(*config), sink);
+  Result<std::unique_ptr<Runtime>> runtime = Runtime::start(std::move(*config), sink, std::forward<Extra>(extra)...);
   if (!runtime.is_ok()) return fail(flags, runtime.status());
   if (Status s = (*runtime)->run(stop); !s.is_ok()) return fail(flags, s);
   return 0;
 }
 
-int run_node(const NodeFlags& given) {
+int run_node(const NodeFlags& given, const node::SecureUploadFaults& faults) {
   NodeFlags flags = given;
   if (flags.gpus != 0) {
     // --gpus N: --device cuda --ranks N.
@@ -175,8 +171,6 @@ int run_node(const NodeFlags& given) {
     }
     config->ranks = flags.group.ranks;
     config->zero_one = flags.zero_one;
-    config->secure_exit_at = flags.secure_exit_at;
-    config->secure_dump = flags.secure_dump;
   }
   if (flags.group.launched()) {
     // A rank launched by this node's rank 0: no output of its own.
@@ -184,12 +178,12 @@ int run_node(const NodeFlags& given) {
     const Status s = node::run_site_rank(*config, flags.group);
     return s.is_ok() ? 0 : fail(flags, s);
   }
-  return run_runtime<node::SiteRuntime>(flags, std::move(config), site);
+  return run_runtime<node::SiteRuntime>(flags, std::move(config), site, faults);
 }
 
 }  // namespace
 
-void add_node_command(CLI::App& app, int& exit_code) {
+void add_node_command(CLI::App& app, int& exit_code, const node::SecureUploadFaults& faults) {
   auto flags = std::make_shared<NodeFlags>();
   CLI::App* cmd = app.add_subcommand(
       "node",
@@ -197,7 +191,7 @@ void add_node_command(CLI::App& app, int& exit_code) {
       "on this site's own data, send signed updates. Gossip mode: no aggregator; join the members through SWIM, "
       "train H local steps, gossip compressed signed shares to peers chosen by a topology, catch up from several "
       "donors after a crash. Both checkpoint after every round and resume after a crash; SIGTERM stops cleanly.");
-  cmd->add_option("--config", flags->config, "site.toml (see README.md, 'Running a federation' and 'Gossip')")->required();
+  cmd->add_option("--config", flags->config, "site.toml (every key: docs/configuration.md)")->required();
   cmd->add_option("--mode", flags->mode, "aggregator or gossip (default: the config's `mode` key, else aggregator)")
       ->check(CLI::IsMember({"aggregator", "gossip"}));
   cmd->add_option("--device", flags->device,
@@ -214,14 +208,11 @@ void add_node_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--zero-1", flags->zero_one, "With --ranks: shard the optimizer state across the ranks (ZeRO stage 1)");
   cmd->add_option("--rank", flags->group.rank)->group("");  // set by rank 0 for the ranks it launches
   cmd->add_option("--rendezvous", flags->group.rendezvous)->group("");
-  // Tests of private mode: die at a secure-aggregation phase, keep the fixed-point inputs.
-  cmd->add_option("--secure-exit-at", flags->secure_exit_at)->group("");
-  cmd->add_option("--secure-dump", flags->secure_dump)->group("");
   cmd->add_flag("--json", flags->json, "Print JSON lines: site, model, update, finished (aggregator); peer, member, "
                                        "round, catch-up, refused, finished (gossip)");
-  cmd->callback([flags, ranks_option, &exit_code] {
+  cmd->callback([flags, ranks_option, faults, &exit_code] {
     flags->ranks_given = ranks_option->count() > 0;
-    exit_code = run_node(*flags);
+    exit_code = run_node(*flags, faults);
   });
 }
 

@@ -17,6 +17,20 @@ void emit_json(const nlohmann::json& event) {
   std::cout << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
+int report_failure(const std::string& command, bool json, const Status& status, int exit_code,
+                   const nlohmann::json& extra) {
+  if (json) {
+    nlohmann::json event = {{"event", "error"},
+                            {"command", command},
+                            {"code", status_code_name(status.code())},
+                            {"message", status.message()}};
+    for (const auto& [key, value] : extra.items()) event[key] = value;
+    emit_json(event);
+  }
+  std::fprintf(stderr, "fedmesh %s: %s\n", command.c_str(), status.message().c_str());
+  return exit_code;
+}
+
 std::string format_bytes(int64_t bytes) {
   char text[32];
   if (bytes >= (int64_t{1} << 30)) {

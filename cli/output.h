@@ -9,10 +9,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/status.h"
+
 namespace fedmesh::cli {
 
 // Prints one JSON object as one line and flushes.
 void emit_json(const nlohmann::json& event);
+
+// A command that failed says so once: "fedmesh COMMAND: message" on stderr
+// and, with --json, {"event":"error","command","code","message"} (plus the
+// fields of `extra`) on stdout. Returns exit_code, the command's to return.
+int report_failure(const std::string& command, bool json, const Status& status, int exit_code,
+                   const nlohmann::json& extra = nlohmann::json::object());
 
 // "512 B", "1.5 KiB", "3.21 MiB", "1.02 GiB"
 std::string format_bytes(int64_t bytes);

@@ -17,12 +17,7 @@ struct PrivacyFlags {
 };
 
 int fail(const PrivacyFlags& flags, const Status& status) {
-  if (flags.json) {
-    emit_json({{"event", "error"}, {"command", "privacy report"}, {"code", status_code_name(status.code())},
-               {"message", status.message()}});
-  }
-  std::fprintf(stderr, "fedmesh privacy report: %s\n", status.message().c_str());
-  return 2;
+  return report_failure("privacy report", flags.json, status, 2);
 }
 
 int run_report(const PrivacyFlags& flags) {

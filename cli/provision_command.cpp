@@ -13,7 +13,7 @@
 #include "cli/output.h"
 #include "crypto/keys.h"
 #include "crypto/roster.h"
-#include "crypto/toml_input.h"
+#include "base/toml_input.h"
 
 namespace fedmesh::cli {
 
@@ -41,10 +41,10 @@ struct FederationPlan {
 };
 
 Result<FederationPlan> read_plan(const std::string& path) {
-  Result<toml::table> table = crypto::read_toml_file(path);
+  Result<toml::table> table = read_toml_file(path);
   if (!table.is_ok()) return table.status();
   FederationPlan plan;
-  crypto::ConfigReader r(*table, path);
+  ConfigReader r(*table, path);
   r.require("name", plan.name);
   r.read("aggregator", plan.aggregator);
   r.read("listen", plan.listen);
@@ -173,12 +173,7 @@ std::string kit_readme(const FederationPlan& plan, const std::string& who, bool 
 }
 
 int fail(const ProvisionFlags& flags, const Status& status) {
-  if (flags.json) {
-    emit_json({{"event", "error"}, {"command", "provision"}, {"code", status_code_name(status.code())},
-               {"message", status.message()}});
-  }
-  std::fprintf(stderr, "fedmesh provision: %s\n", status.message().c_str());
-  return 2;
+  return report_failure("provision", flags.json, status, 2);
 }
 
 int run_provision(const ProvisionFlags& flags) {

@@ -35,16 +35,9 @@ struct RosterFlags {
 
 int fail(const RosterFlags& flags, const std::string& command, const Status& status, int exit_code = kExitBadInput,
          const std::string& reason = "") {
-  if (flags.json) {
-    nlohmann::json event = {{"event", "error"},
-                            {"command", "roster " + command},
-                            {"code", status_code_name(status.code())},
-                            {"message", status.message()}};
-    if (!reason.empty()) event["reason"] = reason;
-    emit_json(event);
-  }
-  std::fprintf(stderr, "fedmesh roster %s: %s\n", command.c_str(), status.message().c_str());
-  return exit_code;
+  nlohmann::json extra = nlohmann::json::object();
+  if (!reason.empty()) extra["reason"] = reason;
+  return report_failure("roster " + command, flags.json, status, exit_code, extra);
 }
 
 std::string short_key(const crypto::SignPublicKey& key) { return crypto::to_hex(key).substr(0, kShownKeyHexDigits); }

@@ -5,14 +5,14 @@
 #include <memory>
 #include <string>
 
-#include "aggregator/simulation.h"
+#include "sim/simulation.h"
 #include "base/text.h"
 #include "cli/output.h"
-#include "gossip/simulation/gossip_simulation.h"
+#include "sim/gossip_simulation.h"
 #include "kernels/parallel.h"
-#include "node/data/fashion_mnist.h"
-#include "node/data/text_corpus.h"
-#include "node/model.h"
+#include "train/data/fashion_mnist.h"
+#include "train/data/text_corpus.h"
+#include "train/model.h"
 
 namespace fedmesh::cli {
 
@@ -21,7 +21,7 @@ namespace {
 constexpr int kMaxThreads = 1024;
 
 struct SimFlags {
-  aggregator::SimulationOptions options;
+  sim::SimulationOptions options;
   std::string partition = "iid";
   std::string strategy = "fedavg";
   std::string rule = "mean";
@@ -57,12 +57,7 @@ struct SimFlags {
 };
 
 int fail(const SimFlags& flags, const Status& status) {
-  if (flags.json) {
-    emit_json({{"event", "error"}, {"command", "sim"}, {"code", status_code_name(status.code())},
-               {"message", status.message()}});
-  }
-  std::fprintf(stderr, "fedmesh sim: %s\n", status.message().c_str());
-  return 2;
+  return report_failure("sim", flags.json, status, 2);
 }
 
 // A flag of the other mode is a mistake worth saying, not one to ignore.
@@ -79,20 +74,20 @@ Status check_mode_flags(const SimFlags& flags) {
 
 // The sites' data: Fashion-MNIST for the image models, text (--data: the
 // Bible by default, or a directory of .txt files) for the language models.
-Result<aggregator::SimulationData> load_simulation_data(const SimFlags& flags) {
-  const aggregator::SimulationOptions& o = flags.options;
-  if (node::language_model_config(o.model)) {
+Result<sim::SimulationData> load_simulation_data(const SimFlags& flags) {
+  const sim::SimulationOptions& o = flags.options;
+  if (train::language_model_config(o.model)) {
     Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(flags.data));
     if (!corpus.is_ok()) return corpus.status();
-    return aggregator::text_simulation_data(o, *corpus, flags.train_limit, flags.test_limit);
+    return sim::text_simulation_data(o, *corpus, flags.train_limit, flags.test_limit);
   }
   Result<data::FashionMnistSplits> splits =
       data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
   if (!splits.is_ok()) return splits.status();
-  return aggregator::image_simulation_data(o, splits->train, std::move(splits->test));
+  return sim::image_simulation_data(o, splits->train, std::move(splits->test));
 }
 
-int64_t sample_count(const aggregator::SimulationData& data) {
+int64_t sample_count(const sim::SimulationData& data) {
   int64_t samples = 0;
   for (const auto& shard : data.shards) samples += shard->size();
   return samples;
@@ -108,7 +103,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 // "STEPS" or "STEPS:JITTER", in local steps.
-Status parse_delay(const std::string& text, gossip::GossipSimulationOptions& options) {
+Status parse_delay(const std::string& text, sim::GossipSimulationOptions& options) {
   const std::vector<std::string_view> parts = split(text, ':');
   options.delay_jitter_steps = 0;
   if (parts.size() > 2 || !parse_number(parts[0], options.delay_steps) ||
@@ -118,10 +113,10 @@ Status parse_delay(const std::string& text, gossip::GossipSimulationOptions& opt
   return Status::ok();
 }
 
-int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& staleness,
+int run_gossip_sim(SimFlags& flags, const federation::StalenessFunction& staleness,
                    std::chrono::steady_clock::time_point wall_start) {
-  const aggregator::SimulationOptions& o = flags.options;
-  gossip::GossipSimulationOptions g;
+  const sim::SimulationOptions& o = flags.options;
+  sim::GossipSimulationOptions g;
   g.peers = o.sites;
   g.partition = o.partition;
   g.model = o.model;
@@ -154,7 +149,7 @@ int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& stalene
   g.eval_every = flags.eval_every;
   if (Status s = g.validate(); !s.is_ok()) return fail(flags, s);
 
-  Result<aggregator::SimulationData> data = load_simulation_data(flags);
+  Result<sim::SimulationData> data = load_simulation_data(flags);
   if (!data.is_ok()) return fail(flags, data.status());
   const bool text = data->tokens_per_byte > 0.0;
   const std::string merge_name = gossip::merge_rule_name(g.merge);
@@ -177,8 +172,8 @@ int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& stalene
                  g.compression.to_string().c_str(), 100.0 * g.loss, static_cast<long long>(g.delay_steps),
                  static_cast<long long>(g.delay_jitter_steps));
   }
-  Result<gossip::GossipSimulationSummary> summary = gossip::run_gossip_simulation(
-      g, std::move(*data), [&](const gossip::GossipSimulationRound& r) {
+  Result<sim::GossipSimulationSummary> summary = sim::run_gossip_simulation(
+      g, std::move(*data), [&](const sim::GossipSimulationRound& r) {
         if (flags.json) {
           nlohmann::json event = {{"event", "round"}, {"round", r.round}, {"virtual_time", r.virtual_time},
                                   {"messages_sent", r.messages_sent}, {"messages_lost", r.messages_lost},
@@ -212,7 +207,7 @@ int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& stalene
       });
   if (!summary.is_ok()) return fail(flags, summary.status());
   const double wall_seconds = seconds_since(wall_start);
-  const gossip::GossipSimulationRound& last = summary->last();
+  const sim::GossipSimulationRound& last = summary->last();
   if (flags.json) {
     nlohmann::json event = {
         {"event", "summary"}, {"command", "sim"}, {"mode", "gossip"},
@@ -245,11 +240,11 @@ int run_gossip_sim(SimFlags& flags, const aggregator::StalenessFunction& stalene
 
 int run_sim(SimFlags& flags) {
   const auto wall_start = std::chrono::steady_clock::now();
-  aggregator::SimulationOptions& o = flags.options;
+  sim::SimulationOptions& o = flags.options;
   if (flags.threads < 0 || flags.threads > kMaxThreads) return fail(flags, invalid_argument("--threads out of range"));
   set_cpu_threads(flags.threads);
   if (Status s = check_mode_flags(flags); !s.is_ok()) return fail(flags, s);
-  const bool text = node::language_model_config(o.model).has_value();
+  const bool text = train::language_model_config(o.model).has_value();
   if (text) {
     // Language models split text as the nodes do (iid, books, contiguous, testament).
     if (Status s = data::check_text_partition(flags.partition); !s.is_ok()) return fail(flags, s);
@@ -259,7 +254,7 @@ int run_sim(SimFlags& flags) {
     if (!partition.is_ok()) return fail(flags, partition.status());
     o.partition = *partition;
   }
-  Result<aggregator::StalenessFunction> staleness = aggregator::StalenessFunction::parse(flags.staleness, flags.max_staleness);
+  Result<federation::StalenessFunction> staleness = federation::StalenessFunction::parse(flags.staleness, flags.max_staleness);
   if (!staleness.is_ok()) return fail(flags, staleness.status());
   o.local.optimizer = flags.local_optimizer;
   o.local.schedule = *LrSchedule::parse("constant");
@@ -298,7 +293,7 @@ int run_sim(SimFlags& flags) {
   }
   if (Status s = o.validate(); !s.is_ok()) return fail(flags, s);
 
-  Result<aggregator::SimulationData> data = load_simulation_data(flags);
+  Result<sim::SimulationData> data = load_simulation_data(flags);
   if (!data.is_ok()) return fail(flags, data.status());
 
   const std::string mode = o.rounds_options.asynchronous
@@ -319,8 +314,8 @@ int run_sim(SimFlags& flags) {
                  static_cast<long long>(o.local_steps));
     std::fprintf(stderr, "updates compressed as %s\n", o.compression.to_string().c_str());
   }
-  Result<aggregator::SimulationSummary> summary =
-      aggregator::run_simulation(o, std::move(*data), [&](const aggregator::SimulationRound& r) {
+  Result<sim::SimulationSummary> summary =
+      sim::run_simulation(o, std::move(*data), [&](const sim::SimulationRound& r) {
         double mean_staleness = 0.0;
         for (const auto& applied : r.record.applied) mean_staleness += static_cast<double>(applied.staleness);
         if (!r.record.applied.empty()) mean_staleness /= static_cast<double>(r.record.applied.size());
@@ -379,7 +374,7 @@ int run_sim(SimFlags& flags) {
 
 void add_sim_command(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<SimFlags>();
-  aggregator::SimulationOptions& o = flags->options;
+  sim::SimulationOptions& o = flags->options;
   o.local.batch_size = 32;
   o.local.lr = 0.05f;
   CLI::App* cmd = app.add_subcommand(
@@ -403,7 +398,7 @@ void add_sim_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--model", o.model,
                   "mlp or cnn (Fashion-MNIST), or a language model: gpt-nano, gpt-tiny, gpt-small, gpt2 (text, byte "
                   "tokens; reports held-out bits per byte)")
-      ->check(CLI::IsMember(node::model_names()))
+      ->check(CLI::IsMember(train::model_names()))
       ->capture_default_str();
   aggregator_only.push_back(cmd->add_option("--strategy", flags->strategy,
                   "Server optimizer: fedavg, fedavgm, fedadam, fedyogi, fedadagrad or diloco")
@@ -488,7 +483,7 @@ void add_sim_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--compress", flags->compress,
                   "How sites compress their updates, with error feedback: identity, fp16, bf16, "
                   "int8|int4[:stochastic][:block=N], topk:F[+fp16|+int8|+fp32][:warmup=R][:momentum=M], "
-                  "powersgd:R, dct-sign:K (README: Compressing updates); gossip takes the dense ones only "
+                  "powersgd:R, dct-sign:K (docs/compression.md); gossip takes the dense ones only "
                   "(identity, fp16, bf16, int8, int4)")
       ->capture_default_str();
   cmd->add_option("--compress-tensor", flags->compress_tensor,

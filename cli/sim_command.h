@@ -1,4 +1,4 @@
-// `fedmesh sim`: a whole federation in one process (aggregator/simulation.h).
+// `fedmesh sim`: a whole federation in one process (sim/simulation.h).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "cli/output.h"
-#include "node/data/bpe_tokenizer.h"
-#include "node/data/text_corpus.h"
+#include "train/data/bpe_tokenizer.h"
+#include "train/data/text_corpus.h"
 
 namespace fedmesh::cli {
 
@@ -23,12 +23,7 @@ struct TokenizerTrainFlags {
 };
 
 int fail(const TokenizerTrainFlags& flags, const Status& status, int exit_code = 2) {
-  if (flags.json) {
-    emit_json({{"event", "error"}, {"command", "tokenizer train"}, {"code", status_code_name(status.code())},
-               {"message", status.message()}});
-  }
-  std::fprintf(stderr, "fedmesh tokenizer train: %s\n", status.message().c_str());
-  return exit_code;
+  return report_failure("tokenizer train", flags.json, status, exit_code);
 }
 
 int run_tokenizer_train(const TokenizerTrainFlags& flags) {

@@ -1,5 +1,5 @@
 // `fedmesh tokenizer train`: a byte-level BPE tokenizer trained on a text
-// corpus (node/data/bpe_tokenizer.h), written to a file that `fedmesh train
+// corpus (train/data/bpe_tokenizer.h), written to a file that `fedmesh train
 // --model gpt-* --tokenizer FILE` uses instead of the byte tokenizer.
 #pragma once
 

@@ -14,15 +14,15 @@
 #include "kernels/cuda_ops.h"
 #include "kernels/parallel.h"
 #include "kernels/step_profile.h"
-#include "node/data/bpe_tokenizer.h"
-#include "node/data/fashion_mnist.h"
-#include "node/data/text_corpus.h"
-#include "node/data/tokenized_text.h"
-#include "node/model.h"
-#include "node/parallel/data_parallel.h"
-#include "node/parallel/rank_group.h"
-#include "node/trainer.h"
-#include "node/training_checkpoint.h"
+#include "train/data/bpe_tokenizer.h"
+#include "train/data/fashion_mnist.h"
+#include "train/data/text_corpus.h"
+#include "train/data/tokenized_text.h"
+#include "train/model.h"
+#include "train/parallel/data_parallel.h"
+#include "train/parallel/rank_group.h"
+#include "train/trainer.h"
+#include "train/training_checkpoint.h"
 #include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
 #include "store/checkpoint_store.h"
@@ -51,8 +51,8 @@ struct TrainFlags {
   bool resume = false;
   int64_t keep_last = 3;
   std::string keep_best = "test_accuracy";
-  node::TrainOptions options;
-  node::RankFlags group;  // --ranks N: data-parallel CPU ranks (Gloo)
+  train::TrainOptions options;
+  train::RankFlags group;  // --ranks N: data-parallel CPU ranks (Gloo)
   bool zero_one = false;  // --zero-1: shard the optimizer state across the ranks
   bool profile = false;   // --profile: the step-time breakdown (kernels/step_profile.h)
   // Differential privacy (DP-SGD): --dp-clip, --dp-noise in options; these
@@ -63,11 +63,7 @@ struct TrainFlags {
 
 // Exit codes: 2 for input the user must fix, 1 for a failure while training.
 int fail(const TrainFlags& flags, const Status& status, int exit_code = 2) {
-  if (flags.json) {
-    emit_json({{"event", "error"}, {"code", status_code_name(status.code())}, {"message", status.message()}});
-  }
-  std::fprintf(stderr, "fedmesh train: %s\n", status.message().c_str());
-  return exit_code;
+  return report_failure("train", flags.json, status, exit_code);
 }
 
 // Thrown from the step callback to leave Trainer::fit when a checkpoint
@@ -114,7 +110,7 @@ std::string fixed(double value, int digits) {
 
 Result<TrainingData> load_training_data(const TrainFlags& flags) {
   TrainingData out;
-  const std::optional<node::TransformerConfig> language = node::language_model_config(flags.model);
+  const std::optional<train::TransformerConfig> language = train::language_model_config(flags.model);
   if (!language && !flags.tokenizer.empty()) {
     return invalid_argument("--tokenizer applies to the language models (gpt-*), not to " + flags.model);
   }
@@ -175,24 +171,24 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
 // They take rank 0's position and state (restored from its checkpoint, or
 // fresh), train their part of every batch and exit when the run ends.
 int run_train_rank(TrainFlags& flags, const data::Dataset& train, int64_t vocabulary, Device device) {
-  Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed, vocabulary);
+  Result<std::unique_ptr<train::Sequential>> model = train::make_model(flags.model, flags.options.seed, vocabulary);
   if (!model.is_ok()) return fail(flags, model.status());
   (*model)->to_device(device);
-  node::Trainer trainer(**model, flags.options);
-  Result<std::unique_ptr<node::Communicator>> communicator =
-      node::join_rank_group(flags.group, node::kRankTimeout, device);
+  train::Trainer trainer(**model, flags.options);
+  Result<std::unique_ptr<train::Communicator>> communicator =
+      train::join_rank_group(flags.group, train::kRankTimeout, device);
   if (!communicator.is_ok()) return fail(flags, communicator.status(), 1);
-  Result<std::optional<nlohmann::json>> command = node::read_rank_command();
+  Result<std::optional<nlohmann::json>> command = train::read_rank_command();
   if (!command.is_ok()) return fail(flags, command.status(), 1);
   if (!command->has_value()) return 0;  // rank 0 gave up before training
-  Result<node::TrainerState> state = node::trainer_state_from_json((**command)["state"].dump());
+  Result<train::TrainerState> state = train::trainer_state_from_json((**command)["state"].dump());
   if (!state.is_ok()) return fail(flags, state.status(), 1);
   if (Status s = trainer.restore(*state); !s.is_ok()) return fail(flags, s, 1);
-  if (Status s = node::broadcast_training_state(**communicator, **model, trainer); !s.is_ok()) return fail(flags, s, 1);
-  node::DataParallelOptions parallel;
+  if (Status s = train::broadcast_training_state(**communicator, **model, trainer); !s.is_ok()) return fail(flags, s, 1);
+  train::DataParallelOptions parallel;
   parallel.zero_one = flags.zero_one;
-  node::DataParallel sync(**communicator, **model, parallel);
-  Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, sync, train, nullptr, {});
+  train::DataParallel sync(**communicator, **model, parallel);
+  Result<train::TrainSummary> trained = train::fit_data_parallel(trainer, sync, train, nullptr, {});
   return trained.is_ok() ? 0 : fail(flags, trained.status(), 1);
 }
 
@@ -201,7 +197,7 @@ int run_train_rank(TrainFlags& flags, const data::Dataset& train, int64_t vocabu
 // tokenizer is recorded by its fingerprint (the file may move); a run of the
 // byte tokenizer has no "tokenizer" key, as before tokenizers existed.
 nlohmann::json trajectory_options(const TrainFlags& flags) {
-  const node::TrainOptions& o = flags.options;
+  const train::TrainOptions& o = flags.options;
   return {{"model", flags.model},
           {"data", flags.data},
           {"train_limit", flags.train_limit},
@@ -272,7 +268,7 @@ Status check_same_run(const nlohmann::json& stored, const nlohmann::json& now, c
                           ". Give the same flags to resume it, or a new --db to start another run");
 }
 
-int64_t total_steps_of(const node::TrainOptions& options, int64_t train_count) {
+int64_t total_steps_of(const train::TrainOptions& options, int64_t train_count) {
   const int64_t step_samples = options.batch_size * options.grad_accumulation;
   const int64_t steps_per_epoch = (train_count + step_samples - 1) / step_samples;
   return options.max_steps > 0 ? options.max_steps : options.epochs * steps_per_epoch;
@@ -286,7 +282,7 @@ int run_train(TrainFlags& flags) {
       return fail(flags, index.status(), 1);
     }
   }
-  Result<Device> device = node::training_device(flags.device, flags.options.dp_clip_norm > 0.0f);
+  Result<Device> device = train::training_device(flags.device, flags.options.dp_clip_norm > 0.0f);
   if (!device.is_ok()) return fail(flags, device.status());
   if (*device == Device::kCuda && flags.zero_one) {
     return fail(flags, invalid_argument("--zero-1 with --device cuda: the sharded optimizer keeps its shards in host "
@@ -358,11 +354,11 @@ int run_train(TrainFlags& flags) {
       }
     }
   }
-  Result<std::unique_ptr<node::Sequential>> model = node::make_model(flags.model, flags.options.seed, loaded->vocabulary);
+  Result<std::unique_ptr<train::Sequential>> model = train::make_model(flags.model, flags.options.seed, loaded->vocabulary);
   if (!model.is_ok()) return fail(flags, model.status());
-  node::Sequential& net = **model;
+  train::Sequential& net = **model;
   net.to_device(*device);
-  node::Trainer trainer(net, flags.options);
+  train::Trainer trainer(net, flags.options);
   const int64_t total_steps = total_steps_of(flags.options, train->size());
 
   // The checkpoint store: created on first use; when it already holds a
@@ -414,13 +410,13 @@ int run_train(TrainFlags& flags) {
       Result<store::LoadedCheckpoint> latest = checkpoints->load_latest(&skipped);
       for (const Status& s : skipped) std::fprintf(stderr, "fedmesh train: skipping corrupt checkpoint: %s\n", s.message().c_str());
       if (!latest.is_ok()) return fail(flags, latest.status());
-      if (Status s = node::restore_training_checkpoint(*latest, net, trainer); !s.is_ok()) return fail(flags, s);
+      if (Status s = train::restore_training_checkpoint(*latest, net, trainer); !s.is_ok()) return fail(flags, s);
       resumed_step = latest->round.round;
       const nlohmann::json metrics = nlohmann::json::parse(latest->round.metrics_json, nullptr, false);
       if (metrics.is_object() && metrics.contains("test_accuracy")) {
         last_test = {{"test_accuracy", metrics["test_accuracy"]}, {"test_loss", metrics.value("test_loss", 0.0)}};
       }
-      const node::TrainerState state = trainer.state();
+      const train::TrainerState state = trainer.state();
       if (flags.json) {
         emit_json({{"event", "resume"},
                    {"db", flags.db},
@@ -472,7 +468,7 @@ int run_train(TrainFlags& flags) {
       metrics["epsilon"] = privacy->epsilon;
       metrics["delta"] = privacy->delta;
     }
-    checkpoint_status = node::commit_training_checkpoint(*checkpoints, net, trainer, metrics, privacy);
+    checkpoint_status = train::commit_training_checkpoint(*checkpoints, net, trainer, metrics, privacy);
     if (!checkpoint_status.is_ok()) return;
     ++checkpoints_committed;
     const int64_t step = trainer.state().step;
@@ -481,17 +477,17 @@ int run_train(TrainFlags& flags) {
 
   // --ranks N: launch ranks 1..N-1 now that the flags, the data and the
   // store are known good, and hand them this run's position and state.
-  std::unique_ptr<node::RankGroup> group;
-  std::optional<node::DataParallel> sync;
+  std::unique_ptr<train::RankGroup> group;
+  std::optional<train::DataParallel> sync;
   if (flags.group.ranks > 1) {
-    Result<std::unique_ptr<node::RankGroup>> launched =
-        node::RankGroup::launch(flags.group.ranks, node::kRankTimeout, *device);
+    Result<std::unique_ptr<train::RankGroup>> launched =
+        train::RankGroup::launch(flags.group.ranks, train::kRankTimeout, *device);
     if (!launched.is_ok()) return fail(flags, launched.status(), 1);
     group = std::move(*launched);
-    Status shared = group->command({{"command", "train"}, {"state", node::trainer_state_to_json(trainer.state())}});
-    if (shared.is_ok()) shared = node::broadcast_training_state(group->communicator(), net, trainer);
+    Status shared = group->command({{"command", "train"}, {"state", train::trainer_state_to_json(trainer.state())}});
+    if (shared.is_ok()) shared = train::broadcast_training_state(group->communicator(), net, trainer);
     if (!shared.is_ok()) return fail(flags, shared, 1);
-    node::DataParallelOptions parallel;
+    train::DataParallelOptions parallel;
     parallel.zero_one = flags.zero_one;
     sync.emplace(group->communicator(), net, parallel);
   }
@@ -541,8 +537,8 @@ int run_train(TrainFlags& flags) {
   }
 
   ProgressLine line;
-  node::TrainCallbacks callbacks;
-  callbacks.on_step = [&](const node::StepProgress& p) {
+  train::TrainCallbacks callbacks;
+  callbacks.on_step = [&](const train::StepProgress& p) {
     if (p.step % flags.checkpoint_every == 0 && p.step < p.total_steps) {
       commit_checkpoint({{"train_loss", p.result.loss}, {"lr", p.lr}, {"epoch", p.epoch}});
       if (!checkpoint_status.is_ok()) throw CheckpointFailed{};
@@ -570,7 +566,7 @@ int run_train(TrainFlags& flags) {
                   format_duration(p.eta_seconds).c_str(), p.result.applied ? "" : "  (step skipped: overflow)");
     line.update(text, report);
   };
-  callbacks.on_epoch = [&](const node::EpochReport& r) {
+  callbacks.on_epoch = [&](const train::EpochReport& r) {
     last_test = {{"test_accuracy", r.test.accuracy}, {"test_loss", r.test.loss}};
     if (flags.json) {
       nlohmann::json event = {{"event", "epoch"},
@@ -599,10 +595,10 @@ int run_train(TrainFlags& flags) {
   };
 
   if (flags.profile) enable_step_profile();
-  node::TrainSummary summary;
+  train::TrainSummary summary;
   try {
     if (sync) {
-      Result<node::TrainSummary> trained = node::fit_data_parallel(trainer, *sync, *train, test, callbacks);
+      Result<train::TrainSummary> trained = train::fit_data_parallel(trainer, *sync, *train, test, callbacks);
       Status ranks = trained.is_ok() ? group->join() : group->check_ranks();
       if (!ranks.is_ok() || !trained.is_ok()) {
         line.finish();
@@ -715,14 +711,14 @@ int run_train(TrainFlags& flags) {
 
 void add_train_command(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<TrainFlags>();
-  node::TrainOptions& o = flags->options;
+  train::TrainOptions& o = flags->options;
   CLI::App* cmd = app.add_subcommand(
       "train", "Train a model locally on this machine's data (no federation) and report test accuracy.");
   cmd->add_option("--model", flags->model,
                   "Model to train: mlp (784-512-256-10) or cnn (2 conv + 2 fc) on Fashion-MNIST; or a GPT-style "
                   "language model on text with the byte tokenizer (or --tokenizer FILE): gpt-nano (0.1M parameters), gpt-tiny (1.8M), "
                   "gpt-small (10.8M), gpt2 (124M)")
-      ->check(CLI::IsMember(node::model_names()))
+      ->check(CLI::IsMember(train::model_names()))
       ->capture_default_str();
   cmd->add_option("--data", flags->data,
                   "Image models: fashion-mnist (from /usr/share/datasets/fashion-mnist, package dataset-fashion-mnist) "

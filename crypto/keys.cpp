@@ -11,7 +11,7 @@
 #include <toml++/toml.h>
 
 #include "base/file_io.h"
-#include "crypto/toml_input.h"
+#include "base/toml_input.h"
 
 namespace fedmesh::crypto {
 

@@ -1,5 +1,5 @@
-// The arithmetic of secure aggregation (Bonawitz et al., CCS 2017), issue
-// 10's building blocks: Shamir t-of-n secret sharing of 32-byte secrets,
+// The arithmetic of secure aggregation (Bonawitz et al., CCS 2017), its
+// building blocks: Shamir t-of-n secret sharing of 32-byte secrets,
 // the cryptographic expansion of a 256-bit seed into a mask in Z_2^32
 // (ChaCha20, libsodium's IETF variant), pairwise seeds agreed by X25519,
 // and fixed-point quantization of an update into Z_2^32. Pairwise masks

@@ -2,7 +2,7 @@
 // additions) as two state machines with no clock or network of their own:
 // `SecAggClient` is one site's part in one session, `SecAggServer` the
 // aggregator's. The transports (aggregator/secure_round.h and
-// node/site/secure_upload.h) move their messages; tests drive them directly.
+// node/secure_upload.h) move their messages; tests drive them directly.
 //
 // One session, over the sites U0 the aggregator invites (names sorted):
 //   0 AdvertiseKeys   every site makes two X25519 key pairs (c: to encrypt

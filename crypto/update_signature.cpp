@@ -2,15 +2,12 @@
 
 #include <sodium.h>
 
-#include <new>
 
 namespace fedmesh::crypto {
 
 namespace {
 
 constexpr std::string_view kUpdateDomain = "fedmesh-update-v1";
-
-static_assert(kHashBytes == crypto_generichash_BYTES);
 
 void append_u64(std::vector<uint8_t>& out, uint64_t value) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
@@ -27,39 +24,7 @@ void append_field(std::vector<uint8_t>& out, std::string_view text) {
   append_field(out, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }
 
-crypto_generichash_state* state_of(std::array<uint8_t, 384>& storage) {
-  return std::launder(reinterpret_cast<crypto_generichash_state*>(storage.data()));
-}
-
 }  // namespace
-
-// The header reserves raw storage so that it need not include sodium.h.
-static_assert(sizeof(crypto_generichash_state) <= 384);
-static_assert(alignof(crypto_generichash_state) <= 64);
-
-Hash hash_bytes(std::span<const uint8_t> bytes) {
-  ensure_sodium();
-  Hash hash{};
-  FEDMESH_CHECK(crypto_generichash(hash.data(), hash.size(), bytes.data(), bytes.size(), nullptr, 0) == 0);
-  return hash;
-}
-
-Hasher::Hasher() {
-  ensure_sodium();
-  FEDMESH_CHECK(crypto_generichash_init(state_of(state_), nullptr, 0, kHashBytes) == 0);
-}
-
-void Hasher::update(std::span<const uint8_t> bytes) {
-  FEDMESH_CHECK(crypto_generichash_update(state_of(state_), bytes.data(), bytes.size()) == 0);
-}
-
-// Starts over afterwards, so one Hasher can hash several messages in turn.
-Hash Hasher::finish() {
-  Hash hash{};
-  FEDMESH_CHECK(crypto_generichash_final(state_of(state_), hash.data(), hash.size()) == 0);
-  FEDMESH_CHECK(crypto_generichash_init(state_of(state_), nullptr, 0, kHashBytes) == 0);
-  return hash;
-}
 
 // Layout (u32 little-endian lengths, u64 little-endian integers):
 //   field "fedmesh-update-v1", field federation, u64 round, u64 base_version,

@@ -23,7 +23,7 @@ checkpoints are. While it runs, another terminal can watch it with
   BUILD/cli/fedmesh status --aggregator 127.0.0.1:\$((PORT + 2000))
 DIR defaults to a new directory under /tmp; its logs are DIR/*.log. It is
 removed at the end unless --keep or --dir is given. --compress sets how the
-sites compress their updates (e.g. topk:0.01+int8; README: Compressing updates).
+sites compress their updates (e.g. topk:0.01+int8; docs/compression.md).
 EOF
 }
 

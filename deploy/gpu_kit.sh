@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # fedmesh: a kit for a GPU machine that has none of our Debian libraries.
 #
-# The lent GPU machines (the device tool) have nvcc, cuBLAS, NCCL and a CUDA
-# PyTorch, but no package registry and none of the Debian libraries fedmesh
-# links (ZeroMQ, libsodium, Cap'n Proto, SQLite, OpenBLAS, Gloo, ...). This
-# script packs, here, everything the CUDA tests and the GPU benchmarks need
-# into one git-ignored folder that travels with a device call (`carry`), and
-# runs them there from it:
+# A GPU machine with CUDA, NCCL and a CUDA PyTorch but no package registry
+# has none of the Debian libraries fedmesh links (ZeroMQ, libsodium, Cap'n
+# Proto, SQLite, OpenBLAS, Gloo, ...). This script packs, on a Debian 12
+# machine, everything the CUDA tests and the GPU benchmarks need into one
+# git-ignored folder that is copied to the GPU machine with the source tree,
+# and runs them there from it:
 #   pack  (here, on Debian 12): the fedmesh binary and the CUDA test binaries
 #         of a CUDA-enabled build, stripped; the Debian packages (.deb, the
 #         installed versions, fetched with apt-get download) of every shared
@@ -30,7 +30,7 @@ HOST_LIBRARIES='^(linux-vdso|ld-linux-x86-64|libc|libm|libpthread|libdl|librt|li
 EXTRA_PACKAGES=(bible-kjv bible-kjv-text)
 # Fashion-MNIST images per split in the kit (test_device_training_cuda uses 512 and 256).
 FASHION_IMAGES=1024
-# What one device call may carry, the working tree included (device README).
+# The most the kit and the source tree may weigh together (what is copied to the GPU machine).
 CARRY_LIMIT_BYTES=$((64 << 20))
 STEPS_DEFAULT=check,doctor,smoke,tests,sanitize,train,federation,throughput,profile,kernels,gpt2
 
@@ -48,7 +48,7 @@ pack   On Debian 12, after a CUDA-enabled build (deploy/setup.sh where nvcc is
        runtime and CUDA's own, plus ${EXTRA_PACKAGES[*]}, into KIT/debs, cuts
        the first $FASHION_IMAGES images of each Fashion-MNIST split into
        KIT/data/fashion-mnist, and writes KIT/MANIFEST. Fails if the kit and the
-       working tree would not fit one device call (64 MiB).
+       working tree are over 64 MiB together.
 run    On the GPU machine, from the repository root: dpkg -x every package into
        a private prefix (a temporary folder, removed at the end; never /), then
        runs the steps in LIST (default $STEPS_DEFAULT):
@@ -81,8 +81,8 @@ run    On the GPU machine, from the repository root: dpkg -x every package into
                   (fedmesh vs PyTorch eager and torch.compile, MFU)
        Each step's output goes to LOG_DIR/STEP.log; the last lines are a table
        of the steps and their exit codes. Exit status: nonzero if any failed.
-       A device call runs at most 10 minutes: give profile and gpt2 a call
-       each rather than all the steps in one.
+       All the steps take about 8 minutes on an H200; --deadline bounds a run
+       and --steps splits it.
 
 Options:
   --build DIR       build directory (default: \$FEDMESH_BUILD_DIR or build)
@@ -103,9 +103,8 @@ Options:
                     also gets report.json (deploy/gpu_kit_report.py)
   -h, --help        show this help
 
-A device call, for example (carry names the kit; \$OUT takes 8 files at most):
-  run(command: "deploy/gpu_kit.sh run --quiet --deadline 380 --log-dir /tmp/kit-logs
-       --bundle \$OUT/logs.tar.gz; cp /tmp/kit-logs/report.json \$OUT", carry: [".deps/gpu-kit"])
+On the GPU machine, from the source tree with the kit in .deps/gpu-kit, for example:
+  deploy/gpu_kit.sh run --quiet --deadline 380 --log-dir /tmp/kit-logs --bundle /tmp/kit-logs.tar.gz
 EOF
 }
 
@@ -488,7 +487,7 @@ run_with_deadline() {
 }
 
 run() {
-  [[ -d $KIT/debs && -f $KIT/MANIFEST ]] || die "$KIT holds no kit: run deploy/gpu_kit.sh pack here first and carry it"
+  [[ -d $KIT/debs && -f $KIT/MANIFEST ]] || die "$KIT holds no kit: run deploy/gpu_kit.sh pack on a Debian 12 machine and copy the kit here"
   local -a steps summary=()
   local step
   local -a asked

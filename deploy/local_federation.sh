@@ -5,12 +5,12 @@
 # aggregator: the N sites are gossip peers (roster role peer) listening on
 # PORT..PORT+N-1. Used by deploy/demo.sh and the
 # integration tests; across real machines each institution runs
-# `fedmesh keygen` itself and sends only its .pub to the admin (README.md,
-# "Running a federation").
+# `fedmesh keygen` itself and sends only its .pub to the admin
+# (docs/deployment.md).
 set -euo pipefail
 
 usage() {
-  cat <<EOF
+  cat <<'EOF'
 Usage: deploy/local_federation.sh --fedmesh BIN --dir DIR [--sites 4] [--port 7400] [--metrics-port 9400]
                                   [--rounds 15] [--local-steps 60] [--mode sync|fedbuff|fedasync]
                                   [--deadline 30] [--min-sites SITES] [--gossip]
@@ -20,9 +20,17 @@ Usage: deploy/local_federation.sh --fedmesh BIN --dir DIR [--sites 4] [--port 74
 Creates DIR (it must not exist yet) holding keys/, roster.toml, agg.toml and
 site-0.toml .. site-(N-1).toml, for an aggregator on tcp://127.0.0.1:PORT with
 metrics on 127.0.0.1:METRICS_PORT (sites use METRICS_PORT+1+K). Each --agg or
---site adds one TOML line to agg.toml or to every site's config (a key given
-twice is an error, so only add keys the defaults below do not set), e.g.
---agg 'validation_limit = 2000' --site 'data.train_limit = 6000'.
+--site adds one TOML line to agg.toml or to every site's config, e.g.
+--agg 'validation_limit = 2000' --site 'data.train_limit = 6000'. A key given
+twice is an error, so add only keys the script does not write itself:
+  agg.toml     federation name listen keys roster admin_public store metrics
+               model seed rounds local_steps min_sites rounds_mode
+               deadline_seconds (and tokenizer with --tokenizer)
+  site-K.toml  federation name aggregator (gossip: mode gossip.rounds
+               gossip.local_steps) keys roster admin_public store metrics
+               model seed data.partition data.sites data.index data.seed
+               training.threads (and data.tokenizer with --tokenizer)
+Every key is described in docs/configuration.md.
 
 --model names the model of every process (mlp, cnn, or a language model:
 gpt-nano, gpt-tiny, ...); --partition how the sites split the data

@@ -10,7 +10,7 @@
 // mass instead would bias the average).
 //
 // Pairwise averaging: x_i <- (1 - s(tau) / 2) x_i + s(tau) / 2 x_j with the
-// staleness weights of the aggregator (aggregator/staleness.h); tau is
+// staleness weights of the aggregator (federation/staleness.h); tau is
 // measured in the receiver's version counter.
 #pragma once
 

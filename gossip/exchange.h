@@ -1,6 +1,6 @@
 // One node's model in gossip, and what it sends and takes: the merge rules
 // of averaging.h applied to a whole model, with compression and error
-// feedback (protocol/compressor.h). The networked node (node/gossip) and the
+// feedback (protocol/compressor.h). The networked node (node/) and the
 // gossip simulation (`fedmesh sim --mode gossip`) both run this class.
 //
 // Values travel relative to the reference model x0 that every node rebuilds

@@ -8,8 +8,8 @@
 // their definitions and, where a GPU is present, the CUDA backend to the CPU.
 //
 // The interface takes host spans: the CUDA backend copies in and out around
-// its kernels (the device-resident training step of the GPU-backend issue
-// will hand it device pointers instead).
+// its kernels (a device-resident update could hand it device pointers
+// instead; not done).
 #pragma once
 
 #include <cstdint>

@@ -81,7 +81,7 @@ struct RoundAnnounce {
   finished @9 :Bool;           # the federation has run its rounds: sites may stop
   secureAggregation @10 :Bool; # private mode: updates go through SecAggUp, never UpdateHeader
   tokenizer @11 :Text;         # language models: the BPE tokenizer's fingerprint ("fnv1a64:<16 hex>",
-                               # node/data/bpe_tokenizer.h); "" (and absent, from older builds): bytes.
+                               # train/data/bpe_tokenizer.h); "" (and absent, from older builds): bytes.
                                # A site that reads text with another refuses to take part.
 }
 

@@ -377,13 +377,13 @@ CheckpointStore::~CheckpointStore() {
   if (database_.handle() != nullptr) (void)database_.execute("PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
-Status CheckpointStore::commit_round(const RoundToCommit& round) {
-  if (round.round < 0 || round.model_version < 0) return invalid_argument("round and model version must be >= 0");
-  if (static_cast<int64_t>(round.tensors.size()) > kMaxTensorsPerRound) {
-    return invalid_argument(round_name(round.round) + ": more than " + std::to_string(kMaxTensorsPerRound) + " tensors");
-  }
-  FEDMESH_RETURN_IF_ERROR(check_json_object(database_, "metrics", round.metrics_json));
-  FEDMESH_RETURN_IF_ERROR(check_json_object(database_, "state", round.state_json));
+namespace {
+
+// The rows commit_round writes, one writer per table; each runs inside the
+// round's one transaction, which commit_round opens and commits.
+
+// What each tensor of the round will be stored as, its bounds checked.
+Result<std::vector<TensorInfo>> describe_round_tensors(const RoundToCommit& round) {
   std::vector<TensorInfo> infos;
   infos.reserve(round.tensors.size());
   for (const TensorToCommit& tensor : round.tensors) {
@@ -409,6 +409,149 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
     info.chunk_count = chunks_for(info.byte_size);
     infos.push_back(std::move(info));
   }
+  return infos;
+}
+
+// rounds (its checksum filled in later) and round_log, which keeps the
+// round's metrics after retention drops the round.
+Status write_round_row(Database& database, const RoundToCommit& round, size_t tensor_count) {
+  Result<Statement> insert_round = database.prepare(
+      "INSERT INTO rounds(round, model_version, wall_time, metrics, state, tensor_count, checksum) "
+      "VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?3, ?4, ?5, zeroblob(32))");
+  if (!insert_round.is_ok()) return insert_round.status();
+  insert_round->bind(1, round.round)
+      .bind(2, round.model_version)
+      .bind(3, std::string_view(round.metrics_json))
+      .bind(4, std::string_view(round.state_json))
+      .bind(5, static_cast<int64_t>(tensor_count));
+  FEDMESH_RETURN_IF_ERROR(insert_round->run());
+  Result<Statement> log_round = database.prepare(
+      "INSERT INTO round_log(round, model_version, wall_time, metrics) "
+      "SELECT round, model_version, wall_time, metrics FROM rounds WHERE round = ?1");
+  if (!log_round.is_ok()) return log_round.status();
+  log_round->bind(1, round.round);
+  return log_round->run();
+}
+
+// tensors and tensor_chunks (checksums filled in later); sets each info's id.
+Status write_tensors(Database& database, const RoundToCommit& round, std::vector<TensorInfo>& infos) {
+  Result<Statement> insert_tensor = database.prepare(
+      "INSERT INTO tensors(round, role, name, dtype, shape, encoding, byte_size, chunk_count, checksum) "
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, zeroblob(32))");
+  if (!insert_tensor.is_ok()) return insert_tensor.status();
+  Result<Statement> insert_chunk =
+      database.prepare("INSERT INTO tensor_chunks(tensor_id, chunk, data) VALUES (?1, ?2, ?3)");
+  if (!insert_chunk.is_ok()) return insert_chunk.status();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    TensorInfo& info = infos[i];
+    const std::string shape = shape_json(info.shape);
+    insert_tensor->bind(1, round.round)
+        .bind(2, std::string_view(info.role))
+        .bind(3, std::string_view(info.name))
+        .bind(4, std::string_view(dtype_name(info.dtype)))
+        .bind(5, std::string_view(shape))
+        .bind(6, std::string_view(info.encoding))
+        .bind(7, info.byte_size)
+        .bind(8, info.chunk_count);
+    if (Status s = insert_tensor->run(); !s.is_ok()) {
+      if (s.code() == StatusCode::kInvalidArgument) {
+        return invalid_argument(round_name(round.round) + ": tensor " + info.role + "/" + info.name +
+                                " appears twice");
+      }
+      return s;
+    }
+    info.id = database.last_insert_rowid();
+    const int64_t id = info.id;
+    FEDMESH_RETURN_IF_ERROR(insert_chunks(database, "tensor_chunks", *insert_chunk,
+                                          [id](Statement& s) { s.bind(1, id); }, tensor_bytes(*round.tensors[i].tensor)));
+  }
+  return Status::ok();
+}
+
+// applied_updates, and the applied updates out of pending_updates.
+Status write_applied_updates(Database& database, const RoundToCommit& round) {
+  Result<Statement> insert_applied = database.prepare(
+      "INSERT INTO applied_updates(update_id, round, sender, staleness) VALUES (?1, ?2, ?3, ?4)");
+  if (!insert_applied.is_ok()) return insert_applied.status();
+  Result<Statement> delete_pending = database.prepare("DELETE FROM pending_updates WHERE update_id = ?1");
+  if (!delete_pending.is_ok()) return delete_pending.status();
+  for (const AppliedUpdate& update : round.applied_updates) {
+    if (update.update_id.empty() || update.update_id.size() > kMaxNameBytes) {
+      return invalid_argument("an applied update id must be 1.." + std::to_string(kMaxNameBytes) + " bytes");
+    }
+    insert_applied->bind_blob(1, update.update_id)
+        .bind(2, round.round)
+        .bind(3, std::string_view(update.sender))
+        .bind(4, update.staleness);
+    if (Status s = insert_applied->run(); !s.is_ok()) {
+      if (s.code() != StatusCode::kInvalidArgument) return s;  // not the caller's list: the disk, an interrupt
+      return invalid_argument(round_name(round.round) + ": update " + hex(update.update_id) +
+                              " is listed twice in the round");
+    }
+    delete_pending->bind_blob(1, update.update_id);
+    FEDMESH_RETURN_IF_ERROR(delete_pending->run());
+  }
+  return Status::ok();
+}
+
+// peers: a gossip node's membership as of this round, replacing the last.
+Status write_peers(Database& database, const std::vector<PeerRecord>& peers) {
+  FEDMESH_RETURN_IF_ERROR(database.execute("DELETE FROM peers"));
+  Result<Statement> insert_peer = database.prepare(
+      "INSERT INTO peers(site, address, status, incarnation, updated_round) VALUES (?1, ?2, ?3, ?4, ?5)");
+  if (!insert_peer.is_ok()) return insert_peer.status();
+  for (const PeerRecord& peer : peers) {
+    if (!valid_name(peer.site) || peer.address.size() > kMaxNameBytes) {
+      return invalid_argument("peer '" + peer.site.substr(0, 64) + "': site must be 1.." +
+                              std::to_string(kMaxNameBytes) + " bytes");
+    }
+    if (peer.status != "alive" && peer.status != "suspect" && peer.status != "dead" && peer.status != "left") {
+      return invalid_argument("peer " + peer.site + ": status '" + peer.status +
+                              "' is not alive, suspect, dead or left");
+    }
+    insert_peer->bind(1, std::string_view(peer.site))
+        .bind(2, std::string_view(peer.address))
+        .bind(3, std::string_view(peer.status))
+        .bind(4, peer.incarnation)
+        .bind(5, peer.updated_round);
+    if (Status s = insert_peer->run(); !s.is_ok()) {
+      if (s.code() != StatusCode::kInvalidArgument) return s;
+      return invalid_argument("peer " + peer.site + " is listed twice");
+    }
+  }
+  return Status::ok();
+}
+
+// replay_counters: each sender's highest sequence, only ever raised.
+Status raise_replay_counters(Database& database, const RoundToCommit& round) {
+  // Sequences are uint64 stored as int64 (two's complement): compared as
+  // unsigned, so a counter at or above 2^63 is never "raised" to a small one.
+  Result<Statement> raise_counter = database.prepare(
+      "INSERT INTO replay_counters(sender, sequence) VALUES (?1, ?2) "
+      "ON CONFLICT(sender) DO UPDATE SET sequence = CASE "
+      "WHEN (sequence < 0) = (excluded.sequence < 0) THEN max(sequence, excluded.sequence) "
+      "WHEN excluded.sequence < 0 THEN excluded.sequence ELSE sequence END");
+  if (!raise_counter.is_ok()) return raise_counter.status();
+  for (const auto& [sender, sequence] : round.replay_counters) {
+    if (!valid_name(sender)) return invalid_argument("a replay counter's sender must be 1..1024 bytes");
+    raise_counter->bind(1, std::string_view(sender)).bind(2, static_cast<int64_t>(sequence));
+    FEDMESH_RETURN_IF_ERROR(raise_counter->run());
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status CheckpointStore::commit_round(const RoundToCommit& round) {
+  if (round.round < 0 || round.model_version < 0) return invalid_argument("round and model version must be >= 0");
+  if (static_cast<int64_t>(round.tensors.size()) > kMaxTensorsPerRound) {
+    return invalid_argument(round_name(round.round) + ": more than " + std::to_string(kMaxTensorsPerRound) + " tensors");
+  }
+  FEDMESH_RETURN_IF_ERROR(check_json_object(database_, "metrics", round.metrics_json));
+  FEDMESH_RETURN_IF_ERROR(check_json_object(database_, "state", round.state_json));
+  Result<std::vector<TensorInfo>> described = describe_round_tensors(round);
+  if (!described.is_ok()) return described.status();
+  std::vector<TensorInfo>& infos = *described;
 
   // The previous commit's retention and log copy finish first: they are at
   // most one commit behind, so the store never holds more than keep_last + 1
@@ -451,56 +594,24 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
     }
   } join_on_exit{hashes};
 
-  Result<Statement> insert_round = database_.prepare(
-      "INSERT INTO rounds(round, model_version, wall_time, metrics, state, tensor_count, checksum) "
-      "VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?3, ?4, ?5, zeroblob(32))");
-  if (!insert_round.is_ok()) return insert_round.status();
-  insert_round->bind(1, round.round)
-      .bind(2, round.model_version)
-      .bind(3, std::string_view(round.metrics_json))
-      .bind(4, std::string_view(round.state_json))
-      .bind(5, static_cast<int64_t>(infos.size()));
-  FEDMESH_RETURN_IF_ERROR(insert_round->run());
-  // The round log keeps this round's metrics after retention drops the round.
-  Result<Statement> log_round = database_.prepare(
-      "INSERT INTO round_log(round, model_version, wall_time, metrics) "
-      "SELECT round, model_version, wall_time, metrics FROM rounds WHERE round = ?1");
-  if (!log_round.is_ok()) return log_round.status();
-  log_round->bind(1, round.round);
-  FEDMESH_RETURN_IF_ERROR(log_round->run());
+  FEDMESH_RETURN_IF_ERROR(write_round_row(database_, round, infos.size()));
+  FEDMESH_RETURN_IF_ERROR(write_tensors(database_, round, infos));
+  FEDMESH_RETURN_IF_ERROR(write_checksums(round, infos, hashes.get()));
+  FEDMESH_RETURN_IF_ERROR(write_applied_updates(database_, round));
+  if (round.peers.has_value()) FEDMESH_RETURN_IF_ERROR(write_peers(database_, *round.peers));
+  FEDMESH_RETURN_IF_ERROR(raise_replay_counters(database_, round));
+  if (round.privacy.has_value()) FEDMESH_RETURN_IF_ERROR(insert_privacy_entry(round.round, *round.privacy));
 
-  Result<Statement> insert_tensor = database_.prepare(
-      "INSERT INTO tensors(round, role, name, dtype, shape, encoding, byte_size, chunk_count, checksum) "
-      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, zeroblob(32))");
-  if (!insert_tensor.is_ok()) return insert_tensor.status();
-  Result<Statement> insert_chunk =
-      database_.prepare("INSERT INTO tensor_chunks(tensor_id, chunk, data) VALUES (?1, ?2, ?3)");
-  if (!insert_chunk.is_ok()) return insert_chunk.status();
-  for (size_t i = 0; i < infos.size(); ++i) {
-    TensorInfo& info = infos[i];
-    const std::string shape = shape_json(info.shape);
-    insert_tensor->bind(1, round.round)
-        .bind(2, std::string_view(info.role))
-        .bind(3, std::string_view(info.name))
-        .bind(4, std::string_view(dtype_name(info.dtype)))
-        .bind(5, std::string_view(shape))
-        .bind(6, std::string_view(info.encoding))
-        .bind(7, info.byte_size)
-        .bind(8, info.chunk_count);
-    if (Status s = insert_tensor->run(); !s.is_ok()) {
-      if (s.code() == StatusCode::kInvalidArgument) {
-        return invalid_argument(round_name(round.round) + ": tensor " + info.role + "/" + info.name +
-                                " appears twice");
-      }
-      return s;
-    }
-    info.id = database_.last_insert_rowid();
-    const int64_t id = info.id;
-    FEDMESH_RETURN_IF_ERROR(insert_chunks(database_, "tensor_chunks", *insert_chunk,
-                                          [id](Statement& s) { s.bind(1, id); }, tensor_bytes(*round.tensors[i].tensor)));
-  }
+  if (!maintenance_) FEDMESH_RETURN_IF_ERROR(apply_retention(database_, options_));
+  FEDMESH_RETURN_IF_ERROR(transaction->commit());
+  if (maintenance_) maintenance_->poke();
+  return Status::ok();
+}
 
-  const std::vector<crypto::Hash> checksums = hashes.get();
+// The tensors' checksums (hashed beside the writes) and the round's, which
+// covers its row and every tensor's.
+Status CheckpointStore::write_checksums(const RoundToCommit& round, std::vector<TensorInfo>& infos,
+                                        const std::vector<crypto::Hash>& checksums) {
   Result<Statement> set_tensor_checksum = database_.prepare("UPDATE tensors SET checksum = ?2 WHERE id = ?1");
   if (!set_tensor_checksum.is_ok()) return set_tensor_checksum.status();
   for (size_t i = 0; i < infos.size(); ++i) {
@@ -519,74 +630,6 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
   if (!set_round_checksum.is_ok()) return set_round_checksum.status();
   set_round_checksum->bind(1, round.round).bind_blob(2, *checksum);
   FEDMESH_RETURN_IF_ERROR(set_round_checksum->run());
-
-  Result<Statement> insert_applied = database_.prepare(
-      "INSERT INTO applied_updates(update_id, round, sender, staleness) VALUES (?1, ?2, ?3, ?4)");
-  if (!insert_applied.is_ok()) return insert_applied.status();
-  Result<Statement> delete_pending = database_.prepare("DELETE FROM pending_updates WHERE update_id = ?1");
-  if (!delete_pending.is_ok()) return delete_pending.status();
-  for (const AppliedUpdate& update : round.applied_updates) {
-    if (update.update_id.empty() || update.update_id.size() > kMaxNameBytes) {
-      return invalid_argument("an applied update id must be 1.." + std::to_string(kMaxNameBytes) + " bytes");
-    }
-    insert_applied->bind_blob(1, update.update_id)
-        .bind(2, round.round)
-        .bind(3, std::string_view(update.sender))
-        .bind(4, update.staleness);
-    if (Status s = insert_applied->run(); !s.is_ok()) {
-      if (s.code() != StatusCode::kInvalidArgument) return s;  // not the caller's list: the disk, an interrupt
-      return invalid_argument(round_name(round.round) + ": update " + hex(update.update_id) +
-                              " is listed twice in the round");
-    }
-    delete_pending->bind_blob(1, update.update_id);
-    FEDMESH_RETURN_IF_ERROR(delete_pending->run());
-  }
-
-  if (round.peers.has_value()) {
-    FEDMESH_RETURN_IF_ERROR(database_.execute("DELETE FROM peers"));
-    Result<Statement> insert_peer = database_.prepare(
-        "INSERT INTO peers(site, address, status, incarnation, updated_round) VALUES (?1, ?2, ?3, ?4, ?5)");
-    if (!insert_peer.is_ok()) return insert_peer.status();
-    for (const PeerRecord& peer : *round.peers) {
-      if (!valid_name(peer.site) || peer.address.size() > kMaxNameBytes) {
-        return invalid_argument("peer '" + peer.site.substr(0, 64) + "': site must be 1.." +
-                                std::to_string(kMaxNameBytes) + " bytes");
-      }
-      if (peer.status != "alive" && peer.status != "suspect" && peer.status != "dead" && peer.status != "left") {
-        return invalid_argument("peer " + peer.site + ": status '" + peer.status +
-                                "' is not alive, suspect, dead or left");
-      }
-      insert_peer->bind(1, std::string_view(peer.site))
-          .bind(2, std::string_view(peer.address))
-          .bind(3, std::string_view(peer.status))
-          .bind(4, peer.incarnation)
-          .bind(5, peer.updated_round);
-      if (Status s = insert_peer->run(); !s.is_ok()) {
-        if (s.code() != StatusCode::kInvalidArgument) return s;
-        return invalid_argument("peer " + peer.site + " is listed twice");
-      }
-    }
-  }
-
-  // Sequences are uint64 stored as int64 (two's complement): compared as
-  // unsigned, so a counter at or above 2^63 is never "raised" to a small one.
-  Result<Statement> raise_counter = database_.prepare(
-      "INSERT INTO replay_counters(sender, sequence) VALUES (?1, ?2) "
-      "ON CONFLICT(sender) DO UPDATE SET sequence = CASE "
-      "WHEN (sequence < 0) = (excluded.sequence < 0) THEN max(sequence, excluded.sequence) "
-      "WHEN excluded.sequence < 0 THEN excluded.sequence ELSE sequence END");
-  if (!raise_counter.is_ok()) return raise_counter.status();
-  for (const auto& [sender, sequence] : round.replay_counters) {
-    if (!valid_name(sender)) return invalid_argument("a replay counter's sender must be 1..1024 bytes");
-    raise_counter->bind(1, std::string_view(sender)).bind(2, static_cast<int64_t>(sequence));
-    FEDMESH_RETURN_IF_ERROR(raise_counter->run());
-  }
-
-  if (round.privacy.has_value()) FEDMESH_RETURN_IF_ERROR(insert_privacy_entry(round.round, *round.privacy));
-
-  if (!maintenance_) FEDMESH_RETURN_IF_ERROR(apply_retention(database_, options_));
-  FEDMESH_RETURN_IF_ERROR(transaction->commit());
-  if (maintenance_) maintenance_->poke();
   return Status::ok();
 }
 

@@ -232,6 +232,8 @@ class CheckpointStore {
 
  private:
   Status insert_privacy_entry(int64_t round, const PrivacyEntry& entry);
+  Status write_checksums(const RoundToCommit& round, std::vector<TensorInfo>& infos,
+                         const std::vector<crypto::Hash>& checksums);
   class BackgroundMaintenance;
   class OwnerLock;
   CheckpointStore(std::unique_ptr<OwnerLock> owner, Database database, StoreOptions options,

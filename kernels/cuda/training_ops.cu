@@ -204,7 +204,7 @@ __global__ void unscale_and_check_kernel(float* grads, int64_t n, float inverse_
   if (!finite) *found_inf = 1;  // every writer writes 1: no race on the value
 }
 
-// node/trainer.cpp's factor, in fp64 like it.
+// train/trainer.cpp's factor, in fp64 like it.
 __global__ void gradient_scale_factor_kernel(const double* squared_norm, float loss_scale, float clip_grad_norm,
                                              float* factor, int* found_inf) {
   const double squared = *squared_norm;

@@ -125,7 +125,7 @@ TEST(RoundManager, DeadlineClosesWithEnoughUpdatesOrAbandonsTheRound) {
 TEST(RoundManager, LateUpdatesFoldIntoTheNextRoundWithTheirStalenessWeight) {
   RoundOptions options;
   options.fold_late_updates = true;
-  options.staleness = *StalenessFunction::parse("polynomial:1");  // s(1) = 1/2
+  options.staleness = *federation::StalenessFunction::parse("polynomial:1");  // s(1) = 1/2
   options.min_updates = 1;
   RoundManager manager = make_manager(options);
   ASSERT_TRUE(manager.start_round({"a", "b"}, 0).is_ok());
@@ -146,7 +146,7 @@ TEST(RoundManager, FedBuffAppliesEveryKUpdatesWeightedByStaleness) {
   RoundOptions options;
   options.asynchronous = true;
   options.buffer_size = 2;
-  options.staleness = *StalenessFunction::parse("polynomial:0.5");
+  options.staleness = *federation::StalenessFunction::parse("polynomial:0.5");
   options.max_sample_count = 100;
   RoundManager manager = make_manager(options);
   auto first = manager.submit(update("a", 0, 0, {1, 1, 1, 1}), 1);
@@ -169,7 +169,7 @@ TEST(RoundManager, FedBuffAppliesEveryKUpdatesWeightedByStaleness) {
   EXPECT_FALSE(manager.start_round(kSites, 0).is_ok()) << "no rounds in asynchronous mode";
 
   RoundOptions cut = options;
-  cut.staleness = *StalenessFunction::parse("constant", 0);
+  cut.staleness = *federation::StalenessFunction::parse("constant", 0);
   RoundManager strict = make_manager(cut);
   ASSERT_TRUE(strict.submit(update("a", 0, 0, {1, 1, 1, 1}), 1).is_ok());
   ASSERT_TRUE(strict.submit(update("b", 0, 0, {1, 1, 1, 1}), 1).is_ok());

@@ -65,6 +65,21 @@ TEST(Cli, HelpExplainsEverySubcommand) {
   }
 }
 
+// The shipped binary has no option that writes a private-mode site's
+// unmasked input or kills the process (tests get those from their own build,
+// tests/support/fedmesh_with_faults.cpp): neither in the help nor hidden.
+TEST(Cli, ShippedNodeHasNoTestFaultOptions) {
+  const CommandRun help = run("node --help");
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* flag : {"--secure-dump", "--secure-exit-at"}) {
+    EXPECT_EQ(help.output.find(flag), std::string::npos) << flag;
+    const CommandRun given = run(std::string("node --config /nonexistent.toml ") + flag + " x");
+    EXPECT_NE(given.exit_code, 0) << flag;
+    EXPECT_NE(given.output.find("not expected"), std::string::npos) << given.output;
+    EXPECT_NE(given.output.find(flag), std::string::npos) << given.output;
+  }
+}
+
 TEST(Cli, DoctorReportsTheBuild) {
   const CommandRun doctor = run("doctor --json", /*with_stderr=*/false);
   ASSERT_EQ(doctor.exit_code, 0) << doctor.output;

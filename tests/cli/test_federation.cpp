@@ -43,9 +43,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "node/data/bpe_tokenizer.h"
-#include "node/data/text_corpus.h"
-#include "node/data/tokenized_text.h"
+#include "train/data/bpe_tokenizer.h"
+#include "train/data/text_corpus.h"
+#include "train/data/tokenized_text.h"
 #include "store/checkpoint_store.h"
 #include "support/cluster.h"
 #include "support/local_federation.h"

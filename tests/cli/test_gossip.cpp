@@ -83,6 +83,7 @@ class GossipCluster {
     peers_.resize(static_cast<size_t>(peers));
   }
   fs::path config(int k) const { return dir_ / ("site-" + std::to_string(k) + ".toml"); }
+  fs::path store(int k) const { return dir_ / ("site-" + std::to_string(k) + ".db"); }
   ~GossipCluster() {
     peers_.clear();  // SIGKILLs what still runs
     fs::remove_all(dir_);
@@ -367,6 +368,20 @@ TEST(Gossip, EightPeersConvergeSurviveTwoKillsAndARestartedPeerCatchesUp) {
     EXPECT_EQ(cluster.peer(k).process->wait(), 0) << "site-" << k;
     cluster.peer(k).running = false;
   }
+
+  // Each checkpoint records the membership as its peer saw it: site-0's
+  // last one holds the seven others, site-7 (killed, never back) dead.
+  ChildProcess show({fedmesh::testing::fedmesh_binary(), "checkpoint", "show", cluster.store(0).string(), "--json"});
+  const std::vector<std::string> lines = show.read_all(30s);
+  ASSERT_EQ(show.wait(), 0);
+  ASSERT_FALSE(lines.empty());
+  const json checkpoint = json::parse(lines.back());
+  std::map<std::string, std::string> status;
+  for (const json& peer : checkpoint["peers"]) status[peer["site"].get<std::string>()] = peer["status"].get<std::string>();
+  EXPECT_EQ(status.size(), static_cast<size_t>(kPeers - 1)) << checkpoint["peers"].dump();
+  EXPECT_EQ(status.count("site-0"), 0u) << "a peer is not its own peer";
+  EXPECT_TRUE(status["site-1"] == "alive" || status["site-1"] == "left") << checkpoint["peers"].dump();
+  EXPECT_EQ(status["site-7"], "dead") << checkpoint["peers"].dump();
 }
 
 TEST(Gossip, TwentyPercentMessageLossStillConverges) {

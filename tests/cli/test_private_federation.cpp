@@ -1,7 +1,7 @@
 // Private mode with real processes: `fedmesh aggregator` and six `fedmesh
 // node` processes on loopback (keys and roster from
 // deploy/local_federation.sh), privacy.mode = "private", threshold 4 of 6.
-// The sites are killed with SIGKILL (a hidden test flag, --secure-exit-at,
+// The sites are killed with SIGKILL (--secure-exit-at of the command line built for tests,
 // makes a site kill itself on reaching a phase, so the kill lands exactly
 // there) and restarted from their stores after the round:
 //   round 1 no site killed, but the aggregator, at masked-input (the
@@ -49,11 +49,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "aggregator/model_chain.h"
+#include "federation/model_chain.h"
 #include "aggregator/secure_round.h"
 #include "aggregator/server.h"
 #include "crypto/keys.h"
-#include "node/model.h"
+#include "train/model.h"
 #include "protocol/secagg_wire.h"
 #include "protocol/transport.h"
 #include "store/checkpoint_store.h"
@@ -345,7 +345,7 @@ class MaliciousAggregator {
     if (!membership.is_ok()) return;
     keys_ = std::move(membership->keys);
     roster_ = std::move(membership->roster);
-    std::unique_ptr<fedmesh::node::Sequential> model = fedmesh::node::make_model(config_.model, config_.seed).value();
+    std::unique_ptr<fedmesh::train::Sequential> model = fedmesh::train::make_model(config_.model, config_.seed).value();
     std::vector<std::string> names;
     std::vector<fedmesh::Tensor> tensors;
     for (fedmesh::Parameter* p : model->parameters()) {
@@ -353,7 +353,7 @@ class MaliciousAggregator {
       tensors.push_back(p->value.clone());
       length_ += static_cast<uint64_t>(p->value.numel());
     }
-    hash0_ = fedmesh::aggregator::model_version_hash(0, fedmesh::crypto::Hash{}, names, tensors);
+    hash0_ = fedmesh::federation::model_version_hash(0, fedmesh::crypto::Hash{}, names, tensors);
     fedmesh::Result<std::unique_ptr<fedmesh::protocol::ServerSocket>> bound = fedmesh::protocol::ServerSocket::bind(
         config_.listen, fedmesh::protocol::CurveKeys::from(keys_), fedmesh::protocol::allowlist_from_roster(roster_), {});
     if (!bound.is_ok()) return;

@@ -5,7 +5,7 @@
 //   the sites that delivered a masked input, bit for bit;
 // - with 3 dropping, the session aborts, naming the threshold;
 // - a malicious server (the test, tampering with what the honest server
-//   would send) tries every inconsistency of the issue: a key list with an
+//   would send) tries every inconsistency a client must refuse: a key list with an
 //   unsigned key, an unknown or duplicate name, without the site, below t;
 //   a stale session; survivors that differ from what the site signed, the
 //   site listed as dropped, a site both alive and dropped, forged or too few

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "node/data/fashion_mnist.h"
+#include "train/data/fashion_mnist.h"
 #include "tests/support/idx_reference.h"
 
 namespace {

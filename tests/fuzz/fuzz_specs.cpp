@@ -33,10 +33,10 @@
 #include <string_view>
 #include <vector>
 
-#include "aggregator/staleness.h"
+#include "federation/staleness.h"
 #include "base/random.h"
 #include "gossip/topology.h"
-#include "node/data/partition.h"
+#include "train/data/partition.h"
 #include "protocol/compression_spec.h"
 #include "protocol/fault_injection.h"
 
@@ -153,7 +153,7 @@ void check_faults(std::string_view text) {
 }
 
 void check_staleness(std::string_view text, uint8_t parameter) {
-  using fedmesh::aggregator::StalenessFunction;
+  using fedmesh::federation::StalenessFunction;
   const int64_t max_staleness = static_cast<int64_t>(parameter) - 1;  // -1: no cut-off
   Result<StalenessFunction> function = StalenessFunction::parse(text, max_staleness);
   if (!accepted(function, "StalenessFunction::parse")) return;

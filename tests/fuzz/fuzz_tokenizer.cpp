@@ -1,5 +1,5 @@
 // libFuzzer target for the BPE tokenizer file parser
-// (node/data/bpe_tokenizer.h): the input bytes are the file's text. How to
+// (train/data/bpe_tokenizer.h): the input bytes are the file's text. How to
 // build and run it: tests/fuzz/README.md.
 //
 // For every input, besides "no crash, no sanitizer report, no unbounded
@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "node/data/bpe_tokenizer.h"
+#include "train/data/bpe_tokenizer.h"
 
 namespace {
 

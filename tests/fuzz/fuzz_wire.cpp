@@ -32,7 +32,7 @@
 #include "protocol/update_transfer.h"
 #include "protocol/wire.h"
 #include "gossip/swim.h"
-#include "node/gossip/swim_wire.h"
+#include "gossip/swim_wire.h"
 
 namespace fp = fedmesh::protocol;
 namespace fc = fedmesh::crypto;
@@ -167,11 +167,11 @@ void walk(const fp::ParsedMessage& message) {
         fedmesh::gossip::SwimMessage swim_message;
         uint64_t version = 0;
         fp::Rejection rejection;
-        if (!fedmesh::node::swim_from_wire(message, "site-b", "site-a", member, swim_message, version, rejection)) {
+        if (!fedmesh::gossip::swim_from_wire(message, "site-b", "site-a", member, swim_message, version, rejection)) {
           require(!rejection.reason.empty(), "a membership message refused without a reason");
           break;
         }
-        require(swim_message.updates.size() <= fedmesh::node::kMaxSwimUpdates, "too many membership updates accepted");
+        require(swim_message.updates.size() <= fedmesh::gossip::kMaxSwimUpdates, "too many membership updates accepted");
         for (const auto& update : swim_message.updates) require(member(update.name), "a stranger in a membership update");
         fedmesh::gossip::Swim swim("site-a", "tcp://a", fedmesh::gossip::SwimOptions{}, 1);
         swim.join({{"site-b", "tcp://b"}, {"site-c", "tcp://c"}}, 0.0);

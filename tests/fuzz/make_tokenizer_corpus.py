@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seeds of fuzz_tokenizer (corpus/tokenizer/): a valid BPE
 tokenizer file as `fedmesh tokenizer train` writes it, and one file per
-refusal the parser names (node/data/bpe_tokenizer.h)."""
+refusal the parser names (train/data/bpe_tokenizer.h)."""
 import json
 import os
 import struct

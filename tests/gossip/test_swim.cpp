@@ -1,7 +1,7 @@
 // The SWIM state machine (gossip/swim.h) on a fake network with a fake
 // clock: messages are delivered after a delay with jitter, or dropped with a
-// probability; a crashed member neither ticks nor receives. Checks what the
-// issue asks: a dead member is detected within the expected number of
+// probability; a crashed member neither ticks nor receives. Checks what SWIM
+// promises: a dead member is detected within the expected number of
 // periods, no member is declared dead with 20 % message loss at the default
 // settings, and a suspected live member refutes. Seeded: every run is the same.
 #include <gtest/gtest.h>

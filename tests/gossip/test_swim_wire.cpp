@@ -1,4 +1,4 @@
-// SWIM messages on the wire (node/gossip/swim_wire.h): every kind survives
+// SWIM messages on the wire (gossip/swim_wire.h): every kind survives
 // the round trip through bytes with its updates and the sender's version,
 // and a message naming a stranger, carrying too many updates, or of the
 // wrong kind is refused with a reason.
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "node/gossip/swim_wire.h"
+#include "gossip/swim_wire.h"
 
-namespace fedmesh::node {
+namespace fedmesh::gossip {
 namespace {
 
 bool member(std::string_view name) { return name == "a" || name == "b" || name == "c"; }
@@ -81,4 +81,4 @@ TEST(SwimWire, StrangersAndFloodsAreRefused) {
 }
 
 }  // namespace
-}  // namespace fedmesh::node
+}  // namespace fedmesh::gossip

@@ -1502,7 +1502,7 @@ TEST_F(CudaOps, GradientScaleFactorIsTheTrainersFactor) {
         Case{12345.678, 3.0f, 2.5f}, Case{INFINITY, 8.0f, 1.0f}, Case{NAN, 8.0f, 0.0f}}) {
     SCOPED_TRACE("squared norm " + std::to_string(c.squared_norm) + " scale " + std::to_string(c.loss_scale) +
                  " clip " + std::to_string(c.clip));
-    // node/trainer.cpp's arithmetic.
+    // train/trainer.cpp's arithmetic.
     const double norm = std::sqrt(c.squared_norm) / c.loss_scale;
     double factor = 1.0 / c.loss_scale;
     if (c.clip > 0.0f && norm > c.clip) factor *= c.clip / norm;

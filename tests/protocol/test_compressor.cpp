@@ -1,5 +1,5 @@
 // Update compression with error feedback (protocol/compressor.h): the
-// properties the issue names, per method, on the CPU backend.
+// properties every method must have, on the CPU backend.
 //  - error feedback conserves the total: sum over rounds of what the receiver
 //    decoded, plus the final residual, equals the sum of the deltas;
 //  - decode(encode(x)) stays within each method's bound;

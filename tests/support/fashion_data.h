@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "node/data/fashion_mnist.h"
+#include "train/data/fashion_mnist.h"
 
 namespace fedmesh::testing {
 

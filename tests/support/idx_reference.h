@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "node/data/fashion_mnist.h"
+#include "train/data/fashion_mnist.h"
 
 namespace fedmesh::testing {
 

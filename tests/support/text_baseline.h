@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "node/data/text_corpus.h"
-#include "node/data/tokenized_text.h"
+#include "train/data/text_corpus.h"
+#include "train/data/tokenized_text.h"
 
 namespace fedmesh::testing {
 

@@ -1,0 +1,1067 @@
+#include "node/gossip_runtime.h"
+
+#include <capnp/message.h>
+#include <sodium.h>
+#include <kj/exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "federation/compression_checkpoint.h"
+#include "federation/staleness.h"
+#include "base/http_endpoint.h"
+#include "base/prometheus.h"
+#include "base/random.h"
+#include "crypto/roster.h"
+#include "gossip/exchange.h"
+#include "gossip/topology.h"
+#include "kernels/parallel.h"
+#include "gossip/swim_wire.h"
+#include "train/model.h"
+#include "privacy/ledger.h"
+#include "privacy/rdp_accountant.h"
+#include "protocol/transport.h"
+#include "protocol/update_service.h"
+#include "protocol/update_transfer.h"
+#include "store/checkpoint_store.h"
+
+namespace fedmesh::node {
+
+std::string gossip_federation(const std::string& federation, const std::string& tokenizer_fingerprint) {
+  return tokenizer_fingerprint.empty() ? federation : federation + "/tokenizer=" + tokenizer_fingerprint;
+}
+
+Status GossipConfig::validate() const {
+  if (Result<protocol::CompressionPlan> plan =
+          protocol::make_compression_plan(site.compress, site.compress_overrides, site.dense_below);
+      plan.is_ok()) {
+    FEDMESH_RETURN_IF_ERROR(gossip::check_gossip_compression(*plan));
+  }
+  FEDMESH_RETURN_IF_ERROR(site.validate());
+  if (site.device != "cpu") {
+    return invalid_argument("training.device = \"" + site.device + "\": gossip peers train on the cpu for now (the "
+                            "aggregator's sites take training.device = \"cuda\")");
+  }
+  if (Status s = gossip::parse_topology(topology).status(); !s.is_ok()) return invalid_argument("gossip.topology: " + s.message());
+  if (Status s = gossip::parse_merge_rule(merge).status(); !s.is_ok()) return invalid_argument("gossip.merge: " + s.message());
+  if (Status s = federation::StalenessFunction::parse(staleness, max_staleness).status(); !s.is_ok()) {
+    return invalid_argument("gossip.staleness: " + s.message());
+  }
+  if (Status s = swim.validate(); !s.is_ok()) return invalid_argument("swim: " + s.message());
+  if (fanout < 1 || fanout > 64) return invalid_argument("gossip.fanout must be in 1..64");
+  if (local_steps < 1 || local_steps > 1'000'000) return invalid_argument("gossip.local_steps must be in 1..1000000");
+  if (rounds < 0) return invalid_argument("gossip.rounds must be >= 0 (0: until stopped)");
+  if (max_staleness < -1) return invalid_argument("gossip.max_staleness must be >= 0, or -1 for no cut-off");
+  if (catch_up_donors < 1 || catch_up_donors > 16) return invalid_argument("gossip.catch_up_donors must be in 1..16");
+  if (catch_up_lag < 1) return invalid_argument("gossip.catch_up_lag must be >= 1");
+  if (!(catch_up_timeout_seconds > 0.0) || catch_up_timeout_seconds > 600.0) {
+    return invalid_argument("gossip.catch_up_timeout_seconds must be in (0, 600]");
+  }
+  if (test_limit < 0) return invalid_argument("gossip.test_limit must be >= 0 (0: the whole test split)");
+  if (eval_every < 1) return invalid_argument("gossip.eval_every must be >= 1");
+  if (!(wait_for_share_seconds >= 0.0) || wait_for_share_seconds > 600.0) {
+    return invalid_argument("gossip.wait_for_share_seconds must be in [0, 600]");
+  }
+  if (!(dp_clip >= 0.0) || !std::isfinite(dp_clip)) return invalid_argument("dp.clip must be >= 0 (0: off)");
+  if (!(dp_noise_multiplier >= 0.0) || !std::isfinite(dp_noise_multiplier)) {
+    return invalid_argument("dp.noise_multiplier must be >= 0");
+  }
+  if (dp_noise_multiplier > 0.0 && dp_clip <= 0.0) {
+    return invalid_argument("dp.noise_multiplier needs dp.clip > 0: the noise is scaled to the clipped delta");
+  }
+  if (!(dp_delta > 0.0 && dp_delta < 1.0)) return invalid_argument("dp.delta must be in (0, 1)");
+  if (dp_target_epsilon < 0.0) return invalid_argument("dp.target_epsilon must be >= 0");
+  if (dp_target_epsilon > 0.0 && dp_noise_multiplier <= 0.0) {
+    return invalid_argument("dp.target_epsilon needs dp.noise_multiplier > 0");
+  }
+  return Status::ok();
+}
+
+Result<GossipConfig> read_gossip_config(const std::string& path) {
+  Result<toml::table> table = read_toml_file(path);
+  if (!table.is_ok()) return table.status();
+  GossipConfig c;
+  ConfigReader r(*table, path);
+  std::string mode;
+  r.require("mode", mode);
+  read_site_keys(r, c.site, /*with_aggregator=*/false);
+  r.read("listen", c.listen);
+  r.read("gossip.seeds", c.seeds);
+  r.read("gossip.topology", c.topology);
+  r.read("gossip.fanout", c.fanout);
+  r.read("gossip.merge", c.merge);
+  r.read("gossip.local_steps", c.local_steps);
+  r.read("gossip.rounds", c.rounds);
+  r.read("gossip.staleness", c.staleness);
+  r.read("gossip.max_staleness", c.max_staleness);
+  r.read("gossip.catch_up_donors", c.catch_up_donors);
+  r.read("gossip.catch_up_lag", c.catch_up_lag);
+  r.read("gossip.catch_up_timeout_seconds", c.catch_up_timeout_seconds);
+  r.read("gossip.test_limit", c.test_limit);
+  r.read("gossip.eval_every", c.eval_every);
+  r.read("gossip.wait_for_share_seconds", c.wait_for_share_seconds);
+  r.read("dp.clip", c.dp_clip);
+  r.read("dp.noise_multiplier", c.dp_noise_multiplier);
+  r.read("dp.delta", c.dp_delta);
+  r.read("dp.target_epsilon", c.dp_target_epsilon);
+  r.read("swim.period_seconds", c.swim.period_seconds);
+  r.read("swim.ack_timeout_seconds", c.swim.ack_timeout_seconds);
+  r.read("swim.indirect_checks", c.swim.indirect_checks);
+  r.read("swim.suspicion_multiplier", c.swim.suspicion_multiplier);
+  r.read("swim.suspicion_max_multiplier", c.swim.suspicion_max_multiplier);
+  FEDMESH_RETURN_IF_ERROR(r.finish());
+  if (mode != "gossip") return invalid_argument(path + ": mode must be \"gossip\" for a gossip node");
+  if (c.site.store.empty()) c.site.store = c.site.name + ".db";
+  if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());
+  return c;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kMetaTensor = "@gossip.meta";
+constexpr float kKindShare = 0.0f;
+constexpr float kKindCatchUp = 1.0f;
+constexpr auto kSendTimeout = std::chrono::milliseconds(20);
+
+uint64_t unix_micros() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+// A received share or catch-up slice, decoded.
+struct Arrival {
+  std::string from;
+  uint64_t sender_version = 0, base_version = 0;
+  float kind = kKindShare;
+  double weight = 0.0;
+  uint32_t slice = 0, slices = 0;
+  std::vector<std::vector<float>> values;  // model tensors only
+};
+
+// [begin, end) of slice `slice` of `slices` over n elements.
+std::pair<size_t, size_t> slice_range(size_t n, uint32_t slice, uint32_t slices) {
+  return {n * slice / slices, n * (slice + 1) / slices};
+}
+
+}  // namespace
+
+class GossipRuntime::Impl {
+ public:
+  GossipConfig config;
+  GossipEventSink emit;
+  crypto::SiteKeys keys;
+  crypto::Roster roster;
+  std::map<std::string, std::string> addresses;  // gossip members on the roster (us included) -> address
+  std::unique_ptr<train::Sequential> worker;
+  std::vector<protocol::TensorShape> manifest;       // the model's tensors
+  std::vector<protocol::TensorShape> wire_manifest;  // ... and the meta tensor
+  std::optional<gossip::GossipState> state;
+  gossip::Topology topology = gossip::Topology::kExponential;
+  federation::StalenessFunction staleness;
+  std::optional<store::CheckpointStore> store;
+  std::optional<crypto::ReplayGuard> replay;
+  std::unique_ptr<protocol::ServerSocket> server;
+  std::unique_ptr<protocol::UpdateService> service;
+  std::map<std::string, std::unique_ptr<protocol::ClientSocket>> clients;
+  protocol::TransportOptions transport;
+  std::optional<gossip::Swim> swim;
+  Rng rng{1};
+  SiteData data;
+  std::string wire_federation;  // the federation name on this peer's shares (gossip_federation)
+  std::unique_ptr<HttpEndpoint> http;
+  std::string metrics_address;
+  Clock::time_point started = Clock::now();
+
+  uint64_t version = 0;
+  uint64_t last_sequence = 0;
+  int64_t commits = 0;
+  std::map<std::string, uint64_t> peer_versions;  // the latest version each member told us
+  std::deque<Arrival> arrivals;
+  std::deque<std::pair<std::string, std::pair<uint32_t, uint32_t>>> catch_up_requests;  // requester, slice/slices
+  // A catch-up in progress: slice -> donor, and what has arrived.
+  std::map<uint32_t, std::string> catch_up_donor;
+  std::map<uint32_t, std::vector<std::vector<float>>> catch_up_slices;
+  uint32_t catch_up_slices_wanted = 0;
+
+  mutable std::mutex metrics_mutex;
+  uint64_t bytes_sent = 0, shares_sent = 0, shares_undelivered = 0, merges = 0, stale_dropped = 0, refused = 0;
+  uint64_t catch_ups = 0;
+  double last_consensus = -1.0, last_test_accuracy = -1.0, last_local_accuracy = -1.0;
+  int alive = 0, suspect = 0, dead = 0;
+  std::vector<double> round_distances;
+
+  Status open(GossipConfig c, GossipEventSink sink);
+  Status restore();
+  Status commit(const nlohmann::json& metrics, bool new_round = false);
+  void privatize(std::vector<std::vector<float>>& trained);
+  std::optional<privacy::ConstantRateAccounting> dp;  // dp.noise_multiplier > 0
+  double now() const { return std::chrono::duration<double>(Clock::now() - started).count(); }
+  bool is_member(std::string_view name) const { return addresses.contains(std::string(name)); }
+  protocol::ClientSocket* client(const std::string& name);
+  bool send_to(const std::string& name, const protocol::SharedMessage& message);
+  bool send_to(const std::string& name, protocol::OutgoingMessage message);
+  void pump(double seconds);
+  void handle_frame(const protocol::Incoming& incoming);
+  bool handle_other(const protocol::Incoming& in, const protocol::ParsedMessage& message, protocol::Rejection& rejection);
+  void take_completed();
+  void drain_clients();
+  void flush_swim();
+  void note_events();
+  std::vector<std::string> alive_members() const;
+  // The alive members other than us, as far as their versions go: those
+  // catch_up_lag or more versions ahead of ours, and those not heard yet.
+  struct MembersHeard {
+    std::vector<std::pair<uint64_t, std::string>> ahead;  // (version, name)
+    size_t others = 0, unknown = 0;
+    size_t heard() const { return others - unknown; }
+  };
+  MembersHeard members_heard() const;
+  uint64_t next_sequence() { return last_sequence = std::max(last_sequence + 1, unix_micros()); }
+  Result<protocol::PreparedUpdate> prepare(const std::string& to, std::vector<protocol::EncodedTensor> tensors,
+                                           const std::array<float, 4>& meta);
+  void serve_catch_up_requests();
+  Status catch_up_if_behind(const std::atomic<bool>& stop);
+  Status merge_arrivals();
+  // Copies the model we hold into the worker (to train or evaluate it).
+  void load_worker();
+  Result<double> train_round(double& train_loss);
+  Status share();
+  std::string render_metrics() const;
+  std::string render_status() const;
+};
+
+Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
+  config = std::move(c);
+  emit = std::move(sink);
+  FEDMESH_RETURN_IF_ERROR(config.validate());
+  const SiteConfig& site = config.site;
+  set_cpu_threads(site.threads);
+  if (config.dp_noise_multiplier > 0.0) {
+    dp.emplace();
+    dp->q = 1.0;  // every round releases the node's delta
+    dp->sigma = config.dp_noise_multiplier;
+    dp->delta = config.dp_delta;
+  }
+  Result<crypto::Membership> membership =
+      crypto::load_membership(site.keys, site.name, site.roster, site.admin_public, site.federation);
+  if (!membership.is_ok()) return membership.status();
+  keys = std::move(membership->keys);
+  roster = std::move(membership->roster);
+  for (const crypto::RosterEntry& entry : roster.sites) {
+    if (entry.role != crypto::Role::kAggregator && !entry.address.empty()) addresses[entry.identity.name] = entry.address;
+  }
+  if (config.listen.empty()) {
+    const auto mine = addresses.find(site.name);
+    if (mine == addresses.end()) {
+      return invalid_argument("the roster gives '" + site.name + "' no address to listen on; add one (fedmesh roster add "
+                              "--address) or set listen");
+    }
+    config.listen = mine->second;
+  }
+  addresses[site.name] = config.listen;
+  for (const std::string& seed : config.seeds) {
+    if (!addresses.contains(seed)) return invalid_argument("gossip.seeds: '" + seed + "' is not a gossip member of the roster (a peer with an address)");
+  }
+  topology = *gossip::parse_topology(config.topology);
+  staleness = *federation::StalenessFunction::parse(config.staleness, config.max_staleness);
+  rng = Rng(mix_seed(site.data_seed, 0x5eed + static_cast<uint64_t>(site.index)));
+
+  // The data first: a tokenizer (data.tokenizer) sets the model's vocabulary
+  // and the federation name this peer's shares carry (gossip_federation).
+  Result<SiteData> loaded = load_site_data(site, config.test_limit);
+  if (!loaded.is_ok()) return loaded.status();
+  data = std::move(*loaded);
+  wire_federation = gossip_federation(site.federation, data.tokenizer_fingerprint());
+
+  Result<std::unique_ptr<train::Sequential>> model = train::make_model(site.model, site.seed, data.vocabulary);
+  if (!model.is_ok()) return model.status();
+  worker = std::move(*model);
+  std::vector<std::vector<float>> reference;
+  for (Parameter* p : worker->parameters()) {
+    manifest.push_back({p->name, std::vector<int64_t>(p->value.shape().begin(), p->value.shape().end())});
+    const float* values = p->value.data<float>();
+    reference.emplace_back(values, values + p->value.numel());
+  }
+  wire_manifest = manifest;
+  wire_manifest.push_back({kMetaTensor, {4}});
+  Result<protocol::CompressionPlan> plan = protocol::make_compression_plan(site.compress, site.compress_overrides, site.dense_below);
+  if (!plan.is_ok()) return plan.status();
+  Result<kernels::CompressionKernels*> backend = kernels::compression_kernels_named(site.compress_device);
+  if (!backend.is_ok()) return backend.status();
+  Result<gossip::GossipState> made = gossip::GossipState::create(
+      *gossip::parse_merge_rule(config.merge), *plan, manifest, std::move(reference),
+      mix_seed(site.data_seed, 0xc0de + static_cast<uint64_t>(site.index)), **backend);
+  if (!made.is_ok()) return made.status();
+  state.emplace(std::move(*made));
+  uint64_t dense_bytes = 0;
+  for (const protocol::TensorShape& t : manifest) dense_bytes += 4 * t.element_count();
+  if (dense_bytes > protocol::kDefaultChunkBytes * 64) {
+    return invalid_argument("the model (" + std::to_string(dense_bytes) + " bytes) is too large for gossip shares");
+  }
+
+  Result<store::CheckpointStore> opened = store::CheckpointStore::open(site.store);
+  if (!opened.is_ok()) return opened.status();
+  store.emplace(std::move(*opened));
+  FEDMESH_RETURN_IF_ERROR(restore());
+  Result<std::map<std::string, uint64_t>> counters = store->replay_counters();
+  if (!counters.is_ok()) return counters.status();
+  replay.emplace(crypto::ReplayGuard::persisted_by(
+      std::move(*counters),
+      [this](const std::string& sender, uint64_t sequence) { return store->record_replay_counter(sender, sequence); }));
+
+  Result<protocol::FaultPlan> faults = protocol::parse_fault_plan(site.faults);
+  if (!faults.is_ok()) return faults.status();
+  transport.faults = *faults;
+  transport.high_water_mark = 16;
+  protocol::Allowlist allowlist;
+  for (const crypto::RosterEntry& entry : roster.sites) {
+    if (addresses.contains(entry.identity.name) && entry.identity.name != site.name) {
+      allowlist[entry.identity.box_public] = entry.identity.name;
+    }
+  }
+  protocol::TransportOptions server_options = transport;
+  server_options.faults = {};  // faults act on what we send: each link once
+  Result<std::unique_ptr<protocol::ServerSocket>> bound =
+      protocol::ServerSocket::bind(config.listen, protocol::CurveKeys::from(keys), std::move(allowlist), server_options);
+  if (!bound.is_ok()) return bound.status();
+  server = std::move(*bound);
+  protocol::ReceiverPolicy policy;
+  policy.federation = wire_federation;
+  policy.self = site.name;
+  policy.manifest = wire_manifest;
+  // Any sender version; staleness is ours to weigh, not a refusal.
+  policy.current_round = std::numeric_limits<uint64_t>::max() / 2;
+  policy.max_round_lag = std::numeric_limits<uint64_t>::max() / 2;
+  policy.current_version = std::numeric_limits<uint64_t>::max() / 2;
+  // A share is never resumed: one missing a chunk (a lost message) is dropped soon.
+  policy.transfer_idle_timeout = std::chrono::milliseconds(1500);
+  service = std::make_unique<protocol::UpdateService>(policy, roster, *replay, protocol::RateLimits{}, server->counters());
+  service->set_other_handler([this](const protocol::Incoming& in, const protocol::ParsedMessage& message,
+                                    std::optional<protocol::OutgoingMessage>&, protocol::Rejection& rejection) {
+    return handle_other(in, message, rejection);
+  });
+
+  swim.emplace(site.name, config.listen, config.swim, mix_seed(site.data_seed, 0x5717 + static_cast<uint64_t>(site.index)));
+  std::vector<std::pair<std::string, std::string>> seeds;
+  for (const auto& [name, address] : addresses) {
+    const bool wanted = config.seeds.empty() || std::find(config.seeds.begin(), config.seeds.end(), name) != config.seeds.end();
+    if (name != site.name && wanted) seeds.emplace_back(name, address);
+  }
+  swim->join(seeds, now());
+
+  Result<std::unique_ptr<HttpEndpoint>> endpoint =
+      serve_metrics_and_status(site.metrics, [this] { return render_metrics(); }, [this] { return render_status(); });
+  if (!endpoint.is_ok()) return endpoint.status();
+  http = std::move(*endpoint);
+  if (http) metrics_address = http->address();
+  emit({{"event", "peer"}, {"site", site.name}, {"listen", server->endpoint()}, {"members", addresses.size()},
+        {"seeds", seeds.size()}, {"shard_images", data.shard->size()}, {"holdout_images", data.holdout->size()},
+        {"test_images", data.test->size()}, {"store", site.store}, {"metrics", metrics_address}, {"version", version},
+        {"merge", config.merge}, {"topology", config.topology}, {"compress", site.compress}});
+  return Status::ok();
+}
+
+Status GossipRuntime::Impl::restore() {
+  Result<std::vector<store::RoundInfo>> rounds = store->rounds();
+  if (!rounds.is_ok()) return rounds.status();
+  if (rounds->empty()) return Status::ok();
+  std::vector<Status> skipped;
+  Result<store::LoadedCheckpoint> latest = store->load_latest(&skipped);
+  for (const Status& s : skipped) emit({{"event", "warning"}, {"message", "skipping corrupt checkpoint: " + s.message()}});
+  if (!latest.is_ok()) return latest.status();
+  try {
+    const nlohmann::json saved = nlohmann::json::parse(latest->round.state_json);
+    if (saved.value("merge", config.merge) != config.merge) {
+      return invalid_argument(config.site.store + " was written with merge " + saved.value("merge", std::string()) +
+                              ", this config says " + config.merge);
+    }
+    // The model was trained on text read with one tokenizer (none: bytes);
+    // resuming it with another would mix two vocabularies in one model.
+    const std::string tokenizer = data.tokenizer_fingerprint();
+    if (saved.value("tokenizer", std::string()) != tokenizer) {
+      const auto name = [](const std::string& fingerprint) {
+        return fingerprint.empty() ? std::string("bytes (no tokenizer)") : "tokenizer " + fingerprint;
+      };
+      return invalid_argument(config.site.store + " holds a model trained on " +
+                              name(saved.value("tokenizer", std::string())) + ", this config reads " +
+                              name(tokenizer) + "; use the same data.tokenizer, or a new store");
+    }
+    const double weight = saved.at("weight").get<double>();
+    if (!std::isfinite(weight) || !(weight > 0.0)) return corrupt(config.site.store + ": the stored push-sum weight is not positive");
+    for (size_t t = 0; t < manifest.size(); ++t) {
+      const store::StoredTensor* stored = latest->find("model", manifest[t].name);
+      if (stored == nullptr || stored->value.dtype() != DType::kF32 ||
+          static_cast<uint64_t>(stored->value.numel()) != manifest[t].element_count()) {
+        return corrupt(config.site.store + ": no model tensor " + manifest[t].name + " of the model's shape");
+      }
+      std::memcpy(state->values()[t].data(), stored->value.raw(), state->values()[t].size() * sizeof(float));
+    }
+    state->set_weight(weight);
+    version = saved.at("version").get<uint64_t>();
+    last_sequence = saved.at("last_sequence").get<uint64_t>();
+    commits = latest->round.round;
+    if (Status s = federation::restore_compression_tensors(state->compressor(), "", *latest); !s.is_ok()) {
+      emit({{"event", "warning"}, {"message", "starting with an empty compression residual: " + s.message()}});
+    } else {
+      state->compressor().set_rounds(saved.value("compressor_rounds", int64_t{0}));
+    }
+  } catch (const nlohmann::json::exception& error) {
+    return corrupt(config.site.store + ": the gossip state is malformed: " + error.what());
+  }
+  emit({{"event", "resume"}, {"store", config.site.store}, {"version", version}, {"committed", latest->round.wall_time}});
+  return Status::ok();
+}
+
+Status GossipRuntime::Impl::commit(const nlohmann::json& metrics, bool new_round) {
+  store::RoundToCommit round;
+  round.round = ++commits;
+  if (dp && new_round) {
+    round.privacy = privacy::ledger_entry(*dp, "gossip-local", round.round, static_cast<int64_t>(version));
+  }
+  round.model_version = static_cast<int64_t>(version);
+  round.metrics_json = metrics.dump();
+  round.state_json = nlohmann::json({{"version", version}, {"weight", state->weight()}, {"merge", config.merge},
+                                     {"last_sequence", last_sequence},
+                                     {"compressor_rounds", state->compressor().rounds()},
+                                     {"tokenizer", data.tokenizer_fingerprint()}})
+                         .dump();
+  std::deque<Tensor> views;
+  for (size_t t = 0; t < manifest.size(); ++t) {
+    views.push_back(Tensor::view_of(state->values()[t].data(), Shape(manifest[t].dims), DType::kF32));
+    round.tensors.push_back({"model", manifest[t].name, &views.back()});
+  }
+  federation::add_compression_tensors(state->compressor(), "", views, round.tensors);
+  // The membership as this peer sees it (`fedmesh checkpoint show` lists it).
+  if (swim) {
+    std::vector<store::PeerRecord> peers;
+    for (const auto& [name, member] : swim->members()) {
+      peers.push_back({name, member.address, gossip::member_state_name(member.state),
+                       static_cast<int64_t>(member.incarnation), round.round});
+    }
+    round.peers = std::move(peers);
+  }
+  return store->commit_round(round);
+}
+
+protocol::ClientSocket* GossipRuntime::Impl::client(const std::string& name) {
+  if (const auto found = clients.find(name); found != clients.end()) return found->second.get();
+  const crypto::RosterEntry* entry = roster.find(name);
+  const auto address = addresses.find(name);
+  if (entry == nullptr || address == addresses.end()) return nullptr;
+  Result<std::unique_ptr<protocol::ClientSocket>> connected =
+      protocol::ClientSocket::connect(address->second, protocol::CurveKeys::from(keys), entry->identity.box_public, transport);
+  if (!connected.is_ok()) {
+    emit({{"event", "warning"}, {"message", "cannot dial " + name + ": " + connected.status().message()}});
+    return nullptr;
+  }
+  return (clients[name] = std::move(*connected)).get();
+}
+
+bool GossipRuntime::Impl::send_to(const std::string& name, const protocol::SharedMessage& message) {
+  protocol::ClientSocket* socket = client(name);
+  return socket != nullptr && socket->send(message, kSendTimeout).is_ok();
+}
+
+bool GossipRuntime::Impl::send_to(const std::string& name, protocol::OutgoingMessage message) {
+  protocol::ClientSocket* socket = client(name);
+  return socket != nullptr && socket->send(std::move(message), kSendTimeout).is_ok();
+}
+
+void GossipRuntime::Impl::flush_swim() {
+  for (const gossip::SwimMessage& message : swim->take_outbox()) {
+    (void)send_to(message.to, gossip::swim_to_wire(message, version));
+  }
+}
+
+void GossipRuntime::Impl::note_events() {
+  for (const gossip::MembershipEvent& e : swim->take_events()) {
+    emit({{"event", "member"}, {"member", e.member}, {"state", gossip::member_state_name(e.state)},
+          {"incarnation", e.incarnation}, {"at", e.at}});
+  }
+  std::lock_guard lock(metrics_mutex);
+  alive = swim->count(gossip::MemberState::kAlive);
+  suspect = swim->count(gossip::MemberState::kSuspect);
+  dead = swim->count(gossip::MemberState::kDead) + swim->count(gossip::MemberState::kLeft);
+}
+
+bool GossipRuntime::Impl::handle_other(const protocol::Incoming& in, const protocol::ParsedMessage& message,
+                                       protocol::Rejection& rejection) {
+  const auto kind = message.root().which();
+  if (kind == wire::Message::PING || kind == wire::Message::PING_REQ || kind == wire::Message::PING_ACK) {
+    gossip::SwimMessage swim_message;
+    uint64_t their_version = 0;
+    if (!gossip::swim_from_wire(message, in.peer, config.site.name, [this](std::string_view n) { return is_member(n); },
+                        swim_message, their_version, rejection)) {
+      return false;
+    }
+    uint64_t& known = peer_versions[in.peer];
+    known = std::max(known, their_version);
+    swim->receive(swim_message, now());
+    return true;
+  }
+  if (kind == wire::Message::CATCH_UP_REQUEST) {
+    const auto request = message.root().getCatchUpRequest();
+    if (request.getSlices() == 0 || request.getSlices() > 16 || request.getSlice() >= request.getSlices()) {
+      rejection = {wire::RejectCode::MALFORMED, "catch-up slice " + std::to_string(request.getSlice()) + " of " +
+                                                    std::to_string(request.getSlices()) + " is not a slice"};
+      return false;
+    }
+    if (catch_up_requests.size() >= 16) {
+      rejection = {wire::RejectCode::BUSY, "too many catch-up requests waiting"};
+      return false;
+    }
+    catch_up_requests.push_back({in.peer, {request.getSlice(), request.getSlices()}});
+    return true;
+  }
+  rejection = {wire::RejectCode::MALFORMED, "a gossip node does not take this kind of message"};
+  return false;
+}
+
+void GossipRuntime::Impl::handle_frame(const protocol::Incoming& incoming) {
+  std::optional<protocol::OutgoingMessage> reply = service->handle(incoming);
+  if (service->last_rejection()) {
+    {
+      std::lock_guard lock(metrics_mutex);
+      ++refused;
+    }
+    emit({{"event", "refused"}, {"from", incoming.peer}, {"code", protocol::reject_code_name(service->last_rejection()->code)},
+          {"reason", service->last_rejection()->reason}});
+  }
+  take_completed();
+  if (reply) (void)server->send(incoming.routing_id, std::move(*reply));
+}
+
+void GossipRuntime::Impl::take_completed() {
+  for (protocol::ReceivedUpdate& update : service->take_completed()) {
+    Arrival a;
+    a.from = update.metadata.sender;
+    a.sender_version = update.metadata.round;
+    a.base_version = update.metadata.base_version;
+    const std::vector<float> meta = update.tensors.back();
+    update.tensors.pop_back();
+    a.kind = meta[0];
+    a.values = std::move(update.tensors);
+    std::string wrong;
+    if (a.kind == kKindCatchUp) {
+      if (meta[1] >= 0.0f && meta[2] >= 1.0f && meta[1] < meta[2] && meta[2] <= 16.0f && meta[1] == std::floor(meta[1]) &&
+          meta[2] == std::floor(meta[2])) {
+        a.slice = static_cast<uint32_t>(meta[1]);
+        a.slices = static_cast<uint32_t>(meta[2]);
+      } else {
+        wrong = "a catch-up slice that is not a slice";
+      }
+    } else if (a.kind == kKindShare) {
+      Result<double> weight = gossip::weight_from_wire(meta[1], meta[2]);
+      if (weight.is_ok()) a.weight = *weight;
+      else wrong = weight.status().message();
+    } else {
+      wrong = "an unknown kind of gossip update";
+    }
+    if (!wrong.empty()) {
+      {
+        std::lock_guard lock(metrics_mutex);
+        ++refused;
+      }
+      emit({{"event", "refused"}, {"from", a.from}, {"code", "malformed"}, {"reason", wrong}});
+      continue;
+    }
+    uint64_t& known = peer_versions[a.from];
+    known = std::max(known, a.sender_version);
+    arrivals.push_back(std::move(a));
+  }
+}
+
+void GossipRuntime::Impl::drain_clients() {
+  for (auto& [name, socket] : clients) {
+    for (int i = 0; i < 64; ++i) {
+      Result<std::optional<protocol::Incoming>> incoming = socket->receive(std::chrono::milliseconds(0));
+      if (!incoming.is_ok() || !incoming->has_value()) break;
+      std::unique_ptr<protocol::ParsedMessage> parsed;
+      protocol::Rejection rejection;
+      if (!protocol::parse_message((*incoming)->bytes, protocol::kDefaultMaxMessageBytes, (*incoming)->frame, parsed,
+                                   rejection)) {
+        continue;
+      }
+      try {
+        if (parsed->root().isReject()) {
+          emit({{"event", "warning"}, {"message", name + " refused our message: " +
+                                                      std::string(parsed->root().getReject().getText().cStr())}});
+        }
+      } catch (const kj::Exception&) {
+      }
+    }
+  }
+}
+
+void GossipRuntime::Impl::pump(double seconds) {
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  do {
+    swim->tick(now());
+    flush_swim();
+    for (int i = 0; i < 256; ++i) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      const auto wait = i == 0 ? std::clamp(left, std::chrono::milliseconds(0), std::chrono::milliseconds(10))
+                               : std::chrono::milliseconds(0);
+      Result<std::optional<protocol::Incoming>> incoming = server->receive(wait);
+      if (!incoming.is_ok() || !incoming->has_value()) break;
+      handle_frame(**incoming);
+    }
+    flush_swim();
+    drain_clients();
+    note_events();
+    serve_catch_up_requests();
+  } while (Clock::now() < until);
+}
+
+std::vector<std::string> GossipRuntime::Impl::alive_members() const {
+  std::vector<std::string> names = {config.site.name};
+  for (const auto& [name, member] : swim->members()) {
+    if (member.state == gossip::MemberState::kAlive && addresses.contains(name)) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+GossipRuntime::Impl::MembersHeard GossipRuntime::Impl::members_heard() const {
+  MembersHeard out;
+  for (const std::string& name : alive_members()) {
+    if (name == config.site.name) continue;
+    ++out.others;
+    const auto known = peer_versions.find(name);
+    if (known == peer_versions.end()) {
+      ++out.unknown;
+    } else if (known->second >= version + static_cast<uint64_t>(config.catch_up_lag)) {
+      out.ahead.emplace_back(known->second, name);
+    }
+  }
+  return out;
+}
+
+Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string& to,
+                                                              std::vector<protocol::EncodedTensor> tensors,
+                                                              const std::array<float, 4>& meta) {
+  Result<std::vector<protocol::EncodedSegment>> segments = protocol::encode_dense(
+      static_cast<uint32_t>(manifest.size()), meta, protocol::Encoding::kDenseF32, protocol::kDefaultChunkBytes);
+  if (!segments.is_ok()) return segments.status();
+  protocol::EncodedTensor extra;
+  extra.descriptor = {kMetaTensor, {4}, protocol::Encoding::kDenseF32, 0};
+  extra.segments = std::move(*segments);
+  tensors.push_back(std::move(extra));
+  protocol::UpdateMetadata metadata;
+  metadata.federation = wire_federation;
+  metadata.round = version;
+  const auto known = peer_versions.find(to);
+  metadata.base_version = known == peer_versions.end() ? 0 : known->second;
+  metadata.sender = config.site.name;
+  metadata.recipient = to;
+  metadata.sequence = next_sequence();
+  metadata.sample_count = static_cast<uint64_t>(data.shard->size());
+  return protocol::prepare_encoded_update(metadata, std::move(tensors), keys);
+}
+
+// Sends each waiting requester the slice it asked for: our model's values
+// (relative to x0, as every share) in that range of every tensor.
+void GossipRuntime::Impl::serve_catch_up_requests() {
+  while (!catch_up_requests.empty()) {
+    const auto [requester, slicing] = catch_up_requests.front();
+    catch_up_requests.pop_front();
+    const std::vector<std::vector<float>>& model = state->model();
+    std::vector<protocol::EncodedTensor> tensors;
+    bool ok = true;
+    for (size_t t = 0; t < manifest.size() && ok; ++t) {
+      const auto [begin, end] = slice_range(model[t].size(), slicing.first, slicing.second);
+      std::vector<uint64_t> indices;
+      std::vector<float> values;
+      for (size_t i = begin; i < end; ++i) {
+        indices.push_back(i);
+        values.push_back(model[t][i] - state->reference()[t][i]);
+      }
+      const protocol::SparseIndexCost cost = protocol::sparse_index_cost(indices, model[t].size());
+      const protocol::Encoding encoding = protocol::sparse_with_bitmap(protocol::Encoding::kSparseF32, cost.bitmap_smaller());
+      Result<std::vector<protocol::EncodedSegment>> segments = protocol::encode_sparse(
+          static_cast<uint32_t>(t), model[t].size(), indices, values, encoding, protocol::kDefaultChunkBytes);
+      if (!segments.is_ok()) {
+        ok = false;
+        break;
+      }
+      protocol::EncodedTensor tensor;
+      tensor.descriptor = {manifest[t].name, manifest[t].dims, encoding, 0};
+      tensor.segments = std::move(*segments);
+      tensors.push_back(std::move(tensor));
+    }
+    if (!ok) continue;
+    Result<protocol::PreparedUpdate> prepared =
+        prepare(requester, std::move(tensors), {kKindCatchUp, static_cast<float>(slicing.first), static_cast<float>(slicing.second), 0.0f});
+    if (!prepared.is_ok()) continue;
+    bool sent = send_to(requester, prepared->header);
+    for (const protocol::SharedMessage& chunk : prepared->chunks) sent = sent && send_to(requester, chunk);
+    std::lock_guard lock(metrics_mutex);
+    if (sent) bytes_sent += protocol::wire_bytes(*prepared);
+  }
+}
+
+// Catch-up (anti-entropy): when a member is catch_up_lag versions ahead of
+// us, ask the members furthest ahead for one slice each, wait for the
+// slices (asking another donor for a slice whose donor stays silent), and
+// adopt the model they make up.
+Status GossipRuntime::Impl::catch_up_if_behind(const std::atomic<bool>& stop) {
+  MembersHeard heard = members_heard();
+  // Behind, but heard from fewer members ahead than donors wanted (a node
+  // just restarted has heard from few): listen up to four SWIM periods more
+  // for the others' versions, so the catch-up draws on several donors.
+  const double wait_until = now() + 4.0 * config.swim.period_seconds;
+  while (!heard.ahead.empty() && heard.ahead.size() < static_cast<size_t>(config.catch_up_donors) && heard.unknown > 0 &&
+         !stop.load() && now() < wait_until) {
+    pump(0.05);
+    heard = members_heard();
+  }
+  std::vector<std::pair<uint64_t, std::string>>& ahead = heard.ahead;
+  if (ahead.empty()) return Status::ok();
+  std::sort(ahead.rbegin(), ahead.rend());
+  const uint32_t slices = static_cast<uint32_t>(std::min<size_t>(ahead.size(), static_cast<size_t>(config.catch_up_donors)));
+  catch_up_slices.clear();
+  catch_up_donor.clear();
+  catch_up_slices_wanted = slices;
+  const auto ask = [&](uint32_t slice, const std::string& donor) {
+    capnp::MallocMessageBuilder builder;
+    auto request = builder.initRoot<wire::Message>().initCatchUpRequest();
+    request.setSlice(slice);
+    request.setSlices(slices);
+    catch_up_donor[slice] = donor;
+    (void)send_to(donor, protocol::serialize(builder));
+  };
+  for (uint32_t s = 0; s < slices; ++s) ask(s, ahead[s].second);
+  const uint64_t target_version = ahead.front().first;
+  const double began = now();
+  double asked_again = began;
+  std::vector<std::string> donors;
+  for (uint32_t s = 0; s < slices; ++s) donors.push_back(ahead[s].second);
+  while (!stop.load() && catch_up_slices.size() < slices && now() - began < config.catch_up_timeout_seconds) {
+    pump(0.05);
+    for (auto it = arrivals.begin(); it != arrivals.end();) {
+      if (it->kind == kKindCatchUp && it->slices == slices && catch_up_donor.contains(it->slice) &&
+          catch_up_donor[it->slice] == it->from) {
+        catch_up_slices[it->slice] = std::move(it->values);
+        it = arrivals.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Silent donors: after a third of the timeout, ask the next one ahead.
+    if (now() - asked_again > config.catch_up_timeout_seconds / 3) {
+      asked_again = now();
+      size_t next = 0;
+      for (uint32_t s = 0; s < slices; ++s) {
+        if (catch_up_slices.contains(s)) continue;
+        const std::string& donor = ahead[(s + 1 + next++) % ahead.size()].second;
+        ask(s, donor);
+        donors.push_back(donor);
+      }
+    }
+  }
+  const std::vector<std::vector<float>>& mine = state->model();
+  std::vector<std::vector<float>> model = mine;
+  for (const auto& [slice, values] : catch_up_slices) {
+    for (size_t t = 0; t < model.size(); ++t) {
+      const auto [begin, end] = slice_range(model[t].size(), slice, slices);
+      for (size_t i = begin; i < end; ++i) model[t][i] = state->reference()[t][i] + values[t][i];
+    }
+  }
+  double distance = 0.0;
+  for (size_t t = 0; t < model.size(); ++t) {
+    for (size_t i = 0; i < model[t].size(); ++i) distance += (model[t][i] - mine[t][i]) * (model[t][i] - mine[t][i]);
+  }
+  const bool complete = catch_up_slices.size() == slices;
+  if (!catch_up_slices.empty()) {
+    FEDMESH_RETURN_IF_ERROR(state->set_model(model));
+    if (complete) version = std::max(version, target_version);
+  }
+  {
+    std::lock_guard lock(metrics_mutex);
+    ++catch_ups;
+  }
+  std::sort(donors.begin(), donors.end());
+  donors.erase(std::unique(donors.begin(), donors.end()), donors.end());
+  emit({{"event", "catch-up"}, {"donors", donors}, {"slices", slices}, {"received", catch_up_slices.size()},
+        {"complete", complete}, {"version", version}, {"moved", std::sqrt(distance)}, {"seconds", now() - began}});
+  catch_up_slices.clear();
+  catch_up_donor.clear();
+  return Status::ok();
+}
+
+Status GossipRuntime::Impl::merge_arrivals() {
+  while (!arrivals.empty()) {
+    Arrival a = std::move(arrivals.front());
+    arrivals.pop_front();
+    if (a.kind != kKindShare) continue;  // a late catch-up slice
+    const int64_t tau = a.base_version > version ? 0 : static_cast<int64_t>(version - a.base_version);
+    const double distance = state->distance_to(a.values);
+    if (config.max_staleness >= 0 && tau > config.max_staleness) {
+      // Push-sum mass dropped here is lost to the network; the weights
+      // keep every node's average consistent.
+      std::lock_guard lock(metrics_mutex);
+      ++stale_dropped;
+      continue;
+    }
+    if (Status s = state->merge(a.values, a.weight, staleness.weight(tau)); !s.is_ok()) {
+      std::lock_guard lock(metrics_mutex);
+      ++refused;
+      emit({{"event", "refused"}, {"from", a.from}, {"code", "merge"}, {"reason", s.message()}});
+      continue;
+    }
+    std::lock_guard lock(metrics_mutex);
+    ++merges;
+    round_distances.push_back(distance);
+  }
+  return Status::ok();
+}
+
+void GossipRuntime::Impl::load_worker() {
+  const std::vector<std::vector<float>>& model = state->model();
+  std::vector<Parameter*> parameters = worker->parameters();
+  for (size_t t = 0; t < parameters.size(); ++t) {
+    std::memcpy(parameters[t]->value.raw(), model[t].data(), model[t].size() * sizeof(float));
+  }
+  worker->refresh_compute();
+}
+
+Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
+  load_worker();
+  train::TrainOptions local = config.site.local;
+  local.max_steps = config.local_steps;
+  local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, data.shard->size());
+  local.seed = mix_seed(mix_seed(config.site.data_seed, static_cast<uint64_t>(config.site.index)), version * 1000003ull + 17);
+  train::Trainer trainer(*worker, local);
+  train::TrainCallbacks callbacks;
+  callbacks.on_step = [&](const train::StepProgress&) {
+    if (config.site.step_delay_seconds > 0.0) pump(config.site.step_delay_seconds);
+    else pump(0.0);
+  };
+  const train::TrainSummary summary = trainer.fit(*data.shard, nullptr, callbacks);
+  train_loss = summary.final_train_loss;
+  std::vector<std::vector<float>> trained;
+  for (Parameter* p : worker->parameters()) trained.emplace_back(p->value.data<float>(), p->value.data<float>() + p->value.numel());
+  if (config.dp_clip > 0.0) privatize(trained);
+  FEDMESH_RETURN_IF_ERROR(state->set_model(trained));
+  return static_cast<double>(summary.steps);
+}
+
+void GossipRuntime::Impl::privatize(std::vector<std::vector<float>>& trained) {
+  // The round's delta, clipped to dp.clip, plus N(0, (sigma clip)^2), from a
+  // generator the OS seeds (the noise must not be predictable).
+  const std::vector<std::vector<float>>& before = state->model();
+  double squares = 0.0;
+  for (size_t t = 0; t < trained.size(); ++t) {
+    for (size_t i = 0; i < trained[t].size(); ++i) {
+      const double d = static_cast<double>(trained[t][i]) - before[t][i];
+      squares += d * d;
+    }
+  }
+  const double norm = std::sqrt(squares);
+  const double scale = norm > config.dp_clip ? config.dp_clip / norm : 1.0;
+  const double stddev = config.dp_noise_multiplier * config.dp_clip;
+  uint64_t seed = 0;
+  randombytes_buf(&seed, sizeof seed);
+  Rng noise(seed);
+  for (size_t t = 0; t < trained.size(); ++t) {
+    for (size_t i = 0; i < trained[t].size(); ++i) {
+      const double d = (static_cast<double>(trained[t][i]) - before[t][i]) * scale;
+      trained[t][i] = static_cast<float>(before[t][i] + d + (stddev > 0.0 ? stddev * noise.normal() : 0.0));
+    }
+  }
+}
+
+Status GossipRuntime::Impl::share() {
+  const std::vector<std::string> members = alive_members();
+  const size_t self = static_cast<size_t>(std::find(members.begin(), members.end(), config.site.name) - members.begin());
+  const std::vector<size_t> chosen =
+      gossip::choose_peers(topology, self, members.size(), config.fanout, static_cast<int64_t>(version), rng);
+  if (chosen.empty()) return Status::ok();
+  Result<gossip::GossipShare> made = state->share(static_cast<int>(chosen.size()));
+  if (!made.is_ok()) return made.status();
+  const std::array<float, 2> weight = gossip::weight_to_wire(made->weight);
+  int undelivered = 0;
+  uint64_t bytes = 0;
+  for (const size_t index : chosen) {
+    const std::string& peer = members[index];
+    Result<protocol::PreparedUpdate> prepared = prepare(peer, made->tensors, {kKindShare, weight[0], weight[1], 0.0f});
+    bool sent = prepared.is_ok() && send_to(peer, prepared->header);
+    if (sent) {
+      for (const protocol::SharedMessage& chunk : prepared->chunks) sent = sent && send_to(peer, chunk);
+    }
+    if (sent) bytes += protocol::wire_bytes(*prepared);
+    else ++undelivered;
+  }
+  state->take_back(*made, undelivered);
+  std::lock_guard lock(metrics_mutex);
+  bytes_sent += bytes;
+  shares_sent += chosen.size() - static_cast<size_t>(undelivered);
+  shares_undelivered += static_cast<uint64_t>(undelivered);
+  return Status::ok();
+}
+
+std::string GossipRuntime::Impl::render_metrics() const {
+  PrometheusText out;
+  std::lock_guard lock(metrics_mutex);
+  out.gauge("fedmesh_gossip_version", "Gossip rounds this node has completed", static_cast<double>(version));
+  out.gauge("fedmesh_gossip_members_alive", "Members this node believes alive", alive);
+  out.gauge("fedmesh_gossip_members_suspect", "Members this node suspects", suspect);
+  out.gauge("fedmesh_gossip_members_dead", "Members this node believes dead or gone", dead);
+  if (last_consensus >= 0.0) {
+    out.gauge("fedmesh_gossip_consensus_distance", "Mean L2 distance to the models heard in the last round", last_consensus);
+  }
+  out.counter("fedmesh_gossip_bytes_sent_total", "Bytes of shares and catch-up slices sent, as framed on the wire",
+              static_cast<double>(bytes_sent));
+  out.counter("fedmesh_gossip_shares_sent_total", "Shares handed to the transport", static_cast<double>(shares_sent));
+  out.counter("fedmesh_gossip_shares_undelivered_total", "Shares that could not leave (taken back)", static_cast<double>(shares_undelivered));
+  out.counter("fedmesh_gossip_merges_total", "Shares merged", static_cast<double>(merges));
+  out.counter("fedmesh_gossip_stale_dropped_total", "Shares dropped as staler than max_staleness", static_cast<double>(stale_dropped));
+  out.counter("fedmesh_gossip_refused_total", "Messages refused", static_cast<double>(refused));
+  out.counter("fedmesh_gossip_catch_ups_total", "Catch-ups from donors", static_cast<double>(catch_ups));
+  if (last_test_accuracy >= 0.0) out.gauge("fedmesh_gossip_test_accuracy", "Accuracy on the test images", last_test_accuracy);
+  return out.text();
+}
+
+std::string GossipRuntime::Impl::render_status() const {
+  std::lock_guard lock(metrics_mutex);
+  return nlohmann::json({{"role", "gossip-peer"}, {"site", config.site.name}, {"federation", config.site.federation},
+                         {"version", version}, {"alive", alive}, {"suspect", suspect}, {"dead", dead},
+                         {"consensus_distance", last_consensus}, {"bytes_sent", bytes_sent}, {"merges", merges},
+                         {"test_accuracy", last_test_accuracy}, {"local_accuracy", last_local_accuracy}})
+      .dump();
+}
+
+GossipRuntime::~GossipRuntime() = default;
+
+Result<std::unique_ptr<GossipRuntime>> GossipRuntime::start(GossipConfig config, GossipEventSink emit) {
+  std::unique_ptr<GossipRuntime> runtime(new GossipRuntime());
+  runtime->impl_ = std::make_unique<Impl>();
+  FEDMESH_RETURN_IF_ERROR(runtime->impl_->open(std::move(config), std::move(emit)));
+  return runtime;
+}
+
+const std::string& GossipRuntime::metrics_address() const { return impl_->metrics_address; }
+
+Status GossipRuntime::run(const std::atomic<bool>& stop) {
+  Impl& s = *impl_;
+  // Hear from the members (their versions) before deciding to catch up: at
+  // least about two SWIM periods, and up to four periods more until as many
+  // members as catch-up donors (or every alive member) have told us theirs.
+  // A restarted node is pinged by few until it is known alive again, so a
+  // fixed wait could leave it knowing no version and skipping its catch-up.
+  {
+    const double began = s.now();
+    const double at_least = std::min(3.0, 2.0 * s.config.swim.period_seconds + 0.5);
+    const double at_most = at_least + 4.0 * s.config.swim.period_seconds;
+    while (!stop.load() && s.now() - began < at_most) {
+      s.pump(0.05);
+      if (s.now() - began < at_least) continue;
+      const auto heard = s.members_heard();
+      if (heard.heard() >= std::min(heard.others, static_cast<size_t>(s.config.catch_up_donors))) break;
+    }
+  }
+  train::TrainOptions evaluation = s.config.site.local;
+  evaluation.max_steps = 1;
+  train::Trainer evaluator(*s.worker, evaluation);
+  while (!stop.load() && (s.config.rounds == 0 || s.version < static_cast<uint64_t>(s.config.rounds))) {
+    if (s.dp && s.config.dp_target_epsilon > 0.0 &&
+        s.dp->after(static_cast<int64_t>(s.version) + 1).epsilon > s.config.dp_target_epsilon) {
+      s.emit({{"event", "privacy_budget"}, {"rounds", s.version},
+              {"epsilon", s.dp->after(static_cast<int64_t>(s.version)).epsilon},
+              {"next_epsilon", s.dp->after(static_cast<int64_t>(s.version) + 1).epsilon},
+              {"target_epsilon", s.config.dp_target_epsilon}, {"delta", s.config.dp_delta},
+              {"message", "the next round would exceed the privacy budget: this node stops"}});
+      break;
+    }
+    const auto began = Clock::now();
+    FEDMESH_RETURN_IF_ERROR(s.catch_up_if_behind(stop));
+    double train_loss = 0.0;
+    Result<double> steps = s.train_round(train_loss);
+    if (!steps.is_ok()) return steps.status();
+    if (stop.load()) break;
+    // Nothing heard since the last round: wait a little for a share, so a
+    // node that ran ahead mixes rather than drifts on its own shard.
+    const double wait_until = s.now() + s.config.wait_for_share_seconds;
+    while (s.arrivals.empty() && !stop.load() && s.now() < wait_until) s.pump(0.02);
+    FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());
+    ++s.version;
+    FEDMESH_RETURN_IF_ERROR(s.share());
+    // The model we now hold, evaluated.
+    nlohmann::json event = {{"event", "round"}, {"round", s.version}, {"steps", *steps}, {"train_loss", train_loss}};
+    const bool evaluate = s.version % static_cast<uint64_t>(s.config.eval_every) == 0 ||
+                          (s.config.rounds > 0 && s.version == static_cast<uint64_t>(s.config.rounds));
+    double norm = 0.0;
+    for (const std::vector<float>& t : s.state->model()) {
+      for (const float v : t) norm += static_cast<double>(v) * v;
+    }
+    event["model_norm"] = std::sqrt(norm);
+    double consensus = -1.0;
+    {
+      std::lock_guard lock(s.metrics_mutex);
+      if (!s.round_distances.empty()) {
+        double total = 0.0;
+        for (double d : s.round_distances) total += d;
+        consensus = total / static_cast<double>(s.round_distances.size());
+        s.last_consensus = consensus;
+      }
+      event["heard"] = s.round_distances.size();
+      s.round_distances.clear();
+    }
+    if (evaluate) {
+      s.load_worker();
+      if (s.data.test->size() > 0) event["test_accuracy"] = evaluator.evaluate(*s.data.test).accuracy;
+      if (s.data.holdout->size() > 0) event["local_accuracy"] = evaluator.evaluate(*s.data.holdout).accuracy;
+    }
+    {
+      std::lock_guard lock(s.metrics_mutex);
+      if (event.contains("test_accuracy")) s.last_test_accuracy = event["test_accuracy"].get<double>();
+      if (event.contains("local_accuracy")) s.last_local_accuracy = event["local_accuracy"].get<double>();
+      event["consensus"] = consensus;
+      event["merged"] = s.merges;
+      event["stale_dropped"] = s.stale_dropped;
+      event["bytes_sent"] = s.bytes_sent;
+      event["undelivered"] = s.shares_undelivered;
+      event["alive"] = s.alive;
+      event["suspect"] = s.suspect;
+      event["dead"] = s.dead;
+      event["weight"] = s.state->weight();
+    }
+    uint64_t dropped = 0, transport_bytes = 0;
+    for (const auto& [name, socket] : s.clients) {
+      dropped += socket->counters().dropped_by_faults.load();
+      transport_bytes += socket->counters().bytes_sent.load();
+    }
+    event["dropped_by_faults"] = dropped;
+    // Everything this node handed to its sockets: shares, catch-up slices,
+    // membership messages (bytes_sent counts shares and slices as framed).
+    event["transport_bytes_sent"] = transport_bytes;
+    event["seconds"] = std::chrono::duration<double>(Clock::now() - began).count();
+    if (s.dp) {
+      event["epsilon"] = s.dp->after(static_cast<int64_t>(s.version)).epsilon;
+      event["delta"] = s.dp->delta;
+    }
+    FEDMESH_RETURN_IF_ERROR(s.commit(event, /*new_round=*/true));
+    s.emit(event);
+  }
+  // Done or stopped: say so to the members, keep the state.
+  s.swim->leave(s.now());
+  s.flush_swim();
+  s.pump(0.2);
+  FEDMESH_RETURN_IF_ERROR(s.commit({{"event", "left"}, {"round", s.version}}));
+  s.emit({{"event", "finished"}, {"version", s.version}, {"test_accuracy", s.last_test_accuracy},
+          {"bytes_sent", s.bytes_sent}, {"stopped", stop.load()}});
+  return s.store->settle();
+}
+
+}  // namespace fedmesh::node

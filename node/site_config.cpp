@@ -1,0 +1,191 @@
+#include "node/site_config.h"
+
+#include "train/data/partition.h"
+#include "train/data/text_corpus.h"
+#include "train/data/tokenized_text.h"
+#include "train/model.h"
+#include "protocol/compression_spec.h"
+#include "protocol/fault_injection.h"
+
+namespace fedmesh::node {
+
+SiteConfig::SiteConfig() {
+  local.batch_size = 32;
+  local.optimizer = "sgd";
+  local.lr = 0.05f;
+  local.weight_decay = 0.0f;
+}
+
+Status SiteConfig::validate() const {
+  if (federation.empty() || name.empty()) return invalid_argument("federation and name are required");
+  if (keys.empty() || roster.empty() || admin_public.empty()) {
+    return invalid_argument("keys, roster and admin_public are required");
+  }
+  if (ranks < 1 || ranks > 64) return invalid_argument("--ranks must be in [1, 64], not " + std::to_string(ranks));
+  if (sites < 1 || index < 0 || index >= sites) {
+    return invalid_argument("data.index " + std::to_string(index) + " is not a shard of data.sites " +
+                            std::to_string(sites));
+  }
+  if (train_limit < 0) return invalid_argument("data.train_limit must be >= 0");
+  if (threads < 0 || threads > 1024) return invalid_argument("training.threads must be in 0..1024");
+  if (device != "cpu" && device != "cuda") return invalid_argument("training.device must be cpu or cuda, not '" + device + "'");
+  if (!(poll_seconds > 0.0) || poll_seconds > 60.0) return invalid_argument("poll_seconds must be in (0, 60]");
+  if (!(step_delay_seconds >= 0.0)) return invalid_argument("step_delay_seconds must be >= 0");
+  if (!(give_up_seconds >= 0.0)) return invalid_argument("give_up_seconds must be >= 0");
+  if (train::language_model_config(model)) {
+    FEDMESH_RETURN_IF_ERROR(data::check_text_partition(partition));
+  } else if (!tokenizer.empty()) {
+    return invalid_argument("data.tokenizer applies to the language models (gpt-*), not to model '" + model + "'");
+  } else {
+    FEDMESH_RETURN_IF_ERROR(data::PartitionSpec::parse(partition).status());
+  }
+  Result<protocol::CompressionPlan> plan = protocol::make_compression_plan(compress, compress_overrides, dense_below);
+  if (!plan.is_ok()) return plan.status();
+  FEDMESH_RETURN_IF_ERROR(protocol::parse_fault_plan(faults).status());
+  if (compress_device != "cpu" && compress_device != "cuda" && compress_device != "auto") {
+    return invalid_argument("compression.device must be cpu, cuda or auto, not '" + compress_device + "'");
+  }
+  if (privacy_mode != "trusted" && privacy_mode != "private") {
+    return invalid_argument("privacy.mode must be trusted or private, not '" + privacy_mode + "'");
+  }
+  if (privacy_mode == "private" && (compress != "identity" || !compress_overrides.empty())) {
+    return invalid_argument(
+        "privacy.mode = \"private\" sends the update as 32-bit fixed point under secure aggregation's masks, which is "
+        "its compression: leave compression.default at identity with no overrides. Top-k and the sparse encodings "
+        "send different coordinates per site and int8/int4/dct-sign scale each site's values differently, so masked "
+        "sums of them do not decode");
+  }
+  if (plan->uses_powersgd()) {
+    return invalid_argument("compression: powersgd needs a P shared by the round's sites, an exchange the networked "
+                            "aggregator protocol does not carry yet (fedmesh sim runs it); use topk, int8/int4, "
+                            "dct-sign or a cast");
+  }
+  train::TrainOptions check = local;
+  check.max_steps = 1;
+  return check.validate();
+}
+
+void read_site_keys(ConfigReader& r, SiteConfig& c, bool with_aggregator) {
+  r.require("federation", c.federation);
+  r.require("name", c.name);
+  if (with_aggregator) {
+    r.require("aggregator", c.aggregator);
+    r.read("aggregator_name", c.aggregator_name);
+    r.read("poll_seconds", c.poll_seconds);
+    r.read("give_up_seconds", c.give_up_seconds);
+  }
+  r.require("keys", c.keys);
+  r.require("roster", c.roster);
+  r.require("admin_public", c.admin_public);
+  r.read("store", c.store);
+  r.read("metrics", c.metrics);
+  r.read("model", c.model);
+  r.read("seed", c.seed);
+  r.read("data.source", c.data);
+  r.read("data.partition", c.partition);
+  r.read("data.sites", c.sites);
+  r.read("data.index", c.index);
+  r.read("data.seed", c.data_seed);
+  r.read("data.train_limit", c.train_limit);
+  r.read("data.tokenizer", c.tokenizer);
+  r.read("training.batch_size", c.local.batch_size);
+  r.read("training.optimizer", c.local.optimizer);
+  r.read("training.lr", c.local.lr);
+  r.read("training.momentum", c.local.momentum);
+  r.read("training.weight_decay", c.local.weight_decay);
+  r.read("training.threads", c.threads);
+  r.read("training.device", c.device);
+  r.read("training.step_delay_seconds", c.step_delay_seconds);
+  r.read("compression.default", c.compress);
+  r.read("compression.overrides", c.compress_overrides);
+  r.read("compression.dense_below", c.dense_below);
+  r.read("compression.device", c.compress_device);
+  r.read("transport.faults", c.faults);
+}
+
+Result<SiteConfig> read_site_config(const std::string& path) {
+  Result<toml::table> table = read_toml_file(path);
+  if (!table.is_ok()) return table.status();
+  SiteConfig c;
+  ConfigReader r(*table, path);
+  std::string mode = "aggregator";
+  r.read("mode", mode);
+  if (mode != "aggregator") {
+    return invalid_argument(path + ": mode is '" + mode + "': this is not an aggregator site's config (fedmesh node --mode " + mode + ")");
+  }
+  read_site_keys(r, c, /*with_aggregator=*/true);
+  r.read("privacy.mode", c.privacy_mode);
+  FEDMESH_RETURN_IF_ERROR(r.finish());
+  if (c.store.empty()) c.store = c.name + ".db";
+  if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());
+  return c;
+}
+
+Result<std::string> read_node_mode(const std::string& path) {
+  Result<toml::table> table = read_toml_file(path);
+  if (!table.is_ok()) return table.status();
+  const toml::node* mode = table->get("mode");
+  if (mode == nullptr) return std::string("aggregator");
+  const std::optional<std::string> text = mode->value<std::string>();
+  if (!text || (*text != "aggregator" && *text != "gossip")) {
+    return invalid_argument(path + ": mode must be \"aggregator\" or \"gossip\"");
+  }
+  return *text;
+}
+
+namespace {
+
+Result<SiteData> load_site_text(const SiteConfig& config, const train::TransformerConfig& model, int64_t test_limit) {
+  SiteData out;
+  if (!config.tokenizer.empty()) {
+    Result<data::BpeTokenizer> tokenizer = data::BpeTokenizer::load(config.tokenizer);
+    if (!tokenizer.is_ok()) {
+      return Status(tokenizer.status().code(), "data.tokenizer: " + tokenizer.status().message());
+    }
+    out.tokenizer.emplace(std::move(*tokenizer));
+    out.vocabulary = out.tokenizer->vocabulary();
+  }
+  const data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
+  Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(config.data));
+  if (!corpus.is_ok()) return corpus.status();
+  Result<data::SiteWindows> windows = data::site_windows(*corpus, config.partition, config.sites, config.index,
+                                                          model.context, config.train_limit, tokenizer);
+  if (!windows.is_ok()) {
+    return invalid_argument("data.partition: " + windows.status().message() + " (language models split text)");
+  }
+  out.shard = std::make_unique<data::TextWindows>(std::move(windows->train));
+  out.holdout = std::make_unique<data::TextWindows>(std::move(windows->holdout));
+  if (test_limit >= 0) {
+    Result<data::TextWindows> test = data::held_out_windows(*corpus, model.context, test_limit, tokenizer);
+    if (!test.is_ok()) return test.status();
+    out.test = std::make_unique<data::TextWindows>(std::move(*test));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit) {
+  if (const std::optional<train::TransformerConfig> language = train::language_model_config(config.model)) {
+    return load_site_text(config, *language, test_limit);
+  }
+  Result<data::FashionMnistSplits> splits =
+      data::load_fashion_mnist_splits(config.data, config.train_limit, test_limit < 0 ? 1 : test_limit);
+  if (!splits.is_ok()) return splits.status();
+  Result<data::PartitionSpec> spec = data::PartitionSpec::parse(config.partition);
+  if (!spec.is_ok()) return spec.status();
+  Result<std::vector<std::vector<int64_t>>> parts = data::partition_indices(
+      splits->train.labels, splits->train.num_classes, config.sites, *spec, config.data_seed);
+  if (!parts.is_ok()) return parts.status();
+  const std::vector<int64_t>& mine = (*parts)[static_cast<size_t>(config.index)];
+  std::vector<int64_t> train_idx, holdout_idx;
+  for (size_t i = 0; i < mine.size(); ++i) (i % 10 == 9 ? holdout_idx : train_idx).push_back(mine[i]);
+  if (train_idx.empty()) return invalid_argument("shard " + std::to_string(config.index) + " holds no training images");
+  SiteData out;
+  out.shard = std::make_unique<data::ImageSet>(splits->train.subset(train_idx));
+  out.holdout = std::make_unique<data::ImageSet>(splits->train.subset(holdout_idx));
+  if (test_limit >= 0) out.test = std::make_unique<data::ImageSet>(std::move(splits->test));
+  return out;
+}
+
+}  // namespace fedmesh::node

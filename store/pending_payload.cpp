@@ -1,0 +1,109 @@
+#include "store/pending_payload.h"
+
+#include <bit>
+#include <cstring>
+#include <string>
+
+namespace fedmesh::store {
+
+namespace {
+
+constexpr uint8_t kMagic[4] = {'F', 'M', 'P', 'U'};
+constexpr size_t kFieldsBytes = 5 * 8;                       // round .. local_accuracy
+constexpr size_t kHeaderBytes = 4 + 4 + kFieldsBytes + 8;  // magic, version, fields, value count
+
+void put_u64(uint8_t* out, uint64_t value) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
+}
+uint64_t get_u64(const uint8_t* in) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value |= uint64_t{in[i]} << (8 * i);
+  return value;
+}
+uint32_t get_u32(const uint8_t* in) {
+  uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= uint32_t{in[i]} << (8 * i);
+  return value;
+}
+
+// The five fields, little-endian, at `out` (kFieldsBytes).
+void put_fields(uint8_t* out, const PendingPayload& p) {
+  put_u64(out, static_cast<uint64_t>(p.round));
+  put_u64(out + 8, static_cast<uint64_t>(p.base_version));
+  put_u64(out + 16, static_cast<uint64_t>(p.sample_count));
+  put_u64(out + 24, std::bit_cast<uint64_t>(p.local_loss));
+  put_u64(out + 32, std::bit_cast<uint64_t>(p.local_accuracy));
+}
+void get_fields(const uint8_t* in, PendingPayload& p) {
+  p.round = static_cast<int64_t>(get_u64(in));
+  p.base_version = static_cast<int64_t>(get_u64(in + 8));
+  p.sample_count = static_cast<int64_t>(get_u64(in + 16));
+  p.local_loss = std::bit_cast<double>(get_u64(in + 24));
+  p.local_accuracy = std::bit_cast<double>(get_u64(in + 32));
+}
+
+void put_floats(uint8_t* out, const std::vector<float>& values) {
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(out, values.data(), values.size() * sizeof(float));
+  } else {
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint32_t bits = std::bit_cast<uint32_t>(values[i]);
+      for (int b = 0; b < 4; ++b) out[4 * i + b] = static_cast<uint8_t>(bits >> (8 * b));
+    }
+  }
+}
+void get_floats(const uint8_t* in, std::vector<float>& values) {
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(values.data(), in, values.size() * sizeof(float));
+  } else {
+    for (size_t i = 0; i < values.size(); ++i) values[i] = std::bit_cast<float>(get_u32(in + 4 * i));
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_pending_payload(const PendingPayload& payload) {
+  std::vector<uint8_t> bytes(kHeaderBytes + payload.delta.size() * sizeof(float));
+  std::memcpy(bytes.data(), kMagic, sizeof kMagic);
+  for (int i = 0; i < 4; ++i) bytes[4 + i] = static_cast<uint8_t>(kPendingPayloadVersion >> (8 * i));
+  put_fields(bytes.data() + 8, payload);
+  put_u64(bytes.data() + 8 + kFieldsBytes, payload.delta.size());
+  put_floats(bytes.data() + kHeaderBytes, payload.delta);
+  return bytes;
+}
+
+Result<PendingPayload> decode_pending_payload(std::span<const uint8_t> bytes, size_t expected_values) {
+  PendingPayload payload;
+  const size_t delta_bytes = expected_values * sizeof(float);
+  if (bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0) {
+    if (bytes.size() < kHeaderBytes) {
+      return corrupt("pending update payload: " + std::to_string(bytes.size()) + " bytes, shorter than its header");
+    }
+    const uint32_t version = get_u32(bytes.data() + 4);
+    if (version != kPendingPayloadVersion) {
+      return corrupt("pending update payload: version " + std::to_string(version) + ", this build reads version " +
+                     std::to_string(kPendingPayloadVersion));
+    }
+    const uint64_t values = get_u64(bytes.data() + 8 + kFieldsBytes);
+    if (values != expected_values || bytes.size() != kHeaderBytes + delta_bytes) {
+      return corrupt("pending update payload: a delta of " + std::to_string(values) + " values in " +
+                     std::to_string(bytes.size()) + " bytes, not the model's " + std::to_string(expected_values));
+    }
+    get_fields(bytes.data() + 8, payload);
+    payload.delta.resize(expected_values);
+    get_floats(bytes.data() + kHeaderBytes, payload.delta);
+    return payload;
+  }
+  // Written before the format had a version: the five fields, then the delta.
+  if (bytes.size() != kFieldsBytes + delta_bytes) {
+    return corrupt("pending update payload: " + std::to_string(bytes.size()) +
+                   " bytes, neither this format nor the earlier one for a delta of " +
+                   std::to_string(expected_values) + " values");
+  }
+  get_fields(bytes.data(), payload);
+  payload.delta.resize(expected_values);
+  get_floats(bytes.data() + kFieldsBytes, payload.delta);
+  return payload;
+}
+
+}  // namespace fedmesh::store

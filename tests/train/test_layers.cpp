@@ -1,0 +1,189 @@
+// Every layer's backward pass against central finite differences of the
+// scalar loss sum(r ⊙ forward(x)) for a fixed random r; then whole models
+// against finite differences of their cross-entropy loss.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "kernels/loss.h"
+#include "train/layers/layers.h"
+#include "train/model.h"
+#include "tests/support/gradient_check.h"
+
+namespace fedmesh::train {
+namespace {
+
+using fedmesh::testing::expect_gradient_matches;
+using fedmesh::testing::random_tensor;
+
+double projected_loss(Layer& layer, const Tensor& x, const Tensor& r) {
+  const Tensor y = layer.forward(x, /*training=*/false);
+  const float* py = y.data<float>();
+  const float* pr = r.data<float>();
+  double total = 0.0;
+  for (int64_t i = 0; i < y.numel(); ++i) total += static_cast<double>(py[i]) * pr[i];
+  return total;
+}
+
+void check_layer(Layer& layer, Tensor x, uint64_t seed) {
+  Rng rng(seed);
+  const Tensor y = layer.forward(x, /*training=*/true);
+  ASSERT_EQ(y.shape(), layer.output_shape(x.shape()));
+  const Tensor r = random_tensor(y.shape(), rng);
+  for (Parameter* p : layer.parameters()) std::fill_n(p->grad.data<float>(), p->grad.numel(), 0.0f);
+  const Tensor dx = layer.backward(r, /*need_input_grad=*/true).clone();
+  ASSERT_EQ(dx.shape(), x.shape());
+  const auto loss = [&] { return projected_loss(layer, x, r); };
+  expect_gradient_matches(layer.kind() + " input", x.data<float>(), dx.data<float>(), x.numel(), loss, [] {}, rng);
+  for (Parameter* p : layer.parameters()) {
+    const Tensor analytic = p->grad.clone();
+    expect_gradient_matches(p->name, p->value.data<float>(), analytic.data<float>(), p->value.numel(), loss,
+                            [p] { p->refresh_compute(); }, rng);
+  }
+}
+
+// Values bounded away from zero so that no finite-difference step crosses
+// the ReLU kink.
+Tensor away_from_zero(Shape shape, Rng& rng) {
+  Tensor t = Tensor::empty(std::move(shape));
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float magnitude = 0.1f + static_cast<float>(rng.uniform());
+    p[i] = rng.uniform() < 0.5 ? -magnitude : magnitude;
+  }
+  return t;
+}
+
+TEST(LayerGradients, Linear) {
+  Rng rng(1);
+  Linear layer("fc", 7, 5);
+  layer.initialize(rng);
+  check_layer(layer, random_tensor({3, 7}, rng), 11);
+}
+
+TEST(LayerGradients, LinearFlattensTrailingDimensions) {
+  Rng rng(2);
+  Linear layer("fc", 12, 3);
+  layer.initialize(rng);
+  check_layer(layer, random_tensor({2, 3, 4}, rng), 12);
+}
+
+TEST(LayerGradients, ReLU) {
+  Rng rng(3);
+  ReLU layer;
+  check_layer(layer, away_from_zero({4, 9}, rng), 13);
+}
+
+TEST(LayerGradients, Gelu) {
+  Rng rng(4);
+  Gelu layer;
+  check_layer(layer, random_tensor({4, 9}, rng, 2.0f), 14);
+}
+
+TEST(LayerGradients, Flatten) {
+  Rng rng(5);
+  Flatten layer;
+  check_layer(layer, random_tensor({2, 3, 2, 2}, rng), 15);
+}
+
+TEST(LayerGradients, Conv2dSamePadding) {
+  Rng rng(6);
+  Conv2d layer("conv", 2, 3, 3, 1, 1);
+  layer.initialize(rng);
+  check_layer(layer, random_tensor({2, 2, 5, 6}, rng), 16);
+}
+
+TEST(LayerGradients, Conv2dStrideTwoNoPadding) {
+  Rng rng(7);
+  Conv2d layer("conv", 3, 2, 3, 2, 0);
+  layer.initialize(rng);
+  check_layer(layer, random_tensor({1, 3, 7, 9}, rng), 17);
+}
+
+TEST(LayerGradients, MaxPool2d) {
+  // Distinct values 0.05 apart (far more than the 1e-2 step) so no step changes the argmax.
+  Tensor x = Tensor::empty({2, 2, 4, 6});
+  std::vector<int> order(static_cast<size_t>(x.numel()));
+  std::iota(order.begin(), order.end(), 0);
+  Rng rng(8);
+  rng.shuffle(std::span<int>(order));
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.05f * static_cast<float>(order[i]) - 2.0f;
+  MaxPool2d layer(2, 2);
+  check_layer(layer, x, 18);
+}
+
+TEST(LayerGradients, LayerNorm) {
+  Rng rng(9);
+  LayerNorm layer("ln", 8);
+  // Non-trivial affine parameters so their gradients matter.
+  for (Parameter* p : layer.parameters()) {
+    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] += 0.3f * static_cast<float>(rng.normal());
+  }
+  check_layer(layer, random_tensor({5, 8}, rng), 19);
+}
+
+// Whole models: d(mean cross-entropy)/d(parameters) against finite differences.
+void check_model(const std::string& name) {
+  auto model = make_model(name, 21);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  Sequential& net = **model;
+  Rng rng(22);
+  const int64_t batch = 3;
+  const Tensor x = random_tensor({batch, 1, 28, 28}, rng);
+  const std::vector<int32_t> labels = {1, 7, 4};
+  const auto loss = [&] {
+    const Tensor logits = net.forward(x, /*training=*/false);
+    return softmax_cross_entropy(logits, labels, nullptr).loss_sum / batch;
+  };
+  net.zero_grad();
+  const Tensor logits = net.forward(x, /*training=*/true);
+  Tensor dlogits = Tensor::empty(logits.shape());
+  softmax_cross_entropy(logits, labels, &dlogits, 1.0f, static_cast<float>(batch));
+  net.backward(dlogits);
+  for (Parameter* p : net.parameters()) {
+    const Tensor analytic = p->grad.clone();
+    // Smaller step: the model is deeper, so curvature is larger; tolerance
+    // scaled to the small gradients of a mean loss.
+    expect_gradient_matches(name + " " + p->name, p->value.data<float>(), analytic.data<float>(), p->value.numel(),
+                            loss, [] {}, rng, 6, 5e-3, 2e-3, 5e-2);
+  }
+}
+
+TEST(ModelGradients, Mlp) { check_model("mlp"); }
+TEST(ModelGradients, Cnn) { check_model("cnn"); }
+
+TEST(Models, StableParameterNamesAndShapes) {
+  auto cnn = make_model("cnn", 0);
+  ASSERT_TRUE(cnn.is_ok());
+  std::vector<std::string> names;
+  for (Parameter* p : (*cnn)->parameters()) names.push_back(p->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
+                                             "fc1.bias", "fc2.weight", "fc2.bias"}));
+  EXPECT_EQ((*cnn)->parameter_count(), 32 * 9 + 32 + 64 * 32 * 9 + 64 + 3136 * 128 + 128 + 128 * 10 + 10);
+  auto mlp = make_model("mlp", 0);
+  ASSERT_TRUE(mlp.is_ok());
+  EXPECT_EQ((*mlp)->parameter_count(), 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10);
+}
+
+TEST(Models, UnknownModelIsRejectedWithTheChoices) {
+  auto model = make_model("resnet", 0);
+  ASSERT_FALSE(model.is_ok());
+  EXPECT_EQ(model.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(model.status().message().find("mlp, cnn"), std::string::npos);
+}
+
+TEST(Models, SameSeedSameInitialization) {
+  auto a = make_model("cnn", 5), b = make_model("cnn", 5), c = make_model("cnn", 6);
+  const auto pa = (*a)->parameters(), pb = (*b)->parameters(), pc = (*c)->parameters();
+  bool any_different = false;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(pa[i]->value.raw(), pb[i]->value.raw(), pa[i]->value.nbytes())) << pa[i]->name;
+    any_different |= std::memcmp(pa[i]->value.raw(), pc[i]->value.raw(), pa[i]->value.nbytes()) != 0;
+  }
+  EXPECT_TRUE(any_different);
+}
+
+}  // namespace
+}  // namespace fedmesh::train

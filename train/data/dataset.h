@@ -1,0 +1,53 @@
+// What the trainer trains on: samples it can index and turn into a batch of
+// model inputs and target classes. A classifier's sample has one target (an
+// image and its label); a language model's has one per position (a window
+// of tokens and the tokens that follow each).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/tensor.h"
+#include "train/data/fashion_mnist.h"
+
+namespace fedmesh::data {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;  // samples
+  // inputs: the model's input for these samples (the model's compute dtype
+  // `dtype` for pixels; token ids are always fp32, exact below 2^24);
+  // targets: targets_per_sample() classes per sample, in sample order.
+  virtual void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
+                          std::vector<int32_t>& targets) const = 0;
+  virtual int64_t targets_per_sample() const { return 1; }
+};
+
+// An ImageDataset it owns, seen as a Dataset.
+class ImageSet final : public Dataset {
+ public:
+  explicit ImageSet(ImageDataset images) : images_(std::move(images)) {}
+  int64_t size() const override { return images_.count; }
+  void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
+                  std::vector<int32_t>& targets) const override;
+  const ImageDataset& images() const { return images_; }
+
+ private:
+  ImageDataset images_;
+};
+
+// An ImageDataset seen as a Dataset (normalized images, one label each).
+class ImageBatches final : public Dataset {
+ public:
+  explicit ImageBatches(const ImageDataset& images) : images_(images) {}
+  int64_t size() const override { return images_.count; }
+  void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
+                  std::vector<int32_t>& targets) const override;
+
+ private:
+  const ImageDataset& images_;
+};
+
+}  // namespace fedmesh::data

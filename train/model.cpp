@@ -1,0 +1,164 @@
+#include "train/model.h"
+
+#include <sstream>
+
+#include "base/random.h"
+#include "kernels/elementwise.h"
+#include "train/layers/layers.h"
+
+namespace fedmesh::train {
+
+Tensor Sequential::forward(const Tensor& x, bool training) {
+  Tensor activation = x;
+  for (auto& layer : layers_) activation = layer->forward(activation, training);
+  return activation;
+}
+
+void Sequential::backward(const Tensor& dlogits, const std::function<void(size_t layer)>& after_layer) {
+  // Layers before the first one with parameters (a leading Flatten, say) need
+  // no gradient, so neither does the input of that first trainable layer.
+  size_t first_trainable = 0;
+  while (first_trainable < layers_.size() && layers_[first_trainable]->parameters().empty()) ++first_trainable;
+  Tensor grad = dlogits;
+  for (size_t i = layers_.size(); i-- > first_trainable;) {
+    grad = layers_[i]->backward(grad, /*need_input_grad=*/i > first_trainable);
+    if (after_layer) after_layer(i);
+  }
+}
+
+std::vector<Parameter*> Sequential::parameters() {
+  std::vector<Parameter*> all;
+  for (auto& layer : layers_)
+    for (Parameter* p : layer->parameters()) all.push_back(p);
+  return all;
+}
+
+int64_t Sequential::parameter_count() {
+  int64_t n = 0;
+  for (Parameter* p : parameters()) n += p->value.numel();
+  return n;
+}
+
+void Sequential::zero_grad() {
+  for (Parameter* p : parameters()) fill(p->grad, 0.0f);
+}
+
+void Sequential::to_device(Device device) {
+  for (Parameter* p : parameters()) p->to_device(device);
+  device_ = device;
+}
+
+void Sequential::set_compute_dtype(DType dtype) {
+  compute_dtype_ = dtype;
+  for (Parameter* p : parameters()) p->set_compute_dtype(dtype);
+}
+
+void Sequential::refresh_compute() {
+  for (Parameter* p : parameters()) p->refresh_compute();
+}
+
+std::string Sequential::summary() {
+  std::ostringstream out;
+  Shape shape = sample_shape_;
+  shape.insert(shape.begin(), 1);
+  out << name_ << " (input " << shape_to_string(sample_shape_) << ")\n";
+  for (auto& layer : layers_) {
+    shape = layer->output_shape(shape);
+    int64_t count = 0;
+    std::string names;
+    for (Parameter* p : layer->parameters()) {
+      count += p->value.numel();
+      names += (names.empty() ? "" : ", ") + p->name;
+    }
+    Shape without_batch(shape.begin() + 1, shape.end());
+    out << "  " << layer->kind() << " -> " << shape_to_string(without_batch);
+    if (count) out << "  " << count << " parameters (" << names << ")";
+    out << "\n";
+  }
+  out << "  total parameters: " << parameter_count() << "\n";
+  return out.str();
+}
+
+std::vector<std::string> model_names() { return {"mlp", "cnn", "gpt-nano", "gpt-tiny", "gpt-small", "gpt2"}; }
+
+std::optional<TransformerConfig> language_model_config(std::string_view name) {
+  const auto config = [](int64_t vocabulary, int64_t context, int64_t width, int64_t heads, int64_t layers) {
+    TransformerConfig c;
+    c.vocabulary = vocabulary;
+    c.context = context;
+    c.width = width;
+    c.heads = heads;
+    c.layers = layers;
+    return c;
+  };
+  if (name == "gpt-nano") return config(256, 64, 64, 4, 2);
+  if (name == "gpt-tiny") return config(256, 128, 192, 6, 4);
+  if (name == "gpt-small") return config(256, 256, 384, 6, 6);
+  if (name == "gpt2") return config(50257, 1024, 768, 12, 12);
+  return std::nullopt;
+}
+
+std::unique_ptr<Sequential> make_transformer(std::string name, const TransformerConfig& c, uint64_t seed) {
+  Rng rng(seed);
+  auto model = std::make_unique<Sequential>(std::move(name), Shape{c.context});
+  auto embedding = std::make_unique<TokenEmbedding>(c.vocabulary, c.context, c.width);
+  embedding->initialize(rng);
+  TokenEmbedding& tied = *embedding;
+  model->add(std::move(embedding));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    auto block = std::make_unique<TransformerBlock>(std::string("h").append(std::to_string(i)), c.width, c.heads);
+    block->initialize(rng, c.layers);
+    model->add(std::move(block));
+  }
+  model->add(std::make_unique<LayerNorm>("ln_f", c.width));
+  model->add(std::make_unique<TiedProjection>(tied, c.vocabulary, c.width));
+  return model;
+}
+
+Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed, int64_t vocabulary) {
+  if (vocabulary < 0) return invalid_argument("a vocabulary of " + std::to_string(vocabulary) + " tokens");
+  if (std::optional<TransformerConfig> config = language_model_config(name)) {
+    if (vocabulary > 0) config->vocabulary = vocabulary;
+    return make_transformer(std::string(name), *config, seed);
+  }
+  if (vocabulary > 0) {
+    return invalid_argument("model '" + std::string(name) + "' is not a language model: it takes no vocabulary (tokenizer)");
+  }
+  Rng rng(seed);
+  const Shape image = {1, kFashionMnistSide, kFashionMnistSide};
+  auto model = std::make_unique<Sequential>(std::string(name), image);
+  const auto linear = [&](const std::string& layer_name, int64_t in, int64_t out) {
+    auto layer = std::make_unique<Linear>(layer_name, in, out);
+    layer->initialize(rng);
+    model->add(std::move(layer));
+  };
+  const auto conv = [&](const std::string& layer_name, int64_t in, int64_t out) {
+    auto layer = std::make_unique<Conv2d>(layer_name, in, out, /*kernel=*/3, /*stride=*/1, /*padding=*/1);
+    layer->initialize(rng);
+    model->add(std::move(layer));
+  };
+  if (name == "mlp") {
+    model->add(std::make_unique<Flatten>());
+    linear("fc1", kFashionMnistSide * kFashionMnistSide, 512);
+    model->add(std::make_unique<ReLU>());
+    linear("fc2", 512, 256);
+    model->add(std::make_unique<ReLU>());
+    linear("fc3", 256, kFashionMnistClasses);
+  } else if (name == "cnn") {
+    conv("conv1", 1, 32);
+    model->add(std::make_unique<ReLU>());
+    model->add(std::make_unique<MaxPool2d>(2, 2));
+    conv("conv2", 32, 64);
+    model->add(std::make_unique<ReLU>());
+    model->add(std::make_unique<MaxPool2d>(2, 2));
+    model->add(std::make_unique<Flatten>());
+    linear("fc1", 64 * 7 * 7, 128);
+    model->add(std::make_unique<ReLU>());
+    linear("fc2", 128, kFashionMnistClasses);
+  } else {
+    return invalid_argument("unknown model '" + std::string(name) + "' (available: mlp, cnn, gpt-nano, gpt-tiny, gpt-small, gpt2)");
+  }
+  return model;
+}
+
+}  // namespace fedmesh::train

@@ -1,0 +1,82 @@
+// A model: a named sequence of layers, its parameters by stable names, and
+// its compute precision (fp32, or bf16/fp16 copies of fp32 master weights).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "train/layers/layer.h"
+#include "train/layers/transformer.h"
+
+namespace fedmesh::train {
+
+class Sequential {
+ public:
+  explicit Sequential(std::string name, Shape sample_shape) : name_(std::move(name)), sample_shape_(std::move(sample_shape)) {}
+
+  void add(std::unique_ptr<Layer> layer) { layers_.push_back(std::move(layer)); }
+  const std::string& name() const { return name_; }
+  const Shape& sample_shape() const { return sample_shape_; }  // one input sample, without the batch
+  DType compute_dtype() const { return compute_dtype_; }
+  size_t layer_count() const { return layers_.size(); }
+  Layer& layer(size_t i) { return *layers_[i]; }
+
+  // x (batch, sample_shape...) in the compute dtype -> logits (batch, classes).
+  Tensor forward(const Tensor& x, bool training);
+  // Backpropagates d loss / d logits through every layer, accumulating
+  // grads; after_layer(i), if given, is called when layer i is done.
+  void backward(const Tensor& dlogits, const std::function<void(size_t layer)>& after_layer = {});
+
+  std::vector<Parameter*> parameters();
+  int64_t parameter_count();
+  void zero_grad();
+  // Switches the compute copies to `dtype` (fp32: the masters themselves).
+  void set_compute_dtype(DType dtype);
+  // Re-rounds compute copies after the masters changed (after an optimizer step).
+  void refresh_compute();
+  // Moves every parameter (master, gradient, compute copy) to `device`; the
+  // layers then keep their activations there. For Device::kCuda ask
+  // cuda::available() first, and check cuda_unsupported().
+  void to_device(Device device);
+  Device device() const { return device_; }
+  // A human-readable table: layer, output shape, parameters.
+  std::string summary();
+
+ private:
+  std::string name_;
+  Shape sample_shape_;
+  DType compute_dtype_ = DType::kF32;
+  Device device_ = Device::kCpu;
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+inline constexpr int64_t kFashionMnistSide = 28;
+inline constexpr int64_t kFashionMnistClasses = 10;
+
+// "mlp": 784-512-256-10 with ReLU; "cnn": two 3x3 conv (32, 64 channels) each
+// with ReLU and 2x2 max-pool, then 3136-128-10. Parameters are initialized
+// from `seed` as PyTorch initializes the same layers.
+// Language models (GPT-2 style, train/layers/transformer.h), inputs (batch,
+// context) token ids, logits (batch * context, vocabulary):
+//   "gpt-nano"  vocabulary 256, context 64, width 64, 4 heads, 2 layers (~0.1M; tests)
+//   "gpt-tiny"  vocabulary 256, context 128, width 192, 6 heads, 4 layers (~1.8M; CPU runs)
+//   "gpt-small" vocabulary 256, context 256, width 384, 6 heads, 6 layers (~10.8M)
+//   "gpt2"      vocabulary 50257, context 1024, width 768, 12 heads, 12 layers (124M, GPT-2 small)
+// initialized as GPT-2 is. `vocabulary` > 0 replaces a language model's
+// vocabulary (a trained tokenizer's size, train/data/bpe_tokenizer.h); an
+// image model refuses it. 0: the model's own.
+Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed, int64_t vocabulary = 0);
+std::vector<std::string> model_names();
+// The transformer's sizes for a language model's name; nullopt for the
+// image models.
+std::optional<TransformerConfig> language_model_config(std::string_view name);
+// A language model of any sizes (the named ones above are these).
+std::unique_ptr<Sequential> make_transformer(std::string name, const TransformerConfig& config, uint64_t seed);
+
+}  // namespace fedmesh::train

@@ -88,12 +88,12 @@ class AggregatorServer::Impl {
   std::optional<crypto::ReplayGuard> replay;
   std::optional<RoundManager> manager;
   std::unique_ptr<train::Sequential> evaluator_model;
-  std::unique_ptr<data::Dataset> validation;  // null: no validation
+  std::unique_ptr<train::data::Dataset> validation;  // null: no validation
   bool language_model = false;
   // `tokenizer`: the BPE tokenizer (none: bytes), its fingerprint as
   // announced ("" for bytes), and the held-out targets per byte they stand
   // for (val_bits_per_byte = loss * tokens_per_byte / ln 2).
-  std::optional<data::BpeTokenizer> tokenizer;
+  std::optional<train::data::BpeTokenizer> tokenizer;
   std::string tokenizer_fingerprint;
   double tokens_per_byte = 1.0;
   std::vector<crypto::Hash> chain;  // hash of every version, by version
@@ -173,12 +173,12 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   roster_mtime = std::filesystem::last_write_time(config.roster, mtime_error);
 
   if (!config.tokenizer.empty()) {
-    Result<data::BpeTokenizer> loaded = data::BpeTokenizer::load(config.tokenizer);
+    Result<train::data::BpeTokenizer> loaded = train::data::BpeTokenizer::load(config.tokenizer);
     if (!loaded.is_ok()) return Status(loaded.status().code(), "tokenizer: " + loaded.status().message());
     tokenizer.emplace(std::move(*loaded));
     tokenizer_fingerprint = tokenizer->fingerprint();
   }
-  const data::BpeTokenizer* text_tokenizer = tokenizer ? &*tokenizer : nullptr;
+  const train::data::BpeTokenizer* text_tokenizer = tokenizer ? &*tokenizer : nullptr;
 
   // The model: version 0 is the seeded initial model every site can rebuild
   // (with the tokenizer's vocabulary, as the sites make it).
@@ -202,18 +202,18 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   language_model = language.has_value();
   if (!config.validation.empty() && language) {
     // Every document's held-out tail, which no site trains on.
-    Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(config.validation));
+    Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::text_source(config.validation));
     if (!corpus.is_ok()) return corpus.status();
-    Result<data::TextWindows> windows =
-        data::held_out_windows(*corpus, language->context, config.validation_limit, text_tokenizer);
+    Result<train::data::TextWindows> windows =
+        train::data::held_out_windows(*corpus, language->context, config.validation_limit, text_tokenizer);
     if (!windows.is_ok()) return windows.status();
     tokens_per_byte =
-        data::tokens_per_byte(data::scored_targets(windows->tokens(), language->context), text_tokenizer);
-    validation = std::make_unique<data::TextWindows>(std::move(*windows));
+        train::data::tokens_per_byte(train::data::scored_targets(windows->tokens(), language->context), text_tokenizer);
+    validation = std::make_unique<train::data::TextWindows>(std::move(*windows));
   } else if (!config.validation.empty()) {
-    Result<data::FashionMnistSplits> splits = data::load_fashion_mnist_splits(config.validation, 1, config.validation_limit);
+    Result<train::data::FashionMnistSplits> splits = train::data::load_fashion_mnist_splits(config.validation, 1, config.validation_limit);
     if (!splits.is_ok()) return splits.status();
-    validation = std::make_unique<data::ImageSet>(std::move(splits->test));
+    validation = std::make_unique<train::data::ImageSet>(std::move(splits->test));
   }
 
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store, config.store_options);
@@ -294,9 +294,8 @@ Status AggregatorServer::Impl::restore() {
                             "); point `store` at a new file to start another");
   }
   if (committed->empty()) return Status::ok();
-  std::vector<Status> skipped;
-  Result<store::LoadedCheckpoint> latest = store->load_latest(&skipped);
-  for (const Status& s : skipped) emit({{"event", "warning"}, {"message", "skipping corrupt checkpoint: " + s.message()}});
+  Result<store::LoadedCheckpoint> latest =
+      store->load_latest([this](const std::string& warning) { emit({{"event", "warning"}, {"message", warning}}); });
   if (!latest.is_ok()) return latest.status();
   Result<nlohmann::json> state = restore_manager(*latest, *manager);
   if (!state.is_ok()) return state.status();
@@ -688,7 +687,7 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
       if (language_model) {
         metrics["val_loss"] = loss;
         metrics["val_perplexity"] = std::exp(loss);
-        metrics["val_bits_per_byte"] = data::bits_per_byte(loss, tokens_per_byte);
+        metrics["val_bits_per_byte"] = train::data::bits_per_byte(loss, tokens_per_byte);
       }
     }
   }

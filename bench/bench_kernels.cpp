@@ -61,7 +61,7 @@ void BM_Conv2dForwardBackward(benchmark::State& state) {
 BENCHMARK(BM_Conv2dForwardBackward)->UseRealTime();
 
 void BM_TrainStep(benchmark::State& state, const char* model_name) {
-  auto dataset = data::load_fashion_mnist(data::kDefaultFashionMnistDir, data::Split::kTest);
+  auto dataset = train::data::load_fashion_mnist(train::data::kDefaultFashionMnistDir, train::data::Split::kTest);
   if (!dataset.is_ok()) {
     state.SkipWithError(dataset.status().to_string().c_str());
     return;

@@ -269,14 +269,14 @@ double time_local_training(int64_t d, int64_t& parameters) {
   }
   parameters = 0;
   for (fedmesh::Parameter* p : model->parameters()) parameters += p->value.numel();
-  fedmesh::data::ImageDataset images;
+  fedmesh::train::data::ImageDataset images;
   images.count = 1024;
   images.rows = images.cols = 28;
   images.pixels.resize(static_cast<size_t>(images.count * 784));
   images.labels.resize(static_cast<size_t>(images.count));
   for (auto& p : images.pixels) p = static_cast<uint8_t>(rng.next_u64());
   for (auto& l : images.labels) l = static_cast<uint8_t>(rng.next_u64() % 10);
-  const fedmesh::data::ImageSet set(std::move(images));
+  const fedmesh::train::data::ImageSet set(std::move(images));
   fedmesh::train::TrainOptions options;
   options.batch_size = 32;
   options.max_steps = 50;

@@ -29,7 +29,7 @@ bool file_exists(const std::string& path) {
 
 int run_doctor(bool json) {
   const CudaReport cuda = query_cuda();
-  const std::string dataset_dir = data::kDefaultFashionMnistDir;
+  const std::string dataset_dir = train::data::kDefaultFashionMnistDir;
   const bool have_fashion = file_exists(dataset_dir + "/train-images-idx3-ubyte.gz") &&
                             file_exists(dataset_dir + "/t10k-images-idx3-ubyte.gz");
   const char* blas_config = openblas_get_config();

@@ -56,11 +56,11 @@ Result<std::string> stored_model_name(store::CheckpointStore& store) {
 // keeps the file in meta "tokenizer"); nullopt for the byte tokenizer. The
 // store is checked like the file was: a damaged copy is refused by name, as
 // is one that is not the tokenizer the run's flags name.
-Result<std::optional<data::BpeTokenizer>> stored_tokenizer(store::CheckpointStore& store) {
+Result<std::optional<train::data::BpeTokenizer>> stored_tokenizer(store::CheckpointStore& store) {
   Result<std::optional<std::string>> text = store.meta("tokenizer");
   if (!text.is_ok()) return text.status();
-  if (!text->has_value() || (*text)->empty()) return std::optional<data::BpeTokenizer>();
-  Result<data::BpeTokenizer> tokenizer = data::BpeTokenizer::parse(**text);
+  if (!text->has_value() || (*text)->empty()) return std::optional<train::data::BpeTokenizer>();
+  Result<train::data::BpeTokenizer> tokenizer = train::data::BpeTokenizer::parse(**text);
   if (!tokenizer.is_ok()) {
     return Status(tokenizer.status().code(), "the tokenizer kept in the store: " + tokenizer.status().message());
   }
@@ -72,7 +72,7 @@ Result<std::optional<data::BpeTokenizer>> stored_tokenizer(store::CheckpointStor
                      ") is not the one its run recorded training with");
     }
   }
-  return std::optional<data::BpeTokenizer>(std::move(*tokenizer));
+  return std::optional<train::data::BpeTokenizer>(std::move(*tokenizer));
 }
 
 // Samples the next token from the last row of `logits`: temperature, then
@@ -112,7 +112,7 @@ int run_generate(const GenerateFlags& flags) {
   if (!name.is_ok()) return fail(flags, name.status());
   const std::optional<train::TransformerConfig> config = train::language_model_config(*name);
   if (!config) return fail(flags, invalid_argument("model '" + *name + "' is not a language model"));
-  Result<std::optional<data::BpeTokenizer>> tokenizer = stored_tokenizer(*store);
+  Result<std::optional<train::data::BpeTokenizer>> tokenizer = stored_tokenizer(*store);
   if (!tokenizer.is_ok()) return fail(flags, tokenizer.status(), 1);
   const int64_t vocabulary = tokenizer->has_value() ? (*tokenizer)->vocabulary() : config->vocabulary;
   Result<store::LoadedCheckpoint> loaded = flags.round >= 0 ? store->load_round(flags.round) : store->load_latest();
@@ -122,7 +122,7 @@ int run_generate(const GenerateFlags& flags) {
   if (!model.is_ok()) return fail(flags, model.status());
   if (Status s = train::load_model_weights(*loaded, **model); !s.is_ok()) return fail(flags, s, 1);
 
-  std::vector<int32_t> tokens = tokenizer->has_value() ? (*tokenizer)->encode(flags.prompt) : data::byte_tokens(flags.prompt);
+  std::vector<int32_t> tokens = tokenizer->has_value() ? (*tokenizer)->encode(flags.prompt) : train::data::byte_tokens(flags.prompt);
   for (const int32_t t : tokens) {
     if (t >= vocabulary) return fail(flags, invalid_argument("the prompt has a byte outside the model's vocabulary"));
   }
@@ -151,7 +151,7 @@ int run_generate(const GenerateFlags& flags) {
   }
   const std::span<const int32_t> generated = std::span<const int32_t>(tokens).subspan(prompt_tokens);
   const std::string text =
-      tokenizer->has_value() ? (*tokenizer)->decode(generated).value() : data::byte_text(generated).value();
+      tokenizer->has_value() ? (*tokenizer)->decode(generated).value() : train::data::byte_text(generated).value();
   if (flags.json) {
     nlohmann::json summary = {{"event", "summary"}, {"command", "generate"}, {"model", *name}, {"round", loaded->round.round},
                               {"prompt", flags.prompt}, {"text", text}, {"tokens", flags.tokens}};

@@ -77,12 +77,12 @@ Status check_mode_flags(const SimFlags& flags) {
 Result<sim::SimulationData> load_simulation_data(const SimFlags& flags) {
   const sim::SimulationOptions& o = flags.options;
   if (train::language_model_config(o.model)) {
-    Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(flags.data));
+    Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::text_source(flags.data));
     if (!corpus.is_ok()) return corpus.status();
     return sim::text_simulation_data(o, *corpus, flags.train_limit, flags.test_limit);
   }
-  Result<data::FashionMnistSplits> splits =
-      data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
+  Result<train::data::FashionMnistSplits> splits =
+      train::data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
   if (!splits.is_ok()) return splits.status();
   return sim::image_simulation_data(o, splits->train, std::move(splits->test));
 }
@@ -95,7 +95,7 @@ int64_t sample_count(const sim::SimulationData& data) {
 
 // What the sites' samples are, for the start line.
 std::string data_description(const SimFlags& flags, bool text) {
-  return text ? "windows of " + data::text_source(flags.data) + " text" : "Fashion-MNIST images";
+  return text ? "windows of " + train::data::text_source(flags.data) + " text" : "Fashion-MNIST images";
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -247,10 +247,10 @@ int run_sim(SimFlags& flags) {
   const bool text = train::language_model_config(o.model).has_value();
   if (text) {
     // Language models split text as the nodes do (iid, books, contiguous, testament).
-    if (Status s = data::check_text_partition(flags.partition); !s.is_ok()) return fail(flags, s);
+    if (Status s = train::data::check_text_partition(flags.partition); !s.is_ok()) return fail(flags, s);
     o.text_partition = flags.partition;
   } else {
-    Result<data::PartitionSpec> partition = data::PartitionSpec::parse(flags.partition);
+    Result<train::data::PartitionSpec> partition = train::data::PartitionSpec::parse(flags.partition);
     if (!partition.is_ok()) return fail(flags, partition.status());
     o.partition = *partition;
   }

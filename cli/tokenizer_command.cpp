@@ -14,9 +14,9 @@ namespace fedmesh::cli {
 namespace {
 
 struct TokenizerTrainFlags {
-  std::string data = data::kBibleCorpus;
+  std::string data = train::data::kBibleCorpus;
   int vocab_size = 1024;
-  int max_piece_bytes = data::kDefaultMaxPieceBytes;
+  int max_piece_bytes = train::data::kDefaultMaxPieceBytes;
   std::string out;
   uint64_t seed = 0;  // accepted as every command's is; training draws nothing at random
   bool json = false;
@@ -31,15 +31,15 @@ int run_tokenizer_train(const TokenizerTrainFlags& flags) {
   const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  if (flags.vocab_size < 257 || flags.vocab_size > data::kMaxTokenizerVocabulary) {
-    return fail(flags, invalid_argument("--vocab-size must be in [257, " + std::to_string(data::kMaxTokenizerVocabulary) +
+  if (flags.vocab_size < 257 || flags.vocab_size > train::data::kMaxTokenizerVocabulary) {
+    return fail(flags, invalid_argument("--vocab-size must be in [257, " + std::to_string(train::data::kMaxTokenizerVocabulary) +
                                         "]: the 256 bytes and at least one merge"));
   }
-  if (flags.max_piece_bytes < 2 || flags.max_piece_bytes > data::kMaxPieceBytesLimit) {
-    return fail(flags, invalid_argument("--max-piece-bytes must be in [2, " + std::to_string(data::kMaxPieceBytesLimit) + "]"));
+  if (flags.max_piece_bytes < 2 || flags.max_piece_bytes > train::data::kMaxPieceBytesLimit) {
+    return fail(flags, invalid_argument("--max-piece-bytes must be in [2, " + std::to_string(train::data::kMaxPieceBytesLimit) + "]"));
   }
-  const std::string source = flags.data == "kjv" ? data::kBibleCorpus : data::text_source(flags.data);
-  Result<data::TextCorpus> corpus = data::load_text_corpus(source);
+  const std::string source = flags.data == "kjv" ? train::data::kBibleCorpus : train::data::text_source(flags.data);
+  Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(source);
   if (!corpus.is_ok()) return fail(flags, corpus.status());
   const int64_t corpus_bytes = corpus->bytes();
   if (!flags.json) {
@@ -48,7 +48,7 @@ int run_tokenizer_train(const TokenizerTrainFlags& flags) {
   }
 
   ProgressLine line;
-  data::BpeTrainOptions options;
+  train::data::BpeTrainOptions options;
   options.vocabulary = flags.vocab_size;
   options.max_piece_bytes = flags.max_piece_bytes;
   options.progress_every = 100;
@@ -62,7 +62,7 @@ int run_tokenizer_train(const TokenizerTrainFlags& flags) {
     std::snprintf(text, sizeof text, "merges %d/%d  %.1fs", done, wanted, seconds_since(train_start));
     line.update(text, done == wanted);
   };
-  Result<data::BpeTokenizer> tokenizer = data::train_bpe(*corpus, options);
+  Result<train::data::BpeTokenizer> tokenizer = train::data::train_bpe(*corpus, options);
   line.finish();
   if (!tokenizer.is_ok()) return fail(flags, tokenizer.status());
   const double train_seconds = seconds_since(train_start);
@@ -70,7 +70,7 @@ int run_tokenizer_train(const TokenizerTrainFlags& flags) {
 
   // How well it compresses the corpus it was trained on.
   int64_t tokens = 0;
-  for (const data::TextDocument& document : corpus->documents) tokens += static_cast<int64_t>(tokenizer->encode(document.text).size());
+  for (const train::data::TextDocument& document : corpus->documents) tokens += static_cast<int64_t>(tokenizer->encode(document.text).size());
   const double bytes_per_token = tokens > 0 ? static_cast<double>(corpus_bytes) / static_cast<double>(tokens) : 0.0;
   const int merges = static_cast<int>(tokenizer->merges().size());
   const double wall_seconds = seconds_since(start);
@@ -125,7 +125,7 @@ void add_tokenizer_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   train->add_option("--vocab-size", flags->vocab_size,
                     "Symbols in the vocabulary: 256 bytes plus this minus 256 merges, at most " +
-                        std::to_string(data::kMaxTokenizerVocabulary))
+                        std::to_string(train::data::kMaxTokenizerVocabulary))
       ->capture_default_str();
   train->add_option("--out", flags->out, "The tokenizer file to write (replaced atomically)")->required();
   train->add_option("--max-piece-bytes", flags->max_piece_bytes,

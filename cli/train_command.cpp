@@ -76,26 +76,26 @@ struct CheckpointFailed {};
 // The held-out loss (nats per token) as DESIGN.md names it for language
 // models, with its perplexity and bits per byte, and the unigram baseline's
 // bits per byte. Bits per byte are the nats of all held-out targets over
-// ln 2 and the bytes those targets stand for (data::bits_per_byte: 1 token
+// ln 2 and the bytes those targets stand for (train::data::bits_per_byte: 1 token
 // per byte with the byte tokenizer; fewer with BPE). The unigram
 // baseline is always the byte unigram's (nats per byte), so that runs with
 // and without a tokenizer compare.
 nlohmann::json language_metrics(double loss, double unigram_loss, double tokens_per_byte) {
   return {{"val_loss", loss}, {"val_perplexity", std::exp(loss)},
-          {"val_bits_per_byte", data::bits_per_byte(loss, tokens_per_byte)},
+          {"val_bits_per_byte", train::data::bits_per_byte(loss, tokens_per_byte)},
           {"unigram_bits_per_byte", unigram_loss / std::log(2.0)}};
 }
 
 struct TrainingData {
-  std::unique_ptr<data::FashionMnistSplits> images;
-  std::unique_ptr<data::Dataset> train, test;
+  std::unique_ptr<train::data::FashionMnistSplits> images;
+  std::unique_ptr<train::data::Dataset> train, test;
   bool language = false;
   std::string description;  // "60000 Fashion-MNIST images (10000 test)"
   double unigram_loss = 0.0;  // language models: the byte unigram's nats per byte on the held-out text
   // --tokenizer: the BPE tokenizer, the model's vocabulary (0: the model's
   // own), held-out target tokens per byte they stand for, and the token
   // unigram's nats per token on them.
-  std::optional<data::BpeTokenizer> tokenizer;
+  std::optional<train::data::BpeTokenizer> tokenizer;
   int64_t vocabulary = 0;
   double tokens_per_byte = 1.0;
   double token_unigram_loss = 0.0;
@@ -115,29 +115,29 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
     return invalid_argument("--tokenizer applies to the language models (gpt-*), not to " + flags.model);
   }
   if (!language) {
-    Result<data::FashionMnistSplits> splits =
-        data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
+    Result<train::data::FashionMnistSplits> splits =
+        train::data::load_fashion_mnist_splits(flags.data, flags.train_limit, flags.test_limit);
     if (!splits.is_ok()) return splits.status();
-    out.images = std::make_unique<data::FashionMnistSplits>(std::move(*splits));
-    out.train = std::make_unique<data::ImageBatches>(out.images->train);
-    out.test = std::make_unique<data::ImageBatches>(out.images->test);
+    out.images = std::make_unique<train::data::FashionMnistSplits>(std::move(*splits));
+    out.train = std::make_unique<train::data::ImageBatches>(out.images->train);
+    out.test = std::make_unique<train::data::ImageBatches>(out.images->test);
     out.description = std::to_string(out.images->train.count) + " Fashion-MNIST images (" +
                       std::to_string(out.images->test.count) + " test)";
     return out;
   }
   if (!flags.tokenizer.empty()) {
-    Result<data::BpeTokenizer> tokenizer = data::BpeTokenizer::load(flags.tokenizer);
+    Result<train::data::BpeTokenizer> tokenizer = train::data::BpeTokenizer::load(flags.tokenizer);
     if (!tokenizer.is_ok()) return tokenizer.status();
     out.tokenizer.emplace(std::move(*tokenizer));
     out.vocabulary = out.tokenizer->vocabulary();
   }
-  const std::string source = data::text_source(flags.data);
-  Result<data::TextCorpus> corpus = data::load_text_corpus(source);
+  const std::string source = train::data::text_source(flags.data);
+  Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(source);
   if (!corpus.is_ok()) return corpus.status();
   std::vector<size_t> all(corpus->documents.size());
   for (size_t d = 0; d < all.size(); ++d) all[d] = d;
-  const data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
-  data::TextSplit split = data::split_text(*corpus, all, data::kHeldOutText, tokenizer);
+  const train::data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
+  train::data::TextSplit split = train::data::split_text(*corpus, all, train::data::kHeldOutText, tokenizer);
   const int64_t context = language->context;
   // --train-limit / --test-limit count windows of `context` tokens.
   const auto cut = [context](std::vector<int32_t>& tokens, int64_t windows) {
@@ -145,13 +145,13 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
   };
   cut(split.train, flags.train_limit);
   cut(split.validation, flags.test_limit);
-  const data::HeldOutBaseline baseline = data::held_out_baseline(split.train, split.validation, context, tokenizer);
+  const train::data::HeldOutBaseline baseline = train::data::held_out_baseline(split.train, split.validation, context, tokenizer);
   out.unigram_loss = baseline.byte_unigram_loss;
   out.token_unigram_loss = baseline.token_unigram_loss;
   out.tokens_per_byte = baseline.tokens_per_byte;
   const size_t train_tokens = split.train.size(), validation_tokens = split.validation.size();
-  out.train = std::make_unique<data::TextWindows>(std::move(split.train), context, context);
-  out.test = std::make_unique<data::TextWindows>(std::move(split.validation), context, context);
+  out.train = std::make_unique<train::data::TextWindows>(std::move(split.train), context, context);
+  out.test = std::make_unique<train::data::TextWindows>(std::move(split.validation), context, context);
   if (out.train->size() == 0 || out.test->size() == 0) {
     return invalid_argument(source + " is too short for windows of " + std::to_string(context) + " tokens");
   }
@@ -170,7 +170,7 @@ Result<TrainingData> load_training_data(const TrainFlags& flags) {
 // (launched by rank 0 with --rank and --rendezvous), no output, no store.
 // They take rank 0's position and state (restored from its checkpoint, or
 // fresh), train their part of every batch and exit when the run ends.
-int run_train_rank(TrainFlags& flags, const data::Dataset& train, int64_t vocabulary, Device device) {
+int run_train_rank(TrainFlags& flags, const train::data::Dataset& train, int64_t vocabulary, Device device) {
   Result<std::unique_ptr<train::Sequential>> model = train::make_model(flags.model, flags.options.seed, vocabulary);
   if (!model.is_ok()) return fail(flags, model.status());
   (*model)->to_device(device);
@@ -323,8 +323,8 @@ int run_train(TrainFlags& flags) {
 
   Result<TrainingData> loaded = load_training_data(flags);
   if (!loaded.is_ok()) return fail(flags, loaded.status());
-  const data::Dataset* train = loaded->train.get();
-  const data::Dataset* test = loaded->test.get();
+  const train::data::Dataset* train = loaded->train.get();
+  const train::data::Dataset* test = loaded->test.get();
   if (flags.group.launched()) return run_train_rank(flags, *train, loaded->vocabulary, *device);
 
   // DP-SGD: the accountant, and a target budget caps the steps up front, so
@@ -406,9 +406,11 @@ int run_train(TrainFlags& flags) {
                      "(give --threads %s for bit-exact resumption)\n",
                      (*threads)->c_str(), cpu_threads(), (*threads)->c_str());
       }
-      std::vector<Status> skipped;
-      Result<store::LoadedCheckpoint> latest = checkpoints->load_latest(&skipped);
-      for (const Status& s : skipped) std::fprintf(stderr, "fedmesh train: skipping corrupt checkpoint: %s\n", s.message().c_str());
+      size_t skipped = 0;  // corrupt checkpoints passed over
+      Result<store::LoadedCheckpoint> latest = checkpoints->load_latest([&skipped](const std::string& warning) {
+        ++skipped;
+        std::fprintf(stderr, "fedmesh train: %s\n", warning.c_str());
+      });
       if (!latest.is_ok()) return fail(flags, latest.status());
       if (Status s = train::restore_training_checkpoint(*latest, net, trainer); !s.is_ok()) return fail(flags, s);
       resumed_step = latest->round.round;
@@ -424,7 +426,7 @@ int run_train(TrainFlags& flags) {
                    {"total_steps", total_steps},
                    {"epoch", state.epoch},
                    {"committed_at", latest->round.wall_time},
-                   {"corrupt_checkpoints_skipped", skipped.size()}});
+                   {"corrupt_checkpoints_skipped", skipped}});
       }
       std::fprintf(stderr, "fedmesh train: resuming from %s: step %lld of %lld (epoch %lld), committed %s\n",
                    flags.db.c_str(), static_cast<long long>(resumed_step), static_cast<long long>(total_steps),
@@ -524,7 +526,7 @@ int run_train(TrainFlags& flags) {
     if (loaded->tokenizer) {
       std::fprintf(stderr, "held-out text: a byte unigram model (no context) reaches %.3f bits/byte; a unigram of "
                    "these tokens %.4f nats/token, %.3f bits/byte\n", loaded->unigram_loss / std::log(2.0),
-                   loaded->token_unigram_loss, data::bits_per_byte(loaded->token_unigram_loss, loaded->tokens_per_byte));
+                   loaded->token_unigram_loss, train::data::bits_per_byte(loaded->token_unigram_loss, loaded->tokens_per_byte));
     } else if (loaded->language) {
       std::fprintf(stderr, "held-out text: a unigram model (no context) reaches %.4f nats/token, %.3f bits/byte\n",
                    loaded->unigram_loss, loaded->unigram_loss / std::log(2.0));
@@ -584,7 +586,7 @@ int run_train(TrainFlags& flags) {
     if (loaded->language) {
       std::fprintf(stderr, "epoch %lld: train loss %.4f, held-out loss %.4f (perplexity %.3f, %.3f bits/byte; unigram "
                    "%.3f), next-%s accuracy %.2f%% (%s)\n", static_cast<long long>(r.epoch), r.train_loss,
-                   r.test.loss, std::exp(r.test.loss), data::bits_per_byte(r.test.loss, loaded->tokens_per_byte),
+                   r.test.loss, std::exp(r.test.loss), train::data::bits_per_byte(r.test.loss, loaded->tokens_per_byte),
                    loaded->unigram_loss / std::log(2.0), loaded->tokenizer ? "token" : "byte",
                    100.0 * r.test.accuracy, format_duration(r.seconds).c_str());
       return;
@@ -671,13 +673,13 @@ int run_train(TrainFlags& flags) {
       event["tokenizer"] = loaded->tokenizer->fingerprint();
       event["vocab_size"] = loaded->vocabulary;
       event["held_out_bytes_per_token"] = 1.0 / loaded->tokens_per_byte;
-      event["token_unigram_bits_per_byte"] = data::bits_per_byte(loaded->token_unigram_loss, loaded->tokens_per_byte);
+      event["token_unigram_bits_per_byte"] = train::data::bits_per_byte(loaded->token_unigram_loss, loaded->tokens_per_byte);
     }
     emit_json(event);
   } else if (loaded->language) {
     std::printf("%s %s: held-out loss %.4f (perplexity %.3f, %.3f bits/byte; a unigram model %.3f) after %lld steps, "
                 "%.0f tokens/s, %s\n", flags.model.c_str(), flags.precision.c_str(), summary.test.loss,
-                std::exp(summary.test.loss), data::bits_per_byte(summary.test.loss, loaded->tokens_per_byte),
+                std::exp(summary.test.loss), train::data::bits_per_byte(summary.test.loss, loaded->tokens_per_byte),
                 loaded->unigram_loss / std::log(2.0),
                 static_cast<long long>(summary.steps),
                 summary.samples_per_second * static_cast<double>(train->targets_per_sample()),

@@ -376,9 +376,8 @@ Status GossipRuntime::Impl::restore() {
   Result<std::vector<store::RoundInfo>> rounds = store->rounds();
   if (!rounds.is_ok()) return rounds.status();
   if (rounds->empty()) return Status::ok();
-  std::vector<Status> skipped;
-  Result<store::LoadedCheckpoint> latest = store->load_latest(&skipped);
-  for (const Status& s : skipped) emit({{"event", "warning"}, {"message", "skipping corrupt checkpoint: " + s.message()}});
+  Result<store::LoadedCheckpoint> latest =
+      store->load_latest([this](const std::string& warning) { emit({{"event", "warning"}, {"message", warning}}); });
   if (!latest.is_ok()) return latest.status();
   try {
     const nlohmann::json saved = nlohmann::json::parse(latest->round.state_json);

@@ -33,11 +33,11 @@ Status SiteConfig::validate() const {
   if (!(step_delay_seconds >= 0.0)) return invalid_argument("step_delay_seconds must be >= 0");
   if (!(give_up_seconds >= 0.0)) return invalid_argument("give_up_seconds must be >= 0");
   if (train::language_model_config(model)) {
-    FEDMESH_RETURN_IF_ERROR(data::check_text_partition(partition));
+    FEDMESH_RETURN_IF_ERROR(train::data::check_text_partition(partition));
   } else if (!tokenizer.empty()) {
     return invalid_argument("data.tokenizer applies to the language models (gpt-*), not to model '" + model + "'");
   } else {
-    FEDMESH_RETURN_IF_ERROR(data::PartitionSpec::parse(partition).status());
+    FEDMESH_RETURN_IF_ERROR(train::data::PartitionSpec::parse(partition).status());
   }
   Result<protocol::CompressionPlan> plan = protocol::make_compression_plan(compress, compress_overrides, dense_below);
   if (!plan.is_ok()) return plan.status();
@@ -138,27 +138,27 @@ namespace {
 Result<SiteData> load_site_text(const SiteConfig& config, const train::TransformerConfig& model, int64_t test_limit) {
   SiteData out;
   if (!config.tokenizer.empty()) {
-    Result<data::BpeTokenizer> tokenizer = data::BpeTokenizer::load(config.tokenizer);
+    Result<train::data::BpeTokenizer> tokenizer = train::data::BpeTokenizer::load(config.tokenizer);
     if (!tokenizer.is_ok()) {
       return Status(tokenizer.status().code(), "data.tokenizer: " + tokenizer.status().message());
     }
     out.tokenizer.emplace(std::move(*tokenizer));
     out.vocabulary = out.tokenizer->vocabulary();
   }
-  const data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
-  Result<data::TextCorpus> corpus = data::load_text_corpus(data::text_source(config.data));
+  const train::data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
+  Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::text_source(config.data));
   if (!corpus.is_ok()) return corpus.status();
-  Result<data::SiteWindows> windows = data::site_windows(*corpus, config.partition, config.sites, config.index,
+  Result<train::data::SiteWindows> windows = train::data::site_windows(*corpus, config.partition, config.sites, config.index,
                                                           model.context, config.train_limit, tokenizer);
   if (!windows.is_ok()) {
     return invalid_argument("data.partition: " + windows.status().message() + " (language models split text)");
   }
-  out.shard = std::make_unique<data::TextWindows>(std::move(windows->train));
-  out.holdout = std::make_unique<data::TextWindows>(std::move(windows->holdout));
+  out.shard = std::make_unique<train::data::TextWindows>(std::move(windows->train));
+  out.holdout = std::make_unique<train::data::TextWindows>(std::move(windows->holdout));
   if (test_limit >= 0) {
-    Result<data::TextWindows> test = data::held_out_windows(*corpus, model.context, test_limit, tokenizer);
+    Result<train::data::TextWindows> test = train::data::held_out_windows(*corpus, model.context, test_limit, tokenizer);
     if (!test.is_ok()) return test.status();
-    out.test = std::make_unique<data::TextWindows>(std::move(*test));
+    out.test = std::make_unique<train::data::TextWindows>(std::move(*test));
   }
   return out;
 }
@@ -169,12 +169,12 @@ Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit) {
   if (const std::optional<train::TransformerConfig> language = train::language_model_config(config.model)) {
     return load_site_text(config, *language, test_limit);
   }
-  Result<data::FashionMnistSplits> splits =
-      data::load_fashion_mnist_splits(config.data, config.train_limit, test_limit < 0 ? 1 : test_limit);
+  Result<train::data::FashionMnistSplits> splits =
+      train::data::load_fashion_mnist_splits(config.data, config.train_limit, test_limit < 0 ? 1 : test_limit);
   if (!splits.is_ok()) return splits.status();
-  Result<data::PartitionSpec> spec = data::PartitionSpec::parse(config.partition);
+  Result<train::data::PartitionSpec> spec = train::data::PartitionSpec::parse(config.partition);
   if (!spec.is_ok()) return spec.status();
-  Result<std::vector<std::vector<int64_t>>> parts = data::partition_indices(
+  Result<std::vector<std::vector<int64_t>>> parts = train::data::partition_indices(
       splits->train.labels, splits->train.num_classes, config.sites, *spec, config.data_seed);
   if (!parts.is_ok()) return parts.status();
   const std::vector<int64_t>& mine = (*parts)[static_cast<size_t>(config.index)];
@@ -182,9 +182,9 @@ Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit) {
   for (size_t i = 0; i < mine.size(); ++i) (i % 10 == 9 ? holdout_idx : train_idx).push_back(mine[i]);
   if (train_idx.empty()) return invalid_argument("shard " + std::to_string(config.index) + " holds no training images");
   SiteData out;
-  out.shard = std::make_unique<data::ImageSet>(splits->train.subset(train_idx));
-  out.holdout = std::make_unique<data::ImageSet>(splits->train.subset(holdout_idx));
-  if (test_limit >= 0) out.test = std::make_unique<data::ImageSet>(std::move(splits->test));
+  out.shard = std::make_unique<train::data::ImageSet>(splits->train.subset(train_idx));
+  out.holdout = std::make_unique<train::data::ImageSet>(splits->train.subset(holdout_idx));
+  if (test_limit >= 0) out.test = std::make_unique<train::data::ImageSet>(std::move(splits->test));
   return out;
 }
 

@@ -92,8 +92,8 @@ Result<std::string> read_node_mode(const std::string& path);
 // here; a file that is not a valid tokenizer is refused by name) and the
 // model is made with its vocabulary (train::make_model(model, seed, vocabulary)).
 struct SiteData {
-  std::unique_ptr<data::Dataset> shard, holdout, test;
-  std::optional<data::BpeTokenizer> tokenizer;
+  std::unique_ptr<train::data::Dataset> shard, holdout, test;
+  std::optional<train::data::BpeTokenizer> tokenizer;
   int64_t vocabulary = 0;  // the tokenizer's; 0: the model's own
   // "fnv1a64:..." of data.tokenizer, "" for bytes (and the image models).
   std::string tokenizer_fingerprint() const { return tokenizer ? tokenizer->fingerprint() : std::string(); }

@@ -47,7 +47,7 @@ train::TrainOptions SiteRanks::options_for_rank(train::TrainOptions options) con
   return options;
 }
 
-Result<train::TrainSummary> SiteRanks::fit(train::Trainer& trainer, const train::TrainOptions& local, const data::Dataset& shard,
+Result<train::TrainSummary> SiteRanks::fit(train::Trainer& trainer, const train::TrainOptions& local, const train::data::Dataset& shard,
                                     const train::TrainCallbacks& callbacks) {
   FEDMESH_RETURN_IF_ERROR(broken_);
   broken_ = group_->command(round_command(local));

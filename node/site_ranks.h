@@ -31,7 +31,7 @@ class SiteRanks {
   // is rank 0's, built on the model with options_for_rank(local). A failure
   // (a rank died or left) is also kept in broken(): the node cannot train
   // again until restarted.
-  Result<train::TrainSummary> fit(train::Trainer& trainer, const train::TrainOptions& local, const data::Dataset& shard,
+  Result<train::TrainSummary> fit(train::Trainer& trainer, const train::TrainOptions& local, const train::data::Dataset& shard,
                            const train::TrainCallbacks& callbacks);
   const Status& broken() const { return broken_; }
 

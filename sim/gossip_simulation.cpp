@@ -26,7 +26,7 @@ constexpr uint64_t kMaxInFlightBytes = uint64_t{8} << 30;
 
 struct VirtualPeer {
   std::string name;
-  std::unique_ptr<data::Dataset> shard;
+  std::unique_ptr<train::data::Dataset> shard;
   std::optional<gossip::GossipState> state;
   int64_t version = 0;  // rounds of local training done: the counter staleness is measured in
   Rng topology_rng;     // the random topology's draws
@@ -249,8 +249,8 @@ class GossipSimulation {
     record.mean_test_accuracy /= n;
     record.mean_test_loss /= n;
     if (data_.tokens_per_byte > 0.0) {  // bits per byte are linear in the loss
-      record.mean_bits_per_byte = data::bits_per_byte(record.mean_test_loss, data_.tokens_per_byte);
-      record.max_bits_per_byte = data::bits_per_byte(record.max_test_loss, data_.tokens_per_byte);
+      record.mean_bits_per_byte = train::data::bits_per_byte(record.mean_test_loss, data_.tokens_per_byte);
+      record.max_bits_per_byte = train::data::bits_per_byte(record.max_test_loss, data_.tokens_per_byte);
     }
     double distance_sum = 0.0;
     int64_t pairs = 0;
@@ -319,7 +319,7 @@ Result<GossipSimulationSummary> run_gossip_simulation(
 }
 
 Result<GossipSimulationSummary> run_gossip_simulation(
-    const GossipSimulationOptions& options, const data::ImageDataset& train, const data::ImageDataset& test,
+    const GossipSimulationOptions& options, const train::data::ImageDataset& train, const train::data::ImageDataset& test,
     const std::function<void(const GossipSimulationRound&)>& on_round) {
   FEDMESH_RETURN_IF_ERROR(options.validate());
   sim::SimulationOptions split;

@@ -57,7 +57,7 @@ inline constexpr int64_t kMaxMessageDelaySteps = 1'000'000;
 
 struct GossipSimulationOptions {
   int peers = 8;
-  data::PartitionSpec partition;   // images: how the training set is split (default iid)
+  train::data::PartitionSpec partition;   // images: how the training set is split (default iid)
   std::string model = "mlp";
   int64_t rounds = 20;
   int64_t local_steps = 20;        // H: optimizer steps per peer per round
@@ -118,7 +118,7 @@ Result<GossipSimulationSummary> run_gossip_simulation(
     const std::function<void(const GossipSimulationRound&)>& on_round);
 // The same on Fashion-MNIST, split among the peers by options.partition.
 Result<GossipSimulationSummary> run_gossip_simulation(
-    const GossipSimulationOptions& options, const data::ImageDataset& train, const data::ImageDataset& test,
+    const GossipSimulationOptions& options, const train::data::ImageDataset& train, const train::data::ImageDataset& test,
     const std::function<void(const GossipSimulationRound&)>& on_round);
 
 }  // namespace fedmesh::sim

@@ -27,7 +27,7 @@ namespace {
 
 struct VirtualSite {
   std::string name;
-  std::unique_ptr<data::Dataset> shard;
+  std::unique_ptr<train::data::Dataset> shard;
   double speed = 1.0;  // time per local step
   bool poisoned = false;
   std::optional<protocol::UpdateCompressor> compressor;  // made at its first update
@@ -249,7 +249,7 @@ class Simulation {
     round.virtual_time = time;
     round.test_accuracy = result.accuracy;
     round.test_loss = result.loss;
-    if (data_.tokens_per_byte > 0.0) round.bits_per_byte = data::bits_per_byte(result.loss, data_.tokens_per_byte);
+    if (data_.tokens_per_byte > 0.0) round.bits_per_byte = train::data::bits_per_byte(result.loss, data_.tokens_per_byte);
     round.updates = static_cast<int64_t>(record.applied.size());
     return round;
   }
@@ -397,9 +397,8 @@ class Simulation {
   // Restores the newest intact round; returns the round index to go on from.
   Result<int64_t> resume(store::CheckpointStore& checkpoints, double& time, int64_t& serial, Rng& dropout,
                          SimulationSummary& summary) {
-    std::vector<Status> skipped;
-    Result<store::LoadedCheckpoint> latest = checkpoints.load_latest(&skipped);
-    for (const Status& s : skipped) std::fprintf(stderr, "fedmesh sim: skipping corrupt checkpoint: %s\n", s.message().c_str());
+    Result<store::LoadedCheckpoint> latest = checkpoints.load_latest(
+        [](const std::string& warning) { std::fprintf(stderr, "fedmesh sim: %s\n", warning.c_str()); });
     if (!latest.is_ok()) return latest.status();
     Result<nlohmann::json> restored = aggregator::restore_manager(*latest, *manager_);
     if (!restored.is_ok()) return restored.status();
@@ -608,7 +607,7 @@ Status SimulationOptions::validate() const {
   }
   if (rounds < 1) return invalid_argument("--rounds must be at least 1");
   if (local_steps < 1) return invalid_argument("--local-steps must be at least 1");
-  if (train::language_model_config(model)) FEDMESH_RETURN_IF_ERROR(data::check_text_partition(text_partition));
+  if (train::language_model_config(model)) FEDMESH_RETURN_IF_ERROR(train::data::check_text_partition(text_partition));
   if (!(dropout >= 0.0 && dropout < 1.0)) return invalid_argument("--dropout must be in [0, 1)");
   if (!(straggler_fraction >= 0.0 && straggler_fraction <= 1.0) || !(straggler_factor >= 1.0) ||
       !std::isfinite(straggler_factor)) {
@@ -651,16 +650,16 @@ Status SimulationOptions::validate() const {
   return rounds_options.validate();
 }
 
-Result<std::vector<data::ImageDataset>> split_among_sites(const data::ImageDataset& train, int sites,
-                                                          const data::PartitionSpec& partition, uint64_t seed) {
+Result<std::vector<train::data::ImageDataset>> split_among_sites(const train::data::ImageDataset& train, int sites,
+                                                          const train::data::PartitionSpec& partition, uint64_t seed) {
   if (train.count < sites) {
     return invalid_argument("--sites " + std::to_string(sites) + " is more than the " + std::to_string(train.count) +
                             " training images");
   }
   Result<std::vector<std::vector<int64_t>>> parts =
-      data::partition_indices(train.labels, train.num_classes, sites, partition, seed);
+      train::data::partition_indices(train.labels, train.num_classes, sites, partition, seed);
   if (!parts.is_ok()) return parts.status();
-  std::vector<data::ImageDataset> shards;
+  std::vector<train::data::ImageDataset> shards;
   shards.reserve(parts->size());
   for (const std::vector<int64_t>& indices : *parts) shards.push_back(train.subset(indices));
   return shards;
@@ -672,34 +671,34 @@ Status validate_local_training(const train::TrainOptions& local, int64_t local_s
   return checked.validate();
 }
 
-Result<SimulationData> image_simulation_data(const SimulationOptions& options, const data::ImageDataset& train,
-                                             data::ImageDataset test) {
+Result<SimulationData> image_simulation_data(const SimulationOptions& options, const train::data::ImageDataset& train,
+                                             train::data::ImageDataset test) {
   if (train::language_model_config(options.model)) {
     return invalid_argument("model " + options.model + " is a language model: it trains on text, not images");
   }
-  Result<std::vector<data::ImageDataset>> shards = split_among_sites(train, options.sites, options.partition, options.seed);
+  Result<std::vector<train::data::ImageDataset>> shards = split_among_sites(train, options.sites, options.partition, options.seed);
   if (!shards.is_ok()) return shards.status();
   SimulationData out;
-  for (data::ImageDataset& shard : *shards) out.shards.push_back(std::make_unique<data::ImageSet>(std::move(shard)));
-  out.test = std::make_unique<data::ImageSet>(std::move(test));
+  for (train::data::ImageDataset& shard : *shards) out.shards.push_back(std::make_unique<train::data::ImageSet>(std::move(shard)));
+  out.test = std::make_unique<train::data::ImageSet>(std::move(test));
   return out;
 }
 
-Result<SimulationData> text_simulation_data(const SimulationOptions& options, const data::TextCorpus& corpus,
+Result<SimulationData> text_simulation_data(const SimulationOptions& options, const train::data::TextCorpus& corpus,
                                             int64_t train_limit, int64_t test_limit) {
   const std::optional<train::TransformerConfig> language = train::language_model_config(options.model);
   if (!language) return invalid_argument("model " + options.model + " is not a language model: it trains on images");
   SimulationData out;  // (site_windows refuses an unknown partition by name)
   for (int i = 0; i < options.sites; ++i) {
-    Result<data::SiteWindows> windows =
-        data::site_windows(corpus, options.text_partition, options.sites, i, language->context, train_limit);
+    Result<train::data::SiteWindows> windows =
+        train::data::site_windows(corpus, options.text_partition, options.sites, i, language->context, train_limit);
     if (!windows.is_ok()) return invalid_argument("--partition " + options.text_partition + ": " + windows.status().message());
-    out.shards.push_back(std::make_unique<data::TextWindows>(std::move(windows->train)));
+    out.shards.push_back(std::make_unique<train::data::TextWindows>(std::move(windows->train)));
   }
-  Result<data::TextWindows> test = data::held_out_windows(corpus, language->context, test_limit);
+  Result<train::data::TextWindows> test = train::data::held_out_windows(corpus, language->context, test_limit);
   if (!test.is_ok()) return test.status();
-  out.tokens_per_byte = data::tokens_per_byte(data::scored_targets(test->tokens(), language->context), nullptr);
-  out.test = std::make_unique<data::TextWindows>(std::move(*test));
+  out.tokens_per_byte = train::data::tokens_per_byte(train::data::scored_targets(test->tokens(), language->context), nullptr);
+  out.test = std::make_unique<train::data::TextWindows>(std::move(*test));
   return out;
 }
 
@@ -711,8 +710,8 @@ Result<SimulationSummary> run_simulation(const SimulationOptions& options, Simul
   return simulation.run(on_round);
 }
 
-Result<SimulationSummary> run_simulation(const SimulationOptions& options, const data::ImageDataset& train,
-                                         const data::ImageDataset& test,
+Result<SimulationSummary> run_simulation(const SimulationOptions& options, const train::data::ImageDataset& train,
+                                         const train::data::ImageDataset& test,
                                          const std::function<void(const SimulationRound&)>& on_round) {
   FEDMESH_RETURN_IF_ERROR(options.validate());
   Result<SimulationData> data = image_simulation_data(options, train, test);

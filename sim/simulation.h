@@ -38,7 +38,7 @@ inline constexpr int kMaxSimulatedSites = 10'000;
 
 struct SimulationOptions {
   int sites = 10;
-  data::PartitionSpec partition;        // default iid
+  train::data::PartitionSpec partition;        // default iid
   // Language models: the text partition (text_corpus.h: iid, books,
   // contiguous, testament) instead of `partition`.
   std::string text_partition = "iid";
@@ -103,27 +103,27 @@ struct SimulationSummary {
 // sites by the partitioner, replayed by the seed (kInvalidArgument when there
 // are fewer images than sites), and the local training options a site runs
 // each round, checked with max_steps = local_steps.
-Result<std::vector<data::ImageDataset>> split_among_sites(const data::ImageDataset& train, int sites,
-                                                          const data::PartitionSpec& partition, uint64_t seed);
+Result<std::vector<train::data::ImageDataset>> split_among_sites(const train::data::ImageDataset& train, int sites,
+                                                          const train::data::PartitionSpec& partition, uint64_t seed);
 Status validate_local_training(const train::TrainOptions& local, int64_t local_steps);
 
 // What a simulated federation trains and is evaluated on: one training set
 // per virtual site (in site order) and the test set the aggregator scores
 // each model on.
 struct SimulationData {
-  std::vector<std::unique_ptr<data::Dataset>> shards;
-  std::unique_ptr<data::Dataset> test;
+  std::vector<std::unique_ptr<train::data::Dataset>> shards;
+  std::unique_ptr<train::data::Dataset> test;
   int64_t vocabulary = 0;        // language models: the model's vocabulary (0: the model's own)
   double tokens_per_byte = 0.0;  // language models: the test's scored tokens per byte of text; 0: images
 };
 // Fashion-MNIST split among the sites by options.partition.
-Result<SimulationData> image_simulation_data(const SimulationOptions& options, const data::ImageDataset& train,
-                                             data::ImageDataset test);
+Result<SimulationData> image_simulation_data(const SimulationOptions& options, const train::data::ImageDataset& train,
+                                             train::data::ImageDataset test);
 // A corpus split among the sites by options.text_partition as the nodes
-// split it (data::site_windows: each site trains on 90% of its text), and
+// split it (train::data::site_windows: each site trains on 90% of its text), and
 // every document's held-out last 5% (the first test_limit windows, 0: all)
 // as the test set; byte tokens.
-Result<SimulationData> text_simulation_data(const SimulationOptions& options, const data::TextCorpus& corpus,
+Result<SimulationData> text_simulation_data(const SimulationOptions& options, const train::data::TextCorpus& corpus,
                                             int64_t train_limit, int64_t test_limit);
 
 // Runs the federation; `on_round` sees each server step as it happens (after
@@ -131,8 +131,8 @@ Result<SimulationData> text_simulation_data(const SimulationOptions& options, co
 Result<SimulationSummary> run_simulation(const SimulationOptions& options, SimulationData data,
                                          const std::function<void(const SimulationRound&)>& on_round);
 // The same on Fashion-MNIST (image_simulation_data).
-Result<SimulationSummary> run_simulation(const SimulationOptions& options, const data::ImageDataset& train,
-                                         const data::ImageDataset& test,
+Result<SimulationSummary> run_simulation(const SimulationOptions& options, const train::data::ImageDataset& train,
+                                         const train::data::ImageDataset& test,
                                          const std::function<void(const SimulationRound&)>& on_round);
 
 }  // namespace fedmesh::sim

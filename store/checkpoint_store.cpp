@@ -840,6 +840,13 @@ Result<LoadedCheckpoint> CheckpointStore::load_latest(std::vector<Status>* skipp
   return corrupt(path() + ": every one of the " + std::to_string(all->size()) + " checkpoints kept is corrupt");
 }
 
+Result<LoadedCheckpoint> CheckpointStore::load_latest(const std::function<void(const std::string& warning)>& warn) {
+  std::vector<Status> skipped;
+  Result<LoadedCheckpoint> latest = load_latest(&skipped);
+  for (const Status& s : skipped) warn("skipping corrupt checkpoint: " + s.message());
+  return latest;
+}
+
 Status CheckpointStore::set_meta(const std::string& key, const std::string& value) {
   if (!valid_name(key) || value.size() > kMaxJsonBytes) return invalid_argument("meta key or value out of bounds");
   Result<Statement> statement = database_.prepare(

@@ -194,6 +194,9 @@ class CheckpointStore {
   // The newest round that verifies. Each newer round that failed is appended
   // to `skipped` (when given) with its reason. kNotFound when there is none.
   Result<LoadedCheckpoint> load_latest(std::vector<Status>* skipped = nullptr);
+  // The same, telling `warn` "skipping corrupt checkpoint: REASON" for each
+  // newer round it passes over (how every role resumes).
+  Result<LoadedCheckpoint> load_latest(const std::function<void(const std::string& warning)>& warn);
 
   // Run-wide facts (e.g. the configuration a run was started with).
   Status set_meta(const std::string& key, const std::string& value);

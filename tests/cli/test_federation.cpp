@@ -314,16 +314,16 @@ TEST(Federation, ASiteWithTwoRanksSendsTheUpdateOfOneProcess) {
 TEST(Federation, FourSitesTrainALanguageModelBeyondUnigrams) {
   ASSERT_FALSE(binary().empty()) << "FEDMESH_BINARY is not set";
   ASSERT_FALSE(script().empty()) << "FEDMESH_LOCAL_FEDERATION is not set";
-  fedmesh::Result<fedmesh::data::TextCorpus> corpus = fedmesh::data::load_text_corpus(fedmesh::data::kBibleCorpus);
+  fedmesh::Result<fedmesh::train::data::TextCorpus> corpus = fedmesh::train::data::load_text_corpus(fedmesh::train::data::kBibleCorpus);
   ASSERT_TRUE(corpus.is_ok()) << corpus.status().to_string();
   std::vector<size_t> all(corpus->documents.size());
   for (size_t d = 0; d < all.size(); ++d) all[d] = d;
   // What the sites train on (the first 90% of every book, over the four of
   // them), and what the aggregator evaluates (every book's last 5%).
-  const fedmesh::data::TextSplit sites_text = fedmesh::data::split_documents(*corpus, all, 0.1);
-  fedmesh::Result<fedmesh::data::TextWindows> held_out = fedmesh::data::held_out_windows(*corpus, 64, 200);
+  const fedmesh::train::data::TextSplit sites_text = fedmesh::train::data::split_documents(*corpus, all, 0.1);
+  fedmesh::Result<fedmesh::train::data::TextWindows> held_out = fedmesh::train::data::held_out_windows(*corpus, 64, 200);
   ASSERT_TRUE(held_out.is_ok());
-  const double unigram = fedmesh::data::unigram_cross_entropy(sites_text.train, held_out->tokens(), 256);
+  const double unigram = fedmesh::train::data::unigram_cross_entropy(sites_text.train, held_out->tokens(), 256);
   std::printf("unigram baseline on the held-out text: %.4f nats per byte (%.3f bits)\n", unigram, unigram / std::log(2.0));
 
   Federation federation(4, {"--rounds", "4", "--local-steps", "20", "--deadline", "120", "--model", "gpt-nano",
@@ -389,8 +389,8 @@ TEST(Federation, ThreeSitesTrainALanguageModelWithABpeTokenizerAndRefuseAnother)
                                          path.string(), "--json"}, &code);
     ASSERT_EQ(code, 0) << out;
   }
-  fedmesh::Result<fedmesh::data::BpeTokenizer> tokenizer = fedmesh::data::BpeTokenizer::load(file.string());
-  fedmesh::Result<fedmesh::data::BpeTokenizer> other = fedmesh::data::BpeTokenizer::load(other_file.string());
+  fedmesh::Result<fedmesh::train::data::BpeTokenizer> tokenizer = fedmesh::train::data::BpeTokenizer::load(file.string());
+  fedmesh::Result<fedmesh::train::data::BpeTokenizer> other = fedmesh::train::data::BpeTokenizer::load(other_file.string());
   ASSERT_TRUE(tokenizer.is_ok() && other.is_ok());
   ASSERT_EQ(tokenizer->vocabulary(), 512);
   ASSERT_NE(tokenizer->fingerprint(), other->fingerprint());
@@ -398,21 +398,21 @@ TEST(Federation, ThreeSitesTrainALanguageModelWithABpeTokenizerAndRefuseAnother)
   // The baselines, on what the sites train on (the first 90% of every book,
   // over the three of them) and what the aggregator scores (the targets of
   // its windows), whose bytes are counted here by decoding them.
-  fedmesh::Result<fedmesh::data::TextCorpus> corpus = fedmesh::data::load_text_corpus(fedmesh::data::kBibleCorpus);
+  fedmesh::Result<fedmesh::train::data::TextCorpus> corpus = fedmesh::train::data::load_text_corpus(fedmesh::train::data::kBibleCorpus);
   ASSERT_TRUE(corpus.is_ok()) << corpus.status().to_string();
   std::vector<size_t> all(corpus->documents.size());
   for (size_t d = 0; d < all.size(); ++d) all[d] = d;
-  const fedmesh::data::TextSplit sites_text = fedmesh::data::split_text(*corpus, all, 0.1, &*tokenizer);
-  fedmesh::Result<fedmesh::data::TextWindows> held_out =
-      fedmesh::data::held_out_windows(*corpus, kContext, kWindows, &*tokenizer);
+  const fedmesh::train::data::TextSplit sites_text = fedmesh::train::data::split_text(*corpus, all, 0.1, &*tokenizer);
+  fedmesh::Result<fedmesh::train::data::TextWindows> held_out =
+      fedmesh::train::data::held_out_windows(*corpus, kContext, kWindows, &*tokenizer);
   ASSERT_TRUE(held_out.is_ok());
   ASSERT_EQ(held_out->size(), kWindows);
   const std::span<const int32_t> targets =
       std::span<const int32_t>(held_out->tokens()).subspan(1, static_cast<size_t>(kWindows * kContext));
   const std::string target_text = tokenizer->decode(targets).value();
   const double tokens_per_byte = static_cast<double>(targets.size()) / static_cast<double>(target_text.size());
-  const fedmesh::data::HeldOutBaseline baseline =
-      fedmesh::data::held_out_baseline(sites_text.train, held_out->tokens(), kContext, &*tokenizer);
+  const fedmesh::train::data::HeldOutBaseline baseline =
+      fedmesh::train::data::held_out_baseline(sites_text.train, held_out->tokens(), kContext, &*tokenizer);
   EXPECT_DOUBLE_EQ(baseline.tokens_per_byte, tokens_per_byte);
   const double byte_unigram = baseline.byte_unigram_loss / std::log(2.0);
   const double token_unigram = baseline.token_unigram_loss * tokens_per_byte / std::log(2.0);

@@ -1,4 +1,4 @@
-// libFuzzer target for the IDX reader, fedmesh::data::load_idx_pair. How to
+// libFuzzer target for the IDX reader, fedmesh::train::data::load_idx_pair. How to
 // build and run it: tests/fuzz/README.md.
 //
 // Input layout (every byte string is a valid input):
@@ -38,7 +38,7 @@ namespace {
 
 using fedmesh::Result;
 using fedmesh::StatusCode;
-using fedmesh::data::ImageDataset;
+using fedmesh::train::data::ImageDataset;
 using Bytes = fedmesh::testing::IdxBytes;
 
 constexpr size_t kInputHeaderBytes = 4;
@@ -162,7 +162,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& images_path = g_images.path;
   const std::string& labels_path = (flags & kSamePathFlag) ? g_images.path : g_labels.path;
 
-  Result<ImageDataset> got = fedmesh::data::load_idx_pair(images_path, labels_path, num_classes);
+  Result<ImageDataset> got = fedmesh::train::data::load_idx_pair(images_path, labels_path, num_classes);
   bool unknown = false;
   const std::optional<ImageDataset> want = reference_load(images_path, labels_path, num_classes, unknown);
 

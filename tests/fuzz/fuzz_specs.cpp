@@ -66,7 +66,7 @@ bool accepted(const Result<T>& result, const char* parser) {
 }
 
 void check_partition(std::string_view text, uint8_t parameter) {
-  using fedmesh::data::PartitionSpec;
+  using fedmesh::train::data::PartitionSpec;
   Result<PartitionSpec> spec = PartitionSpec::parse(text);
   if (!accepted(spec, "PartitionSpec::parse")) return;
   const std::string formatted = spec->to_string();
@@ -77,7 +77,7 @@ void check_partition(std::string_view text, uint8_t parameter) {
   std::vector<uint8_t> labels(200);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<uint8_t>((i * 7 + i / 13) % kClasses);
   const int sites = 1 + parameter % 32;
-  auto parts = fedmesh::data::partition_indices(labels, kClasses, sites, *spec, parameter);
+  auto parts = fedmesh::train::data::partition_indices(labels, kClasses, sites, *spec, parameter);
   if (!accepted(parts, "partition_indices")) return;
   if (parts->size() != static_cast<size_t>(sites)) violated(formatted + ": wrong number of sites");
   std::vector<int> seen(labels.size(), 0);

@@ -23,7 +23,7 @@
 namespace {
 
 using fedmesh::StatusCode;
-namespace data = fedmesh::data;
+namespace data = fedmesh::train::data;
 
 [[noreturn]] void violated(const std::string& what) {
   std::fprintf(stderr, "fuzz_tokenizer: invariant violated: %s\n", what.c_str());

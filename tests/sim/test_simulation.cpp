@@ -38,8 +38,8 @@ SimulationOptions small_federation(uint64_t seed) {
 
 SimulationSummary simulate(const SimulationOptions& options) {
   set_cpu_threads(2);
-  const auto train = fashion_split(data::Split::kTrain).head(10000);
-  const auto test = fashion_split(data::Split::kTest).head(2000);
+  const auto train = fashion_split(train::data::Split::kTrain).head(10000);
+  const auto test = fashion_split(train::data::Split::kTest).head(2000);
   auto summary = run_simulation(options, train, test, nullptr);
   EXPECT_TRUE(summary.is_ok()) << summary.status().to_string();
   return summary.is_ok() ? std::move(summary).value() : SimulationSummary{};
@@ -65,7 +65,7 @@ TEST(Simulation, LearnsAcrossNonIidSites) {
   SimulationOptions options = small_federation(1);
   options.sites = 4;
   options.rounds = 10;
-  options.partition = *data::PartitionSpec::parse("dirichlet:0.5");
+  options.partition = *train::data::PartitionSpec::parse("dirichlet:0.5");
   options.rounds_options.server = *aggregator::ServerOptimizerOptions::defaults_for("fedadam");
   const SimulationSummary summary = simulate(options);
   ASSERT_EQ(summary.rounds.size(), 10u);
@@ -127,7 +127,7 @@ TEST(Simulation, CompressedUpdatesCostAHundredTimesFewerBytesAndStillLearn) {
   SimulationOptions options = small_federation(4);
   options.sites = 4;
   options.rounds = 8;
-  options.partition = *data::PartitionSpec::parse("dirichlet:0.5");
+  options.partition = *train::data::PartitionSpec::parse("dirichlet:0.5");
   const SimulationSummary dense = simulate(options);
   options.compression = *protocol::make_compression_plan("topk:0.01+int8", {}, 0);
   const SimulationSummary topk = simulate(options);
@@ -262,7 +262,7 @@ TEST(Simulation, BadOptionsAreRefused) {
 // ignores context), on the same held-out windows the aggregator scores.
 TEST(Simulation, LanguageModelSitesSplitByBookBeatTheUnigram) {
   set_cpu_threads(2);
-  Result<data::TextCorpus> corpus = data::load_text_corpus(data::kBibleCorpus);
+  Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::kBibleCorpus);
   ASSERT_TRUE(corpus.is_ok()) << corpus.status().to_string() << " (deploy/setup.sh installs bible-kjv)";
   SimulationOptions options = small_federation(3);
   options.sites = 3;
@@ -282,7 +282,7 @@ TEST(Simulation, LanguageModelSitesSplitByBookBeatTheUnigram) {
 
   // The unigram baseline on the held-out windows the simulation scores.
   const double unigram_bits = fedmesh::testing::byte_unigram_bits_per_byte(
-      *corpus, static_cast<const data::TextWindows&>(*data->test), 64);
+      *corpus, static_cast<const train::data::TextWindows&>(*data->test), 64);
 
   auto summary = run_simulation(options, std::move(*data), nullptr);
   ASSERT_TRUE(summary.is_ok()) << summary.status().to_string();
@@ -303,10 +303,10 @@ TEST(Simulation, LanguageModelSitesSplitByBookBeatTheUnigram) {
 TEST(Simulation, ImageAndTextDataRefuseTheOtherKindOfModel) {
   SimulationOptions options = small_federation(1);
   options.model = "gpt-nano";
-  const auto images = fashion_split(data::Split::kTrain).head(100);
+  const auto images = fashion_split(train::data::Split::kTrain).head(100);
   const Result<SimulationData> refused = image_simulation_data(options, images, images);
   EXPECT_NE(refused.status().message().find("trains on text"), std::string::npos) << refused.status().to_string();
-  data::TextCorpus corpus;
+  train::data::TextCorpus corpus;
   corpus.documents.push_back({"doc", std::string(1000, 'a')});
   options.model = "mlp";
   const Result<SimulationData> text = text_simulation_data(options, corpus, 0, 0);

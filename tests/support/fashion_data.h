@@ -12,17 +12,17 @@
 
 namespace fedmesh::testing {
 
-inline const data::ImageDataset& fashion_split(data::Split split) {
-  static const auto load = [](data::Split s) {
+inline const train::data::ImageDataset& fashion_split(train::data::Split split) {
+  static const auto load = [](train::data::Split s) {
     const char* dir = std::getenv("FEDMESH_TEST_FASHION_MNIST_DIR");
-    auto dataset = data::load_fashion_mnist(dir != nullptr ? std::string(dir) : data::kDefaultFashionMnistDir, s);
+    auto dataset = train::data::load_fashion_mnist(dir != nullptr ? std::string(dir) : train::data::kDefaultFashionMnistDir, s);
     // deploy/setup.sh installs dataset-fashion-mnist, so its absence is a setup failure.
     if (!dataset.is_ok()) ADD_FAILURE() << dataset.status().to_string();
-    return dataset.is_ok() ? std::move(dataset).value() : data::ImageDataset{};
+    return dataset.is_ok() ? std::move(dataset).value() : train::data::ImageDataset{};
   };
-  static const data::ImageDataset train = load(data::Split::kTrain);
-  static const data::ImageDataset test = load(data::Split::kTest);
-  return split == data::Split::kTrain ? train : test;
+  static const train::data::ImageDataset train = load(train::data::Split::kTrain);
+  static const train::data::ImageDataset test = load(train::data::Split::kTest);
+  return split == train::data::Split::kTrain ? train : test;
 }
 
 }  // namespace fedmesh::testing

@@ -22,9 +22,9 @@ inline uint32_t load_be32(const IdxBytes& bytes, size_t at) {
 
 // The data set an images/labels pair holds, or nullopt where the pair is not
 // valid under the reader's documented limits.
-inline std::optional<data::ImageDataset> reference_parse_idx(const IdxBytes& images, const IdxBytes& labels,
+inline std::optional<train::data::ImageDataset> reference_parse_idx(const IdxBytes& images, const IdxBytes& labels,
                                                              int num_classes) {
-  using namespace fedmesh::data;
+  using namespace fedmesh::train::data;
   if (images.size() < kIdxImagesHeaderBytes || labels.size() < kIdxLabelsHeaderBytes) return std::nullopt;
   if (load_be32(images, 0) != kIdxImagesMagic || load_be32(labels, 0) != kIdxLabelsMagic) return std::nullopt;
   const int64_t count = load_be32(images, 4), rows = load_be32(images, 8), cols = load_be32(images, 12);

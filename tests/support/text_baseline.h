@@ -13,12 +13,12 @@
 
 namespace fedmesh::testing {
 
-inline double byte_unigram_bits_per_byte(const data::TextCorpus& corpus, const data::TextWindows& held_out,
+inline double byte_unigram_bits_per_byte(const train::data::TextCorpus& corpus, const train::data::TextWindows& held_out,
                                          int64_t context) {
   std::vector<size_t> all(corpus.documents.size());
   for (size_t d = 0; d < all.size(); ++d) all[d] = d;
-  const data::TextSplit split = data::split_documents(corpus, all, data::kHeldOutText);
-  const data::HeldOutBaseline baseline = data::held_out_baseline(split.train, held_out.tokens(), context, nullptr);
+  const train::data::TextSplit split = train::data::split_documents(corpus, all, train::data::kHeldOutText);
+  const train::data::HeldOutBaseline baseline = train::data::held_out_baseline(split.train, held_out.tokens(), context, nullptr);
   return baseline.byte_unigram_loss / std::log(2.0);
 }
 

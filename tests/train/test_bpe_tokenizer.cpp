@@ -25,7 +25,7 @@
 #include "train/data/bpe_tokenizer.h"
 #include "train/model.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -332,4 +332,4 @@ TEST(BpeTokenizer, ALanguageModelTakesTheTokenizersVocabulary) {
 }
 
 }  // namespace
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

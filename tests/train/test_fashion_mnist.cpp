@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -474,4 +474,4 @@ TEST(RealFashionMnistTest, LoadsBothSplitsWithBalancedClasses) {
 }
 
 }  // namespace
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

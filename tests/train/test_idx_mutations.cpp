@@ -33,7 +33,7 @@
 #include "train/data/fashion_mnist.h"
 #include "tests/support/idx_reference.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -422,4 +422,4 @@ TEST_F(IdxMutationTest, EveryVariantIsReadOrRejectedWithTheFileNamed) {
 }
 
 }  // namespace
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

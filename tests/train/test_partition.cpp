@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 namespace {
 
 using Parts = std::vector<std::vector<int64_t>>;
@@ -350,4 +350,4 @@ TEST(PartitionTest, FormattedTableWidensForLargeCounts) {
 }
 
 }  // namespace
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

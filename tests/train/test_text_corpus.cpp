@@ -14,7 +14,7 @@
 #include "train/data/text_corpus.h"
 #include "train/data/tokenized_text.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -174,4 +174,4 @@ TEST(TextCorpus, TheUnigramBaselineIsTheEntropyOfTheTokenCounts) {
 }
 
 }  // namespace
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

@@ -3,7 +3,7 @@
 
 #include <array>
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 void make_image_batch(const ImageDataset& dataset, std::span<const int64_t> indices, DType dtype, Tensor& images,
                       std::vector<int32_t>& labels) {
@@ -38,4 +38,4 @@ void ImageBatches::make_batch(std::span<const int64_t> indices, DType dtype, Ten
   make_image_batch(images_, indices, dtype, inputs, targets);
 }
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

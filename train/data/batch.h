@@ -9,7 +9,7 @@
 #include "kernels/tensor.h"
 #include "train/data/fashion_mnist.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 // Mean and standard deviation of Fashion-MNIST training pixels scaled to [0, 1].
 inline constexpr float kFashionMnistPixelMean = 0.2860f;
@@ -19,4 +19,4 @@ inline constexpr float kFashionMnistPixelStd = 0.3530f;
 void make_image_batch(const ImageDataset& dataset, std::span<const int64_t> indices, DType dtype, Tensor& images,
                       std::vector<int32_t>& labels);
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

@@ -11,7 +11,7 @@
 
 #include "base/file_io.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 namespace {
 
@@ -456,4 +456,4 @@ TextSplit split_documents(const TextCorpus& corpus, std::span<const size_t> docu
   return split;
 }
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

@@ -53,7 +53,7 @@
 #include "base/status.h"
 #include "train/data/text_corpus.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 inline constexpr const char* kBpeFormat = "fedmesh-bpe";
 inline constexpr int kBpeFormatVersion = 1;
@@ -126,4 +126,4 @@ Result<BpeTokenizer> train_bpe(const TextCorpus& corpus, const BpeTrainOptions& 
 TextSplit split_documents(const TextCorpus& corpus, std::span<const size_t> documents, double holdout,
                           const BpeTokenizer& tokenizer);
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

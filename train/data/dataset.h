@@ -11,7 +11,7 @@
 #include "kernels/tensor.h"
 #include "train/data/fashion_mnist.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 class Dataset {
  public:
@@ -50,4 +50,4 @@ class ImageBatches final : public Dataset {
   const ImageDataset& images_;
 };
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <utility>
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 namespace {
 
 // gzread takes an unsigned length; reading in slices this size keeps every
@@ -335,4 +335,4 @@ Result<FashionMnistSplits> load_fashion_mnist_splits(const std::string& data, in
   return splits;
 }
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

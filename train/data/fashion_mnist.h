@@ -20,7 +20,7 @@
 
 #include "base/status.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 inline constexpr uint32_t kIdxImagesMagic = 0x00000803;
 inline constexpr uint32_t kIdxLabelsMagic = 0x00000801;
@@ -69,4 +69,4 @@ Result<FashionMnistSplits> load_fashion_mnist_splits(const std::string& data, in
 Result<ImageDataset> load_idx_pair(const std::string& images_path, const std::string& labels_path,
                                    int num_classes);
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

@@ -9,7 +9,7 @@
 
 #include "base/random.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 namespace {
 
 using Parts = std::vector<std::vector<int64_t>>;
@@ -319,4 +319,4 @@ std::string format_label_histograms(const std::vector<std::vector<int64_t>>& his
   return table;
 }
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

@@ -31,7 +31,7 @@
 
 #include "base/status.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 inline constexpr int64_t kDirichletMinSiteSamples = 10;
 inline constexpr int kMaxDirichletDraws = 100;
@@ -71,4 +71,4 @@ std::vector<std::vector<int64_t>> label_histograms(std::span<const uint8_t> labe
 // each class.
 std::string format_label_histograms(const std::vector<std::vector<int64_t>>& histograms);
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

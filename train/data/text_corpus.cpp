@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 namespace {
 
@@ -262,4 +262,4 @@ double unigram_cross_entropy(std::span<const int32_t> train, std::span<const int
   return evaluated.empty() ? 0.0 : loss / static_cast<double>(evaluated.size());
 }
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

@@ -23,7 +23,7 @@
 #include "base/status.h"
 #include "train/data/dataset.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 inline constexpr const char* kBibleCorpus = "bible-kjv";
 inline constexpr const char* kBibleProgramVariable = "FEDMESH_BIBLE";
@@ -106,4 +106,4 @@ Result<TextWindows> held_out_token_windows(std::vector<int32_t> held_out, int64_
 // pass to have learned anything from context.
 double unigram_cross_entropy(std::span<const int32_t> train, std::span<const int32_t> evaluated, int vocabulary);
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

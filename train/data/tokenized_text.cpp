@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 TextSplit split_text(const TextCorpus& corpus, std::span<const size_t> documents, double holdout,
                      const BpeTokenizer* tokenizer) {
@@ -82,4 +82,4 @@ HeldOutBaseline held_out_baseline(std::span<const int32_t> train, std::span<cons
   return out;
 }
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

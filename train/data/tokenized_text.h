@@ -20,7 +20,7 @@
 #include "train/data/bpe_tokenizer.h"
 #include "train/data/text_corpus.h"
 
-namespace fedmesh::data {
+namespace fedmesh::train::data {
 
 // split_documents (text_corpus.h) under `tokenizer`.
 TextSplit split_text(const TextCorpus& corpus, std::span<const size_t> documents, double holdout,
@@ -78,4 +78,4 @@ struct HeldOutBaseline {
 HeldOutBaseline held_out_baseline(std::span<const int32_t> train, std::span<const int32_t> held_out, int64_t context,
                                   const BpeTokenizer* tokenizer);
 
-}  // namespace fedmesh::data
+}  // namespace fedmesh::train::data

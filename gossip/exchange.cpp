@@ -56,6 +56,43 @@ double wire_weight(double weight) {
   return std::ldexp(static_cast<double>(wire[0]), static_cast<int>(wire[1]));
 }
 
+namespace {
+constexpr float kKindShare = 0.0f;
+constexpr float kKindCatchUpSlice = 1.0f;
+}  // namespace
+
+std::array<float, 4> meta_to_wire(const GossipUpdateMeta& meta) {
+  if (meta.kind == GossipUpdateKind::kCatchUpSlice) {
+    return {kKindCatchUpSlice, static_cast<float>(meta.slice), static_cast<float>(meta.slices), 0.0f};
+  }
+  const std::array<float, 2> weight = weight_to_wire(meta.weight);
+  return {kKindShare, weight[0], weight[1], 0.0f};
+}
+
+Result<GossipUpdateMeta> meta_from_wire(std::span<const float> wire) {
+  if (wire.size() != 4) return invalid_argument("gossip meta of " + std::to_string(wire.size()) + " values, not 4");
+  GossipUpdateMeta meta;
+  if (wire[0] == kKindCatchUpSlice) {
+    const float slice = wire[1], slices = wire[2];
+    if (!(slice >= 0.0f && slices >= 1.0f && slice < slices && slices <= static_cast<float>(kMaxCatchUpSlices) &&
+          slice == std::floor(slice) && slices == std::floor(slices))) {
+      return invalid_argument("a catch-up slice that is not a slice");
+    }
+    meta.kind = GossipUpdateKind::kCatchUpSlice;
+    meta.slice = static_cast<uint32_t>(slice);
+    meta.slices = static_cast<uint32_t>(slices);
+    return meta;
+  }
+  if (wire[0] == kKindShare) {
+    Result<double> weight = weight_from_wire(wire[1], wire[2]);
+    if (!weight.is_ok()) return weight.status();
+    meta.kind = GossipUpdateKind::kShare;
+    meta.weight = *weight;
+    return meta;
+  }
+  return invalid_argument("an unknown kind of gossip update");
+}
+
 Result<GossipState> GossipState::create(MergeRule rule, const protocol::CompressionPlan& plan,
                                         std::vector<protocol::TensorShape> manifest,
                                         std::vector<std::vector<float>> reference, uint64_t seed,

@@ -68,6 +68,24 @@ std::array<float, 2> weight_to_wire(double weight);
 Result<double> weight_from_wire(float mantissa, float exponent);
 double wire_weight(double weight);
 
+// What a gossip update carries beside its model tensors, as one more dense
+// fp32 tensor of 4 values named kGossipMetaTensor (covered by the update's
+// signature like every chunk): whether it is a share (with its push-sum
+// weight) or a catch-up slice (slice `slice` of `slices`, at most
+// kMaxCatchUpSlices) a member asked for.
+inline constexpr const char* kGossipMetaTensor = "@gossip.meta";
+inline constexpr uint32_t kMaxCatchUpSlices = 16;
+enum class GossipUpdateKind : uint8_t { kShare, kCatchUpSlice };
+struct GossipUpdateMeta {
+  GossipUpdateKind kind = GossipUpdateKind::kShare;
+  double weight = 0.0;            // a share's (push-sum; pairwise: 1)
+  uint32_t slice = 0, slices = 0;  // a catch-up slice's
+};
+std::array<float, 4> meta_to_wire(const GossipUpdateMeta& meta);
+// kInvalidArgument, saying what is wrong, for anything but 4 values of a
+// known kind with a valid weight or slice.
+Result<GossipUpdateMeta> meta_from_wire(std::span<const float> wire);
+
 // What one send carries to each of its peers.
 struct GossipShare {
   std::vector<protocol::EncodedTensor> tensors;  // per model tensor: the compressed values, relative to x0

@@ -36,102 +36,10 @@
 
 namespace fedmesh::node {
 
-std::string gossip_federation(const std::string& federation, const std::string& tokenizer_fingerprint) {
-  return tokenizer_fingerprint.empty() ? federation : federation + "/tokenizer=" + tokenizer_fingerprint;
-}
-
-Status GossipConfig::validate() const {
-  if (Result<protocol::CompressionPlan> plan =
-          protocol::make_compression_plan(site.compress, site.compress_overrides, site.dense_below);
-      plan.is_ok()) {
-    FEDMESH_RETURN_IF_ERROR(gossip::check_gossip_compression(*plan));
-  }
-  FEDMESH_RETURN_IF_ERROR(site.validate());
-  if (site.device != "cpu") {
-    return invalid_argument("training.device = \"" + site.device + "\": gossip peers train on the cpu for now (the "
-                            "aggregator's sites take training.device = \"cuda\")");
-  }
-  if (Status s = gossip::parse_topology(topology).status(); !s.is_ok()) return invalid_argument("gossip.topology: " + s.message());
-  if (Status s = gossip::parse_merge_rule(merge).status(); !s.is_ok()) return invalid_argument("gossip.merge: " + s.message());
-  if (Status s = federation::StalenessFunction::parse(staleness, max_staleness).status(); !s.is_ok()) {
-    return invalid_argument("gossip.staleness: " + s.message());
-  }
-  if (Status s = swim.validate(); !s.is_ok()) return invalid_argument("swim: " + s.message());
-  if (fanout < 1 || fanout > 64) return invalid_argument("gossip.fanout must be in 1..64");
-  if (local_steps < 1 || local_steps > 1'000'000) return invalid_argument("gossip.local_steps must be in 1..1000000");
-  if (rounds < 0) return invalid_argument("gossip.rounds must be >= 0 (0: until stopped)");
-  if (max_staleness < -1) return invalid_argument("gossip.max_staleness must be >= 0, or -1 for no cut-off");
-  if (catch_up_donors < 1 || catch_up_donors > 16) return invalid_argument("gossip.catch_up_donors must be in 1..16");
-  if (catch_up_lag < 1) return invalid_argument("gossip.catch_up_lag must be >= 1");
-  if (!(catch_up_timeout_seconds > 0.0) || catch_up_timeout_seconds > 600.0) {
-    return invalid_argument("gossip.catch_up_timeout_seconds must be in (0, 600]");
-  }
-  if (test_limit < 0) return invalid_argument("gossip.test_limit must be >= 0 (0: the whole test split)");
-  if (eval_every < 1) return invalid_argument("gossip.eval_every must be >= 1");
-  if (!(wait_for_share_seconds >= 0.0) || wait_for_share_seconds > 600.0) {
-    return invalid_argument("gossip.wait_for_share_seconds must be in [0, 600]");
-  }
-  if (!(dp_clip >= 0.0) || !std::isfinite(dp_clip)) return invalid_argument("dp.clip must be >= 0 (0: off)");
-  if (!(dp_noise_multiplier >= 0.0) || !std::isfinite(dp_noise_multiplier)) {
-    return invalid_argument("dp.noise_multiplier must be >= 0");
-  }
-  if (dp_noise_multiplier > 0.0 && dp_clip <= 0.0) {
-    return invalid_argument("dp.noise_multiplier needs dp.clip > 0: the noise is scaled to the clipped delta");
-  }
-  if (!(dp_delta > 0.0 && dp_delta < 1.0)) return invalid_argument("dp.delta must be in (0, 1)");
-  if (dp_target_epsilon < 0.0) return invalid_argument("dp.target_epsilon must be >= 0");
-  if (dp_target_epsilon > 0.0 && dp_noise_multiplier <= 0.0) {
-    return invalid_argument("dp.target_epsilon needs dp.noise_multiplier > 0");
-  }
-  return Status::ok();
-}
-
-Result<GossipConfig> read_gossip_config(const std::string& path) {
-  Result<toml::table> table = read_toml_file(path);
-  if (!table.is_ok()) return table.status();
-  GossipConfig c;
-  ConfigReader r(*table, path);
-  std::string mode;
-  r.require("mode", mode);
-  read_site_keys(r, c.site, /*with_aggregator=*/false);
-  r.read("listen", c.listen);
-  r.read("gossip.seeds", c.seeds);
-  r.read("gossip.topology", c.topology);
-  r.read("gossip.fanout", c.fanout);
-  r.read("gossip.merge", c.merge);
-  r.read("gossip.local_steps", c.local_steps);
-  r.read("gossip.rounds", c.rounds);
-  r.read("gossip.staleness", c.staleness);
-  r.read("gossip.max_staleness", c.max_staleness);
-  r.read("gossip.catch_up_donors", c.catch_up_donors);
-  r.read("gossip.catch_up_lag", c.catch_up_lag);
-  r.read("gossip.catch_up_timeout_seconds", c.catch_up_timeout_seconds);
-  r.read("gossip.test_limit", c.test_limit);
-  r.read("gossip.eval_every", c.eval_every);
-  r.read("gossip.wait_for_share_seconds", c.wait_for_share_seconds);
-  r.read("dp.clip", c.dp_clip);
-  r.read("dp.noise_multiplier", c.dp_noise_multiplier);
-  r.read("dp.delta", c.dp_delta);
-  r.read("dp.target_epsilon", c.dp_target_epsilon);
-  r.read("swim.period_seconds", c.swim.period_seconds);
-  r.read("swim.ack_timeout_seconds", c.swim.ack_timeout_seconds);
-  r.read("swim.indirect_checks", c.swim.indirect_checks);
-  r.read("swim.suspicion_multiplier", c.swim.suspicion_multiplier);
-  r.read("swim.suspicion_max_multiplier", c.swim.suspicion_max_multiplier);
-  FEDMESH_RETURN_IF_ERROR(r.finish());
-  if (mode != "gossip") return invalid_argument(path + ": mode must be \"gossip\" for a gossip node");
-  if (c.site.store.empty()) c.site.store = c.site.name + ".db";
-  if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());
-  return c;
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kMetaTensor = "@gossip.meta";
-constexpr float kKindShare = 0.0f;
-constexpr float kKindCatchUp = 1.0f;
 constexpr auto kSendTimeout = std::chrono::milliseconds(20);
 
 uint64_t unix_micros() {
@@ -143,7 +51,7 @@ uint64_t unix_micros() {
 struct Arrival {
   std::string from;
   uint64_t sender_version = 0, base_version = 0;
-  float kind = kKindShare;
+  gossip::GossipUpdateKind kind = gossip::GossipUpdateKind::kShare;
   double weight = 0.0;
   uint32_t slice = 0, slices = 0;
   std::vector<std::vector<float>> values;  // model tensors only
@@ -229,7 +137,7 @@ class GossipRuntime::Impl {
   MembersHeard members_heard() const;
   uint64_t next_sequence() { return last_sequence = std::max(last_sequence + 1, unix_micros()); }
   Result<protocol::PreparedUpdate> prepare(const std::string& to, std::vector<protocol::EncodedTensor> tensors,
-                                           const std::array<float, 4>& meta);
+                                           const gossip::GossipUpdateMeta& meta);
   void serve_catch_up_requests();
   Status catch_up_if_behind(const std::atomic<bool>& stop);
   Status merge_arrivals();
@@ -294,7 +202,7 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
     reference.emplace_back(values, values + p->value.numel());
   }
   wire_manifest = manifest;
-  wire_manifest.push_back({kMetaTensor, {4}});
+  wire_manifest.push_back({gossip::kGossipMetaTensor, {4}});
   Result<protocol::CompressionPlan> plan = protocol::make_compression_plan(site.compress, site.compress_overrides, site.dense_below);
   if (!plan.is_ok()) return plan.status();
   Result<kernels::CompressionKernels*> backend = kernels::compression_kernels_named(site.compress_device);
@@ -547,34 +455,22 @@ void GossipRuntime::Impl::take_completed() {
     a.from = update.metadata.sender;
     a.sender_version = update.metadata.round;
     a.base_version = update.metadata.base_version;
-    const std::vector<float> meta = update.tensors.back();
+    const std::vector<float> wire = update.tensors.back();
     update.tensors.pop_back();
-    a.kind = meta[0];
     a.values = std::move(update.tensors);
-    std::string wrong;
-    if (a.kind == kKindCatchUp) {
-      if (meta[1] >= 0.0f && meta[2] >= 1.0f && meta[1] < meta[2] && meta[2] <= 16.0f && meta[1] == std::floor(meta[1]) &&
-          meta[2] == std::floor(meta[2])) {
-        a.slice = static_cast<uint32_t>(meta[1]);
-        a.slices = static_cast<uint32_t>(meta[2]);
-      } else {
-        wrong = "a catch-up slice that is not a slice";
-      }
-    } else if (a.kind == kKindShare) {
-      Result<double> weight = gossip::weight_from_wire(meta[1], meta[2]);
-      if (weight.is_ok()) a.weight = *weight;
-      else wrong = weight.status().message();
-    } else {
-      wrong = "an unknown kind of gossip update";
-    }
-    if (!wrong.empty()) {
+    Result<gossip::GossipUpdateMeta> meta = gossip::meta_from_wire(wire);
+    if (!meta.is_ok()) {
       {
         std::lock_guard lock(metrics_mutex);
         ++refused;
       }
-      emit({{"event", "refused"}, {"from", a.from}, {"code", "malformed"}, {"reason", wrong}});
+      emit({{"event", "refused"}, {"from", a.from}, {"code", "malformed"}, {"reason", meta.status().message()}});
       continue;
     }
+    a.kind = meta->kind;
+    a.weight = meta->weight;
+    a.slice = meta->slice;
+    a.slices = meta->slices;
     uint64_t& known = peer_versions[a.from];
     known = std::max(known, a.sender_version);
     arrivals.push_back(std::move(a));
@@ -649,12 +545,13 @@ GossipRuntime::Impl::MembersHeard GossipRuntime::Impl::members_heard() const {
 
 Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string& to,
                                                               std::vector<protocol::EncodedTensor> tensors,
-                                                              const std::array<float, 4>& meta) {
+                                                              const gossip::GossipUpdateMeta& meta) {
   Result<std::vector<protocol::EncodedSegment>> segments = protocol::encode_dense(
-      static_cast<uint32_t>(manifest.size()), meta, protocol::Encoding::kDenseF32, protocol::kDefaultChunkBytes);
+      static_cast<uint32_t>(manifest.size()), gossip::meta_to_wire(meta), protocol::Encoding::kDenseF32,
+      protocol::kDefaultChunkBytes);
   if (!segments.is_ok()) return segments.status();
   protocol::EncodedTensor extra;
-  extra.descriptor = {kMetaTensor, {4}, protocol::Encoding::kDenseF32, 0};
+  extra.descriptor = {gossip::kGossipMetaTensor, {4}, protocol::Encoding::kDenseF32, 0};
   extra.segments = std::move(*segments);
   tensors.push_back(std::move(extra));
   protocol::UpdateMetadata metadata;
@@ -701,7 +598,8 @@ void GossipRuntime::Impl::serve_catch_up_requests() {
     }
     if (!ok) continue;
     Result<protocol::PreparedUpdate> prepared =
-        prepare(requester, std::move(tensors), {kKindCatchUp, static_cast<float>(slicing.first), static_cast<float>(slicing.second), 0.0f});
+        prepare(requester, std::move(tensors),
+                {gossip::GossipUpdateKind::kCatchUpSlice, 0.0, slicing.first, slicing.second});
     if (!prepared.is_ok()) continue;
     bool sent = send_to(requester, prepared->header);
     for (const protocol::SharedMessage& chunk : prepared->chunks) sent = sent && send_to(requester, chunk);
@@ -749,7 +647,7 @@ Status GossipRuntime::Impl::catch_up_if_behind(const std::atomic<bool>& stop) {
   while (!stop.load() && catch_up_slices.size() < slices && now() - began < config.catch_up_timeout_seconds) {
     pump(0.05);
     for (auto it = arrivals.begin(); it != arrivals.end();) {
-      if (it->kind == kKindCatchUp && it->slices == slices && catch_up_donor.contains(it->slice) &&
+      if (it->kind == gossip::GossipUpdateKind::kCatchUpSlice && it->slices == slices && catch_up_donor.contains(it->slice) &&
           catch_up_donor[it->slice] == it->from) {
         catch_up_slices[it->slice] = std::move(it->values);
         it = arrivals.erase(it);
@@ -803,7 +701,7 @@ Status GossipRuntime::Impl::merge_arrivals() {
   while (!arrivals.empty()) {
     Arrival a = std::move(arrivals.front());
     arrivals.pop_front();
-    if (a.kind != kKindShare) continue;  // a late catch-up slice
+    if (a.kind != gossip::GossipUpdateKind::kShare) continue;  // a late catch-up slice
     const int64_t tau = a.base_version > version ? 0 : static_cast<int64_t>(version - a.base_version);
     const double distance = state->distance_to(a.values);
     if (config.max_staleness >= 0 && tau > config.max_staleness) {
@@ -889,12 +787,11 @@ Status GossipRuntime::Impl::share() {
   if (chosen.empty()) return Status::ok();
   Result<gossip::GossipShare> made = state->share(static_cast<int>(chosen.size()));
   if (!made.is_ok()) return made.status();
-  const std::array<float, 2> weight = gossip::weight_to_wire(made->weight);
   int undelivered = 0;
   uint64_t bytes = 0;
   for (const size_t index : chosen) {
     const std::string& peer = members[index];
-    Result<protocol::PreparedUpdate> prepared = prepare(peer, made->tensors, {kKindShare, weight[0], weight[1], 0.0f});
+    Result<protocol::PreparedUpdate> prepared = prepare(peer, made->tensors, {gossip::GossipUpdateKind::kShare, made->weight, 0, 0});
     bool sent = prepared.is_ok() && send_to(peer, prepared->header);
     if (sent) {
       for (const protocol::SharedMessage& chunk : prepared->chunks) sent = sent && send_to(peer, chunk);

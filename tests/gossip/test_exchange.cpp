@@ -231,5 +231,35 @@ TEST(GossipExchange, WeightsTravelExactlyHoweverSmall) {
   EXPECT_FALSE(weight_from_wire(std::nanf(""), 1.0f).is_ok()) << "NaN";
 }
 
+// What travels beside a gossip update's tensors: a share's weight (however
+// small) and a catch-up slice read back; anything else is refused by name.
+TEST(GossipExchange, UpdateMetaReadsBackAndRefusesWhatIsNotOne) {
+  const GossipUpdateMeta share{GossipUpdateKind::kShare, std::ldexp(0.75, -700), 0, 0};
+  Result<GossipUpdateMeta> read = meta_from_wire(meta_to_wire(share));
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  EXPECT_EQ(read->kind, GossipUpdateKind::kShare);
+  EXPECT_EQ(read->weight, share.weight);
+  const GossipUpdateMeta slice{GossipUpdateKind::kCatchUpSlice, 0.0, 2, 3};
+  read = meta_from_wire(meta_to_wire(slice));
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  EXPECT_EQ(read->kind, GossipUpdateKind::kCatchUpSlice);
+  EXPECT_EQ(read->slice, 2u);
+  EXPECT_EQ(read->slices, 3u);
+
+  const auto refused = [](std::vector<float> wire, const std::string& why) {
+    Result<GossipUpdateMeta> r = meta_from_wire(wire);
+    ASSERT_FALSE(r.is_ok()) << why;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << why;
+  };
+  refused({0.0f, 0.75f, 1.0f}, "three values");
+  refused({2.0f, 0.75f, 1.0f, 0.0f}, "an unknown kind");
+  refused({0.0f, 1.5f, 1.0f, 0.0f}, "a weight mantissa outside [0.5, 1)");
+  refused({1.0f, 3.0f, 3.0f, 0.0f}, "slice 3 of 3");
+  refused({1.0f, 0.0f, 17.0f, 0.0f}, "more slices than kMaxCatchUpSlices");
+  refused({1.0f, 0.5f, 2.0f, 0.0f}, "a fractional slice");
+  refused({1.0f, -1.0f, 2.0f, 0.0f}, "a negative slice");
+  refused({1.0f, std::nanf(""), 2.0f, 0.0f}, "NaN");
+}
+
 }  // namespace
 }  // namespace fedmesh::gossip

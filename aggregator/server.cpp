@@ -50,14 +50,9 @@ struct SiteRecord {
 
 // A pending update's payload in the store (store/pending_payload.h).
 std::vector<uint8_t> pending_payload(const SiteUpdate& update) {
-  store::PendingPayload payload;
-  payload.round = update.round;
-  payload.base_version = update.base_version;
-  payload.sample_count = update.sample_count;
-  payload.local_loss = update.local_loss;
-  payload.local_accuracy = update.local_accuracy;
-  payload.delta = update.delta;
-  return store::encode_pending_payload(payload);
+  const store::PendingHeader header{update.round, update.base_version, update.sample_count, update.local_loss,
+                                    update.local_accuracy};
+  return store::encode_pending_payload(header, update.delta);
 }
 
 Result<SiteUpdate> update_from_pending(const store::PendingUpdate& pending, std::span<const uint8_t> bytes,
@@ -67,11 +62,11 @@ Result<SiteUpdate> update_from_pending(const store::PendingUpdate& pending, std:
   SiteUpdate update;
   update.id.assign(pending.update_id.begin(), pending.update_id.end());
   update.site = pending.sender;
-  update.round = payload->round;
-  update.base_version = payload->base_version;
-  update.sample_count = payload->sample_count;
-  update.local_loss = payload->local_loss;
-  update.local_accuracy = payload->local_accuracy;
+  update.round = payload->header.round;
+  update.base_version = payload->header.base_version;
+  update.sample_count = payload->header.sample_count;
+  update.local_loss = payload->header.local_loss;
+  update.local_accuracy = payload->header.local_accuracy;
   update.delta = std::move(payload->delta);
   return update;
 }

@@ -29,24 +29,10 @@ LOSS_NATS = {"fp32": 0.05, "bf16": 0.15, "fp16": 0.15}
 FEDERATION_POINTS = 1.0
 
 
-def last_summary(path):
-    """The last {"event":"summary"} line of a JSON-lines file, or None."""
-    summary = None
-    try:
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("event") == "summary":
-                    summary = event
-    except OSError:
-        return None
-    return summary
+def last_summary(text):
+    """The last {"event":"summary"} line of JSON lines, or None."""
+    summaries = [event for event in json_lines(text) if event.get("event") == "summary"]
+    return summaries[-1] if summaries else None
 
 
 def train_table(directory):
@@ -57,7 +43,7 @@ def train_table(directory):
         name = os.path.basename(path)[: -len(".jsonl")]
         model_precision, device = name.rsplit("-", 1)
         model, precision = model_precision.rsplit("-", 1)
-        runs.setdefault((model, precision), {})[device] = last_summary(path)
+        runs.setdefault((model, precision), {})[device] = last_summary(read(path))
     for (model, precision), by_device in sorted(runs.items()):
         cpu, gpu = by_device.get("cpu"), by_device.get("cuda")
         row = {"model": model, "precision": precision}
@@ -226,7 +212,7 @@ def report(log_dir):
     doctor = read(os.path.join(log_dir, "doctor.log"))
     gpus = [line for line in doctor.splitlines() if "," in line and not line.startswith(("{", "name"))]
     result["gpu"] = gpus[0] if gpus else None
-    doctor_json = [event for event in json_lines(doctor)]
+    doctor_json = json_lines(doctor)
     result["doctor"] = doctor_json[-1] if doctor_json else None
     tests = read(os.path.join(log_dir, "tests.log"))
     result["tests"] = re.findall(r"^(test_\w+: .*)$", tests, re.M)
@@ -242,9 +228,7 @@ def report(log_dir):
                              ("model", "precision", "batch_size", "device_name", "fedmesh_samples_per_second",
                               "pytorch_samples_per_second", "ratio", "fedmesh_test_accuracy",
                               "pytorch_test_accuracy", "errors")} for r in throughput]
-    profile = [event for event in json_lines(read(os.path.join(log_dir, "profile.log")))
-               if event.get("event") == "summary"]
-    result["profile"] = profile[-1] if profile else None
+    result["profile"] = last_summary(read(os.path.join(log_dir, "profile.log")))
     with open(os.path.join(log_dir, "report.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(f"report: {os.path.join(log_dir, 'report.json')}")

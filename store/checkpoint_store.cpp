@@ -629,8 +629,7 @@ Status CheckpointStore::write_checksums(const RoundToCommit& round, std::vector<
   Result<Statement> set_round_checksum = database_.prepare("UPDATE rounds SET checksum = ?2 WHERE round = ?1");
   if (!set_round_checksum.is_ok()) return set_round_checksum.status();
   set_round_checksum->bind(1, round.round).bind_blob(2, *checksum);
-  FEDMESH_RETURN_IF_ERROR(set_round_checksum->run());
-  return Status::ok();
+  return set_round_checksum->run();
 }
 
 Result<crypto::Hash> CheckpointStore::round_checksum(const RoundInfo& round, const std::vector<TensorInfo>& tensors) {

@@ -27,14 +27,14 @@ uint32_t get_u32(const uint8_t* in) {
 }
 
 // The five fields, little-endian, at `out` (kFieldsBytes).
-void put_fields(uint8_t* out, const PendingPayload& p) {
+void put_fields(uint8_t* out, const PendingHeader& p) {
   put_u64(out, static_cast<uint64_t>(p.round));
   put_u64(out + 8, static_cast<uint64_t>(p.base_version));
   put_u64(out + 16, static_cast<uint64_t>(p.sample_count));
   put_u64(out + 24, std::bit_cast<uint64_t>(p.local_loss));
   put_u64(out + 32, std::bit_cast<uint64_t>(p.local_accuracy));
 }
-void get_fields(const uint8_t* in, PendingPayload& p) {
+void get_fields(const uint8_t* in, PendingHeader& p) {
   p.round = static_cast<int64_t>(get_u64(in));
   p.base_version = static_cast<int64_t>(get_u64(in + 8));
   p.sample_count = static_cast<int64_t>(get_u64(in + 16));
@@ -42,7 +42,7 @@ void get_fields(const uint8_t* in, PendingPayload& p) {
   p.local_accuracy = std::bit_cast<double>(get_u64(in + 32));
 }
 
-void put_floats(uint8_t* out, const std::vector<float>& values) {
+void put_floats(uint8_t* out, std::span<const float> values) {
   if constexpr (std::endian::native == std::endian::little) {
     std::memcpy(out, values.data(), values.size() * sizeof(float));
   } else {
@@ -62,13 +62,13 @@ void get_floats(const uint8_t* in, std::vector<float>& values) {
 
 }  // namespace
 
-std::vector<uint8_t> encode_pending_payload(const PendingPayload& payload) {
-  std::vector<uint8_t> bytes(kHeaderBytes + payload.delta.size() * sizeof(float));
+std::vector<uint8_t> encode_pending_payload(const PendingHeader& header, std::span<const float> delta) {
+  std::vector<uint8_t> bytes(kHeaderBytes + delta.size() * sizeof(float));
   std::memcpy(bytes.data(), kMagic, sizeof kMagic);
   for (int i = 0; i < 4; ++i) bytes[4 + i] = static_cast<uint8_t>(kPendingPayloadVersion >> (8 * i));
-  put_fields(bytes.data() + 8, payload);
-  put_u64(bytes.data() + 8 + kFieldsBytes, payload.delta.size());
-  put_floats(bytes.data() + kHeaderBytes, payload.delta);
+  put_fields(bytes.data() + 8, header);
+  put_u64(bytes.data() + 8 + kFieldsBytes, delta.size());
+  put_floats(bytes.data() + kHeaderBytes, delta);
   return bytes;
 }
 
@@ -89,7 +89,7 @@ Result<PendingPayload> decode_pending_payload(std::span<const uint8_t> bytes, si
       return corrupt("pending update payload: a delta of " + std::to_string(values) + " values in " +
                      std::to_string(bytes.size()) + " bytes, not the model's " + std::to_string(expected_values));
     }
-    get_fields(bytes.data() + 8, payload);
+    get_fields(bytes.data() + 8, payload.header);
     payload.delta.resize(expected_values);
     get_floats(bytes.data() + kHeaderBytes, payload.delta);
     return payload;
@@ -100,7 +100,7 @@ Result<PendingPayload> decode_pending_payload(std::span<const uint8_t> bytes, si
                    " bytes, neither this format nor the earlier one for a delta of " +
                    std::to_string(expected_values) + " values");
   }
-  get_fields(bytes.data(), payload);
+  get_fields(bytes.data(), payload.header);
   payload.delta.resize(expected_values);
   get_floats(bytes.data() + kFieldsBytes, payload.delta);
   return payload;

@@ -22,16 +22,21 @@ namespace fedmesh::store {
 
 inline constexpr uint32_t kPendingPayloadVersion = 1;
 
-struct PendingPayload {
+struct PendingHeader {
   int64_t round = 0;
   int64_t base_version = 0;
   int64_t sample_count = 0;
   double local_loss = 0.0;
   double local_accuracy = 0.0;
+};
+
+struct PendingPayload {
+  PendingHeader header;
   std::vector<float> delta;
 };
 
-std::vector<uint8_t> encode_pending_payload(const PendingPayload& payload);
+// The delta is read where it lies (an update's may be hundreds of MB).
+std::vector<uint8_t> encode_pending_payload(const PendingHeader& header, std::span<const float> delta);
 
 // Refuses, as corrupt and saying why, a payload that is cut short, of an
 // unknown version, or whose delta does not have `expected_values` values.

@@ -47,13 +47,21 @@ namespace fedmesh::kernels {
 namespace {
 
 constexpr std::array<size_t, 6> kSizes = {1, 7, 4095, 4096, 4097, 1'000'003};
-// The sizes the parity tests run: all of kSizes, or with FEDMESH_TEST_SANITIZER
-// set (deploy/gpu_kit.sh's racecheck runs, where a kernel runs hundreds of
-// times slower) those up to 4097, which still take every path of the
-// shared-memory kernels (a partial block, one full block, one more).
+// FEDMESH_TEST_SANITIZER set and not empty: deploy/gpu_kit.sh's racecheck
+// runs, where a kernel runs hundreds of times slower, so the parity tests
+// run fewer cases.
+bool under_sanitizer() {
+  static const bool set = [] {
+    const char* value = std::getenv("FEDMESH_TEST_SANITIZER");
+    return value != nullptr && *value != '\0';
+  }();
+  return set;
+}
+// The sizes the parity tests run: all of kSizes, or under a sanitizer those
+// up to 4097, which still take every path of the shared-memory kernels (a
+// partial block, one full block, one more).
 std::span<const size_t> test_sizes() {
-  static const bool sanitizer = std::getenv("FEDMESH_TEST_SANITIZER") != nullptr;
-  return sanitizer ? std::span<const size_t>(kSizes).first(kSizes.size() - 1) : std::span<const size_t>(kSizes);
+  return under_sanitizer() ? std::span<const size_t>(kSizes).first(kSizes.size() - 1) : std::span<const size_t>(kSizes);
 }
 constexpr std::array<uint32_t, 3> kBlockSizes = {1, 256, 4096};
 
@@ -407,11 +415,10 @@ TEST_F(CudaParity, DctMatchesWithinFp32Rounding) {
 
 TEST_F(CudaParity, ChunkTopKSelectsTheSameIndices) {
   // 5000 and 65536 are past the shared-memory sort (4096): the radix-sort
-  // path. Under a sanitizer (FEDMESH_TEST_SANITIZER), whose racecheck runs
-  // the shared-memory sort hundreds of times slower, the chunks and k that
-  // take every branch of that sort: a full 4096-key chunk, an odd one, and a
-  // k below, at and above the chunk.
-  const bool sanitizer = std::getenv("FEDMESH_TEST_SANITIZER") != nullptr;
+  // path. Under a sanitizer, the chunks and k that take every branch of the
+  // shared-memory sort: a full 4096-key chunk, an odd one, and a k below, at
+  // and above the chunk.
+  const bool sanitizer = under_sanitizer();
   const std::vector<uint32_t> chunks =
       sanitizer ? std::vector<uint32_t>{4096u, 7u} : std::vector<uint32_t>{4096u, 1u, 7u, 256u, 4095u, 5000u, 65536u};
   const std::vector<uint32_t> ks =

@@ -4,6 +4,7 @@
 
 #include "base/http_endpoint.h"
 #include "base/toml_input.h"
+#include "privacy/dp_settings.h"
 #include "federation/staleness.h"
 #include "protocol/fault_injection.h"
 #include "train/model.h"
@@ -59,16 +60,12 @@ Status AggregatorConfig::validate() const {
       return invalid_argument("fold_late_updates: a late site's masked input cannot join another round's sum");
     }
   }
-  if (dp_noise_multiplier < 0.0) return invalid_argument("dp.noise_multiplier must be >= 0");
+  FEDMESH_RETURN_IF_ERROR(privacy::check_dp_settings({std::nullopt, dp_noise_multiplier, dp_delta, dp_target_epsilon},
+                                                      privacy::kDpConfigKeys));
   if (dp_noise_multiplier > 0.0 && !is_private()) {
     return invalid_argument("dp.noise_multiplier: site-level DP-FedAvg needs privacy.mode = \"private\", whose "
                             "equal-weight sum of clipped updates bounds what one site changes (to "
                             "secure_aggregation.clip)");
-  }
-  if (!(dp_delta > 0.0 && dp_delta < 1.0)) return invalid_argument("dp.delta must be in (0, 1)");
-  if (dp_target_epsilon < 0.0) return invalid_argument("dp.target_epsilon must be >= 0");
-  if (dp_target_epsilon > 0.0 && dp_noise_multiplier <= 0.0) {
-    return invalid_argument("dp.target_epsilon needs dp.noise_multiplier > 0");
   }
   FEDMESH_RETURN_IF_ERROR(store_options.validate());
   return rounds_options.validate();

@@ -2,12 +2,15 @@
 
 #include <sodium.h>
 
+#include <bit>
+
 
 namespace fedmesh::crypto {
 
 namespace {
 
 constexpr std::string_view kUpdateDomain = "fedmesh-update-v1";
+constexpr std::string_view kPeerUpdateDomain = "fedmesh-update-peer-v1";
 
 void append_u64(std::vector<uint8_t>& out, uint64_t value) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
@@ -32,9 +35,12 @@ void append_field(std::vector<uint8_t>& out, std::string_view text) {
 //   field descriptor_hash, u64 chunk count, field BLAKE2b-256(chunk hashes in
 //   order). The chunk list enters by its hash, so what is signed stays small
 //   however many chunks an update has, and any reordering changes it.
+// With peer fields the domain is "fedmesh-update-peer-v1" and u64 kind,
+// u64 weight (IEEE-754 binary64 bits), u64 slice, u64 slices follow
+// sample_count.
 std::vector<uint8_t> canonical_bytes(const UpdateSigningFields& fields) {
   std::vector<uint8_t> out;
-  append_field(out, kUpdateDomain);
+  append_field(out, fields.peer ? kPeerUpdateDomain : kUpdateDomain);
   append_field(out, fields.federation);
   append_u64(out, fields.round);
   append_u64(out, fields.base_version);
@@ -42,6 +48,12 @@ std::vector<uint8_t> canonical_bytes(const UpdateSigningFields& fields) {
   append_field(out, fields.recipient);
   append_u64(out, fields.sequence);
   append_u64(out, fields.sample_count);
+  if (fields.peer) {
+    append_u64(out, static_cast<uint64_t>(fields.peer->kind));
+    append_u64(out, std::bit_cast<uint64_t>(fields.peer->weight));
+    append_u64(out, fields.peer->slice);
+    append_u64(out, fields.peer->slices);
+  }
   append_field(out, fields.descriptor_hash);
   append_u64(out, fields.chunk_hashes.size());
   Hasher chunk_list;

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,6 +18,17 @@
 #include "crypto/keys.h"
 
 namespace fedmesh::crypto {
+
+// What a peer-to-peer (gossip) update says of itself beside its tensors:
+// a share of the sender's model with its push-sum weight, or slice `slice`
+// of `slices` of its model that a member asked for to catch up. Updates to
+// an aggregator carry none.
+enum class PeerUpdateKind : uint8_t { kShare = 0, kCatchUpSlice = 1 };
+struct PeerUpdateFields {
+  PeerUpdateKind kind = PeerUpdateKind::kShare;
+  double weight = 0.0;             // a share's (push-sum; pairwise: 1)
+  uint32_t slice = 0, slices = 0;  // a catch-up slice's
+};
 
 // Who sent an update, to whom, for which round: the header fields the
 // signature covers (protocol/ carries them as its UpdateMetadata).
@@ -28,6 +40,7 @@ struct UpdateMetadata {
   std::string recipient;
   uint64_t sequence = 0;
   uint64_t sample_count = 0;
+  std::optional<PeerUpdateFields> peer;  // gossip updates only
 };
 
 // What the update signature covers. `descriptor_hash` is the hash of the
@@ -37,7 +50,10 @@ struct UpdateSigningFields : UpdateMetadata {
   std::vector<Hash> chunk_hashes;
 };
 
-// Domain-separated, length-prefixed encoding of the fields ("fedmesh-update-v1").
+// Domain-separated, length-prefixed encoding of the fields: "fedmesh-update-v1"
+// for an update without peer fields, "fedmesh-update-peer-v1" (the peer
+// fields included) for one with them, so that neither kind of signature can
+// be taken for the other.
 std::vector<uint8_t> canonical_bytes(const UpdateSigningFields& fields);
 Signature sign_update(const UpdateSigningFields& fields, const SiteKeys& sender);
 bool verify_update(const UpdateSigningFields& fields, const Signature& signature,

@@ -35,60 +35,19 @@ Status check_gossip_compression(const protocol::CompressionPlan& plan) {
   return Status::ok();
 }
 
-std::array<float, 2> weight_to_wire(double weight) {
-  int exponent = 0;
-  const double mantissa = std::frexp(weight, &exponent);
-  return {static_cast<float>(mantissa), static_cast<float>(exponent)};
-}
-
-Result<double> weight_from_wire(float mantissa, float exponent) {
-  if (!(mantissa >= 0.5f && mantissa < 1.0f) || !(exponent >= -1000.0f && exponent <= 1000.0f) ||
-      exponent != std::floor(exponent)) {
-    return invalid_argument("a push-sum weight must be a mantissa in [0.5, 1) and an integer exponent in [-1000, 1000]");
-  }
-  const double weight = std::ldexp(static_cast<double>(mantissa), static_cast<int>(exponent));
-  if (!std::isfinite(weight) || !(weight > 0.0)) return invalid_argument("the push-sum weight is not finite and positive");
-  return weight;
-}
-
-double wire_weight(double weight) {
-  const std::array<float, 2> wire = weight_to_wire(weight);
-  return std::ldexp(static_cast<double>(wire[0]), static_cast<int>(wire[1]));
-}
-
-namespace {
-constexpr float kKindShare = 0.0f;
-constexpr float kKindCatchUpSlice = 1.0f;
-}  // namespace
-
-std::array<float, 4> meta_to_wire(const GossipUpdateMeta& meta) {
-  if (meta.kind == GossipUpdateKind::kCatchUpSlice) {
-    return {kKindCatchUpSlice, static_cast<float>(meta.slice), static_cast<float>(meta.slices), 0.0f};
-  }
-  const std::array<float, 2> weight = weight_to_wire(meta.weight);
-  return {kKindShare, weight[0], weight[1], 0.0f};
-}
-
-Result<GossipUpdateMeta> meta_from_wire(std::span<const float> wire) {
-  if (wire.size() != 4) return invalid_argument("gossip meta of " + std::to_string(wire.size()) + " values, not 4");
-  GossipUpdateMeta meta;
-  if (wire[0] == kKindCatchUpSlice) {
-    const float slice = wire[1], slices = wire[2];
-    if (!(slice >= 0.0f && slices >= 1.0f && slice < slices && slices <= static_cast<float>(kMaxCatchUpSlices) &&
-          slice == std::floor(slice) && slices == std::floor(slices))) {
-      return invalid_argument("a catch-up slice that is not a slice");
-    }
-    meta.kind = GossipUpdateKind::kCatchUpSlice;
-    meta.slice = static_cast<uint32_t>(slice);
-    meta.slices = static_cast<uint32_t>(slices);
-    return meta;
-  }
-  if (wire[0] == kKindShare) {
-    Result<double> weight = weight_from_wire(wire[1], wire[2]);
-    if (!weight.is_ok()) return weight.status();
-    meta.kind = GossipUpdateKind::kShare;
-    meta.weight = *weight;
-    return meta;
+Status check_update_meta(const GossipUpdateMeta& meta) {
+  switch (meta.kind) {
+    case GossipUpdateKind::kShare:
+      if (!(std::isfinite(meta.weight) && meta.weight > 0.0)) {
+        return invalid_argument("a share whose push-sum weight is not a finite positive number");
+      }
+      return Status::ok();
+    case GossipUpdateKind::kCatchUpSlice:
+      if (!(meta.slices >= 1 && meta.slice < meta.slices && meta.slices <= kMaxCatchUpSlices)) {
+        return invalid_argument("catch-up slice " + std::to_string(meta.slice) + " of " + std::to_string(meta.slices) +
+                                " is not a slice (at most " + std::to_string(kMaxCatchUpSlices) + ")");
+      }
+      return Status::ok();
   }
   return invalid_argument("an unknown kind of gossip update");
 }
@@ -146,8 +105,8 @@ Result<GossipShare> GossipState::share(int peers) {
     share.weight = 1.0;
     return share;
   }
-  // Give each peer w / (1 + f) as the wire carries it; the model stays.
-  share.weight = wire_weight(weight_ / (1.0 + peers));
+  // Give each peer w / (1 + f); the model stays.
+  share.weight = weight_ / (1.0 + peers);
   weight_ -= static_cast<double>(peers) * share.weight;
   return share;
 }

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "crypto/update_signature.h"
 #include "kernels/compression_kernels.h"
 #include "protocol/compression_spec.h"
 #include "protocol/compressor.h"
@@ -60,31 +61,16 @@ const char* merge_rule_name(MergeRule rule);
 // kInvalidArgument naming the method and why otherwise.
 Status check_gossip_compression(const protocol::CompressionPlan& plan);
 
-// A push-sum weight on the wire as two fp32 values, frexp's mantissa and
-// exponent, so that a weight far below fp32's range (weights decay under
-// message loss) travels; wire_weight rounds a weight to what they carry.
-std::array<float, 2> weight_to_wire(double weight);
-// kInvalidArgument unless the pair is a finite positive weight.
-Result<double> weight_from_wire(float mantissa, float exponent);
-double wire_weight(double weight);
-
-// What a gossip update carries beside its model tensors, as one more dense
-// fp32 tensor of 4 values named kGossipMetaTensor (covered by the update's
-// signature like every chunk): whether it is a share (with its push-sum
+// What a gossip update carries beside its model tensors, in its signed
+// header (UpdateHeader.peer): whether it is a share (with its push-sum
 // weight) or a catch-up slice (slice `slice` of `slices`, at most
 // kMaxCatchUpSlices) a member asked for.
-inline constexpr const char* kGossipMetaTensor = "@gossip.meta";
 inline constexpr uint32_t kMaxCatchUpSlices = 16;
-enum class GossipUpdateKind : uint8_t { kShare, kCatchUpSlice };
-struct GossipUpdateMeta {
-  GossipUpdateKind kind = GossipUpdateKind::kShare;
-  double weight = 0.0;            // a share's (push-sum; pairwise: 1)
-  uint32_t slice = 0, slices = 0;  // a catch-up slice's
-};
-std::array<float, 4> meta_to_wire(const GossipUpdateMeta& meta);
-// kInvalidArgument, saying what is wrong, for anything but 4 values of a
-// known kind with a valid weight or slice.
-Result<GossipUpdateMeta> meta_from_wire(std::span<const float> wire);
+using GossipUpdateKind = crypto::PeerUpdateKind;
+using GossipUpdateMeta = crypto::PeerUpdateFields;
+// kInvalidArgument, saying what is wrong, unless `meta` is a share with a
+// finite positive weight or a catch-up slice within kMaxCatchUpSlices.
+Status check_update_meta(const GossipUpdateMeta& meta);
 
 // What one send carries to each of its peers.
 struct GossipShare {

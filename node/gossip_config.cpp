@@ -7,6 +7,7 @@
 #include "federation/staleness.h"
 #include "gossip/exchange.h"
 #include "gossip/topology.h"
+#include "privacy/dp_settings.h"
 #include "protocol/compression_spec.h"
 
 namespace fedmesh::node {
@@ -46,19 +47,8 @@ Status GossipConfig::validate() const {
   if (!(wait_for_share_seconds >= 0.0) || wait_for_share_seconds > 600.0) {
     return invalid_argument("gossip.wait_for_share_seconds must be in [0, 600]");
   }
-  if (!(dp_clip >= 0.0) || !std::isfinite(dp_clip)) return invalid_argument("dp.clip must be >= 0 (0: off)");
-  if (!(dp_noise_multiplier >= 0.0) || !std::isfinite(dp_noise_multiplier)) {
-    return invalid_argument("dp.noise_multiplier must be >= 0");
-  }
-  if (dp_noise_multiplier > 0.0 && dp_clip <= 0.0) {
-    return invalid_argument("dp.noise_multiplier needs dp.clip > 0: the noise is scaled to the clipped delta");
-  }
-  if (!(dp_delta > 0.0 && dp_delta < 1.0)) return invalid_argument("dp.delta must be in (0, 1)");
-  if (dp_target_epsilon < 0.0) return invalid_argument("dp.target_epsilon must be >= 0");
-  if (dp_target_epsilon > 0.0 && dp_noise_multiplier <= 0.0) {
-    return invalid_argument("dp.target_epsilon needs dp.noise_multiplier > 0");
-  }
-  return Status::ok();
+  return privacy::check_dp_settings({dp_clip, dp_noise_multiplier, dp_delta, dp_target_epsilon},
+                                    privacy::kDpConfigKeys);
 }
 
 Result<GossipConfig> read_gossip_config(const std::string& path) {

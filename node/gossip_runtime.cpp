@@ -22,6 +22,7 @@
 #include "base/prometheus.h"
 #include "base/random.h"
 #include "crypto/roster.h"
+#include "gossip/catch_up.h"
 #include "gossip/exchange.h"
 #include "gossip/topology.h"
 #include "kernels/parallel.h"
@@ -57,11 +58,6 @@ struct Arrival {
   std::vector<std::vector<float>> values;  // model tensors only
 };
 
-// [begin, end) of slice `slice` of `slices` over n elements.
-std::pair<size_t, size_t> slice_range(size_t n, uint32_t slice, uint32_t slices) {
-  return {n * slice / slices, n * (slice + 1) / slices};
-}
-
 }  // namespace
 
 class GossipRuntime::Impl {
@@ -73,7 +69,6 @@ class GossipRuntime::Impl {
   std::map<std::string, std::string> addresses;  // gossip members on the roster (us included) -> address
   std::unique_ptr<train::Sequential> worker;
   std::vector<protocol::TensorShape> manifest;       // the model's tensors
-  std::vector<protocol::TensorShape> wire_manifest;  // ... and the meta tensor
   std::optional<gossip::GossipState> state;
   gossip::Topology topology = gossip::Topology::kExponential;
   federation::StalenessFunction staleness;
@@ -98,9 +93,6 @@ class GossipRuntime::Impl {
   std::deque<Arrival> arrivals;
   std::deque<std::pair<std::string, std::pair<uint32_t, uint32_t>>> catch_up_requests;  // requester, slice/slices
   // A catch-up in progress: slice -> donor, and what has arrived.
-  std::map<uint32_t, std::string> catch_up_donor;
-  std::map<uint32_t, std::vector<std::vector<float>>> catch_up_slices;
-  uint32_t catch_up_slices_wanted = 0;
 
   mutable std::mutex metrics_mutex;
   uint64_t bytes_sent = 0, shares_sent = 0, shares_undelivered = 0, merges = 0, stale_dropped = 0, refused = 0;
@@ -201,8 +193,6 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
     const float* values = p->value.data<float>();
     reference.emplace_back(values, values + p->value.numel());
   }
-  wire_manifest = manifest;
-  wire_manifest.push_back({gossip::kGossipMetaTensor, {4}});
   Result<protocol::CompressionPlan> plan = protocol::make_compression_plan(site.compress, site.compress_overrides, site.dense_below);
   if (!plan.is_ok()) return plan.status();
   Result<kernels::CompressionKernels*> backend = kernels::compression_kernels_named(site.compress_device);
@@ -247,7 +237,8 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   protocol::ReceiverPolicy policy;
   policy.federation = wire_federation;
   policy.self = site.name;
-  policy.manifest = wire_manifest;
+  policy.manifest = manifest;
+  policy.peer_updates = true;
   // Any sender version; staleness is ours to weigh, not a refusal.
   policy.current_round = std::numeric_limits<uint64_t>::max() / 2;
   policy.max_round_lag = std::numeric_limits<uint64_t>::max() / 2;
@@ -455,22 +446,21 @@ void GossipRuntime::Impl::take_completed() {
     a.from = update.metadata.sender;
     a.sender_version = update.metadata.round;
     a.base_version = update.metadata.base_version;
-    const std::vector<float> wire = update.tensors.back();
-    update.tensors.pop_back();
     a.values = std::move(update.tensors);
-    Result<gossip::GossipUpdateMeta> meta = gossip::meta_from_wire(wire);
-    if (!meta.is_ok()) {
+    const gossip::GossipUpdateMeta meta = update.metadata.peer.value_or(gossip::GossipUpdateMeta{});
+    if (const Status checked = gossip::check_update_meta(meta); !update.metadata.peer || !checked.is_ok()) {
       {
         std::lock_guard lock(metrics_mutex);
         ++refused;
       }
-      emit({{"event", "refused"}, {"from", a.from}, {"code", "malformed"}, {"reason", meta.status().message()}});
+      emit({{"event", "refused"}, {"from", a.from}, {"code", "malformed"},
+            {"reason", update.metadata.peer ? checked.message() : std::string("an update without gossip fields")}});
       continue;
     }
-    a.kind = meta->kind;
-    a.weight = meta->weight;
-    a.slice = meta->slice;
-    a.slices = meta->slices;
+    a.kind = meta.kind;
+    a.weight = meta.weight;
+    a.slice = meta.slice;
+    a.slices = meta.slices;
     uint64_t& known = peer_versions[a.from];
     known = std::max(known, a.sender_version);
     arrivals.push_back(std::move(a));
@@ -546,14 +536,6 @@ GossipRuntime::Impl::MembersHeard GossipRuntime::Impl::members_heard() const {
 Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string& to,
                                                               std::vector<protocol::EncodedTensor> tensors,
                                                               const gossip::GossipUpdateMeta& meta) {
-  Result<std::vector<protocol::EncodedSegment>> segments = protocol::encode_dense(
-      static_cast<uint32_t>(manifest.size()), gossip::meta_to_wire(meta), protocol::Encoding::kDenseF32,
-      protocol::kDefaultChunkBytes);
-  if (!segments.is_ok()) return segments.status();
-  protocol::EncodedTensor extra;
-  extra.descriptor = {gossip::kGossipMetaTensor, {4}, protocol::Encoding::kDenseF32, 0};
-  extra.segments = std::move(*segments);
-  tensors.push_back(std::move(extra));
   protocol::UpdateMetadata metadata;
   metadata.federation = wire_federation;
   metadata.round = version;
@@ -563,6 +545,7 @@ Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string&
   metadata.recipient = to;
   metadata.sequence = next_sequence();
   metadata.sample_count = static_cast<uint64_t>(data.shard->size());
+  metadata.peer = meta;
   return protocol::prepare_encoded_update(metadata, std::move(tensors), keys);
 }
 
@@ -572,33 +555,11 @@ void GossipRuntime::Impl::serve_catch_up_requests() {
   while (!catch_up_requests.empty()) {
     const auto [requester, slicing] = catch_up_requests.front();
     catch_up_requests.pop_front();
-    const std::vector<std::vector<float>>& model = state->model();
-    std::vector<protocol::EncodedTensor> tensors;
-    bool ok = true;
-    for (size_t t = 0; t < manifest.size() && ok; ++t) {
-      const auto [begin, end] = slice_range(model[t].size(), slicing.first, slicing.second);
-      std::vector<uint64_t> indices;
-      std::vector<float> values;
-      for (size_t i = begin; i < end; ++i) {
-        indices.push_back(i);
-        values.push_back(model[t][i] - state->reference()[t][i]);
-      }
-      const protocol::SparseIndexCost cost = protocol::sparse_index_cost(indices, model[t].size());
-      const protocol::Encoding encoding = protocol::sparse_with_bitmap(protocol::Encoding::kSparseF32, cost.bitmap_smaller());
-      Result<std::vector<protocol::EncodedSegment>> segments = protocol::encode_sparse(
-          static_cast<uint32_t>(t), model[t].size(), indices, values, encoding, protocol::kDefaultChunkBytes);
-      if (!segments.is_ok()) {
-        ok = false;
-        break;
-      }
-      protocol::EncodedTensor tensor;
-      tensor.descriptor = {manifest[t].name, manifest[t].dims, encoding, 0};
-      tensor.segments = std::move(*segments);
-      tensors.push_back(std::move(tensor));
-    }
-    if (!ok) continue;
+    Result<std::vector<protocol::EncodedTensor>> tensors =
+        gossip::encode_catch_up_slice(manifest, state->model(), state->reference(), slicing.first, slicing.second);
+    if (!tensors.is_ok()) continue;
     Result<protocol::PreparedUpdate> prepared =
-        prepare(requester, std::move(tensors),
+        prepare(requester, std::move(*tensors),
                 {gossip::GossipUpdateKind::kCatchUpSlice, 0.0, slicing.first, slicing.second});
     if (!prepared.is_ok()) continue;
     bool sent = send_to(requester, prepared->header);
@@ -623,33 +584,24 @@ Status GossipRuntime::Impl::catch_up_if_behind(const std::atomic<bool>& stop) {
     pump(0.05);
     heard = members_heard();
   }
-  std::vector<std::pair<uint64_t, std::string>>& ahead = heard.ahead;
-  if (ahead.empty()) return Status::ok();
-  std::sort(ahead.rbegin(), ahead.rend());
-  const uint32_t slices = static_cast<uint32_t>(std::min<size_t>(ahead.size(), static_cast<size_t>(config.catch_up_donors)));
-  catch_up_slices.clear();
-  catch_up_donor.clear();
-  catch_up_slices_wanted = slices;
-  const auto ask = [&](uint32_t slice, const std::string& donor) {
-    capnp::MallocMessageBuilder builder;
-    auto request = builder.initRoot<wire::Message>().initCatchUpRequest();
-    request.setSlice(slice);
-    request.setSlices(slices);
-    catch_up_donor[slice] = donor;
-    (void)send_to(donor, protocol::serialize(builder));
+  if (heard.ahead.empty()) return Status::ok();
+  gossip::CatchUp catch_up(std::move(heard.ahead), static_cast<uint32_t>(config.catch_up_donors));
+  const auto ask = [&](const std::vector<std::pair<uint32_t, std::string>>& requests) {
+    for (const auto& [slice, donor] : requests) {
+      capnp::MallocMessageBuilder builder;
+      auto request = builder.initRoot<wire::Message>().initCatchUpRequest();
+      request.setSlice(slice);
+      request.setSlices(catch_up.slices());
+      (void)send_to(donor, protocol::serialize(builder));
+    }
   };
-  for (uint32_t s = 0; s < slices; ++s) ask(s, ahead[s].second);
-  const uint64_t target_version = ahead.front().first;
+  ask(catch_up.first_requests());
   const double began = now();
   double asked_again = began;
-  std::vector<std::string> donors;
-  for (uint32_t s = 0; s < slices; ++s) donors.push_back(ahead[s].second);
-  while (!stop.load() && catch_up_slices.size() < slices && now() - began < config.catch_up_timeout_seconds) {
+  while (!stop.load() && !catch_up.complete() && now() - began < config.catch_up_timeout_seconds) {
     pump(0.05);
     for (auto it = arrivals.begin(); it != arrivals.end();) {
-      if (it->kind == gossip::GossipUpdateKind::kCatchUpSlice && it->slices == slices && catch_up_donor.contains(it->slice) &&
-          catch_up_donor[it->slice] == it->from) {
-        catch_up_slices[it->slice] = std::move(it->values);
+      if (it->kind == gossip::GossipUpdateKind::kCatchUpSlice && catch_up.take(it->from, it->slice, it->slices, it->values)) {
         it = arrivals.erase(it);
       } else {
         ++it;
@@ -658,42 +610,26 @@ Status GossipRuntime::Impl::catch_up_if_behind(const std::atomic<bool>& stop) {
     // Silent donors: after a third of the timeout, ask the next one ahead.
     if (now() - asked_again > config.catch_up_timeout_seconds / 3) {
       asked_again = now();
-      size_t next = 0;
-      for (uint32_t s = 0; s < slices; ++s) {
-        if (catch_up_slices.contains(s)) continue;
-        const std::string& donor = ahead[(s + 1 + next++) % ahead.size()].second;
-        ask(s, donor);
-        donors.push_back(donor);
-      }
+      ask(catch_up.requests_again());
     }
   }
   const std::vector<std::vector<float>>& mine = state->model();
-  std::vector<std::vector<float>> model = mine;
-  for (const auto& [slice, values] : catch_up_slices) {
-    for (size_t t = 0; t < model.size(); ++t) {
-      const auto [begin, end] = slice_range(model[t].size(), slice, slices);
-      for (size_t i = begin; i < end; ++i) model[t][i] = state->reference()[t][i] + values[t][i];
-    }
-  }
+  const std::vector<std::vector<float>> model = catch_up.assemble(mine, state->reference());
   double distance = 0.0;
   for (size_t t = 0; t < model.size(); ++t) {
     for (size_t i = 0; i < model[t].size(); ++i) distance += (model[t][i] - mine[t][i]) * (model[t][i] - mine[t][i]);
   }
-  const bool complete = catch_up_slices.size() == slices;
-  if (!catch_up_slices.empty()) {
+  if (catch_up.received() > 0) {
     FEDMESH_RETURN_IF_ERROR(state->set_model(model));
-    if (complete) version = std::max(version, target_version);
+    if (catch_up.complete()) version = std::max(version, catch_up.target_version());
   }
   {
     std::lock_guard lock(metrics_mutex);
     ++catch_ups;
   }
-  std::sort(donors.begin(), donors.end());
-  donors.erase(std::unique(donors.begin(), donors.end()), donors.end());
-  emit({{"event", "catch-up"}, {"donors", donors}, {"slices", slices}, {"received", catch_up_slices.size()},
-        {"complete", complete}, {"version", version}, {"moved", std::sqrt(distance)}, {"seconds", now() - began}});
-  catch_up_slices.clear();
-  catch_up_donor.clear();
+  emit({{"event", "catch-up"}, {"donors", catch_up.donors_asked()}, {"slices", catch_up.slices()},
+        {"received", catch_up.received()}, {"complete", catch_up.complete()}, {"version", version},
+        {"moved", std::sqrt(distance)}, {"seconds", now() - began}});
   return Status::ok();
 }
 

@@ -22,8 +22,8 @@
 // Shares travel as ordinary signed updates (UpdateHeader + chunks, checked
 // by the same UpdateReceiver as the aggregator's) whose round is the
 // sender's version and whose base version is the receiver's version as the
-// sender last heard it; a small extra tensor carries the kind (share or
-// catch-up slice) and the push-sum weight or the slice
+// sender last heard it; the signed header's peer fields carry the kind
+// (share or catch-up slice) and the push-sum weight or the slice
 // (gossip::GossipUpdateMeta, gossip/exchange.h).
 //
 // On SIGTERM (stop) the node leaves gracefully (SWIM Left), commits and

@@ -8,7 +8,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("fedmesh::wire");
 
-const protocolVersion :UInt16 = 2;  # 2: secure aggregation (SecAggUp, SecAggDown)
+const protocolVersion :UInt16 = 3;  # 2: secure aggregation (SecAggUp, SecAggDown); 3: UpdateHeader.peer
 const minProtocolVersion :UInt16 = 1;  # the oldest version this build still speaks
 
 enum Role {
@@ -152,6 +152,22 @@ struct UpdateHeader {
   chunkCount @8 :UInt32;
   chunkHashes @9 :List(Data);  # BLAKE2b-256 of each chunk's segments
   signature @10 :Data;         # Ed25519, 64 bytes
+  # Gossip updates only (absent in an update to an aggregator): what the
+  # update is beside its tensors. Signed with the other fields, under its
+  # own signature domain (crypto/update_signature.h).
+  peer @11 :PeerUpdate;
+}
+
+enum PeerUpdateKind {
+  share @0;          # a share of the sender's model
+  catchUpSlice @1;   # a slice of its model that a member asked for
+}
+
+struct PeerUpdate {
+  kind @0 :PeerUpdateKind;
+  weight @1 :Float64;          # a share's push-sum weight (pairwise: 1)
+  slice @2 :UInt32;            # a catch-up slice: slice `slice` of `slices`
+  slices @3 :UInt32;
 }
 
 struct UpdateChunk {

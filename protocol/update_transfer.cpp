@@ -177,6 +177,14 @@ SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const Tens
   header.setRecipient(metadata.recipient);
   header.setSequence(metadata.sequence);
   header.setSampleCount(metadata.sample_count);
+  if (metadata.peer) {
+    auto peer = header.initPeer();
+    peer.setKind(metadata.peer->kind == crypto::PeerUpdateKind::kCatchUpSlice ? wire::PeerUpdateKind::CATCH_UP_SLICE
+                                                                              : wire::PeerUpdateKind::SHARE);
+    peer.setWeight(metadata.peer->weight);
+    peer.setSlice(metadata.peer->slice);
+    peer.setSlices(metadata.peer->slices);
+  }
   fill_descriptors(header.initTensors(static_cast<unsigned>(descriptors.size())), descriptors);
   header.setChunkCount(static_cast<uint32_t>(hashes.size()));
   auto hash_list = header.initChunkHashes(static_cast<unsigned>(hashes.size()));
@@ -339,6 +347,26 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
   m.round = header.getRound();
   m.base_version = header.getBaseVersion();
   m.sample_count = header.getSampleCount();
+  if (header.hasPeer() != policy_.peer_updates) {
+    return fail(wire::RejectCode::MALFORMED, policy_.peer_updates
+                                                 ? "an update without gossip fields sent to a gossip peer"
+                                                 : "a gossip update sent to an aggregator");
+  }
+  if (header.hasPeer()) {
+    const auto peer = header.getPeer();
+    crypto::PeerUpdateFields fields;
+    switch (peer.getKind()) {
+      case wire::PeerUpdateKind::SHARE: fields.kind = crypto::PeerUpdateKind::kShare; break;
+      case wire::PeerUpdateKind::CATCH_UP_SLICE: fields.kind = crypto::PeerUpdateKind::kCatchUpSlice; break;
+      default: return fail(wire::RejectCode::MALFORMED, "an unknown kind of gossip update");
+    }
+    fields.weight = peer.getWeight();
+    fields.slice = peer.getSlice();
+    fields.slices = peer.getSlices();
+    m.peer = fields;
+  } else {
+    m.peer.reset();
+  }
 
   const uint32_t chunk_count = header.getChunkCount();
   if (chunk_count > policy_.max_chunks) {

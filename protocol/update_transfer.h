@@ -114,6 +114,9 @@ struct ReceiverPolicy {
   uint32_t max_chunks = kMaxChunksPerUpdate;
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   bool insecure = false;               // no transport identity: trust the signed sender name alone
+  // A gossip peer: every update must carry peer fields (UpdateHeader.peer);
+  // otherwise none may.
+  bool peer_updates = false;
   // expire() drops transfers idle this long (gossip: a sender never resumes
   // a share, so an incomplete one is dropped soon).
   std::chrono::milliseconds transfer_idle_timeout = kTransferIdleTimeout;

@@ -35,7 +35,7 @@ struct VirtualPeer {
 // What every recipient of one share merges; shared by its messages.
 struct DeliveredShare {
   std::vector<std::vector<float>> decoded;
-  double weight = 0.0;  // push-sum: as the wire carries it (gossip::wire_weight)
+  double weight = 0.0;  // push-sum: the share's weight
 };
 
 struct Message {

@@ -15,6 +15,7 @@
 #include "aggregator/secure_session.h"
 #include "crypto/keys.h"
 #include "crypto/masking.h"
+#include "privacy/dp_settings.h"
 #include "privacy/rdp_accountant.h"
 #include "train/data/tokenized_text.h"
 #include "train/model.h"
@@ -642,11 +643,11 @@ Status SimulationOptions::validate() const {
     }
     FEDMESH_RETURN_IF_ERROR(secure_options.validate(static_cast<size_t>(per_round)));
   }
-  if (dp_noise_multiplier < 0.0 || !std::isfinite(dp_noise_multiplier)) return invalid_argument("--dp-noise must be >= 0");
+  FEDMESH_RETURN_IF_ERROR(privacy::check_dp_settings({std::nullopt, dp_noise_multiplier, dp_delta, 0.0},
+                                                      {"", "--dp-noise", "--dp-delta", ""}));
   if (dp_noise_multiplier > 0.0 && !secure) {
     return invalid_argument("--dp-noise: site-level DP-FedAvg needs --mode private (an equal-weight sum of clipped updates)");
   }
-  if (!(dp_delta > 0.0 && dp_delta < 1.0)) return invalid_argument("--dp-delta must be in (0, 1)");
   return rounds_options.validate();
 }
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -86,6 +87,7 @@ TEST_F(UpdateSignatureTest, ChangingAnyFieldBreaksTheSignature) {
          f.sender = "site-aa";
          f.recipient = "gg";
        }},
+      {"peer fields added", [](UpdateSigningFields& f) { f.peer = PeerUpdateFields{PeerUpdateKind::kShare, 0.5, 0, 0}; }},
   };
   for (const auto& [what, change] : changes) {
     UpdateSigningFields changed = fields_;
@@ -110,6 +112,34 @@ TEST_F(UpdateSignatureTest, CanonicalBytesAreDomainSeparatedAndStable) {
   UpdateSigningFields none = fields_;
   none.chunk_hashes.clear();
   EXPECT_TRUE(verify_update(none, sign_update(none, sender_), sender_.identity.sign_public));
+}
+
+// A gossip update's peer fields are signed under their own domain: each of
+// them changes the signature, and a signature made without them does not
+// verify with them (nor the other way round).
+TEST_F(UpdateSignatureTest, PeerFieldsAreSignedUnderTheirOwnDomain) {
+  UpdateSigningFields share = fields_;
+  share.peer = PeerUpdateFields{PeerUpdateKind::kShare, std::ldexp(0.75, -700), 0, 0};
+  const std::vector<uint8_t> bytes = canonical_bytes(share);
+  const std::string domain = "fedmesh-update-peer-v1";
+  EXPECT_EQ(bytes[0], domain.size());
+  EXPECT_EQ(std::string(bytes.begin() + 4, bytes.begin() + 4 + domain.size()), domain);
+  const Signature signature = sign_update(share, sender_);
+  EXPECT_TRUE(verify_update(share, signature, sender_.identity.sign_public));
+  EXPECT_FALSE(verify_update(fields_, signature, sender_.identity.sign_public)) << "peer fields dropped";
+  EXPECT_FALSE(verify_update(share, sign_update(fields_, sender_), sender_.identity.sign_public)) << "peer fields added";
+
+  const std::vector<std::pair<const char*, std::function<void(PeerUpdateFields&)>>> changes = {
+      {"kind", [](PeerUpdateFields& p) { p.kind = PeerUpdateKind::kCatchUpSlice; }},
+      {"weight", [](PeerUpdateFields& p) { p.weight = std::nextafter(p.weight, 1.0); }},
+      {"slice", [](PeerUpdateFields& p) { p.slice = 1; }},
+      {"slices", [](PeerUpdateFields& p) { p.slices = 2; }},
+  };
+  for (const auto& [what, change] : changes) {
+    UpdateSigningFields changed = share;
+    change(*changed.peer);
+    EXPECT_FALSE(verify_update(changed, signature, sender_.identity.sign_public)) << what;
+  }
 }
 
 }  // namespace

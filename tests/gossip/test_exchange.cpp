@@ -216,49 +216,29 @@ TEST(GossipExchange, BadMergesChangeNothing) {
   EXPECT_DOUBLE_EQ(nodes[0].weight(), 1.0);
 }
 
-TEST(GossipExchange, WeightsTravelExactlyHoweverSmall) {
+// What travels beside a gossip update's tensors, in its signed header: a
+// share's weight (however small) or a catch-up slice; anything else is
+// refused by name.
+TEST(GossipExchange, UpdateMetaChecksRefuseWhatIsNotOne) {
   for (const double weight : {1.0, 0.25, 1.0 / 3.0, 1e-30, 1e-200, 3.5e-300}) {
-    const std::array<float, 2> wire = weight_to_wire(weight);
-    Result<double> back = weight_from_wire(wire[0], wire[1]);
-    ASSERT_TRUE(back.is_ok()) << weight;
-    EXPECT_EQ(*back, wire_weight(weight));
-    EXPECT_NEAR(*back / weight, 1.0, 1e-7) << weight;
+    EXPECT_TRUE(check_update_meta({GossipUpdateKind::kShare, weight, 0, 0}).is_ok()) << weight;
   }
-  EXPECT_FALSE(weight_from_wire(0.0f, 0.0f).is_ok()) << "zero";
-  EXPECT_FALSE(weight_from_wire(-0.75f, 3.0f).is_ok()) << "negative";
-  EXPECT_FALSE(weight_from_wire(0.75f, 2.5f).is_ok()) << "fractional exponent";
-  EXPECT_FALSE(weight_from_wire(0.75f, 5000.0f).is_ok()) << "overflow";
-  EXPECT_FALSE(weight_from_wire(std::nanf(""), 1.0f).is_ok()) << "NaN";
-}
+  EXPECT_TRUE(check_update_meta({GossipUpdateKind::kCatchUpSlice, 0.0, 2, 3}).is_ok());
+  EXPECT_TRUE(check_update_meta({GossipUpdateKind::kCatchUpSlice, 0.0, 15, kMaxCatchUpSlices}).is_ok());
 
-// What travels beside a gossip update's tensors: a share's weight (however
-// small) and a catch-up slice read back; anything else is refused by name.
-TEST(GossipExchange, UpdateMetaReadsBackAndRefusesWhatIsNotOne) {
-  const GossipUpdateMeta share{GossipUpdateKind::kShare, std::ldexp(0.75, -700), 0, 0};
-  Result<GossipUpdateMeta> read = meta_from_wire(meta_to_wire(share));
-  ASSERT_TRUE(read.is_ok()) << read.status().message();
-  EXPECT_EQ(read->kind, GossipUpdateKind::kShare);
-  EXPECT_EQ(read->weight, share.weight);
-  const GossipUpdateMeta slice{GossipUpdateKind::kCatchUpSlice, 0.0, 2, 3};
-  read = meta_from_wire(meta_to_wire(slice));
-  ASSERT_TRUE(read.is_ok()) << read.status().message();
-  EXPECT_EQ(read->kind, GossipUpdateKind::kCatchUpSlice);
-  EXPECT_EQ(read->slice, 2u);
-  EXPECT_EQ(read->slices, 3u);
-
-  const auto refused = [](std::vector<float> wire, const std::string& why) {
-    Result<GossipUpdateMeta> r = meta_from_wire(wire);
-    ASSERT_FALSE(r.is_ok()) << why;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << why;
+  const auto refused = [](GossipUpdateMeta meta, const std::string& why) {
+    const Status status = check_update_meta(meta);
+    ASSERT_FALSE(status.is_ok()) << why;
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << why;
   };
-  refused({0.0f, 0.75f, 1.0f}, "three values");
-  refused({2.0f, 0.75f, 1.0f, 0.0f}, "an unknown kind");
-  refused({0.0f, 1.5f, 1.0f, 0.0f}, "a weight mantissa outside [0.5, 1)");
-  refused({1.0f, 3.0f, 3.0f, 0.0f}, "slice 3 of 3");
-  refused({1.0f, 0.0f, 17.0f, 0.0f}, "more slices than kMaxCatchUpSlices");
-  refused({1.0f, 0.5f, 2.0f, 0.0f}, "a fractional slice");
-  refused({1.0f, -1.0f, 2.0f, 0.0f}, "a negative slice");
-  refused({1.0f, std::nanf(""), 2.0f, 0.0f}, "NaN");
+  refused({GossipUpdateKind::kShare, 0.0, 0, 0}, "a zero weight");
+  refused({GossipUpdateKind::kShare, -0.5, 0, 0}, "a negative weight");
+  refused({GossipUpdateKind::kShare, std::nan(""), 0, 0}, "a NaN weight");
+  refused({GossipUpdateKind::kShare, INFINITY, 0, 0}, "an infinite weight");
+  refused({GossipUpdateKind::kCatchUpSlice, 0.0, 3, 3}, "slice 3 of 3");
+  refused({GossipUpdateKind::kCatchUpSlice, 0.0, 0, 0}, "no slices");
+  refused({GossipUpdateKind::kCatchUpSlice, 0.0, 0, kMaxCatchUpSlices + 1}, "more slices than kMaxCatchUpSlices");
+  refused({static_cast<GossipUpdateKind>(7), 1.0, 0, 0}, "an unknown kind");
 }
 
 }  // namespace

@@ -97,6 +97,48 @@ class UpdateTransfer : public ::testing::Test {
   std::vector<std::vector<float>> values_;
 };
 
+// A gossip update's peer fields travel in its signed header and come out
+// as sent; a gossip peer refuses an update without them and an aggregator
+// one with them, both as malformed, before any chunk is taken.
+TEST_F(UpdateTransfer, PeerFieldsTravelSignedAndOnlyToPeers) {
+  fp::UpdateMetadata share = metadata(1);
+  share.peer = fc::PeerUpdateFields{fc::PeerUpdateKind::kShare, std::ldexp(0.75, -700), 0, 0};
+  fp::UpdateMetadata slice = metadata(2);
+  slice.peer = fc::PeerUpdateFields{fc::PeerUpdateKind::kCatchUpSlice, 0.0, 2, 3};
+
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::ReceiverPolicy peer_policy = policy();
+  peer_policy.peer_updates = true;
+  fp::UpdateReceiver peer(peer_policy, roster_, replay);
+  for (const fp::UpdateMetadata& sent : {share, slice}) {
+    auto reply = deliver(peer, prepare(sent));
+    ASSERT_TRUE(reply->root().isAck());
+    EXPECT_TRUE(reply->root().getAck().getComplete());
+  }
+  auto done = peer.take_completed();
+  ASSERT_EQ(done.size(), 2u);
+  ASSERT_TRUE(done[0].metadata.peer.has_value());
+  EXPECT_EQ(done[0].metadata.peer->kind, fc::PeerUpdateKind::kShare);
+  EXPECT_EQ(done[0].metadata.peer->weight, share.peer->weight);
+  ASSERT_TRUE(done[1].metadata.peer.has_value());
+  EXPECT_EQ(done[1].metadata.peer->kind, fc::PeerUpdateKind::kCatchUpSlice);
+  EXPECT_EQ(done[1].metadata.peer->slice, 2u);
+  EXPECT_EQ(done[1].metadata.peer->slices, 3u);
+
+  auto plain = deliver(peer, prepare(metadata(3)));
+  EXPECT_EQ(code_of(*plain), wire::RejectCode::MALFORMED);
+  EXPECT_NE(std::string(plain->root().getReject().getText().cStr()).find("without gossip fields"), std::string::npos);
+
+  auto replay2 = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver aggregator(policy(), roster_, replay2);
+  share.sequence = 4;
+  auto refused = deliver(aggregator, prepare(share));
+  EXPECT_EQ(code_of(*refused), wire::RejectCode::MALFORMED);
+  EXPECT_NE(std::string(refused->root().getReject().getText().cStr()).find("gossip update sent to an aggregator"),
+            std::string::npos);
+  EXPECT_TRUE(aggregator.take_completed().empty());
+}
+
 TEST_F(UpdateTransfer, LosslessUpdateArrivesBitForBitInManyChunks) {
   auto replay = fc::ReplayGuard::in_memory();
   fp::UpdateReceiver receiver(policy(), roster_, replay);

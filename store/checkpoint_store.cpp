@@ -523,14 +523,18 @@ Status write_peers(Database& database, const std::vector<PeerRecord>& peers) {
 }
 
 // replay_counters: each sender's highest sequence, only ever raised.
-Status raise_replay_counters(Database& database, const RoundToCommit& round) {
-  // Sequences are uint64 stored as int64 (two's complement): compared as
-  // unsigned, so a counter at or above 2^63 is never "raised" to a small one.
-  Result<Statement> raise_counter = database.prepare(
+// Sequences are uint64 stored as int64 (two's complement): compared as
+// unsigned, so a counter at or above 2^63 is never "raised" to a small one.
+Result<Statement> prepare_raise_counter(Database& database) {
+  return database.prepare(
       "INSERT INTO replay_counters(sender, sequence) VALUES (?1, ?2) "
       "ON CONFLICT(sender) DO UPDATE SET sequence = CASE "
       "WHEN (sequence < 0) = (excluded.sequence < 0) THEN max(sequence, excluded.sequence) "
       "WHEN excluded.sequence < 0 THEN excluded.sequence ELSE sequence END");
+}
+
+Status raise_replay_counters(Database& database, const RoundToCommit& round) {
+  Result<Statement> raise_counter = prepare_raise_counter(database);
   if (!raise_counter.is_ok()) return raise_counter.status();
   for (const auto& [sender, sequence] : round.replay_counters) {
     if (!valid_name(sender)) return invalid_argument("a replay counter's sender must be 1..1024 bytes");
@@ -888,16 +892,23 @@ Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::spa
   existing->bind_blob(1, update.update_id);
   Result<bool> row = existing->step();
   if (!row.is_ok()) return row.status();
-  if (*row) {
+  const bool already_pending = *row;
+  if (already_pending) {
     // A retransmission after a crash or a lost acknowledgement: same id, same bytes.
     const std::span<const uint8_t> stored = existing->column_blob(0);
-    if (stored.size() == checksum.size() && std::memcmp(stored.data(), checksum.data(), checksum.size()) == 0) {
-      return Status::ok();
+    if (stored.size() != checksum.size() || std::memcmp(stored.data(), checksum.data(), checksum.size()) != 0) {
+      return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
+                              " is already pending with different bytes");
     }
-    return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
-                            " is already pending with different bytes");
   }
   existing->reset();
+  if (update.replay_sequence > 0) {
+    Result<Statement> raise = prepare_raise_counter(database_);
+    if (!raise.is_ok()) return raise.status();
+    raise->bind(1, std::string_view(update.sender)).bind(2, static_cast<int64_t>(update.replay_sequence));
+    FEDMESH_RETURN_IF_ERROR(raise->run());
+  }
+  if (already_pending) return transaction->commit();
   Result<Statement> insert = database_.prepare(
       "INSERT INTO pending_updates(update_id, sender, base_version, sample_count, received_at, byte_size, "
       "chunk_count, checksum) VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?5, ?6, ?7)");

@@ -163,6 +163,10 @@ struct PendingUpdate {
   int64_t sample_count = 0;
   std::string received_at;  // filled by the store
   int64_t byte_size = 0;    // filled by the store
+  // Above 0: the sender's replay counter is raised to it (never lowered) in
+  // the transaction that stores the update, so the counter is never durable
+  // without the update it protects.
+  uint64_t replay_sequence = 0;
 };
 
 class CheckpointStore {
@@ -202,7 +206,8 @@ class CheckpointStore {
   Status set_meta(const std::string& key, const std::string& value);
   Result<std::optional<std::string>> meta(const std::string& key);
 
-  // Durable when it returns ok, before any acknowledgement is sent.
+  // Durable when it returns ok, before any acknowledgement is sent; the
+  // update and its replay counter (replay_sequence) in one transaction.
   Status add_pending_update(const PendingUpdate& update, std::span<const uint8_t> payload);
   Result<std::vector<PendingUpdate>> pending_updates();  // by arrival
   Result<std::vector<uint8_t>> read_pending_update(std::span<const uint8_t> update_id);

@@ -1041,6 +1041,51 @@ TEST(CheckpointStoreUpdates, APendingUpdateIsDurableAndReadBackWhole) {
             StatusCode::kInvalidArgument);
 }
 
+// The replay counter protects an update the store holds: a failure at any
+// write of add_pending_update leaves neither the update nor its counter, and
+// a success leaves both, also across a reopen.
+TEST(CheckpointStoreUpdates, AnUpdateAndItsReplayCounterAreStoredTogetherOrNotAtAll) {
+  const auto db = fresh_directory() / "store.db";
+  const std::vector<uint8_t> payload = random_bytes(kMiB + 9, 73);
+  const std::vector<uint8_t> id = {'s', '/', '7'};
+  std::string trigger;
+  int interrupted = 0;
+  StatementHook hook([&](sqlite3* connection, const std::string& sql) {
+    if (!trigger.empty() && sql.rfind(trigger, 0) == 0) {
+      trigger.clear();
+      ++interrupted;
+      sqlite3_interrupt(connection);
+    }
+  });
+  {
+    CheckpointStore store = open_store(db);
+    PendingUpdate update{id, "site-a", 1, 10, "", 0};
+    update.replay_sequence = 7;
+    for (const char* statement :
+         {"INSERT INTO replay_counters", "INSERT INTO pending_updates", "INSERT INTO pending_update_chunks"}) {
+      SCOPED_TRACE(statement);
+      trigger = statement;
+      EXPECT_FALSE(store.add_pending_update(update, payload).is_ok());
+      EXPECT_EQ(interrupted, 1);
+      interrupted = 0;
+      EXPECT_TRUE(store.replay_counters().value().empty()) << "a counter without its update";
+      EXPECT_TRUE(store.pending_updates().value().empty());
+    }
+    ASSERT_TRUE(store.add_pending_update(update, payload).is_ok());
+    EXPECT_EQ(store.replay_counters().value().at("site-a"), 7u);
+    // A retransmission of the same update keeps the counter; a counter is
+    // never lowered by an older update.
+    ASSERT_TRUE(store.add_pending_update(update, payload).is_ok());
+    PendingUpdate older{{'s', '/', '5'}, "site-a", 1, 10, "", 0};
+    older.replay_sequence = 5;
+    ASSERT_TRUE(store.add_pending_update(older, random_bytes(10, 74)).is_ok());
+    EXPECT_EQ(store.replay_counters().value().at("site-a"), 7u);
+  }
+  CheckpointStore reopened = open_store(db);
+  EXPECT_EQ(reopened.replay_counters().value().at("site-a"), 7u);
+  EXPECT_EQ(reopened.read_pending_update(id).value(), payload);
+}
+
 TEST(CheckpointStoreUpdates, RetransmissionIsAcceptedOnceAndDifferentBytesAreRefused) {
   const auto db = fresh_directory() / "store.db";
   const std::vector<uint8_t> payload = random_bytes(kMiB + 7, 72);

@@ -309,7 +309,15 @@ Result<CheckpointStore> CheckpointStore::open(const std::string& path, StoreOpti
   Result<std::unique_ptr<OwnerLock>> owner = OwnerLock::acquire(path);
   if (!owner.is_ok()) return owner.status();
   Result<CheckpointStore> store = open_with(path, std::move(options), Database::Mode::kReadWriteCreate);
-  if (store.is_ok()) store->owner_ = std::move(*owner);
+  if (!store.is_ok()) return store;
+  // An owner writes on top of what it finds: never on a damaged b-tree.
+  if (Status check = store->run_check("PRAGMA quick_check"); !check.is_ok()) {
+    if (check.code() != StatusCode::kCorrupt) return check;
+    return corrupt("SQLite's integrity check of the store failed: " + check.message() +
+                   "; the store is not opened for writing. `fedmesh checkpoint verify " + path +
+                   "` shows which rounds are intact; restore the store from a backup (or start a new one)");
+  }
+  store->owner_ = std::move(*owner);
   return store;
 }
 
@@ -1000,6 +1008,22 @@ Result<std::vector<uint8_t>> CheckpointStore::read_pending_update(std::span<cons
   return payload;
 }
 
+Status CheckpointStore::verify_pending_updates(std::vector<DamagedPending>* damaged) {
+  Result<std::vector<PendingUpdate>> pending = pending_updates();
+  if (!pending.is_ok()) return pending.status();
+  int64_t bad = 0;
+  std::string first;
+  for (const PendingUpdate& update : *pending) {
+    Result<std::vector<uint8_t>> bytes = read_pending_update(update.update_id);
+    if (bytes.is_ok()) continue;
+    if (bytes.status().code() != StatusCode::kCorrupt) return bytes.status();
+    if (++bad == 1) first = bytes.status().message();
+    if (damaged != nullptr) damaged->push_back({update.update_id, update.sender, bytes.status().message()});
+  }
+  if (bad == 0) return Status::ok();
+  return corrupt(std::to_string(bad) + " damaged pending update(s), the first: " + first);
+}
+
 Result<std::optional<int64_t>> CheckpointStore::applied_round(std::span<const uint8_t> update_id) {
   Result<Statement> statement = database_.prepare("SELECT round FROM applied_updates WHERE update_id = ?1");
   if (!statement.is_ok()) return statement.status();
@@ -1143,8 +1167,10 @@ Status CheckpointStore::record_replay_counter(const std::string& sender, uint64_
   return transaction->commit();
 }
 
-Status CheckpointStore::integrity_check() {
-  Result<Statement> statement = database_.prepare("PRAGMA integrity_check");
+Status CheckpointStore::integrity_check() { return run_check("PRAGMA integrity_check"); }
+
+Status CheckpointStore::run_check(const char* pragma) {
+  Result<Statement> statement = database_.prepare(pragma);
   if (!statement.is_ok()) return statement.status();
   std::string findings;
   for (;;) {
@@ -1157,7 +1183,7 @@ Status CheckpointStore::integrity_check() {
     findings += line;
   }
   if (findings.empty()) return Status::ok();
-  return corrupt(path() + ": integrity check failed: " + findings.substr(0, 2000));
+  return corrupt(path() + ": SQLite's integrity check failed: " + findings.substr(0, 2000));
 }
 
 Status CheckpointStore::settle() {

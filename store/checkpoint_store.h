@@ -176,6 +176,8 @@ class CheckpointStore {
   // synchronous=FULL. Only one process owns a store at a time: an flock on
   // PATH.owner (which holds the owner's pid) is held while the store is open,
   // and a second owner is refused with kUnavailable naming that pid.
+  // A store whose SQLite quick check fails is refused (kCorrupt, naming
+  // SQLite's findings): nothing is written on a damaged file.
   static Result<CheckpointStore> open(const std::string& path, StoreOptions options = {});
   // Opens an existing store (kNotFound when absent) to inspect it, as the
   // operator commands do, also while its owner runs; migrates it forward.
@@ -231,6 +233,15 @@ class CheckpointStore {
 
   // PRAGMA integrity_check: ok, or kCorrupt with SQLite's findings.
   Status integrity_check();
+  // Every pending update's bytes against its recorded size and checksum;
+  // the damaged ones appended to `damaged` (id in hex, sender, reason).
+  // kCorrupt when any is damaged.
+  struct DamagedPending {
+    std::vector<uint8_t> update_id;
+    std::string sender;
+    std::string reason;
+  };
+  Status verify_pending_updates(std::vector<DamagedPending>* damaged = nullptr);
   // Waits for background retention and log copying to finish, then copies
   // what is left of the write-ahead log into the database file and truncates
   // the log. Reports a failure of the background work since the last call.
@@ -239,6 +250,7 @@ class CheckpointStore {
   int64_t disk_bytes() const;
 
  private:
+  Status run_check(const char* pragma);  // integrity_check or quick_check
   Status insert_privacy_entry(int64_t round, const PrivacyEntry& entry);
   Status write_checksums(const RoundToCommit& round, std::vector<TensorInfo>& infos,
                          const std::vector<crypto::Hash>& checksums);

@@ -124,6 +124,10 @@ class AggregatorServer::Impl {
   void handle(const protocol::Incoming& incoming);
   bool handle_other(const protocol::Incoming& incoming, const protocol::ParsedMessage& message,
                     std::optional<protocol::OutgoingMessage>& reply, protocol::Rejection& rejection);
+  // The receiver's store hook: the update and its replay counter in one
+  // transaction, then queued in stored_updates for take_completed().
+  Status store_update(protocol::ReceivedUpdate received);
+  std::vector<SiteUpdate> stored_updates;
   void take_completed();
   void submit(SiteUpdate update, bool from_store);
   Status maybe_start_round();
@@ -239,6 +243,8 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
                                                              : (config.rounds_options.fold_late_updates ? 1 : 0);
   service = std::make_unique<protocol::UpdateService>(policy, roster, *replay, protocol::RateLimits{},
                                                       socket->counters());
+  service->receiver().set_store_update(
+      [this](protocol::ReceivedUpdate received) { return store_update(std::move(received)); });
   service->set_other_handler([this](const protocol::Incoming& in, const protocol::ParsedMessage& message,
                                     std::optional<protocol::OutgoingMessage>& reply, protocol::Rejection& rejection) {
     return handle_other(in, message, reply, rejection);
@@ -473,32 +479,43 @@ void AggregatorServer::Impl::submit(SiteUpdate update, bool from_store) {
   }
 }
 
-void AggregatorServer::Impl::take_completed() {
-  for (protocol::ReceivedUpdate& received : service->take_completed()) {
-    SiteUpdate update;
-    update.id = received.metadata.sender + "/" + std::to_string(received.metadata.sequence);
-    update.site = received.metadata.sender;
-    update.round = static_cast<int64_t>(received.metadata.round);
-    update.base_version = static_cast<int64_t>(received.metadata.base_version);
-    update.sample_count = static_cast<int64_t>(std::min<uint64_t>(received.metadata.sample_count, INT64_MAX));
-    const SiteRecord& site = sites[update.site];
-    update.local_loss = site.local_loss;
-    update.local_accuracy = site.local_accuracy;
-    size_t total = 0;
-    for (const auto& t : received.tensors) total += t.size();
-    update.delta.reserve(total);
-    for (const auto& t : received.tensors) update.delta.insert(update.delta.end(), t.begin(), t.end());
-    // Durable before its Ack leaves: a crash from here on cannot lose it.
-    store::PendingUpdate pending;
-    pending.update_id.assign(update.id.begin(), update.id.end());
-    pending.sender = update.site;
-    pending.base_version = update.base_version;
-    pending.sample_count = update.sample_count;
-    if (Status s = store->add_pending_update(pending, pending_payload(update)); !s.is_ok()) {
-      emit({{"event", "error"}, {"message", "cannot record update " + update.id + ": " + s.message()}});
-    }
-    submit(std::move(update), false);
+Status AggregatorServer::Impl::store_update(protocol::ReceivedUpdate received) {
+  SiteUpdate update;
+  update.id = received.metadata.sender + "/" + std::to_string(received.metadata.sequence);
+  update.site = received.metadata.sender;
+  update.round = static_cast<int64_t>(received.metadata.round);
+  update.base_version = static_cast<int64_t>(received.metadata.base_version);
+  update.sample_count = static_cast<int64_t>(std::min<uint64_t>(received.metadata.sample_count, INT64_MAX));
+  const SiteRecord& site = sites[update.site];
+  update.local_loss = site.local_loss;
+  update.local_accuracy = site.local_accuracy;
+  size_t total = 0;
+  for (const auto& t : received.tensors) total += t.size();
+  update.delta.reserve(total);
+  for (auto& t : received.tensors) {
+    update.delta.insert(update.delta.end(), t.begin(), t.end());
+    std::vector<float>().swap(t);  // freed as it is copied
   }
+  // Durable with its replay counter, in one transaction, before its Ack
+  // leaves: a crash from here on cannot lose it, and a failure refuses it
+  // (notStored) so that the site sends it again.
+  store::PendingUpdate pending;
+  pending.update_id.assign(update.id.begin(), update.id.end());
+  pending.sender = update.site;
+  pending.base_version = update.base_version;
+  pending.sample_count = update.sample_count;
+  pending.replay_sequence = received.metadata.sequence;
+  if (Status s = store->add_pending_update(pending, pending_payload(update)); !s.is_ok()) {
+    emit({{"event", "error"}, {"message", "cannot record update " + update.id + ": " + s.message() +
+                                              "; refused as not stored, the site sends it again"}});
+    return s;
+  }
+  stored_updates.push_back(std::move(update));
+  return Status::ok();
+}
+
+void AggregatorServer::Impl::take_completed() {
+  for (SiteUpdate& update : std::exchange(stored_updates, {})) submit(std::move(update), false);
 }
 
 void AggregatorServer::Impl::reload_roster_if_changed() {
@@ -583,13 +600,23 @@ Status AggregatorServer::Impl::maybe_start_round() {
   Result<std::optional<std::string>> open_round = store->meta("open_round");
   if (!open_round.is_ok()) return open_round.status();
   bool reopening = false;
+  // When the round opened (wall clock): a reopened round keeps its deadline,
+  // so restarts faster than the deadline cannot hold a round open for ever.
+  const uint64_t now_unix_ms = unix_time_ms();
+  uint64_t opened_unix_ms = now_unix_ms;
   if (open_round->has_value()) {
     const nlohmann::json saved = nlohmann::json::parse(**open_round, nullptr, false);
     if (saved.is_object() && saved.value("round", int64_t{-1}) == manager->round() + 1 && saved.contains("sampled")) {
       candidates = saved["sampled"].get<std::vector<std::string>>();
       reopening = true;
+      const auto opened = saved.find("opened_unix_ms");
+      // A clock that went back leaves the whole deadline to run.
+      if (opened != saved.end() && opened->is_number_unsigned()) {
+        opened_unix_ms = std::min(opened->get<uint64_t>(), now_unix_ms);
+      }
     }
   }
+  const double elapsed_seconds = static_cast<double>(now_unix_ms - opened_unix_ms) / 1000.0;
   if (!reopening) {
     candidates = available_sites();
     if (static_cast<int64_t>(candidates.size()) < config.min_sites) return Status::ok();
@@ -601,14 +628,19 @@ Status AggregatorServer::Impl::maybe_start_round() {
           {"delta", config.dp_delta}, {"message", "the next round would exceed the privacy budget: the federation ends"}});
     return Status::ok();
   }
-  FEDMESH_RETURN_IF_ERROR(manager->start_round(candidates, now()));
+  FEDMESH_RETURN_IF_ERROR(manager->start_round(candidates, now() - elapsed_seconds));
   if (secure) secure->open(manager->round(), manager->version(), manager->sampled(), Clock::now());
-  round_started = Clock::now();
-  FEDMESH_RETURN_IF_ERROR(
-      store->set_meta("open_round", nlohmann::json({{"round", manager->round()}, {"sampled", manager->sampled()}}).dump()));
+  round_started = Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(elapsed_seconds));
+  FEDMESH_RETURN_IF_ERROR(store->set_meta(
+      "open_round", nlohmann::json({{"round", manager->round()}, {"sampled", manager->sampled()},
+                                    {"opened_unix_ms", opened_unix_ms}})
+                        .dump()));
   set_service_round();
+  const double deadline_seconds = config.rounds_options.round_deadline_seconds;
   emit({{"event", "round_open"}, {"round", manager->round()}, {"version", manager->version()},
-        {"sampled", manager->sampled()}, {"deadline_seconds", config.rounds_options.round_deadline_seconds},
+        {"sampled", manager->sampled()}, {"deadline_seconds", deadline_seconds},
+        {"opened_unix_ms", opened_unix_ms},
+        {"deadline_unix_ms", opened_unix_ms + static_cast<uint64_t>(deadline_seconds * 1000.0)},
         {"reopened", reopening}});
   // Updates for this round that arrived before a restart.
   Result<std::vector<SiteUpdate>> pending = unapplied_pending();

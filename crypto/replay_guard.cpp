@@ -119,6 +119,15 @@ Status ReplayGuard::commit(std::string_view sender, uint64_t sequence) {
   return status;
 }
 
+void ReplayGuard::note_durable(std::string_view sender, uint64_t sequence) {
+  auto it = last_.find(sender);
+  if (it == last_.end()) {
+    last_.emplace(std::string(sender), sequence);
+  } else if (it->second < sequence) {
+    it->second = sequence;
+  }
+}
+
 uint64_t ReplayGuard::last_accepted(std::string_view sender) const {
   const auto it = last_.find(sender);
   return it == last_.end() ? 0 : it->second;

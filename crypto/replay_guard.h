@@ -4,7 +4,9 @@
 // before commit() returns, so a restart does not reopen a replay window.
 //
 // The aggregator keeps the table in its checkpoint store instead
-// (persisted_by), so counters and rounds live in one database.
+// (persisted_by), so counters, pending updates and rounds live in one
+// database; it raises a counter in the transaction that stores the update
+// and then tells the guard (note_durable).
 //
 // File format, one line per sender, sorted by name:
 //   fedmesh-replay-v1
@@ -43,6 +45,10 @@ class ReplayGuard {
   // check(), then record and persist. Only after it returns ok may the
   // update be acknowledged.
   Status commit(std::string_view sender, uint64_t sequence);
+  // Raises the counter in memory only: the caller has already made it
+  // durable, in the same commit as the update it protects (the aggregator's
+  // store). Never lowers a counter.
+  void note_durable(std::string_view sender, uint64_t sequence);
   uint64_t last_accepted(std::string_view sender) const;  // 0 if none
 
  private:

@@ -516,6 +516,12 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
     event["reason"] = outcome->rejection->reason;
   }
   emit(event);
+  if (outcome->rejection && protocol::reject_is_retryable(outcome->rejection->code)) {
+    // Nothing of it was kept (the residual holds it all again): the round
+    // stays unanswered and the next poll trains and sends it again.
+    return unavailable("the aggregator did not take the update of round " + std::to_string(a.round) + " (" +
+                       protocol::reject_code_name(outcome->rejection->code) + "): sending it again");
+  }
   last_sent_round = static_cast<int64_t>(a.round);
   last_sent_version = static_cast<int64_t>(a.version);
   return commit({{"round", a.round}, {"version", a.version}, {"train_loss", summary.final_train_loss},

@@ -202,6 +202,7 @@ enum RejectCode {
   wrongFederation @14;
   busy @15;              # too many transfers in flight
   privateMode @16;       # a plain update to a federation in private mode (secure aggregation only)
+  notStored @17;         # the receiver could not make the update durable; nothing was kept: send it again later
 }
 
 struct Reject {

@@ -566,12 +566,32 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   while (transfer.next_chunk < transfer.received.size() && transfer.received[transfer.next_chunk]) ++transfer.next_chunk;
   if (transfer.chunks_held < transfer.received.size()) return ack(transfer, false);
 
-  // Every chunk verified: persist the replay counter, then hand it on.
-  if (const Status committed = replay_.commit(transfer.metadata.sender, sequence); !committed.is_ok()) {
+  // Every chunk verified. Another transfer of the same sequence may have
+  // completed meanwhile: that one is the replay.
+  const std::string sender = transfer.metadata.sender;
+  if (const Status replay = replay_.check(sender, sequence); !replay.is_ok()) {
     transfers_.erase(found);
-    return reject(sequence, wire::RejectCode::REPLAYED, committed.message());
+    return reject(sequence, wire::RejectCode::REPLAYED, replay.message());
   }
   OutgoingMessage reply = ack(transfer, true);
+  if (store_update_) {
+    // The update and its counter are durable together, or neither is.
+    ReceivedUpdate update{std::move(transfer.metadata), std::move(transfer.staging)};
+    transfers_.erase(found);
+    if (const Status stored = store_update_(std::move(update)); !stored.is_ok()) {
+      return reject(sequence, wire::RejectCode::NOT_STORED,
+                    "update " + std::to_string(sequence) + " from '" + sender +
+                        "' was not stored (send it again later): " + stored.message());
+    }
+    replay_.note_durable(sender, sequence);
+    return reply;
+  }
+  if (const Status committed = replay_.commit(sender, sequence); !committed.is_ok()) {
+    transfers_.erase(found);
+    return reject(sequence, wire::RejectCode::NOT_STORED,
+                  "the replay counter of update " + std::to_string(sequence) + " from '" + sender +
+                      "' was not stored (send it again later): " + committed.message());
+  }
   completed_.push_back(ReceivedUpdate{std::move(transfer.metadata), std::move(transfer.staging)});
   transfers_.erase(found);
   return reply;

@@ -4,8 +4,11 @@
 // the replay counter, the round, the shapes; then each chunk's hash before
 // it is parsed, then every value) and decodes chunks into a per-transfer
 // staging copy as they arrive. Only a transfer whose every chunk verified is
-// committed (replay counter persisted) and handed on: nothing half-received
-// reaches an aggregate.
+// made durable and handed on: nothing half-received reaches an aggregate.
+// Durable means either the owner's store hook saved the update and its replay
+// counter in one commit, or (no hook) the replay guard persisted the counter.
+// A failure to make it durable is refused as notStored, which the sender
+// retries; only a sequence at or below the durable counter is `replayed`.
 //
 // Resume: a sender that lost its connection resends the same header; the
 // receiver recognises the transfer in flight and answers Ack{nextChunk}, the
@@ -13,6 +16,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -141,6 +145,17 @@ class UpdateReceiver {
   OutgoingMessage handle_chunk(const std::string& peer, const Envelope& envelope, std::span<const uint8_t> frame,
                                std::shared_ptr<const void> keep_alive = nullptr);
 
+  // Makes a complete, verified update durable before it is acknowledged:
+  // the hook stores the update together with its sender's replay counter in
+  // one commit and returns ok only once both are on disk; then the receiver
+  // raises the counter in memory (ReplayGuard::note_durable) and acks. Any
+  // failure is answered notStored and nothing is recorded, so a resend of
+  // the same update is taken. The hook owns the update: it is not queued
+  // for take_completed(). Without a hook, the replay guard persists the
+  // counter and the update is queued.
+  using StoreUpdate = std::function<Status(ReceivedUpdate update)>;
+  void set_store_update(StoreUpdate store) { store_update_ = std::move(store); }
+
   std::vector<ReceivedUpdate> take_completed();
   const std::optional<Rejection>& last_rejection() const { return last_rejection_; }
   size_t transfers_in_flight() const { return transfers_.size(); }
@@ -173,6 +188,7 @@ class UpdateReceiver {
   std::map<TransferKey, Transfer> transfers_;
   std::vector<ReceivedUpdate> completed_;
   std::optional<Rejection> last_rejection_;
+  StoreUpdate store_update_;
 };
 
 // Hello/Welcome: the highest version both speak, or a Reject naming both

@@ -46,8 +46,14 @@ const char* reject_code_name(wire::RejectCode code) {
     case wire::RejectCode::WRONG_FEDERATION: return "wrong-federation";
     case wire::RejectCode::BUSY: return "busy";
     case wire::RejectCode::PRIVATE_MODE: return "private-mode";
+    case wire::RejectCode::NOT_STORED: return "not-stored";
   }
   return "unknown";
+}
+
+bool reject_is_retryable(wire::RejectCode code) {
+  return code == wire::RejectCode::NOT_STORED || code == wire::RejectCode::BUSY ||
+         code == wire::RejectCode::RATE_LIMITED;
 }
 
 bool read_envelope(std::span<const uint8_t> frame, size_t max_message_bytes, Envelope& envelope,

@@ -58,7 +58,11 @@ struct Rejection {
   std::string reason;
 };
 const char* reject_code_name(wire::RejectCode code);  // "malformed", "too-large", ...
-inline constexpr int kRejectCodeCount = 17;
+// A refusal that says nothing about the update itself (the receiver was busy,
+// over a rate, or could not store it): the sender keeps the update and sends
+// it again later. Every other refusal is final for that update.
+bool reject_is_retryable(wire::RejectCode code);
+inline constexpr int kRejectCodeCount = 18;
 
 struct Envelope {
   uint16_t version = kProtocolVersion;

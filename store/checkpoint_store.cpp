@@ -309,7 +309,15 @@ Result<CheckpointStore> CheckpointStore::open(const std::string& path, StoreOpti
   Result<std::unique_ptr<OwnerLock>> owner = OwnerLock::acquire(path);
   if (!owner.is_ok()) return owner.status();
   Result<CheckpointStore> store = open_with(path, std::move(options), Database::Mode::kReadWriteCreate);
-  if (store.is_ok()) store->owner_ = std::move(*owner);
+  if (!store.is_ok()) return store;
+  // An owner writes on top of what it finds: never on a damaged b-tree.
+  if (Status check = store->run_check("PRAGMA quick_check"); !check.is_ok()) {
+    if (check.code() != StatusCode::kCorrupt) return check;
+    return corrupt("SQLite's integrity check of the store failed: " + check.message() +
+                   "; the store is not opened for writing. `fedmesh checkpoint verify " + path +
+                   "` shows which rounds are intact; restore the store from a backup (or start a new one)");
+  }
+  store->owner_ = std::move(*owner);
   return store;
 }
 
@@ -523,14 +531,18 @@ Status write_peers(Database& database, const std::vector<PeerRecord>& peers) {
 }
 
 // replay_counters: each sender's highest sequence, only ever raised.
-Status raise_replay_counters(Database& database, const RoundToCommit& round) {
-  // Sequences are uint64 stored as int64 (two's complement): compared as
-  // unsigned, so a counter at or above 2^63 is never "raised" to a small one.
-  Result<Statement> raise_counter = database.prepare(
+// Sequences are uint64 stored as int64 (two's complement): compared as
+// unsigned, so a counter at or above 2^63 is never "raised" to a small one.
+Result<Statement> prepare_raise_counter(Database& database) {
+  return database.prepare(
       "INSERT INTO replay_counters(sender, sequence) VALUES (?1, ?2) "
       "ON CONFLICT(sender) DO UPDATE SET sequence = CASE "
       "WHEN (sequence < 0) = (excluded.sequence < 0) THEN max(sequence, excluded.sequence) "
       "WHEN excluded.sequence < 0 THEN excluded.sequence ELSE sequence END");
+}
+
+Status raise_replay_counters(Database& database, const RoundToCommit& round) {
+  Result<Statement> raise_counter = prepare_raise_counter(database);
   if (!raise_counter.is_ok()) return raise_counter.status();
   for (const auto& [sender, sequence] : round.replay_counters) {
     if (!valid_name(sender)) return invalid_argument("a replay counter's sender must be 1..1024 bytes");
@@ -888,16 +900,23 @@ Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::spa
   existing->bind_blob(1, update.update_id);
   Result<bool> row = existing->step();
   if (!row.is_ok()) return row.status();
-  if (*row) {
+  const bool already_pending = *row;
+  if (already_pending) {
     // A retransmission after a crash or a lost acknowledgement: same id, same bytes.
     const std::span<const uint8_t> stored = existing->column_blob(0);
-    if (stored.size() == checksum.size() && std::memcmp(stored.data(), checksum.data(), checksum.size()) == 0) {
-      return Status::ok();
+    if (stored.size() != checksum.size() || std::memcmp(stored.data(), checksum.data(), checksum.size()) != 0) {
+      return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
+                              " is already pending with different bytes");
     }
-    return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
-                            " is already pending with different bytes");
   }
   existing->reset();
+  if (update.replay_sequence > 0) {
+    Result<Statement> raise = prepare_raise_counter(database_);
+    if (!raise.is_ok()) return raise.status();
+    raise->bind(1, std::string_view(update.sender)).bind(2, static_cast<int64_t>(update.replay_sequence));
+    FEDMESH_RETURN_IF_ERROR(raise->run());
+  }
+  if (already_pending) return transaction->commit();
   Result<Statement> insert = database_.prepare(
       "INSERT INTO pending_updates(update_id, sender, base_version, sample_count, received_at, byte_size, "
       "chunk_count, checksum) VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?5, ?6, ?7)");
@@ -987,6 +1006,22 @@ Result<std::vector<uint8_t>> CheckpointStore::read_pending_update(std::span<cons
     return corrupt(what + ": its bytes do not match the recorded size and checksum");
   }
   return payload;
+}
+
+Status CheckpointStore::verify_pending_updates(std::vector<DamagedPending>* damaged) {
+  Result<std::vector<PendingUpdate>> pending = pending_updates();
+  if (!pending.is_ok()) return pending.status();
+  int64_t bad = 0;
+  std::string first;
+  for (const PendingUpdate& update : *pending) {
+    Result<std::vector<uint8_t>> bytes = read_pending_update(update.update_id);
+    if (bytes.is_ok()) continue;
+    if (bytes.status().code() != StatusCode::kCorrupt) return bytes.status();
+    if (++bad == 1) first = bytes.status().message();
+    if (damaged != nullptr) damaged->push_back({update.update_id, update.sender, bytes.status().message()});
+  }
+  if (bad == 0) return Status::ok();
+  return corrupt(std::to_string(bad) + " damaged pending update(s), the first: " + first);
 }
 
 Result<std::optional<int64_t>> CheckpointStore::applied_round(std::span<const uint8_t> update_id) {
@@ -1132,8 +1167,10 @@ Status CheckpointStore::record_replay_counter(const std::string& sender, uint64_
   return transaction->commit();
 }
 
-Status CheckpointStore::integrity_check() {
-  Result<Statement> statement = database_.prepare("PRAGMA integrity_check");
+Status CheckpointStore::integrity_check() { return run_check("PRAGMA integrity_check"); }
+
+Status CheckpointStore::run_check(const char* pragma) {
+  Result<Statement> statement = database_.prepare(pragma);
   if (!statement.is_ok()) return statement.status();
   std::string findings;
   for (;;) {
@@ -1146,7 +1183,7 @@ Status CheckpointStore::integrity_check() {
     findings += line;
   }
   if (findings.empty()) return Status::ok();
-  return corrupt(path() + ": integrity check failed: " + findings.substr(0, 2000));
+  return corrupt(path() + ": SQLite's integrity check failed: " + findings.substr(0, 2000));
 }
 
 Status CheckpointStore::settle() {

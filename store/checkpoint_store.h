@@ -163,6 +163,10 @@ struct PendingUpdate {
   int64_t sample_count = 0;
   std::string received_at;  // filled by the store
   int64_t byte_size = 0;    // filled by the store
+  // Above 0: the sender's replay counter is raised to it (never lowered) in
+  // the transaction that stores the update, so the counter is never durable
+  // without the update it protects.
+  uint64_t replay_sequence = 0;
 };
 
 class CheckpointStore {
@@ -172,6 +176,8 @@ class CheckpointStore {
   // synchronous=FULL. Only one process owns a store at a time: an flock on
   // PATH.owner (which holds the owner's pid) is held while the store is open,
   // and a second owner is refused with kUnavailable naming that pid.
+  // A store whose SQLite quick check fails is refused (kCorrupt, naming
+  // SQLite's findings): nothing is written on a damaged file.
   static Result<CheckpointStore> open(const std::string& path, StoreOptions options = {});
   // Opens an existing store (kNotFound when absent) to inspect it, as the
   // operator commands do, also while its owner runs; migrates it forward.
@@ -202,7 +208,8 @@ class CheckpointStore {
   Status set_meta(const std::string& key, const std::string& value);
   Result<std::optional<std::string>> meta(const std::string& key);
 
-  // Durable when it returns ok, before any acknowledgement is sent.
+  // Durable when it returns ok, before any acknowledgement is sent; the
+  // update and its replay counter (replay_sequence) in one transaction.
   Status add_pending_update(const PendingUpdate& update, std::span<const uint8_t> payload);
   Result<std::vector<PendingUpdate>> pending_updates();  // by arrival
   Result<std::vector<uint8_t>> read_pending_update(std::span<const uint8_t> update_id);
@@ -226,6 +233,15 @@ class CheckpointStore {
 
   // PRAGMA integrity_check: ok, or kCorrupt with SQLite's findings.
   Status integrity_check();
+  // Every pending update's bytes against its recorded size and checksum;
+  // the damaged ones appended to `damaged` (id in hex, sender, reason).
+  // kCorrupt when any is damaged.
+  struct DamagedPending {
+    std::vector<uint8_t> update_id;
+    std::string sender;
+    std::string reason;
+  };
+  Status verify_pending_updates(std::vector<DamagedPending>* damaged = nullptr);
   // Waits for background retention and log copying to finish, then copies
   // what is left of the write-ahead log into the database file and truncates
   // the log. Reports a failure of the background work since the last call.
@@ -234,6 +250,7 @@ class CheckpointStore {
   int64_t disk_bytes() const;
 
  private:
+  Status run_check(const char* pragma);  // integrity_check or quick_check
   Status insert_privacy_entry(int64_t round, const PrivacyEntry& entry);
   Status write_checksums(const RoundToCommit& round, std::vector<TensorInfo>& infos,
                          const std::vector<crypto::Hash>& checksums);

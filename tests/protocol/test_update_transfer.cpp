@@ -252,6 +252,59 @@ TEST_F(UpdateTransfer, ReplayedUpdatesAreRefusedAndCountersPersist) {
   std::filesystem::remove(file);
 }
 
+// A receiver whose store cannot take the update (a full disk): refused as
+// notStored, nothing recorded, and the same update sent again is taken.
+TEST_F(UpdateTransfer, AnUpdateTheStoreCannotTakeIsRefusedRetryablyAndTakenWhenResent) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  bool disk_full = true;
+  std::vector<fp::ReceivedUpdate> stored;
+  receiver.set_store_update([&](fp::ReceivedUpdate update) -> fedmesh::Status {
+    if (disk_full) return fedmesh::io_error("database or disk is full");
+    stored.push_back(std::move(update));
+    return fedmesh::Status::ok();
+  });
+  const auto update = prepare(metadata(9));
+  auto refused = deliver(receiver, update);
+  EXPECT_EQ(code_of(*refused), wire::RejectCode::NOT_STORED);
+  EXPECT_TRUE(fp::reject_is_retryable(code_of(*refused)));
+  EXPECT_NE(std::string(refused->root().getReject().getText().cStr()).find("disk is full"), std::string::npos);
+  EXPECT_EQ(replay.last_accepted("site-a"), 0u) << "a counter was raised for an update that was not stored";
+  EXPECT_TRUE(stored.empty());
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+
+  disk_full = false;
+  auto taken = deliver(receiver, update);
+  ASSERT_TRUE(taken->root().isAck());
+  EXPECT_TRUE(taken->root().getAck().getComplete());
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_EQ(stored[0].tensors, values_);
+  EXPECT_EQ(replay.last_accepted("site-a"), 9u);
+  EXPECT_TRUE(receiver.take_completed().empty()) << "the store hook owns a stored update";
+  // Now it is durable, a resend is the replay.
+  EXPECT_EQ(code_of(*deliver(receiver, update)), wire::RejectCode::REPLAYED);
+  EXPECT_FALSE(fp::reject_is_retryable(wire::RejectCode::REPLAYED));
+}
+
+// A replay counter that cannot be saved is a storage failure, not a replay:
+// the sender is told to send again, and the counter stays where it was.
+TEST_F(UpdateTransfer, AReplayCounterThatCannotBeSavedIsNotReportedAsAReplay) {
+  bool failing = true;
+  auto replay = fc::ReplayGuard::persisted_by({}, [&](const std::string&, uint64_t) {
+    return failing ? fedmesh::io_error("disk I/O error") : fedmesh::Status::ok();
+  });
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  const auto update = prepare(metadata(4));
+  auto refused = deliver(receiver, update);
+  EXPECT_EQ(code_of(*refused), wire::RejectCode::NOT_STORED);
+  EXPECT_EQ(replay.last_accepted("site-a"), 0u);
+  EXPECT_TRUE(receiver.take_completed().empty());
+  failing = false;
+  EXPECT_TRUE(deliver(receiver, update)->root().getAck().getComplete());
+  EXPECT_EQ(receiver.take_completed().size(), 1u);
+  EXPECT_EQ(replay.last_accepted("site-a"), 4u);
+}
+
 TEST_F(UpdateTransfer, ChunksAreAuthenticatedBeforeTheyAreParsed) {
   auto replay = fc::ReplayGuard::in_memory();
   fp::UpdateReceiver receiver(policy(), roster_, replay);

@@ -678,7 +678,14 @@ TEST(CheckpointStoreCorruption, IntegrityCheckIsOkOnAHealthyStoreAndReportsADama
     stream.write(&bad, 1);
     ASSERT_TRUE(stream.good());
   }
-  auto store = CheckpointStore::open(db.string());
+  // Its owner refuses to write on it, naming SQLite's findings and the way out.
+  const auto owned = CheckpointStore::open(db.string());
+  ASSERT_FALSE(owned.is_ok()) << "a store that fails SQLite's check was opened for writing";
+  EXPECT_EQ(owned.status().code(), StatusCode::kCorrupt) << owned.status().to_string();
+  EXPECT_TRUE(contains(owned.status(), "integrity check of the store failed")) << owned.status().to_string();
+  EXPECT_TRUE(contains(owned.status(), "checkpoint verify")) << owned.status().to_string();
+  // An operator still opens it to see what is intact.
+  auto store = CheckpointStore::open_existing(db.string());
   ASSERT_TRUE(store.is_ok()) << "the schema and its version are intact: " << store.status().to_string();
   const Status s = store->integrity_check();
   EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.to_string();
@@ -1039,6 +1046,73 @@ TEST(CheckpointStoreUpdates, APendingUpdateIsDurableAndReadBackWhole) {
   EXPECT_EQ(store.add_pending_update({{7}, "", 0, 0, "", 0}, big).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(store.add_pending_update({std::vector<uint8_t>(kMaxNameBytes + 1, 1), "s", 0, 0, "", 0}, big).code(),
             StatusCode::kInvalidArgument);
+}
+
+// The replay counter protects an update the store holds: a failure at any
+// write of add_pending_update leaves neither the update nor its counter, and
+// a success leaves both, also across a reopen.
+TEST(CheckpointStoreUpdates, AnUpdateAndItsReplayCounterAreStoredTogetherOrNotAtAll) {
+  const auto db = fresh_directory() / "store.db";
+  const std::vector<uint8_t> payload = random_bytes(kMiB + 9, 73);
+  const std::vector<uint8_t> id = {'s', '/', '7'};
+  std::string trigger;
+  int interrupted = 0;
+  StatementHook hook([&](sqlite3* connection, const std::string& sql) {
+    if (!trigger.empty() && sql.rfind(trigger, 0) == 0) {
+      trigger.clear();
+      ++interrupted;
+      sqlite3_interrupt(connection);
+    }
+  });
+  {
+    CheckpointStore store = open_store(db);
+    PendingUpdate update{id, "site-a", 1, 10, "", 0};
+    update.replay_sequence = 7;
+    for (const char* statement :
+         {"INSERT INTO replay_counters", "INSERT INTO pending_updates", "INSERT INTO pending_update_chunks"}) {
+      SCOPED_TRACE(statement);
+      trigger = statement;
+      EXPECT_FALSE(store.add_pending_update(update, payload).is_ok());
+      EXPECT_EQ(interrupted, 1);
+      interrupted = 0;
+      EXPECT_TRUE(store.replay_counters().value().empty()) << "a counter without its update";
+      EXPECT_TRUE(store.pending_updates().value().empty());
+    }
+    ASSERT_TRUE(store.add_pending_update(update, payload).is_ok());
+    EXPECT_EQ(store.replay_counters().value().at("site-a"), 7u);
+    // A retransmission of the same update keeps the counter; a counter is
+    // never lowered by an older update.
+    ASSERT_TRUE(store.add_pending_update(update, payload).is_ok());
+    PendingUpdate older{{'s', '/', '5'}, "site-a", 1, 10, "", 0};
+    older.replay_sequence = 5;
+    ASSERT_TRUE(store.add_pending_update(older, random_bytes(10, 74)).is_ok());
+    EXPECT_EQ(store.replay_counters().value().at("site-a"), 7u);
+  }
+  CheckpointStore reopened = open_store(db);
+  EXPECT_EQ(reopened.replay_counters().value().at("site-a"), 7u);
+  EXPECT_EQ(reopened.read_pending_update(id).value(), payload);
+}
+
+// A pending update whose bytes changed on disk is found by
+// verify_pending_updates, named with its sender; the intact one is not.
+TEST(CheckpointStoreUpdates, ADamagedPendingUpdateIsFoundByVerification) {
+  const auto db = fresh_directory() / "store.db";
+  const std::vector<uint8_t> good = {'a', '/', '1'}, bad = {'b', '/', '1'};
+  CheckpointStore store = open_store(db);
+  ASSERT_TRUE(store.add_pending_update({good, "site-a", 0, 10, "", 0}, random_bytes(100, 75)).is_ok());
+  ASSERT_TRUE(store.add_pending_update({bad, "site-b", 0, 10, "", 0}, random_bytes(100, 76)).is_ok());
+  EXPECT_TRUE(store.verify_pending_updates().is_ok());
+  {
+    Database raw = raw_connection(db);
+    ASSERT_TRUE(raw.execute("UPDATE pending_update_chunks SET data = zeroblob(100) WHERE update_id = x'622f31'").is_ok());
+  }
+  std::vector<CheckpointStore::DamagedPending> damaged;
+  const Status s = store.verify_pending_updates(&damaged);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.to_string();
+  ASSERT_EQ(damaged.size(), 1u);
+  EXPECT_EQ(damaged[0].update_id, bad);
+  EXPECT_EQ(damaged[0].sender, "site-b");
+  EXPECT_NE(damaged[0].reason.find("checksum"), std::string::npos) << damaged[0].reason;
 }
 
 TEST(CheckpointStoreUpdates, RetransmissionIsAcceptedOnceAndDifferentBytesAreRefused) {

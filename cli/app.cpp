@@ -2,6 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <string>
+
 #include "cli/aggregator_command.h"
 #include "cli/checkpoint_command.h"
 #include "cli/doctor_command.h"
@@ -17,6 +20,51 @@
 #include "cli/train_command.h"
 
 namespace fedmesh::cli {
+
+namespace {
+
+// "fedmesh", or "fedmesh sim" / "fedmesh roster add": the deepest
+// subcommand the arguments reached, for the hint after an error.
+std::string command_reached(const CLI::App& app) {
+  std::string name = app.get_name();
+  const CLI::App* at = &app;
+  for (;;) {
+    const std::vector<const CLI::App*> parsed = at->get_subcommands([](const CLI::App* sub) { return sub->parsed(); });
+    if (parsed.empty()) return name;
+    at = parsed.front();
+    name += " " + at->get_name();
+  }
+}
+
+// Every argument error: one line on stderr and exit status 2 (help and
+// --version exit 0 as CLI11 prints them).
+int report_parse_error(CLI::App& app, const CLI::ParseError& error) {
+  if (error.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(error);
+  std::string message = error.what();
+  if (dynamic_cast<const CLI::RequiredError*>(&error) != nullptr && message.find("subcommand") != std::string::npos) {
+    const CLI::App* at = &app;
+    for (;;) {
+      const auto parsed = at->get_subcommands([](const CLI::App* sub) { return sub->parsed(); });
+      if (parsed.empty()) break;
+      at = parsed.front();
+    }
+    std::string names;
+    for (const CLI::App* sub : at->get_subcommands([](const CLI::App*) { return true; })) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    const std::vector<std::string> rest = app.remaining();
+    message = rest.empty() ? "a command is required (" + names + ")"
+                           : "unknown command '" + rest.front() + "' (" + names + ")";
+  }
+  for (char& c : message) {
+    if (c == '\n') c = ' ';
+  }
+  const std::string command = command_reached(app);
+  std::fprintf(stderr, "%s: error: %s (see `%s --help`)\n", command.c_str(), message.c_str(), command.c_str());
+  return 2;
+}
+
+}  // namespace
 
 int run_fedmesh(int argc, char** argv, const node::SecureUploadFaults& faults) {
   CLI::App app{
@@ -40,7 +88,11 @@ int run_fedmesh(int argc, char** argv, const node::SecureUploadFaults& faults) {
   add_privacy_command(app, exit_code);
   add_provision_command(app, exit_code);
   add_tokenizer_command(app, exit_code);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return report_parse_error(app, error);
+  }
   return exit_code;
 }
 

@@ -440,7 +440,8 @@ void add_sim_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   aggregator_only.push_back(
       cmd->add_option("--deadline", flags->deadline,
-                      "Synchronous round deadline in virtual time (local-step units; 0: 3 x local steps)"));
+                      "Synchronous round deadline in virtual time (local-step units; 0: 3 x local steps)")
+              ->check(CLI::NonNegativeNumber));
   aggregator_only.push_back(
       cmd->add_option("--dropout", o.dropout, "Chance that a sampled site never reports in a round")
           ->capture_default_str());

@@ -324,7 +324,11 @@ Result<CheckpointStore> CheckpointStore::open(const std::string& path, StoreOpti
 Result<CheckpointStore> CheckpointStore::open_existing(const std::string& path, StoreOptions options) {
   std::error_code error;
   if (!std::filesystem::exists(path, error)) return not_found(path + ": no such checkpoint database");
-  return open_with(path, std::move(options), Database::Mode::kReadWrite);
+  // SQLite writes beside a store (its -wal and -shm files): the folder too
+  // must be writable to open it for writing.
+  const std::filesystem::path folder = std::filesystem::absolute(path, error).parent_path();
+  const bool writable = ::access(path.c_str(), W_OK) == 0 && ::access(folder.c_str(), W_OK) == 0;
+  return open_with(path, std::move(options), writable ? Database::Mode::kReadWrite : Database::Mode::kImmutable);
 }
 
 Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, StoreOptions options,
@@ -337,6 +341,19 @@ Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, Stor
   Result<int64_t> tables = database->query_int("SELECT count(*) FROM sqlite_master");
   if (!tables.is_ok()) {
     return Status(tables.status().code(), tables.status().message() + " (is it a fedmesh checkpoint database?)");
+  }
+  if (*tables == 0 && mode != Database::Mode::kReadWriteCreate) {
+    return invalid_argument(path + ": not a fedmesh checkpoint database (it holds no tables)");
+  }
+  if (mode == Database::Mode::kImmutable) {
+    Result<int> version = schema_version(*database);
+    if (!version.is_ok()) return version.status();
+    if (*version != kSchemaVersion) {
+      return unavailable(path + " is read-only and at schema version " + std::to_string(*version) +
+                                 ", not " + std::to_string(kSchemaVersion) +
+                                 ": copy it somewhere writable to open it (it is migrated there)");
+    }
+    return CheckpointStore(nullptr, std::move(*database), std::move(options), nullptr);
   }
   if (*tables == 0) {
     FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA page_size = " + std::to_string(kNewDatabasePageSize)));

@@ -181,6 +181,10 @@ class CheckpointStore {
   static Result<CheckpointStore> open(const std::string& path, StoreOptions options = {});
   // Opens an existing store (kNotFound when absent) to inspect it, as the
   // operator commands do, also while its owner runs; migrates it forward.
+  // A file that is not a fedmesh store (an empty file included) is refused,
+  // never turned into one. A store this process cannot write (read-only
+  // media, a read-only copy) is opened read-only as it is, without its
+  // write-ahead log; it must be at the current schema version.
   static Result<CheckpointStore> open_existing(const std::string& path, StoreOptions options = {});
 
   const std::string& path() const { return database_.path(); }

@@ -34,10 +34,27 @@ Result<Database> Database::open(const std::string& path, Mode mode) {
     case Mode::kReadWriteCreate: flags |= SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE; break;
     case Mode::kReadWrite: flags |= SQLITE_OPEN_READWRITE; break;
     case Mode::kReadOnly: flags |= SQLITE_OPEN_READONLY; break;
+    case Mode::kImmutable: flags |= SQLITE_OPEN_READONLY | SQLITE_OPEN_URI; break;
   }
   Database database;
   database.path_ = path;
-  const int code = sqlite3_open_v2(path.c_str(), &database.db_, flags, nullptr);
+  std::string name = path;
+  if (mode == Mode::kImmutable) {
+    // A URI: the path with '%', '?' and '#' escaped.
+    name = "file:";
+    for (const char c : path) {
+      if (c == '%' || c == '?' || c == '#') {
+        static constexpr char kHex[] = "0123456789ABCDEF";
+        name += '%';
+        name += kHex[(static_cast<unsigned char>(c) >> 4) & 0xf];
+        name += kHex[static_cast<unsigned char>(c) & 0xf];
+      } else {
+        name += c;
+      }
+    }
+    name += "?immutable=1";
+  }
+  const int code = sqlite3_open_v2(name.c_str(), &database.db_, flags, nullptr);
   if (code != SQLITE_OK) {
     const bool missing = code == SQLITE_CANTOPEN && mode != Mode::kReadWriteCreate;
     std::string message = path + ": cannot open database: " +

@@ -20,7 +20,9 @@ class Statement;
 
 class Database {
  public:
-  enum class Mode { kReadWriteCreate, kReadWrite, kReadOnly };
+  // kImmutable: read-only for a file nothing may change while it is open
+  // (read-only media): SQLite takes no locks and reads no write-ahead log.
+  enum class Mode { kReadWriteCreate, kReadWrite, kReadOnly, kImmutable };
 
   Database() = default;
   Database(Database&& other) noexcept;

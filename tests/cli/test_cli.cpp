@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -166,6 +167,92 @@ TEST(Cli, BadInputGivesAClearErrorNotACrash) {
 
   const CommandRun unknown = run("frobnicate");
   EXPECT_NE(unknown.exit_code, 0);
+}
+
+// Every argument error, whichever part of the command line notices it, exits
+// 2 with one line on stderr that names the problem and where help is.
+TEST(Cli, EveryArgumentErrorExitsTwoWithOneLine) {
+  struct Case {
+    const char* arguments;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"", "a command is required"},
+      {"frobnicate", "unknown command 'frobnicate'"},
+      {"train --model nosuch --steps 1", "nosuch"},
+      {"train --batch-size abc --steps 1", "abc"},
+      {"train --no-such-flag", "--no-such-flag"},
+      {"train --steps", "--steps"},
+      {"sim --deadline -1 --rounds 1", "--deadline"},
+      {"roster", "a command is required"},
+      {"checkpoint list", "DB is required"},
+      {"keygen --name", "--name"},
+  };
+  for (const Case& c : cases) {
+    const CommandRun r = run(c.arguments);
+    EXPECT_EQ(r.exit_code, 2) << "fedmesh " << c.arguments << ": " << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << "fedmesh " << c.arguments << ": " << r.output;
+    EXPECT_NE(r.output.find("--help"), std::string::npos) << "fedmesh " << c.arguments << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "fedmesh " << c.arguments << ": " << r.output;
+  }
+  EXPECT_EQ(run("--help").exit_code, 0);
+  EXPECT_EQ(run("train --help").exit_code, 0);
+  EXPECT_EQ(run("--version").exit_code, 0);
+}
+
+// The inspecting commands never turn a file into a store, and read a store
+// they may not write (read-only media) as it is.
+TEST(Cli, CheckpointCommandsRefuseNonStoresAndReadReadOnlyStores) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("fedmesh-cli-ro-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string empty = (dir / "empty.db").string();
+  { std::ofstream(empty).flush(); }
+  const CommandRun verify_empty = run("checkpoint verify " + empty);
+  EXPECT_NE(verify_empty.exit_code, 0) << verify_empty.output;
+  EXPECT_NE(verify_empty.output.find("not a fedmesh checkpoint database"), std::string::npos) << verify_empty.output;
+  EXPECT_EQ(std::filesystem::file_size(empty), 0u) << "the empty file was turned into a store";
+
+  const std::string db = (dir / "run.db").string();
+  const CommandRun trained = run("train --model mlp --steps 4 --train-limit 256 --test-limit 128 --db " + db);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  // Everything committed into the database file itself (no log beside it).
+  const CommandRun listed = run("checkpoint list " + db);
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  // Read-only media: a read-only bind mount of the folder (as root, whom
+  // file modes do not stop), else the folder and file made read-only.
+  const std::filesystem::path media = dir / "media";
+  std::filesystem::create_directories(media);
+  std::string read_only_db;
+  bool mounted = false;
+  if (geteuid() == 0) {
+    const std::string bind = "mount --bind '" + dir.string() + "' '" + media.string() + "' 2>/dev/null && mount -o remount,ro,bind '" +
+                             media.string() + "' 2>/dev/null";
+    mounted = std::system(bind.c_str()) == 0;
+    if (mounted) read_only_db = (media / "run.db").string();
+    else std::system(("umount '" + media.string() + "' 2>/dev/null").c_str());
+  } else {
+    std::filesystem::permissions(db, std::filesystem::perms::owner_write, std::filesystem::perm_options::remove);
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_write, std::filesystem::perm_options::remove);
+    read_only_db = db;
+  }
+  if (read_only_db.empty()) {
+    GTEST_LOG_(INFO) << "no read-only mount here (root without mount rights): the read-only case is not run";
+  } else {
+    ASSERT_NE(::access(read_only_db.c_str(), W_OK), 0) << read_only_db << " is still writable";
+    const CommandRun list = run("checkpoint list " + read_only_db);
+    EXPECT_EQ(list.exit_code, 0) << list.output;
+    std::string shown = list.output;
+    const size_t at = shown.find("media/");
+    if (at != std::string::npos) shown.erase(at, 6);
+    EXPECT_EQ(shown, listed.output) << "what the read-only store shows differs";
+    const CommandRun verify = run("checkpoint verify " + read_only_db);
+    EXPECT_EQ(verify.exit_code, 0) << verify.output;
+  }
+  if (mounted) std::system(("umount '" + media.string() + "'").c_str());
+  std::filesystem::permissions(dir, std::filesystem::perms::owner_all, std::filesystem::perm_options::add);
+  std::filesystem::permissions(db, std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, CorruptDataFilesAreRejectedByName) {

@@ -1,6 +1,8 @@
 #include "aggregator/manager_checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 namespace fedmesh::aggregator {
 
@@ -98,6 +100,120 @@ Result<nlohmann::json> restore_manager(const store::LoadedCheckpoint& checkpoint
   } catch (const nlohmann::json::exception& error) {
     return corrupt(std::string("the round manager's state in the checkpoint is malformed: ") + error.what());
   }
+}
+
+namespace {
+
+// The hashes of a quarantined round's state "chain", when it parses and
+// agrees with `trusted` on every version `trusted` holds; empty otherwise.
+std::vector<crypto::Hash> agreeing_chain(const std::string& state_json, const std::vector<crypto::Hash>& trusted) {
+  const nlohmann::json state = nlohmann::json::parse(state_json, nullptr, /*allow_exceptions=*/false);
+  if (!state.is_object() || !state.contains("chain") || !state["chain"].is_array()) return {};
+  const nlohmann::json& hexes = state["chain"];
+  if (hexes.size() <= trusted.size() || hexes.size() > trusted.size() + static_cast<size_t>(kMaxBridgedVersions)) return {};
+  std::vector<crypto::Hash> chain;
+  chain.reserve(hexes.size());
+  for (const nlohmann::json& hex : hexes) {
+    if (!hex.is_string()) return {};
+    Result<crypto::Hash> hash = federation::parse_hash_hex(hex.get<std::string>());
+    if (!hash.is_ok()) return {};
+    chain.push_back(*hash);
+  }
+  if (!std::equal(trusted.begin(), trusted.end(), chain.begin())) return {};
+  return chain;
+}
+
+// Stands in for a version whose hash is lost: derived from the version and
+// its parent, so every restart derives the same one.
+crypto::Hash placeholder_hash(int64_t version, const crypto::Hash& parent) {
+  crypto::Hasher hasher;
+  hasher.update_text("fedmesh-quarantined-version-v1");
+  hasher.update_u64(static_cast<uint64_t>(version));
+  hasher.update(parent);
+  return hasher.finish();
+}
+
+}  // namespace
+
+Result<std::optional<RoundRecord>> step_past_quarantine(store::CheckpointStore& store, RoundManager& manager,
+                                                        int64_t resumed_round, bool asynchronous,
+                                                        std::vector<crypto::Hash>& chain,
+                                                        const std::function<void(const std::string&)>& warn) {
+  if (chain.size() != static_cast<size_t>(manager.version()) + 1 || chain.back() != manager.link().hash) {
+    return invalid_argument("step_past_quarantine: the chain does not end at the manager's version");
+  }
+  Result<std::vector<store::QuarantinedRound>> quarantined = store.quarantined_rounds();
+  if (!quarantined.is_ok()) return quarantined.status();
+  const int64_t restored_version = manager.version();
+  int64_t newest_round = -1, newest_version = restored_version;
+  std::vector<const store::QuarantinedRound*> above;  // newest round first
+  for (auto it = quarantined->rbegin(); it != quarantined->rend(); ++it) {
+    if (it->round <= resumed_round) continue;
+    above.push_back(&*it);
+    newest_round = std::max(newest_round, it->round);
+    if (it->model_version >= restored_version && it->model_version - restored_version <= kMaxBridgedVersions) {
+      newest_version = std::max(newest_version, it->model_version);
+    } else if (warn) {
+      warn("quarantined round " + std::to_string(it->round) + " records model version " +
+           std::to_string(it->model_version) + ", out of reach of the restored version " +
+           std::to_string(restored_version) + "; not counted");
+    }
+  }
+  if (above.empty()) return std::optional<RoundRecord>();
+  if (newest_round >= std::numeric_limits<int64_t>::max() - 1) return corrupt("a quarantined round number is out of range");
+
+  // Versions above the restored one that the quarantined rounds reached.
+  std::vector<std::vector<crypto::Hash>> recorded;  // newest round first
+  for (const store::QuarantinedRound* round : above) recorded.push_back(agreeing_chain(round->state_json, chain));
+  int64_t unknown = 0;
+  for (int64_t version = restored_version + 1; version <= newest_version; ++version) {
+    std::optional<crypto::Hash> known;
+    for (const std::vector<crypto::Hash>& theirs : recorded) {
+      if (theirs.size() > static_cast<size_t>(version)) {
+        known = theirs[static_cast<size_t>(version)];
+        break;
+      }
+    }
+    if (!known) ++unknown;
+    chain.push_back(known ? *known : placeholder_hash(version, chain.back()));
+  }
+  if (unknown > 0 && warn) {
+    warn(std::to_string(unknown) + " model version(s) up to " + std::to_string(newest_version) +
+         " have no readable hash in the quarantined rounds; a site holding one of them refuses the next model "
+         "until its store is moved aside");
+  }
+
+  // The restored model as the next version, in the round after the newest
+  // quarantined one (asynchronous rounds are numbered by version).
+  int64_t version = newest_version > restored_version ? newest_version + 1 : restored_version;
+  const int64_t round = newest_round + 1;
+  if (asynchronous && version < round) {
+    if (round - restored_version > kMaxBridgedVersions) return corrupt("a quarantined round number is out of reach");
+    while (static_cast<int64_t>(chain.size()) < round) {
+      chain.push_back(placeholder_hash(static_cast<int64_t>(chain.size()), chain.back()));
+    }
+    version = round;
+  }
+  Result<RoundManagerState> state = manager.state();
+  if (!state.is_ok()) return state.status();
+  state->version = version;
+  state->round = round;
+  federation::ChainLink link;
+  link.version = version;
+  if (version == restored_version) {
+    link = manager.link();
+  } else {
+    link.parent = chain.back();
+    link.hash = federation::model_version_hash(version, link.parent, manager.names(), manager.model());
+    chain.push_back(link.hash);
+  }
+  state->link = link;
+  FEDMESH_RETURN_IF_ERROR(manager.restore(*state));
+  RoundRecord record;
+  record.round = round;
+  record.version = version;
+  record.link = link;
+  return std::optional<RoundRecord>(record);
 }
 
 }  // namespace fedmesh::aggregator

@@ -126,6 +126,9 @@ class RoundManager {
   const std::vector<std::string>& names() const { return names_; }
   int64_t parameter_count() const { return parameter_count_; }
   ServerOptimizer& server_optimizer() { return *server_; }
+  // Server steps the model took (at most version(): a version can also
+  // restore an earlier model, see step_past_quarantine).
+  int64_t server_steps() const { return server_->steps_taken(); }
 
   // Sync: opens round `round() + 1` for a seeded sample of `available`.
   Status start_round(const std::vector<std::string>& available, double now);

@@ -119,6 +119,7 @@ class AggregatorServer::Impl {
 
   Status open(AggregatorConfig c, EventSink sink);
   Status restore();
+  Status step_past_quarantine_rounds(int64_t resumed_round);
   Status publish();
   Status run(const std::atomic<bool>& stop);
   void handle(const protocol::Incoming& incoming);
@@ -137,8 +138,11 @@ class AggregatorServer::Impl {
   Status finish_secure_round(const SecureResult& result);
   Status open_privacy();
   std::vector<std::string> available_sites() const;
+  // `rounds` counts server steps, the steps the model took: a version that
+  // restores an earlier model past a quarantined round is no step.
   bool finished() const {
-    return (budget_exhausted || (config.rounds > 0 && manager->version() >= config.rounds)) && !manager->round_open();
+    return (budget_exhausted || (config.rounds > 0 && manager->server_steps() >= config.rounds)) &&
+           !manager->round_open();
   }
   void set_service_round();
   protocol::OutgoingMessage announce(const std::string& site) const;
@@ -277,8 +281,20 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
 }
 
 Status AggregatorServer::Impl::restore() {
+  // Damaged items go into quarantine before anything reads them: a pending
+  // update that fails its checksum is never applied, and a damaged newest
+  // round leaves the newest intact one to resume from.
+  const auto quarantined = [this](const store::QuarantineNotice& n) {
+    nlohmann::json event = {{"event", "warning"}, {"message", n.message}, {"reason", n.reason}};
+    if (n.round) event["quarantined_round"] = *n.round;
+    if (!n.update_id.empty()) event["quarantined_update"] = store::update_id_text(n.update_id);
+    emit(event);
+  };
+  FEDMESH_RETURN_IF_ERROR(store->quarantine_damaged_pending_updates(quarantined));
   Result<std::vector<store::RoundInfo>> committed = store->rounds();
   if (!committed.is_ok()) return committed.status();
+  Result<std::vector<store::QuarantinedRound>> in_quarantine = store->quarantined_rounds();
+  if (!in_quarantine.is_ok()) return in_quarantine.status();
   nlohmann::json fingerprint = {{"federation", config.federation}, {"model", config.model},
                                 {"seed", config.seed}, {"asynchronous", config.rounds_options.asynchronous},
                                 {"strategy", config.rounds_options.server.name}};
@@ -287,39 +303,71 @@ Status AggregatorServer::Impl::restore() {
   if (tokenizer) fingerprint["tokenizer"] = tokenizer_fingerprint;
   Result<std::optional<std::string>> stored = store->meta("aggregator_config");
   if (!stored.is_ok()) return stored.status();
-  if (committed->empty() && !stored->has_value()) {
+  if (committed->empty() && in_quarantine->empty() && !stored->has_value()) {
     return store->set_meta("aggregator_config", fingerprint.dump());
   }
   if (stored->has_value() && nlohmann::json::parse(**stored, nullptr, false) != fingerprint) {
     return invalid_argument(config.store + " holds a federation run with different settings (" + **stored +
                             "); point `store` at a new file to start another");
   }
-  if (committed->empty()) return Status::ok();
-  Result<store::LoadedCheckpoint> latest =
-      store->load_latest([this](const std::string& warning) { emit({{"event", "warning"}, {"message", warning}}); });
-  if (!latest.is_ok()) return latest.status();
-  Result<nlohmann::json> state = restore_manager(*latest, *manager);
-  if (!state.is_ok()) return state.status();
-  try {
-    chain.clear();
-    for (const auto& hex : state->at("chain")) {
-      Result<crypto::Hash> hash = federation::parse_hash_hex(hex.get<std::string>());
-      if (!hash.is_ok()) return hash.status();
-      chain.push_back(*hash);
+  if (committed->empty() && in_quarantine->empty()) return Status::ok();
+  Result<store::LoadedCheckpoint> latest = store->resume_latest(quarantined);
+  if (!latest.is_ok() && latest.status().code() != StatusCode::kNotFound) return latest.status();
+  // Every round quarantined: the initial model (version 0 of this seed) is the newest intact state.
+  int64_t resumed_round = 0;
+  std::string committed_at;
+  if (latest.is_ok()) {
+    Result<nlohmann::json> state = restore_manager(*latest, *manager);
+    if (!state.is_ok()) return state.status();
+    try {
+      chain.clear();
+      for (const auto& hex : state->at("chain")) {
+        Result<crypto::Hash> hash = federation::parse_hash_hex(hex.get<std::string>());
+        if (!hash.is_ok()) return hash.status();
+        chain.push_back(*hash);
+      }
+    } catch (const nlohmann::json::exception& error) {
+      return corrupt(std::string("the aggregator state in the checkpoint is malformed: ") + error.what());
     }
-  } catch (const nlohmann::json::exception& error) {
-    return corrupt(std::string("the aggregator state in the checkpoint is malformed: ") + error.what());
+    if (chain.size() != static_cast<size_t>(manager->version()) + 1 || chain.back() != manager->link().hash) {
+      return corrupt("the checkpoint's hash chain does not end at its model (version " +
+                     std::to_string(manager->version()) + ")");
+    }
+    resumed_round = latest->round.round;
+    committed_at = latest->round.wall_time;
   }
-  if (chain.size() != static_cast<size_t>(manager->version()) + 1 || chain.back() != manager->link().hash) {
-    return corrupt("the checkpoint's hash chain does not end at its model (version " +
-                   std::to_string(manager->version()) + ")");
-  }
+  FEDMESH_RETURN_IF_ERROR(step_past_quarantine_rounds(resumed_round));
   // The dashboard's history goes back past this start: the store's round log.
   Result<std::vector<store::RoundLogEntry>> log = store->round_log(static_cast<int64_t>(kRoundHistoryShown));
   if (!log.is_ok()) return log.status();
   const size_t history = view.restore_history(*log);
   emit({{"event", "resume"}, {"store", config.store}, {"round", manager->round()}, {"version", manager->version()},
-        {"committed", latest->round.wall_time}, {"history", history}});
+        {"committed", committed_at}, {"history", history}});
+  return Status::ok();
+}
+
+// Round numbers and versions never go back past a quarantined round: the
+// restored model is committed as the next version, in the round after the
+// newest quarantined one, before anything is announced (see
+// step_past_quarantine in aggregator/manager_checkpoint.h).
+Status AggregatorServer::Impl::step_past_quarantine_rounds(int64_t resumed_round) {
+  const int64_t restored_version = manager->version();
+  Result<std::optional<RoundRecord>> step = step_past_quarantine(
+      *store, *manager, resumed_round, config.rounds_options.asynchronous, chain,
+      [this](const std::string& warning) { emit({{"event", "warning"}, {"message", warning}}); });
+  if (!step.is_ok()) return step.status();
+  if (!step->has_value()) return Status::ok();
+  const RoundRecord& record = **step;
+  nlohmann::json metrics = {{"restored_from_round", resumed_round}, {"restored_from_version", restored_version}};
+  nlohmann::json chain_hex = nlohmann::json::array();
+  for (const crypto::Hash& h : chain) chain_hex.push_back(federation::hash_hex(h));
+  FEDMESH_RETURN_IF_ERROR(commit_manager_round(*store, *manager, record, metrics, nlohmann::json{{"chain", chain_hex}}));
+  emit({{"event", "warning"},
+        {"message", "rounds above round " + std::to_string(resumed_round) + " are in quarantine: the model of round " +
+                        std::to_string(resumed_round) + " (version " + std::to_string(restored_version) +
+                        ") goes on as version " + std::to_string(record.version) + " in round " +
+                        std::to_string(record.round) + ", so that versions never go back"},
+        {"restored_round", record.round}, {"restored_version", record.version}});
   return Status::ok();
 }
 
@@ -660,6 +708,15 @@ Result<std::vector<SiteUpdate>> AggregatorServer::Impl::unapplied_pending() {
     if (!applied.is_ok()) return applied.status();
     if (applied->has_value()) continue;
     Result<std::vector<uint8_t>> bytes = store->read_pending_update(p.update_id);
+    if (!bytes.is_ok() && bytes.status().code() == StatusCode::kCorrupt) {
+      // Damaged since the store was opened: moved aside, never applied.
+      FEDMESH_RETURN_IF_ERROR(store->quarantine_pending_update(p.update_id, bytes.status().message()));
+      emit({{"event", "warning"},
+            {"message", "quarantined pending update " + store::update_id_text(p.update_id) + " from " + p.sender +
+                            " (it fails its checks: " + bytes.status().message() + "); it is not applied"},
+            {"quarantined_update", store::update_id_text(p.update_id)}, {"reason", bytes.status().message()}});
+      continue;
+    }
     if (!bytes.is_ok()) return bytes.status();
     Result<SiteUpdate> update = update_from_pending(p, *bytes, manager->parameter_count());
     if (!update.is_ok()) return update.status();

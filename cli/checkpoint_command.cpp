@@ -1,10 +1,12 @@
 #include "cli/checkpoint_command.h"
 
 #include <algorithm>
+#include <array>
 
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/output.h"
@@ -30,6 +32,10 @@ struct CheckpointFlags {
   std::string role = "model";
   std::string out;
   bool json = false;
+  // checkpoint quarantine: at most one action.
+  std::optional<int64_t> release_round, drop_round;
+  std::optional<std::string> release_update, drop_update;
+  bool force = false;
 };
 
 int fail(const CheckpointFlags& flags, const std::string& command, const Status& status, int exit_code = kExitBadInput) {
@@ -152,6 +158,100 @@ int run_show(const CheckpointFlags& flags) {
   return 0;
 }
 
+// One line (or JSON event) per quarantined round and pending update.
+void print_quarantine(const CheckpointFlags& flags, const std::vector<store::QuarantinedRound>& rounds,
+                      const std::vector<store::QuarantinedUpdate>& updates) {
+  for (const store::QuarantinedRound& r : rounds) {
+    if (flags.json) {
+      emit_json({{"event", "quarantined"}, {"kind", "round"}, {"round", r.round}, {"model_version", r.model_version},
+                 {"committed", r.wall_time}, {"quarantined_at", r.quarantined_at}, {"reason", r.reason},
+                 {"tensors", r.tensor_count}, {"bytes", r.byte_size}});
+    } else {
+      std::printf("quarantined round %lld (model version %lld, committed %s), since %s: %s [%lld tensors, %s kept]\n",
+                  static_cast<long long>(r.round), static_cast<long long>(r.model_version), r.wall_time.c_str(),
+                  r.quarantined_at.c_str(), r.reason.c_str(), static_cast<long long>(r.tensor_count),
+                  format_bytes(r.byte_size).c_str());
+    }
+  }
+  for (const store::QuarantinedUpdate& u : updates) {
+    const std::string id = store::update_id_text(u.update_id);
+    if (flags.json) {
+      emit_json({{"event", "quarantined"}, {"kind", "pending_update"}, {"update", id}, {"sender", u.sender},
+                 {"base_version", u.base_version}, {"received", u.received_at}, {"quarantined_at", u.quarantined_at},
+                 {"reason", u.reason}, {"bytes", u.byte_size}});
+    } else {
+      std::printf("quarantined pending update %s from %s (base version %lld, received %s), since %s: %s\n", id.c_str(),
+                  u.sender.c_str(), static_cast<long long>(u.base_version), u.received_at.c_str(),
+                  u.quarantined_at.c_str(), u.reason.c_str());
+    }
+  }
+}
+
+// The id bytes of the quarantined update written as `text` (as listed).
+Result<std::vector<uint8_t>> quarantined_update_id(store::CheckpointStore& checkpoints, const std::string& text) {
+  Result<std::vector<store::QuarantinedUpdate>> updates = checkpoints.quarantined_updates();
+  if (!updates.is_ok()) return updates.status();
+  for (const store::QuarantinedUpdate& u : *updates) {
+    if (store::update_id_text(u.update_id) == text) return u.update_id;
+  }
+  return not_found(checkpoints.path() + ": no quarantined pending update " + text +
+                   " (`fedmesh checkpoint quarantine " + checkpoints.path() + "` lists them)");
+}
+
+int run_quarantine(const CheckpointFlags& flags) {
+  const int actions = (flags.release_round ? 1 : 0) + (flags.drop_round ? 1 : 0) + (flags.release_update ? 1 : 0) +
+                      (flags.drop_update ? 1 : 0);
+  if (actions > 1) return fail(flags, "quarantine", invalid_argument("give at most one of --release-round, --drop-round, --release-update, --drop-update"));
+  if (flags.force && !flags.release_round && !flags.release_update) {
+    return fail(flags, "quarantine", invalid_argument("--force goes with --release-round or --release-update"));
+  }
+  Result<store::CheckpointStore> checkpoints = store::CheckpointStore::open_existing(flags.database);
+  if (!checkpoints.is_ok()) return fail(flags, "quarantine", checkpoints.status());
+  if (actions == 0) {
+    Result<std::vector<store::QuarantinedRound>> rounds = checkpoints->quarantined_rounds();
+    Result<std::vector<store::QuarantinedUpdate>> updates = checkpoints->quarantined_updates();
+    if (!rounds.is_ok()) return fail(flags, "quarantine", rounds.status(), kExitCorrupt);
+    if (!updates.is_ok()) return fail(flags, "quarantine", updates.status(), kExitCorrupt);
+    print_quarantine(flags, *rounds, *updates);
+    if (flags.json) {
+      emit_json({{"event", "summary"}, {"command", "checkpoint quarantine"}, {"rounds", rounds->size()},
+                 {"pending_updates", updates->size()}});
+    } else {
+      std::printf("%s: %zu rounds and %zu pending updates in quarantine\n", flags.database.c_str(), rounds->size(),
+                  updates->size());
+    }
+    return 0;
+  }
+  std::string action, item;
+  Status done;
+  if (flags.release_round || flags.drop_round) {
+    const int64_t round = flags.release_round ? *flags.release_round : *flags.drop_round;
+    action = flags.release_round ? "released" : "dropped";
+    item = "round " + std::to_string(round);
+    done = flags.release_round ? checkpoints->release_quarantined_round(round, flags.force)
+                               : checkpoints->drop_quarantined_round(round);
+  } else {
+    const std::string& text = flags.release_update ? *flags.release_update : *flags.drop_update;
+    action = flags.release_update ? "released" : "dropped";
+    item = "pending update " + text;
+    Result<std::vector<uint8_t>> id = quarantined_update_id(*checkpoints, text);
+    done = !id.is_ok()             ? id.status()
+           : flags.release_update ? checkpoints->release_quarantined_update(*id, flags.force)
+                                  : checkpoints->drop_quarantined_update(*id);
+  }
+  if (!done.is_ok()) {
+    return fail(flags, "quarantine", done, done.code() == StatusCode::kCorrupt ? kExitCorrupt : kExitBadInput);
+  }
+  if (flags.json) {
+    emit_json({{"event", "summary"}, {"command", "checkpoint quarantine"}, {"action", action}, {"item", item},
+               {"forced", flags.force}});
+  } else {
+    std::printf("%s %s %s\n", action.c_str(), item.c_str(),
+                action == "released" ? "from quarantine" : "and its evidence from the quarantine");
+  }
+  return 0;
+}
+
 int run_verify(const CheckpointFlags& flags) {
   Result<store::CheckpointStore> checkpoints = store::CheckpointStore::open_existing(flags.database);
   if (!checkpoints.is_ok()) return fail(flags, "verify", checkpoints.status());
@@ -186,23 +286,19 @@ int run_verify(const CheckpointFlags& flags) {
     return fail(flags, "verify", s);
   }
   for (const auto& d : damaged) {
-    // The aggregator's ids are SENDER/SEQUENCE text; anything else in hex.
-    const bool printable = std::all_of(d.update_id.begin(), d.update_id.end(), [](uint8_t c) { return c >= 0x20 && c < 0x7f; });
-    std::string id;
-    if (printable) {
-      id.assign(d.update_id.begin(), d.update_id.end());
-    } else {
-      for (const uint8_t c : d.update_id) {
-        id += "0123456789abcdef"[c >> 4];
-        id += "0123456789abcdef"[c & 15];
-      }
-    }
+    const std::string id = store::update_id_text(d.update_id);
     if (flags.json) {
       emit_json({{"event", "verify"}, {"pending_update", id}, {"sender", d.sender}, {"ok", false}, {"message", d.reason}});
     } else {
       std::printf("pending update %s from %s: %s\n", id.c_str(), d.sender.c_str(), d.reason.c_str());
     }
   }
+  // What owners moved aside: reported, not counted as damage (nothing resumes from it).
+  Result<std::vector<store::QuarantinedRound>> quarantined_rounds = checkpoints->quarantined_rounds();
+  Result<std::vector<store::QuarantinedUpdate>> quarantined_updates = checkpoints->quarantined_updates();
+  if (!quarantined_rounds.is_ok()) return fail(flags, "verify", quarantined_rounds.status(), kExitCorrupt);
+  if (!quarantined_updates.is_ok()) return fail(flags, "verify", quarantined_updates.status(), kExitCorrupt);
+  print_quarantine(flags, *quarantined_rounds, *quarantined_updates);
   const bool ok = integrity.is_ok() && corrupt_rounds == 0 && damaged.empty();
   if (flags.json) {
     emit_json({{"event", "summary"},
@@ -213,7 +309,9 @@ int run_verify(const CheckpointFlags& flags) {
                {"corrupt_rounds", corrupt_rounds},
                {"newest_intact_round", newest_intact},
                {"pending_updates_checked", pending->size()},
-               {"corrupt_pending_updates", damaged.size()}});
+               {"corrupt_pending_updates", damaged.size()},
+               {"quarantined_rounds", quarantined_rounds->size()},
+               {"quarantined_pending_updates", quarantined_updates->size()}});
   } else {
     std::printf("integrity check: %s\n", integrity.is_ok() ? "ok" : integrity.message().c_str());
     std::printf("%s: %lld of %lld checkpoints intact%s\n", flags.database.c_str(),
@@ -221,6 +319,11 @@ int run_verify(const CheckpointFlags& flags) {
                 newest_intact >= 0 ? (", newest intact: round " + std::to_string(newest_intact)).c_str() : "");
     std::printf("%lld of %zu pending updates intact\n", static_cast<long long>(pending->size() - damaged.size()),
                 pending->size());
+    if (!quarantined_rounds->empty() || !quarantined_updates->empty()) {
+      std::printf("in quarantine: %zu rounds, %zu pending updates (`fedmesh checkpoint quarantine %s` lists, releases "
+                  "or drops them)\n",
+                  quarantined_rounds->size(), quarantined_updates->size(), flags.database.c_str());
+    }
   }
   return ok ? 0 : kExitCorrupt;
 }
@@ -259,7 +362,9 @@ int run_export(const CheckpointFlags& flags) {
 void add_checkpoint_command(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<CheckpointFlags>();
   CLI::App* cmd = app.add_subcommand(
-      "checkpoint", "Inspect, verify and export a checkpoint database (the --db of train, node and aggregator).");
+      "checkpoint",
+      "Inspect, verify and export a checkpoint database (the --db of train, node and aggregator); list, release or "
+      "drop what is in quarantine.");
   cmd->require_subcommand(1);
   const auto add_common = [&](CLI::App* sub) {
     sub->add_option("DB", flags->database, "The SQLite checkpoint database")->required();
@@ -297,6 +402,33 @@ void add_checkpoint_command(CLI::App& app, int& exit_code) {
   exported->add_option("--out", flags->out,
                        "Output file (safetensors) or directory (npy); default DBNAME-roundR.safetensors or DBNAME-roundR-npy");
   exported->callback([flags, &exit_code] { exit_code = run_export(*flags); });
+
+  CLI::App* quarantine = cmd->add_subcommand(
+      "quarantine",
+      "List what the store's owner moved into quarantine: damaged rounds and pending updates, kept with their bytes, "
+      "the reason and the time, so that it could resume from the newest intact state. Nothing changes unless one "
+      "action is given: release one (put it back; refused while it still fails its checks unless --force) or drop "
+      "one (delete it and its evidence). Run an action while the owner is stopped: it reads the store when it starts.");
+  add_common(quarantine);
+  auto round_values = std::make_shared<std::array<int64_t, 2>>();
+  auto update_values = std::make_shared<std::array<std::string, 2>>();
+  CLI::Option* release_round = quarantine->add_option(
+      "--release-round", (*round_values)[0], "Put this quarantined round back among the rounds (when it passes its checks)");
+  CLI::Option* drop_round =
+      quarantine->add_option("--drop-round", (*round_values)[1], "Delete this quarantined round and its evidence");
+  CLI::Option* release_update = quarantine->add_option(
+      "--release-update", (*update_values)[0],
+      "Put this quarantined pending update (its id as listed) back among the pending updates");
+  CLI::Option* drop_update = quarantine->add_option(
+      "--drop-update", (*update_values)[1], "Delete this quarantined pending update (its id as listed) and its evidence");
+  quarantine->add_flag("--force", flags->force, "Release even when the item still fails its checks");
+  quarantine->callback([=, &exit_code] {
+    if (release_round->count() > 0) flags->release_round = (*round_values)[0];
+    if (drop_round->count() > 0) flags->drop_round = (*round_values)[1];
+    if (release_update->count() > 0) flags->release_update = (*update_values)[0];
+    if (drop_update->count() > 0) flags->drop_update = (*update_values)[1];
+    exit_code = run_quarantine(*flags);
+  });
 }
 
 }  // namespace fedmesh::cli

@@ -228,8 +228,13 @@ Status SiteRuntime::Impl::restore() {
   Result<std::vector<store::RoundInfo>> rounds = store->rounds();
   if (!rounds.is_ok()) return rounds.status();
   if (rounds->empty()) return Status::ok();
-  Result<store::LoadedCheckpoint> latest =
-      store->load_latest([this](const std::string& warning) { emit({{"event", "warning"}, {"message", warning}}); });
+  // A damaged newest round is moved into quarantine: the site goes on from
+  // the round before (or from the start when none is intact) and fetches the
+  // aggregator's current model.
+  Result<store::LoadedCheckpoint> latest = store->resume_latest([this](const store::QuarantineNotice& n) {
+    emit({{"event", "warning"}, {"message", n.message}, {"quarantined_round", n.round.value_or(-1)}, {"reason", n.reason}});
+  });
+  if (latest.status().code() == StatusCode::kNotFound) return Status::ok();
   if (!latest.is_ok()) return latest.status();
   try {
     const nlohmann::json state = nlohmann::json::parse(latest->round.state_json);

@@ -398,8 +398,8 @@ class Simulation {
   // Restores the newest intact round; returns the round index to go on from.
   Result<int64_t> resume(store::CheckpointStore& checkpoints, double& time, int64_t& serial, Rng& dropout,
                          SimulationSummary& summary) {
-    Result<store::LoadedCheckpoint> latest = checkpoints.load_latest(
-        [](const std::string& warning) { std::fprintf(stderr, "fedmesh sim: %s\n", warning.c_str()); });
+    Result<store::LoadedCheckpoint> latest = checkpoints.resume_latest(
+        [](const store::QuarantineNotice& n) { std::fprintf(stderr, "fedmesh sim: warning: %s\n", n.message.c_str()); });
     if (!latest.is_ok()) return latest.status();
     Result<nlohmann::json> restored = aggregator::restore_manager(*latest, *manager_);
     if (!restored.is_ok()) return restored.status();

@@ -450,8 +450,11 @@ Status write_round_row(Database& database, const RoundToCommit& round, size_t te
       .bind(4, std::string_view(round.state_json))
       .bind(5, static_cast<int64_t>(tensor_count));
   FEDMESH_RETURN_IF_ERROR(insert_round->run());
+  // A round number committed again after its round was quarantined (a
+  // trainer redoing its steps) replaces its log entry: the log describes the
+  // round the store holds, the quarantine keeps the other.
   Result<Statement> log_round = database.prepare(
-      "INSERT INTO round_log(round, model_version, wall_time, metrics) "
+      "INSERT OR REPLACE INTO round_log(round, model_version, wall_time, metrics) "
       "SELECT round, model_version, wall_time, metrics FROM rounds WHERE round = ?1");
   if (!log_round.is_ok()) return log_round.status();
   log_round->bind(1, round.round);

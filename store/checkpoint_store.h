@@ -42,6 +42,7 @@
 #include "base/status.h"
 #include "crypto/update_signature.h"
 #include "kernels/tensor.h"
+#include "store/quarantine.h"
 #include "store/sqlite.h"
 
 namespace fedmesh::store {
@@ -246,6 +247,31 @@ class CheckpointStore {
     std::string reason;
   };
   Status verify_pending_updates(std::vector<DamagedPending>* damaged = nullptr);
+  // Quarantine (store/quarantine.h). For an owner: the newest round that
+  // verifies, each newer round that fails its checks (kCorrupt) moved into
+  // quarantine first and told to `notice`; kNotFound when no intact round is
+  // left. Refused on a store opened by open_existing (inspectors never move
+  // anything).
+  Result<LoadedCheckpoint> resume_latest(const std::function<void(const QuarantineNotice&)>& notice);
+  // For an owner: every pending update that fails its size or checksum is
+  // moved into quarantine and told to `notice`.
+  Status quarantine_damaged_pending_updates(const std::function<void(const QuarantineNotice&)>& notice);
+  // Moves one committed round (its record, tensors and bytes) or one pending
+  // update into quarantine with `reason`; kNotFound when it is not there.
+  Status quarantine_round(int64_t round, const std::string& reason);
+  Status quarantine_pending_update(std::span<const uint8_t> update_id, const std::string& reason);
+  Result<std::vector<QuarantinedRound>> quarantined_rounds();    // by round, then entry
+  Result<std::vector<QuarantinedUpdate>> quarantined_updates();  // by entry
+  // Puts an entry back among the rounds (the pending updates). Refused
+  // (kCorrupt, naming what still fails, nothing moved) when it does not pass
+  // its checks, unless `force`; refused when that round number (update id)
+  // is taken again, or when the round number has several entries.
+  Status release_quarantined_round(int64_t round, bool force = false);
+  Status release_quarantined_update(std::span<const uint8_t> update_id, bool force = false);
+  // Deletes the entries of that round (update) and their evidence; kNotFound when none.
+  Status drop_quarantined_round(int64_t round);
+  Status drop_quarantined_update(std::span<const uint8_t> update_id);
+
   // Waits for background retention and log copying to finish, then copies
   // what is left of the write-ahead log into the database file and truncates
   // the log. Reports a failure of the background work since the last call.

@@ -101,6 +101,54 @@ CREATE TABLE round_log(
 INSERT INTO round_log(round, model_version, wall_time, metrics)
   SELECT round, model_version, wall_time, metrics FROM rounds;
 )sql",
+    // 6: quarantine: a damaged round or pending update moved aside by its
+    // owner, with its rows and bytes as they were (the evidence), what failed
+    // and when. No constraint beyond the keys: a damaged row is kept whatever
+    // it holds. Entries have their own ids, so a round number or an update
+    // id quarantined twice keeps both.
+    R"sql(
+CREATE TABLE quarantined_rounds(
+  id INTEGER PRIMARY KEY,
+  round INTEGER,                      -- the columns of rounds, as they were
+  model_version INTEGER,
+  wall_time TEXT,
+  metrics TEXT,
+  state TEXT,
+  tensor_count INTEGER,
+  checksum BLOB,
+  reason TEXT NOT NULL,               -- what failed when it was checked
+  quarantined_at TEXT NOT NULL);      -- UTC, ISO 8601
+CREATE INDEX quarantined_rounds_by_round ON quarantined_rounds(round);
+CREATE TABLE quarantined_tensors(
+  id INTEGER PRIMARY KEY,
+  entry INTEGER NOT NULL REFERENCES quarantined_rounds(id) ON DELETE CASCADE,
+  source_id INTEGER,                  -- its id in tensors
+  role TEXT, name TEXT, dtype TEXT, shape TEXT, encoding TEXT,
+  byte_size INTEGER, chunk_count INTEGER, checksum BLOB);
+CREATE INDEX quarantined_tensors_by_entry ON quarantined_tensors(entry);
+CREATE TABLE quarantined_tensor_chunks(
+  tensor_id INTEGER NOT NULL REFERENCES quarantined_tensors(id) ON DELETE CASCADE,
+  chunk INTEGER,
+  data BLOB);
+CREATE INDEX quarantined_tensor_chunks_by_tensor ON quarantined_tensor_chunks(tensor_id);
+CREATE TABLE quarantined_updates(
+  id INTEGER PRIMARY KEY,
+  update_id BLOB,                     -- the columns of pending_updates, as they were
+  sender TEXT,
+  base_version INTEGER,
+  sample_count INTEGER,
+  received_at TEXT,
+  byte_size INTEGER,
+  chunk_count INTEGER,
+  checksum BLOB,
+  reason TEXT NOT NULL,
+  quarantined_at TEXT NOT NULL);
+CREATE TABLE quarantined_update_chunks(
+  entry INTEGER NOT NULL REFERENCES quarantined_updates(id) ON DELETE CASCADE,
+  chunk INTEGER,
+  data BLOB);
+CREATE INDEX quarantined_update_chunks_by_entry ON quarantined_update_chunks(entry);
+)sql",
 };
 
 }  // namespace

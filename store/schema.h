@@ -10,6 +10,10 @@
 //   3  update bookkeeping: pending updates (received, durable, not yet
 //      applied) with chunked payloads, and applied update ids, so that an
 //      update applied in round r is never applied again after a restart
+//   4  the privacy ledger
+//   5  the round log
+//   6  quarantine: damaged rounds and pending updates moved aside with their
+//      bytes, the reason and the time (store/quarantine.h)
 //
 // A migration is never edited once released: a change is a new migration.
 #pragma once
@@ -19,7 +23,7 @@
 
 namespace fedmesh::store {
 
-inline constexpr int kSchemaVersion = 5;
+inline constexpr int kSchemaVersion = 6;
 
 // The version the database is at (0 for an empty database).
 Result<int> schema_version(Database& database);

@@ -233,9 +233,11 @@ Status TrainingRun::open_store(const std::function<void(const std::string&)>& wa
          "one (give --threads " + **threads + " for bit-exact resumption)");
   }
   ResumePoint point;
-  Result<store::LoadedCheckpoint> latest = checkpoints_->load_latest([&](const std::string& warning) {
+  // A damaged newest step is moved into quarantine; the run goes on from the
+  // newest intact one and does the steps after it again.
+  Result<store::LoadedCheckpoint> latest = checkpoints_->resume_latest([&](const store::QuarantineNotice& n) {
     ++point.corrupt_checkpoints_skipped;
-    warn(warning);
+    warn("warning: " + n.message);
   });
   if (!latest.is_ok()) return latest.status();
   FEDMESH_RETURN_IF_ERROR(restore_training_checkpoint(*latest, *model_, *trainer_));

@@ -15,7 +15,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -1507,6 +1509,245 @@ TEST(SqliteWrapper, TransactionsRollBackUnlessCommittedAndBlobsAreWrittenInPlace
   Database moved = std::move(database);
   EXPECT_EQ(database.handle(), nullptr);
   EXPECT_EQ(*moved.query_int("SELECT count(*) FROM t"), 1);
+}
+
+
+// ---------------------------------------------------------------------------
+// Quarantine.
+
+// Notices an owner was given while resuming.
+struct Notices {
+  std::vector<QuarantineNotice> seen;
+  std::function<void(const QuarantineNotice&)> callback() {
+    return [this](const QuarantineNotice& n) { seen.push_back(n); };
+  }
+};
+
+// Rounds 1 and 2 (two tensors each) committed and closed, then one bit of
+// round 2's fc.weight flipped in the database file.
+void write_rounds_and_damage_the_newest(const std::filesystem::path& db, const Tensor& old_weights,
+                                        const Tensor& new_weights, const Tensor& bias) {
+  {
+    CheckpointStore store = open_store(db, options_with(true, 5));
+    RoundToCommit r1 = simple_round(1, &old_weights);
+    r1.tensors.push_back({"model", "fc.bias", &bias});
+    ASSERT_TRUE(store.commit_round(r1).is_ok());
+    RoundToCommit r2 = simple_round(2, nullptr);
+    r2.tensors = {{"model", "fc.bias", &bias}, {"model", "fc.weight", &new_weights}};
+    ASSERT_TRUE(store.commit_round(r2).is_ok());
+  }
+  ASSERT_TRUE(wal_is_gone_or_empty(db));
+  const auto* bytes = static_cast<const uint8_t*>(new_weights.raw());
+  flip_inside_only_occurrence(db, std::span<const uint8_t>(bytes + 4000, 64));
+}
+
+TEST(CheckpointStoreQuarantine, ADamagedNewestRoundIsMovedAsideWithItsEvidenceAndTheOwnerResumesFromTheRoundBefore) {
+  const auto db = fresh_directory() / "store.db";
+  const Tensor old_weights = random_tensor({1000}, DType::kF32, 120);
+  const Tensor new_weights = random_tensor({kMiB / 2 + 100}, DType::kF16, 121);  // 2 chunks
+  const Tensor bias = random_tensor({10}, DType::kF32, 122);
+  write_rounds_and_damage_the_newest(db, old_weights, new_weights, bias);
+  if (HasFatalFailure()) return;
+
+  CheckpointStore store = open_store(db, options_with(true, 5));
+  Notices notices;
+  auto resumed = store.resume_latest(notices.callback());
+  ASSERT_TRUE(resumed.is_ok()) << resumed.status().to_string();
+  EXPECT_EQ(resumed->round.round, 1);
+  EXPECT_TRUE(same_bytes(resumed->find("model", "w")->value, old_weights));
+  ASSERT_EQ(notices.seen.size(), 1u);
+  EXPECT_EQ(notices.seen[0].round, std::optional<int64_t>(2));
+  EXPECT_NE(notices.seen[0].reason.find("model/fc.weight"), std::string::npos) << notices.seen[0].reason;
+  EXPECT_NE(notices.seen[0].message.find("round 2"), std::string::npos) << notices.seen[0].message;
+
+  // Out of the rounds, into quarantine, with what failed and the bytes as they were.
+  EXPECT_EQ(round_numbers(store), std::vector<int64_t>{1});
+  auto quarantined = store.quarantined_rounds();
+  ASSERT_TRUE(quarantined.is_ok()) << quarantined.status().to_string();
+  ASSERT_EQ(quarantined->size(), 1u);
+  const QuarantinedRound& q = quarantined->front();
+  EXPECT_EQ(q.round, 2);
+  EXPECT_EQ(q.model_version, 20);
+  EXPECT_EQ(q.tensor_count, 2);
+  EXPECT_EQ(q.byte_size, static_cast<int64_t>(new_weights.nbytes() + bias.nbytes()));
+  EXPECT_NE(q.reason.find("checksum"), std::string::npos) << q.reason;
+  EXPECT_FALSE(q.quarantined_at.empty());
+  EXPECT_EQ(q.state_json, R"({"step":2})");
+  {
+    Database raw = raw_connection(db);
+    EXPECT_EQ(count_rows(raw, "tensors WHERE round = 2"), 0);
+    EXPECT_EQ(count_rows(raw, "quarantined_tensor_chunks"), 3) << "bias 1 chunk, fc.weight 2";
+    // The damaged chunk is kept as found: all but the flipped bit match.
+    auto chunk = raw.prepare(
+        "SELECT c.data FROM quarantined_tensor_chunks c JOIN quarantined_tensors t ON t.id = c.tensor_id "
+        "WHERE t.name = 'fc.weight' AND c.chunk = 0");
+    ASSERT_TRUE(chunk.is_ok() && chunk->step().value());
+    const std::span<const uint8_t> kept = chunk->column_blob(0);
+    ASSERT_EQ(kept.size(), kMiB);
+    const auto* original = static_cast<const uint8_t*>(new_weights.raw());
+    size_t differing = 0;
+    for (size_t i = 0; i < kept.size(); ++i) differing += kept[i] != original[i] ? 1 : 0;
+    EXPECT_EQ(differing, 1u);
+  }
+  EXPECT_TRUE(store.integrity_check().is_ok());
+
+  // Resuming again finds nothing more to move; new rounds commit and are the newest.
+  notices.seen.clear();
+  EXPECT_EQ(store.resume_latest(notices.callback()).value().round.round, 1);
+  EXPECT_TRUE(notices.seen.empty());
+  ASSERT_TRUE(store.commit_round(simple_round(3, &bias)).is_ok());
+  EXPECT_EQ(store.load_latest().value().round.round, 3);
+
+  // A release is refused while it still fails, and changes nothing.
+  const Status refused = store.release_quarantined_round(2);
+  EXPECT_EQ(refused.code(), StatusCode::kCorrupt) << refused.to_string();
+  EXPECT_NE(refused.message().find("still fails"), std::string::npos) << refused.message();
+  EXPECT_EQ(round_numbers(store), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(store.quarantined_rounds().value().size(), 1u);
+  // Forced, it comes back byte for byte: the same check fails the same way.
+  ASSERT_TRUE(store.release_quarantined_round(2, /*force=*/true).is_ok());
+  EXPECT_EQ(round_numbers(store), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(store.quarantined_rounds().value().empty());
+  const Status again = store.verify_round(2);
+  EXPECT_EQ(again.code(), StatusCode::kCorrupt);
+  EXPECT_EQ(again.message(), q.reason);
+  // Moved aside once more and dropped: its evidence is gone.
+  ASSERT_TRUE(store.quarantine_round(2, again.message()).is_ok());
+  ASSERT_TRUE(store.drop_quarantined_round(2).is_ok());
+  EXPECT_TRUE(store.quarantined_rounds().value().empty());
+  EXPECT_EQ(store.drop_quarantined_round(2).code(), StatusCode::kNotFound);
+  EXPECT_EQ(store.release_quarantined_round(2).code(), StatusCode::kNotFound);
+  Database raw = raw_connection(db);
+  EXPECT_EQ(count_rows(raw, "quarantined_tensors"), 0);
+  EXPECT_EQ(count_rows(raw, "quarantined_tensor_chunks"), 0);
+}
+
+TEST(CheckpointStoreQuarantine, WhenEveryRoundIsDamagedAllAreMovedAsideAndNothingIsLeftToResume) {
+  const auto db = fresh_directory() / "store.db";
+  const Tensor t = random_tensor({256}, DType::kF32, 130);
+  CheckpointStore store = open_store(db);
+  for (int64_t r = 1; r <= 3; ++r) ASSERT_TRUE(store.commit_round(simple_round(r, &t)).is_ok());
+  {
+    Database raw = raw_connection(db);
+    ASSERT_TRUE(raw.execute("UPDATE rounds SET metrics = '{\"x\":1}'").is_ok());
+  }
+  Notices notices;
+  auto resumed = store.resume_latest(notices.callback());
+  EXPECT_EQ(resumed.status().code(), StatusCode::kNotFound) << resumed.status().to_string();
+  ASSERT_EQ(notices.seen.size(), 3u);
+  EXPECT_EQ(notices.seen[0].round, std::optional<int64_t>(3));
+  EXPECT_EQ(notices.seen[2].round, std::optional<int64_t>(1));
+  EXPECT_TRUE(round_numbers(store).empty());
+  EXPECT_EQ(store.quarantined_rounds().value().size(), 3u);
+  EXPECT_NE(store.quarantined_rounds().value()[0].reason.find("round checksum"), std::string::npos);
+}
+
+TEST(CheckpointStoreQuarantine, AnInspectorNeverMovesAnything) {
+  const auto db = fresh_directory() / "store.db";
+  const Tensor old_weights = random_tensor({1000}, DType::kF32, 140);
+  const Tensor new_weights = random_tensor({kMiB / 2 + 100}, DType::kF16, 141);
+  const Tensor bias = random_tensor({10}, DType::kF32, 142);
+  write_rounds_and_damage_the_newest(db, old_weights, new_weights, bias);
+  if (HasFatalFailure()) return;
+  auto inspector = CheckpointStore::open_existing(db.string());
+  ASSERT_TRUE(inspector.is_ok());
+  Notices notices;
+  EXPECT_EQ(inspector->resume_latest(notices.callback()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(inspector->quarantine_damaged_pending_updates(notices.callback()).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(notices.seen.empty());
+  EXPECT_EQ(round_numbers(*inspector), (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(inspector->quarantined_rounds().value().empty());
+}
+
+TEST(CheckpointStoreQuarantine, ADamagedPendingUpdateIsMovedAsideAndCanBeDroppedButNotReleased) {
+  const auto db = fresh_directory() / "store.db";
+  const std::vector<uint8_t> good = {'a', '/', '1'}, bad = {'b', '/', '1'};
+  const std::vector<uint8_t> bad_bytes = random_bytes(kMiB + 100, 151);  // 2 chunks
+  CheckpointStore store = open_store(db);
+  ASSERT_TRUE(store.add_pending_update({good, "site-a", 4, 10, "", 0}, random_bytes(100, 150)).is_ok());
+  ASSERT_TRUE(store.add_pending_update({bad, "site-b", 4, 12, "", 0}, bad_bytes).is_ok());
+  {
+    Database raw = raw_connection(db);
+    ASSERT_TRUE(raw.execute("UPDATE pending_update_chunks SET data = zeroblob(100) WHERE update_id = x'622f31' AND chunk = 1").is_ok());
+  }
+  Notices notices;
+  ASSERT_TRUE(store.quarantine_damaged_pending_updates(notices.callback()).is_ok());
+  ASSERT_EQ(notices.seen.size(), 1u);
+  EXPECT_EQ(notices.seen[0].update_id, bad);
+  EXPECT_EQ(notices.seen[0].sender, "site-b");
+  EXPECT_NE(notices.seen[0].message.find("b/1"), std::string::npos) << notices.seen[0].message;
+  auto pending = store.pending_updates();
+  ASSERT_EQ(pending->size(), 1u);
+  EXPECT_EQ(pending->front().update_id, good);
+  EXPECT_TRUE(store.verify_pending_updates().is_ok()) << "what is left pending is intact";
+
+  auto quarantined = store.quarantined_updates();
+  ASSERT_TRUE(quarantined.is_ok());
+  ASSERT_EQ(quarantined->size(), 1u);
+  EXPECT_EQ(quarantined->front().update_id, bad);
+  EXPECT_EQ(quarantined->front().sender, "site-b");
+  EXPECT_EQ(quarantined->front().base_version, 4);
+  EXPECT_EQ(quarantined->front().sample_count, 12);
+  EXPECT_EQ(quarantined->front().byte_size, static_cast<int64_t>(bad_bytes.size()));
+  EXPECT_NE(quarantined->front().reason.find("checksum"), std::string::npos) << quarantined->front().reason;
+  {
+    Database raw = raw_connection(db);
+    EXPECT_EQ(count_rows(raw, "quarantined_update_chunks"), 2) << "its bytes are kept, the damaged chunk too";
+    EXPECT_EQ(count_rows(raw, "pending_update_chunks"), 1);
+  }
+
+  const Status refused = store.release_quarantined_update(bad);
+  EXPECT_EQ(refused.code(), StatusCode::kCorrupt) << refused.to_string();
+  EXPECT_EQ(store.pending_updates()->size(), 1u);
+  EXPECT_EQ(store.quarantined_updates()->size(), 1u);
+  ASSERT_TRUE(store.drop_quarantined_update(bad).is_ok());
+  EXPECT_TRUE(store.quarantined_updates()->empty());
+  EXPECT_EQ(store.drop_quarantined_update(bad).code(), StatusCode::kNotFound);
+  Database raw = raw_connection(db);
+  EXPECT_EQ(count_rows(raw, "quarantined_update_chunks"), 0);
+}
+
+TEST(CheckpointStoreQuarantine, AnIntactItemReleasedComesBackAsItWas) {
+  const auto db = fresh_directory() / "store.db";
+  const Tensor t1 = random_tensor({kMiB / 4 + 3}, DType::kF32, 160);  // 2 chunks
+  const Tensor t2 = random_tensor({33}, DType::kBF16, 161);
+  const std::vector<uint8_t> id = {'c', '/', '7'};
+  const std::vector<uint8_t> payload = random_bytes(kMiB + 9, 162);
+  CheckpointStore store = open_store(db);
+  RoundToCommit r1 = simple_round(1, &t1);
+  r1.tensors.push_back({"optimizer", "m", &t2});
+  ASSERT_TRUE(store.commit_round(r1).is_ok());
+  ASSERT_TRUE(store.commit_round(simple_round(2, &t2)).is_ok());
+  ASSERT_TRUE(store.add_pending_update({id, "site-c", 1, 5, "", 0}, payload).is_ok());
+
+  ASSERT_TRUE(store.quarantine_round(1, "checked by hand").is_ok());
+  ASSERT_TRUE(store.quarantine_pending_update(id, "checked by hand").is_ok());
+  EXPECT_EQ(store.quarantine_round(1, "again").code(), StatusCode::kNotFound);
+  EXPECT_EQ(store.quarantine_pending_update(id, "again").code(), StatusCode::kNotFound);
+  EXPECT_EQ(round_numbers(store), std::vector<int64_t>{2});
+  EXPECT_TRUE(store.pending_updates()->empty());
+  EXPECT_EQ(store.quarantined_rounds().value().front().reason, "checked by hand");
+
+  ASSERT_TRUE(store.release_quarantined_round(1).is_ok());
+  ASSERT_TRUE(store.release_quarantined_update(id).is_ok());
+  EXPECT_TRUE(store.quarantined_rounds()->empty());
+  EXPECT_TRUE(store.quarantined_updates()->empty());
+  auto loaded = store.load_round(1);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_TRUE(same_bytes(loaded->find("model", "w")->value, t1));
+  EXPECT_TRUE(same_bytes(loaded->find("optimizer", "m")->value, t2));
+  EXPECT_EQ(loaded->round.model_version, 10);
+  EXPECT_EQ(store.read_pending_update(id).value(), payload);
+  EXPECT_EQ(store.pending_updates()->front().sender, "site-c");
+
+  // A round number committed again while its old round is in quarantine: the
+  // old one can only be dropped; the round log describes the new one.
+  ASSERT_TRUE(store.quarantine_round(2, "checked by hand").is_ok());
+  RoundToCommit redo = simple_round(2, &t1, R"({"redo":1})");
+  ASSERT_TRUE(store.commit_round(redo).is_ok());
+  EXPECT_EQ(store.release_quarantined_round(2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.round_log().value().back().metrics_json, R"({"redo":1})");
+  EXPECT_TRUE(store.integrity_check().is_ok());
 }
 
 }  // namespace

@@ -38,6 +38,8 @@ const std::vector<std::vector<std::string>> kTablesOf = {
     {"pending_updates", "pending_update_chunks", "applied_updates"},
     {"privacy_ledger"},
     {"round_log"},
+    {"quarantined_rounds", "quarantined_tensors", "quarantined_tensor_chunks", "quarantined_updates",
+     "quarantined_update_chunks"},
 };
 
 bool contains(const Status& status, std::string_view text) { return status.message().find(text) != std::string::npos; }

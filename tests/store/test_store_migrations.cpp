@@ -24,6 +24,8 @@ const std::vector<std::vector<std::string>> kTablesAddedBy = {
     {"pending_updates", "pending_update_chunks", "applied_updates"},
     {"privacy_ledger"},
     {"round_log"},
+    {"quarantined_rounds", "quarantined_tensors", "quarantined_tensor_chunks", "quarantined_updates",
+     "quarantined_update_chunks"},
 };
 
 std::set<std::string> schema_of(Database& database) {

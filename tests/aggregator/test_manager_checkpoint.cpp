@@ -1,0 +1,166 @@
+// The round manager past a quarantined round: restored from the round
+// before, it puts that model out as the version after the lost one, whose
+// parent is the lost version's hash (so a site holding it accepts the next
+// model), in the round after the lost one; versions and round numbers never
+// go back, and a lost hash is replaced by a placeholder with a warning.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "aggregator/manager_checkpoint.h"
+#include "federation/model_chain.h"
+#include "store/sqlite.h"
+
+namespace fedmesh::aggregator {
+namespace {
+
+RoundManager make_manager() {
+  Tensor w = Tensor::zeros({4});
+  auto manager = RoundManager::create(RoundOptions{}, {"w"}, {w});
+  EXPECT_TRUE(manager.is_ok()) << manager.status().to_string();
+  return std::move(manager).value();
+}
+
+nlohmann::json chain_state(const std::vector<crypto::Hash>& chain) {
+  nlohmann::json hexes = nlohmann::json::array();
+  for (const crypto::Hash& h : chain) hexes.push_back(federation::hash_hex(h));
+  return {{"chain", hexes}};
+}
+
+// One synchronous round with site "a" sending `delta`, committed with the chain.
+void run_round(store::CheckpointStore& store, RoundManager& manager, std::vector<crypto::Hash>& chain, float delta) {
+  ASSERT_TRUE(manager.start_round({"a"}, 0.0).is_ok());
+  SiteUpdate u;
+  u.id = "a/" + std::to_string(manager.round());
+  u.site = "a";
+  u.round = manager.round();
+  u.base_version = manager.version();
+  u.sample_count = 10;
+  u.delta = {delta, delta, delta, delta};
+  ASSERT_TRUE(manager.submit(std::move(u), 1.0).is_ok());
+  auto record = manager.close_round(2.0);
+  ASSERT_TRUE(record.is_ok()) << record.status().to_string();
+  chain.push_back(record->link.hash);
+  ASSERT_TRUE(commit_manager_round(store, manager, *record, nlohmann::json::object(), chain_state(chain)).is_ok());
+}
+
+struct Restored {
+  RoundManager manager = make_manager();
+  std::vector<crypto::Hash> chain;
+  int64_t round = 0;
+};
+
+// What the aggregator does when it starts: quarantine, restore, chain.
+Restored restore(store::CheckpointStore& store) {
+  Restored r;
+  auto latest = store.resume_latest(nullptr);
+  EXPECT_TRUE(latest.is_ok()) << latest.status().to_string();
+  if (!latest.is_ok()) return r;
+  auto state = restore_manager(*latest, r.manager);
+  EXPECT_TRUE(state.is_ok()) << state.status().to_string();
+  for (const auto& hex : state->at("chain")) r.chain.push_back(federation::parse_hash_hex(hex.get<std::string>()).value());
+  r.round = latest->round.round;
+  return r;
+}
+
+std::filesystem::path fresh_db() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const auto dir = std::filesystem::path(::testing::TempDir()) /
+                   ("fedmesh-manager-checkpoint-" + std::string(info->name()) + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir / "aggregator.db";
+}
+
+TEST(StepPastQuarantine, TheRestoredModelBecomesTheVersionAfterTheLostOneWithItAsParent) {
+  const auto db = fresh_db();
+  auto store = store::CheckpointStore::open(db.string());
+  ASSERT_TRUE(store.is_ok());
+  RoundManager manager = make_manager();
+  std::vector<crypto::Hash> chain = {manager.link().hash};
+  run_round(*store, manager, chain, 1.0f);
+  const std::vector<float> model_of_round_1(manager.model()[0].data<float>(), manager.model()[0].data<float>() + 4);
+  run_round(*store, manager, chain, 2.0f);
+  if (HasFatalFailure()) return;
+  const crypto::Hash lost = chain[2];
+  ASSERT_TRUE(store->quarantine_round(2, "its bytes changed on disk").is_ok());
+
+  Restored r = restore(*store);
+  ASSERT_EQ(r.round, 1);
+  ASSERT_EQ(r.manager.version(), 1);
+  std::vector<std::string> warnings;
+  auto step = step_past_quarantine(*store, r.manager, r.round, /*asynchronous=*/false, r.chain,
+                                   [&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_TRUE(step.is_ok()) << step.status().to_string();
+  ASSERT_TRUE(step->has_value());
+  const RoundRecord& record = **step;
+  EXPECT_TRUE(warnings.empty());
+  EXPECT_EQ(record.round, 3);
+  EXPECT_EQ(record.version, 3);
+  EXPECT_TRUE(record.applied.empty());
+  EXPECT_EQ(record.link.parent, lost);
+  EXPECT_EQ(r.manager.version(), 3);
+  EXPECT_EQ(r.manager.round(), 3);
+  EXPECT_EQ(r.manager.server_steps(), 1) << "no server step was taken";
+  EXPECT_EQ(std::vector<float>(r.manager.model()[0].data<float>(), r.manager.model()[0].data<float>() + 4),
+            model_of_round_1);
+  ASSERT_EQ(r.chain.size(), 4u);
+  EXPECT_EQ(r.chain[2], lost);
+  EXPECT_EQ(r.chain[3], record.link.hash);
+  // A site holding the lost version 2 verifies version 3 as a site does.
+  EXPECT_TRUE(federation::verify_chain(lost, {{3, lost, r.chain[3]}}).is_ok());
+  EXPECT_TRUE(federation::verify_model(record.link, r.manager.names(), r.manager.model()).is_ok());
+
+  // Committed, it is what the next start resumes from, with nothing more to step past.
+  ASSERT_TRUE(commit_manager_round(*store, r.manager, record, nlohmann::json::object(), chain_state(r.chain)).is_ok());
+  run_round(*store, r.manager, r.chain, 3.0f);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(r.manager.round(), 4);
+  EXPECT_EQ(r.manager.version(), 4);
+  Restored again = restore(*store);
+  EXPECT_EQ(again.round, 4);
+  auto nothing = step_past_quarantine(*store, again.manager, again.round, false, again.chain, nullptr);
+  ASSERT_TRUE(nothing.is_ok());
+  EXPECT_FALSE(nothing->has_value());
+}
+
+TEST(StepPastQuarantine, ALostHashIsReplacedAndSaidSo) {
+  const auto db = fresh_db();
+  auto store = store::CheckpointStore::open(db.string());
+  ASSERT_TRUE(store.is_ok());
+  RoundManager manager = make_manager();
+  std::vector<crypto::Hash> chain = {manager.link().hash};
+  for (float d : {1.0f, 2.0f, 3.0f}) run_round(*store, manager, chain, d);
+  if (HasFatalFailure()) return;
+  {
+    // Rounds 2 and 3's records damaged: their states no longer hold a chain.
+    auto raw = store::Database::open(db.string(), store::Database::Mode::kReadWrite);
+    ASSERT_TRUE(raw.is_ok());
+    ASSERT_TRUE(raw->execute("UPDATE rounds SET state = '{\"chain\":[\"zz\"]}' WHERE round >= 2").is_ok());
+  }
+  Restored r = restore(*store);
+  ASSERT_EQ(r.round, 1);
+  EXPECT_EQ(store->quarantined_rounds().value().size(), 2u);
+  std::vector<std::string> warnings;
+  auto step = step_past_quarantine(*store, r.manager, r.round, false, r.chain,
+                                   [&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_TRUE(step.is_ok()) << step.status().to_string();
+  ASSERT_TRUE(step->has_value());
+  EXPECT_EQ((*step)->round, 4);
+  EXPECT_EQ((*step)->version, 4);
+  ASSERT_EQ(r.chain.size(), 5u);
+  EXPECT_NE(r.chain[2], chain[2]);
+  EXPECT_NE(r.chain[3], chain[3]);
+  EXPECT_EQ((*step)->link.parent, r.chain[3]);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("no readable hash"), std::string::npos) << warnings[0];
+  EXPECT_TRUE(federation::verify_model((*step)->link, r.manager.names(), r.manager.model()).is_ok());
+}
+
+}  // namespace
+}  // namespace fedmesh::aggregator

@@ -95,7 +95,7 @@ run() {
   "$ROOT/deploy/local_federation.sh" --fedmesh "$FEDMESH" --dir "$dir" --sites "$SITES" --port "$port" \
     --metrics-port $((port + 1000)) --rounds "$ROUNDS" --local-steps "$LOCAL_STEPS" --deadline "$DEADLINE" \
     --model mlp --agg "validation_limit = $VALIDATION_LIMIT" --agg 'linger_seconds = 2' \
-    --site "data.train_limit = $TRAIN_LIMIT" >/dev/null
+    --site "data.train_limit = $TRAIN_LIMIT" --site 'give_up_seconds = 30' >/dev/null
   if [[ -n $faults ]]; then
     for ((k = 0; k < SITES; k++)); do
       printf 'transport.faults = "%s,seed=%d"\n' "$faults" $((k + 1)) >> "$dir/site-$k.toml"
@@ -122,8 +122,15 @@ run() {
       sleep 0.1
     fi
   done
-  local pid
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # A site that missed the end (its polls lost while the aggregator lingered)
+  # gives up on its own (give_up_seconds); stop what is left after that.
+  local pid deadline
+  deadline=$(($(date +%s) + 40))
+  for pid in "${PIDS[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && (($(date +%s) < deadline)); do sleep 0.2; done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   PIDS=()
   local rounds deadline_closed applied attempts
   rounds=$(grep -c '"event":"round"' "$dir/aggregator.jsonl" || true)

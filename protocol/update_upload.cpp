@@ -137,6 +137,11 @@ Result<UploadOutcome> attempt_upload(ClientSocket& socket, const PreparedUpdate&
     try {
       const auto root = (*reply)->root();
       if (root.isReject()) {
+        // A late answer to a chunk resent for an earlier update (which the
+        // receiver finished and forgot) is not about this one; a refusal
+        // naming no update (sequence 0: over the rate, too large) is.
+        const uint64_t refused = root.getReject().getSequence();
+        if (refused != 0 && refused != update.metadata.sequence) continue;
         if (timer != nullptr) timer->answered(Clock::now());
         outcome.rejection = rejection_of(root.getReject());
         return outcome;

@@ -26,6 +26,7 @@
 #include "node/site_ranks.h"
 #include "protocol/compressor.h"
 #include "protocol/model_transfer.h"
+#include "protocol/retransmit_timer.h"
 #include "protocol/update_upload.h"
 #include "store/checkpoint_store.h"
 
@@ -60,6 +61,12 @@ std::string tokenizer_name(const std::string& fingerprint, bool ours, const std:
   const std::string shown =
       fingerprint.size() > kMaxShownFingerprint ? fingerprint.substr(0, kMaxShownFingerprint) + "..." : fingerprint;
   return "the BPE tokenizer " + shown + (ours ? " (data.tokenizer = " + path + ")" : "");
+}
+
+protocol::RetransmitOptions retransmit_options(std::chrono::microseconds cap) {
+  protocol::RetransmitOptions options;
+  options.max_timeout = cap;
+  return options;
 }
 
 // The phase of `round` at which SecureUploadFaults::exit_at asks this process to die.
@@ -118,6 +125,16 @@ class SiteRuntime::Impl {
   std::string metrics_address;
   Clock::time_point last_heard = Clock::now();
   Clock::time_point last_heartbeat{};
+  // How long to wait for the aggregator's answers, learnt from its round
+  // trips, one timer per kind of exchange (an Ack{complete} waits for a
+  // store commit, a RoundAnnounce for nothing): Heartbeat -> RoundAnnounce,
+  // ModelRequest -> ModelChunk, UpdateHeader/UpdateChunk -> Ack. Each one's
+  // cap is the fixed wait it replaces, so a silent aggregator is asked no
+  // less patiently than that.
+  protocol::RetransmitTimer poll_timer{retransmit_options(std::chrono::seconds(2))};
+  protocol::RetransmitTimer fetch_timer{retransmit_options(std::chrono::seconds(5))};
+  protocol::RetransmitTimer upload_timer{retransmit_options(std::chrono::seconds(5))};
+  bool poll_timed_out = false;  // the last poll() waited its timer out
 
   mutable std::mutex metrics_mutex;
   int64_t sent_total = 0, rejected_total = 0, models_fetched = 0, refused_models = 0;
@@ -307,16 +324,28 @@ Status SiteRuntime::Impl::connect() {
 }
 
 // Sends a Heartbeat and reads the RoundAnnounce that answers it.
+// The wait is poll_timer's: a lost Heartbeat (or its answer) costs about
+// one measured round trip, and the caller asks again at once.
 std::optional<Announcement> SiteRuntime::Impl::poll() {
+  poll_timed_out = false;
+  // Late answers to earlier Heartbeats (those sent while training) are
+  // stale; read them off first so that they do not pass for this one's.
+  for (int i = 0; i < protocol::kDefaultHighWaterMark; ++i) {
+    Result<std::optional<protocol::Incoming>> stale = socket->receive(std::chrono::milliseconds(0));
+    if (!stale.is_ok() || !stale->has_value()) break;
+  }
   capnp::MallocMessageBuilder builder;
   auto heartbeat = builder.initRoot<wire::Message>().initHeartbeat();
   heartbeat.setSentUnixMs(unix_now(false));
   heartbeat.setModelVersion(held_version);
   if (!socket->send(protocol::serialize(builder), std::chrono::milliseconds(1000)).is_ok()) return std::nullopt;
   last_heartbeat = Clock::now();
-  const auto until = Clock::now() + std::chrono::milliseconds(2000);
-  while (Clock::now() < until) {
-    Result<std::optional<protocol::Incoming>> incoming = socket->receive(std::chrono::milliseconds(200));
+  poll_timer.sent(last_heartbeat);
+  const auto until = last_heartbeat + poll_timer.timeout();
+  while (true) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
+    if (left.count() <= 0) break;
+    Result<std::optional<protocol::Incoming>> incoming = socket->receive(left);
     if (!incoming.is_ok() || !incoming->has_value()) continue;
     std::unique_ptr<protocol::ParsedMessage> parsed;
     protocol::Rejection rejection;
@@ -330,6 +359,7 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
       if (root.isReject()) {
         emit({{"event", "warning"}, {"message", std::string("the aggregator refused a heartbeat: ") +
                                                     root.getReject().getText().cStr()}});
+        poll_timer.answered(Clock::now());
         return std::nullopt;
       }
       if (!root.isRoundAnnounce()) continue;  // a late reply to something earlier
@@ -347,11 +377,14 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
       a.secure = r.getSecureAggregation();
       a.tokenizer = r.getTokenizer().cStr();
       last_heard = Clock::now();
+      poll_timer.answered(last_heard);
       return a;
     } catch (const kj::Exception& e) {
       emit({{"event", "warning"}, {"message", std::string("malformed announcement: ") + e.getDescription().cStr()}});
     }
   }
+  poll_timer.timed_out();
+  poll_timed_out = true;
   return std::nullopt;
 }
 
@@ -393,6 +426,7 @@ Status SiteRuntime::Impl::adopt(const Announcement& a) {
   }
   protocol::FetchOptions options;
   options.reply_timeout = std::chrono::milliseconds(5000);
+  options.timer = &fetch_timer;
   Result<protocol::FetchedModel> fetched = protocol::fetch_model(*socket, a.version, held_version, manifest, options);
   if (!fetched.is_ok()) return fetched.status();
   // The chain from the hash we trust to the new version, then the bytes.
@@ -500,6 +534,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
       protocol::prepare_encoded_update(metadata, std::move(compressed->tensors), keys);
   protocol::UploadOptions upload;
   upload.reply_timeout = std::chrono::milliseconds(5000);
+  upload.timer = &upload_timer;
   protocol::RetryPolicy retry;
   retry.max_attempts = 4;
   int attempts = 0;
@@ -611,7 +646,9 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
       if (s.config.give_up_seconds > 0.0 && silent > s.config.give_up_seconds) {
         return unavailable("no answer from the aggregator for " + std::to_string(static_cast<int>(silent)) + " s");
       }
-      std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
+      // A poll that waited its timer out asks again at once (the timer backs
+      // off); one that could not even send waits the poll interval.
+      if (!s.poll_timed_out) std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
       continue;
     }
     if (waiting_reported) s.emit({{"event", "connected"}, {"aggregator", s.config.aggregator}});

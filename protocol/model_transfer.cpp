@@ -169,16 +169,26 @@ Result<FetchedModel> fetch_model(ClientSocket& socket, uint64_t version, uint64_
   const auto bad = [&](const std::string& what) {
     return corrupt("model version " + std::to_string(version) + ": " + what);
   };
+  RetransmitTimer* timer = options.timer;
+  const auto wait = [&] {
+    return timer == nullptr ? options.reply_timeout : std::chrono::ceil<std::chrono::milliseconds>(timer->timeout());
+  };
   while (count == 0 || next_missing < count) {
     FEDMESH_RETURN_IF_ERROR(socket.send(model_request(version, next_missing, trusted_version), options.reply_timeout));
+    auto wait_from = RetransmitClock::now();
+    if (timer != nullptr) timer->sent(wait_from);
     ++model.requests;
     const uint32_t window_end = next_missing + std::max<uint32_t>(1, std::min(options.window, kMaxModelWindow));
     bool progressed = false;
     // Read this window's chunks (they may come in any order after a resend).
     while (true) {
-      Result<std::optional<Incoming>> incoming = socket.receive(options.reply_timeout);
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(wait_from + wait() - RetransmitClock::now());
+      Result<std::optional<Incoming>> incoming = socket.receive(std::max(left, std::chrono::milliseconds(0)));
       if (!incoming.is_ok()) return incoming.status();
-      if (!incoming->has_value()) break;  // quiet: ask again from the first missing chunk
+      if (!incoming->has_value()) {  // quiet: ask again from the first missing chunk
+        if (timer != nullptr) timer->timed_out();
+        break;
+      }
       const Incoming& frame = **incoming;
       std::unique_ptr<ParsedMessage> parsed;
       Rejection rejection;
@@ -241,6 +251,8 @@ Result<FetchedModel> fetch_model(ClientSocket& socket, uint64_t version, uint64_
         }
         held[index] = true;
         progressed = true;
+        wait_from = RetransmitClock::now();
+        if (timer != nullptr) timer->answered(wait_from);  // a sample from the request's first chunk only
         advance();
         if (next_missing >= count || next_missing >= window_end) break;
       } catch (const kj::Exception& e) {
@@ -248,7 +260,9 @@ Result<FetchedModel> fetch_model(ClientSocket& socket, uint64_t version, uint64_
       }
     }
     quiet = progressed ? 0 : quiet + 1;
-    if (quiet >= options.max_attempts) {
+    const int allowed = timer == nullptr ? options.max_attempts
+                                         : timer->attempts_for(1, kRetransmitGiveUpProbability, options.max_attempts);
+    if (quiet >= allowed) {
       return unavailable("no model chunks from the aggregator after " + std::to_string(quiet) + " requests");
     }
   }

@@ -21,6 +21,7 @@
 #include "base/status.h"
 #include "crypto/update_signature.h"
 #include "protocol/codec.h"
+#include "protocol/retransmit_timer.h"
 #include "protocol/transport.h"
 #include "protocol/wire.h"
 
@@ -75,6 +76,12 @@ struct FetchOptions {
   uint32_t window = kDefaultModelWindow;
   std::chrono::milliseconds reply_timeout{10000};  // nothing for this long: ask again from the first missing chunk
   int max_attempts = 5;                            // requests in a row that time out
+  // When given, it sizes each wait instead of reply_timeout (the link's
+  // measured round trip, backed off after a timeout) and learns from every
+  // answer, and the requests in a row that may time out are at least
+  // max_attempts and as many more as its measured loss needs. The caller
+  // keeps it across fetches.
+  RetransmitTimer* timer = nullptr;
   size_t max_message_bytes = kDefaultMaxMessageBytes;
 };
 

@@ -2,6 +2,7 @@
 
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <thread>
 
 namespace fedmesh::protocol {
@@ -66,10 +67,41 @@ Result<uint16_t> say_hello(ClientSocket& socket, const HelloFields& fields, std:
   return corrupt("server answered Hello with neither Welcome nor Reject");
 }
 
-Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& update, const UploadOptions& options) {
+namespace {
+
+// What the attempts at one update have done so far, carried from one to the
+// next: what went out before (an answer to it is ambiguous, so it gives the
+// timer no sample) and the furthest Ack (an Ack past it is progress).
+struct UploadState {
+  bool header_sent = false;
+  uint32_t chunks_sent_through = 0;  // chunks [0, this) went out at least once
+  int64_t acknowledged = -1;         // the highest nextChunk seen; -1: no Ack yet
+};
+
+// How one attempt ended, besides its result.
+struct AttemptReport {
+  bool progressed = false;  // an Ack beyond every earlier one
+  bool timed_out = false;   // it ended waiting for a reply
+};
+
+std::chrono::milliseconds wait_of(const UploadOptions& options) {
+  if (options.timer == nullptr) return options.reply_timeout;
+  return std::chrono::ceil<std::chrono::milliseconds>(options.timer->timeout());
+}
+
+Result<UploadOutcome> attempt_upload(ClientSocket& socket, const PreparedUpdate& update, const UploadOptions& options,
+                                     UploadState& state, AttemptReport& report) {
+  using Clock = RetransmitClock;
   UploadOutcome outcome;
+  RetransmitTimer* timer = options.timer;
   const auto chunk_count = static_cast<uint32_t>(update.chunks.size());
+  // The message the timer times: -1 the header, else a chunk. Its Ack (one
+  // that names a later chunk) answers it.
+  int64_t timed = -1;
   FEDMESH_RETURN_IF_ERROR(socket.send(update.header, options.reply_timeout));
+  auto wait_from = Clock::now();
+  if (timer != nullptr) timer->sent(wait_from, state.header_sent);
+  state.header_sent = true;
   uint32_t next_to_send = 0;
   uint32_t acknowledged = 0;
   bool header_acked = false;
@@ -78,7 +110,12 @@ Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& 
     while (header_acked && next_to_send < chunk_count && next_to_send < acknowledged + options.window_chunks) {
       if (options.stop_after_chunks && outcome.chunks_sent >= *options.stop_after_chunks) break;
       FEDMESH_RETURN_IF_ERROR(socket.send(update.chunks[next_to_send], options.reply_timeout));
+      if (timer != nullptr && !timer->outstanding()) {
+        timer->sent(Clock::now(), next_to_send < state.chunks_sent_through);
+        timed = next_to_send;
+      }
       ++next_to_send;
+      state.chunks_sent_through = std::max(state.chunks_sent_through, next_to_send);
       ++outcome.chunks_sent;
     }
     // Abandoning on purpose (tests of resume): once what was sent is
@@ -86,17 +123,44 @@ Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& 
     if (options.stop_after_chunks && outcome.chunks_sent >= *options.stop_after_chunks && acknowledged >= next_to_send) {
       return outcome;
     }
-    auto reply = next_reply(socket, options.reply_timeout);
-    if (!reply.is_ok()) return reply.status();
+    const auto wait = wait_of(options);
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(wait_from + wait - Clock::now());
+    auto reply = next_reply(socket, std::max(left, std::chrono::milliseconds(0)));
+    if (!reply.is_ok()) {
+      if (reply.status().code() == StatusCode::kUnavailable) {
+        report.timed_out = true;
+        if (timer != nullptr) timer->timed_out();
+        return unavailable("no reply from the server within " + std::to_string(wait.count()) + " ms");
+      }
+      return reply.status();
+    }
     try {
       const auto root = (*reply)->root();
       if (root.isReject()) {
+        // A late answer to a chunk resent for an earlier update (which the
+        // receiver finished and forgot) is not about this one; a refusal
+        // naming no update (sequence 0: over the rate, too large) is.
+        const uint64_t refused = root.getReject().getSequence();
+        if (refused != 0 && refused != update.metadata.sequence) continue;
+        if (timer != nullptr) timer->answered(Clock::now());
         outcome.rejection = rejection_of(root.getReject());
         return outcome;
       }
-      if (!root.isAck()) continue;  // e.g. a Heartbeat
+      if (!root.isAck()) continue;  // e.g. the answer to a Heartbeat: the wait goes on
       const auto ack = root.getAck();
       if (ack.getSequence() != update.metadata.sequence) continue;
+      const auto now = Clock::now();
+      const int64_t named = ack.getNextChunk();
+      if (timer != nullptr) {
+        if (timer->outstanding() && (ack.getComplete() || (timed < 0 ? !header_acked : named > timed))) {
+          timer->answered(now);
+        } else if (named > state.acknowledged) {
+          timer->progressed();
+        }
+      }
+      if (ack.getComplete() || named > state.acknowledged) report.progressed = true;
+      state.acknowledged = std::max(state.acknowledged, named);
+      wait_from = now;
       if (ack.getComplete()) {
         outcome.accepted = true;
         return outcome;
@@ -115,6 +179,14 @@ Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& 
   }
 }
 
+}  // namespace
+
+Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& update, const UploadOptions& options) {
+  UploadState state;
+  AttemptReport report;
+  return attempt_upload(socket, update, options, state, report);
+}
+
 std::chrono::milliseconds backoff_delay(int attempt, const RetryPolicy& policy, Rng& rng) {
   int64_t delay = policy.first_backoff.count();
   for (int i = 1; i < attempt && delay < policy.max_backoff.count(); ++i) delay *= 2;
@@ -127,16 +199,36 @@ Result<UploadOutcome> upload_with_retries(ClientSocket& socket, const PreparedUp
                                           const UploadOptions& options, const RetryPolicy& retry, int* attempts) {
   Rng rng(retry.jitter_seed != 0 ? retry.jitter_seed
                                  : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  // An attempt is lost when its header, its first window of chunks or an
+  // Ack of them is.
+  const int messages = 1 + static_cast<int>(std::min<size_t>(update.chunks.size(), std::max(1u, options.window_chunks)));
+  UploadState state;
   Status last = unavailable("no attempt made");
-  for (int attempt = 1; attempt <= std::max(1, retry.max_attempts); ++attempt) {
+  int quiet = 0;  // attempts in a row without progress
+  for (int attempt = 1;; ++attempt) {
     if (attempts != nullptr) *attempts = attempt;
-    if (attempt > 1) std::this_thread::sleep_for(backoff_delay(attempt - 1, retry, rng));
-    auto outcome = upload_update(socket, update, options);
+    AttemptReport report;
+    auto outcome = attempt_upload(socket, update, options, state, report);
     if (outcome.is_ok()) return outcome;
     if (outcome.status().code() != StatusCode::kUnavailable) return outcome.status();
     last = outcome.status();
+    quiet = report.progressed ? 0 : quiet + 1;
+    const int allowed = options.timer != nullptr
+                            ? options.timer->attempts_for(messages, kRetransmitGiveUpProbability, retry.max_attempts)
+                            : std::max(1, retry.max_attempts);
+    if (quiet >= allowed) {
+      return unavailable("gave up after " + std::to_string(attempt) + " attempts (" + std::to_string(quiet) +
+                         " in a row without an Ack): " + last.message());
+    }
+    if (options.timer == nullptr) {
+      std::this_thread::sleep_for(backoff_delay(std::max(1, quiet), retry, rng));
+    } else if (!report.timed_out) {
+      // It failed before waiting (no connection, a full queue): the timer's
+      // wait spaces the attempts instead.
+      options.timer->timed_out();
+      std::this_thread::sleep_for(options.timer->timeout());
+    }
   }
-  return unavailable("gave up after " + std::to_string(retry.max_attempts) + " attempts: " + last.message());
 }
 
 }  // namespace fedmesh::protocol

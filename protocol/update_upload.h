@@ -10,6 +10,7 @@
 
 #include "base/random.h"
 #include "base/status.h"
+#include "protocol/retransmit_timer.h"
 #include "protocol/transport.h"
 #include "protocol/update_transfer.h"
 
@@ -18,6 +19,10 @@ namespace fedmesh::protocol {
 struct UploadOptions {
   uint32_t window_chunks = 16;                       // chunks sent ahead of the last Ack
   std::chrono::milliseconds reply_timeout{10000};    // no reply this long: kUnavailable
+  // When given, it sizes each wait for a reply instead of reply_timeout (the
+  // link's measured round trip, backed off after a timeout) and learns from
+  // every Ack; the caller keeps it across updates.
+  RetransmitTimer* timer = nullptr;
   std::optional<uint32_t> stop_after_chunks;         // tests: abandon the transfer after this many chunks
 };
 
@@ -31,8 +36,13 @@ struct UploadOutcome {
 // How a sender retries when the receiver goes quiet: waits a doubling,
 // jittered delay (so that sites cut off together do not return together),
 // then resends the header, which resumes the transfer from the receiver's
-// Ack{nextChunk}.
+// Ack{nextChunk}. With a RetransmitTimer (UploadOptions::timer) the timer's
+// own backoff spaces the attempts: the header goes again as soon as a wait
+// times out, and the next wait is twice as long.
 struct RetryPolicy {
+  // Attempts in a row that bring no new Ack before giving up; with a timer,
+  // at least this many and as many more as the measured loss needs
+  // (RetransmitTimer::attempts_for).
   int max_attempts = 6;
   std::chrono::milliseconds first_backoff{200};
   std::chrono::milliseconds max_backoff{10000};
@@ -60,6 +70,8 @@ Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& 
 // upload_update, retried under `retry` while the failure is kUnavailable (no
 // reply, no connection). A Reject or an accepted update ends it; so does any
 // other error. `attempts` (if given) receives how many uploads were made.
+// An attempt that got a new Ack from the receiver does not count against
+// max_attempts.
 Result<UploadOutcome> upload_with_retries(ClientSocket& socket, const PreparedUpdate& update,
                                           const UploadOptions& options, const RetryPolicy& retry,
                                           int* attempts = nullptr);

@@ -2,14 +2,18 @@
 // and are named by the handshake, strangers are refused, the self-test
 // refuses to run a socket that would admit anyone, and a message over the
 // hard cap costs its sender the connection but not the server its service.
+// Over a lossy link (fault injection), uploads and model downloads paced by
+// a retransmission timer arrive whole.
 #include <gtest/gtest.h>
 
+#include <mutex>
 #include <thread>
 
 #include "crypto/keys.h"
 #include "crypto/roster.h"
 #include "protocol/transport.h"
 #include "crypto/replay_guard.h"
+#include "protocol/model_transfer.h"
 #include "protocol/update_service.h"
 #include "protocol/update_upload.h"
 
@@ -213,6 +217,159 @@ TEST_F(Transport, AQuietReceiverIsRetriedAndTheTransferResumes) {
   EXPECT_GT(outcome->started_at_chunk, 0u);  // resumed, not restarted
   ASSERT_EQ(received.size(), 1u);
   EXPECT_EQ(received[0].tensors[0], values);
+}
+
+}  // namespace
+
+namespace {
+
+// A lossy sender (30% of its messages dropped by the fault injector) with a
+// retransmission timer: every update arrives whole, and the timer learnt the
+// round trip from the Acks. No time is asserted.
+TEST_F(Transport, ALossySenderWithARetransmitTimerDeliversEveryUpdate) {
+  auto server = bind();
+  ASSERT_TRUE(server);
+  fc::Roster roster;
+  roster.federation = "fed";
+  roster.sites.push_back({site_keys_->identity, fc::Role::kSite, ""});
+  fp::ReceiverPolicy policy;
+  policy.federation = "fed";
+  policy.self = "aggregator";
+  policy.manifest = {{"w", {64, 64}}};
+  auto replay = fc::ReplayGuard::in_memory();
+  std::atomic<bool> stop{false};
+  std::vector<fp::ReceivedUpdate> received;
+  std::mutex received_mutex;
+  std::thread receiver([&] {
+    fp::UpdateService service(policy, roster, replay, {}, server->counters());
+    while (!stop.load()) {
+      auto frame = server->receive(20ms);
+      if (!frame.is_ok() || !frame->has_value()) continue;
+      auto reply = service.handle(**frame);
+      if (reply) (void)server->send((**frame).routing_id, std::move(*reply));
+      std::lock_guard lock(received_mutex);
+      for (auto& update : service.take_completed()) received.push_back(std::move(update));
+    }
+  });
+
+  fp::TransportOptions lossy;
+  lossy.faults.drop = 0.3;
+  lossy.faults.seed = 11;
+  auto connected = fp::ClientSocket::connect(server->endpoint(), fp::CurveKeys::from(*site_keys_),
+                                             server_keys_->identity.box_public, lossy);
+  ASSERT_TRUE(connected.is_ok()) << connected.status().to_string();
+  auto client = std::move(*connected);
+  ASSERT_TRUE(fp::wait_connected(*client, 10s).is_ok());
+
+  fp::RetransmitTimer timer;
+  fp::UploadOptions options;
+  options.window_chunks = 4;
+  options.timer = &timer;
+  fp::RetryPolicy retry;
+  retry.max_attempts = 12;  // in a row without an Ack: 0.6^12 at this loss, even for a slow machine
+  constexpr int kUpdates = 4;
+  std::vector<std::vector<float>> sent;
+  int total_attempts = 0;
+  for (int u = 0; u < kUpdates; ++u) {
+    std::vector<float> values(64 * 64);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.25f + static_cast<float>(u);
+    const std::vector<std::span<const float>> spans = {values};
+    const std::vector<fp::TensorPlan> plans(1);
+    auto update = fp::prepare_update({"fed", 0, 0, "site-a", "aggregator", static_cast<uint64_t>(u + 1), 10},
+                                     policy.manifest, spans, plans, *site_keys_, 1024);
+    ASSERT_TRUE(update.is_ok());
+    ASSERT_GE(update->chunks.size(), 10u);
+    int attempts = 0;
+    auto outcome = fp::upload_with_retries(*client, *update, options, retry, &attempts);
+    ASSERT_TRUE(outcome.is_ok()) << "update " << u << ": " << outcome.status().to_string();
+    EXPECT_TRUE(outcome->accepted) << "update " << u << ": "
+                                   << (outcome->rejection ? outcome->rejection->reason : std::string("no rejection"));
+    total_attempts += attempts;
+    sent.push_back(std::move(values));
+  }
+  // Give the receiver's loop a moment to hand over the last one.
+  for (int i = 0; i < 100; ++i) {
+    {
+      std::lock_guard lock(received_mutex);
+      if (received.size() == static_cast<size_t>(kUpdates)) break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  stop.store(true);
+  receiver.join();
+  EXPECT_GT(client->counters().dropped_by_faults.load(), 0u) << "the link lost nothing: the test tested nothing";
+  EXPECT_GT(total_attempts, kUpdates) << "no update needed a second attempt";
+  ASSERT_EQ(received.size(), static_cast<size_t>(kUpdates));
+  for (int u = 0; u < kUpdates; ++u) EXPECT_EQ(received[static_cast<size_t>(u)].tensors[0], sent[static_cast<size_t>(u)]);
+  EXPECT_TRUE(timer.estimator().has_sample());
+  EXPECT_GT(timer.loss(), 0.0);
+}
+
+// The model download over a lossy link with a retransmission timer: the
+// requests and windows lost on the way are asked for again from the first
+// missing chunk, and the model arrives whole.
+TEST_F(Transport, AModelFetchedOverALossyLinkArrivesWhole) {
+  auto server = bind();
+  ASSERT_TRUE(server);
+  const std::vector<fp::TensorShape> manifest = {{"w", {64, 64}}, {"b", {64}}};
+  std::vector<float> w(64 * 64), b(64);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f - 7.0f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i);
+  const std::vector<std::span<const float>> tensors = {w, b};
+  fc::Hash v0{}, v1{};
+  v0.fill(1);
+  v1.fill(2);
+  fp::ModelPublisher publisher(1024);
+  ASSERT_TRUE(publisher.publish(1, {v0, v1}, manifest, tensors).is_ok());
+  ASSERT_GE(publisher.chunk_count(), 10u);
+
+  std::atomic<bool> stop{false};
+  std::thread answering([&] {
+    while (!stop.load()) {
+      auto frame = server->receive(20ms);
+      if (!frame.is_ok() || !frame->has_value()) continue;
+      std::unique_ptr<fp::ParsedMessage> parsed;
+      fp::Rejection rejection;
+      if (!fp::parse_message((**frame).bytes, fp::kDefaultMaxMessageBytes, (**frame).frame, parsed, rejection)) continue;
+      const auto root = parsed->root();
+      if (!root.isModelRequest()) continue;
+      std::vector<fp::SharedMessage> chunks;
+      if (!publisher.answer(root.getModelRequest(), 4, chunks, rejection)) continue;
+      for (const fp::SharedMessage& chunk : chunks) {
+        (void)server->send((**frame).routing_id, fp::OutgoingMessage::from_bytes(chunk.bytes()));
+      }
+    }
+  });
+
+  fp::TransportOptions lossy;
+  lossy.faults.drop = 0.3;
+  lossy.faults.seed = 5;
+  auto connected = fp::ClientSocket::connect(server->endpoint(), fp::CurveKeys::from(*site_keys_),
+                                             server_keys_->identity.box_public, lossy);
+  ASSERT_TRUE(connected.is_ok()) << connected.status().to_string();
+  auto client = std::move(*connected);
+  ASSERT_TRUE(fp::wait_connected(*client, 10s).is_ok());
+  fp::RetransmitTimer timer;
+  fp::FetchOptions options;
+  options.window = 4;
+  options.timer = &timer;
+  options.max_attempts = 12;
+  // Several fetches of the same version: enough requests that some are lost.
+  uint32_t requests = 0;
+  for (int fetch = 0; fetch < 3; ++fetch) {
+    auto fetched = fp::fetch_model(*client, 1, 0, manifest, options);
+    ASSERT_TRUE(fetched.is_ok()) << fetched.status().to_string();
+    EXPECT_EQ(fetched->tensors[0], w);
+    EXPECT_EQ(fetched->tensors[1], b);
+    EXPECT_EQ(fetched->hash, v1);
+    ASSERT_EQ(fetched->chain.size(), 1u);
+    requests += fetched->requests;
+  }
+  stop.store(true);
+  answering.join();
+  EXPECT_GT(client->counters().dropped_by_faults.load(), 0u) << "the link lost nothing: the test tested nothing";
+  EXPECT_TRUE(timer.estimator().has_sample());
+  EXPECT_GT(requests, 3u * ((publisher.chunk_count() + 3) / 4));  // more requests than windows: some were asked again
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "base/open_file_limit.h"
+
 #include "cli/aggregator_command.h"
 #include "cli/checkpoint_command.h"
 #include "cli/doctor_command.h"
@@ -19,6 +21,10 @@
 namespace fedmesh::cli {
 
 int run_fedmesh(int argc, char** argv, const node::SecureUploadFaults& faults) {
+  // Every role holds a descriptor per connection: take all the system
+  // allows before any is opened (where it cannot be raised, the process
+  // runs with what it has, and `fedmesh doctor` shows it).
+  (void)raise_open_file_limit();
   CLI::App app{
       "fedmesh: federated and decentralized training. Each site trains on its own data and shares only "
       "compressed, signed, encrypted model updates.\n"

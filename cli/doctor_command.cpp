@@ -36,7 +36,7 @@ int run_doctor(bool json) {
   const char* blas_config = openblas_get_config();
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   // (Raised to the hard limit at start; see base/open_file_limit.h.)
-  const Result<OpenFileLimit> files = open_file_limit();
+  Result<OpenFileLimit> files = open_file_limit();
   const auto limit_text = [](uint64_t value) {
     return value == UINT64_MAX ? std::string("unlimited") : std::to_string(value);
   };

@@ -110,6 +110,10 @@ std::string OperatorView::render_metrics(const OperatorContext& context) const {
   }
   out.counter("fedmesh_http_unauthorized_total", "Requests to this endpoint refused for want of the access token",
               static_cast<double>(context.http_unauthorized));
+  out.counter("fedmesh_http_refused_connections_total",
+              "Connections to this endpoint closed unserved: past the connection cap, a request head late, too large "
+              "or malformed, an answer not taken in time",
+              static_cast<double>(context.http_refused));
   return out.text();
 }
 
@@ -147,6 +151,7 @@ std::string OperatorView::render_status(const OperatorContext& context) const {
                            {"recent_rejections", rejections}, {"rejections_total", rejections_total},
                            {"rejections_by_reason", rejections_by_code_},
                            {"http_unauthorized", context.http_unauthorized},
+                           {"http_refused", context.http_refused},
                            {"uptime_seconds", context.uptime_seconds}};
   if (last_accuracy_ >= 0.0) status["test_accuracy"] = last_accuracy_;
   if (last_loss_ >= 0.0) status["test_loss"] = last_loss_;

@@ -43,6 +43,7 @@ struct OperatorContext {
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::vector<std::pair<std::string, double>> transport_rejections;  // by the wire's reject code name
   int64_t http_unauthorized = 0;
+  int64_t http_refused = 0;  // HTTP connections closed unserved (HttpEndpoint::refused_connections)
   double uptime_seconds = 0.0;
 };
 

@@ -917,6 +917,7 @@ OperatorContext AggregatorServer::Impl::operator_context() const {
                                         static_cast<double>(socket->counters().rejections(reject)));
   }
   c.http_unauthorized = unauthorized_requests();
+  if (const HttpEndpoint* endpoint = serving.load()) c.http_refused = endpoint->refused_connections();
   c.uptime_seconds = now();
   return c;
 }

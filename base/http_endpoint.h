@@ -1,8 +1,19 @@
 // A small HTTP endpoint for what a process shows about itself: Prometheus
 // metrics at /metrics, a JSON status at /status, a liveness probe at
-// /healthz and, for the aggregator, its dashboard. It serves GET only, on
-// its own thread, from pages the owner renders on request; nothing it
-// receives reaches the rest of the process. Off when the address is empty.
+// /healthz and, for the aggregator, its dashboard. It serves GET (and HEAD)
+// only, from pages the owner renders on request, on one thread of its own
+// running a poll() loop; nothing it receives reaches the rest of the
+// process. Off when the address is empty.
+//
+// Every connection is bounded, so that no client, however slow or however
+// many, keeps the others (a liveness probe) waiting: its request head must
+// arrive whole within kHttpRequestHeadDeadlineMs of the connection (a
+// deadline, not a per-read timeout: a byte now and then does not extend
+// it) and within kMaxHttpRequestHeadBytes (else 431); its answer must be
+// taken within kHttpResponseDeadlineMs; every answer closes the connection.
+// At most kMaxHttpConnections are open: a connection past the cap closes
+// the oldest one still sending its head, or, when none is, is closed at
+// once. Each connection closed so is counted (refused_connections()).
 //
 // With an access token set, every page not marked open needs it, as
 // `Authorization: Bearer TOKEN` or `?token=TOKEN`; anything else is answered
@@ -26,6 +37,12 @@ namespace fedmesh {
 // what a request makes us hash.
 inline constexpr size_t kMinAccessTokenChars = 16;
 inline constexpr size_t kMaxAccessTokenChars = 256;
+
+// Bounds on what one HTTP client can hold (see above).
+inline constexpr int kMaxHttpConnections = 64;
+inline constexpr int kHttpRequestHeadDeadlineMs = 3000;
+inline constexpr int kHttpResponseDeadlineMs = 5000;
+inline constexpr size_t kMaxHttpRequestHeadBytes = 8 * 1024;
 
 struct HttpPage {
   std::string content_type;               // e.g. "text/plain; version=0.0.4"
@@ -51,6 +68,9 @@ class HttpEndpoint {
   const std::string& address() const { return address_; }  // with the port bound
   // Requests answered 401: no token, or the wrong one.
   int64_t unauthorized_requests() const;
+  // Connections closed without a page: past the connection cap, a request
+  // head late, too large or malformed, an answer not taken in time.
+  int64_t refused_connections() const;
 
  private:
   HttpEndpoint() = default;
@@ -82,6 +102,19 @@ Result<HttpReply> http_fetch(const std::string& address, const std::string& path
 // The body of a 200 answer; kUnavailable naming the status or failure otherwise.
 Result<std::string> http_get(const std::string& address, const std::string& path, int timeout_seconds = 5,
                              const std::string& bearer_token = "");
+
+// A request head as the endpoint reads it: the request line and headers up
+// to the blank line, `head` holding exactly that (at most
+// kMaxHttpRequestHeadBytes). The path and the `token` query parameter come
+// URL-decoded; `token` is the bearer credentials of `Authorization: Bearer`
+// if present, else the query's `token`, else empty. kInvalidArgument naming
+// what is malformed.
+struct HttpRequestHead {
+  std::string method;
+  std::string path;
+  std::string token;
+};
+Result<HttpRequestHead> parse_http_request_head(const std::string& head);
 
 // Splits "HOST:PORT"; kInvalidArgument naming the text otherwise.
 Status parse_host_port(const std::string& address, std::string& host, int& port);

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include "base/open_file_limit.h"
+
 #include "cli/aggregator_command.h"
 #include "cli/checkpoint_command.h"
 #include "cli/doctor_command.h"
@@ -23,14 +25,15 @@ namespace fedmesh::cli {
 
 namespace {
 
-// "fedmesh", or "fedmesh sim" / "fedmesh roster add": the deepest
-// subcommand the arguments reached, for the hint after an error.
-std::string command_reached(const CLI::App& app) {
-  std::string name = app.get_name();
+// The deepest subcommand the arguments reached, and its name from the top
+// ("fedmesh", "fedmesh sim", "fedmesh roster add"), for the hint after an
+// error.
+const CLI::App* command_reached(const CLI::App& app, std::string& name) {
+  name = app.get_name();
   const CLI::App* at = &app;
   for (;;) {
     const std::vector<const CLI::App*> parsed = at->get_subcommands([](const CLI::App* sub) { return sub->parsed(); });
-    if (parsed.empty()) return name;
+    if (parsed.empty()) return at;
     at = parsed.front();
     name += " " + at->get_name();
   }
@@ -41,13 +44,9 @@ std::string command_reached(const CLI::App& app) {
 int report_parse_error(CLI::App& app, const CLI::ParseError& error) {
   if (error.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(error);
   std::string message = error.what();
+  std::string command;
+  const CLI::App* at = command_reached(app, command);
   if (dynamic_cast<const CLI::RequiredError*>(&error) != nullptr && message.find("subcommand") != std::string::npos) {
-    const CLI::App* at = &app;
-    for (;;) {
-      const auto parsed = at->get_subcommands([](const CLI::App* sub) { return sub->parsed(); });
-      if (parsed.empty()) break;
-      at = parsed.front();
-    }
     std::string names;
     for (const CLI::App* sub : at->get_subcommands([](const CLI::App*) { return true; })) {
       names += (names.empty() ? "" : ", ") + sub->get_name();
@@ -59,7 +58,6 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error) {
   for (char& c : message) {
     if (c == '\n') c = ' ';
   }
-  const std::string command = command_reached(app);
   std::fprintf(stderr, "%s: error: %s (see `%s --help`)\n", command.c_str(), message.c_str(), command.c_str());
   return 2;
 }
@@ -67,6 +65,10 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error) {
 }  // namespace
 
 int run_fedmesh(int argc, char** argv, const node::SecureUploadFaults& faults) {
+  // Every role holds a descriptor per connection: take all the system
+  // allows before any is opened (where it cannot be raised, the process
+  // runs with what it has, and `fedmesh doctor` shows it).
+  (void)raise_open_file_limit();
   CLI::App app{
       "fedmesh: federated and decentralized training. Each site trains on its own data and shares only "
       "compressed, signed, encrypted model updates.\n"

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "base/open_file_limit.h"
 #include "cli/output.h"
 #include "kernels/device_info.h"
 #include "train/data/fashion_mnist.h"
@@ -34,6 +35,13 @@ int run_doctor(bool json) {
                             file_exists(dataset_dir + "/t10k-images-idx3-ubyte.gz");
   const char* blas_config = openblas_get_config();
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  // (Raised to the hard limit at start; see base/open_file_limit.h.)
+  Result<OpenFileLimit> files = open_file_limit();
+  const auto limit_text = [](uint64_t value) {
+    return value == UINT64_MAX ? std::string("unlimited") : std::to_string(value);
+  };
+  const std::string files_soft = files.is_ok() ? limit_text(files->soft) : "unknown";
+  const std::string files_hard = files.is_ok() ? limit_text(files->hard) : "unknown";
 
   if (json) {
     nlohmann::json gpus = nlohmann::json::array();
@@ -55,7 +63,9 @@ int run_doctor(bool json) {
                {"gpu_count", cuda.gpus.size()},
                {"gpus", gpus},
                {"gpu_unavailable_reason", cuda.unavailable_reason},
-               {"fashion_mnist", have_fashion ? dataset_dir : ""}});
+               {"fashion_mnist", have_fashion ? dataset_dir : ""},
+               {"open_files_soft", files_soft},
+               {"open_files_hard", files_hard}});
     return 0;
   }
   std::printf("fedmesh doctor\n");
@@ -76,6 +86,7 @@ int run_doctor(bool json) {
   if (cuda.gpus.empty()) std::printf("    (%s)\n", cuda.unavailable_reason.c_str());
   std::printf("  Fashion-MNIST  %s\n",
               have_fashion ? dataset_dir.c_str() : "missing: apt-get install dataset-fashion-mnist");
+  std::printf("  Open files     %s (hard limit %s)\n", files_soft.c_str(), files_hard.c_str());
   return 0;
 }
 

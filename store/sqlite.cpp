@@ -64,6 +64,14 @@ Result<Database> Database::open(const std::string& path, Mode mode) {
   }
   sqlite3_extended_result_codes(database.db_, 1);
   sqlite3_busy_timeout(database.db_, kBusyTimeoutMs);
+  // Statement journals and sorts in memory, not in temporary files: a store
+  // that is open needs no new file descriptor to commit (the write-ahead log
+  // and its index stay open), so a process short of descriptors (a flood of
+  // connections) keeps committing rounds.
+  if (const int pragma = sqlite3_exec(database.db_, "PRAGMA temp_store = MEMORY", nullptr, nullptr, nullptr);
+      pragma != SQLITE_OK) {
+    return database.error("PRAGMA temp_store", pragma);
+  }
   return database;
 }
 

@@ -46,6 +46,7 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
 
   // The next line of stdout, or nullopt at end of output or timeout.
   std::optional<std::string> read_line(std::chrono::milliseconds timeout) {

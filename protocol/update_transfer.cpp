@@ -410,6 +410,12 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
   // Resume of a transfer in flight is handled by the caller; here a known
   // sequence is a replay.
   if (const Status replay = replay_.check(m.sender, m.sequence); !replay.is_ok()) {
+    const auto done = last_completed_.find(m.sender);
+    if (done != last_completed_.end() && done->second.first == m.sequence && done->second.second == transfer.header_hash) {
+      transfer.already_complete = true;
+      transfer.next_chunk = chunk_count;
+      return true;
+    }
     return fail(wire::RejectCode::REPLAYED, replay.message());
   }
   const uint64_t oldest_round = policy_.current_round > policy_.max_round_lag ? policy_.current_round - policy_.max_round_lag : 0;
@@ -454,6 +460,7 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
     const TransferKey key{policy_.insecure ? std::string(header.getSender().cStr()) : peer, sequence};
     Transfer candidate;
     if (!check_header(peer, header, candidate)) return make_reject(sequence, *last_rejection_);
+    if (candidate.already_complete) return ack(candidate, true);
     if (auto found = transfers_.find(key); found != transfers_.end()) {
       if (found->second.header_hash == candidate.header_hash) {
         found->second.last_activity = std::chrono::steady_clock::now();
@@ -569,6 +576,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   // Every chunk verified. Another transfer of the same sequence may have
   // completed meanwhile: that one is the replay.
   const std::string sender = transfer.metadata.sender;
+  const crypto::Hash header_hash = transfer.header_hash;
   if (const Status replay = replay_.check(sender, sequence); !replay.is_ok()) {
     transfers_.erase(found);
     return reject(sequence, wire::RejectCode::REPLAYED, replay.message());
@@ -584,6 +592,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
                         "' was not stored (send it again later): " + stored.message());
     }
     replay_.note_durable(sender, sequence);
+    last_completed_[sender] = {sequence, header_hash};
     return reply;
   }
   if (const Status committed = replay_.commit(sender, sequence); !committed.is_ok()) {
@@ -592,6 +601,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
                   "the replay counter of update " + std::to_string(sequence) + " from '" + sender +
                       "' was not stored (send it again later): " + committed.message());
   }
+  last_completed_[sender] = {sequence, header_hash};
   completed_.push_back(ReceivedUpdate{std::move(transfer.metadata), std::move(transfer.staging)});
   transfers_.erase(found);
   return reply;

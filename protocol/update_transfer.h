@@ -175,6 +175,7 @@ class UpdateReceiver {
     uint32_t chunks_held = 0;
     std::vector<std::vector<float>> staging;
     std::chrono::steady_clock::time_point last_activity;
+    bool already_complete = false;  // the header of the sender's newest completed update, sent again
   };
   using TransferKey = std::pair<std::string, uint64_t>;
 
@@ -189,6 +190,10 @@ class UpdateReceiver {
   std::vector<ReceivedUpdate> completed_;
   std::optional<Rejection> last_rejection_;
   StoreUpdate store_update_;
+  // Per sender, the newest update completed here (sequence, header hash):
+  // its header sent again (the sender missed the final Ack) is answered
+  // with that Ack, not refused as a replay. One entry per roster member.
+  std::map<std::string, std::pair<uint64_t, crypto::Hash>> last_completed_;
 };
 
 // Hello/Welcome: the highest version both speak, or a Reject naming both

@@ -241,7 +241,17 @@ TEST_F(UpdateTransfer, ReplayedUpdatesAreRefusedAndCountersPersist) {
     fp::UpdateReceiver receiver(policy(), roster_, *replay);
     const auto update = prepare(metadata(3));
     ASSERT_TRUE(deliver(receiver, update)->root().getAck().getComplete());
-    EXPECT_EQ(code_of(*deliver(receiver, update)), wire::RejectCode::REPLAYED);
+    EXPECT_EQ(receiver.take_completed().size(), 1u);
+    // The same update sent again (its sender missed the final Ack): the Ack
+    // again, and nothing taken twice.
+    auto again = deliver(receiver, update);
+    ASSERT_TRUE(again->root().isAck());
+    EXPECT_TRUE(again->root().getAck().getComplete());
+    EXPECT_TRUE(receiver.take_completed().empty());
+    // Another update under the same sequence, or an older one, is the replay.
+    fp::UpdateMetadata other = metadata(3);
+    other.sample_count = 41;
+    EXPECT_EQ(code_of(*deliver(receiver, prepare(other))), wire::RejectCode::REPLAYED);
     EXPECT_EQ(code_of(*deliver(receiver, prepare(metadata(2)))), wire::RejectCode::REPLAYED);
   }
   auto reopened = fc::ReplayGuard::open(file);
@@ -281,8 +291,11 @@ TEST_F(UpdateTransfer, AnUpdateTheStoreCannotTakeIsRefusedRetryablyAndTakenWhenR
   EXPECT_EQ(stored[0].tensors, values_);
   EXPECT_EQ(replay.last_accepted("site-a"), 9u);
   EXPECT_TRUE(receiver.take_completed().empty()) << "the store hook owns a stored update";
-  // Now it is durable, a resend is the replay.
-  EXPECT_EQ(code_of(*deliver(receiver, update)), wire::RejectCode::REPLAYED);
+  // Now it is durable, a resend is acknowledged and not stored twice.
+  auto resent = deliver(receiver, update);
+  ASSERT_TRUE(resent->root().isAck());
+  EXPECT_TRUE(resent->root().getAck().getComplete());
+  EXPECT_EQ(stored.size(), 1u);
   EXPECT_FALSE(fp::reject_is_retryable(wire::RejectCode::REPLAYED));
 }
 

@@ -547,7 +547,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   note_update(outcome->accepted, summary.final_train_loss, local_eval.accuracy, a.round);
   nlohmann::json event = {{"event", "update"}, {"round", a.round}, {"version", a.version},
-                          {"accepted", outcome->accepted}, {"train_loss", summary.final_train_loss},
+                          {"sequence", metadata.sequence}, {"accepted", outcome->accepted}, {"train_loss", summary.final_train_loss},
                           {"local_accuracy", local_eval.accuracy}, {"steps", summary.steps},
                           {"bytes", prepared->encoded_payload_bytes}, {"wire_bytes", protocol::wire_bytes(*prepared)},
                           {"seconds", seconds}, {"attempts", attempts}};

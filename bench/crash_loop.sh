@@ -69,15 +69,18 @@ if [[ -n $OUT ]]; then
 else
   WORK=$(mktemp -d)
 fi
+ROOT_WORK=$WORK
 declare -A PID
 cleanup() {
   local name
   for name in "${!PID[@]}"; do kill "${PID[$name]}" 2>/dev/null || true; done
   for name in "${!PID[@]}"; do wait "${PID[$name]}" 2>/dev/null || true; done
-  [[ -n $OUT ]] || rm -rf "$WORK"
+  [[ -n $OUT ]] || rm -rf "$ROOT_WORK"
 }
 trap cleanup EXIT
 
+ROOT_WORK=$WORK
+WORK="$WORK/federation"  # local_federation.sh makes it
 "$ROOT/deploy/local_federation.sh" --fedmesh "$FEDMESH" --dir "$WORK" --sites "$SITES" --port "$PORT" \
   --metrics-port $((PORT + 1000)) --rounds "$ROUNDS" --local-steps "$LOCAL_STEPS" --deadline 120 --model mlp \
   --agg 'validation_limit = 500' --agg 'linger_seconds = 5' --site "data.train_limit = $TRAIN_LIMIT" \

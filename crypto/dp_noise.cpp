@@ -72,9 +72,8 @@ u128 uniform_below(NoiseSource& source, u128 bound) {
     return m >> 64;
   }
   // 128 bits masked to the bound's width, rejected at or above it (fewer than 2 tries expected).
-  const u128 top = bound - 1;
-  int width = 128;
-  while (((top >> (width - 1)) & 1) == 0) --width;
+  const u128 top = bound - 1;  // at least 2^64 here: its high word is not zero
+  const int width = 128 - __builtin_clzll(static_cast<uint64_t>(top >> 64));
   const u128 mask = width == 128 ? ~u128{0} : ((u128{1} << width) - 1);
   for (;;) {
     const u128 x = ((static_cast<u128>(source.next_u64()) << 64) | source.next_u64()) & mask;
@@ -92,7 +91,7 @@ bool bernoulli_fraction(NoiseSource& source, u128 numerator, u128 denominator) {
 bool bernoulli_exp_minus(NoiseSource& source, u128 numerator, u128 denominator) {
   FEDMESH_CHECK(denominator > 0, "bernoulli_exp_minus needs a positive denominator");
   // exp(-gamma) = exp(-1)^floor(gamma) x exp(-(gamma - floor(gamma))).
-  const u128 whole = numerator / denominator;
+  const u128 whole = numerator < denominator ? 0 : numerator / denominator;
   for (u128 i = 0; i < whole; ++i) {
     if (!bernoulli_exp_minus_at_most_one(source, 1, 1)) return false;
   }

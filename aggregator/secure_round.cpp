@@ -66,9 +66,13 @@ protocol::SecAggDownMessage secagg_view(const crypto::SecAggServer& s, const std
   return d;
 }
 
-void add_dp_fedavg_noise(std::span<float> mean, double noise_multiplier, double clip, size_t contributors, Rng& rng) {
-  const double stddev = noise_multiplier * clip / static_cast<double>(std::max<size_t>(contributors, 1));
-  for (float& v : mean) v = static_cast<float>(v + stddev * rng.normal());
+void add_dp_fedavg_noise(std::span<float> mean, double noise_multiplier, double clip, size_t contributors,
+                         crypto::NoiseSource& source) {
+  if (noise_multiplier <= 0.0) return;
+  // One site's clipped update moves the mean by at most clip / k.
+  const double sensitivity = clip / static_cast<double>(std::max<size_t>(contributors, 1));
+  const double stddev = noise_multiplier * sensitivity;
+  crypto::add_grid_gaussian_noise(mean, stddev, crypto::noise_grid(sensitivity, stddev), source);
 }
 
 SecureRound::SecureRound(SecureOptions options, const crypto::Roster& roster, std::string federation, uint64_t length,

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/random.h"
+#include "crypto/dp_noise.h"
 #include "crypto/secure_aggregation.h"
 #include "protocol/secagg_wire.h"
 
@@ -55,8 +56,12 @@ struct SecureResult {
 protocol::SecAggDownMessage secagg_view(const crypto::SecAggServer& server, const std::string& site);
 
 // DP-FedAvg: N(0, (noise_multiplier clip / contributors)^2) added to each
-// coordinate of the mean of `contributors` updates clipped to `clip`.
-void add_dp_fedavg_noise(std::span<float> mean, double noise_multiplier, double clip, size_t contributors, Rng& rng);
+// coordinate of the mean of `contributors` updates clipped to `clip`, as a
+// discrete Gaussian on a power-of-two grid of at most 2^-20 clip /
+// contributors (crypto/dp_noise.h), drawn from `source`: the aggregator's
+// CSPRNG, or a simulation's seeded source (replay, not private).
+void add_dp_fedavg_noise(std::span<float> mean, double noise_multiplier, double clip, size_t contributors,
+                         crypto::NoiseSource& source);
 
 class SecureRound {
  public:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -24,6 +25,7 @@
 #include "train/data/tokenized_text.h"
 #include "train/model.h"
 #include "train/trainer.h"
+#include "privacy/dp_settings.h"
 #include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
 #include "protocol/model_transfer.h"
@@ -389,13 +391,23 @@ Status AggregatorServer::Impl::open_privacy() {
   if (!ledger.is_ok()) return ledger.status();
   dp_rounds = static_cast<int64_t>(ledger->size());
   const int64_t planned = config.rounds > 0 ? config.rounds : 100;
-  const double n = static_cast<double>(per_round > 0 ? per_round : static_cast<int64_t>(roster_sites));
-  emit({{"event", "warning"},
-        {"message", "DP-FedAvg over " + std::to_string(static_cast<int64_t>(n)) + " sites a round: the mean gets noise of "
+  const int64_t per_round_sites = per_round > 0 ? std::min<int64_t>(per_round, static_cast<int64_t>(roster_sites))
+                                                : static_cast<int64_t>(roster_sites);
+  const double n = static_cast<double>(std::max<int64_t>(per_round_sites, 1));
+  emit({{"event", "dp_plan"}, {"mechanism", "dp-fedavg"}, {"noise", "csprng"}, {"sites_per_round", per_round_sites},
+        {"noise_stddev_per_clip", config.dp_noise_multiplier / n}, {"planned_rounds", planned},
+        {"epsilon_after_planned_rounds", dp->after(planned).epsilon}, {"delta", config.dp_delta},
+        {"message", "DP-FedAvg over " + std::to_string(per_round_sites) + " sites a round: the mean gets noise of "
                     "standard deviation " + std::to_string(config.dp_noise_multiplier / n) + " x clip per coordinate, "
                     "epsilon after " + std::to_string(planned) + " rounds is " +
-                    std::to_string(dp->after(planned).epsilon) + " at delta " + std::to_string(config.dp_delta) +
-                    "; with few sites a small epsilon needs noise as large as the updates themselves"}});
+                    std::to_string(dp->after(planned).epsilon) + " at delta " + std::to_string(config.dp_delta)}});
+  const privacy::DpFedAvgNoiseScale scale = privacy::dp_fedavg_noise_scale(
+      config.dp_noise_multiplier, per_round_sites, manager->parameter_count(), planned);
+  if (scale.swamps()) {
+    emit({{"event", "warning"}, {"kind", "dp_noise_swamps_signal"}, {"noise_to_signal", scale.noise_to_signal},
+          {"sites_per_round", per_round_sites}, {"sites_needed", scale.sites_needed}, {"message", scale.message()}});
+    std::fprintf(stderr, "fedmesh aggregator: warning: %s\n", scale.message().c_str());
+  }
   return Status::ok();
 }
 
@@ -734,11 +746,9 @@ Status AggregatorServer::Impl::finish_secure_round(const SecureResult& result) {
         {"contributors", result.contributors}, {"words", result.sum.size()}, {"sum_blake2b", crypto::to_hex(digest)}});
   std::optional<store::PrivacyEntry> entry;
   if (dp) {
-    // N(0, (σ C)²) on the sum is N(0, (σ C / k)²) on the mean; the noise is
-    // drawn from a generator the OS seeds (it must not be predictable).
-    uint64_t seed = 0;
-    randombytes_buf(&seed, sizeof seed);
-    Rng noise(seed);
+    // N(0, (σ C)²) on the sum is N(0, (σ C / k)²) on the mean; the noise
+    // comes from the CSPRNG (it must not be predictable).
+    crypto::SecureNoiseSource noise;
     add_dp_fedavg_noise(mean, config.dp_noise_multiplier, config.secure.clip, result.contributors.size(), noise);
     entry = privacy::ledger_entry(*dp, "dp-fedavg", manager->round(), dp_rounds + 1);
   }

@@ -1,5 +1,6 @@
 #include "cli/sim_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -9,6 +10,7 @@
 #include "base/text.h"
 #include "cli/output.h"
 #include "sim/gossip_simulation.h"
+#include "privacy/dp_settings.h"
 #include "kernels/parallel.h"
 #include "train/data/fashion_mnist.h"
 #include "train/data/text_corpus.h"
@@ -17,6 +19,10 @@
 namespace fedmesh::cli {
 
 namespace {
+
+constexpr const char* kSimulationNoiseNote =
+    "DP-FedAvg noise seeded for replay (a simulation): not a privacy guarantee; epsilon is what the mechanism "
+    "would spend with secret noise";
 
 constexpr int kMaxThreads = 1024;
 
@@ -314,6 +320,27 @@ int run_sim(SimFlags& flags) {
                  static_cast<long long>(o.local_steps));
     std::fprintf(stderr, "updates compressed as %s\n", o.compression.to_string().c_str());
   }
+  const bool dp = o.secure && o.dp_noise_multiplier > 0.0;
+  if (dp) {
+    if (!flags.json) std::fprintf(stderr, "%s\n", kSimulationNoiseNote);
+    Result<std::unique_ptr<train::Sequential>> model = train::make_model(o.model, o.seed, data->vocabulary);
+    if (!model.is_ok()) return fail(flags, model.status());
+    int64_t parameters = 0;
+    for (Parameter* p : (*model)->parameters()) parameters += p->value.numel();
+    const int64_t per_round = o.rounds_options.sites_per_round > 0
+                                  ? std::min<int64_t>(o.rounds_options.sites_per_round, o.sites)
+                                  : static_cast<int64_t>(o.sites);
+    const privacy::DpFedAvgNoiseScale scale =
+        privacy::dp_fedavg_noise_scale(o.dp_noise_multiplier, per_round, parameters, o.rounds);
+    if (scale.swamps()) {
+      if (flags.json) {
+        emit_json({{"event", "warning"}, {"kind", "dp_noise_swamps_signal"}, {"noise_to_signal", scale.noise_to_signal},
+                   {"sites_per_round", per_round}, {"sites_needed", scale.sites_needed}, {"parameters", parameters},
+                   {"rounds", o.rounds}, {"message", scale.message()}});
+      }
+      std::fprintf(stderr, "fedmesh sim: warning: %s\n", scale.message().c_str());
+    }
+  }
   Result<sim::SimulationSummary> summary =
       sim::run_simulation(o, std::move(*data), [&](const sim::SimulationRound& r) {
         double mean_staleness = 0.0;
@@ -337,10 +364,12 @@ int run_sim(SimFlags& flags) {
                        r.bits_per_byte);
           return;
         }
-        std::fprintf(stderr, "round %4lld  version %4lld  updates %3lld  dropped %2lld  staleness %.1f  test accuracy %.2f%%  loss %.4f\n",
+        std::fprintf(stderr, "round %4lld  version %4lld  updates %3lld  dropped %2lld  staleness %.1f  test accuracy %.2f%%  loss %.4f",
                      static_cast<long long>(r.record.round), static_cast<long long>(r.record.version),
                      static_cast<long long>(r.updates), static_cast<long long>(r.dropped), mean_staleness,
                      100.0 * r.test_accuracy, r.test_loss);
+        if (r.epsilon >= 0.0) std::fprintf(stderr, "  epsilon %.4f", r.epsilon);
+        std::fprintf(stderr, "\n");
       });
   if (!summary.is_ok()) return fail(flags, summary.status());
   const double wall_seconds = seconds_since(wall_start);
@@ -355,6 +384,8 @@ int run_sim(SimFlags& flags) {
     if (summary->epsilon >= 0.0) {
       event["epsilon"] = summary->epsilon;
       event["delta"] = summary->delta;
+      event["dp_noise"] = "seeded";
+      event["dp_noise_note"] = kSimulationNoiseNote;
     }
     emit_json(event);
   } else if (summary->final_bits_per_byte >= 0.0) {
@@ -366,6 +397,10 @@ int run_sim(SimFlags& flags) {
     std::printf("sim %s %s: test accuracy %.2f%% after %zu server steps, %.1f MB sent by sites, %s\n", mode.c_str(),
                 flags.strategy.c_str(), 100.0 * summary->final_accuracy, summary->rounds.size(),
                 static_cast<double>(summary->bytes_sent) / 1e6, format_duration(wall_seconds).c_str());
+  }
+  if (!flags.json && summary->epsilon >= 0.0) {
+    std::printf("differential privacy (DP-FedAvg, noise %g, delta %g): epsilon %.4f spent over %zu rounds\n%s\n",
+                o.dp_noise_multiplier, summary->delta, summary->epsilon, summary->rounds.size(), kSimulationNoiseNote);
   }
   return 0;
 }

@@ -50,6 +50,10 @@ nlohmann::json language_metrics(double loss, double unigram_loss, double tokens_
           {"unigram_bits_per_byte", unigram_loss / std::log(2.0)}};
 }
 
+constexpr const char* kSeededNoiseNote =
+    "DP-SGD noise seeded for replay (--dp-seeded-noise): not a privacy guarantee; epsilon is what the mechanism "
+    "would spend with secret noise";
+
 // DP-SGD: the accountant, and a target budget caps the steps up front, so
 // that no step is taken whose epsilon would exceed it. Sampling rate q =
 // examples per step / training examples (shuffled fixed-size batches,
@@ -273,6 +277,9 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
       event["delta"] = accounting->delta;
       event["dp_noise_multiplier"] = accounting->sigma;
       event["dp_sampling_rate"] = accounting->q;
+      // Seeded noise replays and protects nothing: the summary says so.
+      event["dp_noise"] = o.options.dp_seeded_noise ? "seeded" : "csprng";
+      if (o.options.dp_seeded_noise) event["dp_noise_note"] = kSeededNoiseNote;
     }
     if (data.language) {
       event.update(language_metrics(summary.test.loss, data.unigram_loss, data.tokens_per_byte));
@@ -315,6 +322,7 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
     std::printf("differential privacy (DP-SGD, clip %g, noise %g, q %.4g): (epsilon %.4f, delta %g) spent over %lld steps\n",
                 static_cast<double>(o.options.dp_clip_norm), accounting->sigma, accounting->q,
                 accounting->after(summary.steps).epsilon, accounting->delta, static_cast<long long>(summary.steps));
+    if (o.options.dp_seeded_noise) std::printf("%s\n", kSeededNoiseNote);
   }
 }
 
@@ -333,6 +341,10 @@ int run_train(TrainFlags& flags) {
     return fail(flags, s);
   }
   if (flags.log_every < 1) return fail(flags, invalid_argument("--log-every must be at least 1"));
+  if (o.dp_seeded_noise && o.dp_noise_multiplier <= 0.0f) {
+    return fail(flags, invalid_argument("--dp-seeded-noise needs --dp-noise (it seeds the DP-SGD noise)"));
+  }
+  if (o.dp_seeded_noise) std::fprintf(stderr, "fedmesh train: %s\n", kSeededNoiseNote);
   Result<std::unique_ptr<train::TrainingRun>> created = train::TrainingRun::create(flags.run);
   if (!created.is_ok()) return fail(flags, created.status());
   train::TrainingRun& run = **created;
@@ -346,7 +358,8 @@ int run_train(TrainFlags& flags) {
   flags.run = run.options();
   train::PrivacyEntryAt privacy;
   if (*accounting) {
-    privacy = [spent = **accounting](int64_t step) { return privacy::ledger_entry(spent, "dp-sgd", 0, step); };
+    const std::string mechanism = flags.run.options.dp_seeded_noise ? "dp-sgd-seeded" : "dp-sgd";
+    privacy = [spent = **accounting, mechanism](int64_t step) { return privacy::ledger_entry(spent, mechanism, 0, step); };
   }
   const auto warn = [](const std::string& warning) { std::fprintf(stderr, "fedmesh train: %s\n", warning.c_str()); };
   if (Status s = run.open(std::move(privacy), warn); !s.is_ok()) return fail(flags, s);
@@ -430,6 +443,10 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "DP-SGD noise multiplier sigma: N(0, (sigma * clip)^2) added to each step's summed gradient")
       ->capture_default_str();
   cmd->add_option("--dp-delta", flags->run.dp_delta, "The delta the RDP accountant reports epsilon at")->capture_default_str();
+  cmd->add_flag("--dp-seeded-noise", o.dp_seeded_noise,
+                "Draw the DP-SGD noise from --seed so that a run (and a resumed one) replays exactly, for simulations "
+                "and tests: NOT PRIVATE (whoever knows the seed can remove the noise). Without it the noise comes from "
+                "the OS CSPRNG");
   cmd->add_option("--dp-target-epsilon", flags->run.dp_target_epsilon,
                   "Stop before the step that would spend more than this epsilon (0 = no target)")
       ->capture_default_str();

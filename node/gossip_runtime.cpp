@@ -21,6 +21,7 @@
 #include "base/http_endpoint.h"
 #include "base/prometheus.h"
 #include "base/random.h"
+#include "crypto/dp_noise.h"
 #include "crypto/roster.h"
 #include "gossip/catch_up.h"
 #include "gossip/exchange.h"
@@ -695,8 +696,10 @@ Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
 }
 
 void GossipRuntime::Impl::privatize(std::vector<std::vector<float>>& trained) {
-  // The round's delta, clipped to dp.clip, plus N(0, (sigma clip)^2), from a
-  // generator the OS seeds (the noise must not be predictable).
+  // The round's delta, clipped to dp.clip, plus N(0, (sigma clip)^2) as a
+  // discrete Gaussian on a grid of at most 2^-20 clip (crypto/dp_noise.h),
+  // from the CSPRNG (the noise must not be predictable). The noised delta
+  // lies on the grid; the model the peer shares is its post-processing.
   const std::vector<std::vector<float>>& before = state->model();
   double squares = 0.0;
   for (size_t t = 0; t < trained.size(); ++t) {
@@ -708,14 +711,16 @@ void GossipRuntime::Impl::privatize(std::vector<std::vector<float>>& trained) {
   const double norm = std::sqrt(squares);
   const double scale = norm > config.dp_clip ? config.dp_clip / norm : 1.0;
   const double stddev = config.dp_noise_multiplier * config.dp_clip;
-  uint64_t seed = 0;
-  randombytes_buf(&seed, sizeof seed);
-  Rng noise(seed);
+  crypto::SecureNoiseSource noise;
+  const double grid = stddev > 0.0 ? crypto::noise_grid(config.dp_clip, stddev) : 0.0;
+  std::vector<double> delta;
   for (size_t t = 0; t < trained.size(); ++t) {
+    delta.resize(trained[t].size());
     for (size_t i = 0; i < trained[t].size(); ++i) {
-      const double d = (static_cast<double>(trained[t][i]) - before[t][i]) * scale;
-      trained[t][i] = static_cast<float>(before[t][i] + d + (stddev > 0.0 ? stddev * noise.normal() : 0.0));
+      delta[i] = (static_cast<double>(trained[t][i]) - before[t][i]) * scale;
     }
+    if (stddev > 0.0) crypto::add_grid_gaussian_noise(delta, stddev, grid, noise);
+    for (size_t i = 0; i < trained[t].size(); ++i) trained[t][i] = static_cast<float>(before[t][i] + delta[i]);
   }
 }
 

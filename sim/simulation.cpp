@@ -16,6 +16,7 @@
 #include "crypto/keys.h"
 #include "crypto/masking.h"
 #include "privacy/dp_settings.h"
+#include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
 #include "train/data/tokenized_text.h"
 #include "train/model.h"
@@ -361,9 +362,11 @@ class Simulation {
     if (!outcome->done) return manager_->close_round(time);  // aborted: no step this round
     std::vector<float> mean = outcome->result.mean(options_.secure_options.fraction_bits);
     if (options_.dp_noise_multiplier > 0.0) {
-      Rng noise(mix_seed(options_.seed, 0xd9f0 + static_cast<uint64_t>(manager_->round())));
+      // Seeded so that a simulation replays: not private (the ledger says so).
+      crypto::SeededNoiseSource noise(mix_seed(options_.seed, 0xd9f0 + static_cast<uint64_t>(manager_->round())));
       aggregator::add_dp_fedavg_noise(mean, options_.dp_noise_multiplier, options_.secure_options.clip,
-                          outcome->result.contributors.size(), noise);
+                                      outcome->result.contributors.size(), noise);
+      released_noised_mean_ = true;
     }
     return manager_->close_round_with_mean(std::move(mean), outcome->result.contributors);
   }
@@ -392,7 +395,15 @@ class Simulation {
       extra.push_back({"powersgd_q", std::to_string(i), &views.back()});
     }
     state["compressor_rounds"] = compressor_rounds;
-    return aggregator::commit_manager_round(checkpoints, *manager_, round.record, std::move(metrics), std::move(state), {}, extra);
+    // A round that released a noised mean commits its ledger entry with it.
+    std::optional<store::PrivacyEntry> privacy;
+    if (released_noised_mean_) {
+      privacy = privacy::ledger_entry(accounting_, kSimulationDpMechanism, round.record.round, manager_->version());
+      metrics["epsilon"] = privacy->epsilon;
+      metrics["delta"] = privacy->delta;
+    }
+    return aggregator::commit_manager_round(checkpoints, *manager_, round.record, std::move(metrics), std::move(state),
+                                            {}, extra, std::move(privacy));
   }
 
   // Restores the newest intact round; returns the round index to go on from.
@@ -472,6 +483,7 @@ class Simulation {
       }
     }
     for (int64_t r = first_round; r < options_.rounds; ++r) {
+      released_noised_mean_ = false;
       FEDMESH_RETURN_IF_ERROR(manager_->start_round(names, time));
       const std::vector<std::string> sampled = manager_->sampled();
       double round_time = 0.0;
@@ -596,6 +608,7 @@ class Simulation {
   std::vector<crypto::SiteKeys> site_keys_;
   crypto::Roster roster_;
   privacy::ConstantRateAccounting accounting_;
+  bool released_noised_mean_ = false;  // this round's step added DP-FedAvg noise
   std::vector<std::vector<float>> shared_q_;  // PowerSGD: one per PowerSGD tensor
   std::vector<protocol::TensorShape> q_manifest_;  // the manifest with PowerSGD tensors as their Q factors
 };

@@ -61,7 +61,11 @@ struct SimulationOptions {
   // sites that drop out never advertise keys, and the round takes the mean
   // of the survivors (equal weights), or nothing when fewer than t are left.
   // dp_noise_multiplier > 0 adds DP-FedAvg noise N(0, (sigma clip / k)^2) to
-  // that mean (seeded: a simulation replays) and reports epsilon at dp_delta.
+  // that mean and reports epsilon at dp_delta; with db, each round that
+  // released a noised mean commits its privacy ledger entry (mechanism
+  // kSimulationDpMechanism) with it. The noise is the aggregator's sampler
+  // (a discrete Gaussian on a grid) drawn from the seed, so a simulation
+  // replays: it is no privacy guarantee.
   bool secure = false;
   aggregator::SecureOptions secure_options;
   double dp_noise_multiplier = 0.0;
@@ -73,6 +77,9 @@ struct SimulationOptions {
 
   Status validate() const;
 };
+
+// The ledger's mechanism for a simulation's DP-FedAvg: seeded, not private.
+inline constexpr const char* kSimulationDpMechanism = "dp-fedavg-seeded";
 
 struct SimulationRound {
   aggregator::RoundRecord record;

@@ -1072,8 +1072,9 @@ Result<std::vector<PeerRecord>> CheckpointStore::peers() {
 Status CheckpointStore::insert_privacy_entry(int64_t round, const PrivacyEntry& entry) {
   const std::string what = "privacy ledger entry of round " + std::to_string(round);
   if (entry.round != round) return invalid_argument(what + ": it names round " + std::to_string(entry.round));
-  if (entry.mechanism != "dp-sgd" && entry.mechanism != "dp-fedavg" && entry.mechanism != "gossip-local") {
-    return invalid_argument(what + ": mechanism '" + entry.mechanism.substr(0, 64) + "' is not dp-sgd, dp-fedavg or gossip-local");
+  if (!is_privacy_mechanism(entry.mechanism)) {
+    return invalid_argument(what + ": mechanism '" + entry.mechanism.substr(0, 64) +
+                            "' is not dp-sgd, dp-fedavg, gossip-local, dp-sgd-seeded or dp-fedavg-seeded");
   }
   if (!(entry.sampling_rate >= 0.0 && entry.sampling_rate <= 1.0) || !(entry.noise_multiplier >= 0.0) ||
       entry.steps < 0 || !(entry.epsilon >= 0.0) || !(entry.delta > 0.0 && entry.delta < 1.0)) {

@@ -37,6 +37,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -89,11 +90,20 @@ struct PeerRecord {
   int64_t updated_round = 0;
 };
 
+// The mechanisms a privacy ledger entry may name.
+inline bool is_privacy_mechanism(std::string_view m) {
+  return m == "dp-sgd" || m == "dp-fedavg" || m == "gossip-local" || m == "dp-sgd-seeded" || m == "dp-fedavg-seeded";
+}
+// A mechanism whose noise was seeded for replay: no privacy guarantee.
+inline bool is_seeded_privacy_mechanism(std::string_view m) { return m.ends_with("-seeded"); }
+
 // One round's entry in the privacy ledger: what the round spent and the
 // total so far, written in the round's own transaction.
 struct PrivacyEntry {
   int64_t round = 0;
-  std::string mechanism;        // dp-sgd, dp-fedavg, gossip-local
+  // dp-sgd, dp-fedavg, gossip-local; dp-sgd-seeded and dp-fedavg-seeded when
+  // the noise was seeded for replay (a simulation, a test): not private.
+  std::string mechanism;
   double sampling_rate = 0.0;
   double noise_multiplier = 0.0;
   int64_t steps = 0;

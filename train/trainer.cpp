@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "kernels/cuda_ops.h"
 #include "kernels/device_ops.h"
@@ -149,15 +150,28 @@ void Trainer::private_gradient(const data::Dataset& dataset, std::span<const int
       for (size_t k = 0; k < dp_sum_[p].size(); ++k) sum[k] += factor * g[k];
     }
   }
-  // Noise from the seed and the optimizer step: a resumed run draws the same.
-  Rng noise(mix_seed(options_.dp_seed ^ 0xd1ff5eedull, static_cast<uint64_t>(optimizer_->steps_taken())));
+  // N(0, (sigma C)^2) on the sum as a discrete Gaussian on a grid of at most
+  // 2^-20 C (crypto/dp_noise.h): the noised sum lies on the grid and keeps
+  // no trace of the unnoised sum's low bits. From the CSPRNG, or with
+  // dp_seeded_noise from the seed and the optimizer step (a resumed run
+  // draws the same; not private).
   const double deviation = static_cast<double>(options_.dp_noise_multiplier) * clip;
+  if (deviation > 0.0) {
+    std::optional<crypto::SeededNoiseSource> seeded;
+    crypto::NoiseSource* source = nullptr;
+    if (options_.dp_seeded_noise) {
+      source = &seeded.emplace(mix_seed(options_.dp_seed ^ 0xd1ff5eedull, static_cast<uint64_t>(optimizer_->steps_taken())));
+    } else {
+      if (!secure_noise_) secure_noise_ = std::make_unique<crypto::SecureNoiseSource>();
+      source = secure_noise_.get();
+    }
+    const double grid = crypto::noise_grid(clip, deviation);
+    for (std::vector<float>& sum : dp_sum_) crypto::add_grid_gaussian_noise(sum, deviation, grid, *source);
+  }
   const float inverse = indices.empty() ? 0.0f : 1.0f / static_cast<float>(indices.size());
   for (size_t p = 0; p < parameters.size(); ++p) {
     float* g = parameters[p]->grad.data<float>();
-    for (size_t k = 0; k < dp_sum_[p].size(); ++k) {
-      g[k] = (dp_sum_[p][k] + static_cast<float>(deviation * noise.normal())) * inverse;
-    }
+    for (size_t k = 0; k < dp_sum_[p].size(); ++k) g[k] = dp_sum_[p][k] * inverse;
   }
   result.loss = indices.empty() ? 0.0
                                 : loss_sum / static_cast<double>(static_cast<int64_t>(indices.size()) *

@@ -14,6 +14,7 @@
 
 #include "base/random.h"
 #include "base/status.h"
+#include "crypto/dp_noise.h"
 #include "kernels/device_ops.h"
 #include "kernels/optimizer.h"
 #include "train/data/dataset.h"
@@ -50,11 +51,16 @@ struct TrainOptions {
   // dp_clip_norm > 0 every example's gradient is clipped to that L2 norm on
   // its own, the clipped gradients are summed, N(0, (σ C)²) noise with σ =
   // dp_noise_multiplier is added to every coordinate, and the sum is divided
-  // by the step's samples. The noise is drawn from dp_seed and the step, so
-  // a resumed run draws what an uninterrupted one would. fp32 and bf16 only
-  // (no loss scaling), one process (no data-parallel ranks).
+  // by the step's samples. The noise is a discrete Gaussian on a grid of
+  // 2^-20 x C or finer (crypto/dp_noise.h) drawn from the OS CSPRNG. With
+  // dp_seeded_noise it is drawn from dp_seed and the step instead, so a
+  // resumed run draws what an uninterrupted one would: for simulations and
+  // tests that replay, and no privacy guarantee (whoever knows the seed can
+  // subtract the noise). fp32 and bf16 only (no loss scaling), one process
+  // (no data-parallel ranks).
   float dp_clip_norm = 0.0f;
   float dp_noise_multiplier = 0.0f;
+  bool dp_seeded_noise = false;
   uint64_t dp_seed = 0;
 
   // Checks ranges and names; the message says which option is wrong.
@@ -223,6 +229,7 @@ class Trainer {
   device::StepScalars device_scalars_;
   device::DeviceLabels device_labels_;
   std::vector<std::vector<float>> dp_sum_;  // DP-SGD: the clipped per-example gradients' sum
+  std::unique_ptr<crypto::NoiseSource> secure_noise_;  // DP-SGD without dp_seeded_noise: the CSPRNG
   std::vector<int32_t> targets_;
 };
 

@@ -53,6 +53,7 @@ nlohmann::json trajectory(const TrainingRunOptions& run, const TrainingData& dat
                            {"dp_delta", run.dp_delta},
                            {"dp_target_epsilon", run.dp_target_epsilon}};
   if (data.tokenizer) config["tokenizer"] = data.tokenizer->fingerprint();
+  if (o.dp_seeded_noise) config["dp_seeded_noise"] = true;  // a seeded run resumes only seeded
   return config;
 }
 

@@ -5,11 +5,21 @@
 //   a ledger entry with every checkpoint, epsilon rising, which
 //   `fedmesh privacy report` prints;
 // - `--dp-target-epsilon` stops before the step that would pass it;
-// - flags that cannot be private are refused by name.
+// - flags that cannot be private are refused by name;
+// - `fedmesh sim --mode private --dp-noise 1 --db P.db` commits one ledger
+//   entry per released round (mechanism dp-fedavg-seeded), and `fedmesh
+//   privacy report P.db` gives the sim's epsilon and says the noise was
+//   seeded for replay; the text outputs of both show epsilon;
+// - DP-FedAvg whose noise swamps the signal (4 sites, sigma 1 on the mlp's
+//   535 818 parameters) warns with an event and on stderr; a small sigma
+//   does not;
+// - `--dp-seeded-noise` replays DP-SGD exactly and says it is not private,
+//   while the CSPRNG's runs differ.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -20,6 +30,7 @@
 #include "privacy/rdp_accountant.h"
 #include "store/checkpoint_store.h"
 #include "support/fedmesh_run.h"
+#include "support/process.h"
 
 namespace {
 
@@ -119,6 +130,105 @@ TEST_F(Privacy, FlagsThatCannotBePrivateAreRefused) {
   }
   const Output missing = run({"privacy", "report", (dir_ / "none.db").string(), "--json"});
   EXPECT_EQ(missing.exit_code, 2);
+}
+
+std::vector<std::string> private_simulation(const fs::path& db, const std::string& sites, const std::string& sigma) {
+  std::vector<std::string> args = {"sim", "--mode", "private", "--sites", sites, "--rounds", "3", "--local-steps", "4",
+                                   "--train-limit", "2000", "--test-limit", "200", "--seed", "3", "--threads", "2",
+                                   "--dp-noise", sigma};
+  if (!db.empty()) {
+    args.push_back("--db");
+    args.push_back(db.string());
+  }
+  return args;
+}
+
+// stdout and stderr together, for what a person sees.
+std::string run_with_stderr(const std::vector<std::string>& args) {
+  std::string command = fedmesh::testing::fedmesh_under_test();
+  for (const std::string& a : args) command += " '" + a + "'";
+  command += " 2>&1";
+  fedmesh::testing::ChildProcess child({"/bin/sh", "-c", command});
+  std::string text;
+  for (const std::string& line : child.read_all(300s)) text += line + "\n";
+  EXPECT_EQ(child.wait(), 0) << text;
+  return text;
+}
+
+TEST_F(Privacy, APrivateSimulationKeepsALedgerThatTheReportReads) {
+  const fs::path db = dir_ / "P.db";
+  std::vector<std::string> args = private_simulation(db, "4", "1");
+  args.push_back("--json");
+  const Output simulated = run(args);
+  ASSERT_EQ(simulated.exit_code, 0) << simulated.text;
+  const double epsilon = simulated.last["epsilon"].get<double>();
+  EXPECT_GT(epsilon, 0.0);
+  EXPECT_EQ(simulated.last["dp_noise"], "seeded");
+  EXPECT_NE(simulated.last.value("dp_noise_note", "").find("not a privacy guarantee"), std::string::npos);
+
+  auto store = fedmesh::store::CheckpointStore::open_existing(db.string());
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  const std::vector<fedmesh::store::PrivacyEntry> ledger = store->privacy_ledger().value();
+  ASSERT_FALSE(ledger.empty());
+  for (const fedmesh::store::PrivacyEntry& e : ledger) EXPECT_EQ(e.mechanism, "dp-fedavg-seeded");
+  EXPECT_DOUBLE_EQ(ledger.back().epsilon, epsilon);
+
+  const Output report = run({"privacy", "report", db.string(), "--json"});
+  ASSERT_EQ(report.exit_code, 0) << report.text;
+  EXPECT_EQ(report.last["private"], true);
+  EXPECT_EQ(report.last["rounds"], ledger.size());
+  EXPECT_EQ(report.last["seeded_noise_rounds"], ledger.size());
+  EXPECT_DOUBLE_EQ(report.last["epsilon"].get<double>(), epsilon);
+
+  const Output text = run({"privacy", "report", db.string()});
+  EXPECT_EQ(text.text.find("not differentially private"), std::string::npos) << text.text;
+  EXPECT_NE(text.text.find("dp-fedavg-seeded"), std::string::npos) << text.text;
+  EXPECT_NE(text.text.find("spent: (epsilon"), std::string::npos) << text.text;
+  EXPECT_NE(text.text.find("not a privacy guarantee"), std::string::npos) << text.text;
+
+  // The sim's own text output shows epsilon, per round and at the end.
+  const std::string plain = run_with_stderr(private_simulation({}, "4", "1"));
+  EXPECT_NE(plain.find("  epsilon "), std::string::npos) << plain;
+  EXPECT_NE(plain.find("differential privacy (DP-FedAvg"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("seeded for replay"), std::string::npos) << plain;
+}
+
+TEST_F(Privacy, NoiseThatSwampsTheSignalIsWarnedAbout) {
+  // sigma sqrt(d / R) / k = 1 x sqrt(535 818 / 3) / 4 = 106: far above 1.
+  std::vector<std::string> args = private_simulation({}, "4", "1");
+  args.push_back("--json");
+  const Output swamped = run(args);
+  ASSERT_EQ(swamped.exit_code, 0) << swamped.text;
+  const nlohmann::json* warning = nullptr;
+  for (const nlohmann::json& e : swamped.events) {
+    if (e.value("event", "") == "warning" && e.value("kind", "") == "dp_noise_swamps_signal") warning = &e;
+  }
+  ASSERT_NE(warning, nullptr) << swamped.text;
+  EXPECT_NEAR((*warning)["noise_to_signal"].get<double>(), std::sqrt(535818.0 / 3.0) / 4.0, 1e-6);
+  EXPECT_EQ((*warning)["sites_needed"], static_cast<int64_t>(std::ceil(std::sqrt(535818.0 / 3.0))));
+  const std::string seen = run_with_stderr(private_simulation({}, "4", "1"));
+  EXPECT_NE(seen.find("warning: DP-FedAvg noise swamps the signal"), std::string::npos) << seen;
+
+  // sigma 0.001: 0.001 x sqrt(535 818 / 3) / 4 = 0.11, no warning.
+  const std::string quiet = run_with_stderr(private_simulation({}, "4", "0.001"));
+  EXPECT_EQ(quiet.find("swamps"), std::string::npos) << quiet;
+}
+
+TEST_F(Privacy, SeededDpSgdReplaysAndSaysItIsNotPrivate) {
+  const auto training = [&](bool seeded) {
+    std::vector<std::string> args = private_training({}, 3);
+    if (seeded) args.push_back("--dp-seeded-noise");
+    const Output out = run(args);
+    EXPECT_EQ(out.exit_code, 0) << out.text;
+    return out.last;
+  };
+  const nlohmann::json a = training(true), b = training(true);
+  EXPECT_EQ(a["test_loss"], b["test_loss"]) << "seeded noise replays";
+  EXPECT_EQ(a["dp_noise"], "seeded");
+  EXPECT_NE(a.value("dp_noise_note", "").find("not a privacy guarantee"), std::string::npos);
+  const nlohmann::json c = training(false), d = training(false);
+  EXPECT_EQ(c["dp_noise"], "csprng");
+  EXPECT_NE(c["test_loss"], d["test_loss"]) << "two CSPRNG runs drew the same noise";
 }
 
 }  // namespace

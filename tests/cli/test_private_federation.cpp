@@ -537,9 +537,13 @@ TEST(PrivateFederation, DpFedAvgWritesTheLedgerAndStopsAtTheBudget) {
   EXPECT_EQ(aggregator->wait(), 0);
 
   std::vector<double> announced;
+  bool swamp_warning = false;
   for (const json& e : events) {
     if (e.value("event", "") == "round" && e.contains("epsilon")) announced.push_back(e["epsilon"].get<double>());
+    swamp_warning = swamp_warning || (e.value("event", "") == "warning" && e.value("kind", "") == "dp_noise_swamps_signal");
   }
+  // sigma 1 over 4 sites and 6 rounds: sigma sqrt(parameters / rounds) / sites is far above 1.
+  EXPECT_TRUE(swamp_warning) << "the aggregator did not warn that the noise swamps the signal";
   fedmesh::Result<fedmesh::store::CheckpointStore> store =
       fedmesh::store::CheckpointStore::open((federation.dir() / "aggregator.db").string());
   ASSERT_TRUE(store.is_ok()) << store.status().message();

@@ -1,4 +1,5 @@
-// The DP settings' one check, as each role spells its settings.
+// The DP settings' one check, as each role spells its settings, and the rule for when
+// DP-FedAvg's noise swamps the signal.
 #include "privacy/dp_settings.h"
 
 #include <gtest/gtest.h>
@@ -41,6 +42,18 @@ TEST(DpSettings, RefusesEachUnsoundSettingByItsName) {
 TEST(DpSettings, LeavesUnnamedSettingsUnchecked) {
   // A role without a target epsilon (the simulator) is not refused for one.
   EXPECT_TRUE(check_dp_settings({std::nullopt, 1.0, 1e-5, -1.0}, {"", "--dp-noise", "--dp-delta", ""}).is_ok());
+}
+
+// sigma sqrt(d / R) / k: above 1 the noise outweighs the most the updates can move the model.
+TEST(DpSettings, DpFedAvgNoiseSwampsTheSignalBelowSigmaSqrtDOverRSites) {
+  const DpFedAvgNoiseScale few = dp_fedavg_noise_scale(1.0, 4, 535818, 10);
+  EXPECT_NEAR(few.noise_to_signal, std::sqrt(53581.8) / 4.0, 1e-9);
+  EXPECT_TRUE(few.swamps());
+  EXPECT_EQ(few.sites_needed, 232);  // ceil(sqrt(53 581.8)) = ceil(231.48)
+  EXPECT_NE(few.message().find("at least 232 sites"), std::string::npos) << few.message();
+  EXPECT_FALSE(dp_fedavg_noise_scale(1.0, 232, 535818, 10).swamps());
+  EXPECT_FALSE(dp_fedavg_noise_scale(0.01, 4, 535818, 10).swamps());  // 0.58
+  EXPECT_TRUE(dp_fedavg_noise_scale(0.01, 4, 535818, 1).swamps());    // one round: 1.83
 }
 
 }  // namespace

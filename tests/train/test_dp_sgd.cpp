@@ -4,8 +4,11 @@
 //   here one example at a time), within 1e-6;
 // - the noise is N(0, (σC)²) per coordinate of the summed gradient: the
 //   step's deviation from the noiseless step, divided by lr, has standard
-//   deviation σC / B over fc1's 401 408 coordinates (within 2%), and the
-//   same seed draws the same noise while another seed does not;
+//   deviation σC / B over fc1's 401 408 coordinates (within 2%), and with
+//   dp_seeded_noise the same seed draws the same noise while another seed
+//   does not;
+// - without dp_seeded_noise the noise comes from the CSPRNG: two runs with
+//   the same seed draw different noise, of the same scale;
 // - options that cannot be private are refused by name.
 #include <gtest/gtest.h>
 
@@ -25,7 +28,7 @@ using fedmesh::testing::fashion_split;
 
 constexpr int64_t kBatch = 8;
 
-TrainOptions dp_options(float clip, float noise, uint64_t seed) {
+TrainOptions dp_options(float clip, float noise, uint64_t seed, bool seeded = true) {
   TrainOptions o;
   o.optimizer = "sgd";
   o.momentum = 0.0f;
@@ -35,6 +38,7 @@ TrainOptions dp_options(float clip, float noise, uint64_t seed) {
   o.dp_clip_norm = clip;
   o.dp_noise_multiplier = noise;
   o.dp_seed = seed;
+  o.dp_seeded_noise = seeded;
   return o;
 }
 
@@ -113,6 +117,23 @@ TEST(DpSgd, TheNoiseHasTheStatedScaleAndFollowsTheSeed) {
   const double expected = sigma * clip / kBatch;
   EXPECT_NEAR(deviation, expected, 0.02 * expected);
   EXPECT_NEAR(mean, 0.0, 0.01 * expected);
+}
+
+TEST(DpSgd, CsprngNoiseDiffersBetweenRunsAndHasTheStatedScale) {
+  const data::ImageDataset images = fashion_split(data::Split::kTrain).head(kBatch);
+  const float clip = 1.0f, sigma = 2.0f;
+  const std::vector<float> quiet = one_step(images, dp_options(clip, 0.0f, 5, false));
+  const std::vector<float> first = one_step(images, dp_options(clip, sigma, 5, false));
+  const std::vector<float> second = one_step(images, dp_options(clip, sigma, 5, false));
+  EXPECT_NE(first, second) << "the CSPRNG drew the same noise twice";
+  const size_t n = 784 * 512;
+  double squares = 0.0;
+  for (size_t k = 0; k < n; ++k) {
+    const double d = static_cast<double>(quiet[k]) - first[k];
+    squares += d * d;
+  }
+  const double expected = sigma * clip / kBatch;
+  EXPECT_NEAR(std::sqrt(squares / n), expected, 0.02 * expected);
 }
 
 TEST(DpSgd, OptionsThatCannotBePrivateAreRefused) {

@@ -157,18 +157,20 @@ for (_, rnd, sender) in rows:
 duplicates = sum(len(s) - len(set(s)) for s in per_round.values())
 short = {r: len(set(s)) for r, s in per_round.items() if len(set(s)) != sites}
 done_rounds = db.execute("SELECT count(*) FROM round_log").fetchone()[0]
+def events(path):
+    """The JSON lines of one process's output (a line cut by SIGKILL skipped)."""
+    for line in open(path, encoding="utf-8", errors="replace"):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
 # Every update a site heard accepted must be applied.
 accepted = set()
 for path in glob.glob(f"{work}/site-*.jsonl"):
     site = path.rsplit("/", 1)[1][: -len(".jsonl")]
-    for line in open(path, encoding="utf-8", errors="replace"):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by SIGKILL
+    for e in events(path):
         if e.get("event") == "update" and e.get("accepted") and "sequence" in e:
             accepted.add(f"{site}/{e['sequence']}")
 # A site killed after its update was stored but before it recorded so
@@ -176,14 +178,7 @@ for path in glob.glob(f"{work}/site-*.jsonl"):
 # refuses that one as a second report of the site for the round (the
 # round's first is applied). Counted apart, not as lost.
 second_reports = set()
-for line in open(f"{work}/aggregator.jsonl", encoding="utf-8", errors="replace"):
-    line = line.strip()
-    if not line.startswith("{"):
-        continue
-    try:
-        e = json.loads(line)
-    except json.JSONDecodeError:
-        continue
+for e in events(f"{work}/aggregator.jsonl"):
     if e.get("event") == "update" and not e.get("accepted", True) and "already reported" in e.get("reason", ""):
         second_reports.add(e.get("id", ""))
 missing = sorted(accepted - set(ids) - second_reports)

@@ -348,14 +348,13 @@ int run_train(TrainFlags& flags) {
   Result<std::unique_ptr<train::TrainingRun>> created = train::TrainingRun::create(flags.run);
   if (!created.is_ok()) return fail(flags, created.status());
   train::TrainingRun& run = **created;
-  flags.run = run.options();  // as the run completed them (precision, schedule)
-  if (flags.run.group.launched()) {
+  if (run.options().group.launched()) {
     const Status ranked = run.run_as_rank();
     return ranked.is_ok() ? 0 : fail(flags, ranked, 1);
   }
   Result<std::optional<privacy::ConstantRateAccounting>> accounting = dp_accounting(run);
   if (!accounting.is_ok()) return fail(flags, accounting.status());
-  flags.run = run.options();
+  flags.run = run.options();  // as the run completed them (precision, schedule, a budget's steps)
   train::PrivacyEntryAt privacy;
   if (*accounting) {
     const std::string mechanism = flags.run.options.dp_seeded_noise ? "dp-sgd-seeded" : "dp-sgd";

@@ -33,6 +33,21 @@ class Transport : public ::testing::Test {
     allowlist_[site_keys_->identity.box_public] = "site-a";
   }
 
+  // The roster of site-a alone, and the aggregator's policy for a 64x64 tensor.
+  fc::Roster site_roster() const {
+    fc::Roster roster;
+    roster.federation = "fed";
+    roster.sites.push_back({site_keys_->identity, fc::Role::kSite, ""});
+    return roster;
+  }
+  static fp::ReceiverPolicy aggregator_policy() {
+    fp::ReceiverPolicy policy;
+    policy.federation = "fed";
+    policy.self = "aggregator";
+    policy.manifest = {{"w", {64, 64}}};
+    return policy;
+  }
+
   std::unique_ptr<fp::ServerSocket> bind(fp::TransportOptions options = {}) {
     auto server = fp::ServerSocket::bind("tcp://127.0.0.1:*", fp::CurveKeys::from(*server_keys_), allowlist_, options);
     EXPECT_TRUE(server.is_ok()) << server.status().to_string();
@@ -155,13 +170,8 @@ TEST(Backoff, DoublesWithJitterUpToTheCap) {
 TEST_F(Transport, AQuietReceiverIsRetriedAndTheTransferResumes) {
   auto server = bind();
   ASSERT_TRUE(server);
-  fc::Roster roster;
-  roster.federation = "fed";
-  roster.sites.push_back({site_keys_->identity, fc::Role::kSite, ""});
-  fp::ReceiverPolicy policy;
-  policy.federation = "fed";
-  policy.self = "aggregator";
-  policy.manifest = {{"w", {64, 64}}};
+  const fc::Roster roster = site_roster();
+  const fp::ReceiverPolicy policy = aggregator_policy();
   auto replay = fc::ReplayGuard::in_memory();
 
   // The server goes quiet once, after the third chunk: it drops what arrives
@@ -229,13 +239,8 @@ namespace {
 TEST_F(Transport, ALossySenderWithARetransmitTimerDeliversEveryUpdate) {
   auto server = bind();
   ASSERT_TRUE(server);
-  fc::Roster roster;
-  roster.federation = "fed";
-  roster.sites.push_back({site_keys_->identity, fc::Role::kSite, ""});
-  fp::ReceiverPolicy policy;
-  policy.federation = "fed";
-  policy.self = "aggregator";
-  policy.manifest = {{"w", {64, 64}}};
+  const fc::Roster roster = site_roster();
+  const fp::ReceiverPolicy policy = aggregator_policy();
   auto replay = fc::ReplayGuard::in_memory();
   std::atomic<bool> stop{false};
   std::vector<fp::ReceivedUpdate> received;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -254,6 +255,74 @@ void gemm_then_epilogue(const GemmCall& call, const GemmEpilogue& epilogue) {
                   call.c_type, call.c, call.c_type, call.ldc);
 }
 
+// cuBLASLt's fast kernels (Hopper's TMA ones above all) want every matrix's
+// rows 16-byte aligned: a leading dimension like a vocabulary of 50 257 bf16
+// values sends it to Turing-era align-1 kernels, about ten times slower. A
+// product at least this large copies such an operand into a buffer whose
+// rows are padded to 16 bytes first (and c out of one after): three copies
+// of the matrix cost far less than the slow kernel.
+constexpr int64_t kPaddedProductMinimum = int64_t{1} << 27;  // m * n * k
+constexpr int64_t kRowAlignmentBytes = 16;
+
+bool rows_aligned(const void* pointer, int64_t ld, DType dtype) {
+  return alignment_of(pointer) >= kRowAlignmentBytes &&
+         ld * static_cast<int64_t>(dtype_size(dtype)) % kRowAlignmentBytes == 0;
+}
+
+// A row-major (rows, columns) matrix at `from` (leading dimension from_ld)
+// copied into one at `to` (to_ld), on the stream.
+void copy_matrix(Stream stream, const void* from, int64_t from_ld, void* to, int64_t to_ld, int64_t rows,
+                 int64_t columns, DType dtype) {
+  const size_t size = dtype_size(dtype);
+  FEDMESH_CUDA_CHECK(cudaMemcpy2DAsync(to, static_cast<size_t>(to_ld) * size, from, static_cast<size_t>(from_ld) * size,
+                                       static_cast<size_t>(columns) * size, static_cast<size_t>(rows),
+                                       cudaMemcpyDeviceToDevice, to_cuda(stream)));
+}
+
+// A (rows, columns) operand in a buffer with 16-byte rows.
+struct PaddedMatrix {
+  PaddedMatrix(Stream stream, int64_t rows, int64_t columns, DType dtype)
+      : ld((columns * static_cast<int64_t>(dtype_size(dtype)) + kRowAlignmentBytes - 1) / kRowAlignmentBytes *
+           kRowAlignmentBytes / static_cast<int64_t>(dtype_size(dtype))),
+        buffer(static_cast<size_t>(std::max<int64_t>(rows, 1) * ld) * dtype_size(dtype), stream) {}
+  int64_t ld;
+  DeviceBuffer buffer;
+};
+
+// The plain GEMM through padded copies of its unaligned operands; false
+// (nothing enqueued) when every operand is aligned or the product is small.
+bool padded_matmul(const GemmCall& call) {
+  const bool pad_a = !rows_aligned(call.a, call.lda, call.ab_type);
+  const bool pad_b = !rows_aligned(call.b, call.ldb, call.ab_type);
+  const bool pad_c = !rows_aligned(call.c, call.ldc, call.c_type);
+  if (!(pad_a || pad_b || pad_c) || call.batch != 1 || call.m * call.n * call.k < kPaddedProductMinimum) return false;
+  GemmCall padded = call;
+  std::optional<PaddedMatrix> a, b, c;
+  if (pad_a) {
+    const int64_t rows = call.transpose_a ? call.k : call.m, columns = call.transpose_a ? call.m : call.k;
+    a.emplace(call.stream, rows, columns, call.ab_type);
+    copy_matrix(call.stream, call.a, call.lda, a->buffer.data(), a->ld, rows, columns, call.ab_type);
+    padded.a = a->buffer.data();
+    padded.lda = a->ld;
+  }
+  if (pad_b) {
+    const int64_t rows = call.transpose_b ? call.n : call.k, columns = call.transpose_b ? call.k : call.n;
+    b.emplace(call.stream, rows, columns, call.ab_type);
+    copy_matrix(call.stream, call.b, call.ldb, b->buffer.data(), b->ld, rows, columns, call.ab_type);
+    padded.b = b->buffer.data();
+    padded.ldb = b->ld;
+  }
+  if (pad_c) {
+    c.emplace(call.stream, call.m, call.n, call.c_type);
+    if (call.beta != 0.0f) copy_matrix(call.stream, call.c, call.ldc, c->buffer.data(), c->ld, call.m, call.n, call.c_type);
+    padded.c = c->buffer.data();
+    padded.ldc = c->ld;
+  }
+  lt_matmul(padded, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
+  if (pad_c) copy_matrix(call.stream, c->buffer.data(), c->ld, call.c, call.ldc, call.m, call.n, call.c_type);
+  return true;
+}
+
 void check_gemm(const GemmCall& call, const char* op) {
   const std::string name = std::string("cuda::") + op;
   FEDMESH_CHECK(call.m >= 0 && call.n >= 0 && call.k >= 0, name + ": negative size in " + describe(call));
@@ -306,7 +375,7 @@ void gemm(Stream stream, bool transpose_a, bool transpose_b, int64_t m, int64_t 
   }
 
   if (epilogue.kind == GemmEpilogueKind::kNone) {
-    lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
+    if (!padded_matmul(call)) lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
     return;
   }
   // cuBLASLt's epilogue only where it is known to behave: a dense c (its bias

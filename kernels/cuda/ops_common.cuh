@@ -89,21 +89,43 @@ __device__ T block_sum(T v, T* scratch) {
 
 // Column sums of a (rows, columns) matrix of fp32 terms, in a fixed order:
 // first[j] = [accumulate ? first[j] : 0] + sum over rows of term(row, j).x,
-// and the same into second[j] from .y when second is given. A block of
-// (kColumnTile, kRowGroups) threads per 32 columns: each thread sums every
-// kRowGroups-th row of its column, then the groups are added in order.
+// and the same into second[j] from .y when second is given.
+//
+// A block of (kColumnTile, kRowGroups) threads sums 32 columns over one chunk
+// of rows: each thread every kRowGroups-th row of its column, then the groups
+// are added in order. A layer's bias or layer-norm gradient is a few hundred
+// columns over many thousand rows (GPT-2: 768 x 16 384), so one chunk per
+// column tile would leave most of a GPU idle (24 blocks); the rows are cut
+// into chunks, each block writes its partial sums to a scratch buffer, and a
+// second kernel adds the chunks in order. The chunk count depends only on the
+// shape, so a launch always gives the same bits.
 inline constexpr int kColumnTile = 32;
 inline constexpr int kRowGroups = 16;
+inline constexpr int64_t kColumnSumTargetBlocks = 1024;  // enough to fill an H100 several times over
+inline constexpr int64_t kColumnSumMinChunkRows = 128;
 
+// How many chunks of rows column_sums cuts (rows, columns) into.
+inline int64_t column_sum_chunks(int64_t rows, int64_t columns) {
+  const int64_t column_blocks = (columns + kColumnTile - 1) / kColumnTile;
+  const int64_t by_rows = std::max<int64_t>(1, rows / kColumnSumMinChunkRows);
+  const int64_t by_blocks = std::max<int64_t>(1, kColumnSumTargetBlocks / std::max<int64_t>(1, column_blocks));
+  return std::min(by_rows, by_blocks);
+}
+
+// Rows [chunk * chunk_rows, min(rows, (chunk + 1) * chunk_rows)) of the
+// columns of this block, chunk = blockIdx.y. With `partial` (chunks > 1) the
+// sums go to partial[chunk][j] (and partial[chunks + chunk][j] for second);
+// else straight to first and second.
 template <class Term>
-__global__ void column_sums_kernel(Term term, int64_t rows, int64_t columns, float* first, float* second,
-                                   bool accumulate) {
+__global__ void column_sums_kernel(Term term, int64_t rows, int64_t columns, int64_t chunk_rows, float* first,
+                                   float* second, bool accumulate, float* partial) {
   __shared__ float partial_first[kRowGroups][kColumnTile + 1];
   __shared__ float partial_second[kRowGroups][kColumnTile + 1];
   const int64_t j = blockIdx.x * int64_t{kColumnTile} + threadIdx.x;
+  const int64_t begin = blockIdx.y * chunk_rows, end = rows < begin + chunk_rows ? rows : begin + chunk_rows;
   float sum_first = 0.0f, sum_second = 0.0f;
   if (j < columns) {
-    for (int64_t r = threadIdx.y; r < rows; r += kRowGroups) {
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowGroups) {
       const float2 t = term(r, j);
       sum_first = __fadd_rn(sum_first, t.x);
       sum_second = __fadd_rn(sum_second, t.y);
@@ -118,16 +140,46 @@ __global__ void column_sums_kernel(Term term, int64_t rows, int64_t columns, flo
     total_first = __fadd_rn(total_first, partial_first[group][threadIdx.x]);
     total_second = __fadd_rn(total_second, partial_second[group][threadIdx.x]);
   }
+  if (partial != nullptr) {
+    partial[blockIdx.y * columns + j] = total_first;
+    partial[(gridDim.y + blockIdx.y) * columns + j] = total_second;
+    return;
+  }
   first[j] = accumulate ? __fadd_rn(first[j], total_first) : total_first;
   if (second != nullptr) second[j] = accumulate ? __fadd_rn(second[j], total_second) : total_second;
+}
+
+// first[j] (and second[j]) from the chunks' partial sums, chunk by chunk in order.
+static __global__ void column_sums_finish_kernel(const float* partial, int64_t chunks, int64_t columns, float* first,
+                                          float* second, bool accumulate) {
+  for (int64_t j = grid_start(); j < columns; j += grid_stride()) {
+    float total_first = 0.0f, total_second = 0.0f;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      total_first = __fadd_rn(total_first, partial[chunk * columns + j]);
+      total_second = __fadd_rn(total_second, partial[(chunks + chunk) * columns + j]);
+    }
+    first[j] = accumulate ? __fadd_rn(first[j], total_first) : total_first;
+    if (second != nullptr) second[j] = accumulate ? __fadd_rn(second[j], total_second) : total_second;
+  }
 }
 
 template <class Term>
 void column_sums(Stream stream, Term term, int64_t rows, int64_t columns, float* first, float* second,
                  bool accumulate) {
   if (columns == 0) return;
-  launch(column_sums_kernel<Term>, dim3(static_cast<unsigned>((columns + kColumnTile - 1) / kColumnTile)),
-         dim3(kColumnTile, kRowGroups), stream, term, rows, columns, first, second, accumulate);
+  const int64_t chunks = column_sum_chunks(rows, columns);
+  const int64_t chunk_rows = chunks == 1 ? std::max<int64_t>(rows, 1) : (rows + chunks - 1) / chunks;
+  const dim3 grid(static_cast<unsigned>((columns + kColumnTile - 1) / kColumnTile), static_cast<unsigned>(chunks));
+  if (chunks == 1) {
+    launch(column_sums_kernel<Term>, grid, dim3(kColumnTile, kRowGroups), stream, term, rows, columns, chunk_rows,
+           first, second, accumulate, static_cast<float*>(nullptr));
+    return;
+  }
+  DeviceBuffer partial(static_cast<size_t>(2 * chunks * columns) * sizeof(float), stream);
+  launch(column_sums_kernel<Term>, grid, dim3(kColumnTile, kRowGroups), stream, term, rows, columns, chunk_rows,
+         first, second, accumulate, partial.as<float>());
+  launch(column_sums_finish_kernel, grid_for(columns), kThreads, stream, partial.as<const float>(), chunks, columns,
+         first, second, accumulate);
 }
 
 // gelu (tanh approximation) and its derivative with elementwise.cpp's

@@ -12,6 +12,7 @@
 #include "base/open_file_limit.h"
 #include "cli/output.h"
 #include "kernels/device_info.h"
+#include "kernels/device_ops.h"
 #include "train/data/fashion_mnist.h"
 
 namespace fedmesh::cli {
@@ -42,6 +43,12 @@ int run_doctor(bool json) {
   };
   const std::string files_soft = files.is_ok() ? limit_text(files->soft) : "unknown";
   const std::string files_hard = files.is_ok() ? limit_text(files->hard) : "unknown";
+  // The attention a GPT-2 (12 heads of 64) takes on the GPU in bf16: "flash"
+  // (the fused kernels) or "gemm" (FEDMESH_ATTENTION=gemm, or a device they
+  // do not run on); "none" without a GPU.
+  const AttentionShape gpt2_heads{1, 1024, 12, 64};
+  const std::string attention =
+      cuda.gpus.empty() ? "none" : device::attention_path_name(device::attention_path(gpt2_heads, DType::kBF16));
 
   if (json) {
     nlohmann::json gpus = nlohmann::json::array();
@@ -63,6 +70,7 @@ int run_doctor(bool json) {
                {"gpu_count", cuda.gpus.size()},
                {"gpus", gpus},
                {"gpu_unavailable_reason", cuda.unavailable_reason},
+               {"attention_path", attention},
                {"fashion_mnist", have_fashion ? dataset_dir : ""},
                {"open_files_soft", files_soft},
                {"open_files_hard", files_hard}});
@@ -84,6 +92,8 @@ int run_doctor(bool json) {
                 static_cast<double>(g.memory_bytes) / (1024.0 * 1024.0 * 1024.0));
   }
   if (cuda.gpus.empty()) std::printf("    (%s)\n", cuda.unavailable_reason.c_str());
+  std::printf("  Attention      %s (GPT-2 heads in bf16 on the GPU; FEDMESH_ATTENTION=gemm forces the GEMM path)\n",
+              attention.c_str());
   std::printf("  Fashion-MNIST  %s\n",
               have_fashion ? dataset_dir.c_str() : "missing: apt-get install dataset-fashion-mnist");
   std::printf("  Open files     %s (hard limit %s)\n", files_soft.c_str(), files_hard.c_str());

@@ -268,8 +268,9 @@ void embedding_backward(Stream stream, const int32_t* ids, int64_t count, const 
 // ---- causal attention (attention.h) and token ids -----------------------------
 
 // Causal attention itself (device::causal_attention_forward/backward in
-// device_ops.cpp) is batched GEMMs through gemm_strided_batched and these two
-// row kernels, head by head over as many sequences as a workspace holds.
+// device_ops.cpp) is the fused kernels below where they apply, else batched
+// GEMMs through gemm_strided_batched and these two row kernels, head by head
+// over as many sequences as a workspace holds.
 //
 // scores (batch, seq, seq) fp32: the products q_t · k_j of `batch` (sequence,
 // head) pairs. Row t keeps keys j <= t. probabilities (same shape, p_type)
@@ -289,6 +290,19 @@ void causal_probabilities(Stream stream, const float* scores, int64_t batch, int
 // dprobabilities (same shape, fp32).
 void causal_softmax_backward(Stream stream, void* probabilities, DType p_type, const float* dprobabilities,
                              int64_t batch, int64_t seq, float scale);
+// Fused causal attention (kernels/cuda/flash_attention.cu: FlashAttention-2
+// tiles on tensor cores, no (seq, seq) buffer): qkv, out, dout and dqkv all
+// of `dtype`, laid out as attention.h says; log_sum_exp (batch, heads, seq)
+// fp32 is attention.h's `saved`. True when the fused kernels take this shape
+// and dtype on this device: bf16 or fp16, head_dim 64 or 128, a device of
+// compute capability 8.0 or newer with the shared memory they need (read
+// once). The caller also needs every pointer 16-byte aligned.
+bool flash_attention_supported(const AttentionShape& s, DType dtype);
+void flash_attention_forward(Stream stream, const AttentionShape& s, DType dtype, const void* qkv, void* out,
+                             float* log_sum_exp);
+// dqkv is overwritten; it must not overlap qkv or dout. Deterministic.
+void flash_attention_backward(Stream stream, const AttentionShape& s, DType dtype, const void* qkv,
+                              const float* log_sum_exp, const void* dout, void* dqkv);
 // ids[i] = x[i] for token ids held in fp32 (the transformer's input); a value
 // that is not an integer in [0, vocabulary) gives -1, which
 // embedding_forward turns into a NaN row.

@@ -125,6 +125,13 @@ void causal_probabilities(Stream, const float*, int64_t, int64_t, float, const f
 void causal_softmax_backward(Stream, void*, DType, const float*, int64_t, int64_t, float) {
   no_backend("causal_softmax_backward");
 }
+bool flash_attention_supported(const AttentionShape&, DType) { return false; }
+void flash_attention_forward(Stream, const AttentionShape&, DType, const void*, void*, float*) {
+  no_backend("flash_attention_forward");
+}
+void flash_attention_backward(Stream, const AttentionShape&, DType, const void*, const float*, const void*, void*) {
+  no_backend("flash_attention_backward");
+}
 void token_ids(Stream, const float*, int64_t, int64_t, int32_t*) { no_backend("token_ids"); }
 
 void sgd_step(Stream, float*, const float*, float*, void*, DType, int64_t, float, const SgdOptions&, const float*,

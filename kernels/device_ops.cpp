@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -145,6 +147,12 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 // ---- causal attention -----------------------------------------------------------
 //
+// Two paths (device_ops.h's AttentionPath). The fused kernels
+// (cuda::flash_attention_*, kernels/cuda/flash_attention.cu) take bf16/fp16
+// with head_dim 64 or 128 when qkv, out, dout and dqkv share the dtype; the
+// backward pass gets no `out`, so they recompute rowsum(dP ∘ P) from q, k,
+// v and dout. Everything else takes the GEMM path:
+//
 // Batched GEMMs (cuBLASLt) around two row kernels, head by head: for head h
 // and a chunk of sequences, q, k and v are strided views of qkv (row stride
 // 3 * width, one sequence every seq rows), so no permutation is copied.
@@ -158,8 +166,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 // accumulate in fp32. The scores of a chunk take (chunk, seq, seq) fp32 plus
 // the same in P's dtype; chunks are as many sequences as the workspace
 // bound holds (at least one). The masked half of each
-// product is computed and discarded: simple, not yet measured against a
-// fused kernel.
+// product is computed and discarded.
 namespace {
 
 struct AttentionGeometry {
@@ -235,6 +242,43 @@ void for_each_head_chunk(const AttentionGeometry& g, const Tensor& qkv, Pass pas
   }
 }
 
+// The environment's choice, read once: true for FEDMESH_ATTENTION=gemm.
+bool gemm_forced_by_environment() {
+  static const bool forced = [] {
+    const char* value = std::getenv("FEDMESH_ATTENTION");
+    const std::string v = value == nullptr ? "" : value;
+    FEDMESH_CHECK(v.empty() || v == "auto" || v == "flash" || v == "gemm",
+                  "FEDMESH_ATTENTION=" + v + ": expected gemm, flash or auto");
+    return v == "gemm";
+  }();
+  return forced;
+}
+
+bool aligned_for_flash(std::initializer_list<const Tensor*> tensors) {
+  constexpr uintptr_t kAlignment = 16;  // the fused kernels' vector loads
+  return std::all_of(tensors.begin(), tensors.end(),
+                     [](const Tensor* t) { return reinterpret_cast<uintptr_t>(t->raw()) % kAlignment == 0; });
+}
+
+// kAuto resolved for these tensors (every one of qkv's dtype and aligned, or
+// kGemm); an explicit kFlash that does not apply aborts.
+AttentionPath resolve_attention_path(const char* op, AttentionPath path, const AttentionShape& s, const Tensor& qkv,
+                                     std::initializer_list<const Tensor*> others) {
+  if (path == AttentionPath::kGemm) return path;
+  const bool same_dtype =
+      std::all_of(others.begin(), others.end(), [&](const Tensor* t) { return t->dtype() == qkv.dtype(); });
+  const bool fits = same_dtype && aligned_for_flash({&qkv}) && aligned_for_flash(others) &&
+                    cuda::flash_attention_supported(s, qkv.dtype());
+  if (path == AttentionPath::kFlash) {
+    FEDMESH_CHECK(fits, std::string(op) + ": the fused attention kernels do not apply to head_dim " +
+                            std::to_string(s.head_dim) + " in " + dtype_name(qkv.dtype()) +
+                            " (or mixed dtypes, or unaligned buffers, or this device)");
+    return path;
+  }
+  return fits && attention_path(s, qkv.dtype()) == AttentionPath::kFlash ? AttentionPath::kFlash
+                                                                         : AttentionPath::kGemm;
+}
+
 void check_attention_tensors(const char* op, const AttentionShape& s, const Tensor& qkv, const Tensor& out) {
   const int64_t width = s.heads * s.head_dim;
   FEDMESH_CHECK(qkv.numel() == s.batch * s.seq * 3 * width && out.numel() == s.batch * s.seq * width,
@@ -247,12 +291,30 @@ void check_attention_tensors(const char* op, const AttentionShape& s, const Tens
 
 }  // namespace
 
+AttentionPath attention_path(const AttentionShape& s, DType dtype) {
+  if (gemm_forced_by_environment()) return AttentionPath::kGemm;
+  return cuda::flash_attention_supported(s, dtype) ? AttentionPath::kFlash : AttentionPath::kGemm;
+}
+
+const char* attention_path_name(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::kAuto: return "auto";
+    case AttentionPath::kGemm: return "gemm";
+    case AttentionPath::kFlash: return "flash";
+  }
+  return "?";
+}
+
 void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved,
-                              size_t workspace_bytes) {
+                              size_t workspace_bytes, AttentionPath path) {
   require_cuda("causal_attention_forward", {&qkv, &out});
   check_attention_tensors("causal_attention_forward", s, qkv, out);
   Tensor::reuse(saved, {s.batch, s.heads, s.seq}, DType::kF32, Device::kCuda);
   if (s.batch == 0 || s.seq == 0) return;
+  if (resolve_attention_path("causal_attention_forward", path, s, qkv, {&out}) == AttentionPath::kFlash) {
+    cuda::flash_attention_forward(stream(), s, qkv.dtype(), qkv.raw(), out.raw(), saved.data<float>());
+    return;
+  }
   const AttentionGeometry g(s, qkv.dtype(), workspace_bytes);
   const int64_t T = s.seq;
   for_each_head_chunk(g, qkv, [&](const HeadChunk& c) {
@@ -265,18 +327,25 @@ void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor
 }
 
 void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
-                               Tensor& dqkv, size_t workspace_bytes) {
+                               Tensor& dqkv, size_t workspace_bytes, AttentionPath path) {
   require_cuda("causal_attention_backward", {&qkv, &saved, &dout, &dqkv});
   check_attention_tensors("causal_attention_backward", s, qkv, dout);
   FEDMESH_CHECK(dqkv.numel() == qkv.numel() && saved.numel() == s.batch * s.heads * s.seq &&
                     saved.dtype() == DType::kF32 && (dqkv.dtype() == qkv.dtype() || dqkv.dtype() == DType::kF32),
                 "causal_attention_backward: shapes or dtypes do not fit the attention shape (or no training forward)");
   if (s.batch == 0 || s.seq == 0) return;
+  // dout meets P and v in the products (GEMMs or the fused kernels' tensor
+  // cores), so it takes their dtype.
+  const Tensor dout_cast = dout.dtype() == qkv.dtype() ? Tensor() : fedmesh::to_dtype(dout, qkv.dtype());
+  const Tensor& g_out = dout.dtype() == qkv.dtype() ? dout : dout_cast;
+  if (resolve_attention_path("causal_attention_backward", path, s, qkv, {&g_out, &dqkv}) == AttentionPath::kFlash) {
+    FEDMESH_CHECK(dqkv.raw() != qkv.raw() && dqkv.raw() != g_out.raw(),
+                  "causal_attention_backward: dqkv must not be qkv or dout");
+    cuda::flash_attention_backward(stream(), s, qkv.dtype(), qkv.raw(), saved.data<float>(), g_out.raw(), dqkv.raw());
+    return;
+  }
   const AttentionGeometry g(s, qkv.dtype(), workspace_bytes);
   const int64_t T = s.seq;
-  // dout meets P and v in the GEMMs, so it takes their dtype.
-  const Tensor dout_cast = dout.dtype() == g.dtype ? Tensor() : fedmesh::to_dtype(dout, g.dtype);
-  const Tensor& g_out = dout.dtype() == g.dtype ? dout : dout_cast;
   for_each_head_chunk(g, qkv, [&](const HeadChunk& c) {
     cuda::causal_probabilities(stream(), c.scores, c.count, T, g.scale, saved.data<float>() + c.lse_offset,
                                s.heads * T, c.probabilities, g.dtype);

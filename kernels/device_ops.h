@@ -67,15 +67,32 @@ void maxpool2d_backward(const Pool2dGeometry& g, const cuda::DeviceBuffer& argma
 // out = a + b (each element rounded once, as the CPU's add).
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 
+// How causal attention runs on the device:
+// - kFlash: the fused kernels (cuda::flash_attention_forward/backward), no
+//   (seq, seq) buffer;
+// - kGemm: batched GEMMs around cuda::causal_softmax, head by head over
+//   chunks of as many sequences as workspace_bytes of scores hold (at least
+//   one; tests pass a small bound to run several chunks);
+// - kAuto: attention_path's choice.
+enum class AttentionPath : uint8_t { kAuto, kGemm, kFlash };
+// kAuto's choice for qkv of `dtype` (out, dout and dqkv of it too; any other
+// dtype among them, or a buffer not 16-byte aligned, takes kGemm at the
+// call): kFlash where cuda::flash_attention_supported (bf16/fp16, head_dim
+// 64 or 128, compute capability 8.0+), else kGemm. The environment variable
+// FEDMESH_ATTENTION=gemm forces kGemm; "flash", "auto" and unset are the
+// default; it is read once per process and any other value aborts.
+AttentionPath attention_path(const AttentionShape& s, DType dtype);
+const char* attention_path_name(AttentionPath path);  // "auto", "gemm", "flash"
+
 // attention.h's pair; saved made (batch, heads, seq) fp32 on the device.
-// Batched GEMMs around cuda::causal_softmax, head by head over chunks of as
-// many sequences as workspace_bytes of scores hold (at least one; tests pass
-// a small bound to run several chunks).
+// `path` kFlash aborts where the fused kernels do not apply.
 inline constexpr size_t kAttentionWorkspaceBytes = size_t{256} << 20;
 void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved,
-                              size_t workspace_bytes = kAttentionWorkspaceBytes);
+                              size_t workspace_bytes = kAttentionWorkspaceBytes,
+                              AttentionPath path = AttentionPath::kAuto);
 void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
-                               Tensor& dqkv, size_t workspace_bytes = kAttentionWorkspaceBytes);
+                               Tensor& dqkv, size_t workspace_bytes = kAttentionWorkspaceBytes,
+                               AttentionPath path = AttentionPath::kAuto);
 
 // Token ids held in fp32 (x, on the device) as int32 in `ids` (grown as
 // needed); a value outside [0, vocabulary) becomes -1 (a NaN embedding row).

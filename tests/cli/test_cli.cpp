@@ -93,6 +93,10 @@ TEST(Cli, DoctorReportsTheBuild) {
   EXPECT_NE(report["blas"].get<std::string>().find("OpenBLAS"), std::string::npos);
   if (report["gpu_count"] == 0) {
     EXPECT_FALSE(report["gpu_unavailable_reason"].get<std::string>().empty());
+    EXPECT_EQ(report["attention_path"], "none");
+  } else {
+    const std::string attention = report["attention_path"].get<std::string>();
+    EXPECT_TRUE(attention == "flash" || attention == "gemm") << attention;
   }
 }
 

@@ -57,6 +57,9 @@
 //   on both).
 // - conv2d: GEMM's bound, with conv2d itself on |x| and |w| (and backward on
 //   |col| and |dy|) giving the magnitudes.
+// - fused attention: 4 u(d) times the sum of each output's absolute terms
+//   (two roundings to d, and fp32 differences far below u), the log-sum-exps
+//   within their fp32 differences; the derivation is above the test.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,6 +68,8 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -1277,13 +1282,15 @@ TEST_F(CudaOps, EmbeddingGathersBitIdenticallyAndScattersWithinSummationOrder) {
   }
 }
 
-// Attention (device_ops.cpp: cuBLASLt's batched products around
-// cuda::causal_softmax) against the CPU's, by relative L2 distance over each
-// output: fp32 within 1e-5 (fp32 products, sums in another order); bf16 and
-// fp16 within 2e-2, since the probabilities and their gradients are rounded
-// to the operands' dtype for the products (the CPU keeps them in fp32). The
-// log-sum-exps are fp32 arithmetic on rounded scores: 1e-5 in fp32, 1e-2
-// otherwise. First estimates: the test has not yet run on a GPU.
+// Attention on the device's default path (device_ops.cpp: the fused kernels
+// for bf16/fp16 with head_dim 64 or 128, else cuBLASLt's batched products
+// around cuda::causal_softmax) against the CPU's, by relative L2 distance
+// over each output: fp32 within 1e-5 (fp32 products, sums in another
+// order); bf16 and fp16 within 2e-2, since the probabilities and their
+// gradients are rounded to the operands' dtype for the products (the CPU
+// keeps them in fp32). The log-sum-exps are fp32 arithmetic on rounded
+// scores: 1e-5 in fp32, 1e-2 otherwise. First estimates: the test has not
+// yet run on a GPU.
 TEST_F(CudaOps, CausalAttentionMatchesTheCpuWithinRounding) {
   Rng rng(21);
   for (const AttentionShape s : {AttentionShape{1, 1, 1, 4}, AttentionShape{2, 17, 3, 8}, AttentionShape{2, 64, 2, 64},
@@ -1303,6 +1310,214 @@ TEST_F(CudaOps, CausalAttentionMatchesTheCpuWithinRounding) {
       EXPECT_LE(relative_l2(gpu.dqkv, cpu.dqkv), tolerance) << "dqkv";
     }
   }
+}
+
+// ---- fused (flash) attention ----------------------------------------------------
+
+std::string describe(const AttentionShape& s) {
+  return "batch " + std::to_string(s.batch) + " seq " + std::to_string(s.seq) + " heads " + std::to_string(s.heads) +
+         " head_dim " + std::to_string(s.head_dim);
+}
+
+// The scale of each fused attention result's error, from the same rounded
+// inputs in fp64: every output written as a sum of terms, the sum of their
+// absolute values, with |dP_tj| replaced by A_tj = Σ_c |dO_tc| |v_jc| (a
+// bound on it and the scale of its fp32 error), delta_t by Σ_j P_tj A_tj,
+// and dS_tj by P_tj (A_tj + delta_t):
+//   out_tc: Σ_j P_tj |v_jc|          dV_jc: Σ_t P_tj |dO_tc|
+//   dQ_tc:  scale Σ_j dS_tj |k_jc|   dK_jc: scale Σ_t dS_tj |q_tc|
+// lse_error is an absolute bound on the log-sum-exp's fp32 differences:
+// the scores' (8 D 2^-24 scale Σ_c |q_tc| |k_jc|, dot products of D terms
+// summed in another order, tensor cores possibly truncating), the sum of the
+// row's t + 1 exponentials (2^-22 (t + 8)), and a few ulps of exp, log and
+// the result (2^-22 |L|).
+struct AttentionMagnitudes {
+  std::vector<double> out, dqkv, lse_error;  // out's, qkv's and saved's shapes
+};
+
+AttentionMagnitudes attention_magnitudes(const AttentionShape& s, const Tensor& qkv, const Tensor& dout) {
+  const std::vector<float> x = widen(qkv), g = widen(dout);
+  const int64_t T = s.seq, D = s.head_dim, width = s.heads * D, row = 3 * width;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  AttentionMagnitudes m{std::vector<double>(static_cast<size_t>(s.batch * T * width)),
+                        std::vector<double>(static_cast<size_t>(s.batch * T * row)),
+                        std::vector<double>(static_cast<size_t>(s.batch * s.heads * T))};
+  std::vector<double> p(static_cast<size_t>(T * T)), ds(static_cast<size_t>(T * T)), a(static_cast<size_t>(T));
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const auto q = [&](int64_t t, int64_t c) {
+        return double{x[static_cast<size_t>((b * T + t) * row + h * D + c)]};
+      };
+      const auto k = [&](int64_t t, int64_t c) { return q(t, c + width); };
+      const auto v = [&](int64_t t, int64_t c) { return q(t, c + 2 * width); };
+      const auto d = [&](int64_t t, int64_t c) {
+        return double{g[static_cast<size_t>((b * T + t) * width + h * D + c)]};
+      };
+      for (int64_t t = 0; t < T; ++t) {
+        double max_score = -std::numeric_limits<double>::infinity(), max_abs = 0.0;
+        for (int64_t j = 0; j <= t; ++j) {
+          double dot = 0.0, abs_dot = 0.0;
+          for (int64_t c = 0; c < D; ++c) {
+            dot += q(t, c) * k(j, c);
+            abs_dot += std::fabs(q(t, c) * k(j, c));
+          }
+          p[t * T + j] = scale * dot;
+          max_score = std::max(max_score, scale * dot);
+          max_abs = std::max(max_abs, abs_dot);
+        }
+        double total = 0.0;
+        for (int64_t j = 0; j <= t; ++j) total += std::exp(p[t * T + j] - max_score);
+        const double lse = max_score + std::log(total);
+        m.lse_error[static_cast<size_t>((b * s.heads + h) * T + t)] =
+            8.0 * static_cast<double>(D) * 0x1p-24 * scale * max_abs + 0x1p-22 * static_cast<double>(t + 8) +
+            0x1p-22 * std::fabs(lse);
+        double delta = 0.0;
+        for (int64_t j = 0; j <= t; ++j) {
+          p[t * T + j] = std::exp(p[t * T + j] - lse);
+          a[j] = 0.0;
+          for (int64_t c = 0; c < D; ++c) a[j] += std::fabs(d(t, c) * v(j, c));
+          delta += p[t * T + j] * a[j];
+        }
+        for (int64_t j = 0; j <= t; ++j) ds[t * T + j] = p[t * T + j] * (a[j] + delta);
+        for (int64_t c = 0; c < D; ++c) {
+          double out = 0.0, dq = 0.0;
+          for (int64_t j = 0; j <= t; ++j) {
+            out += p[t * T + j] * std::fabs(v(j, c));
+            dq += ds[t * T + j] * std::fabs(k(j, c));
+          }
+          m.out[static_cast<size_t>((b * T + t) * width + h * D + c)] = out;
+          m.dqkv[static_cast<size_t>((b * T + t) * row + h * D + c)] = scale * dq;
+        }
+      }
+      for (int64_t j = 0; j < T; ++j) {
+        for (int64_t c = 0; c < D; ++c) {
+          double dk = 0.0, dv = 0.0;
+          for (int64_t t = j; t < T; ++t) {
+            dk += ds[t * T + j] * std::fabs(q(t, c));
+            dv += p[t * T + j] * std::fabs(d(t, c));
+          }
+          m.dqkv[static_cast<size_t>((b * T + j) * row + width + h * D + c)] = scale * dk;
+          m.dqkv[static_cast<size_t>((b * T + j) * row + 2 * width + h * D + c)] = dv;
+        }
+      }
+    }
+  }
+  return m;
+}
+
+// How many elements of `actual` lie farther than relative * scale[i] +
+// absolute from `expected` (NaN counts); the first few are reported with
+// their row (the tensor's leading index) and column.
+int64_t count_outside(const Tensor& actual, const Tensor& expected, const std::vector<double>& scale, double relative,
+                      double absolute, const std::string& what) {
+  const std::vector<float> x = widen(actual.to(Device::kCpu)), y = widen(expected.to(Device::kCpu));
+  EXPECT_EQ(x.size(), y.size()) << what;
+  EXPECT_EQ(scale.size(), y.size()) << what;
+  if (x.size() != y.size() || scale.size() != y.size()) return static_cast<int64_t>(y.size());
+  const int64_t columns = expected.dim(expected.rank() - 1);
+  int64_t outside = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double error = std::fabs(double{x[i]} - double{y[i]}), bound = relative * scale[i] + absolute;
+    if (error <= bound) continue;  // false for NaN
+    if (++outside <= 5) {
+      ADD_FAILURE() << what << " at row " << static_cast<int64_t>(i) / columns << " column "
+                    << static_cast<int64_t>(i) % columns << ": " << x[i] << " vs " << y[i] << " (bound " << bound
+                    << ")";
+    }
+  }
+  return outside;
+}
+
+// What the process's FEDMESH_ATTENTION makes AttentionPath::kAuto take where
+// the fused kernels apply.
+device::AttentionPath fused_unless_forced() {
+  const char* forced = std::getenv("FEDMESH_ATTENTION");
+  return forced != nullptr && std::string(forced) == "gemm" ? device::AttentionPath::kGemm
+                                                            : device::AttentionPath::kFlash;
+}
+
+std::vector<double> scaled(const std::vector<double>& v, double factor) {
+  std::vector<double> r(v);
+  for (double& x : r) x *= factor;
+  return r;
+}
+
+// The fused kernels (AttentionPath::kFlash) against the CPU's fp32 attention
+// on the same rounded inputs, element by element, for shapes with whole and
+// partial 64-row tiles, a single position, and head_dim 128:
+// - out, dV: |gpu - cpu| <= 4 u M, u the dtype's unit roundoff and M the
+//   magnitude of attention_magnitudes: one rounding of P to the dtype for the
+//   tensor cores (u M), one of the result (u |value| <= u M), and 2 u M for
+//   the fp32 differences (scores and sums in another order, CUDA's expf),
+//   which are ~1e-6 relative for these inputs, far below u.
+// - dQ, dK: the same with dS's rounding in place of P's.
+// - the log-sum-exps: within lse_error (above), both sides in fp32.
+// The GEMM path (AttentionPath::kGemm, which rounds P and dS to the dtype
+// as well) is held to the fused one within twice these bounds. Two launches
+// of the fused kernels give the same bits.
+TEST_F(CudaOps, FlashAttentionMatchesTheCpuAndTheGemmPathAndRepeatsItsBits) {
+  Rng rng(34);
+  for (const AttentionShape s : {AttentionShape{2, 128, 2, 64}, AttentionShape{1, 200, 3, 64},
+                                 AttentionShape{1, 1, 1, 64}, AttentionShape{2, 96, 2, 128}}) {
+    for (const DType dtype : {DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(describe(s) + " " + describe(dtype));
+      if (!cuda::flash_attention_supported(s, dtype)) {
+        // Every device of compute capability 8.0+ has the shared memory head_dim 64 needs.
+        EXPECT_NE(s.head_dim, 64) << "the fused kernels refused head_dim 64";
+        std::printf("note: this device does not run the fused attention kernels for %s\n", describe(s).c_str());
+        continue;
+      }
+      EXPECT_EQ(device::attention_path(s, dtype), fused_unless_forced());
+      const int64_t width = s.heads * s.head_dim;
+      const Tensor qkv = random_tensor({s.batch, s.seq, 3 * width}, dtype, rng);
+      const Tensor dout = random_tensor({s.batch, s.seq, width}, dtype, rng);
+      const Tensor qkv32 = to_dtype(qkv, DType::kF32), dout32 = to_dtype(dout, DType::kF32);
+      const AttentionPass cpu = attention_pass(s, qkv32, dout32);
+      const AttentionMagnitudes m = attention_magnitudes(s, qkv32, dout32);
+      const Tensor qkv_gpu = qkv.to(Device::kCuda), dout_gpu = dout.to(Device::kCuda);
+
+      const auto run = [&](device::AttentionPath path) {
+        AttentionPass r{Tensor::empty(dout.shape(), dtype, Device::kCuda), Tensor(),
+                        Tensor::empty(qkv.shape(), dtype, Device::kCuda)};
+        device::causal_attention_forward(s, qkv_gpu, r.out, r.saved, device::kAttentionWorkspaceBytes, path);
+        device::causal_attention_backward(s, qkv_gpu, r.saved, dout_gpu, r.dqkv, device::kAttentionWorkspaceBytes,
+                                          path);
+        return AttentionPass{r.out.to(Device::kCpu), r.saved.to(Device::kCpu), r.dqkv.to(Device::kCpu)};
+      };
+      const AttentionPass flash = run(device::AttentionPath::kFlash);
+      const double rho = 4.0 * testing::unit_roundoff(dtype), floor = 2.0 * testing::subnormal_floor(dtype);
+      EXPECT_EQ(count_outside(flash.out, cpu.out, m.out, rho, floor, "out"), 0);
+      EXPECT_EQ(count_outside(flash.saved, cpu.saved, m.lse_error, 1.0, 0.0, "log-sum-exp"), 0);
+      EXPECT_EQ(count_outside(flash.dqkv, cpu.dqkv, m.dqkv, rho, floor, "dqkv"), 0);
+
+      const AttentionPass gemm = run(device::AttentionPath::kGemm);
+      EXPECT_EQ(count_outside(gemm.out, flash.out, m.out, 2.0 * rho, 2.0 * floor, "gemm out"), 0);
+      EXPECT_EQ(count_outside(gemm.saved, flash.saved, scaled(m.lse_error, 2.0), 1.0, 0.0, "gemm log-sum-exp"), 0);
+      EXPECT_EQ(count_outside(gemm.dqkv, flash.dqkv, m.dqkv, 2.0 * rho, 2.0 * floor, "gemm dqkv"), 0);
+
+      const AttentionPass again = run(device::AttentionPath::kFlash);
+      const auto same_bits = [](const Tensor& a, const Tensor& b) {
+        return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+      };
+      EXPECT_TRUE(same_bits(flash.out, again.out)) << "out differs between two launches";
+      EXPECT_TRUE(same_bits(flash.saved, again.saved)) << "log-sum-exp differs between two launches";
+      EXPECT_TRUE(same_bits(flash.dqkv, again.dqkv)) << "dqkv differs between two launches";
+    }
+  }
+}
+
+// The path the device takes by default: the fused kernels for GPT-2's
+// attention in bf16 and fp16 (unless FEDMESH_ATTENTION=gemm), the GEMMs for
+// fp32 and for head dimensions the fused kernels have no instance of.
+TEST_F(CudaOps, AttentionPathPicksTheFusedKernelsWhereTheyApply) {
+  const AttentionShape gpt2{16, 1024, 12, 64};
+  const device::AttentionPath fused = fused_unless_forced();
+  EXPECT_EQ(device::attention_path(gpt2, DType::kBF16), fused);
+  EXPECT_EQ(device::attention_path(gpt2, DType::kF16), fused);
+  EXPECT_EQ(device::attention_path(gpt2, DType::kF32), device::AttentionPath::kGemm);
+  EXPECT_EQ(device::attention_path(AttentionShape{1, 17, 3, 8}, DType::kBF16), device::AttentionPath::kGemm);
+  EXPECT_STREQ(device::attention_path_name(device::attention_path(gpt2, DType::kBF16)),
+               fused == device::AttentionPath::kGemm ? "gemm" : "flash");
 }
 
 // The strided batched product against a double reference, with leading

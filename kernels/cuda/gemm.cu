@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -133,6 +134,20 @@ void set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
       cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
+// Says once per process (on stderr) that cuBLASLt declined an epilogue, so
+// that a profile showing fedmesh's own epilogue kernel can be explained;
+// returns false for lt_matmul to pass on.
+bool declined(const GemmCall& call, cublasLtEpilogue_t epilogue, const char* how, cublasStatus_t status) {
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    std::fprintf(stderr,
+                 "fedmesh: cuBLASLt declined epilogue %d for %s (%s: %s); fedmesh's epilogue kernel runs instead "
+                 "(said once)\n",
+                 static_cast<int>(epilogue), describe(call).c_str(), how, cublasLtGetStatusName(status));
+  });
+  return false;
+}
+
 // One cublasLtMatmul with `epilogue` (bias and aux as that epilogue reads
 // them). With `may_decline` (an epilogue cuBLASLt might not take) a
 // combination it refuses returns false and enqueues nothing; every other
@@ -182,7 +197,7 @@ bool lt_matmul(const GemmCall& call, cublasLtEpilogue_t epilogue, const float* b
       cublasLtMatmulAlgoGetHeuristic(context.handle(), descriptors.operation, descriptors.a, descriptors.b,
                                      descriptors.d, descriptors.d, descriptors.preference, 1, &heuristic, &found);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-    if (may_decline) return false;
+    if (may_decline) return declined(call, epilogue, "no algorithm", status);
     FEDMESH_CHECK(false, "cuBLASLt has no algorithm for " + describe(call) + ": " + cublasLtGetStatusName(status));
   }
   const cublasStatus_t run =
@@ -192,7 +207,9 @@ bool lt_matmul(const GemmCall& call, cublasLtEpilogue_t epilogue, const float* b
   // An unsupported epilogue combination may only show here ("If set for an
   // unsupported ... combination, calling cublasLtMatmul() will return
   // CUBLAS_STATUS_INVALID_VALUE", cublasLt.h); nothing was enqueued then.
-  if (may_decline && (run == CUBLAS_STATUS_NOT_SUPPORTED || run == CUBLAS_STATUS_INVALID_VALUE)) return false;
+  if (may_decline && (run == CUBLAS_STATUS_NOT_SUPPORTED || run == CUBLAS_STATUS_INVALID_VALUE)) {
+    return declined(call, epilogue, "cublasLtMatmul refused it", run);
+  }
   FEDMESH_CUBLAS_CHECK(run);
   return true;
 }

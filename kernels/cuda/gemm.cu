@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -134,17 +135,19 @@ void set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
       cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
-// Says once per process (on stderr) that cuBLASLt declined an epilogue, so
-// that a profile showing fedmesh's own epilogue kernel can be explained;
-// returns false for lt_matmul to pass on.
-bool declined(const GemmCall& call, cublasLtEpilogue_t epilogue, const char* how, cublasStatus_t status) {
-  static std::once_flag said;
-  std::call_once(said, [&] {
-    std::fprintf(stderr,
-                 "fedmesh: cuBLASLt declined epilogue %d for %s (%s: %s); fedmesh's epilogue kernel runs instead "
-                 "(said once)\n",
-                 static_cast<int>(epilogue), describe(call).c_str(), how, cublasLtGetStatusName(status));
-  });
+// Says on stderr, once per process for each epilogue and bias dtype, that
+// cuBLASLt declined an epilogue, so that a profile showing fedmesh's epilogue
+// kernel can be explained; returns false for lt_matmul to pass on.
+bool declined(const GemmCall& call, cublasLtEpilogue_t epilogue, DType bias_type, const char* how,
+              cublasStatus_t status) {
+  static std::mutex mutex;
+  static std::set<std::pair<int, int>> said;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (said.emplace(static_cast<int>(epilogue), static_cast<int>(bias_type)).second) {
+    std::fprintf(stderr, "fedmesh: cuBLASLt declined epilogue %d with a %s bias for %s (%s: %s) (said once)\n",
+                 static_cast<int>(epilogue), dtype_name(bias_type), describe(call).c_str(), how,
+                 cublasLtGetStatusName(status));
+  }
   return false;
 }
 
@@ -152,7 +155,8 @@ bool declined(const GemmCall& call, cublasLtEpilogue_t epilogue, const char* how
 // them). With `may_decline` (an epilogue cuBLASLt might not take) a
 // combination it refuses returns false and enqueues nothing; every other
 // failure aborts.
-bool lt_matmul(const GemmCall& call, cublasLtEpilogue_t epilogue, const float* bias, void* aux, bool may_decline) {
+bool lt_matmul(const GemmCall& call, cublasLtEpilogue_t epilogue, const void* bias, DType bias_type, void* aux,
+               bool may_decline) {
   LtContext& context = LtContext::get();
   std::lock_guard<std::mutex> lock(context.mutex());
   LtDescriptors descriptors;
@@ -163,8 +167,9 @@ bool lt_matmul(const GemmCall& call, cublasLtEpilogue_t epilogue, const float* b
   set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
   set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(epilogue));
   if (bias != nullptr) {
-    set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
-    set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
+    set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    set_attribute(descriptors.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                  static_cast<int32_t>(cuda_data_type(bias_type)));
   }
   if (aux != nullptr) {
     // (n, m) column-major with ld n: our dense (m, n); its dtype is D's.
@@ -197,7 +202,7 @@ bool lt_matmul(const GemmCall& call, cublasLtEpilogue_t epilogue, const float* b
       cublasLtMatmulAlgoGetHeuristic(context.handle(), descriptors.operation, descriptors.a, descriptors.b,
                                      descriptors.d, descriptors.d, descriptors.preference, 1, &heuristic, &found);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-    if (may_decline) return declined(call, epilogue, "no algorithm", status);
+    if (may_decline) return declined(call, epilogue, bias_type, "no algorithm", status);
     FEDMESH_CHECK(false, "cuBLASLt has no algorithm for " + describe(call) + ": " + cublasLtGetStatusName(status));
   }
   const cublasStatus_t run =
@@ -208,7 +213,7 @@ bool lt_matmul(const GemmCall& call, cublasLtEpilogue_t epilogue, const float* b
   // unsupported ... combination, calling cublasLtMatmul() will return
   // CUBLAS_STATUS_INVALID_VALUE", cublasLt.h); nothing was enqueued then.
   if (may_decline && (run == CUBLAS_STATUS_NOT_SUPPORTED || run == CUBLAS_STATUS_INVALID_VALUE)) {
-    return declined(call, epilogue, "cublasLtMatmul refused it", run);
+    return declined(call, epilogue, bias_type, "cublasLtMatmul refused it", run);
   }
   FEDMESH_CUBLAS_CHECK(run);
   return true;
@@ -250,7 +255,7 @@ void gemm_then_epilogue(const GemmCall& call, const GemmEpilogue& epilogue) {
   const bool gelu = epilogue.kind == GemmEpilogueKind::kGeluBias;
   void* aux = gelu ? epilogue.gelu_input_out : nullptr;
   if (call.c_type == DType::kF32) {
-    lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
+    lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, DType::kF32, nullptr, /*may_decline=*/false);
     launch_epilogue(call.stream, call.c, DType::kF32, call.ldc, call.m, call.n, epilogue.bias, gelu, aux, DType::kF32,
                     call.c, DType::kF32, call.ldc);
     return;
@@ -267,19 +272,25 @@ void gemm_then_epilogue(const GemmCall& call, const GemmEpilogue& epilogue) {
   widened.c = product.data();
   widened.c_type = DType::kF32;
   widened.ldc = call.n;
-  lt_matmul(widened, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
+  lt_matmul(widened, CUBLASLT_EPILOGUE_DEFAULT, nullptr, DType::kF32, nullptr, /*may_decline=*/false);
   launch_epilogue(call.stream, product.data(), DType::kF32, call.n, call.m, call.n, epilogue.bias, gelu, aux,
                   call.c_type, call.c, call.c_type, call.ldc);
 }
 
-// cuBLASLt's fast kernels (Hopper's TMA ones above all) want every matrix's
-// rows 16-byte aligned: a leading dimension like a vocabulary of 50 257 bf16
-// values sends it to Turing-era align-1 kernels, about ten times slower. A
-// product at least this large copies such an operand into a buffer whose
-// rows are padded to 16 bytes first (and c out of one after): three copies
-// of the matrix cost far less than the slow kernel.
+// cuBLASLt's fast kernels want every stored matrix's rows 16-byte aligned:
+// its leading dimension and the length of its rows (m, n or k, whichever is
+// stored contiguously) a multiple of 16 bytes. A vocabulary of 50 257 bf16
+// values is neither, in the logits and in the logits' gradient, which sends
+// cuBLASLt to Turing-era align-1 kernels, about ten times slower. A product
+// at least this large then runs as the padded problem: m, n and k rounded up
+// to 16 bytes' worth of elements, each operand that does not fit copied into
+// a zero-padded buffer (zeros in the padding of k add nothing; c's padding
+// rows and columns are dropped when it is copied back). The copies cost far
+// less than the slow kernel.
 constexpr int64_t kPaddedProductMinimum = int64_t{1} << 27;  // m * n * k
 constexpr int64_t kRowAlignmentBytes = 16;
+
+int64_t round_up(int64_t value, int64_t unit) { return (value + unit - 1) / unit * unit; }
 
 bool rows_aligned(const void* pointer, int64_t ld, DType dtype) {
   return alignment_of(pointer) >= kRowAlignmentBytes &&
@@ -290,53 +301,79 @@ bool rows_aligned(const void* pointer, int64_t ld, DType dtype) {
 // copied into one at `to` (to_ld), on the stream.
 void copy_matrix(Stream stream, const void* from, int64_t from_ld, void* to, int64_t to_ld, int64_t rows,
                  int64_t columns, DType dtype) {
+  if (rows == 0 || columns == 0) return;
   const size_t size = dtype_size(dtype);
   FEDMESH_CUDA_CHECK(cudaMemcpy2DAsync(to, static_cast<size_t>(to_ld) * size, from, static_cast<size_t>(from_ld) * size,
                                        static_cast<size_t>(columns) * size, static_cast<size_t>(rows),
                                        cudaMemcpyDeviceToDevice, to_cuda(stream)));
 }
 
-// A (rows, columns) operand in a buffer with 16-byte rows.
+// A stored operand of the padded problem: (rows, columns) of it are the
+// caller's, the rest up to (padded_rows, ld) zeros.
 struct PaddedMatrix {
-  PaddedMatrix(Stream stream, int64_t rows, int64_t columns, DType dtype)
-      : ld((columns * static_cast<int64_t>(dtype_size(dtype)) + kRowAlignmentBytes - 1) / kRowAlignmentBytes *
-           kRowAlignmentBytes / static_cast<int64_t>(dtype_size(dtype))),
-        buffer(static_cast<size_t>(std::max<int64_t>(rows, 1) * ld) * dtype_size(dtype), stream) {}
+  PaddedMatrix(Stream stream, const void* from, int64_t from_ld, int64_t rows, int64_t columns, int64_t padded_rows,
+               int64_t ld, DType dtype, bool copy_in)
+      : ld(ld), buffer(static_cast<size_t>(std::max<int64_t>(padded_rows * ld, 1)) * dtype_size(dtype), stream) {
+    const size_t size = dtype_size(dtype);
+    char* base = static_cast<char*>(buffer.data());
+    if (copy_in) copy_matrix(stream, from, from_ld, base, ld, rows, columns, dtype);
+    if (ld > columns && rows > 0) {  // the padding columns of the caller's rows
+      FEDMESH_CUDA_CHECK(cudaMemset2DAsync(base + static_cast<size_t>(columns) * size, static_cast<size_t>(ld) * size, 0,
+                                           static_cast<size_t>(ld - columns) * size, static_cast<size_t>(rows),
+                                           to_cuda(stream)));
+    }
+    if (padded_rows > rows) {  // the padding rows
+      set_zero(base + static_cast<size_t>(rows * ld) * size, static_cast<size_t>((padded_rows - rows) * ld) * size,
+               stream);
+    }
+  }
   int64_t ld;
   DeviceBuffer buffer;
 };
 
-// The plain GEMM through padded copies of its unaligned operands; false
-// (nothing enqueued) when every operand is aligned or the product is small.
+// The plain GEMM as the padded problem; false (nothing enqueued) when every
+// stored matrix's rows are aligned already or the product is small.
 bool padded_matmul(const GemmCall& call) {
-  const bool pad_a = !rows_aligned(call.a, call.lda, call.ab_type);
-  const bool pad_b = !rows_aligned(call.b, call.ldb, call.ab_type);
-  const bool pad_c = !rows_aligned(call.c, call.ldc, call.c_type);
-  if (!(pad_a || pad_b || pad_c) || call.batch != 1 || call.m * call.n * call.k < kPaddedProductMinimum) return false;
+  if (call.batch != 1 || call.m * call.n * call.k < kPaddedProductMinimum) return false;
+  const int64_t unit = kRowAlignmentBytes / static_cast<int64_t>(std::min(dtype_size(call.ab_type), dtype_size(call.c_type)));
+  const int64_t m = round_up(call.m, unit), n = round_up(call.n, unit), k = round_up(call.k, unit);
+  // Each operand as stored: (rows, columns) now and in the padded problem.
+  const int64_t a_rows = call.transpose_a ? call.k : call.m, a_columns = call.transpose_a ? call.m : call.k;
+  const int64_t a_padded_rows = call.transpose_a ? k : m, a_padded_columns = call.transpose_a ? m : k;
+  const int64_t b_rows = call.transpose_b ? call.n : call.k, b_columns = call.transpose_b ? call.k : call.n;
+  const int64_t b_padded_rows = call.transpose_b ? n : k, b_padded_columns = call.transpose_b ? k : n;
+  // An operand is used in place when its columns need no padding and its
+  // rows are aligned (extra rows of a or b would only be read for padding
+  // that is not there: those operands are copied too).
+  const bool a_fits = a_columns == a_padded_columns && a_rows == a_padded_rows &&
+                      rows_aligned(call.a, call.lda, call.ab_type);
+  const bool b_fits = b_columns == b_padded_columns && b_rows == b_padded_rows &&
+                      rows_aligned(call.b, call.ldb, call.ab_type);
+  const bool c_fits = call.n == n && call.m == m && rows_aligned(call.c, call.ldc, call.c_type);
+  if (a_fits && b_fits && c_fits) return false;
+
   GemmCall padded = call;
+  padded.m = m;
+  padded.n = n;
+  padded.k = k;
   std::optional<PaddedMatrix> a, b, c;
-  if (pad_a) {
-    const int64_t rows = call.transpose_a ? call.k : call.m, columns = call.transpose_a ? call.m : call.k;
-    a.emplace(call.stream, rows, columns, call.ab_type);
-    copy_matrix(call.stream, call.a, call.lda, a->buffer.data(), a->ld, rows, columns, call.ab_type);
+  if (!a_fits) {
+    a.emplace(call.stream, call.a, call.lda, a_rows, a_columns, a_padded_rows, a_padded_columns, call.ab_type, true);
     padded.a = a->buffer.data();
     padded.lda = a->ld;
   }
-  if (pad_b) {
-    const int64_t rows = call.transpose_b ? call.n : call.k, columns = call.transpose_b ? call.k : call.n;
-    b.emplace(call.stream, rows, columns, call.ab_type);
-    copy_matrix(call.stream, call.b, call.ldb, b->buffer.data(), b->ld, rows, columns, call.ab_type);
+  if (!b_fits) {
+    b.emplace(call.stream, call.b, call.ldb, b_rows, b_columns, b_padded_rows, b_padded_columns, call.ab_type, true);
     padded.b = b->buffer.data();
     padded.ldb = b->ld;
   }
-  if (pad_c) {
-    c.emplace(call.stream, call.m, call.n, call.c_type);
-    if (call.beta != 0.0f) copy_matrix(call.stream, call.c, call.ldc, c->buffer.data(), c->ld, call.m, call.n, call.c_type);
+  if (!c_fits) {
+    c.emplace(call.stream, call.c, call.ldc, call.m, call.n, m, n, call.c_type, /*copy_in=*/call.beta != 0.0f);
     padded.c = c->buffer.data();
     padded.ldc = c->ld;
   }
-  lt_matmul(padded, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
-  if (pad_c) copy_matrix(call.stream, c->buffer.data(), c->ld, call.c, call.ldc, call.m, call.n, call.c_type);
+  lt_matmul(padded, CUBLASLT_EPILOGUE_DEFAULT, nullptr, DType::kF32, nullptr, /*may_decline=*/false);
+  if (!c_fits) copy_matrix(call.stream, c->buffer.data(), c->ld, call.c, call.ldc, call.m, call.n, call.c_type);
   return true;
 }
 
@@ -392,7 +429,9 @@ void gemm(Stream stream, bool transpose_a, bool transpose_b, int64_t m, int64_t 
   }
 
   if (epilogue.kind == GemmEpilogueKind::kNone) {
-    if (!padded_matmul(call)) lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
+    if (!padded_matmul(call)) {
+      lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, DType::kF32, nullptr, /*may_decline=*/false);
+    }
     return;
   }
   // cuBLASLt's epilogue only where it is known to behave: a dense c (its bias
@@ -400,9 +439,20 @@ void gemm(Stream stream, bool transpose_a, bool transpose_b, int64_t m, int64_t 
   // github.com/dfyz/cublaslt-bias-epilogue), and an aux leading dimension that
   // is a multiple of 8 (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).
   const bool fusable = epilogue.use_cublaslt_epilogue && ldc == n && (epilogue.gelu_input_out == nullptr || n % 8 == 0);
-  if (fusable && lt_matmul(call, lt_epilogue(epilogue), epilogue.bias, epilogue.gelu_input_out,
+  if (fusable && lt_matmul(call, lt_epilogue(epilogue), epilogue.bias, DType::kF32, epilogue.gelu_input_out,
                            /*may_decline=*/true)) {
     return;
+  }
+  // cuBLASLt may want the bias in c's dtype when c is bf16 or fp16 (H200,
+  // cuBLAS 13.1: an fp32 bias with a bf16 c has no algorithm). The bias is
+  // then rounded to c's dtype first, as PyTorch's autocast rounds it.
+  if (fusable && epilogue.bias != nullptr && c_type != DType::kF32) {
+    DeviceBuffer rounded_bias(static_cast<size_t>(n) * dtype_size(c_type), stream);
+    cast(stream, epilogue.bias, DType::kF32, rounded_bias.data(), c_type, n);
+    if (lt_matmul(call, lt_epilogue(epilogue), rounded_bias.data(), c_type, epilogue.gelu_input_out,
+                  /*may_decline=*/true)) {
+      return;
+    }
   }
   gemm_then_epilogue(call, epilogue);
 }
@@ -422,7 +472,7 @@ void gemm_strided_batched(Stream stream, bool transpose_a, bool transpose_b, int
                 "cuda::gemm_strided_batched: batch or stride out of range in " + describe(call));
   if (m == 0 || n == 0 || batch == 0) return;
   FEDMESH_CHECK(k > 0, "cuda::gemm_strided_batched: k is 0 in " + describe(call));
-  lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, /*may_decline=*/false);
+  lt_matmul(call, CUBLASLT_EPILOGUE_DEFAULT, nullptr, DType::kF32, nullptr, /*may_decline=*/false);
 }
 
 }  // namespace fedmesh::cuda

@@ -156,13 +156,16 @@ void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor
   });
 }
 
-void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
-                               Tensor& dqkv) {
+void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& saved,
+                               const Tensor& dout, Tensor& dqkv) {
   const ProfileScope profile(StepTime::kKernels);
-  if (device::on_cuda(dqkv)) return device::causal_attention_backward(s, qkv, saved, dout, dqkv);
+  if (device::on_cuda(dqkv)) return device::causal_attention_backward(s, qkv, out, saved, dout, dqkv);
   constexpr const char* kFunction = "causal_attention_backward";
   check_attention_shape(kFunction, s);
   check_rows(kFunction, "qkv", qkv, s, 3 * s.heads * s.head_dim);
+  // out is checked but not read: delta = rowsum(dP ∘ P) below, in fp32 from
+  // P and dP, as the reference the device paths are held to.
+  check_rows(kFunction, "out", out, s, s.heads * s.head_dim);
   check_rows(kFunction, "dout", dout, s, s.heads * s.head_dim);
   check_rows(kFunction, "dqkv", dqkv, s, 3 * s.heads * s.head_dim);
   const Shape saved_shape = {s.batch, s.heads, s.seq};

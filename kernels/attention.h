@@ -34,11 +34,16 @@ struct AttentionShape {
 void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved);
 
 // dqkv (shape of qkv, any dtype, overwritten) from dout (shape of out, any
-// dtype), given the qkv and the saved log-sum-exps of the forward pass
-// (P recomputed from them):
-//   dV = Pᵀ·dout, dP = dout·vᵀ, dS = P ∘ (dP − rowsum(dP ∘ P)),
-//   dQ = dS·k / sqrt(head_dim), dK = dSᵀ·q / sqrt(head_dim).
-void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
-                               Tensor& dqkv);
+// dtype), given the qkv, the out and the saved log-sum-exps of the forward
+// pass (P recomputed from them):
+//   dV = Pᵀ·dout, dP = dout·vᵀ, dS = P ∘ (dP − delta),
+//   dQ = dS·k / sqrt(head_dim), dK = dSᵀ·q / sqrt(head_dim),
+// with delta = rowsum(dP ∘ P) = rowsum(dout ∘ out) (the same quantity, as
+// out = P·v). This CPU kernel, the reference, checks out's shape but takes
+// delta from dP and P in fp32 and so does not read out; the fused device
+// kernels (device_ops.h) read it and take delta = rowsum(dout ∘ out) from the
+// rounded out, which saves them a pass over the keys.
+void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& saved,
+                               const Tensor& dout, Tensor& dqkv);
 
 }  // namespace fedmesh

@@ -300,8 +300,9 @@ void causal_softmax_backward(Stream stream, void* probabilities, DType p_type, c
 bool flash_attention_supported(const AttentionShape& s, DType dtype);
 void flash_attention_forward(Stream stream, const AttentionShape& s, DType dtype, const void* qkv, void* out,
                              float* log_sum_exp);
-// dqkv is overwritten; it must not overlap qkv or dout. Deterministic.
-void flash_attention_backward(Stream stream, const AttentionShape& s, DType dtype, const void* qkv,
+// dqkv is overwritten; it must not overlap qkv or dout. out is the forward
+// pass's output (delta = rowsum(dout ∘ out) is taken from it). Deterministic.
+void flash_attention_backward(Stream stream, const AttentionShape& s, DType dtype, const void* qkv, const void* out,
                               const float* log_sum_exp, const void* dout, void* dqkv);
 // ids[i] = x[i] for token ids held in fp32 (the transformer's input); a value
 // that is not an integer in [0, vocabulary) gives -1, which

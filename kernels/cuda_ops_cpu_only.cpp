@@ -129,7 +129,8 @@ bool flash_attention_supported(const AttentionShape&, DType) { return false; }
 void flash_attention_forward(Stream, const AttentionShape&, DType, const void*, void*, float*) {
   no_backend("flash_attention_forward");
 }
-void flash_attention_backward(Stream, const AttentionShape&, DType, const void*, const float*, const void*, void*) {
+void flash_attention_backward(Stream, const AttentionShape&, DType, const void*, const void*, const float*, const void*,
+                              void*) {
   no_backend("flash_attention_backward");
 }
 void token_ids(Stream, const float*, int64_t, int64_t, int32_t*) { no_backend("token_ids"); }

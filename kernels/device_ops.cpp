@@ -149,9 +149,10 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 //
 // Two paths (device_ops.h's AttentionPath). The fused kernels
 // (cuda::flash_attention_*, kernels/cuda/flash_attention.cu) take bf16/fp16
-// with head_dim 64 or 128 when qkv, out, dout and dqkv share the dtype; the
-// backward pass gets no `out`, so they recompute rowsum(dP ∘ P) from q, k,
-// v and dout. Everything else takes the GEMM path:
+// with head_dim 64 or 128 when qkv, out, dout and dqkv share the dtype; their
+// backward pass takes delta = rowsum(dout ∘ out) from the forward pass's
+// rounded out. Everything else takes the GEMM path (which, like the CPU,
+// takes delta = rowsum(P dP) and does not read out):
 //
 // Batched GEMMs (cuBLASLt) around two row kernels, head by head: for head h
 // and a chunk of sequences, q, k and v are strided views of qkv (row stride
@@ -326,9 +327,10 @@ void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor
   });
 }
 
-void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
-                               Tensor& dqkv, size_t workspace_bytes, AttentionPath path) {
-  require_cuda("causal_attention_backward", {&qkv, &saved, &dout, &dqkv});
+void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& saved,
+                               const Tensor& dout, Tensor& dqkv, size_t workspace_bytes, AttentionPath path) {
+  require_cuda("causal_attention_backward", {&qkv, &out, &saved, &dout, &dqkv});
+  check_attention_tensors("causal_attention_backward", s, qkv, out);
   check_attention_tensors("causal_attention_backward", s, qkv, dout);
   FEDMESH_CHECK(dqkv.numel() == qkv.numel() && saved.numel() == s.batch * s.heads * s.seq &&
                     saved.dtype() == DType::kF32 && (dqkv.dtype() == qkv.dtype() || dqkv.dtype() == DType::kF32),
@@ -338,12 +340,15 @@ void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const
   // cores), so it takes their dtype.
   const Tensor dout_cast = dout.dtype() == qkv.dtype() ? Tensor() : fedmesh::to_dtype(dout, qkv.dtype());
   const Tensor& g_out = dout.dtype() == qkv.dtype() ? dout : dout_cast;
-  if (resolve_attention_path("causal_attention_backward", path, s, qkv, {&g_out, &dqkv}) == AttentionPath::kFlash) {
+  if (resolve_attention_path("causal_attention_backward", path, s, qkv, {&out, &g_out, &dqkv}) ==
+      AttentionPath::kFlash) {
     FEDMESH_CHECK(dqkv.raw() != qkv.raw() && dqkv.raw() != g_out.raw(),
                   "causal_attention_backward: dqkv must not be qkv or dout");
-    cuda::flash_attention_backward(stream(), s, qkv.dtype(), qkv.raw(), saved.data<float>(), g_out.raw(), dqkv.raw());
+    cuda::flash_attention_backward(stream(), s, qkv.dtype(), qkv.raw(), out.raw(), saved.data<float>(), g_out.raw(),
+                                   dqkv.raw());
     return;
   }
+  // The GEMM path takes delta from dP and P, as the CPU does: out is not read.
   const AttentionGeometry g(s, qkv.dtype(), workspace_bytes);
   const int64_t T = s.seq;
   for_each_head_chunk(g, qkv, [&](const HeadChunk& c) {

@@ -85,13 +85,17 @@ AttentionPath attention_path(const AttentionShape& s, DType dtype);
 const char* attention_path_name(AttentionPath path);  // "auto", "gemm", "flash"
 
 // attention.h's pair; saved made (batch, heads, seq) fp32 on the device.
-// `path` kFlash aborts where the fused kernels do not apply.
+// `path` kFlash aborts where the fused kernels do not apply. The backward
+// pass's `out` is the forward pass's output: the fused kernels take delta =
+// rowsum(dout ∘ out) from it (so it must then have qkv's dtype; an fp32 out
+// sends kAuto to kGemm); the GEMM path takes delta from dP and P and does
+// not read it.
 inline constexpr size_t kAttentionWorkspaceBytes = size_t{256} << 20;
 void causal_attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& saved,
                               size_t workspace_bytes = kAttentionWorkspaceBytes,
                               AttentionPath path = AttentionPath::kAuto);
-void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& saved, const Tensor& dout,
-                               Tensor& dqkv, size_t workspace_bytes = kAttentionWorkspaceBytes,
+void causal_attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& saved,
+                               const Tensor& dout, Tensor& dqkv, size_t workspace_bytes = kAttentionWorkspaceBytes,
                                AttentionPath path = AttentionPath::kAuto);
 
 // Token ids held in fp32 (x, on the device) as int32 in `ids` (grown as

@@ -21,17 +21,18 @@
 // defines and the CPU and GEMM paths save.
 //
 // Backward, deterministic (no atomics, fixed loop orders: a launch always
-// gives the same bits), in two kernels:
-// - dq: one block per query tile. A first sweep over key tiles 0..i
-//   recomputes P = exp(scale s - L) and dP = dO vᵀ and sums
-//   delta_t = Σ_j P_tj dP_tj in fp32, exactly the CPU's rowsum(dP ∘ P) (the
-//   interface gives the backward pass no `out` to take rowsum(dO ∘ O) from);
-//   delta goes to a scratch buffer. A second sweep forms
-//   dS = P ∘ (dP − delta) and accumulates dQ = scale dS k in registers.
+// gives the same bits), in three kernels:
+// - delta: one warp per query row, delta_t = Σ_c dO_tc O_tc summed in fp32
+//   from the dtype's values of dO and of the forward pass's rounded output O,
+//   into a scratch buffer. It equals the CPU's rowsum(dP ∘ P) in exact
+//   arithmetic (O = P v); numerically it carries O's rounding.
+// - dq: one block per query tile, over key tiles 0..i: recomputes
+//   P = exp(scale s - L) and dP = dO vᵀ, forms dS = P ∘ (dP − delta) and
+//   accumulates dQ = scale dS k in registers.
 // - dkdv: one block per key tile j, over query tiles j..last: dV += Pᵀ dO,
-//   dK += scale dSᵀ q in registers, with the delta of the dq kernel.
-// The price of determinism and of computing delta here is two more products
-// per tile pair than a backward with atomics and a saved `out`.
+//   dK += scale dSᵀ q in registers, with the same delta.
+// The price of determinism is that S and dP are computed twice, once in
+// each of the dq and dkdv kernels.
 #include <mma.h>
 
 #include <algorithm>
@@ -70,6 +71,17 @@ struct Layout {
   static_assert(kOutTile <= 2 * kScoreTile, "the staging tile reuses S and dP");
   static constexpr size_t kMaxBytes = std::max({kForwardBytes, kDqBytes, kDkDvBytes});
 };
+
+template <class T>
+__device__ __forceinline__ float to_fp32(T v);
+template <>
+__device__ __forceinline__ float to_fp32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_fp32<__half>(__half v) {
+  return __half2float(v);
+}
 
 template <class T>
 __device__ __forceinline__ T from_fp32(float v);
@@ -206,7 +218,11 @@ __global__ void __launch_bounds__(kFlashThreads)
       row_max[rr] = new_max;
       sp[r * kProbLd + lane] = from_fp32<T>(p0);
       sp[r * kProbLd + lane + kWarp] = from_fp32<T>(p1);
-      for (int c = lane; c < D; c += kWarp) so[r * kOutLd + c] *= alpha;
+      // alpha is the same in every lane; multiplying by 1 changes no bit, so
+      // the usual case of an unchanged maximum skips the shared memory pass.
+      if (alpha != 1.0f) {
+        for (int c = lane; c < D; c += kWarp) so[r * kOutLd + c] *= alpha;
+      }
     }
     __syncwarp();
 
@@ -241,12 +257,46 @@ __global__ void __launch_bounds__(kFlashThreads)
 #endif
 }
 
-// ---- backward: dq and delta --------------------------------------------------
+// ---- backward: delta -------------------------------------------------------------
+
+constexpr int kDeltaThreads = 256;  // 8 warps, one query row each
+
+// delta[(b * heads + h) * seq + t] = Σ_c dout_tc out_tc over head h's D
+// columns of row b * seq + t of out and dout (rows heads * D apart), the
+// products and their sum in fp32 in a fixed order. Each lane loads D / 32
+// consecutive elements of each (one 4- or 8-byte vector: rows start 16-byte
+// aligned, checked on the host, and D * 2 bytes is a multiple of 16).
+template <class T, int D>
+__global__ void __launch_bounds__(kDeltaThreads)
+    flash_delta_kernel(const T* out, const T* dout, float* delta, int64_t rows, int64_t seq, int64_t heads) {
+  static_assert(D % (2 * kWarp) == 0 && D / kWarp <= 4, "head_dim: 64 or 128");
+  constexpr int kPer = D / kWarp;
+  struct alignas(sizeof(T) * kPer) Chunk {
+    T x[kPer];
+  };
+  const int lane = threadIdx.x % kWarp;
+  const int64_t width = heads * D;
+  const int64_t warps = grid_stride() / kWarp;
+  for (int64_t row = grid_start() / kWarp; row < rows; row += warps) {  // row = (b * heads + h) * seq + t
+    const int64_t t = row % seq, bh = row / seq;
+    const int64_t b = bh / heads, h = bh % heads;
+    const int64_t at = (b * seq + t) * width + h * D + lane * kPer;
+    const Chunk o = *reinterpret_cast<const Chunk*>(out + at);
+    const Chunk g = *reinterpret_cast<const Chunk*>(dout + at);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) sum += to_fp32(g.x[i]) * to_fp32(o.x[i]);
+    sum = warp_sum(sum);
+    if (lane == 0) delta[row] = sum;
+  }
+}
+
+// ---- backward: dq --------------------------------------------------------------
 
 template <class T, int D>
 __global__ void __launch_bounds__(kFlashThreads)
-    flash_backward_dq_kernel(const T* qkv, const T* dout, const float* lse, float* delta, T* dqkv, int64_t seq,
-                             int64_t heads, float scale) {
+    flash_backward_dq_kernel(const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv,
+                             int64_t seq, int64_t heads, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = Layout<D>;
   constexpr int kLd = L::kHalfLd, kOutLd = L::kOutLd;
@@ -270,7 +320,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   const T* v_slice = q_slice + 2 * width;
   const T* do_slice = dout + b * seq * width + h * D;
   const float* lse_row = lse + (b * heads + h) * seq;
-  float* delta_row = delta + (b * heads + h) * seq;
+  const float* delta_row = delta + (b * heads + h) * seq;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, r0 = warp * 16;
 
   load_tile<T, D>(sq, q_slice, stride, q0, seq);
@@ -280,7 +330,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   for (int rr = 0; rr < 16; ++rr) {
     const int64_t t = q0 + r0 + rr;
     row_lse[rr] = t < seq ? lse_row[t] : 0.0f;
-    row_delta[rr] = 0.0f;
+    row_delta[rr] = t < seq ? delta_row[t] : 0.0f;
   }
 
   // S (the warp's 16 rows, 64 keys) = q kᵀ and dP = dO vᵀ of key tile kt.
@@ -301,23 +351,6 @@ __global__ void __launch_bounds__(kFlashThreads)
     const int64_t t = q0 + r, j = k0 + c;
     return j <= t && j < seq && t < seq ? expf(ss[r * kScoreLd + c] * scale - row_lse[rr]) : 0.0f;
   };
-
-  for (int64_t kt = 0; kt <= tile; ++kt) {
-    scores(kt);
-#pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = r0 + rr;
-      const float term = probability(rr, lane, kt * kTile) * sdp[r * kScoreLd + lane] +
-                         probability(rr, lane + kWarp, kt * kTile) * sdp[r * kScoreLd + lane + kWarp];
-      row_delta[rr] += warp_sum(term);
-    }
-  }
-  if (lane < 16 && q0 + r0 + lane < seq) {
-#pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-      if (rr == lane) delta_row[q0 + r0 + rr] = row_delta[rr];
-    }
-  }
 
   Accumulator dq[D / 16];
 #pragma unroll
@@ -510,19 +543,22 @@ void forward(Stream stream, const AttentionShape& s, const void* qkv, void* out,
 }
 
 template <class T, int D>
-void backward(Stream stream, const AttentionShape& s, const void* qkv, const float* lse, const void* dout,
-              void* dqkv) {
+void backward(Stream stream, const AttentionShape& s, const void* qkv, const void* out, const float* lse,
+              const void* dout, void* dqkv) {
   using L = Layout<D>;
   const auto dq_kernel = flash_backward_dq_kernel<T, D>;
   const auto dkdv_kernel = flash_backward_dkdv_kernel<T, D>;
   [[maybe_unused]] static const bool allowed =
       allow_shared_bytes(dq_kernel, L::kDqBytes) && allow_shared_bytes(dkdv_kernel, L::kDkDvBytes);
-  const DeviceBuffer delta(static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float), stream);
+  const int64_t rows = s.batch * s.heads * s.seq;
+  const DeviceBuffer delta(static_cast<size_t>(rows) * sizeof(float), stream);
   const dim3 grid(static_cast<unsigned>(s.batch * s.heads), static_cast<unsigned>((s.seq + kTile - 1) / kTile));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const T* q = static_cast<const T*>(qkv);
   const T* g = static_cast<const T*>(dout);
   T* dq = static_cast<T*>(dqkv);
+  launch(flash_delta_kernel<T, D>, grid_for(rows * kWarp, kDeltaThreads), kDeltaThreads, stream,
+         static_cast<const T*>(out), g, delta.as<float>(), rows, s.seq, s.heads);
   dq_kernel<<<grid, kFlashThreads, L::kDqBytes, to_cuda(stream)>>>(q, g, lse, delta.as<float>(), dq, s.seq, s.heads,
                                                                    scale);
   FEDMESH_CUDA_CHECK_LAUNCH();
@@ -600,11 +636,11 @@ void flash_attention_forward(Stream stream, const AttentionShape& s, DType dtype
            [&]<class T, int D>() { forward<T, D>(stream, s, qkv, out, log_sum_exp); });
 }
 
-void flash_attention_backward(Stream stream, const AttentionShape& s, DType dtype, const void* qkv,
+void flash_attention_backward(Stream stream, const AttentionShape& s, DType dtype, const void* qkv, const void* out,
                               const float* log_sum_exp, const void* dout, void* dqkv) {
   if (s.batch == 0 || s.seq == 0) return;
   dispatch("flash_attention_backward", s, dtype,
-           [&]<class T, int D>() { backward<T, D>(stream, s, qkv, log_sum_exp, dout, dqkv); });
+           [&]<class T, int D>() { backward<T, D>(stream, s, qkv, out, log_sum_exp, dout, dqkv); });
 }
 
 }  // namespace fedmesh::cuda

@@ -230,7 +230,7 @@ TEST(CausalAttention, LaterPositionsNeverReachEarlierOutputs) {
   Tensor out = Tensor::empty(out_shape(s)), saved;
   causal_attention_forward(s, qkv, out, saved);
   Tensor dqkv = Tensor::empty(qkv_shape(s));
-  causal_attention_backward(s, qkv, saved, dout, dqkv);
+  causal_attention_backward(s, qkv, out, saved, dout, dqkv);
 
   for (int64_t t = 0; t < s.seq; ++t) {
     // Forward: move q, k or v of every head at position t.
@@ -265,7 +265,7 @@ TEST(CausalAttention, LaterPositionsNeverReachEarlierOutputs) {
       for (int64_t c = 0; c < width; ++c) row[c] += 0.5f;
     }
     Tensor changed_dqkv = Tensor::empty(qkv_shape(s));
-    causal_attention_backward(s, qkv, saved, changed_dout, changed_dqkv);
+    causal_attention_backward(s, qkv, out, saved, changed_dout, changed_dqkv);
     bool earlier_changed = false;
     for (int64_t r = 0; r < rows; ++r) {
       if (r % s.seq > t) {
@@ -289,7 +289,7 @@ TEST(CausalAttention, BackwardMatchesFiniteDifferences) {
     Tensor out = Tensor::empty(out_shape(s)), saved;
     causal_attention_forward(s, qkv, out, saved);
     Tensor dqkv = Tensor::empty(qkv_shape(s));
-    causal_attention_backward(s, qkv, saved, r, dqkv);
+    causal_attention_backward(s, qkv, out, saved, r, dqkv);
 
     // Against central differences of the double reference: tight.
     const std::vector<double> expected = reference_gradient(s, to_double(widen(qkv)), to_double(widen(r)));
@@ -323,13 +323,13 @@ TEST(CausalAttention, LowPrecisionEqualsFp32RoundedOnce) {
       Tensor out = Tensor::empty(out_shape(s), out_dtype), saved;
       causal_attention_forward(s, qkv, out, saved);
       Tensor dqkv = Tensor::empty(qkv_shape(s), qkv_dtype);
-      causal_attention_backward(s, qkv, saved, dout, dqkv);
+      causal_attention_backward(s, qkv, out, saved, dout, dqkv);
 
       const Tensor qkv32 = to_dtype(qkv, DType::kF32);
       Tensor out32 = Tensor::empty(out_shape(s)), saved32;
       causal_attention_forward(s, qkv32, out32, saved32);
       Tensor dqkv32 = Tensor::empty(qkv_shape(s));
-      causal_attention_backward(s, qkv32, saved32, to_dtype(dout, DType::kF32), dqkv32);
+      causal_attention_backward(s, qkv32, out32, saved32, to_dtype(dout, DType::kF32), dqkv32);
 
       EXPECT_LE(max_ulp_distance(out, to_dtype(out32, out_dtype)), 1);
       EXPECT_LE(max_ulp_distance(dqkv, to_dtype(dqkv32, qkv_dtype)), 1);
@@ -372,7 +372,7 @@ TEST(CausalAttention, LongRowsStayNormalizedAndMasked) {
   RecordProperty("max_row_sum_error", scientific(worst_sum_error));
 
   Tensor dqkv = Tensor::empty(qkv_shape(s));
-  causal_attention_backward(s, qkv, saved, random_tensor(out_shape(s), DType::kF32, rng), dqkv);
+  causal_attention_backward(s, qkv, out, saved, random_tensor(out_shape(s), DType::kF32, rng), dqkv);
   for (const float v : widen(dqkv)) ASSERT_TRUE(std::isfinite(v));
 }
 
@@ -403,7 +403,7 @@ TEST(CausalAttention, ScoresOfTwoThousandDoNotOverflow) {
     EXPECT_NEAR(got[i], log_sum_exp[i], 4 * std::ldexp(std::fabs(log_sum_exp[i]), -24)) << "row " << i;
   }
   Tensor dqkv = Tensor::empty(qkv_shape(s));
-  causal_attention_backward(s, qkv, saved, random_tensor(out_shape(s), DType::kF32, rng), dqkv);
+  causal_attention_backward(s, qkv, out, saved, random_tensor(out_shape(s), DType::kF32, rng), dqkv);
   for (const float v : widen(dqkv)) ASSERT_TRUE(std::isfinite(v));
 }
 
@@ -421,7 +421,7 @@ TEST(CausalAttention, SameThreadCountGivesSameBits) {
       out[run] = Tensor::empty(out_shape(s));
       dqkv[run] = Tensor::empty(qkv_shape(s));
       causal_attention_forward(s, qkv, out[run], saved[run]);
-      causal_attention_backward(s, qkv, saved[run], dout, dqkv[run]);
+      causal_attention_backward(s, qkv, out[run], saved[run], dout, dqkv[run]);
     }
     EXPECT_EQ(std::memcmp(out[0].raw(), out[1].raw(), out[0].nbytes()), 0);
     EXPECT_EQ(std::memcmp(saved[0].raw(), saved[1].raw(), saved[0].nbytes()), 0);
@@ -437,7 +437,7 @@ TEST(CausalAttention, EmptyBatchAndSequenceDoNothing) {
     causal_attention_forward(s, qkv, out, saved);
     EXPECT_EQ(saved.numel(), 0);
     Tensor dqkv = Tensor::empty(qkv_shape(s));
-    causal_attention_backward(s, qkv, saved, out, dqkv);
+    causal_attention_backward(s, qkv, out, saved, out, dqkv);
   }
 }
 
@@ -456,8 +456,10 @@ TEST(CausalAttentionDeathTest, WrongShapesAreNamed) {
   causal_attention_forward(s, qkv, out, saved);
   Tensor dqkv = Tensor::empty(qkv_shape(s));
   const Tensor wrong_saved = Tensor::zeros({2, 2, 5, 4});
-  EXPECT_DEATH(causal_attention_backward(s, qkv, wrong_saved, out, dqkv),
+  EXPECT_DEATH(causal_attention_backward(s, qkv, out, wrong_saved, out, dqkv),
                "causal_attention_backward: saved is fp32 \\(2, 2, 5, 4\\)");
+  EXPECT_DEATH(causal_attention_backward(s, qkv, short_out, saved, out, dqkv),
+               "causal_attention_backward: out is \\(2, 4, 8\\), expected \\(2, 5, 8\\)");
 }
 
 }  // namespace

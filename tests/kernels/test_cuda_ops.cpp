@@ -1329,10 +1329,18 @@ std::string describe(const AttentionShape& s) {
 // The scale of each fused attention result's error, from the same rounded
 // inputs in fp64: every output written as a sum of terms, the sum of their
 // absolute values, with |dP_tj| replaced by A_tj = Σ_c |dO_tc| |v_jc| (a
-// bound on it and the scale of its fp32 error), delta_t by Σ_j P_tj A_tj,
-// and dS_tj by P_tj (A_tj + delta_t):
+// bound on it and the scale of its fp32 error), delta_t by
+// Σ_j P_tj A_tj = Σ_c |dO_tc| out_tc (out_tc the magnitude below), and dS_tj
+// by P_tj (A_tj + 2 delta_t):
 //   out_tc: Σ_j P_tj |v_jc|          dV_jc: Σ_t P_tj |dO_tc|
 //   dQ_tc:  scale Σ_j dS_tj |k_jc|   dK_jc: scale Σ_t dS_tj |q_tc|
+// The second delta_t is for the fused kernels' delta, rowsum(dO ∘ O) from
+// their rounded O rather than the CPU's rowsum(dP ∘ P): with O within
+// rho out_tc of the CPU's (the bound the test holds out to; its absolute
+// floor, a subnormal's size, is negligible beside these inputs' delta_t),
+// that delta is off by at most Σ_c |dO_tc| rho out_tc = rho delta_t, plus
+// the fp32 error of a D-term sum (~D 2^-24 delta_t, inside the fp32
+// allowance below), and P_tj times that enters dS_tj.
 // lse_error is an absolute bound on the log-sum-exp's fp32 differences:
 // the scores' (8 D 2^-24 scale Σ_c |q_tc| |k_jc|, dot products of D terms
 // summed in another order, tensor cores possibly truncating), the sum of the
@@ -1385,7 +1393,7 @@ AttentionMagnitudes attention_magnitudes(const AttentionShape& s, const Tensor& 
           for (int64_t c = 0; c < D; ++c) a[j] += std::fabs(d(t, c) * v(j, c));
           delta += p[t * T + j] * a[j];
         }
-        for (int64_t j = 0; j <= t; ++j) ds[t * T + j] = p[t * T + j] * (a[j] + delta);
+        for (int64_t j = 0; j <= t; ++j) ds[t * T + j] = p[t * T + j] * (a[j] + 2.0 * delta);
         for (int64_t c = 0; c < D; ++c) {
           double out = 0.0, dq = 0.0;
           for (int64_t j = 0; j <= t; ++j) {
@@ -1457,7 +1465,9 @@ std::vector<double> scaled(const std::vector<double>& v, double factor) {
 //   tensor cores (u M), one of the result (u |value| <= u M), and 2 u M for
 //   the fp32 differences (scores and sums in another order, CUDA's expf),
 //   which are ~1e-6 relative for these inputs, far below u.
-// - dQ, dK: the same with dS's rounding in place of P's.
+// - dQ, dK: the same with dS's rounding in place of P's, and dS's
+//   magnitude holding a second delta_t for the fused kernels' delta taken
+//   from their rounded out (attention_magnitudes).
 // - the log-sum-exps: within lse_error (above), both sides in fp32.
 // The GEMM path (AttentionPath::kGemm, which rounds P and dS to the dtype
 // as well) is held to the fused one within twice these bounds. Two launches
@@ -1487,8 +1497,8 @@ TEST_F(CudaOps, FlashAttentionMatchesTheCpuAndTheGemmPathAndRepeatsItsBits) {
         AttentionPass r{Tensor::empty(dout.shape(), dtype, Device::kCuda), Tensor(),
                         Tensor::empty(qkv.shape(), dtype, Device::kCuda)};
         device::causal_attention_forward(s, qkv_gpu, r.out, r.saved, device::kAttentionWorkspaceBytes, path);
-        device::causal_attention_backward(s, qkv_gpu, r.saved, dout_gpu, r.dqkv, device::kAttentionWorkspaceBytes,
-                                          path);
+        device::causal_attention_backward(s, qkv_gpu, r.out, r.saved, dout_gpu, r.dqkv,
+                                          device::kAttentionWorkspaceBytes, path);
         return AttentionPass{r.out.to(Device::kCpu), r.saved.to(Device::kCpu), r.dqkv.to(Device::kCpu)};
       };
       const AttentionPass flash = run(device::AttentionPath::kFlash);

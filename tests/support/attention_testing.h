@@ -23,10 +23,10 @@ inline AttentionPass attention_pass(const AttentionShape& s, const Tensor& qkv, 
                   Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device())};
   if (qkv.device() == Device::kCuda) {
     device::causal_attention_forward(s, qkv, r.out, r.saved, workspace_bytes);
-    device::causal_attention_backward(s, qkv, r.saved, dout, r.dqkv, workspace_bytes);
+    device::causal_attention_backward(s, qkv, r.out, r.saved, dout, r.dqkv, workspace_bytes);
   } else {
     causal_attention_forward(s, qkv, r.out, r.saved);
-    causal_attention_backward(s, qkv, r.saved, dout, r.dqkv);
+    causal_attention_backward(s, qkv, r.out, r.saved, dout, r.dqkv);
   }
   return r;
 }

@@ -206,7 +206,9 @@ Tensor TransformerBlock::backward(const Tensor& dy, bool need_input_grad) {
   const Tensor dattended = attention_out_.backward(dresidual.reshape({rows, width_}), true);
   Tensor& dqkv = Tensor::reuse(qkv_grad_, {batch, seq, 3 * attention}, dy.dtype(), dy.device());
   const Tensor qkv = attention_in_.last_output().reshape({batch, seq, 3 * attention});
-  causal_attention_backward(shape_, qkv, saved_, dattended.reshape({batch, seq, attention}), dqkv);
+  // attended_ still holds the forward pass's attention output (the input the
+  // output projection saved, the same storage): no copy is kept for this.
+  causal_attention_backward(shape_, qkv, attended_, saved_, dattended.reshape({batch, seq, attention}), dqkv);
   const Tensor da = attention_in_.backward(dqkv.reshape({rows, 3 * attention}), true);
   reduce(da);
   const Tensor dln_1 = ln_1_.backward(da.reshape(activations), true);

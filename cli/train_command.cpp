@@ -12,6 +12,7 @@
 
 #include "cli/output.h"
 #include "kernels/cuda_ops.h"
+#include "kernels/device_ops.h"
 #include "kernels/parallel.h"
 #include "kernels/step_profile.h"
 #include "train/data/tokenized_text.h"
@@ -84,26 +85,40 @@ Result<std::optional<privacy::ConstantRateAccounting>> dp_accounting(train::Trai
   return std::optional<privacy::ConstantRateAccounting>(accounting);
 }
 
+// The attention a language model's heads take: "cpu" (the CPU kernel), or
+// on the GPU "flash" (the fused kernels) or "gemm" (batched GEMMs around the
+// softmax rows); empty for the other models.
+std::string attention_path_of(const TrainFlags& flags, train::TrainingRun& run) {
+  const std::optional<train::TransformerConfig> c = train::language_model_config(flags.run.model);
+  if (!c) return "";
+  if (flags.run.device != "cuda") return "cpu";
+  const AttentionShape shape{flags.run.options.batch_size, c->context, c->heads, c->width / c->heads};
+  return device::attention_path_name(device::attention_path(shape, run.model().compute_dtype()));
+}
+
 void print_start(const TrainFlags& flags, train::TrainingRun& run) {
   const train::TrainingRunOptions& o = flags.run;
   const train::TrainingData& data = run.data();
+  const std::string attention = attention_path_of(flags, run);
   if (flags.json) {
-    emit_json({{"event", "start"},
-               {"command", "train"},
-               {"model", o.model},
-               {"parameters", run.model().parameter_count()},
-               {"precision", o.precision},
-               {"device", o.device},
-               {"threads", cpu_threads()},
-               {"ranks", o.group.ranks},
-               {"optimizer", o.options.optimizer},
-               {"lr", o.options.lr},
-               {"schedule", o.options.schedule.to_string()},
-               {"batch_size", o.options.batch_size},
-               {"grad_accumulation", o.options.grad_accumulation},
-               {"train_samples", data.train->size()},
-               {"test_samples", data.test->size()},
-               {"seed", o.options.seed}});
+    nlohmann::json start = {{"event", "start"},
+                            {"command", "train"},
+                            {"model", o.model},
+                            {"parameters", run.model().parameter_count()},
+                            {"precision", o.precision},
+                            {"device", o.device},
+                            {"threads", cpu_threads()},
+                            {"ranks", o.group.ranks},
+                            {"optimizer", o.options.optimizer},
+                            {"lr", o.options.lr},
+                            {"schedule", o.options.schedule.to_string()},
+                            {"batch_size", o.options.batch_size},
+                            {"grad_accumulation", o.options.grad_accumulation},
+                            {"train_samples", data.train->size()},
+                            {"test_samples", data.test->size()},
+                            {"seed", o.options.seed}};
+    if (!attention.empty()) start["attention"] = attention;
+    emit_json(start);
     if (data.tokenizer) {
       emit_json({{"event", "tokenizer"},
                  {"tokenizer", data.tokenizer->fingerprint()},
@@ -117,6 +132,7 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
                data.description.c_str(), o.device.c_str(), o.precision.c_str(), cpu_threads(),
                static_cast<long long>(o.options.batch_size), o.options.optimizer.c_str(),
                static_cast<double>(o.options.lr));
+  if (!attention.empty()) std::fprintf(stderr, "attention: %s\n", attention.c_str());
   if (data.tokenizer) {
     std::fprintf(stderr, "held-out text: a byte unigram model (no context) reaches %.3f bits/byte; a unigram of "
                  "these tokens %.4f nats/token, %.3f bits/byte\n", data.unigram_loss / std::log(2.0),

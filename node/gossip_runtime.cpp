@@ -213,6 +213,13 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   if (!opened.is_ok()) return opened.status();
   store.emplace(std::move(*opened));
   FEDMESH_RETURN_IF_ERROR(restore());
+  // Counters are kept by signing key: those a store from before kept by name
+  // go to the key each name has on the roster now.
+  std::map<std::string, std::string> key_of_name;
+  for (const crypto::RosterEntry& e : roster.sites) {
+    key_of_name[e.identity.name] = crypto::replay_key(e.identity.sign_public);
+  }
+  FEDMESH_RETURN_IF_ERROR(store->adopt_named_replay_counters(key_of_name));
   Result<std::map<std::string, uint64_t>> counters = store->replay_counters();
   if (!counters.is_ok()) return counters.status();
   replay.emplace(crypto::ReplayGuard::persisted_by(

@@ -120,7 +120,9 @@ TEST(StoreMigrations, EveryEarlierVersionOpensWithItsDataAndTheNewestSchema) {
       EXPECT_TRUE(store->replay_counters()->empty());
       EXPECT_EQ((*store->named_replay_counters())["site-a"], 12u);
       const std::string key_a(64, 'a');
-      ASSERT_TRUE(store->adopt_named_replay_counters({{"site-a", key_a}}).is_ok());
+      ASSERT_TRUE(store->record_replay_counter(key_a, 5).is_ok());  // the key's own counter, lower: raised
+      ASSERT_TRUE(store->adopt_named_replay_counters({{"site-a", key_a}, {"site-q", std::string(64, 'c')}}).is_ok());
+      EXPECT_EQ(store->replay_counters()->count(std::string(64, 'c')), 0u) << "a name with no counter adopts nothing";
       EXPECT_TRUE(store->named_replay_counters()->empty());
       EXPECT_EQ(store->replay_counters()->at(key_a), 12u);
       EXPECT_EQ(store->replay_counters()->count("site-a"), 0u);

@@ -15,7 +15,6 @@
 #include "aggregator/dashboard_page.h"
 #include "aggregator/manager_checkpoint.h"
 #include "aggregator/operator_view.h"
-#include "aggregator/refusal_log.h"
 #include "aggregator/site_report.h"
 #include "aggregator/site_state.h"
 #include "base/http_endpoint.h"
@@ -32,6 +31,7 @@
 #include "privacy/rdp_accountant.h"
 #include "protocol/model_transfer.h"
 #include "protocol/secagg_wire.h"
+#include "protocol/refusal_log.h"
 #include "protocol/update_service.h"
 #include "store/pending_payload.h"
 
@@ -119,8 +119,8 @@ class AggregatorServer::Impl {
   // of them (bounded by the rosters seen): shown as revoked, never sampled.
   std::map<std::string, SiteRecord> revoked_sites;
   // Refusals reach the log at most once per peer key and reason per
-  // interval (aggregator/refusal_log.h); every one is counted in the metrics.
-  RefusalLog refusal_log;
+  // interval (protocol/refusal_log.h); every one is counted in the metrics.
+  protocol::RefusalLog refusal_log;
   std::atomic<uint64_t> refusal_log_lines_suppressed{0};
   void log_refusal(const protocol::Incoming& incoming, const std::string& code, const std::string& reason);
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace fedmesh::aggregator {
+namespace fedmesh::protocol {
 
 inline constexpr std::chrono::milliseconds kRefusalLogInterval{10'000};
 inline constexpr size_t kMaxRefusalLogKeys = 1u << 12;  // keys remembered at once
@@ -67,4 +67,4 @@ class RefusalLog {
   uint64_t suppressed_total_ = 0;
 };
 
-}  // namespace fedmesh::aggregator
+}  // namespace fedmesh::protocol

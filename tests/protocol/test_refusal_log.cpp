@@ -1,12 +1,12 @@
 // At most one log line per key per interval; the rest counted and named in
-// the key's next line (aggregator/refusal_log.h).
+// the key's next line (protocol/refusal_log.h).
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "aggregator/refusal_log.h"
+#include "protocol/refusal_log.h"
 
-namespace fedmesh::aggregator {
+namespace fedmesh::protocol {
 namespace {
 
 using namespace std::chrono_literals;
@@ -53,4 +53,4 @@ TEST(RefusalLog, ManyKeysStayBounded) {
 }
 
 }  // namespace
-}  // namespace fedmesh::aggregator
+}  // namespace fedmesh::protocol

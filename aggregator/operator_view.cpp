@@ -114,6 +114,10 @@ std::string OperatorView::render_metrics(const OperatorContext& context) const {
               "Connections to this endpoint closed unserved: past the connection cap, a request head late, too large "
               "or malformed, an answer not taken in time",
               static_cast<double>(context.http_refused));
+  out.counter("fedmesh_refusal_log_lines_suppressed_total",
+              "Refusals counted in fedmesh_updates_rejected_total but not written to the log (at most one line per "
+              "peer key and reason per interval)",
+              static_cast<double>(context.refusal_log_lines_suppressed));
   return out.text();
 }
 
@@ -152,6 +156,7 @@ std::string OperatorView::render_status(const OperatorContext& context) const {
                            {"rejections_by_reason", rejections_by_code_},
                            {"http_unauthorized", context.http_unauthorized},
                            {"http_refused", context.http_refused},
+                           {"refusal_log_lines_suppressed", context.refusal_log_lines_suppressed},
                            {"uptime_seconds", context.uptime_seconds}};
   if (last_accuracy_ >= 0.0) status["test_accuracy"] = last_accuracy_;
   if (last_loss_ >= 0.0) status["test_loss"] = last_loss_;

@@ -44,6 +44,7 @@ struct OperatorContext {
   std::vector<std::pair<std::string, double>> transport_rejections;  // by the wire's reject code name
   int64_t http_unauthorized = 0;
   int64_t http_refused = 0;  // HTTP connections closed unserved (HttpEndpoint::refused_connections)
+  uint64_t refusal_log_lines_suppressed = 0;  // refusals counted but not logged (protocol/refusal_log.h)
   double uptime_seconds = 0.0;
 };
 

@@ -15,6 +15,7 @@
 #include "aggregator/dashboard_page.h"
 #include "aggregator/manager_checkpoint.h"
 #include "aggregator/operator_view.h"
+#include "aggregator/site_report.h"
 #include "aggregator/site_state.h"
 #include "base/http_endpoint.h"
 #include "base/prometheus.h"
@@ -30,6 +31,7 @@
 #include "privacy/rdp_accountant.h"
 #include "protocol/model_transfer.h"
 #include "protocol/secagg_wire.h"
+#include "protocol/refusal_log.h"
 #include "protocol/update_service.h"
 #include "store/pending_payload.h"
 
@@ -116,6 +118,11 @@ class AggregatorServer::Impl {
   // Sites taken off the roster while this process ran, with what was known
   // of them (bounded by the rosters seen): shown as revoked, never sampled.
   std::map<std::string, SiteRecord> revoked_sites;
+  // Refusals reach the log at most once per peer key and reason per
+  // interval (protocol/refusal_log.h); every one is counted in the metrics.
+  protocol::RefusalLog refusal_log;
+  std::atomic<uint64_t> refusal_log_lines_suppressed{0};
+  void log_refusal(const protocol::Incoming& incoming, const std::string& code, const std::string& reason);
 
   double now() const { return std::chrono::duration<double>(Clock::now() - started).count(); }
 
@@ -227,6 +234,13 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   FEDMESH_RETURN_IF_ERROR(restore());
   FEDMESH_RETURN_IF_ERROR(open_privacy());
 
+  // Counters are kept by signing key: those a store from before kept by name
+  // go to the key each name has on the roster now.
+  std::map<std::string, std::string> key_of_name;
+  for (const crypto::RosterEntry& e : roster.sites) {
+    key_of_name[e.identity.name] = crypto::replay_key(e.identity.sign_public);
+  }
+  FEDMESH_RETURN_IF_ERROR(store->adopt_named_replay_counters(key_of_name));
   Result<std::map<std::string, uint64_t>> counters = store->replay_counters();
   if (!counters.is_ok()) return counters.status();
   replay.emplace(crypto::ReplayGuard::persisted_by(
@@ -245,6 +259,8 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   policy.federation = config.federation;
   policy.self = config.name;
   policy.manifest = manifest;
+  // Refused at the header, before any chunk is taken or acknowledged.
+  policy.max_sample_count = static_cast<uint64_t>(config.rounds_options.max_sample_count);
   policy.max_round_lag = config.rounds_options.asynchronous ? std::numeric_limits<uint64_t>::max() / 2
                                                              : (config.rounds_options.fold_late_updates ? 1 : 0);
   service = std::make_unique<protocol::UpdateService>(policy, roster, *replay, protocol::RateLimits{},
@@ -493,14 +509,18 @@ bool AggregatorServer::Impl::handle_other(const protocol::Incoming& incoming, co
     }
     case wire::Message::SITE_REPORT: {
       const auto report = root.getSiteReport();
-      SiteRecord& site = sites[incoming.peer];
       const double values[3] = {report.getTrainLoss(), report.getLocalLoss(), report.getLocalAccuracy()};
-      for (double v : values) {
-        if (!std::isfinite(v)) {
-          rejection = {wire::RejectCode::NON_FINITE, "site report carries a non-finite metric"};
-          return false;
-        }
+      const auto version = static_cast<uint64_t>(manager->version());
+      const auto current_round = config.rounds_options.asynchronous ? version : static_cast<uint64_t>(manager->round());
+      const SiteReportCheck checked = check_site_report(
+          {report.getRound(), report.getBaseVersion(), values[0], values[1], values[2]}, current_round, version);
+      if (!checked.ok()) {
+        rejection = {checked.problem == SiteReportProblem::kNonFinite ? wire::RejectCode::NON_FINITE
+                                                                      : wire::RejectCode::OUT_OF_RANGE,
+                     checked.reason};
+        return false;
       }
+      SiteRecord& site = sites[incoming.peer];
       site.train_loss = values[0];
       site.local_loss = values[1];
       site.local_accuracy = values[2];
@@ -565,6 +585,7 @@ Status AggregatorServer::Impl::store_update(protocol::ReceivedUpdate received) {
   pending.base_version = update.base_version;
   pending.sample_count = update.sample_count;
   pending.replay_sequence = received.metadata.sequence;
+  pending.replay_key = received.replay_key;
   if (Status s = store->add_pending_update(pending, pending_payload(update)); !s.is_ok()) {
     emit({{"event", "error"}, {"message", "cannot record update " + update.id + ": " + s.message() +
                                               "; refused as not stored, the site sends it again"}});
@@ -624,8 +645,7 @@ void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
     }
     view.rejection(incoming.peer, "revoked", incoming.peer + " is not on the roster (revoked)");
     socket->counters().count_rejection(wire::RejectCode::UNAUTHENTICATED);
-    emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", "unauthenticated"},
-          {"reason", incoming.peer + " is not on the roster (revoked)"}});
+    log_refusal(incoming, "unauthenticated", incoming.peer + " is not on the roster (revoked)");
     capnp::MallocMessageBuilder builder;
     auto reject = builder.initRoot<wire::Message>().initReject();
     reject.setCode(wire::RejectCode::UNAUTHENTICATED);
@@ -643,14 +663,31 @@ void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
     if (refused->code == wire::RejectCode::WRONG_ROUND) site.missed_round = true;
     ++site.refused;
     view.rejection(incoming.peer, protocol::reject_code_name(refused->code), refused->reason);
-    emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", protocol::reject_code_name(refused->code)},
-          {"reason", refused->reason}});
+    log_refusal(incoming, protocol::reject_code_name(refused->code), refused->reason);
   }
   if (reply) {
     if (Status s = socket->send(incoming.routing_id, std::move(*reply)); !s.is_ok()) {
       emit({{"event", "warning"}, {"message", "reply to " + incoming.peer + " not sent: " + s.message()}});
     }
   }
+}
+
+void AggregatorServer::Impl::log_refusal(const protocol::Incoming& incoming, const std::string& code,
+                                        const std::string& reason) {
+  const std::string& key = incoming.peer_key.empty() ? incoming.peer : incoming.peer_key;
+  const std::optional<uint64_t> suppressed = refusal_log.admit(key + " " + code, Clock::now());
+  if (!suppressed) {
+    refusal_log_lines_suppressed.fetch_add(1);
+    return;
+  }
+  nlohmann::json event = {{"event", "rejected"}, {"peer", incoming.peer}, {"code", code}, {"reason", reason}};
+  if (!incoming.peer_key.empty()) event["peer_key"] = incoming.peer_key;
+  if (*suppressed > 0) {
+    event["suppressed"] = *suppressed;
+    event["message"] = "suppressed " + std::to_string(*suppressed) + " similar (" + code +
+                       " from this key) since its last logged refusal";
+  }
+  emit(event);
 }
 
 Status AggregatorServer::Impl::maybe_start_round() {
@@ -928,6 +965,7 @@ OperatorContext AggregatorServer::Impl::operator_context() const {
   }
   c.http_unauthorized = unauthorized_requests();
   if (const HttpEndpoint* endpoint = serving.load()) c.http_refused = endpoint->refused_connections();
+  c.refusal_log_lines_suppressed = refusal_log_lines_suppressed.load();
   c.uptime_seconds = now();
   return c;
 }

@@ -34,6 +34,10 @@ Result<uint64_t> parse_sequence(std::string_view text) {
 
 }  // namespace
 
+std::string replay_key(const SignPublicKey& sign_public) {
+  return to_hex(std::span<const uint8_t>(sign_public.data(), sign_public.size()));
+}
+
 Result<ReplayGuard> ReplayGuard::open(std::filesystem::path file) {
   FEDMESH_CHECK(!file.empty(), "ReplayGuard::open needs a path; use in_memory() for none");
   Result<std::string> text = read_file_bounded(file, kMaxReplayFileBytes);

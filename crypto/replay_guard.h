@@ -8,9 +8,14 @@
 // database; it raises a counter in the transaction that stores the update
 // and then tells the guard (note_durable).
 //
-// File format, one line per sender, sorted by name:
+// Senders are identified by their Ed25519 signing key (replay_key: 64 lower-
+// case hex digits, which the site-name check admits), never by their name:
+// a site re-keyed under the same name starts with a fresh counter, so what
+// a stolen, revoked key sent cannot lock the site's new key out.
+//
+// File format, one line per sender, sorted by key:
 //   fedmesh-replay-v1
-//   <sender> <sequence>
+//   <sender key> <sequence>
 #pragma once
 
 #include <cstdint>
@@ -21,10 +26,14 @@
 #include <string_view>
 
 #include "base/status.h"
+#include "crypto/keys.h"
 
 namespace fedmesh::crypto {
 
 inline constexpr size_t kMaxReplaySenders = 1u << 16;
+
+// What a sender's counter is kept by: its signing public key in hex.
+std::string replay_key(const SignPublicKey& sign_public);
 
 class ReplayGuard {
  public:

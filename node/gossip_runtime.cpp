@@ -31,6 +31,7 @@
 #include "train/model.h"
 #include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
+#include "protocol/refusal_log.h"
 #include "protocol/transport.h"
 #include "protocol/update_service.h"
 #include "protocol/update_transfer.h"
@@ -97,6 +98,8 @@ class GossipRuntime::Impl {
 
   mutable std::mutex metrics_mutex;
   uint64_t bytes_sent = 0, shares_sent = 0, shares_undelivered = 0, merges = 0, stale_dropped = 0, refused = 0;
+  uint64_t refusal_log_lines_suppressed = 0;  // refusals counted in `refused` but not logged
+  protocol::RefusalLog refusal_log;            // used by handle_frame only
   uint64_t catch_ups = 0;
   double last_consensus = -1.0, last_test_accuracy = -1.0, last_local_accuracy = -1.0;
   int alive = 0, suspect = 0, dead = 0;
@@ -213,6 +216,13 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   if (!opened.is_ok()) return opened.status();
   store.emplace(std::move(*opened));
   FEDMESH_RETURN_IF_ERROR(restore());
+  // Counters are kept by signing key: those a store from before kept by name
+  // go to the key each name has on the roster now.
+  std::map<std::string, std::string> key_of_name;
+  for (const crypto::RosterEntry& e : roster.sites) {
+    key_of_name[e.identity.name] = crypto::replay_key(e.identity.sign_public);
+  }
+  FEDMESH_RETURN_IF_ERROR(store->adopt_named_replay_counters(key_of_name));
   Result<std::map<std::string, uint64_t>> counters = store->replay_counters();
   if (!counters.is_ok()) return counters.status();
   replay.emplace(crypto::ReplayGuard::persisted_by(
@@ -434,12 +444,25 @@ bool GossipRuntime::Impl::handle_other(const protocol::Incoming& in, const proto
 void GossipRuntime::Impl::handle_frame(const protocol::Incoming& incoming) {
   std::optional<protocol::OutgoingMessage> reply = service->handle(incoming);
   if (service->last_rejection()) {
+    const std::string code = protocol::reject_code_name(service->last_rejection()->code);
+    // At most one line per peer key and code per interval; every one counted.
+    const std::string& key = incoming.peer_key.empty() ? incoming.peer : incoming.peer_key;
+    const std::optional<uint64_t> suppressed = refusal_log.admit(key + " " + code, std::chrono::steady_clock::now());
     {
       std::lock_guard lock(metrics_mutex);
       ++refused;
+      if (!suppressed) ++refusal_log_lines_suppressed;
     }
-    emit({{"event", "refused"}, {"from", incoming.peer}, {"code", protocol::reject_code_name(service->last_rejection()->code)},
-          {"reason", service->last_rejection()->reason}});
+    if (suppressed) {
+      nlohmann::json event = {{"event", "refused"}, {"from", incoming.peer}, {"code", code},
+                              {"reason", service->last_rejection()->reason}};
+      if (*suppressed > 0) {
+        event["suppressed"] = *suppressed;
+        event["message"] = "suppressed " + std::to_string(*suppressed) + " similar (" + code +
+                           " from this key) since its last logged refusal";
+      }
+      emit(event);
+    }
   }
   take_completed();
   if (reply) (void)server->send(incoming.routing_id, std::move(*reply));
@@ -769,6 +792,10 @@ std::string GossipRuntime::Impl::render_metrics() const {
   out.counter("fedmesh_gossip_merges_total", "Shares merged", static_cast<double>(merges));
   out.counter("fedmesh_gossip_stale_dropped_total", "Shares dropped as staler than max_staleness", static_cast<double>(stale_dropped));
   out.counter("fedmesh_gossip_refused_total", "Messages refused", static_cast<double>(refused));
+  out.counter("fedmesh_refusal_log_lines_suppressed_total",
+              "Refusals counted in fedmesh_gossip_refused_total but not written to the log (at most one line per peer "
+              "key and reason per interval)",
+              static_cast<double>(refusal_log_lines_suppressed));
   out.counter("fedmesh_gossip_catch_ups_total", "Catch-ups from donors", static_cast<double>(catch_ups));
   if (last_test_accuracy >= 0.0) out.gauge("fedmesh_gossip_test_accuracy", "Accuracy on the test images", last_test_accuracy);
   return out.text();

@@ -146,7 +146,9 @@ struct UpdateHeader {
   baseVersion @2 :UInt64;
   sender @3 :Text;
   recipient @4 :Text;
-  sequence @5 :UInt64;         # per sender, strictly increasing
+  sequence @5 :UInt64;         # per sender key, strictly increasing; sites use the Unix time in
+                               # microseconds (or the last sequence + 1 if that is larger), and a
+                               # receiver refuses one more than a day ahead of its own clock
   sampleCount @6 :UInt64;
   tensors @7 :List(TensorDescriptor);
   chunkCount @8 :UInt32;
@@ -203,6 +205,10 @@ enum RejectCode {
   busy @15;              # too many transfers in flight
   privateMode @16;       # a plain update to a federation in private mode (secure aggregation only)
   notStored @17;         # the receiver could not make the update durable; nothing was kept: send it again later
+  sequenceAhead @18;     # sequence further ahead of the receiver's clock than it allows (see UpdateHeader.sequence)
+  tooManySamples @19;    # sampleCount above the receiver's cap for the sender
+  wrongRole @20;         # a Hello whose role the receiver does not take
+  outOfRange @21;        # a value outside its documented range (a SiteReport's accuracy, a round ahead)
 }
 
 struct Reject {

@@ -88,6 +88,7 @@ Result<std::optional<Incoming>> receive_payload(void* socket, TransportCounters&
   Incoming incoming;
   incoming.routing_id = std::move(routing_id);
   if (const char* user = zmq_msg_gets(&frame->msg, "User-Id")) incoming.peer = user;
+  if (const char* key = zmq_msg_gets(&frame->msg, kPeerKeyProperty)) incoming.peer_key = key;
   const size_t size = zmq_msg_size(&frame->msg);
   counters.messages_received.fetch_add(1);
   counters.bytes_received.fetch_add(size);
@@ -258,7 +259,7 @@ class ZapAuthenticator {
   void answer(const std::vector<std::string>& frames) {
     // version, request id, domain, address, identity, mechanism, credentials...
     const std::string request_id = frames.size() > 1 ? frames[1] : std::string();
-    std::string status = "400", text = "malformed ZAP request", user;
+    std::string status = "400", text = "malformed ZAP request", user, metadata;
     if (frames.size() >= 7 && frames[0] == "1.0" && frames[2] == kZapDomain && frames[5] == "CURVE" &&
         frames[6].size() == crypto::kBoxPublicBytes) {
       crypto::BoxPublicKey key{};
@@ -274,6 +275,16 @@ class ZapAuthenticator {
       if (allowed) {
         status = "200";
         text = "OK";
+        // ZMTP metadata: name length (1 byte), name, value length (4 bytes,
+        // big-endian), value. It reaches every message as a property.
+        const std::string name = kPeerKeyProperty;
+        const std::string value = crypto::to_hex(std::span<const uint8_t>(key.data(), key.size()));
+        metadata.push_back(static_cast<char>(name.size()));
+        metadata += name;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+          metadata.push_back(static_cast<char>((value.size() >> shift) & 0xff));
+        }
+        metadata += value;
         counters_->zap_allowed.fetch_add(1);
       } else {
         text = "key not on the roster";
@@ -290,7 +301,7 @@ class ZapAuthenticator {
       std::fprintf(stderr, "fedmesh: refused a connection: %s\n",
                    frames.size() >= 6 && frames[5] != "CURVE" ? "not a CURVE handshake" : "malformed ZAP request");
     }
-    const std::string reply[] = {"1.0", request_id, status, text, user, ""};
+    const std::string reply[] = {"1.0", request_id, status, text, user, metadata};
     for (size_t i = 0; i < 6; ++i) {
       zmq_send(socket_.get(), reply[i].data(), reply[i].size(), i + 1 < 6 ? ZMQ_SNDMORE : 0);
     }

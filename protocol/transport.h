@@ -89,10 +89,17 @@ struct CurveKeys {
 
 class ZmqContext;
 
-// A received frame: who sent it (ZAP User-Id; empty when insecure), the
-// ROUTER routing id to answer to, and the bytes, owned by `frame`.
+// ZAP metadata property carrying the connection's Curve public key (hex).
+inline constexpr const char* kPeerKeyProperty = "X-Fedmesh-Curve-Key";
+
+// A received frame: who sent it (ZAP User-Id; empty when insecure) and with
+// which key (the Curve public key the handshake proved, 64 hex; empty when
+// insecure), the ROUTER routing id to answer to, and the bytes, owned by
+// `frame`. A name can outlive its key (a connection made before the key was
+// revoked): per-peer budgets are kept by `peer_key`.
 struct Incoming {
   std::string peer;
+  std::string peer_key;
   std::string routing_id;
   std::shared_ptr<const void> frame;  // keeps `bytes` alive
   std::span<const uint8_t> bytes;

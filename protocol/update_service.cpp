@@ -28,11 +28,53 @@ OutgoingMessage UpdateService::noted(OutgoingMessage reply) {
   return reply;
 }
 
-OutgoingMessage UpdateService::welcome(const ParsedMessage& message) {
+bool UpdateService::check_hello(const std::string& peer, wire::Hello::Reader hello, Rejection& rejection) const {
+  // Sizes first: nothing of an oversized field is copied or echoed.
+  const auto name = hello.getSiteName();
+  const auto federation = hello.getFederation();
+  if (name.size() > crypto::kMaxSiteNameBytes) {
+    rejection = {wire::RejectCode::MALFORMED, "Hello siteName is " + std::to_string(name.size()) +
+                                                  " bytes; a site name is at most " +
+                                                  std::to_string(crypto::kMaxSiteNameBytes)};
+    return false;
+  }
+  if (federation.size() > crypto::kMaxFederationIdBytes) {
+    rejection = {wire::RejectCode::MALFORMED, "Hello federation is " + std::to_string(federation.size()) +
+                                                  " bytes; a federation id is at most " +
+                                                  std::to_string(crypto::kMaxFederationIdBytes)};
+    return false;
+  }
+  const std::string_view site_name(name.cStr(), name.size());
+  if (Status s = crypto::check_site_name(site_name); !s.is_ok()) {
+    rejection = {wire::RejectCode::MALFORMED, "Hello siteName: " + s.message()};
+    return false;
+  }
+  if (!policy_.insecure && site_name != peer) {
+    rejection = {wire::RejectCode::UNAUTHENTICATED, "Hello names site '" + std::string(site_name) +
+                                                        "' but the connection is authenticated as '" + peer + "'"};
+    return false;
+  }
+  if (std::string_view(federation.cStr(), federation.size()) != policy_.federation) {
+    rejection = {wire::RejectCode::WRONG_FEDERATION, "Hello is for federation '" + std::string(federation.cStr()) +
+                                                         "', this is '" + policy_.federation + "'"};
+    return false;
+  }
+  const wire::Role expected = policy_.peer_updates ? wire::Role::PEER : wire::Role::SITE;
+  if (hello.getRole() != expected) {
+    rejection = {wire::RejectCode::WRONG_ROLE,
+                 "Hello has role " + std::to_string(static_cast<int>(hello.getRole())) + "; this endpoint takes " +
+                     (policy_.peer_updates ? "peers (role 2)" : "sites (role 0)")};
+    return false;
+  }
+  return true;
+}
+
+OutgoingMessage UpdateService::welcome(const std::string& peer, const ParsedMessage& message) {
   try {
     const auto hello = message.root().getHello();
     uint16_t version = 0;
     Rejection rejection;
+    if (!check_hello(peer, hello, rejection)) return refuse(std::move(rejection));
     if (!negotiate_version(hello.getMinProtocolVersion(), hello.getProtocolVersion(), version, rejection)) {
       return refuse(std::move(rejection));
     }
@@ -55,8 +97,12 @@ OutgoingMessage UpdateService::welcome(const ParsedMessage& message) {
 
 std::optional<OutgoingMessage> UpdateService::handle(const Incoming& incoming) {
   last_rejection_.reset();
-  if (!limiter_.admit(incoming.peer, incoming.bytes.size(), RateLimiter::Clock::now())) {
-    return refuse({wire::RejectCode::RATE_LIMITED, "peer '" + incoming.peer + "' is over its message or byte rate"});
+  // One bucket per key, not per name: a revoked key still connected under a
+  // site's name must not spend the budget of the site's new key.
+  const std::string& bucket = incoming.peer_key.empty() ? incoming.peer : incoming.peer_key;
+  if (!limiter_.admit(bucket, incoming.bytes.size(), RateLimiter::Clock::now())) {
+    return refuse({wire::RejectCode::RATE_LIMITED, "peer '" + incoming.peer + "' (key " + bucket.substr(0, 16) +
+                                                       "…) is over its message or byte rate"});
   }
   Envelope envelope;
   Rejection rejection;
@@ -72,7 +118,7 @@ std::optional<OutgoingMessage> UpdateService::handle(const Incoming& incoming) {
       if (!refuse_updates_.empty()) return refuse({wire::RejectCode::PRIVATE_MODE, refuse_updates_});
       return noted(receiver_.handle_header(incoming.peer, *parsed));
     case wire::Message::HELLO:
-      return welcome(*parsed);
+      return welcome(incoming.peer, *parsed);
     case wire::Message::HEARTBEAT:
       if (!other_) return std::nullopt;
       [[fallthrough]];

@@ -52,7 +52,11 @@ class UpdateService {
   OutgoingMessage refuse(Rejection rejection);
   // The receiver's reply, its rejection (if any) counted and remembered.
   OutgoingMessage noted(OutgoingMessage reply);
-  OutgoingMessage welcome(const ParsedMessage& hello);
+  // A Hello is answered only if its fields hold: a site name within the
+  // limit and equal to the authenticated peer, our federation, and the role
+  // this endpoint takes (sites for an aggregator, peers for a gossip peer).
+  bool check_hello(const std::string& peer, wire::Hello::Reader hello, Rejection& rejection) const;
+  OutgoingMessage welcome(const std::string& peer, const ParsedMessage& hello);
 
   ReceiverPolicy policy_;
   UpdateReceiver receiver_;

@@ -77,6 +77,16 @@ bool text_field(capnp::Text::Reader text, std::string& out, const char* what, Re
   return true;
 }
 
+std::string replayed_reason(const std::string& sender, uint64_t sequence, uint64_t last) {
+  return "replayed update from '" + sender + "': sequence " + std::to_string(sequence) +
+         " is not above the last accepted " + std::to_string(last) + " (from its current key)";
+}
+
+uint64_t unix_time_micros() {
+  const auto since_epoch = std::chrono::system_clock::now().time_since_epoch();
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(since_epoch).count());
+}
+
 }  // namespace
 
 crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors) {
@@ -406,17 +416,39 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
                 "signature on update " + std::to_string(m.sequence) + " from '" + m.sender + "' does not verify");
   }
   transfer.header_hash = crypto::hash_bytes(crypto::canonical_bytes(fields));
+  transfer.replay_key = crypto::replay_key(entry->identity.sign_public);
+
+  // Signed by the key, but too far ahead to be an honest site's: taken, it
+  // would leave the key's counter where no honest sequence reaches.
+  const uint64_t now_micros = policy_.unix_micros ? policy_.unix_micros() : unix_time_micros();
+  const uint64_t ahead_limit = now_micros > UINT64_MAX - policy_.max_sequence_ahead_micros
+                                   ? UINT64_MAX
+                                   : now_micros + policy_.max_sequence_ahead_micros;
+  if (m.sequence > ahead_limit) {
+    return fail(wire::RejectCode::SEQUENCE_AHEAD,
+                "update " + std::to_string(m.sequence) + " from '" + m.sender + "' is numbered more than " +
+                    std::to_string(policy_.max_sequence_ahead_micros / 1'000'000) +
+                    " s ahead of this receiver's clock (sequences are Unix microseconds; the limit is " +
+                    std::to_string(ahead_limit) + ")");
+  }
+  if (m.sample_count > policy_.max_sample_count) {
+    return fail(wire::RejectCode::TOO_MANY_SAMPLES,
+                "update " + std::to_string(m.sequence) + " from '" + m.sender + "' claims " +
+                    std::to_string(m.sample_count) + " samples; this receiver takes at most " +
+                    std::to_string(policy_.max_sample_count) + " per update");
+  }
 
   // Resume of a transfer in flight is handled by the caller; here a known
   // sequence is a replay.
-  if (const Status replay = replay_.check(m.sender, m.sequence); !replay.is_ok()) {
-    const auto done = last_completed_.find(m.sender);
+  if (const Status replay = replay_.check(transfer.replay_key, m.sequence); !replay.is_ok()) {
+    const auto done = last_completed_.find(transfer.replay_key);
     if (done != last_completed_.end() && done->second.first == m.sequence && done->second.second == transfer.header_hash) {
       transfer.already_complete = true;
       transfer.next_chunk = chunk_count;
       return true;
     }
-    return fail(wire::RejectCode::REPLAYED, replay.message());
+    return fail(wire::RejectCode::REPLAYED,
+                replayed_reason(m.sender, m.sequence, replay_.last_accepted(transfer.replay_key)));
   }
   const uint64_t oldest_round = policy_.current_round > policy_.max_round_lag ? policy_.current_round - policy_.max_round_lag : 0;
   if (m.round > policy_.current_round || m.round < oldest_round || m.base_version > policy_.current_version) {
@@ -576,33 +608,34 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   // Every chunk verified. Another transfer of the same sequence may have
   // completed meanwhile: that one is the replay.
   const std::string sender = transfer.metadata.sender;
+  const std::string key = transfer.replay_key;
   const crypto::Hash header_hash = transfer.header_hash;
-  if (const Status replay = replay_.check(sender, sequence); !replay.is_ok()) {
+  if (const Status replay = replay_.check(key, sequence); !replay.is_ok()) {
     transfers_.erase(found);
-    return reject(sequence, wire::RejectCode::REPLAYED, replay.message());
+    return reject(sequence, wire::RejectCode::REPLAYED, replayed_reason(sender, sequence, replay_.last_accepted(key)));
   }
   OutgoingMessage reply = ack(transfer, true);
   if (store_update_) {
     // The update and its counter are durable together, or neither is.
-    ReceivedUpdate update{std::move(transfer.metadata), std::move(transfer.staging)};
+    ReceivedUpdate update{std::move(transfer.metadata), std::move(transfer.staging), key};
     transfers_.erase(found);
     if (const Status stored = store_update_(std::move(update)); !stored.is_ok()) {
       return reject(sequence, wire::RejectCode::NOT_STORED,
                     "update " + std::to_string(sequence) + " from '" + sender +
                         "' was not stored (send it again later): " + stored.message());
     }
-    replay_.note_durable(sender, sequence);
-    last_completed_[sender] = {sequence, header_hash};
+    replay_.note_durable(key, sequence);
+    last_completed_[key] = {sequence, header_hash};
     return reply;
   }
-  if (const Status committed = replay_.commit(sender, sequence); !committed.is_ok()) {
+  if (const Status committed = replay_.commit(key, sequence); !committed.is_ok()) {
     transfers_.erase(found);
     return reject(sequence, wire::RejectCode::NOT_STORED,
                   "the replay counter of update " + std::to_string(sequence) + " from '" + sender +
                       "' was not stored (send it again later): " + committed.message());
   }
-  last_completed_[sender] = {sequence, header_hash};
-  completed_.push_back(ReceivedUpdate{std::move(transfer.metadata), std::move(transfer.staging)});
+  last_completed_[key] = {sequence, header_hash};
+  completed_.push_back(ReceivedUpdate{std::move(transfer.metadata), std::move(transfer.staging), key});
   transfers_.erase(found);
   return reply;
 }

@@ -36,6 +36,18 @@
 namespace fedmesh::protocol {
 
 inline constexpr size_t kMaxTransfersInFlight = 8;
+// Sites number their updates with the Unix time in microseconds (or the last
+// sequence + 1, if that is larger), so an honest sequence is never far ahead
+// of the receiver's clock. One further ahead than this (a day, which covers
+// any clock skew and any burst of last + 1 steps) is refused as
+// sequenceAhead: accepted, it would raise the sender key's replay counter so
+// far that the key's honest updates would be refused as replays.
+inline constexpr uint64_t kMaxSequenceAheadMicros = 24ull * 3600 * 1000 * 1000;
+// The most samples an update may claim (a federation-wide default; the
+// aggregator's config may lower or raise it). An update's FedAvg weight is
+// its sample count, so this bounds how much one site key can outweigh the
+// others; over it the update is refused as tooManySamples.
+inline constexpr uint64_t kDefaultMaxSampleCount = 1'000'000;
 inline constexpr size_t kMinChunkBytes = 64;
 inline constexpr std::chrono::seconds kTransferIdleTimeout{120};
 
@@ -124,11 +136,18 @@ struct ReceiverPolicy {
   // expire() drops transfers idle this long (gossip: a sender never resumes
   // a share, so an incomplete one is dropped soon).
   std::chrono::milliseconds transfer_idle_timeout = kTransferIdleTimeout;
+  // Sequences above the receiver's clock (Unix microseconds) plus this are
+  // refused as sequenceAhead. UINT64_MAX: no bound (simulations, tests).
+  uint64_t max_sequence_ahead_micros = kMaxSequenceAheadMicros;
+  std::function<uint64_t()> unix_micros;  // the clock; empty: the system clock
+  // sampleCount above this is refused as tooManySamples.
+  uint64_t max_sample_count = kDefaultMaxSampleCount;
 };
 
 struct ReceivedUpdate {
   UpdateMetadata metadata;
   std::vector<std::vector<float>> tensors;  // decoded, one per manifest entry
+  std::string replay_key;                   // the sender's signing key (crypto::replay_key)
 };
 
 class UpdateReceiver {
@@ -176,6 +195,7 @@ class UpdateReceiver {
     std::vector<std::vector<float>> staging;
     std::chrono::steady_clock::time_point last_activity;
     bool already_complete = false;  // the header of the sender's newest completed update, sent again
+    std::string replay_key;         // the sender's signing key (crypto::replay_key): what counters are kept by
   };
   using TransferKey = std::pair<std::string, uint64_t>;
 
@@ -190,9 +210,10 @@ class UpdateReceiver {
   std::vector<ReceivedUpdate> completed_;
   std::optional<Rejection> last_rejection_;
   StoreUpdate store_update_;
-  // Per sender, the newest update completed here (sequence, header hash):
-  // its header sent again (the sender missed the final Ack) is answered
-  // with that Ack, not refused as a replay. One entry per roster member.
+  // Per sender key (crypto::replay_key), the newest update completed here
+  // (sequence, header hash): its header sent again (the sender missed the
+  // final Ack) is answered with that Ack, not refused as a replay. One entry
+  // per roster key seen.
   std::map<std::string, std::pair<uint64_t, crypto::Hash>> last_completed_;
 };
 

@@ -47,6 +47,10 @@ const char* reject_code_name(wire::RejectCode code) {
     case wire::RejectCode::BUSY: return "busy";
     case wire::RejectCode::PRIVATE_MODE: return "private-mode";
     case wire::RejectCode::NOT_STORED: return "not-stored";
+    case wire::RejectCode::SEQUENCE_AHEAD: return "sequence-ahead";
+    case wire::RejectCode::TOO_MANY_SAMPLES: return "too-many-samples";
+    case wire::RejectCode::WRONG_ROLE: return "wrong-role";
+    case wire::RejectCode::OUT_OF_RANGE: return "out-of-range";
   }
   return "unknown";
 }

@@ -933,7 +933,9 @@ Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::spa
   if (update.replay_sequence > 0) {
     Result<Statement> raise = prepare_raise_counter(database_);
     if (!raise.is_ok()) return raise.status();
-    raise->bind(1, std::string_view(update.sender)).bind(2, static_cast<int64_t>(update.replay_sequence));
+    const std::string& counter = update.replay_key.empty() ? update.sender : update.replay_key;
+    if (!valid_name(counter)) return invalid_argument("a replay counter's key must be 1..1024 bytes");
+    raise->bind(1, std::string_view(counter)).bind(2, static_cast<int64_t>(update.replay_sequence));
     FEDMESH_RETURN_IF_ERROR(raise->run());
   }
   if (already_pending) return transaction->commit();
@@ -1162,6 +1164,38 @@ Result<std::map<std::string, uint64_t>> CheckpointStore::replay_counters() {
     result[statement->column_text(0)] = static_cast<uint64_t>(statement->column_int(1));
   }
   return result;
+}
+
+Result<std::map<std::string, uint64_t>> CheckpointStore::named_replay_counters() {
+  Result<Statement> statement = database_.prepare("SELECT sender, sequence FROM replay_counters_by_name");
+  if (!statement.is_ok()) return statement.status();
+  std::map<std::string, uint64_t> result;
+  for (;;) {
+    Result<bool> row = statement->step();
+    if (!row.is_ok()) return row.status();
+    if (!*row) break;
+    result[statement->column_text(0)] = static_cast<uint64_t>(statement->column_int(1));
+  }
+  return result;
+}
+
+Status CheckpointStore::adopt_named_replay_counters(const std::map<std::string, std::string>& key_of_name) {
+  Result<std::map<std::string, uint64_t>> named = named_replay_counters();
+  if (!named.is_ok()) return named.status();
+  if (named->empty()) return Status::ok();
+  Result<Transaction> transaction = Transaction::begin(database_);
+  if (!transaction.is_ok()) return transaction.status();
+  Result<Statement> raise = prepare_raise_counter(database_);
+  if (!raise.is_ok()) return raise.status();
+  for (const auto& [name, sequence] : *named) {
+    const auto key = key_of_name.find(name);
+    if (key == key_of_name.end()) continue;
+    if (!valid_name(key->second)) return invalid_argument("a replay counter's key must be 1..1024 bytes");
+    raise->bind(1, std::string_view(key->second)).bind(2, static_cast<int64_t>(sequence));
+    FEDMESH_RETURN_IF_ERROR(raise->run());
+  }
+  FEDMESH_RETURN_IF_ERROR(database_.execute("DELETE FROM replay_counters_by_name"));
+  return transaction->commit();
 }
 
 Status CheckpointStore::record_replay_counter(const std::string& sender, uint64_t sequence) {

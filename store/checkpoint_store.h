@@ -178,6 +178,9 @@ struct PendingUpdate {
   // the transaction that stores the update, so the counter is never durable
   // without the update it protects.
   uint64_t replay_sequence = 0;
+  // Whose counter replay_sequence raises: the sender's signing key
+  // (crypto::replay_key); empty: `sender`.
+  std::string replay_key;
 };
 
 class CheckpointStore {
@@ -236,7 +239,15 @@ class CheckpointStore {
   Result<std::optional<int64_t>> applied_round(std::span<const uint8_t> update_id);
 
   Result<std::vector<PeerRecord>> peers();
+  // Replay counters by sender key (crypto::replay_key).
   Result<std::map<std::string, uint64_t>> replay_counters();
+  // Counters a store from before schema version 7 kept by site name, not yet adopted.
+  Result<std::map<std::string, uint64_t>> named_replay_counters();
+  // In one transaction: each counter kept by a name in `key_of_name` raises
+  // that key's counter; then every counter kept by name is dropped (a name
+  // not in the map has no key on the roster: when it comes back it has a new
+  // key, which starts afresh).
+  Status adopt_named_replay_counters(const std::map<std::string, std::string>& key_of_name);
   // The privacy ledger, oldest first (kept whatever the retention).
   Result<std::vector<PrivacyEntry>> privacy_ledger();
   // The round log, oldest first: the newest `newest` rounds (0: all). Every

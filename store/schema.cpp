@@ -149,6 +149,17 @@ CREATE TABLE quarantined_update_chunks(
   data BLOB);
 CREATE INDEX quarantined_update_chunks_by_entry ON quarantined_update_chunks(entry);
 )sql",
+    // 7: replay counters are kept by the sender's signing key (64 hex, in
+    // the `sender` column), so that a re-keyed site starts afresh. Counters
+    // kept by name move aside until the owner maps each name to the key its
+    // roster holds (CheckpointStore::adopt_named_replay_counters).
+    R"sql(
+CREATE TABLE replay_counters_by_name(
+  sender TEXT PRIMARY KEY,            -- a site name, as before version 7
+  sequence INTEGER NOT NULL);
+INSERT INTO replay_counters_by_name(sender, sequence) SELECT sender, sequence FROM replay_counters;
+DELETE FROM replay_counters;
+)sql",
 };
 
 }  // namespace

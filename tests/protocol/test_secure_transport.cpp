@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <limits>
+#include <span>
 #include <map>
 
 #include "crypto/keys.h"
@@ -57,9 +59,11 @@ class SecureTransport : public ::testing::Test {
             (dir_ / "keys" / "admin.pub").string(), "--key", (dir_ / "keys" / (key + ".key")).string()};
   }
 
-  std::unique_ptr<fedmesh::testing::ChildProcess> start_sink(std::string& endpoint) {
+  std::unique_ptr<fedmesh::testing::ChildProcess> start_sink(std::string& endpoint,
+                                                             std::vector<std::string> extra = {}) {
     auto args = common("sink", "aggregator");
     args.insert(args.end(), {"--replay-file", (dir_ / "replay.txt").string()});
+    args.insert(args.end(), extra.begin(), extra.end());
     auto sink = std::make_unique<fedmesh::testing::ChildProcess>(args);
     const auto line = sink->read_line(30s);
     EXPECT_TRUE(line.has_value()) << "sink printed nothing";
@@ -198,6 +202,110 @@ TEST_F(SecureTransport, ReplayWindowStaysClosedAcrossARestart) {
   EXPECT_EQ(replayed["code"], "replayed") << replayed.dump();
   const auto [fresh, fresh_code] = source("site-a", endpoint, "honest", 8);
   EXPECT_EQ(fresh["outcome"], "accepted") << fresh.dump();
+}
+
+// What a member with a valid site key can still be refused for: a Hello
+// that names another site, role or federation (or a 100 KiB name), a
+// sequence far beyond the clock, a sample count over the cap. Each refusal
+// names its reason, and the sink keeps serving the honest update after them.
+TEST_F(SecureTransport, AnInsidersOutOfBoundsMessagesAreRefusedByName) {
+  std::string endpoint;
+  auto sink = start_sink(endpoint);
+  ASSERT_FALSE(endpoint.empty());
+  auto site_a = fedmesh::crypto::read_public_identity(dir_ / "keys" / "site-a.pub");
+  ASSERT_TRUE(site_a.is_ok());
+  const std::string box_key_hex =
+      fedmesh::crypto::to_hex(std::span<const uint8_t>(site_a->box_public.data(), site_a->box_public.size()));
+
+  struct Case {
+    const char* attack;
+    const char* code;
+    const char* reason;  // a phrase the refusal must contain
+  };
+  const Case cases[] = {
+      {"hello-long-name", "malformed", "siteName is 102400 bytes"},
+      {"hello-role", "wrong-role", "this endpoint takes sites"},
+      {"hello-federation", "wrong-federation", "another-federation"},
+      {"ahead", "sequence-ahead", "ahead of this receiver's clock"},
+      {"samples", "too-many-samples", "1000001 samples"},
+  };
+  for (const Case& c : cases) {
+    const auto [result, code] = source("site-a", endpoint, c.attack, 3);
+    EXPECT_EQ(code, 0) << c.attack << ": " << result.dump();
+    EXPECT_EQ(result["outcome"], "rejected") << c.attack << ": " << result.dump();
+    EXPECT_EQ(result["code"], c.code) << c.attack << ": " << result.dump();
+    EXPECT_NE(result.value("reason", "").find(c.reason), std::string::npos) << c.attack << ": " << result.dump();
+    const json rejected = sink_event(*sink, "rejected");
+    EXPECT_EQ(rejected["code"], c.code) << c.attack << ": " << rejected.dump();
+    // The transport says which key sent it, not only which name.
+    EXPECT_EQ(rejected["peer_key"], box_key_hex) << rejected.dump();
+  }
+  const auto [honest, honest_code] = source("site-a", endpoint, "honest", 3);
+  EXPECT_EQ(honest_code, 0) << honest.dump();
+  EXPECT_EQ(honest["outcome"], "accepted") << honest.dump();
+  const json accepted = sink_event(*sink, "accepted");
+  EXPECT_EQ(accepted["sequence"], 3) << accepted.dump();
+  EXPECT_EQ(accepted["replay_key"],
+            fedmesh::crypto::to_hex(std::span<const uint8_t>(site_a->sign_public.data(), site_a->sign_public.size())));
+
+  sink->signal(SIGTERM);
+  const json summary = sink_event(*sink, "summary");
+  EXPECT_EQ(sink->wait(), 0);
+  EXPECT_EQ(summary["accepted"], 1) << summary.dump();
+  for (const Case& c : cases) {
+    EXPECT_EQ(summary["rejected"].value(c.code, 0), 1) << c.code << " in " << summary.dump();
+  }
+}
+
+// A stolen key gets sequence 2^64 - 1 accepted (the sink here runs without
+// the clock bound, the case the bound exists for), and the site's own next
+// update is refused as replayed. The admin re-keys the site under the same
+// name; after a restart on the new roster (the same replay table) the site's
+// new key is taken with an ordinary sequence, and the old key cannot connect.
+TEST_F(SecureTransport, AReKeyedSiteIsServedAfterItsOldKeySentTheLargestSequence) {
+  std::string endpoint;
+  {
+    auto sink = start_sink(endpoint, {"--no-sequence-bound"});
+    ASSERT_FALSE(endpoint.empty());
+    const auto [stolen, code] = source("site-a", endpoint, "honest", std::numeric_limits<uint64_t>::max());
+    ASSERT_EQ(code, 0) << stolen.dump();
+    EXPECT_EQ(stolen["outcome"], "accepted") << stolen.dump();
+    const auto [locked, locked_code] = source("site-a", endpoint, "honest", 10);
+    EXPECT_EQ(locked["outcome"], "rejected") << locked.dump();
+    EXPECT_EQ(locked["code"], "replayed") << locked.dump();
+    sink->signal(SIGTERM);
+    EXPECT_EQ(sink->wait(), 0);
+  }
+  // Re-key: the old key moves aside, a new one under the same name goes on
+  // the roster, which the admin signs again.
+  fs::rename(dir_ / "keys" / "site-a.key", dir_ / "keys" / "old-site-a.key");
+  fs::rename(dir_ / "keys" / "site-a.pub", dir_ / "keys" / "old-site-a.pub");
+  auto fresh = fedmesh::crypto::generate_site_keys("site-a");
+  ASSERT_TRUE(fresh.is_ok());
+  ASSERT_TRUE(fedmesh::crypto::write_site_keys(*fresh, dir_ / "keys").is_ok());
+  auto roster = fedmesh::crypto::read_roster(dir_ / "roster.toml");
+  ASSERT_TRUE(roster.is_ok());
+  for (auto& entry : roster->sites) {
+    if (entry.identity.name == "site-a") entry.identity = fresh->identity;
+  }
+  auto admin = fedmesh::crypto::read_site_keys(dir_ / "keys" / "admin.key");
+  ASSERT_TRUE(admin.is_ok());
+  ASSERT_TRUE(fedmesh::crypto::sign_roster(*roster, *admin).is_ok());
+  ASSERT_TRUE(fedmesh::crypto::write_roster(*roster, dir_ / "roster.toml").is_ok());
+
+  auto sink = start_sink(endpoint);
+  ASSERT_FALSE(endpoint.empty());
+  const auto [rekeyed, code] = source("site-a", endpoint, "honest", 10);
+  EXPECT_EQ(code, 0) << rekeyed.dump();
+  EXPECT_EQ(rekeyed["outcome"], "accepted") << rekeyed.dump();
+  const json accepted = sink_event(*sink, "accepted");
+  EXPECT_EQ(accepted["sender"], "site-a");
+  EXPECT_EQ(accepted["sequence"], 10);
+  const auto [old_key, old_code] = source("old-site-a", endpoint, "honest", 11);
+  EXPECT_EQ(old_code, 3) << old_key.dump();
+  EXPECT_EQ(old_key["event"], "refused") << old_key.dump();
+  sink->signal(SIGTERM);
+  EXPECT_EQ(sink->wait(), 0);
 }
 
 }  // namespace

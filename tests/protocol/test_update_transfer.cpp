@@ -10,6 +10,7 @@
 #include "base/random.h"
 #include "crypto/replay_guard.h"
 #include "protocol/rate_limiter.h"
+#include "protocol/update_service.h"
 #include "protocol/update_transfer.h"
 
 namespace fp = fedmesh::protocol;
@@ -91,6 +92,12 @@ class UpdateTransfer : public ::testing::Test {
     return reply.root().isReject() ? reply.root().getReject().getCode() : wire::RejectCode::MALFORMED;
   }
 
+  static uint64_t now_micros() {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+  }
+
   std::unique_ptr<fc::SiteKeys> admin_, site_, other_;
   fc::Roster roster_;
   std::vector<fp::TensorShape> manifest_;
@@ -151,7 +158,7 @@ TEST_F(UpdateTransfer, LosslessUpdateArrivesBitForBitInManyChunks) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].metadata.sample_count, 40u);
   EXPECT_EQ(done[0].tensors, values_);
-  EXPECT_EQ(replay.last_accepted("site-a"), 1u);
+  EXPECT_EQ(replay.last_accepted(fc::replay_key(site_->identity.sign_public)), 1u);
   EXPECT_EQ(receiver.transfers_in_flight(), 0u);
 }
 
@@ -210,6 +217,12 @@ TEST_F(UpdateTransfer, EachHeaderDefectIsRefusedForItsReason) {
       {"future round", m([](auto& x) { x.round = 6; }), "site-a", wire::RejectCode::WRONG_ROUND, nullptr},
       {"stale round", m([](auto& x) { x.round = 3; }), "site-a", wire::RejectCode::WRONG_ROUND, nullptr},
       {"future version", m([](auto& x) { x.base_version = 6; }), "site-a", wire::RejectCode::WRONG_ROUND, nullptr},
+      {"sequence a year ahead", m([](auto& x) { x.sequence = now_micros() + 365ull * 24 * 3600 * 1'000'000; }),
+       "site-a", wire::RejectCode::SEQUENCE_AHEAD, nullptr},
+      {"largest sequence", m([](auto& x) { x.sequence = UINT64_MAX; }), "site-a", wire::RejectCode::SEQUENCE_AHEAD,
+       nullptr},
+      {"samples over the cap", m([](auto& x) { x.sample_count = fp::kDefaultMaxSampleCount + 1; }), "site-a",
+       wire::RejectCode::TOO_MANY_SAMPLES, nullptr},
   };
   for (const auto& c : cases) {
     auto header = parse(prepare(c.metadata, fp::Encoding::kDenseF32, 4096, c.signer).header);
@@ -279,7 +292,8 @@ TEST_F(UpdateTransfer, AnUpdateTheStoreCannotTakeIsRefusedRetryablyAndTakenWhenR
   EXPECT_EQ(code_of(*refused), wire::RejectCode::NOT_STORED);
   EXPECT_TRUE(fp::reject_is_retryable(code_of(*refused)));
   EXPECT_NE(std::string(refused->root().getReject().getText().cStr()).find("disk is full"), std::string::npos);
-  EXPECT_EQ(replay.last_accepted("site-a"), 0u) << "a counter was raised for an update that was not stored";
+  EXPECT_EQ(replay.last_accepted(fc::replay_key(site_->identity.sign_public)), 0u)
+      << "a counter was raised for an update that was not stored";
   EXPECT_TRUE(stored.empty());
   EXPECT_EQ(receiver.transfers_in_flight(), 0u);
 
@@ -289,7 +303,7 @@ TEST_F(UpdateTransfer, AnUpdateTheStoreCannotTakeIsRefusedRetryablyAndTakenWhenR
   EXPECT_TRUE(taken->root().getAck().getComplete());
   ASSERT_EQ(stored.size(), 1u);
   EXPECT_EQ(stored[0].tensors, values_);
-  EXPECT_EQ(replay.last_accepted("site-a"), 9u);
+  EXPECT_EQ(replay.last_accepted(fc::replay_key(site_->identity.sign_public)), 9u);
   EXPECT_TRUE(receiver.take_completed().empty()) << "the store hook owns a stored update";
   // Now it is durable, a resend is acknowledged and not stored twice.
   auto resent = deliver(receiver, update);
@@ -310,12 +324,12 @@ TEST_F(UpdateTransfer, AReplayCounterThatCannotBeSavedIsNotReportedAsAReplay) {
   const auto update = prepare(metadata(4));
   auto refused = deliver(receiver, update);
   EXPECT_EQ(code_of(*refused), wire::RejectCode::NOT_STORED);
-  EXPECT_EQ(replay.last_accepted("site-a"), 0u);
+  EXPECT_EQ(replay.last_accepted(fc::replay_key(site_->identity.sign_public)), 0u);
   EXPECT_TRUE(receiver.take_completed().empty());
   failing = false;
   EXPECT_TRUE(deliver(receiver, update)->root().getAck().getComplete());
   EXPECT_EQ(receiver.take_completed().size(), 1u);
-  EXPECT_EQ(replay.last_accepted("site-a"), 4u);
+  EXPECT_EQ(replay.last_accepted(fc::replay_key(site_->identity.sign_public)), 4u);
 }
 
 TEST_F(UpdateTransfer, ChunksAreAuthenticatedBeforeTheyAreParsed) {
@@ -379,6 +393,76 @@ TEST_F(UpdateTransfer, TooManyChunksAndTooManyTransfersAreBounded) {
   EXPECT_EQ(receiver.transfers_in_flight(), 0u);
 }
 
+// Sequences are Unix microseconds: one more than a day ahead of the
+// receiver's clock is refused before it can touch the key's counter, and the
+// site's honest next update is still taken. At the limit it is taken.
+TEST_F(UpdateTransfer, SequencesFarAheadOfTheClockAreRefused) {
+  auto replay = fc::ReplayGuard::in_memory();
+  auto p = policy();
+  const uint64_t clock = 1'800'000'000'000'000;  // the receiver's Unix time, in microseconds
+  p.unix_micros = [clock] { return clock; };
+  fp::UpdateReceiver receiver(p, roster_, replay);
+  const std::string key = fc::replay_key(site_->identity.sign_public);
+
+  auto ahead = deliver(receiver, prepare(metadata(clock + fp::kMaxSequenceAheadMicros + 1)));
+  EXPECT_EQ(code_of(*ahead), wire::RejectCode::SEQUENCE_AHEAD);
+  EXPECT_NE(std::string(ahead->root().getReject().getText().cStr()).find("ahead of this receiver's clock"),
+            std::string::npos);
+  EXPECT_EQ(replay.last_accepted(key), 0u);
+
+  auto honest = deliver(receiver, prepare(metadata(clock - 5)));
+  ASSERT_TRUE(honest->root().isAck());
+  EXPECT_TRUE(honest->root().getAck().getComplete());
+  auto at_limit = deliver(receiver, prepare(metadata(clock + fp::kMaxSequenceAheadMicros)));
+  ASSERT_TRUE(at_limit->root().isAck());
+  EXPECT_EQ(replay.last_accepted(key), clock + fp::kMaxSequenceAheadMicros);
+}
+
+// The worst case the clock bound prevents: a stolen key gets sequence
+// 2^64 - 1 accepted (here with the bound switched off). Counters are kept by
+// key, so once the admin re-keys the site under the same name, the site's
+// next update, numbered as usual, is taken; and it stays so after a restart
+// of the receiver (the table is persisted by key).
+TEST_F(UpdateTransfer, AReKeyedSiteStartsAfreshAfterItsOldKeySentTheLargestSequence) {
+  const auto file = std::filesystem::temp_directory_path() / ("fedmesh-rekey-" + std::to_string(getpid()));
+  std::filesystem::remove(file);
+  auto p = policy();
+  p.max_sequence_ahead_micros = UINT64_MAX;
+  const fc::SiteKeys stolen = fc::generate_site_keys("site-a").value();
+  roster_.sites[0].identity = stolen.identity;  // the key the attacker holds
+  {
+    auto replay = fc::ReplayGuard::open(file);
+    ASSERT_TRUE(replay.is_ok()) << replay.status().to_string();
+    fp::UpdateReceiver receiver(p, roster_, *replay);
+    auto largest = deliver(receiver, prepare(metadata(UINT64_MAX), fp::Encoding::kDenseF32, 256, &stolen));
+    ASSERT_TRUE(largest->root().isAck());
+    EXPECT_TRUE(largest->root().getAck().getComplete());
+    auto locked = deliver(receiver, prepare(metadata(now_micros()), fp::Encoding::kDenseF32, 256, &stolen));
+    EXPECT_EQ(code_of(*locked), wire::RejectCode::REPLAYED);
+
+    // The admin revokes the stolen key and adds the site's new one, same name.
+    roster_.sites[0].identity = site_->identity;
+    auto rekeyed = deliver(receiver, prepare(metadata(now_micros())));
+    ASSERT_TRUE(rekeyed->root().isAck()) << rekeyed->root().getReject().getText().cStr();
+    EXPECT_TRUE(rekeyed->root().getAck().getComplete());
+    EXPECT_EQ(receiver.take_completed().size(), 2u);
+    // The old key no longer signs for site-a.
+    auto old_key = deliver(receiver, prepare(metadata(now_micros()), fp::Encoding::kDenseF32, 256, &stolen));
+    EXPECT_EQ(code_of(*old_key), wire::RejectCode::BAD_SIGNATURE);
+  }
+  auto reopened = fc::ReplayGuard::open(file);
+  ASSERT_TRUE(reopened.is_ok()) << reopened.status().to_string();
+  EXPECT_EQ(reopened->last_accepted(fc::replay_key(stolen.identity.sign_public)), UINT64_MAX);
+  const uint64_t kept = reopened->last_accepted(fc::replay_key(site_->identity.sign_public));
+  EXPECT_GT(kept, 0u);
+  EXPECT_LT(kept, UINT64_MAX);
+  fp::UpdateReceiver restarted(p, roster_, *reopened);
+  auto next = deliver(restarted, prepare(metadata(std::max(kept + 1, now_micros()))));
+  ASSERT_TRUE(next->root().isAck()) << next->root().getReject().getText().cStr();
+  EXPECT_TRUE(next->root().getAck().getComplete());
+  std::filesystem::remove(file);
+}
+
 TEST_F(UpdateTransfer, AbandonedTransfersDoNotKeepANewOneOut) {
   auto replay = fc::ReplayGuard::in_memory();
   auto p = policy();
@@ -392,6 +476,89 @@ TEST_F(UpdateTransfer, AbandonedTransfersDoNotKeepANewOneOut) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_TRUE(parse(receiver.handle_header("site-a", *parse(prepare(metadata(99)).header)).bytes())->root().isAck());
   EXPECT_EQ(receiver.transfers_in_flight(), 1u);
+}
+
+// Rate buckets are kept by the transport key, not the name: a key flooding
+// under a site's name (one revoked while still connected) is refused, and
+// the site's current key, under the same name, is not.
+TEST_F(UpdateTransfer, AFloodingKeyDoesNotSpendTheBudgetOfAnotherKeyWithTheSameName) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::TransportCounters counters;
+  fp::UpdateService service(policy(), roster_, replay, {/*messages_per_second=*/1, /*bytes_per_second=*/1e9}, counters);
+  capnp::MallocMessageBuilder builder;
+  builder.initRoot<wire::Message>().initHeartbeat().setRound(5);
+  const fp::OutgoingMessage heartbeat = fp::serialize(builder);
+  auto from = [&](const std::string& key) {
+    fp::Incoming incoming;
+    incoming.peer = "site-a";
+    incoming.peer_key = key;
+    incoming.bytes = heartbeat.bytes();
+    (void)service.handle(incoming);
+    return service.last_rejection().has_value() ? service.last_rejection()->code : wire::RejectCode::MALFORMED;
+  };
+  const std::string flooder(64, 'f'), honest(64, 'a');
+  int refused = 0;
+  for (int i = 0; i < 50; ++i) {
+    (void)from(flooder);
+    if (service.last_rejection() && service.last_rejection()->code == wire::RejectCode::RATE_LIMITED) ++refused;
+  }
+  EXPECT_EQ(refused, 48);  // a burst of two seconds at one message a second, then nothing
+  (void)from(honest);
+  EXPECT_FALSE(service.last_rejection().has_value()) << service.last_rejection()->reason;
+  EXPECT_EQ(counters.rejections(wire::RejectCode::RATE_LIMITED), 48u);
+}
+
+// Hello fields are checked before anything is answered: the name is the
+// authenticated peer's and within the name limit, the federation is ours,
+// the role is one this endpoint takes. An honest Hello is welcomed.
+TEST_F(UpdateTransfer, HelloFieldsAreRefusedByName) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::TransportCounters counters;
+  fp::UpdateService service(policy(), roster_, replay, {}, counters);
+  struct Case {
+    const char* name;
+    std::string site, federation;
+    wire::Role role;
+    wire::RejectCode code;
+    const char* phrase;
+  };
+  const Case cases[] = {
+      {"100 KiB name", std::string(100 * 1024, 's'), "fed", wire::Role::SITE, wire::RejectCode::MALFORMED,
+       "siteName is 102400 bytes"},
+      {"another site's name", "site-b", "fed", wire::Role::SITE, wire::RejectCode::UNAUTHENTICATED,
+       "authenticated as 'site-a'"},
+      {"not a site name", "Site A!", "fed", wire::Role::SITE, wire::RejectCode::MALFORMED, "siteName"},
+      {"other federation", "site-a", "evil", wire::Role::SITE, wire::RejectCode::WRONG_FEDERATION, "'evil'"},
+      {"aggregator role", "site-a", "fed", wire::Role::AGGREGATOR, wire::RejectCode::WRONG_ROLE, "takes sites"},
+      {"peer role", "site-a", "fed", wire::Role::PEER, wire::RejectCode::WRONG_ROLE, "takes sites"},
+  };
+  auto hello = [&](const std::string& site, const std::string& federation, wire::Role role) {
+    capnp::MallocMessageBuilder builder;
+    auto h = builder.initRoot<wire::Message>().initHello();
+    h.setSiteName(site);
+    h.setFederation(federation);
+    h.setRole(role);
+    h.setProtocolVersion(fp::kProtocolVersion);
+    h.setMinProtocolVersion(fp::kMinProtocolVersion);
+    const fp::OutgoingMessage message = fp::serialize(builder);
+    fp::Incoming incoming;
+    incoming.peer = "site-a";
+    incoming.bytes = message.bytes();
+    auto reply = service.handle(incoming);
+    EXPECT_TRUE(reply.has_value());
+    return parse(reply->bytes());
+  };
+  for (const Case& c : cases) {
+    auto reply = hello(c.site, c.federation, c.role);
+    EXPECT_EQ(code_of(*reply), c.code) << c.name;
+    if (reply->root().isReject()) {
+      EXPECT_NE(std::string(reply->root().getReject().getText().cStr()).find(c.phrase), std::string::npos)
+          << c.name << ": " << reply->root().getReject().getText().cStr();
+    }
+  }
+  auto welcomed = hello("site-a", "fed", wire::Role::SITE);
+  EXPECT_TRUE(welcomed->root().isWelcome());
+  EXPECT_EQ(counters.rejections(wire::RejectCode::WRONG_ROLE), 2u);
 }
 
 TEST(RateLimiter, RefusesBeyondTheBurstAndRefillsWithTime) {

@@ -71,7 +71,7 @@ fm::crypto::Roster load_roster(const std::string& file, const std::string& admin
 
 int run_sink(const std::string& roster_file, const std::string& admin_file, const std::string& key_file,
              const std::string& listen, const std::string& replay_file, int64_t rows, size_t max_message_bytes,
-             uint64_t round, bool insecure, double rate_messages) {
+             uint64_t round, bool insecure, double rate_messages, bool no_sequence_bound) {
   const auto roster = load_roster(roster_file, admin_file);
   const auto keys = must(fm::crypto::read_site_keys(key_file), "site key");
   auto replay = must(fm::crypto::ReplayGuard::open(replay_file), "replay table");
@@ -88,6 +88,7 @@ int run_sink(const std::string& roster_file, const std::string& admin_file, cons
   policy.current_version = round;
   policy.max_message_bytes = max_message_bytes;
   policy.insecure = insecure;
+  if (no_sequence_bound) policy.max_sequence_ahead_micros = std::numeric_limits<uint64_t>::max();
   fp::UpdateService service(policy, roster, replay, {rate_messages, fp::kDefaultBytesPerSecond}, server->counters());
   emit({{"event", "listening"}, {"endpoint", server->endpoint()}, {"self_test", insecure ? "skipped" : "passed"}});
 
@@ -102,7 +103,8 @@ int run_sink(const std::string& roster_file, const std::string& admin_file, cons
     if (const auto& refused = service.last_rejection()) {
       const std::string code = fp::reject_code_name(refused->code);
       rejected[code] = rejected.value(code, 0) + 1;
-      emit({{"event", "rejected"}, {"peer", incoming.peer}, {"code", code}, {"reason", refused->reason}});
+      emit({{"event", "rejected"}, {"peer", incoming.peer}, {"peer_key", incoming.peer_key}, {"code", code},
+            {"reason", refused->reason}});
     }
     if (reply) {
       if (const fm::Status sent = server->send(incoming.routing_id, std::move(*reply)); !sent.is_ok()) {
@@ -112,6 +114,7 @@ int run_sink(const std::string& roster_file, const std::string& admin_file, cons
     for (auto& update : service.take_completed()) {
       ++accepted;
       emit({{"event", "accepted"}, {"sender", update.metadata.sender}, {"sequence", update.metadata.sequence},
+            {"replay_key", update.replay_key},
             {"sample_count", update.metadata.sample_count}, {"sum", sum_of(update.tensors)}});
     }
   }
@@ -125,10 +128,17 @@ int run_sink(const std::string& roster_file, const std::string& admin_file, cons
   return 0;
 }
 
+// --attack report: SiteReports with these values, `repeat` times.
+struct SiteReportAttack {
+  double accuracy = 0.5;
+  uint64_t round = 0;
+  int repeat = 1;
+};
+
 int run_source(const std::string& roster_file, const std::string& admin_file, const std::string& key_file,
                const std::string& server_name, const std::string& connect, const std::string& attack,
                uint64_t sequence, int64_t rows, uint64_t round, size_t chunk_bytes, std::optional<uint32_t> stop_after,
-               size_t max_message_bytes, bool insecure) {
+               size_t max_message_bytes, bool insecure, const SiteReportAttack& report) {
   const auto roster = load_roster(roster_file, admin_file);
   const auto keys = must(fm::crypto::read_site_keys(key_file), "site key");
   const fm::crypto::RosterEntry* server_entry = roster.find(server_name);
@@ -141,8 +151,66 @@ int run_source(const std::string& roster_file, const std::string& admin_file, co
     emit({{"event", "refused"}, {"reason", up.message()}});
     return 3;
   }
+  if (attack.starts_with("hello-")) {
+    // A Hello with one field wrong: the sink must refuse it by name.
+    capnp::MallocMessageBuilder builder;
+    auto hello = builder.initRoot<fedmesh::wire::Message>().initHello();
+    hello.setFederation(attack == "hello-federation" ? "another-federation" : roster.federation);
+    hello.setSiteName(attack == "hello-long-name" ? std::string(100 * 1024, 's') : keys.identity.name);
+    hello.setRole(attack == "hello-role" ? fedmesh::wire::Role::AGGREGATOR : fedmesh::wire::Role::SITE);
+    hello.setProtocolVersion(fp::kProtocolVersion);
+    hello.setMinProtocolVersion(fp::kMinProtocolVersion);
+    if (const fm::Status sent = client->send(fp::serialize(builder), std::chrono::seconds(10)); !sent.is_ok()) {
+      fail(sent.message());
+    }
+    auto reply = must(client->receive(std::chrono::seconds(10)), "reply");
+    if (!reply) fail("no reply to the Hello");
+    std::unique_ptr<fp::ParsedMessage> parsed;
+    fp::Rejection rejection;
+    if (!fp::parse_message(reply->bytes, fp::kDefaultMaxMessageBytes, reply->frame, parsed, rejection)) fail(rejection.reason);
+    if (!parsed->root().isReject()) {
+      emit({{"event", "result"}, {"outcome", "accepted"}});
+      return 0;
+    }
+    emit({{"event", "result"}, {"outcome", "rejected"},
+          {"code", fp::reject_code_name(parsed->root().getReject().getCode())},
+          {"reason", parsed->root().getReject().getText().cStr()}});
+    return 0;
+  }
   const uint16_t version = must(fp::say_hello(*client, {roster.federation, keys.identity.name}, std::chrono::seconds(10)),
                                 "hello");
+  if (attack == "report") {
+    // Each refused report is answered by a Reject; a taken one by nothing.
+    json codes = json::object();
+    int answered = 0;
+    std::string reason;
+    for (int i = 0; i < report.repeat; ++i) {
+      capnp::MallocMessageBuilder builder;
+      auto r = builder.initRoot<fedmesh::wire::Message>().initSiteReport();
+      r.setRound(report.round);
+      r.setBaseVersion(0);
+      r.setTrainLoss(0.5);
+      r.setLocalLoss(0.5);
+      r.setLocalAccuracy(report.accuracy);
+      r.setExamples(100);
+      if (const fm::Status sent = client->send(fp::serialize(builder), std::chrono::seconds(10)); !sent.is_ok()) {
+        fail(sent.message());
+      }
+      auto reply = must(client->receive(std::chrono::seconds(3)), "reply");
+      if (!reply) continue;
+      std::unique_ptr<fp::ParsedMessage> parsed;
+      fp::Rejection rejection;
+      if (!fp::parse_message(reply->bytes, fp::kDefaultMaxMessageBytes, reply->frame, parsed, rejection)) continue;
+      if (!parsed->root().isReject()) continue;
+      ++answered;
+      const std::string code = fp::reject_code_name(parsed->root().getReject().getCode());
+      codes[code] = codes.value(code, 0) + 1;
+      reason = parsed->root().getReject().getText().cStr();
+    }
+    emit({{"event", "result"}, {"outcome", answered > 0 ? "rejected" : "no-reply"}, {"rejected", answered},
+          {"codes", codes}, {"reason", reason}});
+    return 0;
+  }
 
   fp::UpdateMetadata metadata;
   metadata.federation = roster.federation;
@@ -150,8 +218,8 @@ int run_source(const std::string& roster_file, const std::string& admin_file, co
   metadata.base_version = round;
   metadata.sender = attack == "impostor" ? "site-b" : keys.identity.name;
   metadata.recipient = server_name;
-  metadata.sequence = sequence;
-  metadata.sample_count = 100 + sequence;
+  metadata.sequence = attack == "ahead" ? std::numeric_limits<uint64_t>::max() : sequence;
+  metadata.sample_count = attack == "samples" ? fp::kDefaultMaxSampleCount + 1 : 100 + sequence % 1000;
 
   auto shapes = manifest(attack == "shape" ? rows + 1 : rows);
   std::vector<std::vector<float>> values;
@@ -235,7 +303,7 @@ int main(int argc, char** argv) {
   int64_t rows = 16;
   size_t max_message_bytes = fp::kDefaultMaxMessageBytes, chunk_bytes = fp::kDefaultChunkBytes;
   std::optional<uint32_t> stop_after;
-  bool insecure = false;
+  bool insecure = false, no_sequence_bound = false;
   double rate_messages = fp::kDefaultMessagesPerSecond;
   for (CLI::App* sub : {app.add_subcommand("sink", "receive updates and print what happened to each"),
                         app.add_subcommand("source", "send one update")}) {
@@ -251,11 +319,19 @@ int main(int argc, char** argv) {
   sink->add_option("--listen", listen, "endpoint to bind");
   sink->add_option("--rate-messages", rate_messages, "per-peer message rate limit (messages/s)");
   sink->add_option("--replay-file", replay, "replay counter file")->required();
+  sink->add_flag("--no-sequence-bound", no_sequence_bound, "take sequences however far ahead of the clock");
   CLI::App* source = app.get_subcommand("source");
   source->add_option("--server", server, "the sink's roster name");
   source->add_option("--connect", connect, "the sink's endpoint")->required();
-  source->add_option("--attack", attack, "honest|forged|replay|nan|shape|oversize|impostor")
-      ->check(CLI::IsMember({"honest", "forged", "replay", "nan", "shape", "oversize", "impostor"}));
+  source->add_option("--attack", attack,
+                     "honest|forged|replay|nan|shape|oversize|impostor|ahead|samples|hello-long-name|hello-role|"
+                     "hello-federation")
+      ->check(CLI::IsMember({"honest", "forged", "replay", "nan", "shape", "oversize", "impostor", "ahead", "samples",
+                             "hello-long-name", "hello-role", "hello-federation", "report"}));
+  SiteReportAttack report;
+  source->add_option("--report-accuracy", report.accuracy, "report: the localAccuracy sent");
+  source->add_option("--report-round", report.round, "report: the round sent");
+  source->add_option("--repeat", report.repeat, "report: how many are sent");
   source->add_option("--sequence", sequence, "update sequence number");
   source->add_option("--chunk-bytes", chunk_bytes, "chunk payload size");
   source->add_option("--stop-after-chunks", stop_after, "abandon the transfer after N chunks");
@@ -266,7 +342,8 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
-  if (sink->parsed()) return run_sink(roster, admin, key, listen, replay, rows, max_message_bytes, round, insecure, rate_messages);
+  if (sink->parsed()) return run_sink(roster, admin, key, listen, replay, rows, max_message_bytes, round, insecure, rate_messages,
+                                      no_sequence_bound);
   return run_source(roster, admin, key, server, connect, attack, sequence, rows, round, chunk_bytes, stop_after,
-                    max_message_bytes, insecure);
+                    max_message_bytes, insecure, report);
 }

@@ -1095,6 +1095,26 @@ TEST(CheckpointStoreUpdates, AnUpdateAndItsReplayCounterAreStoredTogetherOrNotAt
   EXPECT_EQ(reopened.read_pending_update(id).value(), payload);
 }
 
+// The counter an update raises is its sender key's when one is given: a
+// huge sequence under one key leaves another key of the same site at 0.
+TEST(CheckpointStoreUpdates, APendingUpdateRaisesItsSenderKeysCounter) {
+  const auto dir = fresh_directory();
+  CheckpointStore store = open_store(dir / "keys.db");
+  const std::string old_key(64, 'a'), new_key(64, 'b');
+  PendingUpdate stolen{{'o', '/', '1'}, "site-a", 1, 10, "", 0};
+  stolen.replay_sequence = UINT64_MAX;
+  stolen.replay_key = old_key;
+  ASSERT_TRUE(store.add_pending_update(stolen, random_bytes(10, 75)).is_ok());
+  PendingUpdate honest{{'n', '/', '1'}, "site-a", 1, 10, "", 0};
+  honest.replay_sequence = 12;
+  honest.replay_key = new_key;
+  ASSERT_TRUE(store.add_pending_update(honest, random_bytes(10, 76)).is_ok());
+  const auto counters = store.replay_counters().value();
+  EXPECT_EQ(counters.at(old_key), UINT64_MAX);
+  EXPECT_EQ(counters.at(new_key), 12u);
+  EXPECT_EQ(counters.count("site-a"), 0u) << "kept by key, not by name";
+}
+
 // A pending update whose bytes changed on disk is found by
 // verify_pending_updates, named with its sender; the intact one is not.
 TEST(CheckpointStoreUpdates, ADamagedPendingUpdateIsFoundByVerification) {

@@ -26,6 +26,7 @@ const std::vector<std::vector<std::string>> kTablesAddedBy = {
     {"round_log"},
     {"quarantined_rounds", "quarantined_tensors", "quarantined_tensor_chunks", "quarantined_updates",
      "quarantined_update_chunks"},
+    {"replay_counters_by_name"},
 };
 
 std::set<std::string> schema_of(Database& database) {
@@ -115,7 +116,16 @@ TEST(StoreMigrations, EveryEarlierVersionOpensWithItsDataAndTheNewestSchema) {
     EXPECT_TRUE(same_bytes(loaded->find("model", "fc.weight")->value, weights));
     EXPECT_EQ(**store->meta("train_config"), R"({"lr":0.001})");
     if (version >= 2) {
-      EXPECT_EQ((*store->replay_counters())["site-a"], 12u);
+      // Kept by name until the owner maps names to roster keys; then by key.
+      EXPECT_TRUE(store->replay_counters()->empty());
+      EXPECT_EQ((*store->named_replay_counters())["site-a"], 12u);
+      const std::string key_a(64, 'a');
+      ASSERT_TRUE(store->record_replay_counter(key_a, 5).is_ok());  // the key's own counter, lower: raised
+      ASSERT_TRUE(store->adopt_named_replay_counters({{"site-a", key_a}, {"site-q", std::string(64, 'c')}}).is_ok());
+      EXPECT_EQ(store->replay_counters()->count(std::string(64, 'c')), 0u) << "a name with no counter adopts nothing";
+      EXPECT_TRUE(store->named_replay_counters()->empty());
+      EXPECT_EQ(store->replay_counters()->at(key_a), 12u);
+      EXPECT_EQ(store->replay_counters()->count("site-a"), 0u);
     }
     // The tables the migration added work.
     ASSERT_TRUE(store->add_pending_update({{1, 2, 3}, "site-b", 3, 10, "", 0}, std::vector<uint8_t>{9, 9}).is_ok());

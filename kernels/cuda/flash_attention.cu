@@ -28,7 +28,8 @@
 // - dkdv: one block per key tile j, over query tiles j..last: dV += Pᵀ dO,
 //   dK += scale dSᵀ q in registers, with the same delta.
 // The price of determinism is that S and dP are computed twice, once in
-// each of the dq and dkdv kernels. The dq and dkdv kernels use nvcuda::wmma:
+// each of the dq and dkdv kernels. dq keeps its tiles in registers like the
+// forward; dkdv uses nvcuda::wmma:
 // every product a warp makes is 16 by 16, written to shared memory as fp32
 // and read back by the same warp, so inside a tile's step only the loads of
 // the shared operand tiles need a block barrier; a warp's own phases are
@@ -67,8 +68,8 @@ struct Layout {
   static constexpr size_t kRowStats = size_t{kTile} * sizeof(float);
   // q; k and v, two buffers each.
   static constexpr size_t kForwardBytes = 5 * kHalfTile;
-  // q, dO, k, v; S, dP (then the dQ staging tile); dS.
-  static constexpr size_t kDqBytes = 4 * kHalfTile + 2 * kScoreTile + kProbTile;
+  // q, dO; k and v, two buffers each.
+  static constexpr size_t kDqBytes = 6 * kHalfTile;
   // k, v, q, dO; S, dP (then the dK/dV staging tile); P, dS; L, delta.
   static constexpr size_t kDkDvBytes = 4 * kHalfTile + 2 * kScoreTile + 2 * kProbTile + 2 * kRowStats;
   static_assert(kOutTile <= 2 * kScoreTile, "the staging tile reuses S and dP");
@@ -494,24 +495,28 @@ __global__ void __launch_bounds__(kDeltaThreads)
 }
 
 // ---- backward: dq --------------------------------------------------------------
-
+//
+// The forward's register layout (see flash_forward_kernel): warp w owns query
+// rows 16 w .. 16 w + 15, q's and dO's A fragments are loaded once. Per
+// 16 keys (16p .. 16p + 15 of key tile kt): S = q kᵀ and dP = dO vᵀ in two
+// accumulators each (k's and v's rows read as they are, like k in the
+// forward), dS = P ∘ (dP − delta) on the registers, rounded to T and packed
+// as the A fragment of those 16 keys (as P in the forward), then
+// dQ (16 x D) += dS · k with k's B fragments by ldmatrix .trans (like v in
+// the forward). k and v are double-buffered through cp.async.
 template <class T, int D>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_backward_dq_kernel(const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv,
                              int64_t seq, int64_t heads, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = Layout<D>;
-  constexpr int kLd = L::kHalfLd, kOutLd = L::kOutLd;
+  constexpr int kLd = L::kHalfLd;
+  constexpr int kTileElements = kTile * kLd;
   extern __shared__ __align__(128) unsigned char shared[];
-  SharedCarver carve{shared};
-  T* sq = carve.take<T>(L::kHalfTile);
-  T* sdo = carve.take<T>(L::kHalfTile);
-  T* sk = carve.take<T>(L::kHalfTile);
-  T* sv = carve.take<T>(L::kHalfTile);
-  float* ss = carve.take<float>(L::kScoreTile);
-  float* sdp = carve.take<float>(L::kScoreTile);
-  T* sds = carve.take<T>(L::kProbTile);
-  float* so = ss;  // the staging tile, once S and dP are done with (it spans both)
+  T* sq = reinterpret_cast<T*>(shared);
+  T* sdo = sq + kTileElements;
+  T* sk = sdo + kTileElements;     // two buffers
+  T* sv = sk + 2 * kTileElements;  // two buffers
 
   const int64_t b = blockIdx.x / heads, h = blockIdx.x % heads;
   const int64_t tile = gridDim.y - 1 - blockIdx.y;
@@ -524,76 +529,114 @@ __global__ void __launch_bounds__(kFlashThreads)
   const float* lse_row = lse + (b * heads + h) * seq;
   const float* delta_row = delta + (b * heads + h) * seq;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, r0 = warp * 16;
+  const int g = lane / 4, c = lane % 4;
+  const int64_t t_row[2] = {q0 + r0 + g, q0 + r0 + g + 8};  // this lane's two query rows
 
-  load_tile<T, D>(sq, q_slice, stride, q0, seq);
-  load_tile<T, D>(sdo, do_slice, width, q0, seq);
-  float row_lse[16], row_delta[16];
+  copy_tile_async<T, D>(sq, q_slice, stride, q0, seq);
+  copy_tile_async<T, D>(sdo, do_slice, width, q0, seq);
+  copy_tile_async<T, D>(sk, k_slice, stride, 0, seq);
+  copy_tile_async<T, D>(sv, v_slice, stride, 0, seq);
+  cp_async_commit();
+
+  float row_lse[2], row_delta[2];
 #pragma unroll
-  for (int rr = 0; rr < 16; ++rr) {
-    const int64_t t = q0 + r0 + rr;
-    row_lse[rr] = t < seq ? lse_row[t] : 0.0f;
-    row_delta[rr] = t < seq ? delta_row[t] : 0.0f;
+  for (int hh = 0; hh < 2; ++hh) {
+    row_lse[hh] = t_row[hh] < seq ? lse_row[t_row[hh]] : 0.0f;
+    row_delta[hh] = t_row[hh] < seq ? delta_row[t_row[hh]] : 0.0f;
+  }
+  uint32_t qa[D / 16][4], da[D / 16][4];  // q's and dO's A fragments
+  float dq[D / 8][4];                     // dQ / scale, accumulator n = columns 8n .. 8n + 7
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[n][e] = 0.0f;
   }
 
-  // S (the warp's 16 rows, 64 keys) = q kᵀ and dP = dO vᵀ of key tile kt.
-  const auto scores = [&](int64_t kt) {
-    __syncthreads();  // the last step's reads of sk and sv are done (and sq, sdo are loaded)
-    load_tile<T, D>(sk, k_slice, stride, kt * kTile, seq);
-    load_tile<T, D>(sv, v_slice, stride, kt * kTile, seq);
-    __syncthreads();
-    for (int n = 0; n < kTile / 16; ++n) {
-      rows_times_rows<T, D>(sq + r0 * kLd, sk + n * 16 * kLd, kLd, ss + r0 * kScoreLd + n * 16, kScoreLd);
-      rows_times_rows<T, D>(sdo + r0 * kLd, sv + n * 16 * kLd, kLd, sdp + r0 * kScoreLd + n * 16, kScoreLd);
-    }
-    __syncwarp();
-  };
-  // P_tj of row r0 + rr and column c (0 where masked).
-  const auto probability = [&](int rr, int c, int64_t k0) {
-    const int r = r0 + rr;
-    const int64_t t = q0 + r, j = k0 + c;
-    return j <= t && j < seq && t < seq ? expf(ss[r * kScoreLd + c] * scale - row_lse[rr]) : 0.0f;
-  };
-
-  Accumulator dq[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
   for (int64_t kt = 0; kt <= tile; ++kt) {
-    scores(kt);
+    const int64_t k0 = kt * kTile;
+    cp_async_wait_all();
+    __syncthreads();  // tile kt has landed; every warp is done with tile kt - 1
+    const T* kb = sk + (kt & 1) * kTileElements;
+    const T* vb = sv + (kt & 1) * kTileElements;
+    if (kt < tile) {
+      copy_tile_async<T, D>(sk + ((kt + 1) & 1) * kTileElements, k_slice, stride, k0 + kTile, seq);
+      copy_tile_async<T, D>(sv + ((kt + 1) & 1) * kTileElements, v_slice, stride, k0 + kTile, seq);
+      cp_async_commit();
+    }
+    if (kt == 0) {
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = r0 + rr;
-      for (int c = lane; c < kTile; c += kWarp) {
-        const float ds = probability(rr, c, kt * kTile) * (sdp[r * kScoreLd + c] - row_delta[rr]);
-        sds[r * kProbLd + c] = from_fp32<T>(ds);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        ldmatrix_x4(qa[kk], sq + (r0 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
+        ldmatrix_x4(da[kk], sdo + (r0 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
       }
     }
-    __syncwarp();
+    // Only the diagonal tile and the last query tile (rows past seq) have
+    // pairs to mask.
+    const bool edge = kt == tile || q0 + kTile > seq || k0 + kTile > seq;
+
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) {  // dQ (16, D) += dS (16, 64) · K (64, D)
+    for (int p = 0; p < kTile / 16; ++p) {
+      // s[jj], dp[jj]: keys 16p + 8jj .. 16p + 8jj + 7.
+      float s[2][4], dp[2][4];
 #pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        RowA<T> fa;
-        RowB<T> fb;
-        wmma::load_matrix_sync(fa, sds + r0 * kProbLd + kk * 16, kProbLd);
-        wmma::load_matrix_sync(fb, sk + kk * 16 * kLd + n * 16, kLd);
-        wmma::mma_sync(dq[n], fa, fb, dq[n]);
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[jj][e] = dp[jj][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = (16 * p + (lane / 16) * 8 + lane % 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8;
+        uint32_t kf[4], vf[4];
+        ldmatrix_x4(kf, kb + at);
+        mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
+        mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
+        ldmatrix_x4(vf, vb + at);
+        mma_16816<T>(dp[0], da[kk], vf[0], vf[1]);
+        mma_16816<T>(dp[1], da[kk], vf[2], vf[3]);
+      }
+      // dS: s[jj][e] is row t_row[e / 2], key k0 + 16p + 8jj + 2c + e % 2.
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t key = k0 + 16 * p + 8 * jj + 2 * c + e % 2, t = t_row[e / 2];
+          const bool visible = !edge || (key <= t && key < seq && t < seq);
+          s[jj][e] = visible ? expf(s[jj][e] * scale - row_lse[e / 2]) * (dp[jj][e] - row_delta[e / 2]) : 0.0f;
+        }
+      }
+      const uint32_t sa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
+                              pack2<T>(s[1][2], s[1][3])};
+      // dQ += dS (16 x 16 keys) · k (16 keys x D).
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t kf[4];
+        ldmatrix_x4_trans(kf, kb + (16 * p + lane % 16) * kLd + 16 * np + (lane / 16) * 8);
+        mma_16816<T>(dq[2 * np], sa, kf[0], kf[1]);
+        mma_16816<T>(dq[2 * np + 1], sa, kf[2], kf[3]);
       }
     }
   }
 
-  __syncthreads();  // every warp's reads of S and dP are done: the staging tile overwrites them
+  // scale dQ, rounded to T, through the warp's own rows of sq (only this
+  // warp read them, before its first product), then 16-byte row stores.
+  T* so = sq + r0 * kLd;
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
+  for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
-    for (int i = 0; i < dq[n].num_elements; ++i) dq[n].x[i] *= scale;
-    wmma::store_matrix_sync(so + r0 * kOutLd + n * 16, dq[n], kOutLd, wmma::mem_row_major);
+    for (int hh = 0; hh < 2; ++hh) {
+      *reinterpret_cast<uint32_t*>(so + (g + 8 * hh) * kLd + 8 * n + 2 * c) =
+          pack2<T>(dq[n][2 * hh] * scale, dq[n][2 * hh + 1] * scale);
+    }
   }
   __syncwarp();
-  for (int rr = 0; rr < 16; ++rr) {
+  constexpr int kChunks = D / 8;
+  for (int i = lane; i < 16 * kChunks; i += kWarp) {
+    const int rr = i / kChunks, col = (i % kChunks) * 8;
     const int64_t t = q0 + r0 + rr;
-    if (t >= seq) break;
-    T* row = dqkv + (b * seq + t) * stride + h * D;
-    for (int c = lane; c < D; c += kWarp) row[c] = from_fp32<T>(so[(r0 + rr) * kOutLd + c]);
+    if (t < seq) {
+      *reinterpret_cast<uint4*>(dqkv + (b * seq + t) * stride + h * D + col) =
+          *reinterpret_cast<const uint4*>(so + rr * kLd + col);
+    }
   }
 #else
   __trap();

@@ -1,13 +1,9 @@
 // Fused causal attention on the device (kernels/cuda_ops.h), FlashAttention-2
-// style: the (seq, seq) scores never reach global memory. Tensor cores through
-// nvcuda::wmma (bf16/fp16 operands, fp32 accumulation); the softmax and its
-// gradient in fp32 on tiles staged in shared memory.
+// style: the (seq, seq) scores never reach global memory. Tensor cores with
+// bf16/fp16 operands and fp32 accumulation.
 //
-// Tiles are 64 query rows by 64 keys, one block of 4 warps per tile. Every
-// product a warp makes is 16 rows (its own) by 16 columns, written to shared
-// memory as fp32 and read back by the same warp, so inside a tile's step only
-// the loads of the shared operand tiles need a block barrier; a warp's own
-// phases are ordered by __syncwarp.
+// Tiles are 64 query rows by 64 keys, one block of 4 warps per tile, each
+// warp 16 rows (or keys).
 //
 // Masking: query t sees key j when j <= t and j < seq. Query tile i meets key
 // tiles 0..i (the diagonal tile i last, partly masked); rows and keys past seq
@@ -15,10 +11,10 @@
 // never stored. Every query row t < seq has key 0 visible in key tile 0, so
 // its running maximum is finite from the first step on.
 //
-// Forward (one block per query tile): the online softmax of FA2, the output
-// accumulator kept fp32 in shared memory and rescaled row by row; the row's
-// log-sum-exp L = m + log(l) goes to `lse`, the same quantity attention.h
-// defines and the CPU and GEMM paths save.
+// Forward (one block per query tile): the online softmax of FA2 with every
+// tile in registers (mma.sync and ldmatrix, described above the kernel); the
+// row's log-sum-exp L = m + log(l) goes to `lse`, the same quantity
+// attention.h defines and the CPU and GEMM paths save.
 //
 // Backward, deterministic (no atomics, fixed loop orders: a launch always
 // gives the same bits), in three kernels:
@@ -32,12 +28,20 @@
 // - dkdv: one block per key tile j, over query tiles j..last: dV += Pᵀ dO,
 //   dK += scale dSᵀ q in registers, with the same delta.
 // The price of determinism is that S and dP are computed twice, once in
-// each of the dq and dkdv kernels.
+// each of the dq and dkdv kernels. dq keeps its tiles in registers like the
+// forward; dkdv uses nvcuda::wmma:
+// every product a warp makes is 16 by 16, written to shared memory as fp32
+// and read back by the same warp, so inside a tile's step only the loads of
+// the shared operand tiles need a block barrier; a warp's own phases are
+// ordered by __syncwarp. The softmax gradient is computed in fp32 on those
+// shared tiles.
 #include <mma.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/ops_common.cuh"
 
@@ -62,10 +66,10 @@ struct Layout {
   static constexpr size_t kProbTile = size_t{kTile} * kProbLd * 2;
   static constexpr size_t kOutTile = size_t{kTile} * kOutLd * sizeof(float);
   static constexpr size_t kRowStats = size_t{kTile} * sizeof(float);
-  // q, k, v; S; P; O.
-  static constexpr size_t kForwardBytes = 3 * kHalfTile + kScoreTile + kProbTile + kOutTile;
-  // q, dO, k, v; S, dP (then the dQ staging tile); dS.
-  static constexpr size_t kDqBytes = 4 * kHalfTile + 2 * kScoreTile + kProbTile;
+  // q; k and v, two buffers each.
+  static constexpr size_t kForwardBytes = 5 * kHalfTile;
+  // q, dO; k and v, two buffers each.
+  static constexpr size_t kDqBytes = 6 * kHalfTile;
   // k, v, q, dO; S, dP (then the dK/dV staging tile); P, dS; L, delta.
   static constexpr size_t kDkDvBytes = 4 * kHalfTile + 2 * kScoreTile + 2 * kProbTile + 2 * kRowStats;
   static_assert(kOutTile <= 2 * kScoreTile, "the staging tile reuses S and dP");
@@ -92,11 +96,6 @@ __device__ __forceinline__ __nv_bfloat16 from_fp32<__nv_bfloat16>(float v) {
 template <>
 __device__ __forceinline__ __half from_fp32<__half>(float v) {
   return __float2half_rn(v);
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
-  return v;
 }
 
 // Bump allocation of the dynamic shared memory (every piece a multiple of
@@ -156,22 +155,144 @@ __device__ void rows_times_rows(const T* a, const T* b, int ld, float* out, int 
   wmma::store_matrix_sync(out, acc, out_ld, wmma::mem_row_major);
 }
 
-// ---- forward ---------------------------------------------------------------------
+// ---- raw tensor-core instructions (sm_80+) ----------------------------------------
+//
+// mma.sync m16n8k16 with 16-bit operands and fp32 accumulators. With
+// g = lane / 4 and c = lane % 4 (PTX ISA, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"), each thread holds:
+// - A (16 x 16, row-major), 4 registers of 2 elements, the lower-numbered
+//   column in the low half: a[0] = (g, 2c..2c+1), a[1] = (g + 8, 2c..2c+1),
+//   a[2] = (g, 2c+8..2c+9), a[3] = (g + 8, 2c+8..2c+9).
+// - B (16 x 8, k by n), 2 registers: b[0] = (k 2c..2c+1, n g),
+//   b[1] = (k 2c+8..2c+9, n g).
+// - C/D (16 x 8 fp32): d[0], d[1] = (g, 2c..2c+1); d[2], d[3] = (g + 8, 2c..2c+1).
+// ldmatrix .x4 loads four 8 x 8 16-bit matrices; lanes 8m..8m+7 give the
+// row addresses of matrix m (16 bytes each) and register m of lane l holds
+// row l / 4, elements 2 (l % 4)..+1 of matrix m (of its transpose with
+// .trans: memory rows 2 (l % 4)..+1, column l / 4).
 
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p))
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p))
+               : "memory");
+#endif
+}
+
+// d (16 x 8, fp32) += a (16 x 16) · b (16 x 8).
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(std::is_same_v<T, __half>, "bf16 or fp16 operands");
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+// Two values rounded to T, lo in the low half (the lower-numbered column).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t bits;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&bits, &v, sizeof bits);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&bits, &v, sizeof bits);
+  }
+  return bits;
+}
+
+__device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_dst)),
+               "l"(__cvta_generic_to_global(global_src))
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// load_tile through cp.async: the copies stay in flight until
+// cp_async_wait_all (then a barrier makes every thread's copies visible);
+// rows at or past seq are zeroed by ordinary stores.
+template <class T, int D>
+__device__ void copy_tile_async(T* tile, const T* slice, int64_t stride, int64_t row0, int64_t seq) {
+  constexpr int kChunks = D / 8;
+  constexpr int kLd = Layout<D>::kHalfLd;
+  for (int i = threadIdx.x; i < kTile * kChunks; i += kFlashThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    if (row0 + r < seq) {
+      cp_async_16(tile + r * kLd + c, slice + (row0 + r) * stride + c);
+    } else {
+      *reinterpret_cast<uint4*>(tile + r * kLd + c) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// ---- forward ---------------------------------------------------------------------
+//
+// FA2's register-resident loop. Warp w owns query rows r0 = 16 w .. r0 + 15
+// of the tile; lane l holds rows r0 + g and r0 + g + 8 (g = l / 4) of every
+// accumulator, at columns 2c, 2c + 1 of each 8-wide piece (c = l % 4), so a
+// row's four holders are the quad 4g .. 4g + 3 and row reductions are two
+// shuffles (xor 1, xor 2), which leave the same bits in all four lanes.
+// Per key tile (64 keys): S (16 x 64) = 8 accumulators of q kᵀ, q's
+// A fragments loaded once, k's B fragments by ldmatrix from k's rows; the
+// mask and the online softmax on the registers; P rounded to T and packed as
+// the A fragments of P · V (S accumulators 2j and 2j + 1 are exactly the A
+// fragment of keys 16j .. 16j + 15: a[0] = d[0..1] of 2j, a[1] = d[2..3] of 2j,
+// a[2] = d[0..1] of 2j + 1, a[3] = d[2..3] of 2j + 1); V's B fragments by
+// ldmatrix .trans from v's rows; O (16 x D) in D / 8 accumulators, rescaled
+// in place. k and v are double-buffered: tile kt + 1 is copied (cp.async)
+// while tile kt is multiplied. Shared rows are D + 8 elements long, so the
+// eight 16-byte rows of an ldmatrix matrix fall in distinct banks.
 template <class T, int D>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_forward_kernel(const T* qkv, T* out, float* lse, int64_t seq, int64_t heads, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = Layout<D>;
-  constexpr int kLd = L::kHalfLd, kOutLd = L::kOutLd;
+  constexpr int kLd = L::kHalfLd;
+  constexpr int kTileElements = kTile * kLd;
   extern __shared__ __align__(128) unsigned char shared[];
-  SharedCarver carve{shared};
-  T* sq = carve.take<T>(L::kHalfTile);
-  T* sk = carve.take<T>(L::kHalfTile);
-  T* sv = carve.take<T>(L::kHalfTile);
-  float* ss = carve.take<float>(L::kScoreTile);
-  T* sp = carve.take<T>(L::kProbTile);
-  float* so = carve.take<float>(L::kOutTile);
+  T* sq = reinterpret_cast<T*>(shared);
+  T* sk = sq + kTileElements;      // two buffers
+  T* sv = sk + 2 * kTileElements;  // two buffers
 
   const int64_t b = blockIdx.x / heads, h = blockIdx.x % heads;
   const int64_t tile = gridDim.y - 1 - blockIdx.y;  // the longest rows first
@@ -181,76 +302,159 @@ __global__ void __launch_bounds__(kFlashThreads)
   const T* k_slice = q_slice + width;
   const T* v_slice = q_slice + 2 * width;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, r0 = warp * 16;
+  const int g = lane / 4, c = lane % 4;
+  const int64_t t_row[2] = {q0 + r0 + g, q0 + r0 + g + 8};  // this lane's two query rows
 
-  load_tile<T, D>(sq, q_slice, stride, q0, seq);
-  for (int i = lane; i < 16 * D; i += kWarp) so[(r0 + i / D) * kOutLd + i % D] = 0.0f;
-  float row_max[16], row_sum[16];  // the warp's rows, the same in every lane
+  copy_tile_async<T, D>(sq, q_slice, stride, q0, seq);
+  copy_tile_async<T, D>(sk, k_slice, stride, 0, seq);
+  copy_tile_async<T, D>(sv, v_slice, stride, 0, seq);
+  cp_async_commit();
+
+  uint32_t qa[D / 16][4];  // q's A fragments, k-step kk = columns 16 kk .. 16 kk + 15
+  float o[D / 8][4];       // O, accumulator n = columns 8n .. 8n + 7
 #pragma unroll
-  for (int rr = 0; rr < 16; ++rr) {
-    row_max[rr] = -INFINITY;
-    row_sum[rr] = 0.0f;
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
   }
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
   for (int64_t kt = 0; kt <= tile; ++kt) {
     const int64_t k0 = kt * kTile;
-    __syncthreads();  // the last step's reads of sk and sv are done (and sq is loaded)
-    load_tile<T, D>(sk, k_slice, stride, k0, seq);
-    load_tile<T, D>(sv, v_slice, stride, k0, seq);
+    // Tile kt has landed, and every warp is done with tile kt - 1, whose
+    // buffers the next copy overwrites.
+    cp_async_wait_all();
     __syncthreads();
-
-    for (int n = 0; n < kTile / 16; ++n) {
-      rows_times_rows<T, D>(sq + r0 * kLd, sk + n * 16 * kLd, kLd, ss + r0 * kScoreLd + n * 16, kScoreLd);
+    const T* kb = sk + (kt & 1) * kTileElements;
+    const T* vb = sv + (kt & 1) * kTileElements;
+    if (kt < tile) {
+      copy_tile_async<T, D>(sk + ((kt + 1) & 1) * kTileElements, k_slice, stride, k0 + kTile, seq);
+      copy_tile_async<T, D>(sv + ((kt + 1) & 1) * kTileElements, v_slice, stride, k0 + kTile, seq);
+      cp_async_commit();
     }
-    __syncwarp();
-
+    if (kt == 0) {
+      // Matrices: rows 0-7 / 8-15 (lanes 0-7 / 8-15) by columns 0-7, then
+      // the same rows by columns 8-15 (lanes 16-31): a[0..3] in order.
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = r0 + rr;
-      const int64_t t = q0 + r, j0 = k0 + lane, j1 = j0 + kWarp;
-      const bool v0 = j0 <= t && j0 < seq, v1 = j1 <= t && j1 < seq;
-      const float s0 = ss[r * kScoreLd + lane] * scale, s1 = ss[r * kScoreLd + lane + kWarp] * scale;
-      const float tile_max = warp_max(fmaxf(v0 ? s0 : -INFINITY, v1 ? s1 : -INFINITY));
-      const float new_max = fmaxf(row_max[rr], tile_max);
+      for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[kk], sq + (r0 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
+    }
+
+    // S = q kᵀ: accumulator j = keys 8j .. 8j + 7. B (k = head column,
+    // n = key) is k's rows read as they are; one x4 covers keys 16p .. 16p + 15:
+    // matrices (keys +0-7, columns +0-7), (keys +0-7, columns +8-15),
+    // (keys +8-15, columns +0-7), (keys +8-15, columns +8-15) =
+    // b[0], b[1] of accumulator 2p and b[0], b[1] of accumulator 2p + 1.
+    float s[kTile / 8][4];
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int p = 0; p < kTile / 16; ++p) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, kb + (16 * p + (lane / 16) * 8 + lane % 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8);
+        mma_16816<T>(s[2 * p], qa[kk], kf[0], kf[1]);
+        mma_16816<T>(s[2 * p + 1], qa[kk], kf[2], kf[3]);
+      }
+    }
+
+    // Scale and mask: s[j][e] is row t_row[e / 2], key k0 + 8j + 2c + e % 2.
+    // Only the diagonal tile (and a tile reaching past seq, which is the
+    // diagonal one) has keys a row must not see.
+    const bool edge = kt == tile || k0 + kTile > seq;
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = k0 + 8 * j + 2 * c + e % 2;
+        const bool visible = !edge || (key <= t_row[e / 2] && key < seq);
+        s[j][e] = visible ? s[j][e] * scale : -INFINITY;
+      }
+    }
+
+    // Online softmax, row half hh = rows g (e = 0, 1) and g + 8 (e = 2, 3).
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kTile / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * hh], s[j][2 * hh + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
+      const float new_max = fmaxf(row_max[hh], tile_max);
       const float base = new_max == -INFINITY ? 0.0f : new_max;
-      const float p0 = v0 ? expf(s0 - base) : 0.0f, p1 = v1 ? expf(s1 - base) : 0.0f;
-      const float alpha = expf(row_max[rr] - base);  // 0 while the row had no key
-      row_sum[rr] = row_sum[rr] * alpha + warp_sum(p0 + p1);
-      row_max[rr] = new_max;
-      sp[r * kProbLd + lane] = from_fp32<T>(p0);
-      sp[r * kProbLd + lane + kWarp] = from_fp32<T>(p1);
-      // alpha is the same in every lane; multiplying by 1 changes no bit, so
-      // the usual case of an unchanged maximum skips the shared memory pass.
-      if (alpha != 1.0f) {
-        for (int c = lane; c < D; c += kWarp) so[r * kOutLd + c] *= alpha;
-      }
-    }
-    __syncwarp();
-
-    for (int n = 0; n < D / 16; ++n) {  // O (16, D) += P (16, 64) · V (64, D)
-      Accumulator acc;
-      wmma::load_matrix_sync(acc, so + r0 * kOutLd + n * 16, kOutLd, wmma::mem_row_major);
+      const float alpha = expf(row_max[hh] - base);  // 0 while the row had no key
+      float tile_sum = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        RowA<T> fa;
-        RowB<T> fb;
-        wmma::load_matrix_sync(fa, sp + r0 * kProbLd + kk * 16, kProbLd);
-        wmma::load_matrix_sync(fb, sv + kk * 16 * kLd + n * 16, kLd);
-        wmma::mma_sync(acc, fa, fb, acc);
+      for (int j = 0; j < kTile / 8; ++j) {
+        // expf(-inf) = 0: masked keys get p = 0.
+        s[j][2 * hh] = expf(s[j][2 * hh] - base);
+        s[j][2 * hh + 1] = expf(s[j][2 * hh + 1] - base);
+        tile_sum += s[j][2 * hh] + s[j][2 * hh + 1];
       }
-      wmma::store_matrix_sync(so + r0 * kOutLd + n * 16, acc, kOutLd, wmma::mem_row_major);
+      tile_sum += __shfl_xor_sync(kFullMask, tile_sum, 1);
+      tile_sum += __shfl_xor_sync(kFullMask, tile_sum, 2);
+      row_sum[hh] = row_sum[hh] * alpha + tile_sum;
+      row_max[hh] = new_max;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][2 * hh] *= alpha;
+        o[n][2 * hh + 1] *= alpha;
+      }
     }
-    __syncwarp();
+
+    // O += P · V over k-steps kk = keys 16 kk .. 16 kk + 15. B (k = key,
+    // n = head column) is v's rows transposed; one x4 .trans covers columns
+    // 16 np .. 16 np + 15: matrices (keys +0-7, columns +0-7),
+    // (keys +8-15, columns +0-7), (keys +0-7, columns +8-15),
+    // (keys +8-15, columns +8-15) = b[0], b[1] of accumulator 2 np and
+    // b[0], b[1] of accumulator 2 np + 1.
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, vb + (16 * kk + lane % 16) * kLd + 16 * np + (lane / 16) * 8);
+        mma_16816<T>(o[2 * np], pa, vf[0], vf[1]);
+        mma_16816<T>(o[2 * np + 1], pa, vf[2], vf[3]);
+      }
+    }
   }
 
+  // O / l, rounded to T, through the warp's own rows of sq (only this warp
+  // read them, into qa, before its first product), then 16-byte row stores.
+  float inverse[2];
 #pragma unroll
-  for (int rr = 0; rr < 16; ++rr) {
-    const int r = r0 + rr;
-    const int64_t t = q0 + r;
-    if (t >= seq) continue;
-    const float inverse = 1.0f / row_sum[rr];
-    T* row = out + (b * seq + t) * width + h * D;
-    for (int c = lane; c < D; c += kWarp) row[c] = from_fp32<T>(so[r * kOutLd + c] * inverse);
-    if (lane == 0) lse[(b * heads + h) * seq + t] = row_max[rr] + logf(row_sum[rr]);
+  for (int hh = 0; hh < 2; ++hh) inverse[hh] = 1.0f / row_sum[hh];
+  T* so = sq + r0 * kLd;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      *reinterpret_cast<uint32_t*>(so + (g + 8 * hh) * kLd + 8 * n + 2 * c) =
+          pack2<T>(o[n][2 * hh] * inverse[hh], o[n][2 * hh + 1] * inverse[hh]);
+    }
+  }
+  if (c == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if (t_row[hh] < seq) lse[(b * heads + h) * seq + t_row[hh]] = row_max[hh] + logf(row_sum[hh]);
+    }
+  }
+  __syncwarp();
+  constexpr int kChunks = D / 8;
+  for (int i = lane; i < 16 * kChunks; i += kWarp) {
+    const int rr = i / kChunks, col = (i % kChunks) * 8;
+    const int64_t t = q0 + r0 + rr;
+    if (t < seq) {
+      *reinterpret_cast<uint4*>(out + (b * seq + t) * width + h * D + col) =
+          *reinterpret_cast<const uint4*>(so + rr * kLd + col);
+    }
   }
 #else
   __trap();  // never launched: the host checks the compute capability
@@ -292,24 +496,28 @@ __global__ void __launch_bounds__(kDeltaThreads)
 }
 
 // ---- backward: dq --------------------------------------------------------------
-
+//
+// The forward's register layout (see flash_forward_kernel): warp w owns query
+// rows 16 w .. 16 w + 15, q's and dO's A fragments are loaded once. Per
+// 16 keys (16p .. 16p + 15 of key tile kt): S = q kᵀ and dP = dO vᵀ in two
+// accumulators each (k's and v's rows read as they are, like k in the
+// forward), dS = P ∘ (dP − delta) on the registers, rounded to T and packed
+// as the A fragment of those 16 keys (as P in the forward), then
+// dQ (16 x D) += dS · k with k's B fragments by ldmatrix .trans (like v in
+// the forward). k and v are double-buffered through cp.async.
 template <class T, int D>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_backward_dq_kernel(const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv,
                              int64_t seq, int64_t heads, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = Layout<D>;
-  constexpr int kLd = L::kHalfLd, kOutLd = L::kOutLd;
+  constexpr int kLd = L::kHalfLd;
+  constexpr int kTileElements = kTile * kLd;
   extern __shared__ __align__(128) unsigned char shared[];
-  SharedCarver carve{shared};
-  T* sq = carve.take<T>(L::kHalfTile);
-  T* sdo = carve.take<T>(L::kHalfTile);
-  T* sk = carve.take<T>(L::kHalfTile);
-  T* sv = carve.take<T>(L::kHalfTile);
-  float* ss = carve.take<float>(L::kScoreTile);
-  float* sdp = carve.take<float>(L::kScoreTile);
-  T* sds = carve.take<T>(L::kProbTile);
-  float* so = ss;  // the staging tile, once S and dP are done with (it spans both)
+  T* sq = reinterpret_cast<T*>(shared);
+  T* sdo = sq + kTileElements;
+  T* sk = sdo + kTileElements;     // two buffers
+  T* sv = sk + 2 * kTileElements;  // two buffers
 
   const int64_t b = blockIdx.x / heads, h = blockIdx.x % heads;
   const int64_t tile = gridDim.y - 1 - blockIdx.y;
@@ -322,76 +530,114 @@ __global__ void __launch_bounds__(kFlashThreads)
   const float* lse_row = lse + (b * heads + h) * seq;
   const float* delta_row = delta + (b * heads + h) * seq;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, r0 = warp * 16;
+  const int g = lane / 4, c = lane % 4;
+  const int64_t t_row[2] = {q0 + r0 + g, q0 + r0 + g + 8};  // this lane's two query rows
 
-  load_tile<T, D>(sq, q_slice, stride, q0, seq);
-  load_tile<T, D>(sdo, do_slice, width, q0, seq);
-  float row_lse[16], row_delta[16];
+  copy_tile_async<T, D>(sq, q_slice, stride, q0, seq);
+  copy_tile_async<T, D>(sdo, do_slice, width, q0, seq);
+  copy_tile_async<T, D>(sk, k_slice, stride, 0, seq);
+  copy_tile_async<T, D>(sv, v_slice, stride, 0, seq);
+  cp_async_commit();
+
+  float row_lse[2], row_delta[2];
 #pragma unroll
-  for (int rr = 0; rr < 16; ++rr) {
-    const int64_t t = q0 + r0 + rr;
-    row_lse[rr] = t < seq ? lse_row[t] : 0.0f;
-    row_delta[rr] = t < seq ? delta_row[t] : 0.0f;
+  for (int hh = 0; hh < 2; ++hh) {
+    row_lse[hh] = t_row[hh] < seq ? lse_row[t_row[hh]] : 0.0f;
+    row_delta[hh] = t_row[hh] < seq ? delta_row[t_row[hh]] : 0.0f;
+  }
+  uint32_t qa[D / 16][4], da[D / 16][4];  // q's and dO's A fragments
+  float dq[D / 8][4];                     // dQ / scale, accumulator n = columns 8n .. 8n + 7
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[n][e] = 0.0f;
   }
 
-  // S (the warp's 16 rows, 64 keys) = q kᵀ and dP = dO vᵀ of key tile kt.
-  const auto scores = [&](int64_t kt) {
-    __syncthreads();  // the last step's reads of sk and sv are done (and sq, sdo are loaded)
-    load_tile<T, D>(sk, k_slice, stride, kt * kTile, seq);
-    load_tile<T, D>(sv, v_slice, stride, kt * kTile, seq);
-    __syncthreads();
-    for (int n = 0; n < kTile / 16; ++n) {
-      rows_times_rows<T, D>(sq + r0 * kLd, sk + n * 16 * kLd, kLd, ss + r0 * kScoreLd + n * 16, kScoreLd);
-      rows_times_rows<T, D>(sdo + r0 * kLd, sv + n * 16 * kLd, kLd, sdp + r0 * kScoreLd + n * 16, kScoreLd);
-    }
-    __syncwarp();
-  };
-  // P_tj of row r0 + rr and column c (0 where masked).
-  const auto probability = [&](int rr, int c, int64_t k0) {
-    const int r = r0 + rr;
-    const int64_t t = q0 + r, j = k0 + c;
-    return j <= t && j < seq && t < seq ? expf(ss[r * kScoreLd + c] * scale - row_lse[rr]) : 0.0f;
-  };
-
-  Accumulator dq[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
   for (int64_t kt = 0; kt <= tile; ++kt) {
-    scores(kt);
+    const int64_t k0 = kt * kTile;
+    cp_async_wait_all();
+    __syncthreads();  // tile kt has landed; every warp is done with tile kt - 1
+    const T* kb = sk + (kt & 1) * kTileElements;
+    const T* vb = sv + (kt & 1) * kTileElements;
+    if (kt < tile) {
+      copy_tile_async<T, D>(sk + ((kt + 1) & 1) * kTileElements, k_slice, stride, k0 + kTile, seq);
+      copy_tile_async<T, D>(sv + ((kt + 1) & 1) * kTileElements, v_slice, stride, k0 + kTile, seq);
+      cp_async_commit();
+    }
+    if (kt == 0) {
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = r0 + rr;
-      for (int c = lane; c < kTile; c += kWarp) {
-        const float ds = probability(rr, c, kt * kTile) * (sdp[r * kScoreLd + c] - row_delta[rr]);
-        sds[r * kProbLd + c] = from_fp32<T>(ds);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        ldmatrix_x4(qa[kk], sq + (r0 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
+        ldmatrix_x4(da[kk], sdo + (r0 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
       }
     }
-    __syncwarp();
+    // Only the diagonal tile and the last query tile (rows past seq) have
+    // pairs to mask.
+    const bool edge = kt == tile || q0 + kTile > seq || k0 + kTile > seq;
+
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) {  // dQ (16, D) += dS (16, 64) · K (64, D)
+    for (int p = 0; p < kTile / 16; ++p) {
+      // s[jj], dp[jj]: keys 16p + 8jj .. 16p + 8jj + 7.
+      float s[2][4], dp[2][4];
 #pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        RowA<T> fa;
-        RowB<T> fb;
-        wmma::load_matrix_sync(fa, sds + r0 * kProbLd + kk * 16, kProbLd);
-        wmma::load_matrix_sync(fb, sk + kk * 16 * kLd + n * 16, kLd);
-        wmma::mma_sync(dq[n], fa, fb, dq[n]);
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[jj][e] = dp[jj][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = (16 * p + (lane / 16) * 8 + lane % 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8;
+        uint32_t kf[4], vf[4];
+        ldmatrix_x4(kf, kb + at);
+        mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
+        mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
+        ldmatrix_x4(vf, vb + at);
+        mma_16816<T>(dp[0], da[kk], vf[0], vf[1]);
+        mma_16816<T>(dp[1], da[kk], vf[2], vf[3]);
+      }
+      // dS: s[jj][e] is row t_row[e / 2], key k0 + 16p + 8jj + 2c + e % 2.
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t key = k0 + 16 * p + 8 * jj + 2 * c + e % 2, t = t_row[e / 2];
+          const bool visible = !edge || (key <= t && key < seq && t < seq);
+          s[jj][e] = visible ? expf(s[jj][e] * scale - row_lse[e / 2]) * (dp[jj][e] - row_delta[e / 2]) : 0.0f;
+        }
+      }
+      const uint32_t sa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
+                              pack2<T>(s[1][2], s[1][3])};
+      // dQ += dS (16 x 16 keys) · k (16 keys x D).
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t kf[4];
+        ldmatrix_x4_trans(kf, kb + (16 * p + lane % 16) * kLd + 16 * np + (lane / 16) * 8);
+        mma_16816<T>(dq[2 * np], sa, kf[0], kf[1]);
+        mma_16816<T>(dq[2 * np + 1], sa, kf[2], kf[3]);
       }
     }
   }
 
-  __syncthreads();  // every warp's reads of S and dP are done: the staging tile overwrites them
+  // scale dQ, rounded to T, through the warp's own rows of sq (only this
+  // warp read them, before its first product), then 16-byte row stores.
+  T* so = sq + r0 * kLd;
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
+  for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
-    for (int i = 0; i < dq[n].num_elements; ++i) dq[n].x[i] *= scale;
-    wmma::store_matrix_sync(so + r0 * kOutLd + n * 16, dq[n], kOutLd, wmma::mem_row_major);
+    for (int hh = 0; hh < 2; ++hh) {
+      *reinterpret_cast<uint32_t*>(so + (g + 8 * hh) * kLd + 8 * n + 2 * c) =
+          pack2<T>(dq[n][2 * hh] * scale, dq[n][2 * hh + 1] * scale);
+    }
   }
   __syncwarp();
-  for (int rr = 0; rr < 16; ++rr) {
+  constexpr int kChunks = D / 8;
+  for (int i = lane; i < 16 * kChunks; i += kWarp) {
+    const int rr = i / kChunks, col = (i % kChunks) * 8;
     const int64_t t = q0 + r0 + rr;
-    if (t >= seq) break;
-    T* row = dqkv + (b * seq + t) * stride + h * D;
-    for (int c = lane; c < D; c += kWarp) row[c] = from_fp32<T>(so[(r0 + rr) * kOutLd + c]);
+    if (t < seq) {
+      *reinterpret_cast<uint4*>(dqkv + (b * seq + t) * stride + h * D + col) =
+          *reinterpret_cast<const uint4*>(so + rr * kLd + col);
+    }
   }
 #else
   __trap();

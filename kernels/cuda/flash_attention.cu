@@ -432,6 +432,7 @@ __global__ void __launch_bounds__(kFlashThreads)
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) inverse[hh] = 1.0f / row_sum[hh];
   T* so = sq + r0 * kLd;
+  __syncwarp();  // every lane's ldmatrix reads of these rows are done before any lane overwrites them
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
@@ -621,6 +622,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   // scale dQ, rounded to T, through the warp's own rows of sq (only this
   // warp read them, before its first product), then 16-byte row stores.
   T* so = sq + r0 * kLd;
+  __syncwarp();  // every lane's ldmatrix reads of these rows are done before any lane overwrites them
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
 #pragma unroll

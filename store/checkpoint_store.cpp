@@ -1153,8 +1153,11 @@ Result<std::vector<RoundLogEntry>> CheckpointStore::round_log(int64_t newest) {
   return result;
 }
 
-Result<std::map<std::string, uint64_t>> CheckpointStore::replay_counters() {
-  Result<Statement> statement = database_.prepare("SELECT sender, sequence FROM replay_counters");
+namespace {
+
+// Every (sender, sequence) row of a replay-counter table.
+Result<std::map<std::string, uint64_t>> read_counters(Database& database, const char* sql) {
+  Result<Statement> statement = database.prepare(sql);
   if (!statement.is_ok()) return statement.status();
   std::map<std::string, uint64_t> result;
   for (;;) {
@@ -1166,17 +1169,14 @@ Result<std::map<std::string, uint64_t>> CheckpointStore::replay_counters() {
   return result;
 }
 
+}  // namespace
+
+Result<std::map<std::string, uint64_t>> CheckpointStore::replay_counters() {
+  return read_counters(database_, "SELECT sender, sequence FROM replay_counters");
+}
+
 Result<std::map<std::string, uint64_t>> CheckpointStore::named_replay_counters() {
-  Result<Statement> statement = database_.prepare("SELECT sender, sequence FROM replay_counters_by_name");
-  if (!statement.is_ok()) return statement.status();
-  std::map<std::string, uint64_t> result;
-  for (;;) {
-    Result<bool> row = statement->step();
-    if (!row.is_ok()) return row.status();
-    if (!*row) break;
-    result[statement->column_text(0)] = static_cast<uint64_t>(statement->column_int(1));
-  }
-  return result;
+  return read_counters(database_, "SELECT sender, sequence FROM replay_counters_by_name");
 }
 
 Status CheckpointStore::adopt_named_replay_counters(const std::map<std::string, std::string>& key_of_name) {

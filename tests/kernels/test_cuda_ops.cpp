@@ -525,49 +525,16 @@ std::vector<double> gemm_tolerance(const GemmProblem& p, F inside) {
   return tolerance;
 }
 
-TEST_F(CudaOps, GemmMatchesTheCpuInEveryTransposeAndDtype) {
-  Rng rng(2);
-  struct Scaling {
-    float alpha, beta;
-    int64_t pad;
-  };
-  for (const GemmShape& s : kGemmShapes) {
-    for (const Scaling scaling : {Scaling{1.0f, 0.0f, 0}, Scaling{-0.75f, 0.5f, 3}}) {
-      for (const DType ab_type : kDTypes) {
-        for (const DType c_type : c_types(ab_type)) {
-          for (const bool transpose_a : {false, true}) {
-            for (const bool transpose_b : {false, true}) {
-              const GemmProblem p = make_gemm(s, transpose_a, transpose_b, scaling.pad, scaling.alpha, scaling.beta,
-                                              ab_type, c_type, rng);
-              SCOPED_TRACE(describe(p));
-              const GemmReference reference = cpu_gemm(p, /*with_bias=*/false);
-              const std::vector<float> expected = rounded(reference.value, c_type);
-              const std::vector<float> got = GemmOnDevice(p).run(p);
-              const double relative = gemm_relative(ab_type);
-              EXPECT_TRUE(within(expected, got, gemm_tolerance(p, [&](size_t at) {
-                                   return relative * reference.magnitude[at] + one_step(c_type, expected[at]);
-                                 })));
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
-// Products of at least 2^27 multiply-adds whose rows are not 16-byte aligned
-// (odd leading dimensions, as a 50 257-word vocabulary gives) go through
-// padded copies of their operands: the same result, and c's padding columns
-// keep their bits.
-TEST_F(CudaOps, LargeGemmWithUnalignedRowsMatchesTheCpu) {
-  Rng rng(21);
-  const GemmShape shape{520, 521, 515};  // 139.5M multiply-adds
+// Every transpose, both scalings (alpha 1 beta 0 dense; alpha -0.75 beta 0.5
+// with 3 padding columns) and every c dtype of each operand dtype given, held
+// to the CPU's fp32 GEMM within the bound above.
+void expect_gemms_match_the_cpu(const GemmShape& shape, std::initializer_list<DType> ab_types, Rng& rng) {
   struct Scaling {
     float alpha, beta;
     int64_t pad;
   };
   for (const Scaling scaling : {Scaling{1.0f, 0.0f, 0}, Scaling{-0.75f, 0.5f, 3}}) {
-    for (const DType ab_type : {DType::kBF16, DType::kF32}) {
+    for (const DType ab_type : ab_types) {
       for (const DType c_type : c_types(ab_type)) {
         for (const bool transpose_a : {false, true}) {
           for (const bool transpose_b : {false, true}) {
@@ -586,6 +553,20 @@ TEST_F(CudaOps, LargeGemmWithUnalignedRowsMatchesTheCpu) {
       }
     }
   }
+}
+
+TEST_F(CudaOps, GemmMatchesTheCpuInEveryTransposeAndDtype) {
+  Rng rng(2);
+  for (const GemmShape& s : kGemmShapes) expect_gemms_match_the_cpu(s, {DType::kF32, DType::kBF16, DType::kF16}, rng);
+}
+
+// Products of at least 2^27 multiply-adds whose stored rows are not 16-byte
+// aligned (odd sizes and leading dimensions, as a 50 257-word vocabulary
+// gives) run as the padded problem: the same result, and c's padding
+// columns keep their bits.
+TEST_F(CudaOps, LargeGemmWithUnalignedRowsMatchesTheCpu) {
+  Rng rng(21);
+  expect_gemms_match_the_cpu(GemmShape{520, 521, 515}, {DType::kBF16, DType::kF32}, rng);  // 139.5M multiply-adds
 }
 
 TEST_F(CudaOps, GemmWithoutKScalesC) {

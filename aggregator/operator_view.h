@@ -44,6 +44,7 @@ struct OperatorContext {
   std::vector<std::pair<std::string, double>> transport_rejections;  // by the wire's reject code name
   int64_t http_unauthorized = 0;
   int64_t http_refused = 0;  // HTTP connections closed unserved (HttpEndpoint::refused_connections)
+  uint64_t transfers_expired = 0;  // update transfers dropped after the idle timeout without progress
   double uptime_seconds = 0.0;
 };
 

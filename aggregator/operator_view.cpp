@@ -95,6 +95,9 @@ std::string OperatorView::render_metrics(const OperatorContext& context) const {
   const auto it = rejections_by_code_.find("round-manager");
   out.sample("fedmesh_updates_rejected_total", {{"reason", "round-manager"}},
              it == rejections_by_code_.end() ? 0.0 : static_cast<double>(it->second));
+  out.counter("fedmesh_transfers_expired_total",
+              "Update transfers dropped because no chunk added bytes within the transfer idle timeout",
+              static_cast<double>(context.transfers_expired));
   out.counter("fedmesh_bytes_received_total", "Bytes received on the federation socket",
               static_cast<double>(context.bytes_received));
   out.counter("fedmesh_bytes_sent_total", "Bytes sent on the federation socket", static_cast<double>(context.bytes_sent));

@@ -45,6 +45,7 @@ struct OperatorContext {
   int64_t http_unauthorized = 0;
   int64_t http_refused = 0;  // HTTP connections closed unserved (HttpEndpoint::refused_connections)
   uint64_t refusal_log_lines_suppressed = 0;  // refusals counted but not logged (protocol/refusal_log.h)
+  uint64_t transfers_expired = 0;  // update transfers dropped after the idle timeout without progress
   double uptime_seconds = 0.0;
 };
 

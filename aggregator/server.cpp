@@ -100,6 +100,7 @@ class AggregatorServer::Impl {
   std::unique_ptr<protocol::ServerSocket> socket;
   std::unique_ptr<protocol::UpdateService> service;
   protocol::ModelPublisher publisher;
+  protocol::QueuedModelReplies queued_model_replies;
   std::unique_ptr<HttpEndpoint> http;
   std::atomic<const HttpEndpoint*> serving{nullptr};  // `http` once set, for the pages it renders
   std::map<std::string, SiteRecord> sites;
@@ -486,12 +487,21 @@ bool AggregatorServer::Impl::handle_other(const protocol::Incoming& incoming, co
     case wire::Message::MODEL_REQUEST: {
       std::vector<protocol::SharedMessage> chunks;
       if (!publisher.answer(root.getModelRequest(), protocol::kDefaultModelWindow, chunks, rejection)) return false;
+      // Sent here, in order, without a copy (every queued reply shares the
+      // published chunks), and at most two windows queued per peer: one
+      // that does not read its replies is refused, not queued for
+      // (docs/security-model.md).
+      // (Insecure: no transport identity; each connection is its own peer.)
+      const std::string& peer = incoming.peer.empty() ? incoming.routing_id : incoming.peer;
+      if (!queued_model_replies.has_room(peer, chunks.size())) {
+        rejection = {wire::RejectCode::BUSY,
+                     std::to_string(queued_model_replies.queued(peer)) + " model chunks to '" + incoming.peer +
+                         "' are still queued (at most " + std::to_string(queued_model_replies.max_per_peer()) +
+                         "); ask again once they are read"};
+        return false;
+      }
       for (const protocol::SharedMessage& chunk : chunks) {
-        // Sent here, in order; the last one is the reply.
-        if (&chunk == &chunks.back()) {
-          reply = protocol::OutgoingMessage::from_bytes(chunk.bytes());
-        } else if (Status s = socket->send(incoming.routing_id, protocol::OutgoingMessage::from_bytes(chunk.bytes()));
-                   !s.is_ok()) {
+        if (Status s = socket->send(incoming.routing_id, queued_model_replies.track(peer, chunk)); !s.is_ok()) {
           rejection = {wire::RejectCode::BUSY, "cannot send the model now: " + s.message()};
           return false;
         }
@@ -963,6 +973,7 @@ OperatorContext AggregatorServer::Impl::operator_context() const {
     c.transport_rejections.emplace_back(protocol::reject_code_name(reject),
                                         static_cast<double>(socket->counters().rejections(reject)));
   }
+  c.transfers_expired = service->receiver().transfers_expired();
   c.http_unauthorized = unauthorized_requests();
   if (const HttpEndpoint* endpoint = serving.load()) c.http_refused = endpoint->refused_connections();
   c.refusal_log_lines_suppressed = refusal_log_lines_suppressed.load();

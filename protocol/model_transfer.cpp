@@ -136,6 +136,39 @@ bool ModelPublisher::answer(wire::ModelRequest::Reader request, uint32_t window,
   return true;
 }
 
+bool QueuedModelReplies::has_room(const std::string& peer, size_t count) const {
+  return queued(peer) + count <= max_per_peer_;
+}
+
+size_t QueuedModelReplies::queued(const std::string& peer) const {
+  const auto found = counts_.find(peer);
+  return found == counts_.end() ? 0 : found->second->load();
+}
+
+SharedMessage QueuedModelReplies::track(const std::string& peer, const SharedMessage& message) {
+  // Peers are roster names; a table grown past that (insecure mode names
+  // each connection) forgets the peers with nothing queued.
+  if (counts_.size() >= kMaxTrackedModelReplyPeers) {
+    std::erase_if(counts_, [](const auto& entry) { return entry.second->load() == 0; });
+  }
+  auto& count = counts_[peer];
+  if (!count) count = std::make_shared<std::atomic<size_t>>(0);
+  // Released on ZeroMQ's I/O thread, hence the atomic count.
+  struct Counted {
+    Counted(std::shared_ptr<const OutgoingMessage> m, std::shared_ptr<std::atomic<size_t>> c)
+        : message(std::move(m)), count(std::move(c)) {
+      count->fetch_add(1);
+    }
+    ~Counted() { count->fetch_sub(1); }
+    Counted(const Counted&) = delete;
+    Counted& operator=(const Counted&) = delete;
+    std::shared_ptr<const OutgoingMessage> message;
+    std::shared_ptr<std::atomic<size_t>> count;
+  };
+  auto counted = std::make_shared<Counted>(message.shared(), count);
+  return SharedMessage(std::shared_ptr<const OutgoingMessage>(counted, counted->message.get()));
+}
+
 namespace {
 
 OutgoingMessage model_request(uint64_t version, uint32_t from, uint64_t trusted) {

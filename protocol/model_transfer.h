@@ -13,7 +13,11 @@
 // the model-hash function.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <map>
+#include <memory>
+#include <string>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -30,6 +34,10 @@ namespace fedmesh::protocol {
 inline constexpr uint32_t kDefaultModelWindow = 8;           // chunks sent per ModelRequest
 inline constexpr uint32_t kMaxModelWindow = 64;
 inline constexpr uint64_t kMaxChainHashesPerChunk = 1u << 16;  // versions a requester may be behind
+// Model replies to one peer (all its connections together) handed to the
+// transport and not yet taken off its queue: two windows.
+inline constexpr size_t kMaxQueuedModelRepliesPerPeer = 2 * kDefaultModelWindow;
+inline constexpr size_t kMaxTrackedModelReplyPeers = 4096;
 
 class ModelPublisher {
  public:
@@ -60,6 +68,28 @@ class ModelPublisher {
   std::vector<crypto::Hash> chain_;
   std::vector<TensorShape> manifest_;
   std::vector<SharedMessage> chunks_;  // chunk i + 1
+};
+
+// Counts, per peer, the model replies queued for sending: a reply counts
+// from track() until the transport drops its last reference to it, which
+// ZeroMQ does once the message is encrypted onto the connection or the
+// connection closes. A peer that does not read its replies thus holds at
+// most max_per_peer of them; further requests are refused (busy) instead of
+// queued. Peers are roster names, so the table is bounded by the roster
+// (kMaxTrackedModelReplyPeers where they are not).
+class QueuedModelReplies {
+ public:
+  explicit QueuedModelReplies(size_t max_per_peer = kMaxQueuedModelRepliesPerPeer) : max_per_peer_(max_per_peer) {}
+  // Room for `count` more replies to `peer`.
+  bool has_room(const std::string& peer, size_t count) const;
+  // `message` as a reply to `peer`, counted while any copy of the result lives.
+  SharedMessage track(const std::string& peer, const SharedMessage& message);
+  size_t queued(const std::string& peer) const;
+  size_t max_per_peer() const { return max_per_peer_; }
+
+ private:
+  size_t max_per_peer_;
+  std::map<std::string, std::shared_ptr<std::atomic<size_t>>> counts_;
 };
 
 struct FetchedModel {

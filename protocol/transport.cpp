@@ -468,6 +468,15 @@ Status ServerSocket::send(const std::string& routing_id, OutgoingMessage message
   return send_message(socket, SharedMessage(std::move(message)), ZMQ_DONTWAIT, *counters_);
 }
 
+Status ServerSocket::send(const std::string& routing_id, const SharedMessage& message) {
+  if (!pass_faults(faults_.get(), message.size(), *counters_)) return Status::ok();  // lost on the link
+  void* socket = impl_->socket.get();
+  if (zmq_send(socket, routing_id.data(), routing_id.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+    return send_failure("zmq_send", zmq_errno());
+  }
+  return send_message(socket, message, ZMQ_DONTWAIT, *counters_);
+}
+
 // ---- ClientSocket ----------------------------------------------------------------
 
 class ClientSocket::Impl {

@@ -121,6 +121,10 @@ class ServerSocket {
   // message limit come back too: the caller rejects them (read_envelope).
   Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout);
   Status send(const std::string& routing_id, OutgoingMessage message);
+  // Zero-copy: the queued message holds a reference to `message`'s bytes,
+  // so replies that share one buffer (the published model's chunks) cost
+  // one copy however many are queued.
+  Status send(const std::string& routing_id, const SharedMessage& message);
   // Replaces who may connect (a re-signed roster): new handshakes are checked
   // against it. Connections already made stay up; the caller refuses their
   // messages by name.

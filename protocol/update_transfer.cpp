@@ -2,6 +2,7 @@
 
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -483,7 +484,7 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
   last_rejection_.reset();
   // Transfers abandoned by their senders must not hold the in-flight slots
   // for ever: drop the idle ones before admitting another.
-  expire(std::chrono::steady_clock::now());
+  expire(policy_.clock());
   uint64_t sequence = 0;
   try {
     const auto header = message.root().getUpdateHeader();
@@ -494,14 +495,21 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
     if (!check_header(peer, header, candidate)) return make_reject(sequence, *last_rejection_);
     if (candidate.already_complete) return ack(candidate, true);
     if (auto found = transfers_.find(key); found != transfers_.end()) {
-      if (found->second.header_hash == candidate.header_hash) {
-        found->second.last_activity = std::chrono::steady_clock::now();
-        return ack(found->second, false);
-      }
+      // A resent header resumes the transfer but is no progress: its idle
+      // time keeps running.
+      if (found->second.header_hash == candidate.header_hash) return ack(found->second, false);
       return reject(sequence, wire::RejectCode::REPLAYED,
                     "a different update with sequence " + std::to_string(sequence) + " is already in flight");
     }
-    if (transfers_.size() >= kMaxTransfersInFlight) {
+    const size_t from_peer = static_cast<size_t>(
+        std::count_if(transfers_.begin(), transfers_.end(), [&](const auto& item) { return item.first.first == key.first; }));
+    if (from_peer >= policy_.max_transfers_per_peer) {
+      return reject(sequence, wire::RejectCode::BUSY,
+                    "'" + key.first + "' has " + std::to_string(from_peer) +
+                        " transfers in flight, its most; finish or abandon one (idle ones are dropped after " +
+                        std::to_string(policy_.transfer_idle_timeout.count()) + " ms without progress)");
+    }
+    if (transfers_.size() >= transfer_capacity()) {
       return reject(sequence, wire::RejectCode::BUSY, std::to_string(transfers_.size()) + " transfers in flight");
     }
     candidate.received.assign(candidate.chunk_hashes.size(), false);
@@ -509,7 +517,7 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
     for (size_t t = 0; t < policy_.manifest.size(); ++t) {
       candidate.staging[t].assign(policy_.manifest[t].element_count(), 0.0f);
     }
-    candidate.last_activity = std::chrono::steady_clock::now();
+    candidate.last_progress = policy_.clock();
     auto [slot, inserted] = transfers_.emplace(key, std::move(candidate));
     (void)inserted;
     return ack(slot->second, false);
@@ -546,8 +554,8 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
     return reject(sequence, wire::RejectCode::MALFORMED, "chunk " + std::to_string(index) + " of an update with " +
                                                              std::to_string(transfer.chunk_hashes.size()) + " chunks");
   }
-  transfer.last_activity = std::chrono::steady_clock::now();
-  if (transfer.received[index]) return ack(transfer, false);  // a duplicate after resume
+  // A duplicate (after a resume) is answered but is no progress.
+  if (transfer.received[index]) return ack(transfer, false);
 
   // Authenticate the bytes before parsing them.
   const auto body = frame.subspan(kEnvelopeBytes, envelope.body_bytes);
@@ -602,6 +610,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   }
   transfer.received[index] = true;
   ++transfer.chunks_held;
+  transfer.last_progress = policy_.clock();
   while (transfer.next_chunk < transfer.received.size() && transfer.received[transfer.next_chunk]) ++transfer.next_chunk;
   if (transfer.chunks_held < transfer.received.size()) return ack(transfer, false);
 
@@ -642,8 +651,14 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
 
 std::vector<ReceivedUpdate> UpdateReceiver::take_completed() { return std::exchange(completed_, {}); }
 
+size_t UpdateReceiver::transfer_capacity() const {
+  return std::max(kMaxTransfersInFlight, policy_.max_transfers_per_peer * roster_.sites.size());
+}
+
 void UpdateReceiver::expire(std::chrono::steady_clock::time_point now) {
-  std::erase_if(transfers_, [&](const auto& item) { return now - item.second.last_activity > policy_.transfer_idle_timeout; });
+  const size_t dropped = std::erase_if(
+      transfers_, [&](const auto& item) { return now - item.second.last_progress > policy_.transfer_idle_timeout; });
+  if (dropped > 0) transfers_expired_.fetch_add(dropped, std::memory_order_relaxed);
 }
 
 bool negotiate_version(uint16_t their_min, uint16_t their_max, uint16_t& chosen, Rejection& rejection) {

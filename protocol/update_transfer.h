@@ -15,6 +15,7 @@
 // first chunk it does not hold, and the sender continues from there.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <cstdint>
@@ -35,7 +36,11 @@
 
 namespace fedmesh::protocol {
 
+// Transfers in flight: at most kMaxTransfersPerPeer from one sender, and in
+// all max(kMaxTransfersInFlight, kMaxTransfersPerPeer x roster size), so
+// that a sender holding its own maximum never keeps another one out.
 inline constexpr size_t kMaxTransfersInFlight = 8;
+inline constexpr size_t kMaxTransfersPerPeer = 2;
 // Sites number their updates with the Unix time in microseconds (or the last
 // sequence + 1, if that is larger), so an honest sequence is never far ahead
 // of the receiver's clock. One further ahead than this (a day, which covers
@@ -133,8 +138,10 @@ struct ReceiverPolicy {
   // A gossip peer: every update must carry peer fields (UpdateHeader.peer);
   // otherwise none may.
   bool peer_updates = false;
-  // expire() drops transfers idle this long (gossip: a sender never resumes
-  // a share, so an incomplete one is dropped soon).
+  // expire() drops transfers that made no progress (no chunk adding new
+  // bytes) for this long; a resent header or a duplicate chunk is no
+  // progress. (Gossip: a sender never resumes a share, so an incomplete one
+  // is dropped soon.)
   std::chrono::milliseconds transfer_idle_timeout = kTransferIdleTimeout;
   // Sequences above the receiver's clock (Unix microseconds) plus this are
   // refused as sequenceAhead. UINT64_MAX: no bound (simulations, tests).
@@ -142,6 +149,9 @@ struct ReceiverPolicy {
   std::function<uint64_t()> unix_micros;  // the clock; empty: the system clock
   // sampleCount above this is refused as tooManySamples.
   uint64_t max_sample_count = kDefaultMaxSampleCount;
+  size_t max_transfers_per_peer = kMaxTransfersPerPeer;
+  // The time idle transfers are measured by (tests drive it).
+  std::function<std::chrono::steady_clock::time_point()> clock = [] { return std::chrono::steady_clock::now(); };
 };
 
 struct ReceivedUpdate {
@@ -158,7 +168,9 @@ class UpdateReceiver {
   // User-Id). Returns the reply (an Ack, or a Reject whose code and reason
   // are also stored in last_rejection()).
   // A header first expires the transfers idle for longer than the policy's
-  // transfer_idle_timeout, so abandoned transfers never keep a new one out.
+  // transfer_idle_timeout, so abandoned transfers never keep a new one out;
+  // past that, a sender with max_transfers_per_peer in flight is refused as
+  // BUSY, and so is anyone while the global cap is reached.
   OutgoingMessage handle_header(const std::string& peer, const ParsedMessage& message);
   // keep_alive, if given, owns `frame`: the parse then reads it in place.
   OutgoingMessage handle_chunk(const std::string& peer, const Envelope& envelope, std::span<const uint8_t> frame,
@@ -178,8 +190,13 @@ class UpdateReceiver {
   std::vector<ReceivedUpdate> take_completed();
   const std::optional<Rejection>& last_rejection() const { return last_rejection_; }
   size_t transfers_in_flight() const { return transfers_.size(); }
-  // Drops transfers idle for longer than the policy's transfer_idle_timeout.
+  // max(kMaxTransfersInFlight, max_transfers_per_peer x roster members).
+  size_t transfer_capacity() const;
+  // Drops transfers that made no progress for longer than the policy's
+  // transfer_idle_timeout.
   void expire(std::chrono::steady_clock::time_point now);
+  // Transfers dropped by expire() since this receiver was made.
+  uint64_t transfers_expired() const { return transfers_expired_.load(std::memory_order_relaxed); }
   void set_round(uint64_t round, uint64_t version) { policy_.current_round = round; policy_.current_version = version; }
 
  private:
@@ -193,7 +210,7 @@ class UpdateReceiver {
     uint32_t next_chunk = 0;
     uint32_t chunks_held = 0;
     std::vector<std::vector<float>> staging;
-    std::chrono::steady_clock::time_point last_activity;
+    std::chrono::steady_clock::time_point last_progress;  // the header, or the last chunk that added bytes
     bool already_complete = false;  // the header of the sender's newest completed update, sent again
     std::string replay_key;         // the sender's signing key (crypto::replay_key): what counters are kept by
   };
@@ -215,6 +232,7 @@ class UpdateReceiver {
   // final Ack) is answered with that Ack, not refused as a replay. One entry
   // per roster key seen.
   std::map<std::string, std::pair<uint64_t, crypto::Hash>> last_completed_;
+  std::atomic<uint64_t> transfers_expired_{0};  // read by metrics from other threads
 };
 
 // Hello/Welcome: the highest version both speak, or a Reject naming both

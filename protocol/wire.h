@@ -104,6 +104,8 @@ class SharedMessage {
   SharedMessage() = default;
   explicit SharedMessage(OutgoingMessage message)
       : message_(std::make_shared<const OutgoingMessage>(std::move(message))) {}
+  // The same bytes under another owner (e.g. one whose release is counted).
+  explicit SharedMessage(std::shared_ptr<const OutgoingMessage> message) : message_(std::move(message)) {}
   std::span<const uint8_t> bytes() const { return message_ ? message_->bytes() : std::span<const uint8_t>(); }
   operator std::span<const uint8_t>() const { return bytes(); }  // NOLINT: reads as bytes anywhere
   size_t size() const { return bytes().size(); }

@@ -377,4 +377,60 @@ TEST_F(Transport, AModelFetchedOverALossyLinkArrivesWhole) {
   EXPECT_GT(requests, 3u * ((publisher.chunk_count() + 3) / 4));  // more requests than windows: some were asked again
 }
 
+// A peer's model replies count from the moment they are queued until the
+// transport lets go of them: past two windows the peer has no room (another
+// peer does); once the client has read them, or they are dropped, the count
+// is back to zero.
+TEST_F(Transport, QueuedModelRepliesCountUntilTheTransportLetsGo) {
+  const std::vector<fp::TensorShape> manifest = {{"w", {64, 64}}};
+  std::vector<float> w(64 * 64, 0.25f);
+  const std::vector<std::span<const float>> tensors = {w};
+  fc::Hash v0{}, v1{};
+  v1.fill(2);
+  fp::ModelPublisher publisher(1024);
+  ASSERT_TRUE(publisher.publish(1, {v0, v1}, manifest, tensors).is_ok());
+  capnp::MallocMessageBuilder builder;
+  auto request = builder.initRoot<fedmesh::wire::Message>().initModelRequest();
+  request.setVersion(1);
+  request.setTrustedVersion(1);
+  std::vector<fp::SharedMessage> window;
+  fp::Rejection rejection;
+  ASSERT_TRUE(publisher.answer(request.asReader(), fp::kDefaultModelWindow, window, rejection));
+  ASSERT_EQ(window.size(), fp::kDefaultModelWindow);
+
+  fp::QueuedModelReplies queue;
+  EXPECT_EQ(queue.max_per_peer(), fp::kMaxQueuedModelRepliesPerPeer);
+  {
+    std::vector<fp::SharedMessage> held;
+    for (int copy = 0; copy < 2; ++copy) {
+      ASSERT_TRUE(queue.has_room("site-a", window.size()));
+      for (const auto& chunk : window) held.push_back(queue.track("site-a", chunk));
+    }
+    EXPECT_EQ(queue.queued("site-a"), 2 * window.size());
+    EXPECT_FALSE(queue.has_room("site-a", 1));
+    EXPECT_TRUE(queue.has_room("site-b", window.size()));
+    EXPECT_EQ(held[0].bytes().data(), window[0].bytes().data());  // the same bytes, not a copy
+  }
+  EXPECT_EQ(queue.queued("site-a"), 0u);
+
+  // Through a socket: counted while queued, released once sent and read.
+  auto server = bind();
+  ASSERT_TRUE(server);
+  auto client = dial(*server, *site_keys_);
+  ASSERT_TRUE(fp::wait_connected(*client, 10s).is_ok());
+  ASSERT_TRUE(client->send(heartbeat(1), 5s).is_ok());
+  auto frame = next(*server, 10s);
+  ASSERT_TRUE(frame.has_value());
+  for (const auto& chunk : window) ASSERT_TRUE(server->send(frame->routing_id, queue.track("site-a", chunk)).is_ok());
+  for (size_t i = 0; i < window.size(); ++i) {
+    auto reply = client->receive(10s);
+    ASSERT_TRUE(reply.is_ok() && reply->has_value());
+  }
+  for (const auto until = std::chrono::steady_clock::now() + 10s;
+       queue.queued("site-a") > 0 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(queue.queued("site-a"), 0u);
+}
+
 }  // namespace

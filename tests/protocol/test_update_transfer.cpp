@@ -375,22 +375,84 @@ TEST_F(UpdateTransfer, AResentHeaderResumesFromTheFirstMissingChunk) {
   EXPECT_EQ(done[0].tensors, values_);
 }
 
-TEST_F(UpdateTransfer, TooManyChunksAndTooManyTransfersAreBounded) {
+TEST_F(UpdateTransfer, TooManyChunksAreBounded) {
   auto replay = fc::ReplayGuard::in_memory();
   auto p = policy();
   p.max_chunks = 3;
   fp::UpdateReceiver small(p, roster_, replay);
   EXPECT_EQ(code_of(*parse(small.handle_header("site-a", *parse(prepare(metadata(1)).header)).bytes())),
             wire::RejectCode::TOO_MANY_CHUNKS);
+}
 
+// One sender holding its most transfers in flight is refused the next as
+// busy; another sender is still admitted.
+TEST_F(UpdateTransfer, TransfersInFlightAreBoundedPerSender) {
+  auto replay = fc::ReplayGuard::in_memory();
   fp::UpdateReceiver receiver(policy(), roster_, replay);
-  for (uint64_t s = 1; s <= fp::kMaxTransfersInFlight; ++s) {
+  EXPECT_EQ(receiver.transfer_capacity(), std::max(fp::kMaxTransfersInFlight, fp::kMaxTransfersPerPeer * 2));
+  for (uint64_t s = 1; s <= fp::kMaxTransfersPerPeer; ++s) {
     ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(prepare(metadata(s)).header)).bytes())->root().isAck());
   }
   EXPECT_EQ(code_of(*parse(receiver.handle_header("site-a", *parse(prepare(metadata(99)).header)).bytes())),
             wire::RejectCode::BUSY);
-  receiver.expire(std::chrono::steady_clock::now() + fp::kTransferIdleTimeout + std::chrono::seconds(1));
+  fp::UpdateMetadata from_b = metadata(1);
+  from_b.sender = "site-b";
+  const auto update_b = prepare(from_b, fp::Encoding::kDenseF32, 256, other_.get());
+  auto reply = deliver(receiver, update_b, "site-b");
+  ASSERT_TRUE(reply->root().isAck()) << reply->root().getReject().getText().cStr();
+  EXPECT_TRUE(reply->root().getAck().getComplete());
+  EXPECT_EQ(receiver.take_completed().size(), 1u);
+  EXPECT_EQ(receiver.transfers_in_flight(), fp::kMaxTransfersPerPeer);
+}
+
+// Only a chunk that adds bytes counts as progress: a transfer whose chunk 0
+// and header are sent again and again is still dropped once the idle
+// timeout has passed since its last new chunk, and the drop is counted.
+TEST_F(UpdateTransfer, RepeatsAreNoProgressAndStalledTransfersAreDropped) {
+  auto replay = fc::ReplayGuard::in_memory();
+  auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  auto p = policy();
+  p.clock = [&now] { return now; };
+  fp::UpdateReceiver receiver(p, roster_, replay);
+  const auto update = prepare(metadata(1));
+  ASSERT_GE(update.chunks.size(), 3u);
+  fp::Envelope first, second;
+  fp::Rejection rejection;
+  ASSERT_TRUE(fp::read_envelope(update.chunks[0], fp::kDefaultMaxMessageBytes, first, rejection));
+  ASSERT_TRUE(fp::read_envelope(update.chunks[1], fp::kDefaultMaxMessageBytes, second, rejection));
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+  ASSERT_TRUE(parse(receiver.handle_chunk("site-a", first, update.chunks[0]).bytes())->root().isAck());
+  const auto progressed = now;
+  // Every quarter of the timeout: chunk 0 and the header again, each answered.
+  for (int i = 0; i < 3; ++i) {
+    now += fp::kTransferIdleTimeout / 4;
+    EXPECT_TRUE(parse(receiver.handle_chunk("site-a", first, update.chunks[0]).bytes())->root().isAck());
+    EXPECT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+  }
+  now = progressed + fp::kTransferIdleTimeout + std::chrono::seconds(1);
+  EXPECT_TRUE(parse(receiver.handle_chunk("site-a", first, update.chunks[0]).bytes())->root().isAck());
+  receiver.expire(now);
   EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+  EXPECT_EQ(receiver.transfers_expired(), 1u);
+  EXPECT_EQ(code_of(*parse(receiver.handle_chunk("site-a", second, update.chunks[1]).bytes())),
+            wire::RejectCode::UNKNOWN_TRANSFER);
+
+  // A new chunk is progress: it moves the deadline on.
+  const auto again = prepare(metadata(2));
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(again.header)).bytes())->root().isAck());
+  fp::Envelope first_again, second_again;
+  ASSERT_TRUE(fp::read_envelope(again.chunks[0], fp::kDefaultMaxMessageBytes, first_again, rejection));
+  ASSERT_TRUE(fp::read_envelope(again.chunks[1], fp::kDefaultMaxMessageBytes, second_again, rejection));
+  ASSERT_TRUE(parse(receiver.handle_chunk("site-a", first_again, again.chunks[0]).bytes())->root().isAck());
+  now += fp::kTransferIdleTimeout * 3 / 4;
+  ASSERT_TRUE(parse(receiver.handle_chunk("site-a", second_again, again.chunks[1]).bytes())->root().isAck());
+  now += fp::kTransferIdleTimeout * 3 / 4;
+  receiver.expire(now);
+  EXPECT_EQ(receiver.transfers_in_flight(), 1u);
+  now += fp::kTransferIdleTimeout / 2;
+  receiver.expire(now);
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+  EXPECT_EQ(receiver.transfers_expired(), 2u);
 }
 
 // Sequences are Unix microseconds: one more than a day ahead of the
@@ -465,17 +527,19 @@ TEST_F(UpdateTransfer, AReKeyedSiteStartsAfreshAfterItsOldKeySentTheLargestSeque
 
 TEST_F(UpdateTransfer, AbandonedTransfersDoNotKeepANewOneOut) {
   auto replay = fc::ReplayGuard::in_memory();
+  auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
   auto p = policy();
-  p.transfer_idle_timeout = std::chrono::milliseconds(1);
+  p.clock = [&now] { return now; };
   fp::UpdateReceiver receiver(p, roster_, replay);
-  for (uint64_t s = 1; s <= fp::kMaxTransfersInFlight; ++s) {
+  for (uint64_t s = 1; s <= fp::kMaxTransfersPerPeer; ++s) {
     ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(prepare(metadata(s)).header)).bytes())->root().isAck());
   }
-  // Their senders never send a chunk; after the idle timeout a new header
+  // Their sender never sends a chunk; after the idle timeout a new header
   // is admitted rather than refused as busy.
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  now += fp::kTransferIdleTimeout + std::chrono::seconds(1);
   EXPECT_TRUE(parse(receiver.handle_header("site-a", *parse(prepare(metadata(99)).header)).bytes())->root().isAck());
   EXPECT_EQ(receiver.transfers_in_flight(), 1u);
+  EXPECT_EQ(receiver.transfers_expired(), fp::kMaxTransfersPerPeer);
 }
 
 // Rate buckets are kept by the transport key, not the name: a key flooding

@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/fedmesh_run.h"
+
 #include "store/checkpoint_store.h"
 #include "store/sqlite.h"
 
@@ -26,24 +28,10 @@ using fedmesh::store::CheckpointStore;
 using fedmesh::store::Database;
 using nlohmann::json;
 
-struct CommandRun {
-  int exit_code = -1;
-  std::string output;  // stdout, and stderr unless left out
-};
+using fedmesh::testing::CommandRun;
 
 CommandRun run(const std::string& arguments, bool with_stderr = true) {
-  const char* binary = std::getenv("FEDMESH_BINARY");
-  CommandRun result;
-  const std::string command =
-      std::string(binary ? binary : "fedmesh") + " " + arguments + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return fedmesh::testing::run_command(arguments, with_stderr);
 }
 
 std::vector<json> json_lines(const std::string& text) {

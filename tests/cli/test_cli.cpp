@@ -15,31 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/fedmesh_run.h"
+
 namespace {
 
-struct CommandRun {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-  std::string stdout_only;
-};
-
-std::string binary() {
-  const char* path = std::getenv("FEDMESH_BINARY");
-  return path ? path : "fedmesh";
-}
+using fedmesh::testing::CommandRun;
 
 CommandRun run(const std::string& arguments, bool with_stderr = true) {
-  CommandRun result;
-  const std::string command = binary() + " " + arguments + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.stdout_only = result.output;
-  return result;
+  return fedmesh::testing::run_command(arguments, with_stderr);
 }
 
 std::vector<nlohmann::json> json_lines(const std::string& text) {
@@ -84,7 +67,7 @@ TEST(Cli, ShippedNodeHasNoTestFaultOptions) {
 TEST(Cli, DoctorReportsTheBuild) {
   const CommandRun doctor = run("doctor --json", /*with_stderr=*/false);
   ASSERT_EQ(doctor.exit_code, 0) << doctor.output;
-  const auto lines = json_lines(doctor.stdout_only);
+  const auto lines = json_lines(doctor.output);
   ASSERT_EQ(lines.size(), 1u);
   const auto& report = lines[0];
   EXPECT_EQ(report["event"], "summary");
@@ -105,7 +88,7 @@ TEST(Cli, TrainPrintsJsonLinesEndingInASummary) {
       "train --model mlp --steps 60 --train-limit 3840 --test-limit 500 --log-every 20 --seed 3 --json",
       /*with_stderr=*/false);
   ASSERT_EQ(train.exit_code, 0) << train.output;
-  const auto lines = json_lines(train.stdout_only);
+  const auto lines = json_lines(train.output);
   ASSERT_GE(lines.size(), 3u);
   EXPECT_EQ(lines.front()["event"], "start");
   int steps_reported = 0;
@@ -301,7 +284,7 @@ TEST(Cli, KeygenWritesAPrivateKeyAndRefusesToOverwrite) {
   ASSERT_FALSE(directory.empty());
   const CommandRun keygen = run("keygen --name site-a --out " + directory + "/keys --json", /*with_stderr=*/false);
   ASSERT_EQ(keygen.exit_code, 0) << keygen.output;
-  const auto lines = json_lines(keygen.stdout_only);
+  const auto lines = json_lines(keygen.output);
   ASSERT_EQ(lines.size(), 1u);
   const auto& report = lines[0];
   EXPECT_EQ(report["event"], "summary");
@@ -321,7 +304,7 @@ TEST(Cli, KeygenWritesAPrivateKeyAndRefusesToOverwrite) {
   // Without --json the public part is what is printed.
   const CommandRun human = run("keygen --name site-b --out " + directory + "/keys", /*with_stderr=*/false);
   ASSERT_EQ(human.exit_code, 0);
-  EXPECT_EQ(human.stdout_only, read_text(directory + "/keys/site-b.pub"));
+  EXPECT_EQ(human.output, read_text(directory + "/keys/site-b.pub"));
 
   const CommandRun again = run("keygen --name site-a --out " + directory + "/keys");
   EXPECT_EQ(again.exit_code, 2);
@@ -330,7 +313,7 @@ TEST(Cli, KeygenWritesAPrivateKeyAndRefusesToOverwrite) {
 
   const CommandRun again_json = run("keygen --name site-a --out " + directory + "/keys --json", false);
   EXPECT_EQ(again_json.exit_code, 2);
-  const auto error_lines = json_lines(again_json.stdout_only);
+  const auto error_lines = json_lines(again_json.output);
   ASSERT_EQ(error_lines.size(), 1u);
   EXPECT_EQ(error_lines[0]["event"], "error");
 
@@ -368,7 +351,7 @@ TEST(Cli, RosterInitAddSignVerify) {
                                   "/site-a.pub --role site --address tcp://10.0.0.5:7400 --json",
                                   /*with_stderr=*/false);
   ASSERT_EQ(add_site.exit_code, 0) << add_site.output;
-  const auto added = json_lines(add_site.stdout_only);
+  const auto added = json_lines(add_site.output);
   ASSERT_EQ(added.size(), 1u);
   EXPECT_EQ(added[0]["sites"], 1);
   EXPECT_EQ(added[0]["signature_removed"], false);
@@ -390,7 +373,7 @@ TEST(Cli, RosterInitAddSignVerify) {
   const CommandRun verify_json = run(
       "roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub --json", /*with_stderr=*/false);
   ASSERT_EQ(verify_json.exit_code, 0) << verify_json.output;
-  const auto verified = json_lines(verify_json.stdout_only);
+  const auto verified = json_lines(verify_json.output);
   ASSERT_EQ(verified.size(), 1u);
   EXPECT_EQ(verified[0]["event"], "summary");
   EXPECT_EQ(verified[0]["federation"], "fed-demo");
@@ -444,7 +427,7 @@ TEST(Cli, RosterVerifyFailsAfterTheFileIsEdited) {
   const CommandRun verify_json =
       run("roster verify --roster " + roster + " --admin-public " + keys + "/admin.pub --json", false);
   EXPECT_EQ(verify_json.exit_code, 1);
-  const auto lines = json_lines(verify_json.stdout_only);
+  const auto lines = json_lines(verify_json.output);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0]["event"], "error");
   EXPECT_EQ(lines[0]["reason"], "tampered");
@@ -465,7 +448,7 @@ TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
       "--strategy fedadam --seed 4 --threads 2 --json",
       /*with_stderr=*/false);
   ASSERT_EQ(sim.exit_code, 0) << sim.output;
-  const auto lines = json_lines(sim.stdout_only);
+  const auto lines = json_lines(sim.output);
   ASSERT_GE(lines.size(), 4u);
   EXPECT_EQ(lines.front()["event"], "start");
   int rounds = 0;
@@ -484,7 +467,7 @@ TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
                               "--test-limit 20 --optimizer adamw --lr 0.003 --threads 2 --json",
                               /*with_stderr=*/false);
   ASSERT_EQ(text.exit_code, 0) << text.output;
-  const auto text_lines = json_lines(text.stdout_only);
+  const auto text_lines = json_lines(text.output);
   ASSERT_FALSE(text_lines.empty());
   EXPECT_EQ(text_lines.front()["partition"], "books");
   ASSERT_EQ(text_lines.back()["event"], "summary");
@@ -495,7 +478,7 @@ TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
                                      "--local-steps 2 --test-limit 20 --optimizer adamw --lr 0.003 --threads 2 --json",
                                      /*with_stderr=*/false);
   ASSERT_EQ(text_gossip.exit_code, 0) << text_gossip.output;
-  const auto gossip_lines = json_lines(text_gossip.stdout_only);
+  const auto gossip_lines = json_lines(text_gossip.output);
   ASSERT_FALSE(gossip_lines.empty());
   EXPECT_EQ(gossip_lines.front()["partition"], "testament");
   ASSERT_EQ(gossip_lines.back()["event"], "summary");
@@ -543,7 +526,7 @@ TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
       "--strategy fedadam --seed 4 --threads 2 --json --compress topk:0.01+int8 --compress-tensor '*.bias=identity'",
       /*with_stderr=*/false);
   ASSERT_EQ(compressed.exit_code, 0) << compressed.output;
-  const auto compressed_lines = json_lines(compressed.stdout_only);
+  const auto compressed_lines = json_lines(compressed.output);
   ASSERT_FALSE(compressed_lines.empty());
   EXPECT_EQ(compressed_lines.front()["compression"], "topk:0.01+int8; *.bias=identity") << compressed.output;
   ASSERT_EQ(compressed_lines.back()["event"], "summary");

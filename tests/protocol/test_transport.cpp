@@ -54,9 +54,10 @@ class Transport : public ::testing::Test {
     return server.is_ok() ? std::move(server.value()) : nullptr;
   }
 
-  std::unique_ptr<fp::ClientSocket> dial(const fp::ServerSocket& server, const fc::SiteKeys& keys) {
+  std::unique_ptr<fp::ClientSocket> dial(const fp::ServerSocket& server, const fc::SiteKeys& keys,
+                                         fp::TransportOptions options = {}) {
     auto client = fp::ClientSocket::connect(server.endpoint(), fp::CurveKeys::from(keys),
-                                            server_keys_->identity.box_public, {});
+                                            server_keys_->identity.box_public, options);
     EXPECT_TRUE(client.is_ok()) << client.status().to_string();
     return std::move(client.value());
   }
@@ -260,10 +261,8 @@ TEST_F(Transport, ALossySenderWithARetransmitTimerDeliversEveryUpdate) {
   fp::TransportOptions lossy;
   lossy.faults.drop = 0.3;
   lossy.faults.seed = 11;
-  auto connected = fp::ClientSocket::connect(server->endpoint(), fp::CurveKeys::from(*site_keys_),
-                                             server_keys_->identity.box_public, lossy);
-  ASSERT_TRUE(connected.is_ok()) << connected.status().to_string();
-  auto client = std::move(*connected);
+  auto client = dial(*server, *site_keys_, lossy);
+  ASSERT_TRUE(client != nullptr);
   ASSERT_TRUE(fp::wait_connected(*client, 10s).is_ok());
 
   fp::RetransmitTimer timer;
@@ -349,10 +348,8 @@ TEST_F(Transport, AModelFetchedOverALossyLinkArrivesWhole) {
   fp::TransportOptions lossy;
   lossy.faults.drop = 0.3;
   lossy.faults.seed = 5;
-  auto connected = fp::ClientSocket::connect(server->endpoint(), fp::CurveKeys::from(*site_keys_),
-                                             server_keys_->identity.box_public, lossy);
-  ASSERT_TRUE(connected.is_ok()) << connected.status().to_string();
-  auto client = std::move(*connected);
+  auto client = dial(*server, *site_keys_, lossy);
+  ASSERT_TRUE(client != nullptr);
   ASSERT_TRUE(fp::wait_connected(*client, 10s).is_ok());
   fp::RetransmitTimer timer;
   fp::FetchOptions options;

@@ -218,10 +218,20 @@ Result<std::optional<RoundRecord>> RoundManager::submit(SiteUpdate update, doubl
   return std::optional<RoundRecord>();
 }
 
+bool RoundManager::drop_from_sample(const std::string& site) {
+  if (options_.asynchronous || !round_open_) return false;
+  const auto found = std::find(sampled_.begin(), sampled_.end(), site);
+  if (found == sampled_.end()) return false;
+  sampled_.erase(found);
+  return true;
+}
+
 bool RoundManager::ready_to_close(double now) const {
   if (options_.asynchronous || !round_open_) return false;
-  size_t on_time = 0;
-  for (const SiteUpdate& update : buffer_) on_time += update.round == round_ ? 1 : 0;
+  size_t on_time = 0;  // sites still sampled that reported (one update each)
+  for (const SiteUpdate& update : buffer_) {
+    on_time += update.round == round_ && std::find(sampled_.begin(), sampled_.end(), update.site) != sampled_.end();
+  }
   if (on_time >= sampled_.size()) return true;
   return now >= deadline_;
 }

@@ -136,7 +136,12 @@ class RoundManager {
   // this update completed an asynchronous buffer; nullopt otherwise. A
   // refused update leaves everything unchanged; the message says why.
   Result<std::optional<RoundRecord>> submit(SiteUpdate update, double now);
-  // Sync: whether the round may close now.
+  // Sync: takes `site` out of the open round's sample (its key was revoked):
+  // the round then waits only for the others. An update it sent before is
+  // kept (it was signed by a member). False if it was not sampled.
+  bool drop_from_sample(const std::string& site);
+  // Sync: whether the round may close now: every site still sampled has
+  // reported, or the deadline passed.
   bool ready_to_close(double now) const;
   // Sync: aggregates, applies the server step, and returns the record.
   Result<RoundRecord> close_round(double now);

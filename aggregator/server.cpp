@@ -148,6 +148,19 @@ class AggregatorServer::Impl {
   Status finish_secure_round(const SecureResult& result);
   Status open_privacy();
   std::vector<std::string> available_sites() const;
+  // Sites a synchronous round needs before it opens: min_sites, or every
+  // site on the roster when fewer remain (a revoked member does not stall
+  // the federation). Said once per change when a round waits for them.
+  int64_t sites_needed() const;
+  std::string waiting_said;
+  void say_waiting(const std::vector<std::string>& available, int64_t needed);
+  // The open round's sample and when it opened, stored so that a restart
+  // reopens the same round with the same deadline.
+  uint64_t round_opened_unix_ms = 0;
+  Status save_open_round();
+  // Revoked sites leave the open round's sample at once (not in private
+  // mode: there a revoked member is a dropout of the secure session).
+  void drop_from_open_round(const std::vector<std::string>& removed);
   // `rounds` counts server steps, the steps the model took: a version that
   // restores an earlier model past a quarantined round is no step.
   bool finished() const {
@@ -440,6 +453,50 @@ void AggregatorServer::Impl::set_service_round() {
   service->set_round(round, version);
 }
 
+int64_t AggregatorServer::Impl::sites_needed() const {
+  int64_t on_roster = 0;
+  for (const crypto::RosterEntry& e : roster.sites) on_roster += e.role == crypto::Role::kSite ? 1 : 0;
+  return std::max<int64_t>(1, std::min<int64_t>(config.min_sites, on_roster));
+}
+
+void AggregatorServer::Impl::say_waiting(const std::vector<std::string>& available, int64_t needed) {
+  int64_t on_roster = 0;
+  for (const crypto::RosterEntry& e : roster.sites) on_roster += e.role == crypto::Role::kSite ? 1 : 0;
+  std::string message = "round " + std::to_string(manager->round() + 1) + " waits for " + std::to_string(needed) +
+                        " connected site" + (needed == 1 ? "" : "s") + " (min_sites " + std::to_string(config.min_sites) +
+                        ", " + std::to_string(on_roster) + " on the roster); connected: " +
+                        std::to_string(available.size());
+  for (size_t i = 0; i < available.size(); ++i) message += (i == 0 ? " (" : ", ") + available[i];
+  if (!available.empty()) message += ")";
+  if (message == waiting_said) return;
+  waiting_said = message;
+  emit({{"event", "waiting"}, {"round", manager->round() + 1}, {"needed", needed}, {"connected", available},
+        {"min_sites", config.min_sites}, {"on_roster", on_roster}, {"message", message}});
+}
+
+Status AggregatorServer::Impl::save_open_round() {
+  return store->set_meta("open_round", nlohmann::json({{"round", manager->round()},
+                                                       {"sampled", manager->sampled()},
+                                                       {"opened_unix_ms", round_opened_unix_ms}})
+                                           .dump());
+}
+
+void AggregatorServer::Impl::drop_from_open_round(const std::vector<std::string>& removed) {
+  if (secure || config.rounds_options.asynchronous || !manager->round_open()) return;
+  std::vector<std::string> dropped;
+  for (const std::string& name : removed) {
+    if (roster.find(name) == nullptr && manager->drop_from_sample(name)) dropped.push_back(name);
+  }
+  if (dropped.empty()) return;
+  if (Status s = save_open_round(); !s.is_ok()) {
+    emit({{"event", "warning"}, {"message", "the open round's new sample is not stored (" + s.message() +
+                                                "): after a restart the round waits for the revoked sites again"}});
+  }
+  emit({{"event", "sample"}, {"round", manager->round()}, {"dropped", dropped}, {"sampled", manager->sampled()},
+        {"message", "revoked sites leave round " + std::to_string(manager->round()) + ": it now waits for " +
+                        std::to_string(manager->sampled().size()) + " site(s)"}});
+}
+
 std::vector<std::string> AggregatorServer::Impl::available_sites() const {
   std::vector<std::string> names;
   const auto cutoff = Clock::now() - std::chrono::duration_cast<Clock::duration>(
@@ -644,6 +701,7 @@ void AggregatorServer::Impl::reload_roster_if_changed() {
   for (const std::string& name : added) revoked_sites.erase(name);
   emit({{"event", "roster"}, {"roster", config.roster}, {"sites", roster.sites.size()}, {"removed", removed},
         {"added", added}});
+  drop_from_open_round(removed);
 }
 
 void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
@@ -653,13 +711,15 @@ void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
       revoked->second.last_contact = Clock::now();
       ++revoked->second.refused;
     }
-    view.rejection(incoming.peer, "revoked", incoming.peer + " is not on the roster (revoked)");
-    socket->counters().count_rejection(wire::RejectCode::UNAUTHENTICATED);
-    log_refusal(incoming, "unauthenticated", incoming.peer + " is not on the roster (revoked)");
+    const std::string reason = "the key of " + incoming.peer + " was taken off the roster of federation " +
+                               config.federation + " (revoked by its admin)";
+    view.rejection(incoming.peer, "revoked", reason);
+    socket->counters().count_rejection(wire::RejectCode::REVOKED);
+    log_refusal(incoming, "revoked", reason);
     capnp::MallocMessageBuilder builder;
     auto reject = builder.initRoot<wire::Message>().initReject();
-    reject.setCode(wire::RejectCode::UNAUTHENTICATED);
-    reject.setText(incoming.peer + " is not on the federation's roster (revoked)");
+    reject.setCode(wire::RejectCode::REVOKED);
+    reject.setText(reason);
     (void)socket->send(incoming.routing_id, protocol::serialize(builder));
     return;
   }
@@ -714,11 +774,16 @@ Status AggregatorServer::Impl::maybe_start_round() {
   if (open_round->has_value()) {
     const nlohmann::json saved = nlohmann::json::parse(**open_round, nullptr, false);
     if (saved.is_object() && saved.value("round", int64_t{-1}) == manager->round() + 1 && saved.contains("sampled")) {
-      candidates = saved["sampled"].get<std::vector<std::string>>();
-      reopening = true;
+      // Less those revoked meanwhile; with none left, a new sample.
+      if (saved["sampled"].is_array()) {
+        for (const nlohmann::json& name : saved["sampled"]) {
+          if (name.is_string() && roster.find(name.get<std::string>()) != nullptr) candidates.push_back(name);
+        }
+      }
+      reopening = !candidates.empty();
       const auto opened = saved.find("opened_unix_ms");
       // A clock that went back leaves the whole deadline to run.
-      if (opened != saved.end() && opened->is_number_unsigned()) {
+      if (reopening && opened != saved.end() && opened->is_number_unsigned()) {
         opened_unix_ms = std::min(opened->get<uint64_t>(), now_unix_ms);
       }
     }
@@ -726,8 +791,12 @@ Status AggregatorServer::Impl::maybe_start_round() {
   const double elapsed_seconds = static_cast<double>(now_unix_ms - opened_unix_ms) / 1000.0;
   if (!reopening) {
     candidates = available_sites();
-    if (static_cast<int64_t>(candidates.size()) < config.min_sites) return Status::ok();
+    if (const int64_t needed = sites_needed(); static_cast<int64_t>(candidates.size()) < needed) {
+      say_waiting(candidates, needed);
+      return Status::ok();
+    }
   }
+  waiting_said.clear();
   if (dp && config.dp_target_epsilon > 0.0 && dp->after(dp_rounds + 1).epsilon > config.dp_target_epsilon) {
     budget_exhausted = true;
     emit({{"event", "privacy_budget"}, {"rounds", dp_rounds}, {"epsilon", dp->after(dp_rounds).epsilon},
@@ -738,10 +807,8 @@ Status AggregatorServer::Impl::maybe_start_round() {
   FEDMESH_RETURN_IF_ERROR(manager->start_round(candidates, now() - elapsed_seconds));
   if (secure) secure->open(manager->round(), manager->version(), manager->sampled(), Clock::now());
   round_started = Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(elapsed_seconds));
-  FEDMESH_RETURN_IF_ERROR(store->set_meta(
-      "open_round", nlohmann::json({{"round", manager->round()}, {"sampled", manager->sampled()},
-                                    {"opened_unix_ms", opened_unix_ms}})
-                        .dump()));
+  round_opened_unix_ms = opened_unix_ms;
+  FEDMESH_RETURN_IF_ERROR(save_open_round());
   set_service_round();
   const double deadline_seconds = config.rounds_options.round_deadline_seconds;
   emit({{"event", "round_open"}, {"round", manager->round()}, {"version", manager->version()},

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <optional>
 #include <string_view>
@@ -488,7 +489,7 @@ Result<std::unique_ptr<HttpEndpoint>> HttpEndpoint::start(const std::string& add
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  const std::string refused = "cannot listen for HTTP on " + address + " (in use, or not an address of this host)";
+  std::string refused = "cannot listen for HTTP on " + address + " (not an address of this host)";
   if (::getaddrinfo(bind_host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return unavailable(refused);
   for (addrinfo* candidate = found; candidate != nullptr && impl.listener < 0; candidate = candidate->ai_next) {
     int fd = ::socket(candidate->ai_family, candidate->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, candidate->ai_protocol);
@@ -496,6 +497,11 @@ Result<std::unique_ptr<HttpEndpoint>> HttpEndpoint::start(const std::string& add
     const int yes = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     if (::bind(fd, candidate->ai_addr, candidate->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+      const int error = errno;
+      refused = "cannot listen for HTTP on " + address + ": " + std::strerror(error) +
+                (error == EADDRINUSE ? " (another process, perhaps another fedmesh on this host, holds the port: give "
+                                       "this one another metrics address)"
+                                     : "");
       ::close(fd);
       continue;
     }

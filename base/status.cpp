@@ -10,6 +10,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kCorrupt: return "corrupt";
     case StatusCode::kIoError: return "I/O error";
     case StatusCode::kUnavailable: return "unavailable";
+    case StatusCode::kRevoked: return "revoked";
     case StatusCode::kInternal: return "internal";
   }
   return "unknown";

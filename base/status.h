@@ -19,6 +19,7 @@ enum class StatusCode {
   kCorrupt,           // bytes that do not parse or fail a checksum
   kIoError,           // the disk or the OS refused
   kUnavailable,       // a resource (device, peer) not present right now
+  kRevoked,           // the federation took this member's key off its roster: retrying cannot help
   kInternal,
 };
 
@@ -45,6 +46,7 @@ inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::mov
 inline Status corrupt(std::string m) { return {StatusCode::kCorrupt, std::move(m)}; }
 inline Status io_error(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
 inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status revoked(std::string m) { return {StatusCode::kRevoked, std::move(m)}; }
 
 template <class T>
 class [[nodiscard]] Result {

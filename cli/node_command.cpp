@@ -100,8 +100,11 @@ void print_event(const std::string& site, const nlohmann::json& e) {
 }
 
 // A config that cannot be used is the operator's to fix: exit 2 like a bad
-// flag; failures later (the store, the network) exit 1.
+// flag; a key the federation revoked exits 3 (a service manager must not
+// restart it: deploy/systemd sets RestartPreventExitStatus=3); failures
+// later (the store, the network) exit 1.
 int fail(const NodeFlags& flags, const Status& status, bool bad_config = false) {
+  if (status.code() == StatusCode::kRevoked) return report_failure("node", flags.json, status, 3);
   const bool bad_input = bad_config || status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound;
   return report_failure("node", flags.json, status, bad_input ? 2 : 1);
 }

@@ -24,8 +24,13 @@ namespace fs = std::filesystem;
 struct ProvisionFlags {
   std::string federation_file;
   std::string out;
+  std::string from_public;  // a directory of NAME.pub files the institutions sent
   bool json = false;
 };
+
+// Metrics ports: the aggregator's, then one per site in the order listed,
+// so that kits started on one host do not collide.
+constexpr int kFirstMetricsPort = 9400;
 
 // federation.toml: what the operator describes.
 struct FederationPlan {
@@ -85,6 +90,48 @@ Result<crypto::SiteKeys> keys_in(const fs::path& dir, const std::string& name, b
   return keys;
 }
 
+// Where a kit's identity came from.
+enum class KeySource { kMade, kKept, kPublic };
+
+// A kit's public identity: the NAME.pub its institution sent (in
+// `from_public`), else the one its kit already holds (a .pub alone: a site
+// that keeps its own secret), else the kit's key pair, kept or made here.
+// A sent key that differs from a secret key already in the kit is refused:
+// that kit would start with a key the roster does not list.
+Result<crypto::PublicIdentity> identity_in(const fs::path& dir, const std::string& name, const fs::path& from_public,
+                                           KeySource& source) {
+  const fs::path key = dir / (name + ".key"), pub = dir / (name + ".pub");
+  const fs::path sent = from_public.empty() ? fs::path() : from_public / (name + ".pub");
+  if (!sent.empty() && fs::exists(sent)) {
+    Result<crypto::PublicIdentity> identity = crypto::read_public_identity(sent);
+    if (!identity.is_ok()) return identity.status();
+    if (identity->name != name) {
+      return invalid_argument(sent.string() + " is the public key of '" + identity->name + "', not of '" + name + "'");
+    }
+    if (fs::exists(key)) {
+      Result<crypto::SiteKeys> held = crypto::read_site_keys(key);
+      if (!held.is_ok()) return held.status();
+      if (held->identity != *identity) {
+        return invalid_argument(sent.string() + " differs from the key in " + key.string() +
+                                ": remove that key file (a key made here earlier) to take the one " + name + " sent");
+      }
+    } else {
+      FEDMESH_RETURN_IF_ERROR(write_file_atomically(pub, crypto::format_public_identity(*identity), 0644));
+    }
+    source = KeySource::kPublic;
+    return identity;
+  }
+  if (!fs::exists(key) && fs::exists(pub)) {
+    source = KeySource::kPublic;
+    return crypto::read_public_identity(pub);
+  }
+  bool made = false;
+  Result<crypto::SiteKeys> keys = keys_in(dir, name, made);
+  if (!keys.is_ok()) return keys.status();
+  source = made ? KeySource::kMade : KeySource::kKept;
+  return keys->identity;
+}
+
 Status write_text(const fs::path& file, const std::string& text, mode_t mode = 0644) {
   return write_file_atomically(file, text, mode);
 }
@@ -103,7 +150,7 @@ std::string aggregator_config(const FederationPlan& plan, const std::string& adm
   t += "admin_public = " + quoted(admin_hex) + "\n";
   t += "store = \"aggregator.db\"\n";
   t += "# The dashboard (/dashboard), /status and /metrics; any address but loopback needs metrics_token too.\n";
-  t += "metrics = \"127.0.0.1:9400\"\n";
+  t += "metrics = \"127.0.0.1:" + std::to_string(kFirstMetricsPort) + "\"\n";
   t += "model = " + quoted(plan.model) + "\n";
   t += "seed = 1\n";
   t += "rounds = " + std::to_string(plan.rounds) + "\n";
@@ -125,7 +172,8 @@ std::string site_config(const FederationPlan& plan, const std::string& site, siz
   t += "roster = \"roster.toml\"\n";
   t += "admin_public = " + quoted(admin_hex) + "\n";
   t += "store = " + quoted(site + ".db") + "\n";
-  t += "metrics = \"127.0.0.1:9401\"\n";
+  t += "# /metrics and /status of this site; a port of its own, so that kits on one host do not collide.\n";
+  t += "metrics = \"127.0.0.1:" + std::to_string(kFirstMetricsPort + 1 + static_cast<int>(index)) + "\"\n";
   t += "model = " + quoted(plan.model) + "\n";
   t += "seed = 1\n";
   t += "# This site's data: until a loader for the institution's own data is configured, shard " +
@@ -144,13 +192,20 @@ std::string start_script(const std::string& command, const std::string& config) 
          "exec \"${FEDMESH:-fedmesh}\" " + command + " --config " + config + " \"$@\"\n";
 }
 
-std::string kit_readme(const FederationPlan& plan, const std::string& who, bool aggregator) {
+std::string kit_readme(const FederationPlan& plan, const std::string& who, bool aggregator, bool own_secret) {
   std::string t;
   t += "# " + (aggregator ? std::string("The aggregator") : "Site " + who) + " of federation `" + plan.name + "`\n\n";
-  t += "Made by `fedmesh provision`. This directory is everything this process needs:\n\n";
+  if (own_secret) {
+    t += "Made by `fedmesh provision` from the public key you sent. Copy your secret key file `" + who +
+         ".key` (made with `fedmesh keygen --name " + who + "`) into this directory before starting; "
+         "it never left your institution. With it, this directory is everything this process needs:\n\n";
+  } else {
+    t += "Made by `fedmesh provision`. This directory is everything this process needs:\n\n";
+  }
   t += "| file | what | keep |\n| --- | --- | --- |\n";
   t += "| `" + who + ".key` | this " + (aggregator ? "aggregator" : "site") +
-       "'s secret keys (signing and transport) | **secret**: readable by the service user only (mode 0600); never send it anywhere |\n";
+       "'s secret keys (signing and transport)" + (own_secret ? ", yours: not in the kit as sent" : "") +
+       " | **secret**: readable by the service user only (mode 0600); never send it anywhere |\n";
   t += "| `" + who + ".pub` | its public keys, already on the roster | public |\n";
   t += "| `roster.toml` | the federation's members, signed by the admin | public; replace it when the admin sends a new one |\n";
   t += "| `" + std::string(aggregator ? "agg.toml" : "site.toml") + "` | the configuration | edit `metrics`" +
@@ -198,14 +253,37 @@ int run_provision(const ProvisionFlags& flags) {
     std::string name;
     fs::path dir;
     bool aggregator;
+    bool own_secret = false;  // made from a public key: the institution keeps the secret
   };
   std::vector<Kit> kits = {{"aggregator", out / "aggregator", true}};
   for (const std::string& site : plan->sites) kits.push_back({site, out / site, false});
-  for (const Kit& kit : kits) {
-    Result<crypto::SiteKeys> keys = keys_in(kit.dir, kit.name, made);
-    if (!keys.is_ok()) return fail(flags, keys.status());
-    (made ? created : kept).push_back(kit.name);
-    roster.sites.push_back({keys->identity, kit.aggregator ? crypto::Role::kAggregator : crypto::Role::kSite,
+  std::vector<std::string> from_public, missing;
+  if (!flags.from_public.empty()) {
+    if (!fs::is_directory(flags.from_public)) {
+      return fail(flags, invalid_argument("--from-public " + flags.from_public + " is not a directory"));
+    }
+    for (const std::string& site : plan->sites) {
+      if (!fs::exists(fs::path(flags.from_public) / (site + ".pub")) && !fs::exists(out / site / (site + ".key")) &&
+          !fs::exists(out / site / (site + ".pub"))) {
+        missing.push_back(site + ".pub");
+      }
+    }
+    if (!missing.empty()) {
+      std::string list;
+      for (const std::string& m : missing) list += (list.empty() ? "" : ", ") + m;
+      return fail(flags, invalid_argument("--from-public " + flags.from_public + " lacks " + list +
+                                          ": each institution runs `fedmesh keygen --name SITE` and sends only SITE.pub"));
+    }
+  }
+  for (Kit& kit : kits) {
+    std::error_code made_dir;
+    fs::create_directories(kit.dir, made_dir);
+    KeySource source = KeySource::kKept;
+    Result<crypto::PublicIdentity> identity = identity_in(kit.dir, kit.name, flags.from_public, source);
+    if (!identity.is_ok()) return fail(flags, identity.status());
+    kit.own_secret = source == KeySource::kPublic;
+    (source == KeySource::kMade ? created : source == KeySource::kKept ? kept : from_public).push_back(kit.name);
+    roster.sites.push_back({*identity, kit.aggregator ? crypto::Role::kAggregator : crypto::Role::kSite,
                             kit.aggregator ? plan->aggregator : ""});
   }
   if (Status s = crypto::sign_roster(roster, *admin); !s.is_ok()) return fail(flags, s);
@@ -220,19 +298,23 @@ int run_provision(const ProvisionFlags& flags) {
       s = write_text(kit.dir / config, kit.aggregator ? aggregator_config(*plan, admin_hex)
                                                       : site_config(*plan, kit.name, i - 1, admin_hex));
     }
-    if (s.is_ok()) s = write_text(kit.dir / "README.md", kit_readme(*plan, kit.name, kit.aggregator));
+    if (s.is_ok()) s = write_text(kit.dir / "README.md", kit_readme(*plan, kit.name, kit.aggregator, kit.own_secret));
     if (s.is_ok()) s = write_text(kit.dir / "start.sh", start_script(kit.aggregator ? "aggregator" : "node", config), 0755);
     if (!s.is_ok()) return fail(flags, s);
   }
   if (flags.json) {
     emit_json({{"event", "summary"}, {"command", "provision"}, {"federation", plan->name}, {"out", out.string()},
-               {"sites", plan->sites}, {"keys_created", created}, {"keys_kept", kept},
+               {"sites", plan->sites}, {"keys_created", created}, {"keys_kept", kept}, {"keys_from_public", from_public},
                {"admin_public", admin_hex}, {"roster", (out / "roster.toml").string()}});
   } else {
     std::printf("federation %s: %zu site kits and the aggregator's in %s (keys made: %zu, kept: %zu)\n",
                 plan->name.c_str(), plan->sites.size(), out.string().c_str(), created.size(), kept.size());
     std::printf("send each institution its own directory %s/SITE/ only; %s/admin/ stays with you\n",
                 out.string().c_str(), out.string().c_str());
+    for (const std::string& name : from_public) {
+      std::printf("%s: made from its public key; it copies its own %s.key into the kit before starting\n",
+                  name.c_str(), name.c_str());
+    }
   }
   return 0;
 }
@@ -251,6 +333,9 @@ void add_provision_command(CLI::App& app, int& exit_code) {
                   "optionally listen, mode (trusted|private), model, strategy, rounds, local_steps")
       ->required();
   cmd->add_option("--out", flags->out, "Directory of the kits (created; existing keys in it are kept)")->required();
+  cmd->add_option("--from-public", flags->from_public,
+                  "Directory of the public keys the institutions sent (SITE.pub, made by `fedmesh keygen --name "
+                  "SITE`; aggregator.pub optional): their kits hold no secret, each site keeps its own SITE.key");
   cmd->add_flag("--json", flags->json, "Print one JSON summary line");
   cmd->callback([flags, &exit_code] { exit_code = run_provision(*flags); });
 }

@@ -53,6 +53,9 @@ struct Announcement {
 // How long a tokenizer fingerprint from the aggregator may be in a message
 // (a real one is 24 characters: "fnv1a64:" and 16 hex digits).
 constexpr size_t kMaxShownFingerprint = 80;
+// How long a site whose key the aggregator refuses at every handshake keeps
+// trying before it stops (exit 3, as when told it is revoked).
+constexpr double kRefusedHandshakeSeconds = 60.0;
 
 // A tokenizer as the refusal below names it: the aggregator's, or this
 // site's (`ours`, read from `path`).
@@ -135,6 +138,13 @@ class SiteRuntime::Impl {
   protocol::RetransmitTimer fetch_timer{retransmit_options(std::chrono::seconds(5))};
   protocol::RetransmitTimer upload_timer{retransmit_options(std::chrono::seconds(5))};
   bool poll_timed_out = false;  // the last poll() waited its timer out
+  // The aggregator said this site's key was revoked: the site stops.
+  std::string revoked_reason;
+  Status stop_revoked(const std::string& how) const {
+    return revoked("the aggregator at " + config.aggregator + " " + how + "; this site stops, and restarting it "
+                   "will not help: ask the admin of federation " + config.federation + " to put a key of this site "
+                   "on the roster (`fedmesh roster add`)");
+  }
 
   mutable std::mutex metrics_mutex;
   int64_t sent_total = 0, rejected_total = 0, models_fetched = 0, refused_models = 0;
@@ -357,6 +367,10 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
     try {
       const auto root = parsed->root();
       if (root.isReject()) {
+        if (root.getReject().getCode() == wire::RejectCode::REVOKED) {
+          revoked_reason = root.getReject().getText().cStr();
+          return std::nullopt;
+        }
         emit({{"event", "warning"}, {"message", std::string("the aggregator refused a heartbeat: ") +
                                                     root.getReject().getText().cStr()}});
         poll_timer.answered(Clock::now());
@@ -556,6 +570,9 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
     event["reason"] = outcome->rejection->reason;
   }
   emit(event);
+  if (outcome->rejection && outcome->rejection->code == wire::RejectCode::REVOKED) {
+    return stop_revoked("refused this site's update: " + outcome->rejection->reason);
+  }
   if (outcome->rejection && protocol::reject_is_retryable(outcome->rejection->code)) {
     // Nothing of it was kept (the residual holds it all again): the round
     // stays unanswered and the next poll trains and sends it again.
@@ -638,7 +655,16 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
   while (!stop.load()) {
     std::optional<Announcement> a = s.poll();
     if (!a) {
+      if (!s.revoked_reason.empty()) return s.stop_revoked("says: " + s.revoked_reason);
       const double silent = std::chrono::duration<double>(Clock::now() - s.last_heard).count();
+      // A key the aggregator refuses at every handshake: revoked while this
+      // site was not connected (or never added). Not at once: a roster that
+      // adds this site may be on its way to the aggregator.
+      if (silent > kRefusedHandshakeSeconds && s.socket->handshake_refused()) {
+        return s.stop_revoked("refused this site's key at every handshake for " +
+                              std::to_string(static_cast<int>(silent)) + " s: the key is not on its roster (revoked, "
+                              "or not added yet)");
+      }
       if (!waiting_reported && silent > 3.0) {
         s.emit({{"event", "waiting"}, {"message", "no answer from the aggregator at " + s.config.aggregator + "; retrying"}});
         waiting_reported = true;
@@ -684,6 +710,7 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
     if (!step.is_ok()) {
       if (step.code() == StatusCode::kIoError) return step;  // our own disk: stop rather than lose state
       if (s.ranks && !s.ranks->broken().is_ok()) return step;  // a rank is gone: restart the node
+      if (step.code() == StatusCode::kRevoked) return step;
       s.emit({{"event", "warning"}, {"message", step.message()}});
       std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
     }

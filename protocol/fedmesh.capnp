@@ -209,6 +209,7 @@ enum RejectCode {
   tooManySamples @19;    # sampleCount above the receiver's cap for the sender
   wrongRole @20;         # a Hello whose role the receiver does not take
   outOfRange @21;        # a value outside its documented range (a SiteReport's accuracy, a round ahead)
+  revoked @22;           # the sender's key was taken off the roster: final, the sender stops
 }
 
 struct Reject {

@@ -23,6 +23,9 @@ void store_le(uint8_t* p, T value) {
   std::memcpy(p, &value, sizeof(T));
 }
 
+static_assert(static_cast<int>(wire::RejectCode::REVOKED) == kRejectCodeCount - 1,
+              "kRejectCodeCount counts every RejectCode");
+
 constexpr uint16_t kLastKind = static_cast<uint16_t>(wire::Message::SEC_AGG_DOWN);
 
 }  // namespace
@@ -51,6 +54,7 @@ const char* reject_code_name(wire::RejectCode code) {
     case wire::RejectCode::TOO_MANY_SAMPLES: return "too-many-samples";
     case wire::RejectCode::WRONG_ROLE: return "wrong-role";
     case wire::RejectCode::OUT_OF_RANGE: return "out-of-range";
+    case wire::RejectCode::REVOKED: return "revoked";
   }
   return "unknown";
 }

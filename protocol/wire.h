@@ -62,7 +62,7 @@ const char* reject_code_name(wire::RejectCode code);  // "malformed", "too-large
 // over a rate, or could not store it): the sender keeps the update and sends
 // it again later. Every other refusal is final for that update.
 bool reject_is_retryable(wire::RejectCode code);
-inline constexpr int kRejectCodeCount = 22;
+inline constexpr int kRejectCodeCount = 23;
 
 struct Envelope {
   uint16_t version = kProtocolVersion;

@@ -122,6 +122,32 @@ TEST(RoundManager, DeadlineClosesWithEnoughUpdatesOrAbandonsTheRound) {
   EXPECT_NE(late.status().message().find("late"), std::string::npos) << late.status().message();
 }
 
+TEST(RoundManager, ASiteDroppedFromTheSampleNoLongerHoldsTheRound) {
+  RoundOptions options;
+  options.round_deadline_seconds = 60.0;
+  RoundManager manager = make_manager(options);
+  ASSERT_TRUE(manager.start_round({"a", "b", "c"}, 0.0).is_ok());
+  // c reported, then its key was revoked: its update stays, it is no longer waited for.
+  ASSERT_TRUE(manager.submit(update("c", 1, 0, {3, 3, 3, 3}), 1.0).is_ok());
+  EXPECT_TRUE(manager.drop_from_sample("c"));
+  EXPECT_FALSE(manager.drop_from_sample("c")) << "dropped once";
+  EXPECT_FALSE(manager.drop_from_sample("z")) << "never sampled";
+  EXPECT_EQ(manager.sampled(), (std::vector<std::string>{"a", "b"}));
+  ASSERT_TRUE(manager.submit(update("a", 1, 0, {1, 1, 1, 1}), 2.0).is_ok());
+  EXPECT_FALSE(manager.ready_to_close(3.0)) << "b is still sampled and silent: c's update does not stand in for it";
+  // b is revoked too: the round closes at once on what it has, long before its deadline.
+  EXPECT_TRUE(manager.drop_from_sample("b"));
+  EXPECT_TRUE(manager.ready_to_close(3.0));
+  auto record = manager.close_round(3.0);
+  ASSERT_TRUE(record.is_ok());
+  EXPECT_FALSE(record->closed_by_deadline);
+  EXPECT_EQ(record->applied.size(), 2u);
+  // A later update of a dropped site is refused as not sampled.
+  ASSERT_TRUE(manager.start_round({"a"}, 4.0).is_ok());
+  auto refused = manager.submit(update("b", 2, 1, {1, 1, 1, 1}), 5.0);
+  EXPECT_FALSE(refused.is_ok());
+}
+
 TEST(RoundManager, LateUpdatesFoldIntoTheNextRoundWithTheirStalenessWeight) {
   RoundOptions options;
   options.fold_late_updates = true;

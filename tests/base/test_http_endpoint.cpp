@@ -85,6 +85,16 @@ TEST(HttpEndpoint, RefusesABadTokenOrAddress) {
   EXPECT_FALSE(HttpEndpoint::start("nonsense", {}, {}).is_ok());
 }
 
+TEST(HttpEndpoint, APortAlreadyBoundIsRefusedNamingTheAddress) {
+  std::unique_ptr<HttpEndpoint> first = start("");
+  ASSERT_TRUE(first);
+  Result<std::unique_ptr<HttpEndpoint>> second = HttpEndpoint::start(first->address(), {}, {});
+  ASSERT_FALSE(second.is_ok()) << "two endpoints on " << first->address();
+  EXPECT_NE(second.status().message().find(first->address()), std::string::npos) << second.status().message();
+  EXPECT_NE(second.status().message().find("in use"), std::string::npos) << second.status().message();
+  EXPECT_EQ(status_of(*first, "/healthz"), 200) << "the first one serves on";
+}
+
 TEST(HttpEndpoint, TellsLoopbackFromExposedHosts) {
   for (const char* host : {"127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]"}) {
     EXPECT_TRUE(is_loopback_host(host)) << host;

@@ -9,12 +9,19 @@ void make_image_batch(const ImageDataset& dataset, std::span<const int64_t> indi
                       std::vector<int32_t>& labels) {
   const int64_t batch = static_cast<int64_t>(indices.size());
   const int64_t pixels = dataset.pixels_per_image();
-  const Shape shape = {batch, 1, dataset.rows, dataset.cols};
+  const Shape shape = {batch, dataset.channels, dataset.rows, dataset.cols};
   Tensor::reuse(images, shape, dtype);
-  // One lookup table per byte value: normalization costs a load per pixel.
-  std::array<float, 256> table;
-  for (int v = 0; v < 256; ++v)
-    table[static_cast<size_t>(v)] = (static_cast<float>(v) / 255.0f - kFashionMnistPixelMean) / kFashionMnistPixelStd;
+  FEDMESH_CHECK(dataset.mean.size() == static_cast<size_t>(dataset.channels) &&
+                    dataset.std.size() == static_cast<size_t>(dataset.channels),
+                "one mean and std per channel");
+  // One lookup table per channel and byte value: normalization costs a load per pixel.
+  const int64_t plane = dataset.rows * dataset.cols;
+  std::vector<std::array<float, 256>> tables(static_cast<size_t>(dataset.channels));
+  for (size_t c = 0; c < tables.size(); ++c) {
+    for (int v = 0; v < 256; ++v) {
+      tables[c][static_cast<size_t>(v)] = (static_cast<float>(v) / 255.0f - dataset.mean[c]) / dataset.std[c];
+    }
+  }
   labels.resize(static_cast<size_t>(batch));
   visit_dtype(dtype, [&]<class T>() {
     T* out = images.data<T>();
@@ -22,7 +29,10 @@ void make_image_batch(const ImageDataset& dataset, std::span<const int64_t> indi
       const int64_t index = indices[static_cast<size_t>(i)];
       FEDMESH_CHECK(index >= 0 && index < dataset.count, "sample index out of range");
       const uint8_t* src = dataset.pixels.data() + index * pixels;
-      for (int64_t j = 0; j < pixels; ++j) out[i * pixels + j] = from_float<T>(table[src[j]]);
+      for (int64_t c = 0; c < dataset.channels; ++c) {
+        const std::array<float, 256>& table = tables[static_cast<size_t>(c)];
+        for (int64_t j = c * plane; j < (c + 1) * plane; ++j) out[i * pixels + j] = from_float<T>(table[src[j]]);
+      }
       labels[static_cast<size_t>(i)] = dataset.labels[static_cast<size_t>(index)];
     }
   });

@@ -11,11 +11,8 @@
 
 namespace fedmesh::train::data {
 
-// Mean and standard deviation of Fashion-MNIST training pixels scaled to [0, 1].
-inline constexpr float kFashionMnistPixelMean = 0.2860f;
-inline constexpr float kFashionMnistPixelStd = 0.3530f;
-
-// images becomes (indices.size(), 1, rows, cols) of `dtype`, labels the matching classes.
+// images becomes (indices.size(), channels, rows, cols) of `dtype`, each
+// channel normalized by the dataset's mean and std; labels the matching classes.
 void make_image_batch(const ImageDataset& dataset, std::span<const int64_t> indices, DType dtype, Tensor& images,
                       std::vector<int32_t>& labels);
 

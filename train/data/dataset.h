@@ -5,13 +5,30 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/tensor.h"
 #include "train/data/fashion_mnist.h"
 
 namespace fedmesh::train::data {
+
+// What a model must know of a data set, and what every node of a
+// federation must share: the shape of one sample ({channels, height, width}
+// for images, {features} for a table), the number of classes (targets are
+// class ids in [0, classes)), and `canonical`: one line of text naming
+// everything that decides how a raw record becomes a sample (format, class
+// names, feature list and encoding, image size and channels, how values are
+// normalized). Two nodes whose canonical texts differ do not train the same
+// task; fingerprint() is what they compare.
+struct DataSchema {
+  Shape sample_shape;
+  int64_t classes = 0;
+  std::string canonical;
+  std::string fingerprint() const;  // "fnv1a64:" + 16 hex digits of canonical
+};
 
 class Dataset {
  public:
@@ -48,6 +65,18 @@ class ImageBatches final : public Dataset {
 
  private:
   const ImageDataset& images_;
+};
+
+}  // namespace fedmesh::train::data
+
+namespace fedmesh::train::data {
+
+// A loaded data set: what to train and evaluate on, its schema, and one
+// line for the start of a run ("569 rows of breast_cancer.csv, 30 features, 2 classes").
+struct LoadedData {
+  std::unique_ptr<Dataset> train, test;
+  DataSchema schema;
+  std::string description;
 };
 
 }  // namespace fedmesh::train::data

@@ -234,9 +234,12 @@ ImageDataset ImageDataset::subset(std::span<const int64_t> indices) const {
   const int64_t image_bytes = pixels_per_image();
   ImageDataset out;
   out.count = static_cast<int64_t>(indices.size());
+  out.channels = channels;
   out.rows = rows;
   out.cols = cols;
   out.num_classes = num_classes;
+  out.mean = mean;
+  out.std = std;
   out.pixels.resize(static_cast<size_t>(out.count * image_bytes));
   out.labels.resize(indices.size());
   for (size_t i = 0; i < indices.size(); ++i) {
@@ -255,9 +258,12 @@ ImageDataset ImageDataset::head(int64_t n) const {
   const int64_t kept = std::min(n, count);
   ImageDataset out;
   out.count = kept;
+  out.channels = channels;
   out.rows = rows;
   out.cols = cols;
   out.num_classes = num_classes;
+  out.mean = mean;
+  out.std = std;
   out.pixels.assign(pixels.begin(), pixels.begin() + kept * pixels_per_image());
   out.labels.assign(labels.begin(), labels.begin() + kept);
   return out;

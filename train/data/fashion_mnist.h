@@ -32,14 +32,22 @@ inline constexpr int64_t kMaxIdxPixelBytes = int64_t{4} << 30;  // count*rows*co
 // Labels are bytes, so at most 256 classes can be told apart.
 inline constexpr int kMaxIdxClasses = 256;
 
+// Mean and standard deviation of Fashion-MNIST training pixels scaled to [0, 1].
+inline constexpr float kFashionMnistPixelMean = 0.2860f;
+inline constexpr float kFashionMnistPixelStd = 0.3530f;
+
 struct ImageDataset {
   int64_t count = 0;            // number of images
+  int64_t channels = 1;         // 1 (gray) or 3 (RGB)
   int64_t rows = 0, cols = 0;   // 28, 28 for Fashion-MNIST
   int num_classes = 10;
-  std::vector<uint8_t> pixels;  // (count, rows*cols), row-major, raw 0..255
+  std::vector<uint8_t> pixels;  // (count, channels, rows, cols), row-major, raw 0..255
   std::vector<uint8_t> labels;  // (count)
+  // A pixel v becomes (v / 255 - mean[c]) / std[c] in a batch; one entry
+  // per channel.
+  std::vector<float> mean = {kFashionMnistPixelMean}, std = {kFashionMnistPixelStd};
 
-  int64_t pixels_per_image() const { return rows * cols; }
+  int64_t pixels_per_image() const { return channels * rows * cols; }
   // Copies the chosen images in that order; every index must be in [0, count).
   ImageDataset subset(std::span<const int64_t> indices) const;
   // The first min(n, count) images; n >= 0.

@@ -94,6 +94,8 @@ class AggregatorServer::Impl {
   // for (val_bits_per_byte = loss * tokens_per_byte / ln 2).
   std::optional<train::data::BpeTokenizer> tokenizer;
   std::string tokenizer_fingerprint;
+  // Image and table models: the schema of the validation data ("" canonical: none, not announced).
+  train::data::DataSchema data_schema;
   double tokens_per_byte = 1.0;
   std::vector<crypto::Hash> chain;  // hash of every version, by version
   std::vector<protocol::TensorShape> manifest;
@@ -206,10 +208,22 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   }
   const train::data::BpeTokenizer* text_tokenizer = tokenizer ? &*tokenizer : nullptr;
 
+  // Own validation data: its schema decides the model's input and classes.
+  train::data::DataSource validation_source = config.data;
+  validation_source.source = config.validation;
+  if (validation_source.own()) {
+    validation_source.test = config.validation;  // all of it is evaluated
+    Result<train::data::LoadedData> loaded = train::data::load_own_data(validation_source, 0, config.validation_limit);
+    if (!loaded.is_ok()) return Status(loaded.status().code(), "validation: " + loaded.status().message());
+    validation = std::move(loaded->test);
+    data_schema = std::move(loaded->schema);
+  }
+
   // The model: version 0 is the seeded initial model every site can rebuild
   // (with the tokenizer's vocabulary, as the sites make it).
-  Result<std::unique_ptr<train::Sequential>> model =
-      train::make_model(config.model, config.seed, tokenizer ? tokenizer->vocabulary() : 0);
+  Result<std::unique_ptr<train::Sequential>> model = train::make_model(
+      config.model, config.seed,
+      train::ModelInput{tokenizer ? tokenizer->vocabulary() : 0, data_schema.sample_shape, data_schema.classes});
   if (!model.is_ok()) return model.status();
   evaluator_model = std::move(*model);
   std::vector<std::string> names;
@@ -236,9 +250,10 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
     tokens_per_byte =
         train::data::tokens_per_byte(train::data::scored_targets(windows->tokens(), language->context), text_tokenizer);
     validation = std::make_unique<train::data::TextWindows>(std::move(*windows));
-  } else if (!config.validation.empty()) {
+  } else if (!config.validation.empty() && !validation_source.own()) {
     Result<train::data::FashionMnistSplits> splits = train::data::load_fashion_mnist_splits(config.validation, 1, config.validation_limit);
     if (!splits.is_ok()) return splits.status();
+    data_schema = train::data::idx_schema(splits->test);
     validation = std::make_unique<train::data::ImageSet>(std::move(splits->test));
   }
 
@@ -333,6 +348,8 @@ Status AggregatorServer::Impl::restore() {
   // A BPE run records its tokenizer; a byte run has no key, as its stores
   // had before tokenizers existed, so that they still resume.
   if (tokenizer) fingerprint["tokenizer"] = tokenizer_fingerprint;
+  // Own data records its schema (the demo sets, as before, none).
+  if (train::data::is_own_data(config.validation)) fingerprint["data_schema"] = data_schema.fingerprint();
   Result<std::optional<std::string>> stored = store->meta("aggregator_config");
   if (!stored.is_ok()) return stored.status();
   if (committed->empty() && in_quarantine->empty() && !stored->has_value()) {
@@ -519,6 +536,7 @@ protocol::OutgoingMessage AggregatorServer::Impl::announce(const std::string& si
   a.setAsynchronous(async);
   a.setSecureAggregation(config.is_private());
   a.setTokenizer(tokenizer_fingerprint);
+  if (!data_schema.canonical.empty()) a.setDataSchema(data_schema.fingerprint());
   const bool done = finished();
   a.setFinished(done);
   const bool open = !done && (async || manager->round_open());

@@ -23,6 +23,10 @@ Status AggregatorConfig::validate() const {
   if (!(site_timeout_seconds > 0.0)) return invalid_argument("site_timeout_seconds must be > 0");
   if (!(linger_seconds >= 0.0)) return invalid_argument("linger_seconds must be >= 0");
   if (validation_limit < 0) return invalid_argument("validation_limit must be >= 0");
+  if (data.source != train::data::DataSource().source) {
+    return invalid_argument("data.source: the aggregator trains on nothing; it evaluates on `validation` (csv:FILE or "
+                            "images:DIR for own data), which the other data.* keys describe");
+  }
   if (!tokenizer.empty() && !train::language_model_config(model)) {
     return invalid_argument("tokenizer applies to the language models (gpt-*), not to model '" + model + "'");
   }
@@ -95,6 +99,7 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path, const A
   r.read("transport.faults", c.faults);
   r.read("validation", c.validation);
   r.read("validation_limit", c.validation_limit);
+  train::data::read_data_source(r, c.data);
   r.read("tokenizer", c.tokenizer);
   r.read("keep_last", c.store_options.keep_last);
   r.read("privacy.mode", c.privacy_mode);

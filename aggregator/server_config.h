@@ -10,6 +10,7 @@
 #include "aggregator/round_manager.h"
 #include "aggregator/secure_round.h"
 #include "base/status.h"
+#include "train/data/data_source.h"
 #include "store/checkpoint_store.h"
 
 namespace fedmesh::aggregator {
@@ -38,8 +39,13 @@ struct AggregatorConfig {
   // the Fashion-MNIST test split for the image models; for language models
   // every document's held-out last 5% of the text corpus ("fashion-mnist":
   // the Bible), which no site trains on.
+  // Own data (csv:FILE, images:DIR) is evaluated whole, read as the data.*
+  // keys say (label, classes, categories, image size, channels; as the
+  // sites'), and its schema decides the model's input and classes and is
+  // announced every round: a site whose data has another schema refuses.
   std::string validation = "fashion-mnist";
   int64_t validation_limit = 0;        // first N images or text windows (0 = all)
+  train::data::DataSource data;        // data.*: how own validation data is read (data.source is not taken)
   // Language models: a BPE tokenizer file (`fedmesh tokenizer train`) the
   // federation reads text with instead of bytes ("" = bytes). The global
   // model takes its vocabulary, the held-out text is evaluated in its

@@ -120,6 +120,24 @@ void ConfigReader::read(std::string_view key, std::vector<std::string>& out) {
   }
 }
 
+void ConfigReader::read(std::string_view key, std::map<std::string, std::vector<std::string>>& out) {
+  const toml::node* node = find(key);
+  if (node == nullptr) return;
+  const toml::table* table = node->as_table();
+  if (table == nullptr) {
+    fail(std::string(key) + " must be a table of string arrays");
+    return;
+  }
+  std::map<std::string, std::vector<std::string>> values;
+  for (const auto& [name, element] : *table) {
+    const std::string inner = std::string(key) + "." + std::string(name.str());
+    std::vector<std::string> list;
+    read(inner, list);
+    values[std::string(name.str())] = std::move(list);
+  }
+  out = std::move(values);
+}
+
 Status ConfigReader::finish() {
   if (!error_.empty()) return invalid_argument(error_);
   std::string unknown;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -33,6 +34,8 @@ class ConfigReader {
   void read(std::string_view key, float& out);
   void read(std::string_view key, bool& out);
   void read(std::string_view key, std::vector<std::string>& out);  // an array of strings
+  // A table of string arrays (`[data.categories]` with `sex = ["f", "m"]`).
+  void read(std::string_view key, std::map<std::string, std::vector<std::string>>& out);
   // Like read(), but the key must be there.
   template <class T>
   void require(std::string_view key, T& out) {

@@ -176,8 +176,12 @@ std::string site_config(const FederationPlan& plan, const std::string& site, siz
   t += "metrics = \"127.0.0.1:" + std::to_string(kFirstMetricsPort + 1 + static_cast<int>(index)) + "\"\n";
   t += "model = " + quoted(plan.model) + "\n";
   t += "seed = 1\n";
-  t += "# This site's data: until a loader for the institution's own data is configured, shard " +
-       std::to_string(index) + " of " + std::to_string(plan.sites.size()) + " of Fashion-MNIST stands in for it.\n";
+  t += "# This site's data. Your own, used whole (docs/data.md), e.g.:\n";
+  t += "#   data.source = \"csv:/srv/fedmesh-data/patients.csv\"   with   data.label = \"outcome\"\n";
+  t += "#   data.source = \"images:/srv/fedmesh-data/scans\"       with   data.image_size = 64, data.channels = 1\n";
+  t += "# (the aggregator's validation and data.* keys must describe data of the same schema).\n";
+  t += "# Until then, a demo: shard " + std::to_string(index) + " of " + std::to_string(plan.sites.size()) +
+       " of Fashion-MNIST. Remove data.sites and data.index when data.source names your data.\n";
   t += "data.sites = " + std::to_string(plan.sites.size()) + "\n";
   t += "data.index = " + std::to_string(index) + "\n";
   t += "privacy.mode = " + quoted(plan.mode) + "\n";

@@ -12,6 +12,7 @@
 #include "sim/gossip_simulation.h"
 #include "privacy/dp_settings.h"
 #include "kernels/parallel.h"
+#include "train/data/data_source.h"
 #include "train/data/fashion_mnist.h"
 #include "train/data/text_corpus.h"
 #include "train/model.h"
@@ -82,6 +83,11 @@ Status check_mode_flags(const SimFlags& flags) {
 // Bible by default, or a directory of .txt files) for the language models.
 Result<sim::SimulationData> load_simulation_data(const SimFlags& flags) {
   const sim::SimulationOptions& o = flags.options;
+  if (train::data::is_own_data(flags.data)) {
+    return invalid_argument("--data " + flags.data + ": fedmesh sim splits one demo data set among virtual sites "
+                            "(fashion-mnist, an IDX directory, text); train own data with `fedmesh train`, or federate "
+                            "it with `fedmesh aggregator` and one `fedmesh node` per site (docs/data.md)");
+  }
   if (train::language_model_config(o.model)) {
     Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::text_source(flags.data));
     if (!corpus.is_ok()) return corpus.status();

@@ -118,6 +118,12 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
                             {"test_samples", data.test->size()},
                             {"seed", o.options.seed}};
     if (!attention.empty()) start["attention"] = attention;
+    start["data"] = data.description;
+    if (!data.schema.canonical.empty()) {
+      start["data_schema"] = data.schema.fingerprint();
+      start["classes"] = data.schema.classes;
+      start["sample_shape"] = data.schema.sample_shape;
+    }
     emit_json(start);
     if (data.tokenizer) {
       emit_json({{"event", "tokenizer"},
@@ -405,17 +411,31 @@ void add_train_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "train", "Train a model locally on this machine's data (no federation) and report test accuracy.");
   cmd->add_option("--model", flags->run.model,
-                  "Model to train: mlp (784-512-256-10) or cnn (2 conv + 2 fc) on Fashion-MNIST; or a GPT-style "
+                  "Model to train: mlp (flatten-512-256-classes) or cnn (2 conv + 2 fc) on images or tables, sized "
+                  "by the data (Fashion-MNIST: 784 inputs, 10 classes); or a GPT-style "
                   "language model on text with the byte tokenizer (or --tokenizer FILE): gpt-nano (0.1M parameters), gpt-tiny (1.8M), "
                   "gpt-small (10.8M), gpt2 (124M)")
       ->check(CLI::IsMember(train::model_names()))
       ->capture_default_str();
-  cmd->add_option("--data", flags->run.data,
-                  "Image models: fashion-mnist (from /usr/share/datasets/fashion-mnist, package dataset-fashion-mnist) "
-                  "or a directory holding the four Fashion-MNIST IDX files (.gz or plain). Language models: bible-kjv "
-                  "(the default; Debian's bible-kjv, one document per book) or a directory of plain-text files (one "
-                  "document each); 5% of every document is held out. --train-limit/--test-limit count windows")
+  cmd->add_option("--data", flags->run.data.source,
+                  "Your own data: csv:FILE (a table with a header row; --label names the label column) or images:DIR "
+                  "(one folder of PNG/JPEG images per class); mlp and cnn take its shape and classes (docs/data.md). "
+                  "Demo sets: fashion-mnist (package dataset-fashion-mnist) or a directory of IDX files. Language "
+                  "models: bible-kjv (the default; Debian's bible-kjv, one document per book) or a directory of "
+                  "plain-text files (one document each); 5% of every document is held out. --train-limit/--test-limit "
+                  "count windows")
       ->capture_default_str();
+  cmd->add_option("--test-data", flags->run.data.test,
+                  "Own data: the test set, in the same format (csv:FILE2 or images:DIR2); without it --test-fraction "
+                  "of --data is held out");
+  cmd->add_option("--test-fraction", flags->run.data.test_fraction,
+                  "Own data without --test-data: the share held out for testing (a seeded split)")
+      ->capture_default_str();
+  cmd->add_option("--label", flags->run.data.label, "Tables: the label column's name");
+  cmd->add_option("--image-size", flags->run.data.image_size,
+                  "Image folders: every image center-cropped to a square and resized to N x N")
+      ->capture_default_str();
+  cmd->add_option("--channels", flags->run.data.channels, "Image folders: 1 (gray) or 3 (RGB)")->capture_default_str();
   cmd->add_option("--tokenizer", flags->run.tokenizer,
                   "Language models: a BPE tokenizer file from `fedmesh tokenizer train` instead of the byte tokenizer; "
                   "the model's vocabulary becomes the tokenizer's size, the tokenizer is kept in --db for `fedmesh "

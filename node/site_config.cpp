@@ -27,6 +27,16 @@ Status SiteConfig::validate() const {
                             std::to_string(sites));
   }
   if (train_limit < 0) return invalid_argument("data.train_limit must be >= 0");
+  FEDMESH_RETURN_IF_ERROR(data.validate());
+  if (data.own() && (sites != 1 || index != 0)) {
+    return invalid_argument("data.sites and data.index cut the demo data sets into shards; data.source = \"" +
+                            data.source + "\" is this institution's own data, which is used whole: remove data.sites "
+                            "and data.index");
+  }
+  if (data.own() && train::language_model_config(model)) {
+    return invalid_argument("data.source = \"" + data.source + "\": the language models read text, not " +
+                            data.format() + " data");
+  }
   if (threads < 0 || threads > 1024) return invalid_argument("training.threads must be in 0..1024");
   if (device != "cpu" && device != "cuda") return invalid_argument("training.device must be cpu or cuda, not '" + device + "'");
   if (!(poll_seconds > 0.0) || poll_seconds > 60.0) return invalid_argument("poll_seconds must be in (0, 60]");
@@ -81,7 +91,7 @@ void read_site_keys(ConfigReader& r, SiteConfig& c, bool with_aggregator) {
   r.read("metrics", c.metrics);
   r.read("model", c.model);
   r.read("seed", c.seed);
-  r.read("data.source", c.data);
+  train::data::read_data_source(r, c.data);
   r.read("data.partition", c.partition);
   r.read("data.sites", c.sites);
   r.read("data.index", c.index);
@@ -146,7 +156,7 @@ Result<SiteData> load_site_text(const SiteConfig& config, const train::Transform
     out.vocabulary = out.tokenizer->vocabulary();
   }
   const train::data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
-  Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::text_source(config.data));
+  Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::text_source(config.data.source));
   if (!corpus.is_ok()) return corpus.status();
   Result<train::data::SiteWindows> windows = train::data::site_windows(*corpus, config.partition, config.sites, config.index,
                                                           model.context, config.train_limit, tokenizer);
@@ -169,8 +179,21 @@ Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit) {
   if (const std::optional<train::TransformerConfig> language = train::language_model_config(config.model)) {
     return load_site_text(config, *language, test_limit);
   }
+  if (config.data.own()) {
+    // All of it: the train part to train on, the test part held out (and,
+    // when a test set is asked for, the same part seen as one).
+    Result<train::data::LoadedData> loaded =
+        train::data::load_own_data(config.data, config.train_limit, std::max<int64_t>(0, test_limit));
+    if (!loaded.is_ok()) return loaded.status();
+    SiteData out;
+    out.shard = std::move(loaded->train);
+    out.holdout = std::move(loaded->test);
+    if (test_limit >= 0) out.test = std::make_unique<train::data::DatasetView>(*out.holdout);
+    out.schema = std::move(loaded->schema);
+    return out;
+  }
   Result<train::data::FashionMnistSplits> splits =
-      train::data::load_fashion_mnist_splits(config.data, config.train_limit, test_limit < 0 ? 1 : test_limit);
+      train::data::load_fashion_mnist_splits(config.data.source, config.train_limit, test_limit < 0 ? 1 : test_limit);
   if (!splits.is_ok()) return splits.status();
   Result<train::data::PartitionSpec> spec = train::data::PartitionSpec::parse(config.partition);
   if (!spec.is_ok()) return spec.status();
@@ -182,6 +205,7 @@ Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit) {
   for (size_t i = 0; i < mine.size(); ++i) (i % 10 == 9 ? holdout_idx : train_idx).push_back(mine[i]);
   if (train_idx.empty()) return invalid_argument("shard " + std::to_string(config.index) + " holds no training images");
   SiteData out;
+  out.schema = train::data::idx_schema(splits->train);
   out.shard = std::make_unique<train::data::ImageSet>(splits->train.subset(train_idx));
   out.holdout = std::make_unique<train::data::ImageSet>(splits->train.subset(holdout_idx));
   if (test_limit >= 0) out.test = std::make_unique<train::data::ImageSet>(std::move(splits->test));

@@ -15,8 +15,10 @@
 #include "base/status.h"
 #include "base/toml_input.h"
 #include "train/data/bpe_tokenizer.h"
+#include "train/data/data_source.h"
 #include "train/data/dataset.h"
 #include "train/data/fashion_mnist.h"
+#include "train/model.h"
 #include "train/trainer.h"
 
 namespace fedmesh::node {
@@ -31,10 +33,12 @@ struct SiteConfig {
   std::string metrics;                    // HOST:PORT ("" = off)
   std::string model = "mlp";
   uint64_t seed = 1;                      // the federation's model seed (version 0)
-  // This site's data: shard `index` of `sites` of the Fashion-MNIST training
-  // set split by `partition` with `data_seed` (a stand-in for the
-  // institution's own data); a tenth of it is held out for local evaluation.
-  std::string data = "fashion-mnist";
+  // This site's data. The institution's own (data.source = "csv:FILE" or
+  // "images:DIR", train/data/data_source.h): all of it, never split, its
+  // test part held out for local evaluation. The demo sets (Fashion-MNIST,
+  // the text corpora): shard `index` of `sites` split by `partition` with
+  // `data_seed`, a tenth of it held out.
+  train::data::DataSource data;
   std::string partition = "dirichlet:0.5";
   int sites = 1;
   int index = 0;
@@ -93,10 +97,12 @@ Result<std::string> read_node_mode(const std::string& path);
 // model is made with its vocabulary (train::make_model(model, seed, vocabulary)).
 struct SiteData {
   std::unique_ptr<train::data::Dataset> shard, holdout, test;
+  train::data::DataSchema schema;  // image and table models: what the model is built for
   std::optional<train::data::BpeTokenizer> tokenizer;
   int64_t vocabulary = 0;  // the tokenizer's; 0: the model's own
   // "fnv1a64:..." of data.tokenizer, "" for bytes (and the image models).
   std::string tokenizer_fingerprint() const { return tokenizer ? tokenizer->fingerprint() : std::string(); }
+  train::ModelInput model_input() const { return {vocabulary, schema.sample_shape, schema.classes}; }
 };
 Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit = -1);
 

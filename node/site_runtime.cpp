@@ -48,6 +48,7 @@ struct Announcement {
   uint32_t local_steps = 0;
   bool selected = false, open = false, asynchronous = false, finished = false, secure = false;
   std::string tokenizer;  // the federation's BPE tokenizer fingerprint; "": bytes
+  std::string data_schema;  // the federation's data schema fingerprint; "": not announced
 };
 
 // How long a tokenizer fingerprint from the aggregator may be in a message
@@ -199,7 +200,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   data = std::move(*site_data);
   tokenizer = data.tokenizer_fingerprint();
 
-  Result<std::unique_ptr<train::Sequential>> model = train::make_model(config.model, config.seed, data.vocabulary);
+  Result<std::unique_ptr<train::Sequential>> model = train::make_model(config.model, config.seed, data.model_input());
   if (!model.is_ok()) return model.status();
   worker = std::move(*model);
   for (Parameter* p : worker->parameters()) {
@@ -390,6 +391,7 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
       a.finished = r.getFinished();
       a.secure = r.getSecureAggregation();
       a.tokenizer = r.getTokenizer().cStr();
+      a.data_schema = r.getDataSchema().cStr();
       last_heard = Clock::now();
       poll_timer.answered(last_heard);
       return a;
@@ -412,6 +414,15 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
 // that reads text with another refuses to take part: a config to fix, so
 // the node exits naming both.
 Status SiteRuntime::Impl::check_tokenizer(const Announcement& a) const {
+  // Image and table models: the data must be read into the same samples
+  // (the same columns and encoding, classes, image size and channels).
+  if (!a.data_schema.empty() && !data.schema.canonical.empty() && a.data_schema != data.schema.fingerprint()) {
+    return invalid_argument("the aggregator's model is built for data of schema " +
+                            a.data_schema.substr(0, kMaxShownFingerprint) + ", and this site's data (" +
+                            config.data.source + ") has schema " + data.schema.fingerprint() + ": " +
+                            data.schema.canonical + ". The columns and their encoding, the classes, or the image size "
+                            "and channels differ: give every site and the aggregator the same data.* keys");
+  }
   if (a.tokenizer == tokenizer) return Status::ok();
   return invalid_argument("the aggregator's federation reads its text with " + tokenizer_name(a.tokenizer, false, "") +
                           ", and this site with " + tokenizer_name(tokenizer, true, config.tokenizer) +

@@ -83,6 +83,9 @@ struct RoundAnnounce {
   tokenizer @11 :Text;         # language models: the BPE tokenizer's fingerprint ("fnv1a64:<16 hex>",
                                # train/data/bpe_tokenizer.h); "" (and absent, from older builds): bytes.
                                # A site that reads text with another refuses to take part.
+  dataSchema @12 :Text;        # image and table models: the fingerprint of the data schema the federation's
+                               # model is built for (train/data/dataset.h DataSchema); "" (and absent): not
+                               # announced. A site whose data has another schema refuses to take part.
 }
 
 # One tensor of an update or a model: its shape in the manifest and how it is

@@ -116,6 +116,13 @@ std::unique_ptr<Sequential> make_transformer(std::string name, const Transformer
 }
 
 Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed, int64_t vocabulary) {
+  ModelInput input;
+  input.vocabulary = vocabulary;
+  return make_model(name, seed, input);
+}
+
+Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed, const ModelInput& input) {
+  const int64_t vocabulary = input.vocabulary;
   if (vocabulary < 0) return invalid_argument("a vocabulary of " + std::to_string(vocabulary) + " tokens");
   if (std::optional<TransformerConfig> config = language_model_config(name)) {
     if (vocabulary > 0) config->vocabulary = vocabulary;
@@ -124,9 +131,28 @@ Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t s
   if (vocabulary > 0) {
     return invalid_argument("model '" + std::string(name) + "' is not a language model: it takes no vocabulary (tokenizer)");
   }
+  if (name != "mlp" && name != "cnn") {
+    return invalid_argument("unknown model '" + std::string(name) + "' (available: mlp, cnn, gpt-nano, gpt-tiny, gpt-small, gpt2)");
+  }
+  const Shape sample = input.sample_shape.empty() ? Shape{1, kFashionMnistSide, kFashionMnistSide} : input.sample_shape;
+  const int64_t classes = input.classes > 0 ? input.classes : kFashionMnistClasses;
+  const std::string shown = shape_to_string(sample);
+  int64_t features = 1;
+  for (int64_t d : sample) {
+    if (d < 1) return invalid_argument("model " + std::string(name) + ": a sample of shape " + shown + " has an empty side");
+    features *= d;
+  }
+  if (features > (int64_t{1} << 24)) {
+    return invalid_argument("model " + std::string(name) + ": a sample of shape " + shown + " has " +
+                            std::to_string(features) + " values, more than 2^24");
+  }
+  if (name == "cnn" && (sample.size() != 3 || sample[1] < 4 || sample[2] < 4)) {
+    return invalid_argument("model cnn takes images of (channels, height, width) with sides of at least 4; this data "
+                            "set's samples are " + shown + (sample.size() == 1 ? " (a table: use mlp)" : ""));
+  }
+  if (classes < 2) return invalid_argument("model " + std::string(name) + ": " + std::to_string(classes) + " class(es); a classifier needs 2 or more");
   Rng rng(seed);
-  const Shape image = {1, kFashionMnistSide, kFashionMnistSide};
-  auto model = std::make_unique<Sequential>(std::string(name), image);
+  auto model = std::make_unique<Sequential>(std::string(name), sample);
   const auto linear = [&](const std::string& layer_name, int64_t in, int64_t out) {
     auto layer = std::make_unique<Linear>(layer_name, in, out);
     layer->initialize(rng);
@@ -139,24 +165,22 @@ Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t s
   };
   if (name == "mlp") {
     model->add(std::make_unique<Flatten>());
-    linear("fc1", kFashionMnistSide * kFashionMnistSide, 512);
+    linear("fc1", features, 512);
     model->add(std::make_unique<ReLU>());
     linear("fc2", 512, 256);
     model->add(std::make_unique<ReLU>());
-    linear("fc3", 256, kFashionMnistClasses);
-  } else if (name == "cnn") {
-    conv("conv1", 1, 32);
+    linear("fc3", 256, classes);
+  } else {  // cnn: two 3x3 convolutions keep the sides, each 2x2 pool halves them (rounding down)
+    conv("conv1", sample[0], 32);
     model->add(std::make_unique<ReLU>());
     model->add(std::make_unique<MaxPool2d>(2, 2));
     conv("conv2", 32, 64);
     model->add(std::make_unique<ReLU>());
     model->add(std::make_unique<MaxPool2d>(2, 2));
     model->add(std::make_unique<Flatten>());
-    linear("fc1", 64 * 7 * 7, 128);
+    linear("fc1", 64 * (sample[1] / 2 / 2) * (sample[2] / 2 / 2), 128);
     model->add(std::make_unique<ReLU>());
-    linear("fc2", 128, kFashionMnistClasses);
-  } else {
-    return invalid_argument("unknown model '" + std::string(name) + "' (available: mlp, cnn, gpt-nano, gpt-tiny, gpt-small, gpt2)");
+    linear("fc2", 128, classes);
   }
   return model;
 }

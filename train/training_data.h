@@ -10,6 +10,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "train/data/data_source.h"
 #include "train/data/dataset.h"
 #include "train/data/bpe_tokenizer.h"
 #include "train/data/fashion_mnist.h"
@@ -18,7 +19,7 @@ namespace fedmesh::train {
 
 struct TrainingDataSpec {
   std::string model;            // decides images or text
-  std::string data;             // --data
+  data::DataSource data;        // --data and the flags of own data
   std::string tokenizer;        // language models: a BPE tokenizer file; "": bytes
   int64_t train_limit = 0;      // images, or windows of text (0: all)
   int64_t test_limit = 0;
@@ -27,6 +28,7 @@ struct TrainingDataSpec {
 struct TrainingData {
   std::unique_ptr<data::FashionMnistSplits> images;
   std::unique_ptr<data::Dataset> train, test;
+  data::DataSchema schema;    // image and table models: what the model is built for
   bool language = false;
   std::string description;    // "60000 Fashion-MNIST images (10000 test)"
   double unigram_loss = 0.0;  // language models: the byte unigram's nats per byte on the held-out text
@@ -39,8 +41,9 @@ struct TrainingData {
   double token_unigram_loss = 0.0;
 };
 
-// kInvalidArgument for a tokenizer given to an image model or a text too
-// short for one window; the loaders' errors otherwise.
+// kInvalidArgument for a tokenizer given to an image model, own data given to
+// a language model, or a text too short for one window; the loaders' errors
+// otherwise.
 Result<TrainingData> load_training_data(const TrainingDataSpec& spec);
 
 }  // namespace fedmesh::train

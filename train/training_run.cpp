@@ -31,7 +31,7 @@ struct CheckpointFailed {
 nlohmann::json trajectory(const TrainingRunOptions& run, const TrainingData& data) {
   const TrainOptions& o = run.options;
   nlohmann::json config = {{"model", run.model},
-                           {"data", run.data},
+                           {"data", run.data.source},
                            {"train_limit", run.train_limit},
                            {"test_limit", run.test_limit},
                            {"epochs", o.epochs},
@@ -163,7 +163,7 @@ int64_t TrainingRun::total_steps() const {
 }
 
 Status TrainingRun::run_as_rank() {
-  Result<std::unique_ptr<Sequential>> model = make_model(options_.model, options_.options.seed, data_.vocabulary);
+  Result<std::unique_ptr<Sequential>> model = make_model(options_.model, options_.options.seed, model_input());
   if (!model.is_ok()) return model.status();
   (*model)->to_device(device_);
   Trainer trainer(**model, options_.options);
@@ -185,7 +185,7 @@ Status TrainingRun::run_as_rank() {
 
 Status TrainingRun::open(PrivacyEntryAt privacy, const std::function<void(const std::string&)>& warn) {
   privacy_ = std::move(privacy);
-  Result<std::unique_ptr<Sequential>> model = make_model(options_.model, options_.options.seed, data_.vocabulary);
+  Result<std::unique_ptr<Sequential>> model = make_model(options_.model, options_.options.seed, model_input());
   if (!model.is_ok()) return model.status();
   model_ = std::move(*model);
   model_->to_device(device_);

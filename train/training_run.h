@@ -31,7 +31,7 @@ namespace fedmesh::train {
 
 struct TrainingRunOptions {
   std::string model = "cnn";
-  std::string data = "fashion-mnist";
+  data::DataSource data;  // --data and the flags of own data
   std::string precision = "fp32";
   std::string device = "cpu";
   std::string schedule = "cosine";
@@ -120,6 +120,8 @@ class TrainingRun {
 
   TrainingRunOptions options_;
   TrainingData data_;
+  // What the model is built for: the tokenizer's vocabulary, the data's sample shape and classes.
+  ModelInput model_input() const { return {data_.vocabulary, data_.schema.sample_shape, data_.schema.classes}; }
   Device device_ = Device::kCpu;
   std::unique_ptr<Sequential> model_;
   std::unique_ptr<Trainer> trainer_;

@@ -15,4 +15,18 @@ std::string DataSchema::fingerprint() const {
   return text;
 }
 
+DataSchema idx_schema(const ImageDataset& images) {
+  DataSchema schema;
+  schema.sample_shape = {images.channels, images.rows, images.cols};
+  schema.classes = images.num_classes;
+  schema.canonical = "idx v1; " + std::to_string(images.channels) + "x" + std::to_string(images.rows) + "x" +
+                     std::to_string(images.cols) + "; classes " + std::to_string(images.num_classes) + "; normalize";
+  for (size_t c = 0; c < images.mean.size() && c < images.std.size(); ++c) {
+    char text[64];
+    std::snprintf(text, sizeof text, " %.6g/%.6g", images.mean[c], images.std[c]);
+    schema.canonical += text;
+  }
+  return schema;
+}
+
 }  // namespace fedmesh::train::data

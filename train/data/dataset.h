@@ -30,6 +30,10 @@ struct DataSchema {
   std::string fingerprint() const;  // "fnv1a64:" + 16 hex digits of canonical
 };
 
+// The schema of IDX images (Fashion-MNIST, or a directory of IDX files):
+// their shape, class count and normalization.
+DataSchema idx_schema(const ImageDataset& images);
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -40,6 +44,21 @@ class Dataset {
   virtual void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
                           std::vector<int32_t>& targets) const = 0;
   virtual int64_t targets_per_sample() const { return 1; }
+};
+
+// Another Dataset, not owned, seen as a Dataset (it must outlive the view).
+class DatasetView final : public Dataset {
+ public:
+  explicit DatasetView(const Dataset& base) : base_(base) {}
+  int64_t size() const override { return base_.size(); }
+  void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
+                  std::vector<int32_t>& targets) const override {
+    base_.make_batch(indices, dtype, inputs, targets);
+  }
+  int64_t targets_per_sample() const override { return base_.targets_per_sample(); }
+
+ private:
+  const Dataset& base_;
 };
 
 // An ImageDataset it owns, seen as a Dataset.

@@ -225,6 +225,11 @@ Result<std::string> resolve_idx_file(const std::string& dir, const std::string& 
   std::error_code error;
   if (std::filesystem::exists(gzipped, error)) return gzipped.string();
   if (std::filesystem::exists(plain, error)) return plain.string();
+  if (dir != kDefaultFashionMnistDir) {
+    return not_found(gzipped.string() + " (or " + plain.string() + ") is missing: a directory given as data holds "
+                     "IDX files (train-images-idx3-ubyte, ...); for your own data name its format: csv:FILE for a "
+                     "table, images:DIR for one folder of images per class (docs/data.md)");
+  }
   return not_found(gzipped.string() + " (or " + plain.string() + ") is missing: " + kFashionMnistFix);
 }
 

@@ -1,0 +1,116 @@
+#include "train/data/data_source.h"
+
+#include "train/data/image_folder.h"
+#include "train/data/table.h"
+
+namespace fedmesh::train::data {
+
+namespace {
+
+std::string prefix_of(const std::string& spec) {
+  for (const char* format : {"csv", "images"}) {
+    const std::string prefix = std::string(format) + ":";
+    if (spec.rfind(prefix, 0) == 0) return format;
+  }
+  return "";
+}
+
+}  // namespace
+
+bool is_own_data(const std::string& spec) { return !prefix_of(spec).empty(); }
+
+bool DataSource::own() const { return is_own_data(source); }
+
+std::string DataSource::format() const { return prefix_of(source); }
+
+std::string DataSource::path() const {
+  const std::string f = format();
+  return f.empty() ? source : source.substr(f.size() + 1);
+}
+
+Status DataSource::validate() const {
+  const std::string f = format();
+  if (f.empty()) {
+    if (!test.empty()) return invalid_argument("data.test (--test-data) is for own data (csv:FILE, images:DIR), not " + source);
+    if (!label.empty()) return invalid_argument("data.label (--label) is for tables (csv:FILE), not " + source);
+    return Status::ok();
+  }
+  if (path().empty()) return invalid_argument("data.source '" + source + "' names no " + (f == "csv" ? "file" : "folder"));
+  if (!test.empty() && prefix_of(test) != f) {
+    return invalid_argument("data.test '" + test + "' must be " + f + ":... like data.source '" + source + "'");
+  }
+  if (!(test_fraction > 0.0 && test_fraction < 1.0)) {
+    return invalid_argument("data.test_fraction (--test-fraction) must be in (0, 1), not " + std::to_string(test_fraction));
+  }
+  if (f == "csv") {
+    if (label.empty()) return invalid_argument("a table (" + source + ") needs its label column: --label COLUMN or data.label");
+    if (missing != "refuse" && missing != "mean" && missing != "zero") {
+      return invalid_argument("data.missing must be refuse, mean or zero, not '" + missing + "'");
+    }
+    if (normalize != "standard" && normalize != "none") {
+      return invalid_argument("data.normalize must be standard or none, not '" + normalize + "'");
+    }
+  } else {
+    if (!label.empty()) return invalid_argument("data.label (--label) is for tables; image folders name classes by folder");
+    if (image_size < 4 || image_size > 1024) {
+      return invalid_argument("data.image_size (--image-size) must be in [4, 1024], not " + std::to_string(image_size));
+    }
+    if (channels != 1 && channels != 3) {
+      return invalid_argument("data.channels (--channels) must be 1 or 3, not " + std::to_string(channels));
+    }
+  }
+  return Status::ok();
+}
+
+void read_data_source(ConfigReader& r, DataSource& d) {
+  r.read("data.source", d.source);
+  r.read("data.test", d.test);
+  r.read("data.test_fraction", d.test_fraction);
+  r.read("data.seed", d.seed);
+  r.read("data.label", d.label);
+  r.read("data.categories", d.categories);
+  r.read("data.drop", d.drop);
+  r.read("data.missing", d.missing);
+  r.read("data.normalize", d.normalize);
+  r.read("data.image_size", d.image_size);
+  r.read("data.channels", d.channels);
+  r.read("data.cache", d.cache);
+  r.read("data.classes", d.classes);
+}
+
+Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64_t test_limit) {
+  FEDMESH_RETURN_IF_ERROR(d.validate());
+  if (d.format() == "csv") {
+    TableSpec spec;
+    spec.path = d.path();
+    spec.test_path = d.test.empty() ? "" : d.test.substr(4);
+    spec.test_fraction = d.test_fraction;
+    spec.seed = d.seed;
+    spec.label = d.label;
+    spec.classes = d.classes;
+    spec.categories = d.categories;
+    spec.drop = d.drop;
+    spec.missing = d.missing;
+    spec.normalize = d.normalize;
+    spec.train_limit = train_limit;
+    spec.test_limit = test_limit;
+    return load_table(spec);
+  }
+  if (d.format() == "images") {
+    ImageFolderSpec spec;
+    spec.dir = d.path();
+    spec.test_dir = d.test.empty() ? "" : d.test.substr(7);
+    spec.test_fraction = d.test_fraction;
+    spec.seed = d.seed;
+    spec.image_size = d.image_size;
+    spec.channels = d.channels;
+    spec.classes = d.classes;
+    spec.cache = d.cache;
+    spec.train_limit = train_limit;
+    spec.test_limit = test_limit;
+    return load_image_folder(spec);
+  }
+  return invalid_argument("'" + d.source + "' is not own data (csv:FILE or images:DIR)");
+}
+
+}  // namespace fedmesh::train::data

@@ -321,8 +321,8 @@ TEST_F(TableTest, RefusalsNameFileRowAndColumn) {
   refused(header, StatusCode::kCorrupt, {"no data rows"});
   refused("", StatusCode::kCorrupt, {"empty"});
   refused("\xEF\xBB\xBF\r\n\r\n", StatusCode::kCorrupt, {"empty"});
-  refused(header + "0,1,r\n1,\"2,g\n", StatusCode::kCorrupt, {"row 3", "not closed"});
-  refused(header + "0,\"1\"x,r\n", StatusCode::kCorrupt, {"row 2", "after the closing quote"});
+  refused(header + "0,1,r\n1,\"2,g\n", StatusCode::kCorrupt, {"row 3", "column 'x'", "not closed"});
+  refused(header + "0,\"1\"x,r\n", StatusCode::kCorrupt, {"row 2", "column 'x'", "after the closing quote"});
   refused(header + "0,1,r\n,1,r\n", StatusCode::kCorrupt, {"row 3", "'y'", "label is empty"});
   refused(header + "0,1,r\n7,1,r\n", StatusCode::kCorrupt, {"row 3", "'7'", "not one of the classes"},
           [](TableSpec& s) { s.classes = {"0", "1"}; });

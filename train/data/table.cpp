@@ -157,6 +157,8 @@ class CsvReader {
   }
 
   int64_t row() const { return row_; }  // the line where the last record began
+  // The header's names, for messages about the rows after it.
+  void set_names(const std::vector<std::string>* names) { names_ = names; }
 
  private:
   // Past a line end ("\n", "\r\n" or "\r") at pos_.
@@ -171,8 +173,7 @@ class CsvReader {
     for (;;) {
       const size_t quote = text_.find('"', pos_);
       if (quote == std::string_view::npos) {
-        return corrupt(path_ + ": row " + std::to_string(row_) + ", field " + std::to_string(column) +
-                       ": a quoted field is not closed before the end of the file");
+        return corrupt(at(column) + ": a quoted field is not closed before the end of the file");
       }
       const std::string_view part = text_.substr(pos_, quote - pos_);
       for (size_t i = 0; i < part.size(); ++i) {
@@ -189,14 +190,23 @@ class CsvReader {
     }
     while (pos_ < text_.size() && is_blank(text_[pos_])) ++pos_;
     if (pos_ < text_.size() && text_[pos_] != ',' && text_[pos_] != '\r' && text_[pos_] != '\n') {
-      return corrupt(path_ + ": row " + std::to_string(row_) + ", field " + std::to_string(column) +
-                     ": text after the closing quote (a '\"' inside a quoted field is written '\"\"')");
+      return corrupt(at(column) + ": text after the closing quote (a '\"' inside a quoted field is written '\"\"')");
     }
     return Status::ok();
   }
 
+  // "row R, field K" before the header is known, "row R, column 'name'" after.
+  std::string at(size_t column) const {
+    std::string out = path_ + ": row " + std::to_string(row_) + ", ";
+    if (names_ != nullptr && column >= 1 && column <= names_->size()) {
+      return out + "column " + show((*names_)[column - 1]);
+    }
+    return out + "field " + std::to_string(column);
+  }
+
   std::string_view text_;
   const std::string& path_;
+  const std::vector<std::string>* names_ = nullptr;
   size_t pos_ = 0;
   int64_t line_ = 1;
   int64_t row_ = 0;
@@ -248,7 +258,8 @@ Status check_spec(const TableSpec& spec, Missing& missing) {
   } else if (spec.missing == "zero") {
     missing = Missing::kZero;
   } else {
-    return invalid_argument(path + ": data.missing is " + show(spec.missing) + "; use \"refuse\", \"mean\" or \"zero\"");
+    return invalid_argument(path + ": data.missing is " + show(spec.missing) +
+                            "; use \"refuse\", \"mean\" or \"zero\"");
   }
   if (spec.normalize != "standard" && spec.normalize != "none") {
     return invalid_argument(path + ": data.normalize is " + show(spec.normalize) + "; use \"standard\" or \"none\"");
@@ -592,6 +603,7 @@ Result<LoadedData> parse_table(std::string_view text, const TableSpec& spec, std
   Result<Layout> made = make_layout(std::move(header).value(), spec);
   if (!made.is_ok()) return made.status();
   const Layout& layout = made.value();
+  reader.set_names(&layout.header);
 
   LabelCoder labels;
   labels.fixed = !spec.classes.empty();
@@ -633,6 +645,7 @@ Result<LoadedData> parse_table(std::string_view text, const TableSpec& spec, std
       }
       return corrupt(spec.test_path + ": the header differs from the training table's: " + what);
     }
+    test_reader.set_names(&layout.header);
     FEDMESH_RETURN_IF_ERROR(read_rows(test_reader, spec.test_path, layout, missing, classes, labels, test_raw));
     test_source = &test_raw;
     for (int64_t r = 0; r < train_raw.rows; ++r) train_rows.push_back(r);

@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential pkg-config meson ninja-build python3
   libzmq3-dev cppzmq-dev libsodium-dev
   capnproto libcapnp-dev
-  libsqlite3-dev libopenblas-dev libgloo-dev zlib1g-dev
+  libsqlite3-dev libopenblas-dev libgloo-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev libfmt-dev libspdlog-dev
   nlohmann-json3-dev libcpp-httplib-dev

@@ -14,6 +14,7 @@
 #include "cli/keygen_command.h"
 #include "cli/node_command.h"
 #include "cli/privacy_command.h"
+#include "cli/stats_command.h"
 #include "cli/provision_command.h"
 #include "cli/roster_command.h"
 #include "cli/sim_command.h"
@@ -88,6 +89,7 @@ int run_fedmesh(int argc, char** argv, const node::SecureUploadFaults& faults) {
   add_status_command(app, exit_code);
   add_generate_command(app, exit_code);
   add_privacy_command(app, exit_code);
+  add_stats_command(app, exit_code);
   add_provision_command(app, exit_code);
   add_tokenizer_command(app, exit_code);
   try {

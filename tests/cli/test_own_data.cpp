@@ -4,16 +4,20 @@
 //   tests/data/split_breast_cancer.py into 3 site tables with different
 //   class balances and a held-out test table. `fedmesh train` on all the
 //   sites' rows, and a federation of an aggregator (evaluating on the test
-//   table) and 3 `fedmesh node`s on their own tables, each reach >= 0.94.
+//   table) and 3 `fedmesh node`s on their own tables, standardized with the
+//   statistics they computed together (`fedmesh stats`), each reach >= 0.94.
 // - Image folders: the 8x8 digits written as PNG class folders by
-//   tests/data/make_digits_images.py; cnn reaches >= 0.93, and the same
-//   folders read as RGB 16x16 train.
+//   tests/data/make_digits_images.py; cnn reaches >= 0.93 centrally and in
+//   a federation of 4 sites on their own folders, and the same folders read
+//   as RGB 16x16 train.
 // - A site whose data has another schema is refused naming both; bad data
 //   exits 2 naming the file and the place, never a failed check.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,6 +64,67 @@ class OwnData : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
+
+  // Kits for a federation of `sites` sites (site-0, ...) on free ports, each
+  // site's demo split undone (own data is used whole); "" on failure.
+  fs::path provision_kits(const std::string& model, int sites, int rounds, int local_steps) {
+    const int port = fedmesh::testing::free_ports(2 + sites);
+    if (port <= 0) return {};
+    std::string names;
+    for (int i = 0; i < sites; ++i) names += (i ? ", \"site-" : "\"site-") + std::to_string(i) + "\"";
+    spit(dir_ / "federation.toml", "name = \"own-data\"\naggregator = \"tcp://127.0.0.1:" + std::to_string(port) +
+                                       "\"\nmodel = \"" + model + "\"\nrounds = " + std::to_string(rounds) +
+                                       "\nlocal_steps = " + std::to_string(local_steps) + "\nsites = [" + names + "]\n");
+    const fs::path kits = dir_ / "kits";
+    if (run_fedmesh({"provision", "--federation", (dir_ / "federation.toml").string(), "--out", kits.string()})
+            .exit_code != 0) {
+      return {};
+    }
+    const fs::path agg = kits / "aggregator" / "agg.toml";
+    set_toml_option(agg, "metrics", "\"127.0.0.1:" + std::to_string(port + 1) + "\"");
+    set_toml_option(agg, "linger_seconds", "3");
+    for (int i = 0; i < sites; ++i) {
+      const fs::path config = site_config(kits, i);
+      set_toml_option(config, "metrics", "\"127.0.0.1:" + std::to_string(port + 2 + i) + "\"");
+      set_toml_option(config, "data.sites", "1");
+      set_toml_option(config, "data.index", "0");
+    }
+    return kits;
+  }
+  static fs::path site_config(const fs::path& kits, int i) {
+    return kits / ("site-" + std::to_string(i)) / "site.toml";
+  }
+  // Runs the kits' aggregator, then `before_sites`, then the sites, to the
+  // end; the last round's test accuracy (-1 if the federation did not finish).
+  double run_kits(const fs::path& kits, int sites, const std::function<void()>& before_sites = {}) {
+    ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
+    ChildProcess aggregator({"/bin/sh", (kits / "aggregator" / "start.sh").string(), "--json"});
+    std::vector<json> events;
+    if (!wait_for(aggregator, events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s)) {
+      ADD_FAILURE() << "the aggregator did not start";
+      return -1.0;
+    }
+    if (before_sites) before_sites();
+    std::vector<std::unique_ptr<ChildProcess>> running;
+    for (int i = 0; i < sites; ++i) {
+      running.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+          "/bin/sh", (kits / ("site-" + std::to_string(i)) / "start.sh").string(), "--json"}));
+    }
+    std::optional<json> finished =
+        wait_for(aggregator, events, [](const json& e) { return e.value("event", "") == "finished"; }, 300s);
+    if (!finished) {
+      ADD_FAILURE() << "the federation on own data did not finish";
+      return -1.0;
+    }
+    double accuracy = -1.0;
+    for (const json& e : events) {
+      if (e.value("event", "") == "round" && e.contains("test_accuracy")) accuracy = e["test_accuracy"];
+    }
+    for (auto& site : running) EXPECT_EQ(site->wait(), 0);
+    EXPECT_EQ(aggregator.wait(), 0);
+    return accuracy;
+  }
+
   fs::path dir_;
 };
 
@@ -80,45 +145,51 @@ TEST_F(OwnData, ATableTrainsCentrallyAndInAThreeSiteFederation) {
   EXPECT_GE(final_accuracy(central), 0.94) << central.text;
 
   // Federated: an aggregator evaluating on the test table, three sites on their own.
-  const int port = fedmesh::testing::free_ports(5);
-  ASSERT_GT(port, 0);
-  spit(dir_ / "federation.toml", "name = \"clinics\"\naggregator = \"tcp://127.0.0.1:" + std::to_string(port) +
-                                     "\"\nmodel = \"mlp\"\nrounds = 12\nlocal_steps = 30\n"
-                                     "sites = [\"site-0\", \"site-1\", \"site-2\"]\n");
-  const fs::path kits = dir_ / "kits";
-  ASSERT_EQ(run_fedmesh({"provision", "--federation", (dir_ / "federation.toml").string(), "--out", kits.string()})
-                .exit_code,
-            0);
+  const fs::path kits = provision_kits("mlp", 3, 12, 30);
+  ASSERT_FALSE(kits.empty());
   const std::string classes = "[\"benign\", \"malignant\"]";
   const fs::path agg = kits / "aggregator" / "agg.toml";
-  set_toml_option(agg, "metrics", "\"127.0.0.1:" + std::to_string(port + 1) + "\"");
   set_toml_option(agg, "validation", "\"csv:" + (tables / "test.csv").string() + "\"");
   set_toml_option(agg, "data.label", "\"" + label + "\"");
   set_toml_option(agg, "data.classes", classes);
-  set_toml_option(agg, "linger_seconds", "3");
   for (int i = 0; i < 3; ++i) {
-    const std::string site = "site-" + std::to_string(i);
-    const fs::path config = kits / site / "site.toml";
-    set_toml_option(config, "metrics", "\"127.0.0.1:" + std::to_string(port + 2 + i) + "\"");
-    set_toml_option(config, "data.sites", "1");
-    set_toml_option(config, "data.index", "0");
-    set_toml_option(config, "data.source", "\"csv:" + (tables / (site + ".csv")).string() + "\"");
+    const fs::path config = site_config(kits, i);
+    set_toml_option(config, "data.source", "\"csv:" + (tables / ("site-" + std::to_string(i) + ".csv")).string() + "\"");
     set_toml_option(config, "data.label", "\"" + label + "\"");
     set_toml_option(config, "data.classes", classes);
   }
-  ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
-  ChildProcess aggregator({"/bin/sh", (kits / "aggregator" / "start.sh").string(), "--json"});
-  std::vector<json> events;
-  ASSERT_TRUE(wait_for(aggregator, events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
-  // First, site-2 with another schema (the classes in another order): it
-  // hears the aggregator's schema and refuses to take part, naming both.
-  const fs::path odd = kits / "site-2" / "odd.toml";
-  spit(odd, slurp(kits / "site-2" / "site.toml"));
-  set_toml_option(odd, "data.classes", "[\"malignant\", \"benign\"]");
-  set_toml_option(odd, "store", "\"odd.db\"");
-  set_toml_option(odd, "metrics", "\"\"");
-  {
-    ChildProcess refused({"/bin/sh", "-c", "cd '" + (kits / "site-2").string() + "' && exec \"$FEDMESH\" node --config odd.toml --json"});
+  // Federated statistics: each site's sums over its own rows, added up;
+  // every site and the aggregator standardize with the merged ones.
+  std::vector<std::string> merge = {"stats", "merge"};
+  for (int i = 0; i < 3; ++i) {
+    const fs::path sums = dir_ / ("site-" + std::to_string(i) + ".stats.json");
+    const FedmeshOutput computed =
+        run_fedmesh({"stats", "compute", "--config", site_config(kits, i).string(), "--out", sums.string(), "--json"});
+    ASSERT_EQ(computed.exit_code, 0) << computed.text;
+    EXPECT_EQ(computed.last["features"].size(), 30u) << computed.text;
+    merge.push_back(sums.string());
+  }
+  const fs::path shared = dir_ / "federation.stats.json";
+  merge.insert(merge.end(), {"--out", shared.string(), "--json"});
+  const FedmeshOutput merged = run_fedmesh(merge);
+  ASSERT_EQ(merged.exit_code, 0) << merged.text;
+  EXPECT_EQ(merged.last["parts"], 3) << merged.text;
+  // Every site's training part: 205, 128 and 123 rows less a fifth held out each.
+  EXPECT_EQ(merged.last["features"][0]["count"], 164 + 102 + 98) << merged.text;
+  for (const fs::path config : {agg, site_config(kits, 0), site_config(kits, 1), site_config(kits, 2)}) {
+    set_toml_option(config, "data.normalize", "\"stats:" + shared.string() + "\"");
+  }
+  // Before the sites start, site-2 with another schema (the classes in
+  // another order): it hears the aggregator's schema and refuses to take
+  // part, naming both.
+  const auto odd_site = [&] {
+    const fs::path odd = kits / "site-2" / "odd.toml";
+    spit(odd, slurp(site_config(kits, 2)));
+    set_toml_option(odd, "data.classes", "[\"malignant\", \"benign\"]");
+    set_toml_option(odd, "store", "\"odd.db\"");
+    set_toml_option(odd, "metrics", "\"\"");
+    ChildProcess refused(
+        {"/bin/sh", "-c", "cd '" + (kits / "site-2").string() + "' && exec \"$FEDMESH\" node --config odd.toml --json"});
     std::vector<json> odd_events;
     std::optional<json> error =
         wait_for(refused, odd_events, [](const json& e) { return e.value("event", "") == "error"; }, 60s);
@@ -126,28 +197,15 @@ TEST_F(OwnData, ATableTrainsCentrallyAndInAThreeSiteFederation) {
     EXPECT_NE((*error)["message"].get<std::string>().find("schema"), std::string::npos) << error->dump();
     EXPECT_EQ(refused.wait(), 2);
     for (const json& e : odd_events) EXPECT_NE(e.value("event", ""), "update") << e.dump();
-  }
-  std::vector<std::unique_ptr<ChildProcess>> sites;
-  for (int i = 0; i < 3; ++i) {
-    sites.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
-        "/bin/sh", (kits / ("site-" + std::to_string(i)) / "start.sh").string(), "--json"}));
-  }
-  std::optional<json> finished =
-      wait_for(aggregator, events, [](const json& e) { return e.value("event", "") == "finished"; }, 240s);
-  ASSERT_TRUE(finished.has_value()) << "the federation on own tables did not finish";
-  double accuracy = -1.0;
-  for (const json& e : events) {
-    if (e.value("event", "") == "round" && e.contains("test_accuracy")) accuracy = e["test_accuracy"];
-  }
-  std::printf("breast cancer, 3-site federation (mlp, 12 rounds): test accuracy %.4f\n", accuracy);
+  };
+  const double accuracy = run_kits(kits, 3, odd_site);
+  std::printf("breast cancer, 3-site federation (mlp, 12 rounds, federated statistics): test accuracy %.4f\n", accuracy);
   EXPECT_GE(accuracy, 0.94);
-  for (auto& site : sites) EXPECT_EQ(site->wait(), 0);
-  EXPECT_EQ(aggregator.wait(), 0);
 }
 
 TEST_F(OwnData, ImageFoldersTrainAtTheirOwnSizeAndChannels) {
   const fs::path gray = dir_ / "digits";
-  ASSERT_EQ(run_script("tests/data/make_digits_images.py", {gray.string()}), 0);
+  ASSERT_EQ(run_script("tests/data/make_digits_images.py", {gray.string(), "--sites", "4"}), 0);
   const FedmeshOutput cnn =
       run_fedmesh({"train", "--model", "cnn", "--data", "images:" + (gray / "train").string(), "--test-data",
                    "images:" + (gray / "test").string(), "--image-size", "8", "--epochs", "8", "--batch-size", "32",
@@ -157,6 +215,24 @@ TEST_F(OwnData, ImageFoldersTrainAtTheirOwnSizeAndChannels) {
   EXPECT_GE(final_accuracy(cnn), 0.93) << cnn.text;
   ASSERT_FALSE(cnn.events.empty());
   EXPECT_EQ(cnn.events.front()["classes"], 10) << cnn.events.front().dump();
+
+  // A federation of 4 sites, each on its own folder, the aggregator on the test folder.
+  const fs::path kits = provision_kits("cnn", 4, 10, 30);
+  ASSERT_FALSE(kits.empty());
+  const std::string classes = "[\"0\", \"1\", \"2\", \"3\", \"4\", \"5\", \"6\", \"7\", \"8\", \"9\"]";
+  set_toml_option(kits / "aggregator" / "agg.toml", "validation", "\"images:" + (gray / "test").string() + "\"");
+  for (const fs::path config : {kits / "aggregator" / "agg.toml", site_config(kits, 0), site_config(kits, 1),
+                                site_config(kits, 2), site_config(kits, 3)}) {
+    set_toml_option(config, "data.image_size", "8");
+    set_toml_option(config, "data.classes", classes);
+  }
+  for (int i = 0; i < 4; ++i) {
+    set_toml_option(site_config(kits, i), "data.source",
+                    "\"images:" + (gray / ("site-" + std::to_string(i))).string() + "\"");
+  }
+  const double federated = run_kits(kits, 4);
+  std::printf("digits 8x8, 4-site federation (cnn, 10 rounds): test accuracy %.4f\n", federated);
+  EXPECT_GE(federated, 0.93);
 
   const fs::path rgb = dir_ / "digits-rgb";
   ASSERT_EQ(run_script("tests/data/make_digits_images.py", {rgb.string(), "--rgb"}), 0);

@@ -10,7 +10,7 @@ NNNN is the row of the image in digits.csv.gz. Pixels 0..16 are scaled to
 replicated). Needs python3 and numpy only: the PNGs are written with zlib
 and struct, the data read from the copy scikit-learn ships (python3-sklearn).
 
-    python3 tests/data/make_digits_images.py /tmp/digits [--rgb]
+    python3 tests/data/make_digits_images.py /tmp/digits [--rgb] [--sites N]
 """
 import argparse
 import gzip
@@ -44,6 +44,9 @@ def main() -> int:
     parser.add_argument("out", help="output folder (train/ and test/ are made in it)")
     parser.add_argument("--rgb", action="store_true", help="write RGB PNGs instead of grayscale")
     parser.add_argument("--csv", default=DEFAULT_CSV, help="digits.csv.gz (default: scikit-learn's copy)")
+    parser.add_argument("--sites", type=int, default=0,
+                        help="also deal the training images round robin into OUT/site-0 ... OUT/site-(N-1), "
+                             "one folder per site for a federation")
     args = parser.parse_args()
 
     if not os.path.exists(args.csv):
@@ -68,10 +71,13 @@ def main() -> int:
             image = np.repeat(image[:, :, None], 3, axis=2)
         seen[label] = seen.get(label, 0) + 1
         split = "test" if seen[label] % TEST_EVERY == 0 else "train"
-        folder = os.path.join(args.out, split, str(label))
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"{row:04d}.png"), "wb") as f:
-            f.write(png_bytes(image))
+        folders = [os.path.join(args.out, split, str(label))]
+        if split == "train" and args.sites > 0:
+            folders.append(os.path.join(args.out, f"site-{counts['train'] % args.sites}", str(label)))
+        for folder in folders:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"{row:04d}.png"), "wb") as f:
+                f.write(png_bytes(image))
         counts[split] += 1
     print(f"make_digits_images: {counts['train']} train and {counts['test']} test images "
           f"({'RGB' if args.rgb else 'gray'} 8x8 PNG) in {args.out}")

@@ -1,5 +1,8 @@
 #include "train/data/data_source.h"
 
+#include <optional>
+
+#include "train/data/data_stats.h"
 #include "train/data/image_folder.h"
 #include "train/data/table.h"
 
@@ -47,13 +50,16 @@ Status DataSource::validate() const {
     if (missing != "refuse" && missing != "mean" && missing != "zero") {
       return invalid_argument("data.missing must be refuse, mean or zero, not '" + missing + "'");
     }
-    if (normalize != "standard" && normalize != "none") {
-      return invalid_argument("data.normalize must be standard or none, not '" + normalize + "'");
+    if (normalize != "standard" && normalize != "none" && normalize.rfind("stats:", 0) != 0) {
+      return invalid_argument("data.normalize must be standard, none or stats:FILE, not '" + normalize + "'");
     }
   } else {
     if (!label.empty()) return invalid_argument("data.label (--label) is for tables; image folders name classes by folder");
     if (image_size < 4 || image_size > 1024) {
       return invalid_argument("data.image_size (--image-size) must be in [4, 1024], not " + std::to_string(image_size));
+    }
+    if (normalize != "standard" && normalize.rfind("stats:", 0) != 0) {
+      return invalid_argument("data.normalize of images must be standard or stats:FILE, not '" + normalize + "'");
     }
     if (channels != 1 && channels != 3) {
       return invalid_argument("data.channels (--channels) must be 1 or 3, not " + std::to_string(channels));
@@ -80,6 +86,17 @@ void read_data_source(ConfigReader& r, DataSource& d) {
 
 Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64_t test_limit) {
   FEDMESH_RETURN_IF_ERROR(d.validate());
+  std::optional<DataStats> shared;
+  if (d.normalize.rfind("stats:", 0) == 0) {
+    Result<DataStats> read = read_data_stats(d.normalize.substr(6));
+    if (!read.is_ok()) return Status(read.status().code(), "data.normalize: " + read.status().message());
+    const std::string kind = d.format() == "csv" ? "table" : "images";
+    if (read->kind != kind) {
+      return invalid_argument("data.normalize: " + d.normalize.substr(6) + " holds statistics of " + read->kind +
+                              ", the data are " + kind);
+    }
+    shared = std::move(*read);
+  }
   if (d.format() == "csv") {
     TableSpec spec;
     spec.path = d.path();
@@ -92,6 +109,13 @@ Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64
     spec.drop = d.drop;
     spec.missing = d.missing;
     spec.normalize = d.normalize;
+    if (shared) {
+      spec.normalize = "shared";
+      for (const FeatureSums& f : shared->features) spec.shared_names.push_back(f.name);
+      spec.shared_mean = shared->mean();
+      spec.shared_std = shared->std();
+      spec.shared_digest = shared->digest();
+    }
     spec.train_limit = train_limit;
     spec.test_limit = test_limit;
     return load_table(spec);
@@ -106,6 +130,15 @@ Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64
     spec.channels = d.channels;
     spec.classes = d.classes;
     spec.cache = d.cache;
+    if (shared) {
+      if (static_cast<int64_t>(shared->features.size()) != d.channels) {
+        return invalid_argument("data.normalize: " + d.normalize.substr(6) + " holds statistics of " +
+                                std::to_string(shared->features.size()) + " channel(s), data.channels is " +
+                                std::to_string(d.channels));
+      }
+      for (double m : shared->mean()) spec.mean.push_back(static_cast<float>(m));
+      for (double s : shared->std()) spec.std.push_back(static_cast<float>(s > 0.0 ? s : 1.0));
+    }
     spec.train_limit = train_limit;
     spec.test_limit = test_limit;
     return load_image_folder(spec);

@@ -28,7 +28,9 @@ struct DataSource {
   std::map<std::string, std::vector<std::string>> categories;  // data.categories.COLUMN = [values]: one-hot, in this order
   std::vector<std::string> drop;          // data.drop: columns to ignore
   std::string missing = "refuse";         // data.missing: refuse | mean | zero
-  std::string normalize = "standard";     // data.normalize: standard | none
+  // data.normalize: standard (this node's training part) | none (tables) |
+  // stats:FILE (the federation's statistics, train/data/data_stats.h)
+  std::string normalize = "standard";
   // Images
   int64_t image_size = 28;                // data.image_size / --image-size
   int64_t channels = 1;                   // data.channels / --channels: 1 or 3

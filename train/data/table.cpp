@@ -261,8 +261,9 @@ Status check_spec(const TableSpec& spec, Missing& missing) {
     return invalid_argument(path + ": data.missing is " + show(spec.missing) +
                             "; use \"refuse\", \"mean\" or \"zero\"");
   }
-  if (spec.normalize != "standard" && spec.normalize != "none") {
-    return invalid_argument(path + ": data.normalize is " + show(spec.normalize) + "; use \"standard\" or \"none\"");
+  if (spec.normalize != "standard" && spec.normalize != "none" && spec.normalize != "shared") {
+    return invalid_argument(path + ": data.normalize is " + show(spec.normalize) +
+                            "; use \"standard\", \"none\" or \"stats:FILE\"");
   }
   if (spec.test_path.empty() && !(spec.test_fraction > 0.0 && spec.test_fraction < 1.0)) {
     return invalid_argument(path + ": data.test_fraction is " + format_shortest(spec.test_fraction) +
@@ -675,8 +676,21 @@ Result<LoadedData> parse_table(std::string_view text, const TableSpec& spec, std
     test_rows.resize(static_cast<size_t>(spec.test_limit));
   }
 
-  const TableStats stats = compute_stats(layout, train_raw, train_rows);
-  const bool standardize = spec.normalize == "standard";
+  TableStats stats = compute_stats(layout, train_raw, train_rows);
+  if (spec.normalize == "shared") {
+    // The federation's statistics replace this node's own, feature by feature.
+    if (spec.shared_names != stats.names || spec.shared_mean.size() != stats.names.size() ||
+        spec.shared_std.size() != stats.names.size()) {
+      std::string want, have;
+      for (const std::string& n : stats.names) want += (want.empty() ? "" : ", ") + show(n);
+      for (const std::string& n : spec.shared_names) have += (have.empty() ? "" : ", ") + show(n);
+      return invalid_argument(spec.path + ": the shared statistics are for the numeric features [" + have.substr(0, 400) +
+                              "], this table's are [" + want.substr(0, 400) + "]");
+    }
+    stats.mean = spec.shared_mean;
+    stats.std = spec.shared_std;
+  }
+  const bool standardize = spec.normalize != "none";
   LoadedData data;
   data.train = encode(layout, train_raw, train_rows, stats, missing, standardize);
   data.test = encode(layout, *test_source, test_rows, stats, missing, standardize);
@@ -696,7 +710,8 @@ Result<LoadedData> parse_table(std::string_view text, const TableSpec& spec, std
                      : ":cat" + canonical_list(*layout.category_lists[static_cast<size_t>(layout.slot[c])]);
   }
   canonical += "] label=" + canonical_quote(spec.label) + " classes=" + canonical_list(classes) +
-               " normalize=" + spec.normalize + " missing=" + spec.missing;
+               " normalize=" + (spec.normalize == "shared" ? "shared:" + spec.shared_digest : spec.normalize) +
+               " missing=" + spec.missing;
   data.schema.canonical = std::move(canonical);
 
   data.description = std::to_string(train_rows.size()) + " rows of " + file_name(spec.path) + " (" +

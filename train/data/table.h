@@ -61,7 +61,14 @@ struct TableSpec {
   std::vector<std::string> drop;       // columns to ignore (ids)
   std::string missing = "refuse";      // "refuse" | "mean" | "zero"
   std::string normalize = "standard";  // "standard": (x - mean) / std of the training rows (std 0 -> 1) | "none"
+                                       // | "shared": (x - mean) / std of `shared` (the federation's statistics)
   int64_t train_limit = 0, test_limit = 0;  // > 0: the first N rows of the split; 0: all
+  // normalize "shared": one entry per numeric feature, by name and in order
+  // (a mismatch is refused naming it); `shared_digest` names them in the
+  // schema's canonical text, so every node must use the same ones.
+  std::vector<std::string> shared_names;
+  std::vector<double> shared_mean, shared_std;
+  std::string shared_digest;
 };
 
 // The numeric features' statistics over the training rows (present values

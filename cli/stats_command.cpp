@@ -1,0 +1,138 @@
+#include "cli/stats_command.h"
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/toml_input.h"
+#include "cli/output.h"
+#include "train/data/data_stats.h"
+
+namespace fedmesh::cli {
+
+namespace {
+
+struct StatsFlags {
+  train::data::DataSource data;
+  std::string config;  // a site or aggregator config: its data.* keys
+  std::vector<std::string> inputs;
+  std::string out;
+  bool json = false;
+};
+
+int fail(const StatsFlags& flags, const Status& status) {
+  return report_failure("stats", flags.json, status, status.code() == StatusCode::kIoError ? 1 : 2);
+}
+
+void print_stats(const train::data::DataStats& stats) {
+  const std::vector<double> mean = stats.mean(), std = stats.std();
+  std::printf("%s statistics of %lld node(s), digest %s\n", stats.kind.c_str(), static_cast<long long>(stats.parts),
+              stats.digest().c_str());
+  std::printf("%-32s %12s %14s %14s\n", "feature", "count", "mean", "std");
+  for (size_t i = 0; i < stats.features.size(); ++i) {
+    std::printf("%-32s %12lld %14.6g %14.6g\n", stats.features[i].name.substr(0, 32).c_str(),
+                static_cast<long long>(stats.features[i].count), mean[i], std[i]);
+  }
+}
+
+int finish(const StatsFlags& flags, const std::string& action, const train::data::DataStats& stats) {
+  if (!flags.out.empty()) {
+    if (Status s = train::data::write_data_stats(stats, flags.out); !s.is_ok()) return fail(flags, s);
+  }
+  if (flags.json) {
+    nlohmann::json summary = nlohmann::json::parse(stats.to_json());
+    summary["event"] = "summary";
+    summary["command"] = "stats " + action;
+    if (!flags.out.empty()) summary["out"] = flags.out;
+    emit_json(summary);
+    return 0;
+  }
+  print_stats(stats);
+  if (!flags.out.empty()) std::fprintf(stderr, "wrote %s\n", flags.out.c_str());
+  return 0;
+}
+
+int run_compute(StatsFlags flags) {
+  if (!flags.config.empty()) {
+    Result<toml::table> table = read_toml_file(flags.config);
+    if (!table.is_ok()) return fail(flags, table.status());
+    ConfigReader reader(*table, flags.config);
+    train::data::read_data_source(reader, flags.data);
+    // Only data.* is read here: the config's other keys are not this command's.
+    const Status read = reader.finish();
+    if (!read.is_ok() && read.message().find("unknown key") == std::string::npos) return fail(flags, read);
+  }
+  Result<train::data::DataStats> stats = train::data::compute_data_stats(flags.data);
+  if (!stats.is_ok()) return fail(flags, stats.status());
+  if (!flags.json) {
+    std::fprintf(stderr, "the sums over this node's training part (%s); no row is in them. Send the file to the "
+                 "federation's admin, who adds every node's up with `fedmesh stats merge`.\n",
+                 flags.data.source.c_str());
+  }
+  return finish(flags, "compute", *stats);
+}
+
+int run_merge(const StatsFlags& flags) {
+  std::vector<train::data::DataStats> parts;
+  for (const std::string& input : flags.inputs) {
+    Result<train::data::DataStats> read = train::data::read_data_stats(input);
+    if (!read.is_ok()) return fail(flags, read.status());
+    parts.push_back(std::move(*read));
+  }
+  Result<train::data::DataStats> merged = train::data::merge_data_stats(parts);
+  if (!merged.is_ok()) return fail(flags, merged.status());
+  if (!flags.json) {
+    std::fprintf(stderr, "every node and the aggregator set data.normalize = \"stats:%s\" (the same file)\n",
+                 flags.out.empty() ? "FILE" : flags.out.c_str());
+  }
+  return finish(flags, "merge", *merged);
+}
+
+int run_show(const StatsFlags& flags) {
+  Result<train::data::DataStats> read = train::data::read_data_stats(flags.inputs.at(0));
+  if (!read.is_ok()) return fail(flags, read.status());
+  return finish(flags, "show", *read);
+}
+
+}  // namespace
+
+void add_stats_command(CLI::App& app, int& exit_code) {
+  CLI::App* cmd = app.add_subcommand(
+      "stats",
+      "Normalization statistics a federation computes together without sharing a row: each node's sums "
+      "(`compute`), added up by the admin (`merge`), read by every node as data.normalize = \"stats:FILE\"");
+  cmd->require_subcommand(1);
+
+  auto compute = std::make_shared<StatsFlags>();
+  CLI::App* c = cmd->add_subcommand("compute", "This node's count, sum and sum of squares per numeric feature "
+                                               "(tables) or channel (images) over its training part");
+  c->add_option("--config", compute->config, "A site or aggregator config: its data.* keys describe the data");
+  c->add_option("--data", compute->data.source, "csv:FILE or images:DIR (as `fedmesh train --data`)");
+  c->add_option("--label", compute->data.label, "Tables: the label column");
+  c->add_option("--test-data", compute->data.test, "The test part (not counted)");
+  c->add_option("--test-fraction", compute->data.test_fraction, "Without --test-data: the share held out (not counted)")
+      ->capture_default_str();
+  c->add_option("--image-size", compute->data.image_size, "Image folders: N x N")->capture_default_str();
+  c->add_option("--channels", compute->data.channels, "Image folders: 1 or 3")->capture_default_str();
+  c->add_option("--out", compute->out, "Write the statistics here (JSON)");
+  c->add_flag("--json", compute->json, "Print one JSON summary line");
+  c->callback([compute, &exit_code] { exit_code = run_compute(*compute); });
+
+  auto merge = std::make_shared<StatsFlags>();
+  CLI::App* m = cmd->add_subcommand("merge", "Add up the nodes' statistics files (the same features, in order)");
+  m->add_option("files", merge->inputs, "Statistics files from `fedmesh stats compute`")->required();
+  m->add_option("--out", merge->out, "Write the federation's statistics here")->required();
+  m->add_flag("--json", merge->json, "Print one JSON summary line");
+  m->callback([merge, &exit_code] { exit_code = run_merge(*merge); });
+
+  auto show = std::make_shared<StatsFlags>();
+  CLI::App* s = cmd->add_subcommand("show", "Print a statistics file: count, mean and std per feature");
+  s->add_option("file", show->inputs, "A statistics file")->required()->expected(1);
+  s->add_flag("--json", show->json, "Print one JSON summary line");
+  s->callback([show, &exit_code] { exit_code = run_show(*show); });
+}
+
+}  // namespace fedmesh::cli

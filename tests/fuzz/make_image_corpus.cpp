@@ -2,87 +2,28 @@
 // color type and depth the decoder takes, JPEGs (gray, RGB, progressive,
 // CMYK), and the truncated and oversized forms it refuses. Not built by
 // meson; run by hand from the repository root:
-//   c++ -std=c++20 tests/fuzz/make_image_corpus.cpp -lz -ljpeg -o /tmp/make_image_corpus
+//   c++ -std=c++20 -Itests tests/fuzz/make_image_corpus.cpp -lz -ljpeg -o /tmp/make_image_corpus
 //   /tmp/make_image_corpus tests/fuzz/corpus/image
-#include <zlib.h>
-
-#include <cstddef>
-#include <cstdio>
-#include <cstdlib>
-
-#include <jpeglib.h>
+#include "support/image_files.h"
 
 #include <cstdint>
 #include <fstream>
 #include <string>
 #include <vector>
 
-using Bytes = std::vector<uint8_t>;
+using fedmesh::testing::Bytes;
 
-void append_be32(Bytes& out, uint32_t value) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(value >> shift));
-}
-
-void append_chunk(Bytes& out, const char* type, const Bytes& data) {
-  append_be32(out, static_cast<uint32_t>(data.size()));
-  Bytes body(type, type + 4);
-  body.insert(body.end(), data.begin(), data.end());
-  out.insert(out.end(), body.begin(), body.end());
-  append_be32(out, static_cast<uint32_t>(crc32(0, body.data(), static_cast<uInt>(body.size()))));
-}
-
-// samples: height rows of equal length (without filter bytes).
+// A PNG with every row filter type marked.
 Bytes png_bytes(uint32_t width, uint32_t height, int color_type, int bit_depth, const Bytes& samples,
                 const Bytes& palette = {}) {
-  Bytes out = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
-  Bytes header;
-  append_be32(header, width);
-  append_be32(header, height);
-  header.insert(header.end(), {static_cast<uint8_t>(bit_depth), static_cast<uint8_t>(color_type), 0, 0, 0});
-  append_chunk(out, "IHDR", header);
-  if (!palette.empty()) append_chunk(out, "PLTE", palette);
-  const size_t row_bytes = samples.size() / height;
-  Bytes filtered;
-  for (uint32_t r = 0; r < height; ++r) {
-    filtered.push_back(static_cast<uint8_t>(r % 5));  // every PNG filter type
-    filtered.insert(filtered.end(), samples.begin() + r * row_bytes, samples.begin() + (r + 1) * row_bytes);
-  }
-  uLongf packed_size = compressBound(static_cast<uLong>(filtered.size()));
-  Bytes packed(packed_size);
-  compress(packed.data(), &packed_size, filtered.data(), static_cast<uLong>(filtered.size()));
-  packed.resize(packed_size);
-  append_chunk(out, "IDAT", packed);
-  append_chunk(out, "IEND", {});
-  return out;
+  return fedmesh::testing::png_bytes(width, height, color_type, bit_depth, samples, palette, /*filter_cycle=*/true);
 }
 
+// A JPEG of a pattern.
 Bytes jpeg_bytes(uint32_t width, uint32_t height, int components, J_COLOR_SPACE space, bool progressive) {
   Bytes pixels(width * height * components);
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 7);
-  jpeg_compress_struct cinfo;
-  jpeg_error_mgr errors;
-  cinfo.err = jpeg_std_error(&errors);
-  jpeg_create_compress(&cinfo);
-  unsigned char* buffer = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&cinfo, &buffer, &size);
-  cinfo.image_width = width;
-  cinfo.image_height = height;
-  cinfo.input_components = components;
-  cinfo.in_color_space = space;
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, 75, TRUE);
-  if (progressive) jpeg_simple_progression(&cinfo);
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = pixels.data() + cinfo.next_scanline * width * components;
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  jpeg_destroy_compress(&cinfo);
-  Bytes out(buffer, buffer + size);
-  std::free(buffer);
-  return out;
+  return fedmesh::testing::jpeg_bytes(width, height, components, space, pixels, 75, progressive);
 }
 
 Bytes ramp(size_t n) {

@@ -2,14 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <unistd.h>
-#include <zlib.h>
-
-// jpeglib.h needs FILE and size_t declared before it.
-#include <cstddef>
-#include <cstdio>
-#include <cstdlib>
-
-#include <jpeglib.h>
+#include "support/image_files.h"
 
 #include <chrono>
 #include <cmath>
@@ -24,80 +17,18 @@ namespace fedmesh::train::data {
 namespace {
 
 namespace fs = std::filesystem;
-using Bytes = std::vector<uint8_t>;
 
-// ---- A PNG writer with every choice in the test's hands (color type, bit
-// depth, palette), so that the decoder meets files libpng's simplified writer
-// would not make (16 bits without gAMA, a palette, gray + alpha).
-constexpr int kPngGray = 0, kPngRgb = 2, kPngPalette = 3, kPngGrayAlpha = 4, kPngRgba = 6;
-
-void append_be32(Bytes& out, uint32_t value) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(value >> shift));
-}
-
-void append_chunk(Bytes& out, const char* type, const Bytes& data) {
-  append_be32(out, static_cast<uint32_t>(data.size()));
-  Bytes body(type, type + 4);
-  body.insert(body.end(), data.begin(), data.end());
-  out.insert(out.end(), body.begin(), body.end());
-  append_be32(out, static_cast<uint32_t>(crc32(0, body.data(), static_cast<uInt>(body.size()))));
-}
-
-// samples: rows of width * channels samples (16-bit ones big-endian, 2 bytes each).
-Bytes png_bytes(uint32_t width, uint32_t height, int color_type, int bit_depth, const Bytes& samples,
-                const Bytes& palette = {}) {
-  Bytes out = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
-  Bytes header;
-  append_be32(header, width);
-  append_be32(header, height);
-  header.insert(header.end(), {static_cast<uint8_t>(bit_depth), static_cast<uint8_t>(color_type), 0, 0, 0});
-  append_chunk(out, "IHDR", header);
-  if (!palette.empty()) append_chunk(out, "PLTE", palette);
-  const size_t row_bytes = height == 0 ? 0 : samples.size() / height;
-  Bytes filtered;
-  for (uint32_t r = 0; r < height; ++r) {
-    filtered.push_back(0);  // filter: none
-    filtered.insert(filtered.end(), samples.begin() + r * row_bytes, samples.begin() + (r + 1) * row_bytes);
-  }
-  uLongf packed_size = compressBound(static_cast<uLong>(filtered.size()));
-  Bytes packed(packed_size);
-  EXPECT_EQ(compress(packed.data(), &packed_size, filtered.data(), static_cast<uLong>(filtered.size())), Z_OK);
-  packed.resize(packed_size);
-  append_chunk(out, "IDAT", packed);
-  append_chunk(out, "IEND", {});
-  return out;
-}
+using fedmesh::testing::Bytes;
+using fedmesh::testing::jpeg_bytes;
+using fedmesh::testing::kPngGray;
+using fedmesh::testing::kPngGrayAlpha;
+using fedmesh::testing::kPngPalette;
+using fedmesh::testing::kPngRgb;
+using fedmesh::testing::kPngRgba;
+using fedmesh::testing::png_bytes;
 
 Bytes gray_png(uint32_t width, uint32_t height, const Bytes& pixels) {
   return png_bytes(width, height, kPngGray, 8, pixels);
-}
-
-// pixels: (height, width, components); space JCS_GRAYSCALE, JCS_RGB or JCS_CMYK.
-Bytes jpeg_bytes(uint32_t width, uint32_t height, int components, J_COLOR_SPACE space, const Bytes& pixels,
-                 int quality = 95) {
-  jpeg_compress_struct cinfo;
-  jpeg_error_mgr errors;
-  cinfo.err = jpeg_std_error(&errors);
-  jpeg_create_compress(&cinfo);
-  unsigned char* buffer = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&cinfo, &buffer, &size);
-  cinfo.image_width = width;
-  cinfo.image_height = height;
-  cinfo.input_components = components;
-  cinfo.in_color_space = space;
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, quality, TRUE);
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<uint8_t*>(pixels.data()) + cinfo.next_scanline * width * components;
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  jpeg_destroy_compress(&cinfo);
-  Bytes out(buffer, buffer + size);
-  std::free(buffer);
-  return out;
 }
 
 const ImageDataset& images_of(const std::unique_ptr<Dataset>& set) {

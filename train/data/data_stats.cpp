@@ -48,14 +48,7 @@ std::string DataStats::digest() const {
   for (const FeatureSums& f : features) {
     text += "|" + f.name + ":" + std::to_string(f.count) + ":" + exact(f.sum) + ":" + exact(f.sum_squares);
   }
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 0x100000001b3ULL;
-  }
-  char out[32];
-  std::snprintf(out, sizeof out, "fnv1a64:%016llx", static_cast<unsigned long long>(hash));
-  return out;
+  return fnv1a64_text(text);
 }
 
 std::string DataStats::to_json() const {

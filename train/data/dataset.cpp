@@ -4,16 +4,18 @@
 
 namespace fedmesh::train::data {
 
-std::string DataSchema::fingerprint() const {
-  uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a, 64 bits
-  for (unsigned char c : canonical) {
+std::string fnv1a64_text(std::string_view text) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (unsigned char c : text) {
     hash ^= c;
     hash *= 0x100000001b3ULL;
   }
-  char text[32];
-  std::snprintf(text, sizeof text, "fnv1a64:%016llx", static_cast<unsigned long long>(hash));
-  return text;
+  char out[32];
+  std::snprintf(out, sizeof out, "fnv1a64:%016llx", static_cast<unsigned long long>(hash));
+  return out;
 }
+
+std::string DataSchema::fingerprint() const { return fnv1a64_text(canonical); }
 
 DataSchema idx_schema(const ImageDataset& images) {
   DataSchema schema;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/tensor.h"
@@ -23,6 +24,10 @@ namespace fedmesh::train::data {
 // names, feature list and encoding, image size and channels, how values are
 // normalized). Two nodes whose canonical texts differ do not train the same
 // task; fingerprint() is what they compare.
+// "fnv1a64:" + 16 hex digits: the FNV-1a hash of `text`, as fingerprints
+// of schemas and statistics are written.
+std::string fnv1a64_text(std::string_view text);
+
 struct DataSchema {
   Shape sample_shape;
   int64_t classes = 0;

@@ -262,8 +262,8 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
   // communication and the host's own work (the rest of the steps' time).
   const StepTimes times = step_profile_totals();
   disable_step_profile();
-  const double host_seconds =
-      std::max(0.0, summary.train_seconds - times.gemm_seconds - times.kernel_seconds - times.communication_seconds);
+  const double host_seconds = std::max(0.0, summary.train_seconds - times.gemm_seconds - times.kernel_seconds -
+                                                times.communication_seconds - times.data_seconds);
   if (flags.json) {
     nlohmann::json event = {{"event", "summary"},
                {"command", "train"},
@@ -290,6 +290,8 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
       event["step_time"] = {{"gemm_seconds", times.gemm_seconds},
                             {"kernel_seconds", times.kernel_seconds},
                             {"communication_seconds", times.communication_seconds},
+                            {"data_seconds", times.data_seconds},
+                            {"load_seconds", data.load_seconds},
                             {"host_seconds", host_seconds},
                             {"train_seconds", summary.train_seconds}};
     }
@@ -336,9 +338,10 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
   }
   if (flags.profile && !flags.json && summary.train_seconds > 0.0) {
     const auto share = [&](double seconds) { return 100.0 * seconds / summary.train_seconds; };
-    std::printf("step time %s: GEMM %.1f%%, other kernels %.1f%%, communication %.1f%%, host %.1f%%\n",
+    std::printf("step time %s: GEMM %.1f%%, other kernels %.1f%%, communication %.1f%%, batches %.1f%%, host %.1f%%\n",
                 format_duration(summary.train_seconds).c_str(), share(times.gemm_seconds), share(times.kernel_seconds),
-                share(times.communication_seconds), share(host_seconds));
+                share(times.communication_seconds), share(times.data_seconds), share(host_seconds));
+    std::printf("data loaded (read, decoded, split) in %s before training\n", format_duration(data.load_seconds).c_str());
   }
   if (accounting && !flags.json) {
     std::printf("differential privacy (DP-SGD, clip %g, noise %g, q %.4g): (epsilon %.4f, delta %g) spent over %lld steps\n",

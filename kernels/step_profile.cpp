@@ -12,7 +12,7 @@ namespace {
 
 std::atomic<bool> enabled{false};
 std::thread::id profiled_thread;
-std::array<std::atomic<int64_t>, 3> totals_ns{};
+std::array<std::atomic<int64_t>, 4> totals_ns{};
 thread_local ProfileScope* innermost = nullptr;
 thread_local bool paused = false;
 
@@ -35,7 +35,8 @@ StepTimes step_profile_totals() {
   const auto seconds = [](StepTime kind) {
     return static_cast<double>(totals_ns[static_cast<size_t>(kind)].load(std::memory_order_relaxed)) * 1e-9;
   };
-  return {seconds(StepTime::kGemm), seconds(StepTime::kKernels), seconds(StepTime::kCommunication)};
+  return {seconds(StepTime::kGemm), seconds(StepTime::kKernels), seconds(StepTime::kCommunication),
+          seconds(StepTime::kData)};
 }
 
 ProfilePause::ProfilePause() : was_paused_(paused) { paused = true; }

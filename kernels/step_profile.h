@@ -1,7 +1,9 @@
 // Where a training step's time goes: GEMMs, the other kernels, exposed
 // communication (the step waiting for the in-site all-reduce after its
-// backward pass), and the rest, the host's own work (batches, the trainer,
-// the layers' bookkeeping). `fedmesh train --profile` prints it.
+// backward pass), data (turning samples into a batch: decoding is done
+// before training, so this is the copy and normalization per batch), and
+// the rest, the host's own work (the trainer, the layers' bookkeeping).
+// `fedmesh train --profile` prints it.
 //
 // Off unless enabled, and then only the thread that enabled it is timed
 // (the training thread): each kernel entry point opens a ProfileScope, and
@@ -17,12 +19,13 @@
 
 namespace fedmesh {
 
-enum class StepTime : uint8_t { kGemm, kKernels, kCommunication };
+enum class StepTime : uint8_t { kGemm, kKernels, kCommunication, kData };
 
 struct StepTimes {
   double gemm_seconds = 0.0;
   double kernel_seconds = 0.0;
   double communication_seconds = 0.0;
+  double data_seconds = 0.0;
 };
 
 // Starts timing on the calling thread, from zero.

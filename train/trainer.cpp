@@ -284,7 +284,10 @@ void Trainer::read_device_loss(double& loss_sum, int64_t& correct) {
 }
 
 const Tensor& Trainer::load_batch(const data::Dataset& dataset, std::span<const int64_t> indices) {
-  dataset.make_batch(indices, model_.compute_dtype(), inputs_, targets_);
+  {
+    ProfileScope timed(StepTime::kData);
+    dataset.make_batch(indices, model_.compute_dtype(), inputs_, targets_);
+  }
   if (model_.device() == Device::kCpu) return inputs_;
   Tensor::reuse(device_inputs_, inputs_.shape(), inputs_.dtype(), model_.device()).copy_from(inputs_);
   return device_inputs_;

@@ -1,5 +1,6 @@
 #include "train/training_data.h"
 
+#include <chrono>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -19,9 +20,22 @@ std::string fixed(double value, int digits) {
   return text;
 }
 
+Result<TrainingData> load_training_data_untimed(const TrainingDataSpec& spec);
+
 }  // namespace
 
 Result<TrainingData> load_training_data(const TrainingDataSpec& spec) {
+  const auto started = std::chrono::steady_clock::now();
+  Result<TrainingData> loaded = load_training_data_untimed(spec);
+  if (loaded.is_ok()) {
+    loaded->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
+  return loaded;
+}
+
+namespace {
+
+Result<TrainingData> load_training_data_untimed(const TrainingDataSpec& spec) {
   TrainingData out;
   const std::optional<TransformerConfig> language = language_model_config(spec.model);
   if (!language && !spec.tokenizer.empty()) {
@@ -94,5 +108,7 @@ Result<TrainingData> load_training_data(const TrainingDataSpec& spec) {
                     std::to_string(validation_tokens) + " held out) in windows of " + std::to_string(context);
   return out;
 }
+
+}  // namespace
 
 }  // namespace fedmesh::train

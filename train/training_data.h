@@ -29,6 +29,7 @@ struct TrainingData {
   std::unique_ptr<data::FashionMnistSplits> images;
   std::unique_ptr<data::Dataset> train, test;
   data::DataSchema schema;    // image and table models: what the model is built for
+  double load_seconds = 0.0;  // reading, decoding and splitting, before training
   bool language = false;
   std::string description;    // "60000 Fashion-MNIST images (10000 test)"
   double unigram_loss = 0.0;  // language models: the byte unigram's nats per byte on the held-out text

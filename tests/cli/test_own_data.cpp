@@ -130,6 +130,16 @@ class OwnData : public ::testing::Test {
 
 double final_accuracy(const FedmeshOutput& out) { return out.last.value("test_accuracy", -1.0); }
 
+// --profile: how long the data took to load, and the batches' share of the steps.
+void print_data_time(const std::string& what, const FedmeshOutput& out) {
+  const json times = out.last.value("step_time", json::object());
+  const double train = times.value("train_seconds", 0.0);
+  std::printf("%s: data loaded in %.3f s; batches %.1f%% of %.2f s of steps\n", what.c_str(),
+              times.value("load_seconds", 0.0), train > 0 ? 100.0 * times.value("data_seconds", 0.0) / train : 0.0,
+              train);
+  EXPECT_TRUE(times.contains("data_seconds")) << out.last.dump();
+}
+
 TEST_F(OwnData, ATableTrainsCentrallyAndInAThreeSiteFederation) {
   const fs::path tables = dir_ / "tables";
   ASSERT_EQ(run_script("tests/data/split_breast_cancer.py", {tables.string()}), 0);
@@ -139,8 +149,9 @@ TEST_F(OwnData, ATableTrainsCentrallyAndInAThreeSiteFederation) {
   const FedmeshOutput central =
       run_fedmesh({"train", "--model", "mlp", "--data", "csv:" + (tables / "all-train.csv").string(), "--label", label,
                    "--test-data", "csv:" + (tables / "test.csv").string(), "--epochs", "20", "--batch-size", "32",
-                   "--lr", "0.001", "--json"});
+                   "--lr", "0.001", "--profile", "--json"});
   ASSERT_EQ(central.exit_code, 0) << central.text;
+  print_data_time("breast cancer, mlp", central);
   std::printf("breast cancer, fedmesh train (central, mlp): test accuracy %.4f\n", final_accuracy(central));
   EXPECT_GE(final_accuracy(central), 0.94) << central.text;
 
@@ -209,8 +220,9 @@ TEST_F(OwnData, ImageFoldersTrainAtTheirOwnSizeAndChannels) {
   const FedmeshOutput cnn =
       run_fedmesh({"train", "--model", "cnn", "--data", "images:" + (gray / "train").string(), "--test-data",
                    "images:" + (gray / "test").string(), "--image-size", "8", "--epochs", "8", "--batch-size", "32",
-                   "--json"});
+                   "--profile", "--json"});
   ASSERT_EQ(cnn.exit_code, 0) << cnn.text;
+  print_data_time("digits 8x8, cnn", cnn);
   std::printf("digits 8x8, fedmesh train cnn: test accuracy %.4f\n", final_accuracy(cnn));
   EXPECT_GE(final_accuracy(cnn), 0.93) << cnn.text;
   ASSERT_FALSE(cnn.events.empty());

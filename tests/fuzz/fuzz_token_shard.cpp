@@ -90,7 +90,8 @@ void fill(const MemFile& file, const std::string& bytes) {
 void check_refusal(const Status& status, const std::string& path, const char* what) {
   const std::string& message = status.message();
   if (status.is_ok()) violated(std::string(what) + ": refusal expected");
-  if (!message.starts_with(path + ": ")) violated(std::string(what) + ": message does not name the file: '" + message + "'");
+  if (!message.starts_with(path + ": "))
+    violated(std::string(what) + ": message does not name the file: '" + message + "'");
   for (const char c : message) {
     if (static_cast<unsigned char>(c) < 0x20) violated(std::string(what) + ": message holds a control character");
   }
@@ -182,14 +183,16 @@ void fuzz_shard(const std::string& bytes, int64_t context) {
   spec.test_fraction = 0.25;
   Result<LoadedTokens> loaded = load_token_data(spec);
   if (!loaded.is_ok()) {
-    if (loaded.status().code() != StatusCode::kInvalidArgument) violated("split refused: " + loaded.status().to_string());
+    if (loaded.status().code() != StatusCode::kInvalidArgument)
+      violated("split refused: " + loaded.status().to_string());
     check_refusal(loaded.status(), file.path, "load_token_data");
     return;
   }
   const TokenWindows& train = loaded->train;
   const TokenWindows& test = loaded->test;
   if (train.size() < 1 || test.size() < 1) violated("an empty split accepted");
-  if (train.begin() != 0 || train.end() > test.begin() || test.end() != count) violated("the splits overlap or miss the tail");
+  if (train.begin() != 0 || train.end() > test.begin() || test.end() != count)
+    violated("the splits overlap or miss the tail");
   check_windows(train, ids);
   check_windows(test, ids);
 }

@@ -3,8 +3,8 @@
 // of the same ids, the train and held-out ranges split the file's tail off
 // without overlap, every refusal names the file, and a 1 GiB shard is checked
 // and sampled across its whole length without its pages piling up in memory.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -131,7 +131,7 @@ TEST_F(TokenShardTest, Uint16WindowsAreTheIdsWritten) {
   EXPECT_EQ(windows.size(), (1000 - 17) / 16 + 1);
   expect_windows_match(windows, ids);
   expect_windows_match(TokenWindows(shard, 37, 611, 5, 60000), ids);  // an inner range, a larger vocabulary
-  expect_windows_match(TokenWindows(shard, 0, 2, 1, 50257), ids);      // one window of one token
+  expect_windows_match(TokenWindows(shard, 0, 2, 1, 50257), ids);     // one window of one token
   EXPECT_EQ(TokenWindows(shard, 0, 1, 1, 50257).size(), 0);
 }
 
@@ -213,7 +213,8 @@ void expect_refused(const Status& status, const std::string& path, StatusCode co
   ASSERT_FALSE(status.is_ok()) << path;
   EXPECT_EQ(status.code(), code) << status.to_string();
   EXPECT_TRUE(status.message().starts_with(path + ": ")) << status.message();
-  for (const std::string& word : words) EXPECT_NE(status.message().find(word), std::string::npos) << status.message() << " lacks " << word;
+  for (const std::string& word : words)
+    EXPECT_NE(status.message().find(word), std::string::npos) << status.message() << " lacks " << word;
 }
 
 TEST_F(TokenShardTest, RefusalsNameTheFile) {
@@ -221,7 +222,8 @@ TEST_F(TokenShardTest, RefusalsNameTheFile) {
   // Without the magic: a raw array of ids.
   std::string raw(200, '\x01');
   std::string path = write_bytes("raw.bin", raw);
-  expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt, {"not a token shard", "20240520", "version"});
+  expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt,
+                 {"not a token shard", "20240520", "version"});
   path = write_shard("magic.bin", ids, {.magic = 20240521});
   expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt, {"found int32 20240521", "20240520"});
   path = write_bytes("empty.bin", "");
@@ -233,11 +235,14 @@ TEST_F(TokenShardTest, RefusalsNameTheFile) {
   expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt, {"truncated", "104 bytes", "1024"});
   // Sizes that disagree with the count: both numbers named.
   path = write_shard("long.bin", ids, {}, 3);
-  expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt, {"1227 bytes", "100 uint16", "1224 bytes"});
+  expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt,
+                 {"1227 bytes", "100 uint16", "1224 bytes"});
   path = write_shard("truncated.bin", ids, {}, -10);
-  expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt, {"1214 bytes", "1224 bytes", "truncated"});
+  expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt,
+                 {"1214 bytes", "1224 bytes", "truncated"});
   path = write_shard("v2-as-v1.bin", ids, {.version = 2, .count = 200});
-  expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt, {"1424 bytes", "200 uint32", "1824 bytes"});
+  expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt,
+                 {"1424 bytes", "200 uint32", "1824 bytes"});
   path = write_shard("one.bin", {5}, {});
   expect_refused(open_token_shard(path).status(), path, StatusCode::kCorrupt, {"1 tokens", "at least 2"});
   path = write_shard("negative.bin", ids, {.count = -4});
@@ -256,7 +261,8 @@ TEST_F(TokenShardTest, RefusalsNameTheFile) {
   path = write_shard("bad-id.bin", bad);
   Result<TokenShard> shard = open_token_shard(path);
   ASSERT_TRUE(shard.is_ok()) << shard.status().to_string();
-  expect_refused(shard->check_vocabulary(256), path, StatusCode::kCorrupt, {"token 2345 ", "id 256", "vocabulary of 256"});
+  expect_refused(shard->check_vocabulary(256), path, StatusCode::kCorrupt,
+                 {"token 2345 ", "id 256", "vocabulary of 256"});
   EXPECT_EQ(shard->checked_vocabulary(), 0);
   EXPECT_TRUE(shard->check_vocabulary(10000).is_ok());
   EXPECT_EQ(shard->checked_vocabulary(), 10000);
@@ -274,7 +280,8 @@ TEST_F(TokenShardTest, RefusalsNameTheFile) {
   path = write_shard("huge-id.bin", {1, 1u << 30, 2}, {.version = 2});
   Result<TokenShard> huge = open_token_shard(path);
   ASSERT_TRUE(huge.is_ok());
-  expect_refused(huge->check_vocabulary(kMaxTokenVocabulary), path, StatusCode::kCorrupt, {"token 1 ", "id 1073741824"});
+  expect_refused(huge->check_vocabulary(kMaxTokenVocabulary), path, StatusCode::kCorrupt,
+                 {"token 1 ", "id 1073741824"});
   expect_refused(huge->check_vocabulary(kMaxTokenVocabulary + 1), path, StatusCode::kInvalidArgument, {"outside"});
 }
 
@@ -292,6 +299,9 @@ TEST(TokenWindowsDeathTest, WindowsOverUncheckedIdsStopTheProgram) {
     out.write(reinterpret_cast<const char*>(tokens), sizeof tokens);
   }
   Result<TokenShard> shard = open_token_shard(file.string());
+  // The mapping outlives the name; the death tests' children (which run
+  // this test again up to their statement) remove theirs too.
+  fs::remove(file);
   ASSERT_TRUE(shard.is_ok()) << shard.status().to_string();
   auto shared = std::make_shared<TokenShard>(std::move(shard).value());
   EXPECT_DEATH(TokenWindows(shared, 0, 4, 2, 256), "check_vocabulary first");
@@ -299,7 +309,6 @@ TEST(TokenWindowsDeathTest, WindowsOverUncheckedIdsStopTheProgram) {
   EXPECT_DEATH(TokenWindows(shared, 0, 4, 2, 50), "check_vocabulary first");  // checked against more than 50
   TokenWindows ok(shared, 0, 4, 2, 100);
   EXPECT_EQ(ok.size(), 1);
-  fs::remove(file);
 }
 
 // --- memory: a 1 GiB shard ---
@@ -462,14 +471,16 @@ TEST_F(TokenShardTest, OneGibShardIsCheckedAndSampledWithoutACopy) {
   const double cold_seconds = seconds_since(start);
   const Memory after_cold;
 
-  std::printf("[ token shard memory ] 1 GiB shard written in %.2f s; open + check_vocabulary(256) %.2f s; "
-              "VmHWM %s\n",
-              write_seconds, check_seconds, reset ? "reset before each step" : "NOT resettable here: whole-process peak");
+  std::printf(
+      "[ token shard memory ] 1 GiB shard written in %.2f s; open + check_vocabulary(256) %.2f s; "
+      "VmHWM %s\n",
+      write_seconds, check_seconds, reset ? "reset before each step" : "NOT resettable here: whole-process peak");
   std::printf("[ token shard memory ] check_vocabulary: %s\n", growth_text(before_check, after_check).c_str());
-  std::printf("[ token shard memory ] %lld batches of %lld x %lld right after the check, as in a run (%.3f s; VmHWM "
-              "not asserted): %s\n",
-              static_cast<long long>(kBatches), static_cast<long long>(kBatch), static_cast<long long>(kContext),
-              run_seconds, growth_text(before_run, after_run).c_str());
+  std::printf(
+      "[ token shard memory ] %lld batches of %lld x %lld right after the check, as in a run (%.3f s; VmHWM "
+      "not asserted): %s\n",
+      static_cast<long long>(kBatches), static_cast<long long>(kBatch), static_cast<long long>(kContext), run_seconds,
+      growth_text(before_run, after_run).c_str());
   std::printf("[ token shard memory ] the same, the shard not in the page cache (%.3f s): %s\n", cold_seconds,
               growth_text(before_cold, after_cold).c_str());
   EXPECT_LT(after_check.peak - before_check.peak, kMaxGrowthKb);
@@ -516,13 +527,16 @@ TEST_F(TokenShardTest, JsonLinesRefusalsNameTheLine) {
       {"not-json.jsonl", ok + ok + "{\"text\": \"unterminated}\n", {"line 3: ", "not JSON", "byte"}},
       {"trailing.jsonl", ok + "{\"text\": \"a\"} {\"text\": \"b\"}\n", {"line 2: ", "not JSON"}},
       {"plain-text.jsonl", "In the beginning\n", {"line 1: ", "not JSON"}},
-      {"no-field.jsonl", ok + "{\"body\": \"x\", \"meta\": {\"text\": \"nested\"}}\n", {"line 2: ", "no field \"text\""}},
+      {"no-field.jsonl",
+       ok + "{\"body\": \"x\", \"meta\": {\"text\": \"nested\"}}\n",
+       {"line 2: ", "no field \"text\""}},
       {"number.jsonl", ok + ok + ok + "{\"text\": 42}\n", {"line 4: ", "field \"text\" is a number, not a string"}},
       {"object.jsonl", "{\"text\": {\"inner\": \"x\"}}\n", {"line 1: ", "is an object, not a string"}},
       {"null.jsonl", "{\"text\": null}\n", {"line 1: ", "is null, not a string"}},
       {"array.jsonl", ok + "[\"text\"]\n", {"line 2: ", "not an object but an array"}},
       {"string.jsonl", "\"text\"\n", {"line 1: ", "not an object but a string"}},
-      {"deep.jsonl", "{\"text\": \"x\", \"d\": " + std::string(100, '[') + std::string(100, ']') + "}\n",
+      {"deep.jsonl",
+       "{\"text\": \"x\", \"d\": " + std::string(100, '[') + std::string(100, ']') + "}\n",
        {"line 1: ", "nested deeper than 64"}},
       {"bad-utf8.jsonl", "{\"text\": \"\xFF\"}\n", {"line 1: ", "not JSON"}},
       {"empty.jsonl", "\n\n", {"holds no document"}},
@@ -533,8 +547,8 @@ TEST_F(TokenShardTest, JsonLinesRefusalsNameTheLine) {
     expect_refused(got.status(), path, StatusCode::kCorrupt, c.words);
     for (const char ch : got.status().message()) EXPECT_GE(static_cast<unsigned char>(ch), 0x20) << c.name;
   }
-  expect_refused(read_jsonl_documents((dir_ / "none.jsonl").string(), "text").status(),
-                 (dir_ / "none.jsonl").string(), StatusCode::kNotFound, {"no such file"});
+  expect_refused(read_jsonl_documents((dir_ / "none.jsonl").string(), "text").status(), (dir_ / "none.jsonl").string(),
+                 StatusCode::kNotFound, {"no such file"});
   const std::string path = write_bytes("field.jsonl", ok);
   expect_refused(read_jsonl_documents(path, "").status(), path, StatusCode::kInvalidArgument, {"field"});
   expect_refused(parse_jsonl_documents(std::string_view(ok.data(), 1), "x.jsonl", "text").status(), "x.jsonl",

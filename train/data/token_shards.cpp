@@ -101,7 +101,8 @@ Status TokenShard::check_vocabulary(int64_t vocabulary) {
     FEDMESH_RETURN_IF_ERROR(read_at(fd_, path_, buffer.data(), static_cast<size_t>(n * width),
                                     static_cast<off_t>(kTokenShardHeaderBytes + first * width), got));
     if (got != static_cast<size_t>(n * width)) {
-      return io_error(path_ + ": ended at byte " + std::to_string(kTokenShardHeaderBytes + first * width + static_cast<int64_t>(got)) +
+      return io_error(path_ + ": ended at byte " +
+                      std::to_string(kTokenShardHeaderBytes + first * width + static_cast<int64_t>(got)) +
                       " while its ids were checked; it was " + std::to_string(map_bytes_) +
                       " bytes when opened (changed since?)");
     }
@@ -214,8 +215,8 @@ void TokenWindows::make_batch(std::span<const int64_t> indices, DType, Tensor& i
     for (int64_t t = 0; t < context_; ++t) {
       const int64_t next = shard_->token(first + t + 1);
       FEDMESH_CHECK(id < vocabulary_ && next < vocabulary_,
-                    shard_->path() + ": an id at token " + std::to_string(first + t) +
-                        " is not below the vocabulary " + std::to_string(vocabulary_) +
+                    shard_->path() + ": an id at token " + std::to_string(first + t) + " is not below the vocabulary " +
+                        std::to_string(vocabulary_) +
                         ", though the file passed its check: it changed under the mapping");
       ids[b * context_ + t] = static_cast<float>(id);
       targets[static_cast<size_t>(b * context_ + t)] = static_cast<int32_t>(next);
@@ -274,8 +275,8 @@ Result<LoadedTokens> load_token_data(const TokenSpec& spec) {
     test = *test_shard;
   } else {
     const int64_t n = train->size();
-    const int64_t held_out = std::min<int64_t>(
-        n, static_cast<int64_t>(std::ceil(static_cast<double>(n) * spec.test_fraction)));
+    const int64_t held_out =
+        std::min<int64_t>(n, static_cast<int64_t>(std::ceil(static_cast<double>(n) * spec.test_fraction)));
     train_end = n - held_out;
     test_begin = train_end;
   }
@@ -293,14 +294,14 @@ Result<LoadedTokens> load_token_data(const TokenSpec& spec) {
   }
   LoadedTokens loaded{
       TokenWindows(train, 0, limited_end(0, train_end, spec.context, spec.train_limit), spec.context, spec.vocabulary),
-      TokenWindows(test, test_begin, limited_end(test_begin, test->size(), spec.context, spec.test_limit),
-                   spec.context, spec.vocabulary),
+      TokenWindows(test, test_begin, limited_end(test_begin, test->size(), spec.context, spec.test_limit), spec.context,
+                   spec.vocabulary),
       ""};
-  loaded.description = shard_text(*train) + ": " + with_commas(loaded.train.size()) + " training windows of " +
-                       std::to_string(spec.context) + ", " + with_commas(loaded.test.size()) + " held out (" +
-                       (spec.test_path.empty() ? "its last " + with_commas(train->size() - test_begin) + " tokens"
-                                               : shard_text(*test)) +
-                       ")";
+  loaded.description =
+      shard_text(*train) + ": " + with_commas(loaded.train.size()) + " training windows of " +
+      std::to_string(spec.context) + ", " + with_commas(loaded.test.size()) + " held out (" +
+      (spec.test_path.empty() ? "its last " + with_commas(train->size() - test_begin) + " tokens" : shard_text(*test)) +
+      ")";
   return loaded;
 }
 
@@ -409,7 +410,8 @@ Result<std::vector<std::string>> parse_jsonl_documents(std::string_view text, co
     }
     if (!parsed) return corrupt(where + (sax.error().empty() ? std::string("not JSON") : sax.error()));
     if (sax.found().empty()) return corrupt(where + "no field \"" + field + "\"");
-    if (sax.found() != "a string") return corrupt(where + "field \"" + field + "\" is " + sax.found() + ", not a string");
+    if (sax.found() != "a string")
+      return corrupt(where + "field \"" + field + "\" is " + sax.found() + ", not a string");
     documents.push_back(std::move(sax.text()));
   }
   if (documents.empty()) return corrupt(path + ": holds no document (one JSON object per line)");

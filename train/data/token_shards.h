@@ -128,11 +128,11 @@ class TokenWindows final : public Dataset {
 };
 
 struct TokenSpec {
-  std::string path;             // the training shard
-  std::string test_path;        // optional held-out shard; else the last test_fraction of path
-  double test_fraction = 0.05;  // in (0, 1), used without test_path
-  int64_t context = 0;          // tokens per window, >= 1
-  int64_t vocabulary = 0;       // the model's, in [1, kMaxTokenVocabulary]; every id is checked against it
+  std::string path;                         // the training shard
+  std::string test_path;                    // optional held-out shard; else the last test_fraction of path
+  double test_fraction = 0.05;              // in (0, 1), used without test_path
+  int64_t context = 0;                      // tokens per window, >= 1
+  int64_t vocabulary = 0;                   // the model's, in [1, kMaxTokenVocabulary]; every id is checked against it
   int64_t train_limit = 0, test_limit = 0;  // windows: > 0: the first N of the split; 0: all
 };
 

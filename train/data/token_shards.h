@@ -4,7 +4,10 @@
 // Token shards are llm.c's and nanoGPT's `.bin` files, memory-mapped and
 // never copied: the windows of a training run read their ids straight from
 // the mapping, so the memory a run holds is the pages it touched, which the
-// OS may drop again (they are clean file pages).
+// OS may drop again (they are clean file pages). Resident-set figures count
+// them by the page cache's folio: where the file is cached in large folios
+// (after a sequential read of it, on Linux 6.18 up to 2 MiB), one touched
+// window maps its whole folio (docs/data.md has the measured numbers).
 //
 // Format (all integers little-endian):
 //   bytes 0 .. 1023   header: 256 int32

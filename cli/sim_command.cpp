@@ -83,7 +83,7 @@ Status check_mode_flags(const SimFlags& flags) {
 // Bible by default, or a directory of .txt files) for the language models.
 Result<sim::SimulationData> load_simulation_data(const SimFlags& flags) {
   const sim::SimulationOptions& o = flags.options;
-  if (train::data::is_own_data(flags.data)) {
+  if (train::data::is_own_data(flags.data) || train::data::is_token_shard(flags.data)) {
     return invalid_argument("--data " + flags.data + ": fedmesh sim splits one demo data set among virtual sites "
                             "(fashion-mnist, an IDX directory, text); train own data with `fedmesh train`, or federate "
                             "it with `fedmesh aggregator` and one `fedmesh node` per site (docs/data.md)");

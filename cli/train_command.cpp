@@ -1,5 +1,7 @@
 #include "cli/train_command.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -33,6 +35,13 @@ struct TrainFlags {
   bool profile = false;  // --profile: the step-time breakdown (kernels/step_profile.h)
 };
 
+// The process's peak resident set so far, in MB (getrusage: kB on Linux).
+double peak_rss_mb() {
+  rusage usage{};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return -1.0;
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
 // Exit codes: 2 for input the user must fix, 1 for a failure while training.
 int fail(const TrainFlags& flags, const Status& status, int exit_code = 2) {
   return report_failure("train", flags.json, status, exit_code);
@@ -45,10 +54,13 @@ int fail(const TrainFlags& flags, const Status& status, int exit_code = 2) {
 // per byte with the byte tokenizer; fewer with BPE). The unigram
 // baseline is always the byte unigram's (nats per byte), so that runs with
 // and without a tokenizer compare.
-nlohmann::json language_metrics(double loss, double unigram_loss, double tokens_per_byte) {
+// Pre-tokenized ids (tokens:FILE.bin) stand for bytes nobody told us of:
+// loss and perplexity only.
+nlohmann::json language_metrics(double loss, const train::TrainingData& data) {
+  if (data.pretokenized) return {{"val_loss", loss}, {"val_perplexity", std::exp(loss)}};
   return {{"val_loss", loss}, {"val_perplexity", std::exp(loss)},
-          {"val_bits_per_byte", train::data::bits_per_byte(loss, tokens_per_byte)},
-          {"unigram_bits_per_byte", unigram_loss / std::log(2.0)}};
+          {"val_bits_per_byte", train::data::bits_per_byte(loss, data.tokens_per_byte)},
+          {"unigram_bits_per_byte", data.unigram_loss / std::log(2.0)}};
 }
 
 constexpr const char* kSeededNoiseNote =
@@ -143,7 +155,7 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
     std::fprintf(stderr, "held-out text: a byte unigram model (no context) reaches %.3f bits/byte; a unigram of "
                  "these tokens %.4f nats/token, %.3f bits/byte\n", data.unigram_loss / std::log(2.0),
                  data.token_unigram_loss, train::data::bits_per_byte(data.token_unigram_loss, data.tokens_per_byte));
-  } else if (data.language) {
+  } else if (data.language && !data.pretokenized) {
     std::fprintf(stderr, "held-out text: a unigram model (no context) reaches %.4f nats/token, %.3f bits/byte\n",
                  data.unigram_loss, data.unigram_loss / std::log(2.0));
   }
@@ -233,7 +245,7 @@ train::TrainingRunEvents progress_events(const TrainFlags& flags, const train::T
                               {"test_loss", r.test.loss},
                               {"test_accuracy", r.test.accuracy},
                               {"seconds", r.seconds}};
-      if (data.language) event.update(language_metrics(r.test.loss, data.unigram_loss, data.tokens_per_byte));
+      if (data.language) event.update(language_metrics(r.test.loss, data));
       emit_json(event);
       return;
     }
@@ -285,7 +297,8 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
                {"rounds", 0},
                {"bytes_sent", 0},
                {"bytes_received", 0},
-               {"wall_seconds", wall_seconds}};
+               {"wall_seconds", wall_seconds},
+               {"peak_rss_mb", peak_rss_mb()}};
     if (flags.profile) {
       event["step_time"] = {{"gemm_seconds", times.gemm_seconds},
                             {"kernel_seconds", times.kernel_seconds},
@@ -306,7 +319,7 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
       if (o.options.dp_seeded_noise) event["dp_noise_note"] = kSeededNoiseNote;
     }
     if (data.language) {
-      event.update(language_metrics(summary.test.loss, data.unigram_loss, data.tokens_per_byte));
+      event.update(language_metrics(summary.test.loss, data));
       event["tokens_per_second"] = summary.samples_per_second * static_cast<double>(data.train->targets_per_sample());
     }
     if (data.tokenizer) {

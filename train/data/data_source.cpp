@@ -11,7 +11,7 @@ namespace fedmesh::train::data {
 namespace {
 
 std::string prefix_of(const std::string& spec) {
-  for (const char* format : {"csv", "images"}) {
+  for (const char* format : {"csv", "images", "tokens", "jsonl"}) {
     const std::string prefix = std::string(format) + ":";
     if (spec.rfind(prefix, 0) == 0) return format;
   }
@@ -20,21 +20,36 @@ std::string prefix_of(const std::string& spec) {
 
 }  // namespace
 
-bool is_own_data(const std::string& spec) { return !prefix_of(spec).empty(); }
+bool is_own_data(const std::string& spec) {
+  const std::string format = prefix_of(spec);
+  return format == "csv" || format == "images";
+}
+
+bool is_token_shard(const std::string& spec) { return prefix_of(spec) == "tokens"; }
 
 bool DataSource::own() const { return is_own_data(source); }
 
-std::string DataSource::format() const { return prefix_of(source); }
+std::string DataSource::format() const { return own() ? prefix_of(source) : std::string(); }
 
 std::string DataSource::path() const {
-  const std::string f = format();
+  const std::string f = prefix_of(source);
   return f.empty() ? source : source.substr(f.size() + 1);
 }
 
 Status DataSource::validate() const {
   const std::string f = format();
+  if (is_token_shard(source)) {
+    if (!test.empty() && !is_token_shard(test)) {
+      return invalid_argument("data.test '" + test + "' must be tokens:FILE.bin like data.source '" + source + "'");
+    }
+    if (!(test_fraction > 0.0 && test_fraction < 1.0)) {
+      return invalid_argument("data.test_fraction (--test-fraction) must be in (0, 1), not " + std::to_string(test_fraction));
+    }
+    if (path().empty()) return invalid_argument("data.source '" + source + "' names no file");
+    return Status::ok();
+  }
   if (f.empty()) {
-    if (!test.empty()) return invalid_argument("data.test (--test-data) is for own data (csv:FILE, images:DIR), not " + source);
+    if (!test.empty()) return invalid_argument("data.test (--test-data) is for own data (csv:FILE, images:DIR, tokens:FILE), not " + source);
     if (!label.empty()) return invalid_argument("data.label (--label) is for tables (csv:FILE), not " + source);
     return Status::ok();
   }

@@ -4,6 +4,8 @@
 // files, the text corpora) or the institution's own data:
 //   csv:FILE     a table with a header row (train/data/table.h)
 //   images:DIR   one folder of PNG/JPEG images per class (train/data/image_folder.h)
+//   tokens:FILE  llm.c / nanoGPT token shards, language models (train/data/token_shards.h)
+//   jsonl:FILE   one JSON object with a "text" field per line, language models
 // Own data is never split into demo shards: it is this node's data.
 #pragma once
 
@@ -46,8 +48,12 @@ struct DataSource {
   Status validate() const;
 };
 
-// Whether a data spec names own data (csv:... or images:...).
+// Whether a data spec names own data for the image and table models
+// (csv:... or images:...), or pre-tokenized ids for the language models
+// (tokens:FILE.bin, train/data/token_shards.h). jsonl:FILE is a text
+// corpus (train/data/text_corpus.h).
 bool is_own_data(const std::string& spec);
+bool is_token_shard(const std::string& spec);
 
 // Reads the data.* keys above (data.source included) into `source`.
 void read_data_source(ConfigReader& reader, DataSource& source);

@@ -1,5 +1,7 @@
 #include "train/data/text_corpus.h"
 
+#include "train/data/token_shards.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -132,6 +134,16 @@ int64_t TextCorpus::bytes() const {
 
 Result<TextCorpus> load_text_corpus(const std::string& source) {
   if (source == kBibleCorpus) return load_bible();
+  if (source.rfind("jsonl:", 0) == 0) {
+    const std::string path = source.substr(6);
+    Result<std::vector<std::string>> documents = read_jsonl_documents(path, "text");
+    if (!documents.is_ok()) return documents.status();
+    TextCorpus corpus;
+    for (size_t i = 0; i < documents->size(); ++i) {
+      corpus.documents.push_back({path + ":" + std::to_string(i + 1), std::move((*documents)[i])});
+    }
+    return corpus;
+  }
   return load_directory(source);
 }
 

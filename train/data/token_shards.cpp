@@ -95,6 +95,11 @@ Status TokenShard::check_vocabulary(int64_t vocabulary) {
   const int64_t width = width_bytes();
   const int64_t chunk_tokens = kTokenCheckChunkBytes / width;
   std::vector<char> buffer(static_cast<size_t>(chunk_tokens * width));
+  // What the pass read is dropped from the page cache behind it, in whole
+  // aligned blocks: the cache holds the file in folios of up to 2 MiB, and
+  // a folio only partly inside a dropped range stays.
+  constexpr off_t kDropBlock = off_t{4} << 20;
+  off_t dropped = 0;
   for (int64_t first = 0; first < count_; first += chunk_tokens) {
     const int64_t n = std::min(chunk_tokens, count_ - first);
     size_t got = 0;
@@ -116,9 +121,14 @@ Status TokenShard::check_vocabulary(int64_t vocabulary) {
     // The pass leaves nothing behind in the page cache: pages cached in
     // large folios would later be mapped whole by the windows' faults, and
     // a run would hold the file rather than the windows it reads.
-    (void)::posix_fadvise(fd_, static_cast<off_t>(kTokenShardHeaderBytes + first * width),
-                          static_cast<off_t>(n * width), POSIX_FADV_DONTNEED);
+    const off_t done = static_cast<off_t>(kTokenShardHeaderBytes + (first + n) * width);
+    const off_t behind = (done - kDropBlock) / kDropBlock * kDropBlock;
+    if (behind > dropped) {
+      (void)::posix_fadvise(fd_, dropped, behind - dropped, POSIX_FADV_DONTNEED);
+      dropped = behind;
+    }
   }
+  (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);  // the rest, read-ahead included
   checked_vocabulary_ = checked_vocabulary_ == 0 ? vocabulary : std::min(checked_vocabulary_, vocabulary);
   return Status::ok();
 }

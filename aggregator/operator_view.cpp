@@ -54,6 +54,7 @@ void OperatorView::round_closed(const nlohmann::json& event) {
   if (event.contains("test_accuracy")) {
     last_accuracy_ = event.value("test_accuracy", -1.0);
     last_loss_ = event.value("test_loss", -1.0);
+    last_r2_ = event.contains("test_r2") ? std::optional<double>(event.value("test_r2", 0.0)) : std::nullopt;
   }
   history_.push_back(event);
   if (history_.size() > kRoundHistoryShown) history_.pop_front();
@@ -103,7 +104,11 @@ std::string OperatorView::render_metrics(const OperatorContext& context) const {
   out.counter("fedmesh_bytes_sent_total", "Bytes sent on the federation socket", static_cast<double>(context.bytes_sent));
   out.histogram("fedmesh_update_staleness", "Staleness tau of accepted updates (server versions)", staleness_);
   out.gauge("fedmesh_round_duration_seconds", "Wall time of the last server step", last_round_seconds_);
-  if (last_accuracy_ >= 0.0) out.gauge("fedmesh_global_accuracy", "Validation accuracy of the global model", last_accuracy_);
+  if (last_r2_) {
+    out.gauge("fedmesh_global_r2", "Validation R² of the global model (regression)", *last_r2_);
+  } else if (last_accuracy_ >= 0.0) {
+    out.gauge("fedmesh_global_accuracy", "Validation accuracy of the global model", last_accuracy_);
+  }
   out.header("fedmesh_sites", "gauge", "Sites by state (connected, training, late, dropped, revoked)");
   for (const SiteState state : {SiteState::kConnected, SiteState::kTraining, SiteState::kLate, SiteState::kDropped,
                                 SiteState::kRevoked}) {
@@ -161,7 +166,8 @@ std::string OperatorView::render_status(const OperatorContext& context) const {
                            {"http_refused", context.http_refused},
                            {"refusal_log_lines_suppressed", context.refusal_log_lines_suppressed},
                            {"uptime_seconds", context.uptime_seconds}};
-  if (last_accuracy_ >= 0.0) status["test_accuracy"] = last_accuracy_;
+  if (last_accuracy_ >= 0.0 && !last_r2_) status["test_accuracy"] = last_accuracy_;
+  if (last_r2_) status["test_r2"] = *last_r2_;
   if (last_loss_ >= 0.0) status["test_loss"] = last_loss_;
   // Reasons may quote what a peer sent: never let a stray byte fail the page.
   return status.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

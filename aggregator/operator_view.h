@@ -81,6 +81,7 @@ class OperatorView {
   std::map<std::string, int64_t> rejections_by_code_;
   Histogram staleness_{{0, 1, 2, 4, 8, 16, 32}};
   double last_round_seconds_ = 0.0, last_accuracy_ = -1.0, last_loss_ = -1.0;
+  std::optional<double> last_r2_;  // regression: the validation R² (may be negative)
   std::deque<nlohmann::json> history_;     // round events, oldest first
   std::deque<nlohmann::json> rejections_;  // newest last
   OperatorSnapshot snapshot_;

@@ -223,7 +223,8 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   // (with the tokenizer's vocabulary, as the sites make it).
   Result<std::unique_ptr<train::Sequential>> model = train::make_model(
       config.model, config.seed,
-      train::ModelInput{tokenizer ? tokenizer->vocabulary() : 0, data_schema.sample_shape, data_schema.classes});
+      train::ModelInput{tokenizer ? tokenizer->vocabulary() : 0, data_schema.sample_shape, data_schema.classes,
+                        data_schema.regression});
   if (!model.is_ok()) return model.status();
   evaluator_model = std::move(*model);
   std::vector<std::string> names;
@@ -910,6 +911,11 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
       loss = result.loss;
       metrics["test_accuracy"] = accuracy;
       metrics["test_loss"] = loss;
+      if (result.regression) {
+        metrics["test_r2"] = result.r2;
+        metrics["test_mae"] = result.mae;
+        metrics["test_rmse"] = result.rmse;
+      }
       if (language_model) {
         metrics["val_loss"] = loss;
         metrics["val_perplexity"] = std::exp(loss);
@@ -959,6 +965,9 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
   if (accuracy >= 0.0) {
     event["test_accuracy"] = accuracy;
     event["test_loss"] = loss;
+    for (const char* key : {"test_r2", "test_mae", "test_rmse"}) {
+      if (metrics.contains(key)) event[key] = metrics[key];
+    }
     if (language_model) {
       for (const char* key : {"val_loss", "val_perplexity", "val_bits_per_byte"}) event[key] = metrics[key];
     }

@@ -38,7 +38,11 @@ void print_event(const nlohmann::json& e) {
                  e["sampled"].size(), e.value("reopened", false) ? " (reopened after a restart)" : "");
   } else if (kind == "round") {
     std::string accuracy;
-    if (e.contains("test_accuracy")) {
+    if (e.contains("test_r2")) {
+      char buffer[96];
+      std::snprintf(buffer, sizeof buffer, "  test R² %.4f, MAE %.4g", e.value("test_r2", 0.0), e.value("test_mae", 0.0));
+      accuracy = buffer;
+    } else if (e.contains("test_accuracy")) {
       char buffer[64];
       std::snprintf(buffer, sizeof buffer, "  test accuracy %.2f%%", 100.0 * e["test_accuracy"].get<double>());
       accuracy = buffer;

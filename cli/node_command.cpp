@@ -48,10 +48,15 @@ void print_event(const std::string& site, const nlohmann::json& e) {
     const std::string outcome = secure ? (accepted ? "masked and in the secure sum (session " + e.value("session", std::string()) + ")"
                                                    : "not in the secure sum: " + e.value("reason", std::string()))
                                        : (accepted ? "accepted" : "refused: " + e.value("reason", std::string()));
-    std::fprintf(stderr, "[%s] round %lld: %lld local steps, train loss %.4f, local accuracy %.2f%%, update %s in %s\n",
+    char local[96];
+    if (e.contains("local_r2")) {
+      std::snprintf(local, sizeof local, "local R² %.4f, MAE %.4g", e.value("local_r2", 0.0), e.value("local_mae", 0.0));
+    } else {
+      std::snprintf(local, sizeof local, "local accuracy %.2f%%", 100.0 * e.value("local_accuracy", 0.0));
+    }
+    std::fprintf(stderr, "[%s] round %lld: %lld local steps, train loss %.4f, %s, update %s in %s\n",
                  name, static_cast<long long>(e.value("round", 0)), static_cast<long long>(e.value("steps", 0)),
-                 e.value("train_loss", 0.0), 100.0 * e.value("local_accuracy", 0.0), outcome.c_str(),
-                 format_duration(e.value("seconds", 0.0)).c_str());
+                 e.value("train_loss", 0.0), local, outcome.c_str(), format_duration(e.value("seconds", 0.0)).c_str());
   } else if (kind == "secure_session") {
     std::fprintf(stderr, "[%s] round %lld: secure-aggregation session %s (%lld sites invited, threshold %lld)\n", name,
                  static_cast<long long>(e.value("round", 0)), e.value("session", "").c_str(),

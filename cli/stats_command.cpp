@@ -112,6 +112,9 @@ void add_stats_command(CLI::App& app, int& exit_code) {
   c->add_option("--config", compute->config, "A site or aggregator config: its data.* keys describe the data");
   c->add_option("--data", compute->data.source, "csv:FILE or images:DIR (as `fedmesh train --data`)");
   c->add_option("--label", compute->data.label, "Tables: the label column");
+  c->add_option("--task", compute->data.task,
+                "classification or regression (a table's numeric label column: its statistics come last)")
+      ->capture_default_str();
   c->add_option("--test-data", compute->data.test, "The test part (not counted)");
   c->add_option("--test-fraction", compute->data.test_fraction, "Without --test-data: the share held out (not counted)")
       ->capture_default_str();

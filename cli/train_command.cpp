@@ -63,6 +63,11 @@ nlohmann::json language_metrics(double loss, const train::TrainingData& data) {
           {"unigram_bits_per_byte", data.unigram_loss / std::log(2.0)}};
 }
 
+// Regression: R² (unit-free) and MAE / RMSE in the target's own units.
+nlohmann::json regression_metrics(const train::EvalResult& test) {
+  return {{"test_r2", test.r2}, {"test_mae", test.mae}, {"test_rmse", test.rmse}};
+}
+
 constexpr const char* kSeededNoiseNote =
     "DP-SGD noise seeded for replay (--dp-seeded-noise): not a privacy guarantee; epsilon is what the mechanism "
     "would spend with secret noise";
@@ -191,6 +196,8 @@ void print_resumed(const TrainFlags& flags, const train::TrainingRun& run) {
                {"precision", flags.run.precision},
                {"test_accuracy", at.metrics.value("test_accuracy", 0.0)},
                {"test_loss", at.metrics.value("test_loss", 0.0)},
+               {"test_r2", at.metrics.value("test_r2", 0.0)},
+               {"test_mae", at.metrics.value("test_mae", 0.0)},
                {"train_loss", at.metrics.value("train_loss", 0.0)},
                {"steps", at.step},
                {"resumed_from_step", at.step},
@@ -200,6 +207,12 @@ void print_resumed(const TrainFlags& flags, const train::TrainingRun& run) {
                {"bytes_received", 0},
                {"wall_seconds", 0.0}});
   } else {
+    if (at.metrics.contains("test_r2")) {
+      std::printf("%s %s: test R² %.4f, MAE %.4g (run already complete at step %lld)\n", flags.run.model.c_str(),
+                  flags.run.precision.c_str(), at.metrics.value("test_r2", 0.0), at.metrics.value("test_mae", 0.0),
+                  static_cast<long long>(at.step));
+      return;
+    }
     std::printf("%s %s: test accuracy %.2f%% (run already complete at step %lld)\n", flags.run.model.c_str(),
                 flags.run.precision.c_str(), 100.0 * at.metrics.value("test_accuracy", 0.0),
                 static_cast<long long>(at.step));
@@ -246,6 +259,7 @@ train::TrainingRunEvents progress_events(const TrainFlags& flags, const train::T
                               {"test_accuracy", r.test.accuracy},
                               {"seconds", r.seconds}};
       if (data.language) event.update(language_metrics(r.test.loss, data));
+      if (r.test.regression) event.update(regression_metrics(r.test));
       emit_json(event);
       return;
     }
@@ -256,6 +270,12 @@ train::TrainingRunEvents progress_events(const TrainFlags& flags, const train::T
                    r.test.loss, std::exp(r.test.loss), train::data::bits_per_byte(r.test.loss, data.tokens_per_byte),
                    data.unigram_loss / std::log(2.0), data.tokenizer ? "token" : "byte",
                    100.0 * r.test.accuracy, format_duration(r.seconds).c_str());
+      return;
+    }
+    if (r.test.regression) {
+      std::fprintf(stderr, "epoch %lld: train loss %.4f, test loss %.4f, test R² %.4f, MAE %.4g, RMSE %.4g (%s)\n",
+                   static_cast<long long>(r.epoch), r.train_loss, r.test.loss, r.test.r2, r.test.mae, r.test.rmse,
+                   format_duration(r.seconds).c_str());
       return;
     }
     std::fprintf(stderr, "epoch %lld: train loss %.4f, train accuracy %.2f%%, test loss %.4f, test accuracy %.2f%% (%s)\n",
@@ -318,6 +338,7 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
       event["dp_noise"] = o.options.dp_seeded_noise ? "seeded" : "csprng";
       if (o.options.dp_seeded_noise) event["dp_noise_note"] = kSeededNoiseNote;
     }
+    if (summary.test.regression) event.update(regression_metrics(summary.test));
     if (data.language) {
       event.update(language_metrics(summary.test.loss, data));
       event["tokens_per_second"] = summary.samples_per_second * static_cast<double>(data.train->targets_per_sample());
@@ -338,10 +359,18 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
                 summary.samples_per_second * static_cast<double>(data.train->targets_per_sample()),
                 format_duration(wall_seconds).c_str());
   } else {
-    std::printf("%s %s: test accuracy %.2f%%, test loss %.4f after %lld steps (%lld skipped), %.0f samples/s, %s\n",
-                o.model.c_str(), o.precision.c_str(), 100.0 * summary.test.accuracy, summary.test.loss,
-                static_cast<long long>(summary.steps), static_cast<long long>(summary.skipped_steps),
-                summary.samples_per_second, format_duration(wall_seconds).c_str());
+    if (summary.test.regression) {
+      std::printf("%s %s: test R² %.4f, MAE %.4g, RMSE %.4g (test loss %.4f) after %lld steps (%lld skipped), "
+                  "%.0f samples/s, %s\n", o.model.c_str(), o.precision.c_str(), summary.test.r2, summary.test.mae,
+                  summary.test.rmse, summary.test.loss, static_cast<long long>(summary.steps),
+                  static_cast<long long>(summary.skipped_steps), summary.samples_per_second,
+                  format_duration(wall_seconds).c_str());
+    } else {
+      std::printf("%s %s: test accuracy %.2f%%, test loss %.4f after %lld steps (%lld skipped), %.0f samples/s, %s\n",
+                  o.model.c_str(), o.precision.c_str(), 100.0 * summary.test.accuracy, summary.test.loss,
+                  static_cast<long long>(summary.steps), static_cast<long long>(summary.skipped_steps),
+                  summary.samples_per_second, format_duration(wall_seconds).c_str());
+    }
     if (!o.db.empty()) {
       std::printf("%lld checkpoints committed to %s (newest: step %lld)%s\n",
                   static_cast<long long>(run.checkpoints_committed()), o.db.c_str(),
@@ -448,6 +477,9 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "Own data without --test-data: the share held out for testing (a seeded split)")
       ->capture_default_str();
   cmd->add_option("--label", flags->run.data.label, "Tables: the label column's name");
+  cmd->add_option("--task", flags->run.data.task,
+                  "classification (default: class ids, cross-entropy, accuracy) or regression (tables: the label "
+                  "column is a number; squared error, reported as R², MAE and RMSE in its units)");
   cmd->add_option("--image-size", flags->run.data.image_size,
                   "Image folders: every image center-cropped to a square and resized to N x N")
       ->capture_default_str();

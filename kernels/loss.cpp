@@ -56,4 +56,33 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const i
   return result;
 }
 
+SquaredErrorResult squared_error(const Tensor& predictions, std::span<const float> values, Tensor* dpredictions,
+                                 float grad_scale, float normalizer) {
+  const ProfileScope profile(StepTime::kKernels);
+  device::require_host("squared_error (values on the host)", {&predictions, dpredictions});
+  FEDMESH_CHECK(predictions.rank() == 2 && predictions.dim(1) == 1 &&
+                    static_cast<int64_t>(values.size()) == predictions.dim(0),
+                "squared_error: predictions " + shape_to_string(predictions.shape()) + " vs " +
+                    std::to_string(values.size()) + " values");
+  FEDMESH_CHECK(dpredictions == nullptr || dpredictions->numel() == predictions.numel(),
+                "squared_error: dpredictions shape");
+  const int64_t rows = predictions.dim(0);
+  const double grad_factor = 2.0 * static_cast<double>(grad_scale) / static_cast<double>(normalizer);
+  SquaredErrorResult result;
+  visit_dtype(predictions.dtype(), [&]<class T>() {
+    const T* in = predictions.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const double error = static_cast<double>(to_float(in[r])) - static_cast<double>(values[static_cast<size_t>(r)]);
+      result.loss_sum += error * error;
+      result.abs_sum += std::fabs(error);
+      if (dpredictions != nullptr) {
+        visit_dtype(dpredictions->dtype(), [&]<class G>() {
+          dpredictions->data<G>()[r] = from_float<G>(static_cast<float>(error * grad_factor));
+        });
+      }
+    }
+  });
+  return result;
+}
+
 }  // namespace fedmesh

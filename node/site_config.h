@@ -102,7 +102,7 @@ struct SiteData {
   int64_t vocabulary = 0;  // the tokenizer's; 0: the model's own
   // "fnv1a64:..." of data.tokenizer, "" for bytes (and the image models).
   std::string tokenizer_fingerprint() const { return tokenizer ? tokenizer->fingerprint() : std::string(); }
-  train::ModelInput model_input() const { return {vocabulary, schema.sample_shape, schema.classes}; }
+  train::ModelInput model_input() const { return {vocabulary, schema.sample_shape, schema.classes, schema.regression}; }
 };
 Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit = -1);
 

@@ -181,7 +181,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   if (config.store.empty()) config.store = config.name + ".db";
   FEDMESH_RETURN_IF_ERROR(config.validate());
   set_cpu_threads(config.threads);
-  Result<Device> device = train::training_device(config.device, /*dp_sgd=*/false);
+  Result<Device> device = train::training_device(config.device, /*dp_sgd=*/false, config.data.regression());
   if (!device.is_ok()) return device.status();
   Result<crypto::Membership> membership =
       crypto::load_membership(config.keys, config.name, config.roster, config.admin_public, config.federation);
@@ -576,6 +576,10 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
                           {"local_accuracy", local_eval.accuracy}, {"steps", summary.steps},
                           {"bytes", prepared->encoded_payload_bytes}, {"wire_bytes", protocol::wire_bytes(*prepared)},
                           {"seconds", seconds}, {"attempts", attempts}};
+  if (local_eval.regression) {
+    event["local_r2"] = local_eval.r2;
+    event["local_mae"] = local_eval.mae;
+  }
   if (outcome->rejection) {
     event["code"] = protocol::reject_code_name(outcome->rejection->code);
     event["reason"] = outcome->rejection->reason;

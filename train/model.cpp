@@ -150,7 +150,11 @@ Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t s
     return invalid_argument("model cnn takes images of (channels, height, width) with sides of at least 4; this data "
                             "set's samples are " + shown + (sample.size() == 1 ? " (a table: use mlp)" : ""));
   }
-  if (classes < 2) return invalid_argument("model " + std::string(name) + ": " + std::to_string(classes) + " class(es); a classifier needs 2 or more");
+  if (input.regression && classes != 1) {
+    return invalid_argument("model " + std::string(name) + ": a regression model has one output, not " +
+                            std::to_string(classes));
+  }
+  if (!input.regression && classes < 2) return invalid_argument("model " + std::string(name) + ": " + std::to_string(classes) + " class(es); a classifier needs 2 or more");
   Rng rng(seed);
   auto model = std::make_unique<Sequential>(std::string(name), sample);
   const auto linear = [&](const std::string& layer_name, int64_t in, int64_t out) {

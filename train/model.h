@@ -75,13 +75,14 @@ Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t s
 // The models follow the data: "mlp" takes samples of any shape (a table's
 // {features}, an image's {channels, height, width}) and "cnn" images of
 // any channels and sides >= 4 (64 * (h/4) * (w/4) into fc1), each with
-// `classes` outputs. A shape a model cannot take is refused naming the model
-// and the shape. Empty sample_shape / classes 0: Fashion-MNIST's (1, 28, 28)
-// and 10.
+// `classes` outputs (regression: one, the predicted value). A shape a model
+// cannot take is refused naming the model and the shape. Empty sample_shape
+// / classes 0: Fashion-MNIST's (1, 28, 28) and 10.
 struct ModelInput {
   int64_t vocabulary = 0;  // language models, as above
   Shape sample_shape;
   int64_t classes = 0;
+  bool regression = false;  // classes must then be 1
 };
 Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed, const ModelInput& input);
 std::vector<std::string> model_names();

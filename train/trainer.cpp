@@ -82,10 +82,14 @@ Status TrainOptions::validate() const {
   return Status::ok();
 }
 
-Result<Device> training_device(std::string_view device, bool dp_sgd) {
+Result<Device> training_device(std::string_view device, bool dp_sgd, bool regression) {
   if (device == "cpu") return Device::kCpu;
   if (device != "cuda") return invalid_argument("unknown device '" + std::string(device) + "' (expected cpu or cuda)");
   if (dp_sgd) return invalid_argument("device cuda with DP-SGD (--dp-clip): per-example gradients run on the CPU only");
+  if (regression) {
+    return invalid_argument("device cuda with regression (data.task = \"regression\"): its loss runs on the CPU only; "
+                            "use --device cpu (training.device = \"cpu\" for a site)");
+  }
   if (Status s = cuda::available(); !s.is_ok()) {
     return unavailable("device cuda: " + s.message() + "; use --device cpu (training.device = \"cpu\" for a site; "
                        "`fedmesh doctor` lists the GPUs this build can see)");
@@ -132,13 +136,9 @@ void Trainer::private_gradient(const data::Dataset& dataset, std::span<const int
   double loss_sum = 0.0;
   for (size_t i = 0; i < indices.size(); ++i) {
     model_.zero_grad();
-    dataset.make_batch(indices.subspan(i, 1), model_.compute_dtype(), inputs_, targets_);
-    const Tensor logits = model_.forward(inputs_, /*training=*/true);
+    const Tensor logits = model_.forward(load_batch(dataset, indices.subspan(i, 1)), /*training=*/true);
     Tensor::reuse(dlogits_, logits.shape(), logits.dtype());
-    const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, &dlogits_, 1.0f,
-                                                        static_cast<float>(dataset.targets_per_sample()));
-    loss_sum += ce.loss_sum;
-    result.correct += ce.correct;
+    add_loss(logits, &dlogits_, 1.0f, static_cast<float>(dataset.targets_per_sample()), loss_sum, result.correct);
     model_.backward(dlogits_);
     double squared = 0.0;
     for (Parameter* p : parameters) squared += squared_l2_norm(p->grad);
@@ -267,6 +267,13 @@ StepResult Trainer::step_on_device(StepResult result, float lr, int64_t targets)
 
 void Trainer::add_loss(const Tensor& logits, Tensor* dlogits, float grad_scale, float normalizer, double& loss_sum,
                        int64_t& correct) {
+  if (regression_) {
+    FEDMESH_CHECK(logits.device() == Device::kCpu, "regression trains on the CPU only (training_device refuses cuda)");
+    const SquaredErrorResult se = squared_error(logits, values_, dlogits, grad_scale, normalizer);
+    loss_sum += se.loss_sum;
+    abs_sum_ += se.abs_sum;
+    return;
+  }
   if (logits.device() == Device::kCuda) {
     const int32_t* labels = device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size()));
     device::softmax_cross_entropy(logits, labels, dlogits, grad_scale, normalizer, device_scalars_);
@@ -287,6 +294,8 @@ const Tensor& Trainer::load_batch(const data::Dataset& dataset, std::span<const 
   {
     ProfileScope timed(StepTime::kData);
     dataset.make_batch(indices, model_.compute_dtype(), inputs_, targets_);
+    regression_ = dataset.regression();
+    if (regression_) dataset.batch_values(indices, values_);
   }
   if (model_.device() == Device::kCpu) return inputs_;
   Tensor::reuse(device_inputs_, inputs_.shape(), inputs_.dtype(), model_.device()).copy_from(inputs_);
@@ -327,6 +336,8 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
   std::vector<int64_t> indices(static_cast<size_t>(options_.eval_batch_size));
   double loss_sum = 0.0;
   int64_t correct = 0;
+  double value_sum = 0.0, value_squares = 0.0;  // regression: for the total sum of squares
+  abs_sum_ = 0.0;
   const int64_t count = dataset.size();
   const bool on_device = model_.device() == Device::kCuda;
   if (on_device) device_scalars_.clear();
@@ -336,13 +347,25 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
     std::iota(indices.begin(), indices.end(), begin);
     const Tensor logits = model_.forward(load_batch(dataset, indices), /*training=*/false);
     add_loss(logits, nullptr, 1.0f, 1.0f, loss_sum, correct);
+    for (const float v : regression_ ? std::span<const float>(values_) : std::span<const float>()) {
+      value_sum += v;
+      value_squares += static_cast<double>(v) * v;
+    }
   }
   if (on_device) read_device_loss(loss_sum, correct);
   result.count = count;
+  result.regression = dataset.regression();
   if (count > 0) {
     const double targets = static_cast<double>(count * dataset.targets_per_sample());
     result.loss = loss_sum / targets;
     result.accuracy = static_cast<double>(correct) / targets;
+    if (result.regression) {
+      const double n = static_cast<double>(count), scale = dataset.target_scale();
+      const double total = value_squares - value_sum * value_sum / n;
+      result.mae = abs_sum_ / n * scale;
+      result.rmse = std::sqrt(loss_sum / n) * scale;
+      result.r2 = total > 0.0 ? 1.0 - loss_sum / total : 0.0;
+    }
   }
   return result;
 }

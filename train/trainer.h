@@ -67,10 +67,16 @@ struct TrainOptions {
   Status validate() const;
 };
 
+// Classification: the mean cross-entropy and the share of correct argmaxes.
+// Regression: loss is the mean squared error in the units the model trains
+// in (standardized targets), accuracy stays 0, and mae / rmse are in the
+// data's own units; r2 = 1 - SSE / SST (unit-free; 0 when the targets do not vary).
 struct EvalResult {
   double loss = 0.0;
   double accuracy = 0.0;
   int64_t count = 0;
+  bool regression = false;
+  double mae = 0.0, rmse = 0.0, r2 = 0.0;
 };
 
 struct StepResult {
@@ -155,7 +161,9 @@ struct TrainCallbacks {
 // or "cuda"): cuda where this build has the backend, a GPU is there, and the
 // run is not DP-SGD (its per-example gradients run on the CPU). Otherwise
 // kInvalidArgument or kUnavailable saying what to do.
-Result<Device> training_device(std::string_view device, bool dp_sgd);
+// Regression trains on the CPU only (its loss has no device kernel yet):
+// regression = true with cuda is kInvalidArgument.
+Result<Device> training_device(std::string_view device, bool dp_sgd, bool regression = false);
 
 class Trainer {
  public:
@@ -212,11 +220,14 @@ class Trainer {
   bool run_in_progress_ = false;  // restored, or fit() left by an exception: the next fit() continues
   GradientSync* sync_ = nullptr;
   Status hook_status_;
-  // The batch's inputs (on the model's device) and its labels in targets_.
+  // The batch's inputs (on the model's device) and its labels in targets_
+  // (regression: its values in values_).
   const Tensor& load_batch(const data::Dataset& dataset, std::span<const int64_t> indices);
   // The batch's cross-entropy against targets_ (and dlogits when given):
   // added to loss_sum and correct on the CPU; on the CUDA device to
   // device_scalars_, which read_device_loss reads (waiting) into them.
+  // Regression (CPU only): the squared error against values_, its absolute
+  // error added to abs_sum_.
   void add_loss(const Tensor& logits, Tensor* dlogits, float grad_scale, float normalizer, double& loss_sum,
                 int64_t& correct);
   void read_device_loss(double& loss_sum, int64_t& correct);
@@ -231,6 +242,9 @@ class Trainer {
   std::vector<std::vector<float>> dp_sum_;  // DP-SGD: the clipped per-example gradients' sum
   std::unique_ptr<crypto::NoiseSource> secure_noise_;  // DP-SGD without dp_seeded_noise: the CSPRNG
   std::vector<int32_t> targets_;
+  std::vector<float> values_;
+  bool regression_ = false;  // the last batch loaded is a regression batch
+  double abs_sum_ = 0.0;
 };
 
 }  // namespace fedmesh::train

@@ -139,7 +139,7 @@ TrainingRun::~TrainingRun() = default;
 
 Result<std::unique_ptr<TrainingRun>> TrainingRun::create(TrainingRunOptions options) {
   std::unique_ptr<TrainingRun> run(new TrainingRun());
-  Result<Device> device = training_device(options.device, options.options.dp_clip_norm > 0.0f);
+  Result<Device> device = training_device(options.device, options.options.dp_clip_norm > 0.0f, options.data.regression());
   if (!device.is_ok()) return device.status();
   run->device_ = *device;
   FEDMESH_RETURN_IF_ERROR(check_options(options));
@@ -150,6 +150,8 @@ Result<std::unique_ptr<TrainingRun>> TrainingRun::create(TrainingRunOptions opti
   Result<TrainingData> data =
       load_training_data({options.model, options.data, options.tokenizer, options.train_limit, options.test_limit});
   if (!data.is_ok()) return data.status();
+  // Regression has no accuracy: the best checkpoints are those of the highest R².
+  if (data->schema.regression && options.keep_best == "test_accuracy") options.keep_best = "test_r2";
   run->data_ = std::move(*data);
   run->options_ = std::move(options);
   return run;
@@ -249,6 +251,9 @@ Status TrainingRun::open_store(const std::function<void(const std::string&)>& wa
   if (!point.metrics.is_object()) point.metrics = nlohmann::json::object();
   if (point.metrics.contains("test_accuracy")) {
     last_test_ = {{"test_accuracy", point.metrics["test_accuracy"]}, {"test_loss", point.metrics.value("test_loss", 0.0)}};
+    for (const char* key : {"test_r2", "test_mae"}) {
+      if (point.metrics.contains(key)) last_test_[key] = point.metrics[key];
+    }
   }
   resumed_ = std::move(point);
   return Status::ok();
@@ -300,6 +305,7 @@ Result<TrainSummary> TrainingRun::fit(const TrainingRunEvents& events) {
   };
   callbacks.on_epoch = [&](const EpochReport& r) {
     last_test_ = {{"test_accuracy", r.test.accuracy}, {"test_loss", r.test.loss}};
+    if (r.test.regression) last_test_.update({{"test_r2", r.test.r2}, {"test_mae", r.test.mae}});
     if (events.progress.on_epoch) events.progress.on_epoch(r);
   };
   TrainSummary summary;

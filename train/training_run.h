@@ -121,7 +121,8 @@ class TrainingRun {
   TrainingRunOptions options_;
   TrainingData data_;
   // What the model is built for: the tokenizer's vocabulary, the data's sample shape and classes.
-  ModelInput model_input() const { return {data_.vocabulary, data_.schema.sample_shape, data_.schema.classes}; }
+  ModelInput model_input() const { return {data_.vocabulary, data_.schema.sample_shape, data_.schema.classes, data_.schema.regression};
+  }
   Device device_ = Device::kCpu;
   std::unique_ptr<Sequential> model_;
   std::unique_ptr<Trainer> trainer_;

@@ -44,6 +44,9 @@ def main() -> int:
     parser.add_argument("out", help="output folder (train/ and test/ are made in it)")
     parser.add_argument("--rgb", action="store_true", help="write RGB PNGs instead of grayscale")
     parser.add_argument("--csv", default=DEFAULT_CSV, help="digits.csv.gz (default: scikit-learn's copy)")
+    parser.add_argument("--npz", action="store_true",
+                        help="also write OUT/train.npz and OUT/test.npz (np.savez_compressed: x uint8 (N, 1, 8, 8), "
+                             "y int64) for --data arrays:FILE")
     parser.add_argument("--sites", type=int, default=0,
                         help="also deal the training images round robin into OUT/site-0 ... OUT/site-(N-1), "
                              "one folder per site for a federation")
@@ -65,6 +68,7 @@ def main() -> int:
 
     seen = {}
     counts = {"train": 0, "test": 0}
+    arrays = {"train": ([], []), "test": ([], [])}
     for row, (values, label) in enumerate(zip(pixels, labels)):
         image = (values * 255 // 16).astype(np.uint8).reshape(8, 8)
         if args.rgb:
@@ -79,6 +83,11 @@ def main() -> int:
             with open(os.path.join(folder, f"{row:04d}.png"), "wb") as f:
                 f.write(png_bytes(image))
         counts[split] += 1
+        arrays[split][0].append((values * 255 // 16).astype(np.uint8).reshape(1, 8, 8))
+        arrays[split][1].append(int(label))
+    if args.npz:
+        for split, (xs, ys) in arrays.items():
+            np.savez_compressed(os.path.join(args.out, f"{split}.npz"), x=np.stack(xs), y=np.array(ys, dtype=np.int64))
     print(f"make_digits_images: {counts['train']} train and {counts['test']} test images "
           f"({'RGB' if args.rgb else 'gray'} 8x8 PNG) in {args.out}")
     return 0

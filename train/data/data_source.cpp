@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "train/data/arrays.h"
 #include "train/data/data_stats.h"
 #include "train/data/image_folder.h"
 #include "train/data/table.h"
@@ -11,7 +12,7 @@ namespace fedmesh::train::data {
 namespace {
 
 std::string prefix_of(const std::string& spec) {
-  for (const char* format : {"csv", "images", "tokens", "jsonl"}) {
+  for (const char* format : {"csv", "images", "arrays", "tokens", "jsonl"}) {
     const std::string prefix = std::string(format) + ":";
     if (spec.rfind(prefix, 0) == 0) return format;
   }
@@ -22,7 +23,7 @@ std::string prefix_of(const std::string& spec) {
 
 bool is_own_data(const std::string& spec) {
   const std::string format = prefix_of(spec);
-  return format == "csv" || format == "images";
+  return format == "csv" || format == "images" || format == "arrays";
 }
 
 bool is_token_shard(const std::string& spec) { return prefix_of(spec) == "tokens"; }
@@ -38,6 +39,16 @@ std::string DataSource::path() const {
 
 Status DataSource::validate() const {
   const std::string f = format();
+  if (task != "classification" && task != "regression") {
+    return invalid_argument("data.task (--task) must be classification or regression, not '" + task + "'");
+  }
+  if (regression()) {
+    if (f != "csv") {
+      return invalid_argument("data.task = regression takes a table (csv:FILE) whose label column is the target, not " +
+                              source);
+    }
+    if (!classes.empty()) return invalid_argument("data.classes is for classification; a regression target has no classes");
+  }
   if (is_token_shard(source)) {
     if (!test.empty() && !is_token_shard(test)) {
       return invalid_argument("data.test '" + test + "' must be tokens:FILE.bin like data.source '" + source + "'");
@@ -60,7 +71,12 @@ Status DataSource::validate() const {
   if (!(test_fraction > 0.0 && test_fraction < 1.0)) {
     return invalid_argument("data.test_fraction (--test-fraction) must be in (0, 1), not " + std::to_string(test_fraction));
   }
-  if (f == "csv") {
+  if (f == "arrays") {
+    if (!label.empty()) return invalid_argument("data.label (--label) is for tables; arrays hold their labels as y");
+    if (normalize != "standard" && normalize != "none") {
+      return invalid_argument("data.normalize of arrays must be standard or none, not '" + normalize + "'");
+    }
+  } else if (f == "csv") {
     if (label.empty()) return invalid_argument("a table (" + source + ") needs its label column: --label COLUMN or data.label");
     if (missing != "refuse" && missing != "mean" && missing != "zero") {
       return invalid_argument("data.missing must be refuse, mean or zero, not '" + missing + "'");
@@ -88,6 +104,7 @@ void read_data_source(ConfigReader& r, DataSource& d) {
   r.read("data.test", d.test);
   r.read("data.test_fraction", d.test_fraction);
   r.read("data.seed", d.seed);
+  r.read("data.task", d.task);
   r.read("data.label", d.label);
   r.read("data.categories", d.categories);
   r.read("data.drop", d.drop);
@@ -115,10 +132,11 @@ Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64
   if (d.format() == "csv") {
     TableSpec spec;
     spec.path = d.path();
-    spec.test_path = d.test.empty() ? "" : d.test.substr(4);
+    spec.test_path = d.test.empty() ? "" : DataSource{d.test}.path();
     spec.test_fraction = d.test_fraction;
     spec.seed = d.seed;
     spec.label = d.label;
+    spec.regression = d.regression();
     spec.classes = d.classes;
     spec.categories = d.categories;
     spec.drop = d.drop;
@@ -135,10 +153,22 @@ Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64
     spec.test_limit = test_limit;
     return load_table(spec);
   }
+  if (d.format() == "arrays") {
+    ArraysSpec spec;
+    spec.path = d.path();
+    spec.test_path = d.test.empty() ? "" : DataSource{d.test}.path();
+    spec.test_fraction = d.test_fraction;
+    spec.seed = d.seed;
+    spec.classes = d.classes;
+    spec.normalize = d.normalize;
+    spec.train_limit = train_limit;
+    spec.test_limit = test_limit;
+    return load_arrays(spec);
+  }
   if (d.format() == "images") {
     ImageFolderSpec spec;
     spec.dir = d.path();
-    spec.test_dir = d.test.empty() ? "" : d.test.substr(7);
+    spec.test_dir = d.test.empty() ? "" : DataSource{d.test}.path();
     spec.test_fraction = d.test_fraction;
     spec.seed = d.seed;
     spec.image_size = d.image_size;

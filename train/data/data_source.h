@@ -4,6 +4,7 @@
 // files, the text corpora) or the institution's own data:
 //   csv:FILE     a table with a header row (train/data/table.h)
 //   images:DIR   one folder of PNG/JPEG images per class (train/data/image_folder.h)
+//   arrays:FILE  samples x and class ids y in a .npz, .npy or safetensors file (train/data/arrays.h)
 //   tokens:FILE  llm.c / nanoGPT token shards, language models (train/data/token_shards.h)
 //   jsonl:FILE   one JSON object with a "text" field per line, language models
 // Own data is never split into demo shards: it is this node's data.
@@ -25,8 +26,12 @@ struct DataSource {
   std::string test;                       // data.test / --test-data: csv:FILE or images:DIR ("": test_fraction of source)
   double test_fraction = 0.2;             // data.test_fraction / --test-fraction
   uint64_t seed = 0;                      // the split's seed (data.seed)
+  // data.task / --task: "classification" (class ids, cross-entropy,
+  // accuracy) or "regression" (tables: a numeric label column, squared
+  // error, R² and MAE)
+  std::string task = "classification";
   // Tables
-  std::string label;                      // data.label / --label: the label column
+  std::string label;                      // data.label / --label: the label column (regression: the target)
   std::map<std::string, std::vector<std::string>> categories;  // data.categories.COLUMN = [values]: one-hot, in this order
   std::vector<std::string> drop;          // data.drop: columns to ignore
   std::string missing = "refuse";         // data.missing: refuse | mean | zero
@@ -45,11 +50,12 @@ struct DataSource {
   // The parts of the spec: "csv", "images" or "" (a demo set), and the path.
   std::string format() const;
   std::string path() const;
+  bool regression() const { return task == "regression"; }
   Status validate() const;
 };
 
 // Whether a data spec names own data for the image and table models
-// (csv:... or images:...), or pre-tokenized ids for the language models
+// (csv:..., images:... or arrays:...), or pre-tokenized ids for the language models
 // (tokens:FILE.bin, train/data/token_shards.h). jsonl:FILE is a text
 // corpus (train/data/text_corpus.h).
 bool is_own_data(const std::string& spec);

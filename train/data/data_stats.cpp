@@ -109,7 +109,8 @@ Result<DataStats> compute_data_stats(const DataSource& source) {
     }
     return stats;
   }
-  return invalid_argument("statistics are for own data (csv:FILE, images:DIR), not '" + source.source + "'");
+  return invalid_argument("statistics are computed for tables (csv:FILE) and image folders (images:DIR), not '" +
+                          source.source + "'");
 }
 
 Result<DataStats> merge_data_stats(const std::vector<DataStats>& parts) {

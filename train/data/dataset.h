@@ -1,5 +1,5 @@
 // What the trainer trains on: samples it can index and turn into a batch of
-// model inputs and target classes. A classifier's sample has one target (an
+// model inputs and target classes (or, for regression, real values). A classifier's sample has one target (an
 // image and its label); a language model's has one per position (a window
 // of tokens and the tokens that follow each).
 #pragma once
@@ -28,9 +28,12 @@ namespace fedmesh::train::data {
 // of schemas and statistics are written.
 std::string fnv1a64_text(std::string_view text);
 
+// A regression data set's schema has regression = true and classes = 1:
+// one real-valued output per sample.
 struct DataSchema {
   Shape sample_shape;
   int64_t classes = 0;
+  bool regression = false;
   std::string canonical;
   std::string fingerprint() const;  // "fnv1a64:" + 16 hex digits of canonical
 };
@@ -49,6 +52,16 @@ class Dataset {
   virtual void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
                           std::vector<int32_t>& targets) const = 0;
   virtual int64_t targets_per_sample() const { return 1; }
+  // Regression (data.task = "regression"): one real target per sample, in
+  // the units the model trains in (standardized as the inputs are: the
+  // data's own units are value x target_scale() + the mean). make_batch
+  // then leaves `targets` empty and batch_values gives the batch's values.
+  virtual bool regression() const { return false; }
+  virtual void batch_values(std::span<const int64_t> indices, std::vector<float>& values) const {
+    (void)indices;
+    values.clear();
+  }
+  virtual double target_scale() const { return 1.0; }
 };
 
 // Another Dataset, not owned, seen as a Dataset (it must outlive the view).
@@ -61,6 +74,11 @@ class DatasetView final : public Dataset {
     base_.make_batch(indices, dtype, inputs, targets);
   }
   int64_t targets_per_sample() const override { return base_.targets_per_sample(); }
+  bool regression() const override { return base_.regression(); }
+  void batch_values(std::span<const int64_t> indices, std::vector<float>& values) const override {
+    base_.batch_values(indices, values);
+  }
+  double target_scale() const override { return base_.target_scale(); }
 
  private:
   const Dataset& base_;

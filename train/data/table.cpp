@@ -226,15 +226,18 @@ struct Layout {
   std::vector<std::unordered_map<std::string, int32_t>> category_ids;
   std::vector<std::string> feature_names;
   int64_t features = 0;
+  int64_t label_column = 0;  // header index
+  bool regression = false;   // the label column is a real-valued target
 };
 
 // The rows of one file as read: numeric values (NaN where missing), category
-// ids (-1 where missing) and label ids.
+// ids (-1 where missing) and label ids (regression: target values).
 struct RawRows {
   int64_t rows = 0;
   std::vector<float> numeric;    // (rows, numeric columns)
   std::vector<int32_t> category;  // (rows, categorical columns)
-  std::vector<int32_t> label;    // (rows)
+  std::vector<int32_t> label;    // (rows), classification
+  std::vector<double> target;    // (rows), regression
 };
 
 // Label values to ids: the spec's classes, or (fixed = false) every distinct
@@ -271,6 +274,9 @@ Status check_spec(const TableSpec& spec, Missing& missing) {
   }
   if (spec.train_limit < 0 || spec.test_limit < 0) {
     return invalid_argument(path + ": a row limit is negative (0 means all rows)");
+  }
+  if (spec.regression && !spec.classes.empty()) {
+    return invalid_argument(path + ": data.classes is for classification; a regression target has no classes");
   }
   if (static_cast<int64_t>(spec.classes.size()) > kMaxTableClasses) {
     return invalid_argument(path + ": data.classes lists " + std::to_string(spec.classes.size()) +
@@ -335,6 +341,7 @@ Result<Layout> make_layout(std::vector<std::string> header, const TableSpec& spe
   layout.slot.assign(names.size(), -1);
   for (const std::string& name : spec.drop) layout.roles[static_cast<size_t>(index[name])] = Role::kDropped;
   layout.roles[static_cast<size_t>(index[spec.label])] = Role::kLabel;
+  layout.label_column = index[spec.label];
   for (const auto& [name, list] : spec.categories) layout.roles[static_cast<size_t>(index[name])] = Role::kCategorical;
   for (size_t i = 0; i < names.size(); ++i) {
     const Role role = layout.roles[i];
@@ -365,6 +372,7 @@ Result<Layout> make_layout(std::vector<std::string> header, const TableSpec& spe
     }
   }
   layout.features = static_cast<int64_t>(layout.feature_names.size());
+  layout.regression = spec.regression;
   if (layout.features == 0) {
     return invalid_argument(path + ": no feature columns: every column is the label or dropped");
   }
@@ -418,6 +426,16 @@ Status read_rows(CsvReader& reader, const std::string& path, const Layout& layou
       switch (layout.roles[c]) {
         case Role::kDropped: break;
         case Role::kLabel: {
+          if (layout.regression) {
+            double number = 0.0;
+            if (is_missing(value)) return corrupt(where(path, row, name) + ": the target is missing " + show(value));
+            if (!parse_finite(value, number) || std::fabs(number) > FLT_MAX) {
+              return corrupt(where(path, row, name) + ": the target " + show(value) +
+                             " is not a finite number (data.task = \"regression\" takes numbers)");
+            }
+            out.target.push_back(number);
+            break;
+          }
           int32_t id = 0;
           FEDMESH_RETURN_IF_ERROR(code_label(path, row, name, value, classes, labels, id));
           out.label.push_back(id);
@@ -466,7 +484,7 @@ Status read_rows(CsvReader& reader, const std::string& path, const Layout& layou
   }
   FEDMESH_CHECK(out.numeric.size() == static_cast<size_t>(out.rows) * numeric &&
                 out.category.size() == static_cast<size_t>(out.rows) * categorical &&
-                out.label.size() == static_cast<size_t>(out.rows));
+                (layout.regression ? out.target.size() : out.label.size()) == static_cast<size_t>(out.rows));
   if (out.rows == 0) return corrupt(path + ": no data rows after the header");
   return Status::ok();
 }
@@ -526,6 +544,20 @@ TableStats compute_stats(const Layout& layout, const RawRows& raw, const std::ve
     stats.std[j] = std::sqrt(squares / static_cast<double>(count));
     stats.count[j] = count;
   }
+  if (layout.regression) {  // the target's, last, under the label column's name
+    double sum = 0.0, squares = 0.0;
+    for (const int64_t r : rows) sum += raw.target[static_cast<size_t>(r)];
+    const double count = static_cast<double>(rows.size());
+    const double mean = rows.empty() ? 0.0 : sum / count;
+    for (const int64_t r : rows) {
+      const double d = raw.target[static_cast<size_t>(r)] - mean;
+      squares += d * d;
+    }
+    stats.names.push_back(layout.header[static_cast<size_t>(layout.label_column)]);
+    stats.mean.push_back(mean);
+    stats.std.push_back(rows.empty() ? 0.0 : std::sqrt(squares / count));
+    stats.count.push_back(static_cast<int64_t>(rows.size()));
+  }
   return stats;
 }
 
@@ -535,7 +567,11 @@ std::unique_ptr<TableSet> encode(const Layout& layout, const RawRows& raw, const
   const size_t categorical = layout.categorical_columns.size();
   const size_t features = static_cast<size_t>(layout.features);
   std::vector<float> values(rows.size() * features, 0.0f);
-  std::vector<int32_t> targets(rows.size());
+  std::vector<int32_t> targets(layout.regression ? 0 : rows.size());
+  std::vector<float> target_values(layout.regression ? rows.size() : 0);
+  // Regression: the target standardized by its entry after the numeric features'.
+  const double target_mean = layout.regression && standardize ? stats.mean[numeric] : 0.0;
+  const double target_scale = layout.regression && standardize && stats.std[numeric] > 0.0 ? stats.std[numeric] : 1.0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const size_t r = static_cast<size_t>(rows[i]);
     float* out = values.data() + i * features;
@@ -556,7 +592,15 @@ std::unique_ptr<TableSet> encode(const Layout& layout, const RawRows& raw, const
       }
     }
     FEDMESH_CHECK(f == features);
-    targets[i] = raw.label[r];
+    if (layout.regression) {
+      target_values[i] = static_cast<float>((raw.target[r] - target_mean) / target_scale);
+    } else {
+      targets[i] = raw.label[r];
+    }
+  }
+  if (layout.regression) {
+    return std::make_unique<TableSet>(layout.features, std::move(values), std::move(target_values), target_scale,
+                                      stats);
   }
   return std::make_unique<TableSet>(layout.features, std::move(values), std::move(targets), stats);
 }
@@ -572,7 +616,7 @@ void TableSet::make_batch(std::span<const int64_t> indices, DType dtype, Tensor&
                           std::vector<int32_t>& targets) const {
   const int64_t batch = static_cast<int64_t>(indices.size());
   Tensor::reuse(inputs, {batch, features_}, dtype);
-  targets.resize(indices.size());
+  targets.resize(regression_ ? 0 : indices.size());
   visit_dtype(dtype, [&]<class T>() {
     T* out = inputs.data<T>();
     for (int64_t i = 0; i < batch; ++i) {
@@ -580,9 +624,18 @@ void TableSet::make_batch(std::span<const int64_t> indices, DType dtype, Tensor&
       FEDMESH_CHECK(index >= 0 && index < size(), "sample index out of range");
       const float* src = values_.data() + index * features_;
       for (int64_t j = 0; j < features_; ++j) out[i * features_ + j] = from_float<T>(src[j]);
-      targets[static_cast<size_t>(i)] = targets_[static_cast<size_t>(index)];
+      if (!regression_) targets[static_cast<size_t>(i)] = targets_[static_cast<size_t>(index)];
     }
   });
+}
+
+void TableSet::batch_values(std::span<const int64_t> indices, std::vector<float>& values) const {
+  values.clear();
+  if (!regression_) return;
+  for (const int64_t index : indices) {
+    FEDMESH_CHECK(index >= 0 && index < size(), "sample index out of range");
+    values.push_back(target_values_[static_cast<size_t>(index)]);
+  }
 }
 
 Result<LoadedData> parse_table(std::string_view text, const TableSpec& spec, std::string_view test_text) {
@@ -696,7 +749,8 @@ Result<LoadedData> parse_table(std::string_view text, const TableSpec& spec, std
   data.test = encode(layout, *test_source, test_rows, stats, missing, standardize);
 
   data.schema.sample_shape = {layout.features};
-  data.schema.classes = static_cast<int64_t>(classes.size());
+  data.schema.classes = spec.regression ? 1 : static_cast<int64_t>(classes.size());
+  data.schema.regression = spec.regression;
   std::string canonical = "table v1 features=[";
   bool first = true;
   for (size_t c = 0; c < layout.header.size(); ++c) {
@@ -709,7 +763,8 @@ Result<LoadedData> parse_table(std::string_view text, const TableSpec& spec, std
                      ? std::string(":num")
                      : ":cat" + canonical_list(*layout.category_lists[static_cast<size_t>(layout.slot[c])]);
   }
-  canonical += "] label=" + canonical_quote(spec.label) + " classes=" + canonical_list(classes) +
+  canonical += "] label=" + canonical_quote(spec.label) +
+               (spec.regression ? std::string(" task=regression") : " classes=" + canonical_list(classes)) +
                " normalize=" + (spec.normalize == "shared" ? "shared:" + spec.shared_digest : spec.normalize) +
                " missing=" + spec.missing;
   data.schema.canonical = std::move(canonical);
@@ -717,7 +772,9 @@ Result<LoadedData> parse_table(std::string_view text, const TableSpec& spec, std
   data.description = std::to_string(train_rows.size()) + " rows of " + file_name(spec.path) + " (" +
                      std::to_string(test_rows.size()) + " test" +
                      (has_test_file ? " rows of " + file_name(spec.test_path) : std::string()) + "), " +
-                     std::to_string(layout.features) + " features, " + std::to_string(classes.size()) + " classes";
+                     std::to_string(layout.features) + " features, " +
+                     (spec.regression ? "regression on " + show(spec.label)
+                                      : std::to_string(classes.size()) + " classes");
   return data;
 }
 

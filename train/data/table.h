@@ -43,7 +43,7 @@ inline constexpr int64_t kMaxTableFeatures = 100'000;
 // rows x features of one split, as floats: 1 GiB.
 inline constexpr int64_t kMaxTableValues = int64_t{1} << 28;
 // Far above any classification table; a label column with more distinct
-// values is most likely a numeric target (regression is not supported).
+// values is most likely a numeric target (data.task = "regression").
 inline constexpr int64_t kMaxTableClasses = 10'000;
 inline constexpr int64_t kMaxTableCategories = 10'000;  // per categorical column
 
@@ -53,6 +53,10 @@ struct TableSpec {
   double test_fraction = 0.2;  // in (0, 1); without test_path: a seeded shuffle picks the test rows
   uint64_t seed = 0;
   std::string label;  // the label column's name (required)
+  // The label column is a real-valued target (numbers, never missing),
+  // standardized as the numeric features are: its statistics are the last
+  // entry of TableStats (and of the shared ones), named after the column.
+  bool regression = false;
   // The label values in class-id order; empty: the sorted distinct values of
   // the whole training file's label column (numerically when all are numbers).
   std::vector<std::string> classes;
@@ -72,31 +76,51 @@ struct TableSpec {
 };
 
 // The numeric features' statistics over the training rows (present values
-// only): local to a site, so not part of the schema's canonical text.
+// only), and for regression the target's after them: local to a site, so
+// not part of the schema's canonical text.
 struct TableStats {
   std::vector<std::string> names;
   std::vector<double> mean, std;  // std: population standard deviation
   std::vector<int64_t> count;     // present (non-missing) values
 };
 
-// One split of a table, encoded: (rows, features) floats and a class each.
+// One split of a table, encoded: (rows, features) floats and a class each,
+// or (regression) a standardized target each.
 class TableSet final : public Dataset {
  public:
   TableSet(int64_t features, std::vector<float> values, std::vector<int32_t> targets, TableStats stats)
       : features_(features), values_(std::move(values)), targets_(std::move(targets)), stats_(std::move(stats)) {}
-  int64_t size() const override { return static_cast<int64_t>(targets_.size()); }
+  // Regression: target values (standardized) and their unit (target_scale()).
+  TableSet(int64_t features, std::vector<float> values, std::vector<float> target_values, double target_scale,
+           TableStats stats)
+      : features_(features),
+        values_(std::move(values)),
+        target_values_(std::move(target_values)),
+        target_scale_(target_scale),
+        regression_(true),
+        stats_(std::move(stats)) {}
+  int64_t size() const override {
+    return static_cast<int64_t>(regression_ ? target_values_.size() : targets_.size());
+  }
   int64_t features() const { return features_; }
-  // inputs (n, features) in `dtype`; targets the class ids.
+  // inputs (n, features) in `dtype`; targets the class ids (none for regression).
   void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
                   std::vector<int32_t>& targets) const override;
+  bool regression() const override { return regression_; }
+  void batch_values(std::span<const int64_t> indices, std::vector<float>& values) const override;
+  double target_scale() const override { return target_scale_; }
   const std::vector<float>& values() const { return values_; }  // (rows, features), as encoded
   const std::vector<int32_t>& targets() const { return targets_; }
+  const std::vector<float>& target_values() const { return target_values_; }
   const TableStats& stats() const { return stats_; }  // of the training rows (the same in both splits)
 
  private:
   int64_t features_;
   std::vector<float> values_;
   std::vector<int32_t> targets_;
+  std::vector<float> target_values_;
+  double target_scale_ = 1.0;
+  bool regression_ = false;
   TableStats stats_;
 };
 

@@ -10,12 +10,14 @@
 //              bit 6 drop column "id", bit 7 row limits (train 3, test 2)
 //   bytes 1-2  where the test file starts, big-endian u16, clamped to what
 //              follows (with bit 3; otherwise ignored)
-//   byte 3     seed, and test_fraction = (1 + byte % 9) / 10
+//   byte 3     seed, and test_fraction = (1 + byte % 9) / 10; bit 7 also
+//              data.task = "regression" (the label a real-valued target)
 //   rest       the table (label column "y"), then the test file
 // For every input the result must be
 //   - accepted: train and test non-empty, sample_shape {features} with
 //     features > 0, a one-line canonical text, every value of every batch
-//     finite and every target a class id; or
+//     finite and every target a class id (regression: no class ids, one
+//     finite value per sample, classes 1); or
 //   - refused: kCorrupt or kInvalidArgument with a message that begins with
 //     one of the two paths and holds no control character.
 // A violation prints what was wrong and traps, which libFuzzer reports as a
@@ -46,7 +48,7 @@ const std::string kPath = "fuzz.csv", kTestPath = "fuzz_test.csv";
   __builtin_trap();
 }
 
-void check_split(const Dataset& dataset, int64_t features, int64_t classes, const char* name) {
+void check_split(const Dataset& dataset, int64_t features, int64_t classes, bool regression, const char* name) {
   if (dataset.size() < 1) violated(std::string(name) + " split is empty");
   std::vector<int64_t> indices(static_cast<size_t>(dataset.size()));
   std::iota(indices.begin(), indices.end(), 0);
@@ -59,6 +61,19 @@ void check_split(const Dataset& dataset, int64_t features, int64_t classes, cons
   }
   for (const int32_t target : targets) {
     if (target < 0 || target >= classes) violated(std::string(name) + " holds a target that is not a class id");
+  }
+  if (dataset.regression() != regression) violated(std::string(name) + " is not of the task asked for");
+  std::vector<float> values;
+  dataset.batch_values(indices, values);
+  if (regression) {
+    if (!targets.empty()) violated(std::string(name) + " gives class ids for regression");
+    if (values.size() != indices.size()) violated(std::string(name) + " gives a value count other than its size");
+    for (const float v : values) {
+      if (!std::isfinite(v)) violated(std::string(name) + " holds a target value that is not finite");
+    }
+    if (!(dataset.target_scale() > 0.0) || !std::isfinite(dataset.target_scale())) violated("target scale");
+  } else if (!values.empty()) {
+    violated(std::string(name) + " gives target values for classification");
   }
   dataset.make_batch(indices, fedmesh::DType::kBF16, inputs, targets);
 }
@@ -89,6 +104,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     spec.test_limit = 2;
   }
   spec.seed = data[3];
+  spec.regression = (data[3] & 0x80) != 0;
   spec.test_fraction = (1 + data[3] % 9) / 10.0;
 
   Result<LoadedData> got = parse_table(text, spec, test_text);
@@ -97,14 +113,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const DataSchema& schema = loaded.schema;
     if (schema.sample_shape.size() != 1 || schema.sample_shape[0] < 1) violated("sample shape is not {features}");
     if (schema.classes < 1) violated("no classes");
+    if (schema.regression != spec.regression || (spec.regression && schema.classes != 1)) violated("regression schema");
     if (!spec.classes.empty() && schema.classes != 3) violated("classes differ from the spec's");
     if (!schema.canonical.starts_with("table v1 ")) violated("canonical text does not start with its format");
     for (const char c : schema.canonical) {
       if (static_cast<unsigned char>(c) < 0x20) violated("canonical text holds a control character");
     }
     if (loaded.train == nullptr || loaded.test == nullptr) violated("a split is missing");
-    check_split(*loaded.train, schema.sample_shape[0], schema.classes, "train");
-    check_split(*loaded.test, schema.sample_shape[0], schema.classes, "test");
+    check_split(*loaded.train, schema.sample_shape[0], schema.classes, spec.regression, "train");
+    check_split(*loaded.test, schema.sample_shape[0], schema.classes, spec.regression, "test");
     if (spec.train_limit > 0 && loaded.train->size() > spec.train_limit) violated("train limit ignored");
     if (spec.test_limit > 0 && loaded.test->size() > spec.test_limit) violated("test limit ignored");
     return 0;

@@ -426,5 +426,36 @@ TEST(LayerNorm, BackwardLowPrecisionDxRoundsOnce) {
   }
 }
 
+// squared_error: loss_sum = sum (p - y)^2, abs_sum = sum |p - y|, and
+// dpredictions = grad_scale / normalizer * 2 (p - y), for every prediction dtype.
+TEST(SquaredError, LossAbsoluteErrorAndGradientMatchTheFormula) {
+  Rng rng(21);
+  const int64_t rows = 17;
+  for (const DType dtype : kAllDtypes) {
+    const Tensor predictions = random_tensor({rows, 1}, dtype, rng, -3, 3);
+    std::vector<float> values(static_cast<size_t>(rows));
+    for (float& v : values) v = static_cast<float>(rng.uniform() * 4.0 - 2.0);
+    const std::vector<float> p = widen(predictions);
+    double want_loss = 0.0, want_abs = 0.0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const double e = static_cast<double>(p[i]) - values[i];
+      want_loss += e * e;
+      want_abs += std::fabs(e);
+    }
+    const float grad_scale = 512.0f, normalizer = 17.0f;
+    Tensor dpredictions = Tensor::empty({rows, 1}, dtype);
+    const SquaredErrorResult got = squared_error(predictions, values, &dpredictions, grad_scale, normalizer);
+    EXPECT_NEAR(got.loss_sum, want_loss, 1e-9 * (1.0 + want_loss)) << dtype_name(dtype);
+    EXPECT_NEAR(got.abs_sum, want_abs, 1e-9 * (1.0 + want_abs)) << dtype_name(dtype);
+    const std::vector<float> g = widen(dpredictions);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const double want = 2.0 * grad_scale / normalizer * (static_cast<double>(p[i]) - values[i]);
+      ASSERT_NEAR(g[i], want, 2 * unit_roundoff(dtype) * std::fabs(want) + 1e-6) << dtype_name(dtype) << " " << i;
+    }
+    const SquaredErrorResult no_grad = squared_error(predictions, values, nullptr);
+    EXPECT_EQ(no_grad.loss_sum, got.loss_sum);
+  }
+}
+
 }  // namespace
 }  // namespace fedmesh

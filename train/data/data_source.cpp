@@ -19,6 +19,17 @@ std::string prefix_of(const std::string& spec) {
   return "";
 }
 
+// What every own-data loader's spec takes alike: the held-out share, the
+// split's seed, the class list and the row limits.
+template <class Spec>
+void set_split(Spec& spec, const DataSource& d, int64_t train_limit, int64_t test_limit) {
+  spec.test_fraction = d.test_fraction;
+  spec.seed = d.seed;
+  spec.classes = d.classes;
+  spec.train_limit = train_limit;
+  spec.test_limit = test_limit;
+}
+
 }  // namespace
 
 bool is_own_data(const std::string& spec) {
@@ -133,11 +144,9 @@ Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64
     TableSpec spec;
     spec.path = d.path();
     spec.test_path = d.test.empty() ? "" : DataSource{d.test}.path();
-    spec.test_fraction = d.test_fraction;
-    spec.seed = d.seed;
+    set_split(spec, d, train_limit, test_limit);
     spec.label = d.label;
     spec.regression = d.regression();
-    spec.classes = d.classes;
     spec.categories = d.categories;
     spec.drop = d.drop;
     spec.missing = d.missing;
@@ -149,31 +158,23 @@ Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64
       spec.shared_std = shared->std();
       spec.shared_digest = shared->digest();
     }
-    spec.train_limit = train_limit;
-    spec.test_limit = test_limit;
     return load_table(spec);
   }
   if (d.format() == "arrays") {
     ArraysSpec spec;
     spec.path = d.path();
     spec.test_path = d.test.empty() ? "" : DataSource{d.test}.path();
-    spec.test_fraction = d.test_fraction;
-    spec.seed = d.seed;
-    spec.classes = d.classes;
+    set_split(spec, d, train_limit, test_limit);
     spec.normalize = d.normalize;
-    spec.train_limit = train_limit;
-    spec.test_limit = test_limit;
     return load_arrays(spec);
   }
   if (d.format() == "images") {
     ImageFolderSpec spec;
     spec.dir = d.path();
     spec.test_dir = d.test.empty() ? "" : DataSource{d.test}.path();
-    spec.test_fraction = d.test_fraction;
-    spec.seed = d.seed;
+    set_split(spec, d, train_limit, test_limit);
     spec.image_size = d.image_size;
     spec.channels = d.channels;
-    spec.classes = d.classes;
     spec.cache = d.cache;
     if (shared) {
       if (static_cast<int64_t>(shared->features.size()) != d.channels) {
@@ -184,11 +185,9 @@ Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64
       for (double m : shared->mean()) spec.mean.push_back(static_cast<float>(m));
       for (double s : shared->std()) spec.std.push_back(static_cast<float>(s > 0.0 ? s : 1.0));
     }
-    spec.train_limit = train_limit;
-    spec.test_limit = test_limit;
     return load_image_folder(spec);
   }
-  return invalid_argument("'" + d.source + "' is not own data (csv:FILE or images:DIR)");
+  return invalid_argument("'" + d.source + "' is not own data (csv:FILE, images:DIR or arrays:FILE)");
 }
 
 }  // namespace fedmesh::train::data

@@ -23,6 +23,7 @@
 #include "crypto/roster.h"
 #include "train/data/fashion_mnist.h"
 #include "train/data/text_corpus.h"
+#include "train/data/token_shards.h"
 #include "train/data/tokenized_text.h"
 #include "train/model.h"
 #include "train/trainer.h"
@@ -97,6 +98,7 @@ class AggregatorServer::Impl {
   // Image and table models: the schema of the validation data ("" canonical: none, not announced).
   train::data::DataSchema data_schema;
   double tokens_per_byte = 1.0;
+  bool pretokenized_validation = false;  // validation = "tokens:FILE": ids with no bytes behind them
   std::vector<crypto::Hash> chain;  // hash of every version, by version
   std::vector<protocol::TensorShape> manifest;
   std::unique_ptr<protocol::ServerSocket> socket;
@@ -241,7 +243,20 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
 
   const std::optional<train::TransformerConfig> language = train::language_model_config(config.model);
   language_model = language.has_value();
-  if (!config.validation.empty() && language) {
+  if (language && train::data::is_token_shard(config.validation)) {
+    // Ids tokenized elsewhere: every window of the file is evaluated (the
+    // file is read in place), with no bytes behind them (no bits per byte).
+    train::data::TokenSpec tokens;
+    tokens.path = tokens.test_path = train::data::DataSource{config.validation}.path();
+    tokens.context = language->context;
+    tokens.vocabulary = tokenizer ? tokenizer->vocabulary() : language->vocabulary;
+    tokens.train_limit = 1;
+    tokens.test_limit = config.validation_limit;
+    Result<train::data::LoadedTokens> loaded = train::data::load_token_data(tokens);
+    if (!loaded.is_ok()) return Status(loaded.status().code(), "validation: " + loaded.status().message());
+    validation = std::make_unique<train::data::TokenWindows>(std::move(loaded->test));
+    pretokenized_validation = true;
+  } else if (!config.validation.empty() && language) {
     // Every document's held-out tail, which no site trains on.
     Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::text_source(config.validation));
     if (!corpus.is_ok()) return corpus.status();
@@ -919,7 +934,7 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
       if (language_model) {
         metrics["val_loss"] = loss;
         metrics["val_perplexity"] = std::exp(loss);
-        metrics["val_bits_per_byte"] = train::data::bits_per_byte(loss, tokens_per_byte);
+        if (!pretokenized_validation) metrics["val_bits_per_byte"] = train::data::bits_per_byte(loss, tokens_per_byte);
       }
     }
   }
@@ -969,7 +984,9 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
       if (metrics.contains(key)) event[key] = metrics[key];
     }
     if (language_model) {
-      for (const char* key : {"val_loss", "val_perplexity", "val_bits_per_byte"}) event[key] = metrics[key];
+      for (const char* key : {"val_loss", "val_perplexity", "val_bits_per_byte"}) {
+        if (metrics.contains(key)) event[key] = metrics[key];
+      }
     }
   }
   view.round_closed(event);

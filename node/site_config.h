@@ -39,7 +39,7 @@ struct SiteConfig {
   // the text corpora): shard `index` of `sites` split by `partition` with
   // `data_seed`, a tenth of it held out.
   train::data::DataSource data;
-  std::string partition = "dirichlet:0.5";
+  std::string partition = "dirichlet:0.5";  // read_site_config: "iid" for language models when unset
   int sites = 1;
   int index = 0;
   uint64_t data_seed = 1;

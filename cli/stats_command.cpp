@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/toml_input.h"
+#include "cli/data_flags.h"
 #include "cli/output.h"
 #include "train/data/data_stats.h"
 
@@ -111,15 +112,7 @@ void add_stats_command(CLI::App& app, int& exit_code) {
                                                "(tables) or channel (images) over its training part");
   c->add_option("--config", compute->config, "A site or aggregator config: its data.* keys describe the data");
   c->add_option("--data", compute->data.source, "csv:FILE or images:DIR (as `fedmesh train --data`)");
-  c->add_option("--label", compute->data.label, "Tables: the label column");
-  c->add_option("--task", compute->data.task,
-                "classification or regression (a table's numeric label column: its statistics come last)")
-      ->capture_default_str();
-  c->add_option("--test-data", compute->data.test, "The test part (not counted)");
-  c->add_option("--test-fraction", compute->data.test_fraction, "Without --test-data: the share held out (not counted)")
-      ->capture_default_str();
-  c->add_option("--image-size", compute->data.image_size, "Image folders: N x N")->capture_default_str();
-  c->add_option("--channels", compute->data.channels, "Image folders: 1 or 3")->capture_default_str();
+  add_own_data_flags(c, compute->data);  // the test part is not counted; regression: the target's statistics last
   c->add_option("--out", compute->out, "Write the statistics here (JSON)");
   c->add_flag("--json", compute->json, "Print one JSON summary line");
   c->callback([compute, &exit_code] { exit_code = run_compute(*compute); });

@@ -12,6 +12,7 @@
 #include <new>
 #include <string>
 
+#include "cli/data_flags.h"
 #include "cli/output.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/device_ops.h"
@@ -463,27 +464,16 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember(train::model_names()))
       ->capture_default_str();
   cmd->add_option("--data", flags->run.data.source,
-                  "Your own data: csv:FILE (a table with a header row; --label names the label column) or images:DIR "
-                  "(one folder of PNG/JPEG images per class); mlp and cnn take its shape and classes (docs/data.md). "
+                  "Your own data: csv:FILE (a table with a header row; --label names the label column), images:DIR "
+                  "(one folder of PNG/JPEG images per class) or arrays:FILE (x and y in a .npz, .npy or safetensors "
+                  "file); mlp and cnn take its shape and classes (docs/data.md); tokens:FILE.bin for the language "
+                  "models. "
                   "Demo sets: fashion-mnist (package dataset-fashion-mnist) or a directory of IDX files. Language "
                   "models: bible-kjv (the default; Debian's bible-kjv, one document per book) or a directory of "
                   "plain-text files (one document each); 5% of every document is held out. --train-limit/--test-limit "
                   "count windows")
       ->capture_default_str();
-  cmd->add_option("--test-data", flags->run.data.test,
-                  "Own data: the test set, in the same format (csv:FILE2 or images:DIR2); without it --test-fraction "
-                  "of --data is held out");
-  cmd->add_option("--test-fraction", flags->run.data.test_fraction,
-                  "Own data without --test-data: the share held out for testing (a seeded split)")
-      ->capture_default_str();
-  cmd->add_option("--label", flags->run.data.label, "Tables: the label column's name");
-  cmd->add_option("--task", flags->run.data.task,
-                  "classification (default: class ids, cross-entropy, accuracy) or regression (tables: the label "
-                  "column is a number; squared error, reported as R², MAE and RMSE in its units)");
-  cmd->add_option("--image-size", flags->run.data.image_size,
-                  "Image folders: every image center-cropped to a square and resized to N x N")
-      ->capture_default_str();
-  cmd->add_option("--channels", flags->run.data.channels, "Image folders: 1 (gray) or 3 (RGB)")->capture_default_str();
+  add_own_data_flags(cmd, flags->run.data);
   cmd->add_option("--tokenizer", flags->run.tokenizer,
                   "Language models: a BPE tokenizer file from `fedmesh tokenizer train` instead of the byte tokenizer; "
                   "the model's vocabulary becomes the tokenizer's size, the tokenizer is kept in --db for `fedmesh "

@@ -62,7 +62,7 @@ class Simulation {
       sites_.push_back(std::move(site));
     }
     for (int i = 0; i < stragglers; ++i) sites_[static_cast<size_t>(order[static_cast<size_t>(i)])].speed = options_.straggler_factor;
-    Result<std::unique_ptr<train::Sequential>> worker = train::make_model(options_.model, options_.seed, data_.vocabulary);
+    Result<std::unique_ptr<train::Sequential>> worker = train::make_model(options_.model, options_.seed, data_.model_input());
     if (!worker.is_ok()) return worker.status();
     worker_ = std::move(*worker);
     std::vector<std::string> names;
@@ -695,6 +695,41 @@ Result<SimulationData> image_simulation_data(const SimulationOptions& options, c
   SimulationData out;
   for (train::data::ImageDataset& shard : *shards) out.shards.push_back(std::make_unique<train::data::ImageSet>(std::move(shard)));
   out.test = std::make_unique<train::data::ImageSet>(std::move(test));
+  return out;
+}
+
+Result<SimulationData> own_simulation_data(train::data::LoadedData data, int sites,
+                                           const train::data::PartitionSpec& partition, uint64_t seed) {
+  if (data.schema.regression) {
+    return invalid_argument("fedmesh sim reports accuracy: regression (data.task = \"regression\") is trained with "
+                            "`fedmesh train`, or federated with `fedmesh aggregator` and `fedmesh node`");
+  }
+  if (data.train->size() < sites) {
+    return invalid_argument("--sites " + std::to_string(sites) + " is more than the " +
+                            std::to_string(data.train->size()) + " training samples");
+  }
+  // Partitions tell classes apart by a byte: more classes split iid only.
+  const bool by_label = partition.kind != train::data::PartitionSpec::Kind::kIid;
+  if (by_label && data.schema.classes > train::data::kMaxPartitionClasses) {
+    return invalid_argument("--partition " + partition.to_string() + " splits by class, and this data set has " +
+                            std::to_string(data.schema.classes) + " classes, more than " +
+                            std::to_string(train::data::kMaxPartitionClasses) + ": use --partition iid");
+  }
+  std::vector<uint8_t> labels(static_cast<size_t>(data.train->size()), 0);
+  if (by_label) {
+    const std::vector<int32_t> ids = train::data::class_ids(*data.train);
+    for (size_t i = 0; i < ids.size() && i < labels.size(); ++i) labels[i] = static_cast<uint8_t>(ids[i]);
+  }
+  Result<std::vector<std::vector<int64_t>>> parts = train::data::partition_indices(
+      labels, by_label ? static_cast<int>(data.schema.classes) : 1, sites, partition, seed);
+  if (!parts.is_ok()) return parts.status();
+  const std::shared_ptr<const train::data::Dataset> train = std::move(data.train);
+  SimulationData out;
+  for (std::vector<int64_t>& indices : *parts) {
+    out.shards.push_back(std::make_unique<train::data::DatasetSubset>(train, std::move(indices)));
+  }
+  out.test = std::move(data.test);
+  out.schema = std::move(data.schema);
   return out;
 }
 

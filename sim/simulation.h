@@ -122,10 +122,20 @@ struct SimulationData {
   std::unique_ptr<train::data::Dataset> test;
   int64_t vocabulary = 0;        // language models: the model's vocabulary (0: the model's own)
   double tokens_per_byte = 0.0;  // language models: the test's scored tokens per byte of text; 0: images
+  // Own data: its schema decides the model's input and classes (empty: Fashion-MNIST's).
+  train::data::DataSchema schema;
+  train::ModelInput model_input() const {
+    return {vocabulary, schema.sample_shape, schema.classes, schema.regression};
+  }
 };
 // Fashion-MNIST split among the sites by options.partition.
 Result<SimulationData> image_simulation_data(const SimulationOptions& options, const train::data::ImageDataset& train,
                                              train::data::ImageDataset test);
+// Own data (train::data::load_own_data) split among `sites` virtual sites
+// by `partition` (seeded), tested on its test part. Classification only:
+// regression is refused (the simulation reports accuracy).
+Result<SimulationData> own_simulation_data(train::data::LoadedData data, int sites,
+                                           const train::data::PartitionSpec& partition, uint64_t seed);
 // A corpus split among the sites by options.text_partition as the nodes
 // split it (train::data::site_windows: each site trains on 90% of its text), and
 // every document's held-out last 5% (the first test_limit windows, 0: all)

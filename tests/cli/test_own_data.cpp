@@ -14,6 +14,9 @@
 //   tests/data/make_digits_images.py; cnn reaches >= 0.93 centrally and in
 //   a federation of 4 sites on their own folders, and the same folders read
 //   as RGB 16x16 train.
+// - `fedmesh sim` splits own data among its virtual sites (a table by a
+//   Dirichlet over its classes >= 0.93; the digits as .npz in gossip mode,
+//   every peer >= 0.93); token shards as two sites' own data train gpt-nano.
 // - A site whose data has another schema is refused naming both; bad data
 //   exits 2 naming the file and the place, never a failed check.
 #include <gtest/gtest.h>
@@ -398,6 +401,41 @@ TEST_F(OwnData, IdxImagesOfAnotherSizeTrain) {
 // Text for the language models: a 1 GiB token shard trains gpt-nano for 100
 // steps in bounded memory (the peak RSS printed and held under 400 MB), and
 // JSON lines train like a folder of text.
+// `fedmesh sim` takes own data like every other command and splits it
+// among its virtual sites by --partition: the breast-cancer table by a
+// Dirichlet over its classes, the digits as .npz arrays in gossip mode.
+TEST_F(OwnData, SimSplitsOwnDataAmongItsVirtualSites) {
+  const fs::path tables = dir_ / "tables";
+  ASSERT_EQ(run_script("tests/data/split_breast_cancer.py", {tables.string()}), 0);
+  const FedmeshOutput table =
+      run_fedmesh({"sim", "--model", "mlp", "--data", "csv:" + (tables / "all-train.csv").string(), "--label",
+                   "diagnosis", "--test-data", "csv:" + (tables / "test.csv").string(), "--sites", "3", "--rounds", "10",
+                   "--partition", "dirichlet:0.5", "--json"});
+  ASSERT_EQ(table.exit_code, 0) << table.text;
+  const double table_accuracy = table.last.value("final_accuracy", table.last.value("test_accuracy", -1.0));
+  std::printf("breast cancer, fedmesh sim (3 virtual sites, dirichlet:0.5, 10 rounds): test accuracy %.4f\n",
+              table_accuracy);
+  EXPECT_GE(table_accuracy, 0.93) << table.last.dump();
+
+  const fs::path digits = dir_ / "digits";
+  ASSERT_EQ(run_script("tests/data/make_digits_images.py", {digits.string(), "--npz"}), 0);
+  const FedmeshOutput gossip =
+      run_fedmesh({"sim", "--mode", "gossip", "--model", "mlp", "--data", "arrays:" + (digits / "train.npz").string(),
+                   "--test-data", "arrays:" + (digits / "test.npz").string(), "--sites", "4", "--rounds", "8", "--json"});
+  ASSERT_EQ(gossip.exit_code, 0) << gossip.text;
+  std::printf("digits .npz, fedmesh sim --mode gossip (4 peers, 8 rounds): mean test accuracy %.4f (min %.4f)\n",
+              gossip.last.value("test_accuracy", -1.0), gossip.last.value("min_test_accuracy", -1.0));
+  EXPECT_GE(gossip.last.value("min_test_accuracy", -1.0), 0.93) << gossip.last.dump();
+
+  const fs::path diabetes = dir_ / "diabetes";
+  ASSERT_EQ(run_script("tests/data/split_diabetes.py", {diabetes.string()}), 0);
+  const FedmeshOutput regression =
+      run_fedmesh({"sim", "--model", "mlp", "--task", "regression", "--label", "progression", "--data",
+                   "csv:" + (diabetes / "all-train.csv").string(), "--json"});
+  EXPECT_EQ(regression.exit_code, 2) << regression.text;
+  EXPECT_NE(regression.text.find("regression"), std::string::npos) << regression.text;
+}
+
 // An llm.c shard (version 1: uint16 ids) of `count` ids: the alphabet's
 // letters as bytes, cycling from `first`.
 void write_cycle_shard(const fs::path& path, int64_t count, int64_t first) {

@@ -84,6 +84,29 @@ class DatasetView final : public Dataset {
   const Dataset& base_;
 };
 
+// Some samples of a shared Dataset, in the order given (a virtual site's
+// shard of own data in `fedmesh sim`). Indices must be in [0, base size).
+class DatasetSubset final : public Dataset {
+ public:
+  DatasetSubset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices);
+  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
+  void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
+                  std::vector<int32_t>& targets) const override;
+  int64_t targets_per_sample() const override { return base_->targets_per_sample(); }
+  bool regression() const override { return base_->regression(); }
+  void batch_values(std::span<const int64_t> indices, std::vector<float>& values) const override;
+  double target_scale() const override { return base_->target_scale(); }
+
+ private:
+  std::vector<int64_t> base_indices(std::span<const int64_t> indices) const;
+  std::shared_ptr<const Dataset> base_;
+  std::vector<int64_t> indices_;
+};
+
+// A classifier's class id of every sample, in order (read in batches of
+// inputs that are then dropped). Regression and language data have none: empty.
+std::vector<int32_t> class_ids(const Dataset& dataset);
+
 // An ImageDataset it owns, seen as a Dataset.
 class ImageSet final : public Dataset {
  public:

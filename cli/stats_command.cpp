@@ -10,6 +10,9 @@
 #include "base/toml_input.h"
 #include "cli/data_flags.h"
 #include "cli/output.h"
+#include "aggregator/server_config.h"
+#include "federation/stats_exchange.h"
+#include "node/site_config.h"
 #include "train/data/data_stats.h"
 
 namespace fedmesh::cli {
@@ -22,7 +25,36 @@ struct StatsFlags {
   std::vector<std::string> inputs;
   std::string out;
   bool json = false;
+  double timeout_seconds = 600.0;  // serve / send
+  double linger_seconds = 10.0;    // serve
 };
+
+// serve / send: their events as JSON lines, or one line each on stderr.
+federation::StatsEventSink stats_events(const StatsFlags& flags, const char* who) {
+  return [json = flags.json, who](const nlohmann::json& e) {
+    if (json) {
+      emit_json(e);
+      return;
+    }
+    const std::string kind = e.value("event", "");
+    if (kind == "listening") {
+      std::fprintf(stderr, "[%s] waiting for the sums of %zu site(s) on %s\n", who, e["sites"].size(),
+                   e.value("endpoint", "").c_str());
+    } else if (kind == "stats_report") {
+      std::fprintf(stderr, "[%s] sums of %lld features from %s\n", who,
+                   static_cast<long long>(e.value("features", 0)), e.value("site", "").c_str());
+    } else if (kind == "refused") {
+      std::fprintf(stderr, "[%s] refused %s (%s): %s\n", who, e.value("site", "").c_str(), e.value("code", "").c_str(),
+                   e.value("reason", "").c_str());
+    } else if (kind == "waiting") {
+      std::fprintf(stderr, "[%s] the aggregator still waits for %s\n", who, e.value("for", "").c_str());
+    } else if (kind == "merged") {
+      std::fprintf(stderr, "[%s] the federation's statistics (%lld sites, %s) written to %s\n", who,
+                   static_cast<long long>(e.value("parts", 0)), e.value("digest", "").c_str(),
+                   e.value("out", "").c_str());
+    }
+  };
+}
 
 int fail(const StatsFlags& flags, const Status& status) {
   return report_failure("stats", flags.json, status, status.code() == StatusCode::kIoError ? 1 : 2);
@@ -92,6 +124,60 @@ int run_merge(const StatsFlags& flags) {
   return finish(flags, "merge", *merged);
 }
 
+int run_serve(const StatsFlags& flags) {
+  Result<aggregator::AggregatorConfig> config = aggregator::read_aggregator_config(flags.config);
+  if (!config.is_ok()) return fail(flags, config.status());
+  federation::StatsServeOptions options;
+  options.listen = config->listen;
+  options.keys = config->keys;
+  options.name = config->name;
+  options.roster = config->roster;
+  options.admin_public = config->admin_public;
+  options.federation = config->federation;
+  options.out = flags.out;
+  options.timeout_seconds = flags.timeout_seconds;
+  options.linger_seconds = flags.linger_seconds;
+  if (train::data::is_own_data(config->validation)) {
+    // What every site's sums must describe: the features of the validation data.
+    train::data::DataSource validation = config->data;
+    validation.source = config->validation;
+    validation.test.clear();
+    Result<train::data::DataStats> expected = train::data::compute_data_stats(validation);
+    if (!expected.is_ok()) return fail(flags, expected.status());
+    options.expected = std::move(*expected);
+  }
+  Result<train::data::DataStats> merged = federation::serve_stats(options, stats_events(flags, "aggregator"));
+  if (!merged.is_ok()) {
+    return report_failure("stats", flags.json, merged.status(), merged.status().code() == StatusCode::kUnavailable ? 1 : 2);
+  }
+  StatsFlags shown = flags;
+  shown.out.clear();  // written already
+  return finish(shown, "serve", *merged);
+}
+
+int run_send(StatsFlags flags) {
+  Result<node::SiteConfig> config = node::read_site_config(flags.config);
+  if (!config.is_ok()) return fail(flags, config.status());
+  Result<train::data::DataStats> mine = train::data::compute_data_stats(config->data);
+  if (!mine.is_ok()) return fail(flags, mine.status());
+  federation::StatsSendOptions options;
+  options.aggregator = config->aggregator;
+  options.aggregator_name = config->aggregator_name;
+  options.keys = config->keys;
+  options.name = config->name;
+  options.roster = config->roster;
+  options.admin_public = config->admin_public;
+  options.federation = config->federation;
+  options.out = flags.out;
+  options.timeout_seconds = flags.timeout_seconds;
+  Result<train::data::DataStats> merged = federation::send_stats(options, *mine, stats_events(flags, config->name.c_str()));
+  if (!merged.is_ok()) {
+    return report_failure("stats", flags.json, merged.status(), merged.status().code() == StatusCode::kUnavailable ? 1 : 2);
+  }
+  flags.out.clear();  // written already
+  return finish(flags, "send", *merged);
+}
+
 int run_show(const StatsFlags& flags) {
   Result<train::data::DataStats> read = train::data::read_data_stats(flags.inputs.at(0));
   if (!read.is_ok()) return fail(flags, read.status());
@@ -104,7 +190,8 @@ void add_stats_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "stats",
       "Normalization statistics a federation computes together without sharing a row: each node's sums "
-      "(`compute`), added up by the admin (`merge`), read by every node as data.normalize = \"stats:FILE\"");
+      "(`compute`) added up by the admin (`merge`), or sent through the aggregator (`serve` there, `send` at each "
+      "site); every node then reads them as data.normalize = \"stats:FILE\"");
   cmd->require_subcommand(1);
 
   auto compute = std::make_shared<StatsFlags>();
@@ -123,6 +210,30 @@ void add_stats_command(CLI::App& app, int& exit_code) {
   m->add_option("--out", merge->out, "Write the federation's statistics here")->required();
   m->add_flag("--json", merge->json, "Print one JSON summary line");
   m->callback([merge, &exit_code] { exit_code = run_merge(*merge); });
+
+  auto serve = std::make_shared<StatsFlags>();
+  CLI::App* sv = cmd->add_subcommand(
+      "serve", "As the aggregator, before the federation trains: take every roster site's sums (`stats send`) on "
+               "the aggregator's endpoint, add them up, write them and send them back to each site; then exit");
+  sv->add_option("--config", serve->config, "The aggregator's config (agg.toml): endpoint, keys, roster")->required();
+  sv->add_option("--out", serve->out, "Write the federation's statistics here")->required();
+  sv->add_option("--timeout", serve->timeout_seconds, "Give up (exit 1) when not every site has sent by then (seconds)")
+      ->capture_default_str();
+  sv->add_option("--linger", serve->linger_seconds, "After merging, keep answering sites that ask again (seconds)")
+      ->capture_default_str();
+  sv->add_flag("--json", serve->json, "JSON lines: listening, stats_report, refused, merged, then a summary");
+  sv->callback([serve, &exit_code] { exit_code = run_serve(*serve); });
+
+  auto send = std::make_shared<StatsFlags>();
+  CLI::App* sd = cmd->add_subcommand(
+      "send", "As a site: compute this site's sums (its config's data.*), send them to the aggregator's `stats "
+              "serve`, and write the federation's statistics it sends back");
+  sd->add_option("--config", send->config, "The site's config (site.toml): data, endpoint, keys, roster")->required();
+  sd->add_option("--out", send->out, "Write the federation's statistics here")->required();
+  sd->add_option("--timeout", send->timeout_seconds, "Give up (exit 1) when they have not come back by then (seconds)")
+      ->capture_default_str();
+  sd->add_flag("--json", send->json, "JSON lines: waiting, merged, then a summary");
+  sd->callback([send, &exit_code] { exit_code = run_send(*send); });
 
   auto show = std::make_shared<StatsFlags>();
   CLI::App* s = cmd->add_subcommand("show", "Print a statistics file: count, mean and std per feature");

@@ -352,6 +352,31 @@ struct SecAggDown {
   reason @17 :Text;            # aborted, or why the recipient is not a member
 }
 
+# Normalization statistics a federation computes together before it trains
+# (`fedmesh stats serve` / `fedmesh stats send`, federation/stats_exchange.h):
+# per numeric feature (or image channel) the count of values, their sum and
+# their sum of squares over the sender's training part; never a row.
+struct FeatureSum {
+  name @0 :Text;
+  count @1 :UInt64;
+  sum @2 :Float64;
+  sumSquares @3 :Float64;
+}
+
+struct StatsReport {           # site -> aggregator: this site's sums
+  federation @0 :Text;
+  kind @1 :Text;               # "table" or "images"
+  features @2 :List(FeatureSum);
+}
+
+struct StatsMerged {           # aggregator -> site: everyone's sums, added up
+  federation @0 :Text;
+  kind @1 :Text;
+  parts @2 :UInt32;            # how many sites' sums; 0: still waiting (see `waiting`)
+  features @3 :List(FeatureSum);
+  waiting @4 :Text;            # parts 0: who has not sent yet
+}
+
 struct Message {
   union {
     hello @0 :Hello;
@@ -371,5 +396,7 @@ struct Message {
     catchUpRequest @14 :CatchUpRequest;
     secAggUp @15 :SecAggUp;
     secAggDown @16 :SecAggDown;
+    statsReport @17 :StatsReport;
+    statsMerged @18 :StatsMerged;
   }
 }

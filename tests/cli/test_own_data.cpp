@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/cluster.h"
+#include "train/data/data_stats.h"
 #include "support/fedmesh_run.h"
 #include "support/process.h"
 #include "support/text_files.h"
@@ -260,19 +261,52 @@ TEST_F(OwnData, ARegressionTableTrainsCentrallyAndInAThreeSiteFederation) {
     set_toml_option(config, "data.label", "\"" + label + "\"");
     set_toml_option(config, "data.task", "\"regression\"");
   }
-  std::vector<std::string> merge = {"stats", "merge"};
-  for (int i = 0; i < 3; ++i) {
-    const fs::path sums = dir_ / ("diabetes-" + std::to_string(i) + ".stats.json");
-    const FedmeshOutput computed =
-        run_fedmesh({"stats", "compute", "--config", site_config(kits, i).string(), "--out", sums.string(), "--json"});
-    ASSERT_EQ(computed.exit_code, 0) << computed.text;
-    ASSERT_EQ(computed.last["features"].size(), 11u) << computed.text;  // 10 features, then the target
-    EXPECT_EQ(computed.last["features"][10]["name"], label) << computed.text;
-    merge.push_back(sums.string());
-  }
+  // The statistics through the aggregator: `stats serve` on its endpoint,
+  // `stats send` at each site, every site getting the same file back. A
+  // site whose table drops a column is refused first, naming the mismatch.
+  ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
   const fs::path shared = dir_ / "diabetes.stats.json";
-  merge.insert(merge.end(), {"--out", shared.string(), "--json"});
-  ASSERT_EQ(run_fedmesh(merge).exit_code, 0);
+  const auto in_kit = [&](const std::string& kit, const std::string& args) {
+    return std::vector<std::string>{"/bin/sh", "-c",
+                                    "cd '" + (kits / kit).string() + "' && exec \"$FEDMESH\" " + args + " --json"};
+  };
+  ChildProcess serve(in_kit("aggregator", "stats serve --config agg.toml --linger 2 --timeout 120 --out '" +
+                                              shared.string() + "'"));
+  std::vector<json> serve_events;
+  ASSERT_TRUE(wait_for(serve, serve_events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
+  const fs::path odd = kits / "site-2" / "odd.toml";
+  spit(odd, slurp(site_config(kits, 2)));
+  set_toml_option(odd, "data.drop", "[\"bmi\"]");
+  ChildProcess odd_send(in_kit("site-2", "stats send --config odd.toml --timeout 60 --out odd.stats.json"));
+  EXPECT_EQ(odd_send.wait(), 2) << "a site with other features is refused";
+  std::vector<std::unique_ptr<ChildProcess>> senders;
+  for (int i = 0; i < 3; ++i) {
+    senders.push_back(std::make_unique<ChildProcess>(
+        in_kit("site-" + std::to_string(i), "stats send --config site.toml --timeout 120 --out federation.stats.json")));
+  }
+  for (auto& sender : senders) EXPECT_EQ(sender->wait(), 0);
+  EXPECT_TRUE(wait_for(serve, serve_events, [](const json& e) { return e.value("event", "") == "summary"; }, 60s));
+  ASSERT_EQ(serve.wait(), 0);
+  fedmesh::Result<fedmesh::train::data::DataStats> merged = fedmesh::train::data::read_data_stats(shared.string());
+  ASSERT_TRUE(merged.is_ok()) << merged.status().to_string();
+  EXPECT_EQ(merged->parts, 3);
+  ASSERT_EQ(merged->features.size(), 11u);  // 10 features, then the target
+  EXPECT_EQ(merged->features[10].name, label);
+  EXPECT_EQ(merged->features[10].count, 3 * 118 - (24 + 24 + 24)) << "every site's training part: 118 rows less a fifth";
+  for (int i = 0; i < 3; ++i) {
+    fedmesh::Result<fedmesh::train::data::DataStats> copy = fedmesh::train::data::read_data_stats(
+        (kits / ("site-" + std::to_string(i)) / "federation.stats.json").string());
+    ASSERT_TRUE(copy.is_ok()) << copy.status().to_string();
+    EXPECT_EQ(copy->digest(), merged->digest()) << "site-" << i;
+  }
+  EXPECT_FALSE(fs::exists(kits / "site-2" / "odd.stats.json"));
+  bool refused_odd = false;
+  for (const json& e : serve_events) {
+    if (e.value("event", "") != "refused") continue;
+    refused_odd = true;
+    EXPECT_NE(e.value("reason", "").find("do not match"), std::string::npos) << e.dump();
+  }
+  EXPECT_TRUE(refused_odd);
   for (const fs::path& config : configs) set_toml_option(config, "data.normalize", "\"stats:" + shared.string() + "\"");
   const double federated = run_kits(kits, 3, {}, "test_r2");
   std::printf("diabetes, 3-site federation split by age (mlp, 10 rounds of 4 steps, federated statistics): test R2 %.4f\n",

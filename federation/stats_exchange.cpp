@@ -1,0 +1,291 @@
+#include "federation/stats_exchange.h"
+
+#include <capnp/message.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "crypto/roster.h"
+#include "protocol/transport.h"
+#include "protocol/update_transfer.h"
+
+namespace fedmesh::federation {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using train::data::DataStats;
+using train::data::FeatureSums;
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+void fill_features(capnp::List<wire::FeatureSum>::Builder out, const DataStats& stats) {
+  for (size_t i = 0; i < stats.features.size(); ++i) {
+    const FeatureSums& f = stats.features[i];
+    auto b = out[static_cast<unsigned>(i)];
+    b.setName(f.name);
+    b.setCount(static_cast<uint64_t>(f.count));
+    b.setSum(f.sum);
+    b.setSumSquares(f.sum_squares);
+  }
+}
+
+// "site-a, site-b" of the names in `all` missing from `have`.
+std::string missing_names(const std::vector<std::string>& all, const std::map<std::string, DataStats>& have) {
+  std::string out;
+  for (const std::string& name : all) {
+    if (have.count(name) == 0) out += (out.empty() ? "" : ", ") + name;
+  }
+  return out;
+}
+
+}  // namespace
+
+bool decode_feature_sums(capnp::List<wire::FeatureSum>::Reader features, const std::string& kind, DataStats& out,
+                         protocol::Rejection& rejection) {
+  const auto refuse = [&](wire::RejectCode code, const std::string& why) {
+    rejection = {code, "statistics: " + why};
+    return false;
+  };
+  if (kind != "table" && kind != "images") return refuse(wire::RejectCode::MALFORMED, "kind is neither table nor images");
+  if (features.size() == 0 || features.size() > kMaxStatsFeatures) {
+    return refuse(wire::RejectCode::MALFORMED, std::to_string(features.size()) + " features (1 to " +
+                                                   std::to_string(kMaxStatsFeatures) + " are taken)");
+  }
+  out = DataStats{};
+  out.kind = kind;
+  out.parts = 1;
+  for (unsigned i = 0; i < features.size(); ++i) {
+    const auto f = features[i];
+    if (f.getName().size() > protocol::kMaxTextBytes) {
+      return refuse(wire::RejectCode::MALFORMED, "feature " + std::to_string(i + 1) + "'s name is over " +
+                                                     std::to_string(protocol::kMaxTextBytes) + " bytes");
+    }
+    FeatureSums sums{std::string(f.getName().cStr(), f.getName().size()), static_cast<int64_t>(f.getCount()),
+                     f.getSum(), f.getSumSquares()};
+    if (f.getCount() < 1 || f.getCount() > (uint64_t{1} << 62)) {
+      return refuse(wire::RejectCode::OUT_OF_RANGE, "feature " + std::to_string(i + 1) + " counts " +
+                                                        std::to_string(f.getCount()) + " values");
+    }
+    if (!std::isfinite(sums.sum) || !std::isfinite(sums.sum_squares)) {
+      return refuse(wire::RejectCode::NON_FINITE, "feature " + std::to_string(i + 1) + " has a sum that is not finite");
+    }
+    if (sums.sum_squares < 0.0) {
+      return refuse(wire::RejectCode::OUT_OF_RANGE, "feature " + std::to_string(i + 1) + " has a negative sum of squares");
+    }
+    out.features.push_back(std::move(sums));
+  }
+  return true;
+}
+
+protocol::OutgoingMessage make_stats_report(const std::string& federation, const DataStats& stats) {
+  capnp::MallocMessageBuilder builder;
+  auto report = builder.initRoot<wire::Message>().initStatsReport();
+  report.setFederation(federation);
+  report.setKind(stats.kind);
+  fill_features(report.initFeatures(static_cast<unsigned>(stats.features.size())), stats);
+  return protocol::serialize(builder);
+}
+
+protocol::OutgoingMessage make_stats_merged(const std::string& federation, const DataStats& merged) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::Message>().initStatsMerged();
+  out.setFederation(federation);
+  out.setKind(merged.kind);
+  out.setParts(static_cast<uint32_t>(merged.parts));
+  fill_features(out.initFeatures(static_cast<unsigned>(merged.features.size())), merged);
+  return protocol::serialize(builder);
+}
+
+protocol::OutgoingMessage make_stats_waiting(const std::string& federation, const std::string& waiting) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::Message>().initStatsMerged();
+  out.setFederation(federation);
+  out.setParts(0);
+  out.setWaiting(waiting.substr(0, protocol::kMaxTextBytes));
+  return protocol::serialize(builder);
+}
+
+Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEventSink& emit) {
+  Result<crypto::Membership> membership = crypto::load_membership(options.keys, options.name, options.roster,
+                                                                  options.admin_public, options.federation);
+  if (!membership.is_ok()) return membership.status();
+  std::vector<std::string> expected;
+  for (const crypto::RosterEntry& entry : membership->roster.sites) {
+    if (entry.role == crypto::Role::kSite) expected.push_back(entry.identity.name);
+  }
+  if (expected.empty()) return invalid_argument(options.roster + ": no sites on the roster to compute statistics with");
+  protocol::TransportOptions transport;
+  Result<std::unique_ptr<protocol::ServerSocket>> bound =
+      protocol::ServerSocket::bind(options.listen, protocol::CurveKeys::from(membership->keys),
+                                   protocol::allowlist_from_roster(membership->roster), transport);
+  if (!bound.is_ok()) return bound.status();
+  protocol::ServerSocket& socket = **bound;
+  emit({{"event", "listening"}, {"endpoint", socket.endpoint()}, {"sites", expected}});
+
+  std::map<std::string, DataStats> reports;
+  std::optional<DataStats> merged;
+  std::optional<protocol::OutgoingMessage> merged_message;
+  const Clock::time_point deadline = Clock::now() + millis(options.timeout_seconds);
+  Clock::time_point linger_until{};
+  const auto reply = [&](const std::string& routing_id, protocol::OutgoingMessage message) {
+    (void)socket.send(routing_id, std::move(message));  // a site that left asks again or times out
+  };
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    if (merged && now >= linger_until) return *merged;
+    if (!merged && now >= deadline) {
+      return unavailable("statistics: no sums from " + missing_names(expected, reports) + " after " +
+                         std::to_string(static_cast<int64_t>(options.timeout_seconds)) + " s");
+    }
+    Result<std::optional<protocol::Incoming>> got = socket.receive(std::chrono::milliseconds(200));
+    if (!got.is_ok()) return got.status();
+    if (!got->has_value()) continue;
+    const protocol::Incoming& incoming = **got;
+    std::unique_ptr<protocol::ParsedMessage> parsed;
+    protocol::Rejection rejection;
+    const auto refuse = [&](const protocol::Rejection& why) {
+      emit({{"event", "refused"}, {"site", incoming.peer}, {"code", protocol::reject_code_name(why.code)},
+            {"reason", why.reason}});
+      reply(incoming.routing_id, protocol::make_reject(0, why));
+    };
+    if (!protocol::parse_message(incoming.bytes, transport.max_message_bytes, incoming.frame, parsed, rejection)) {
+      refuse(rejection);
+      continue;
+    }
+    const auto root = parsed->root();
+    if (root.which() != wire::Message::STATS_REPORT) {
+      refuse({wire::RejectCode::MALFORMED, "this aggregator is computing the federation's statistics: it takes "
+                                           "statistics reports only, and trains later"});
+      continue;
+    }
+    const crypto::RosterEntry* sender = membership->roster.find(incoming.peer);
+    if (sender == nullptr || sender->role != crypto::Role::kSite) {
+      refuse({wire::RejectCode::WRONG_ROLE, "'" + incoming.peer.substr(0, 64) + "' is not a site of the roster"});
+      continue;
+    }
+    const auto report = root.getStatsReport();
+    if (std::string(report.getFederation().cStr()) != options.federation) {
+      refuse({wire::RejectCode::WRONG_FEDERATION, "statistics for another federation"});
+      continue;
+    }
+    DataStats sums;
+    if (!decode_feature_sums(report.getFeatures(), report.getKind().cStr(), sums, rejection)) {
+      refuse(rejection);
+      continue;
+    }
+    if (merged) {  // lingering: everyone's sums are in; answer again
+      reply(incoming.routing_id, protocol::OutgoingMessage::from_bytes(merged_message->bytes()));
+      continue;
+    }
+    // Every site must describe the same features: those of the aggregator's
+    // validation data, or else those of the first report in.
+    const auto other = std::find_if(reports.begin(), reports.end(), [&](const auto& r) { return r.first != incoming.peer; });
+    const DataStats* reference = options.expected ? &*options.expected : other != reports.end() ? &other->second : nullptr;
+    if (reference != nullptr) {
+      Result<DataStats> together = train::data::merge_data_stats({*reference, sums});
+      if (!together.is_ok()) {
+        const std::string whose = options.expected ? std::string("the aggregator's validation data") : other->first + "'s";
+        refuse({wire::RejectCode::OUT_OF_RANGE, "statistics that do not match " + whose + " (" +
+                                                    together.status().message().substr(0, 400) + ")"});
+        continue;
+      }
+    }
+    emit({{"event", "stats_report"}, {"site", incoming.peer}, {"kind", sums.kind}, {"features", sums.features.size()}});
+    reports[incoming.peer] = std::move(sums);
+    const std::string waiting = missing_names(expected, reports);
+    if (!waiting.empty()) {
+      reply(incoming.routing_id, make_stats_waiting(options.federation, waiting));
+      continue;
+    }
+    std::vector<DataStats> parts;
+    for (const std::string& name : expected) parts.push_back(reports.at(name));
+    Result<DataStats> all = train::data::merge_data_stats(parts);
+    if (!all.is_ok()) return all.status();  // checked pairwise above: not reachable with honest code
+    FEDMESH_RETURN_IF_ERROR(train::data::write_data_stats(*all, options.out));
+    merged = std::move(*all);
+    merged_message = make_stats_merged(options.federation, *merged);
+    linger_until = Clock::now() + millis(options.linger_seconds);
+    emit({{"event", "merged"}, {"parts", merged->parts}, {"digest", merged->digest()}, {"out", options.out}});
+    reply(incoming.routing_id, protocol::OutgoingMessage::from_bytes(merged_message->bytes()));
+  }
+}
+
+Result<DataStats> send_stats(const StatsSendOptions& options, const DataStats& mine, const StatsEventSink& emit) {
+  Result<crypto::Membership> membership = crypto::load_membership(options.keys, options.name, options.roster,
+                                                                  options.admin_public, options.federation);
+  if (!membership.is_ok()) return membership.status();
+  const crypto::RosterEntry* aggregator = membership->roster.find(options.aggregator_name);
+  if (aggregator == nullptr || aggregator->role != crypto::Role::kAggregator) {
+    return invalid_argument("the roster has no aggregator named '" + options.aggregator_name + "'");
+  }
+  Result<std::unique_ptr<protocol::ClientSocket>> connected =
+      protocol::ClientSocket::connect(options.aggregator, protocol::CurveKeys::from(membership->keys),
+                                      aggregator->identity.box_public, protocol::TransportOptions{});
+  if (!connected.is_ok()) return connected.status();
+  protocol::ClientSocket& socket = **connected;
+  const Clock::time_point deadline = Clock::now() + millis(options.timeout_seconds);
+  Clock::time_point next_send{};
+  std::string last_waiting;
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      return unavailable("statistics: no merged statistics from the aggregator at " + options.aggregator + " after " +
+                         std::to_string(static_cast<int64_t>(options.timeout_seconds)) + " s" +
+                         (last_waiting.empty() ? std::string(" (is `fedmesh stats serve` running there?)")
+                                               : " (still waiting for " + last_waiting + ")"));
+    }
+    if (now >= next_send) {
+      (void)socket.send(make_stats_report(options.federation, mine), std::chrono::milliseconds(200));
+      next_send = now + millis(options.resend_seconds);
+    }
+    Result<std::optional<protocol::Incoming>> got = socket.receive(std::chrono::milliseconds(200));
+    if (!got.is_ok()) return got.status();
+    if (!got->has_value()) continue;
+    std::unique_ptr<protocol::ParsedMessage> parsed;
+    protocol::Rejection rejection;
+    if (!protocol::parse_message((*got)->bytes, protocol::kDefaultMaxMessageBytes, (*got)->frame, parsed, rejection)) {
+      return corrupt("statistics: the aggregator's reply does not parse: " + rejection.reason);
+    }
+    const auto root = parsed->root();
+    if (root.which() == wire::Message::REJECT) {
+      return invalid_argument("the aggregator refused this site's statistics (" +
+                              std::string(protocol::reject_code_name(root.getReject().getCode())) +
+                              "): " + root.getReject().getText().cStr());
+    }
+    if (root.which() != wire::Message::STATS_MERGED) continue;  // nothing else is asked for here
+    const auto answer = root.getStatsMerged();
+    if (answer.getParts() == 0) {
+      const std::string waiting = answer.getWaiting().cStr();
+      if (waiting != last_waiting) emit({{"event", "waiting"}, {"for", waiting}});
+      last_waiting = waiting;
+      continue;
+    }
+    DataStats merged;
+    if (!decode_feature_sums(answer.getFeatures(), answer.getKind().cStr(), merged, rejection)) {
+      return corrupt("statistics: the aggregator's merged sums are unusable: " + rejection.reason);
+    }
+    merged.parts = answer.getParts();
+    // The federation's sums must describe this site's features and hold at least its own values.
+    Result<DataStats> check = train::data::merge_data_stats({mine, merged});
+    if (!check.is_ok()) return invalid_argument("statistics: the merged sums do not fit this site's: " + check.status().message());
+    for (size_t i = 0; i < mine.features.size(); ++i) {
+      if (merged.features[i].count < mine.features[i].count) {
+        return corrupt("statistics: the merged sums count fewer values of '" + mine.features[i].name +
+                       "' than this site alone holds");
+      }
+    }
+    FEDMESH_RETURN_IF_ERROR(train::data::write_data_stats(merged, options.out));
+    emit({{"event", "merged"}, {"parts", merged.parts}, {"digest", merged.digest()}, {"out", options.out}});
+    return merged;
+  }
+}
+
+}  // namespace fedmesh::federation

@@ -12,7 +12,8 @@
 // `fedmesh stats serve --config agg.toml` binds the aggregator's endpoint
 // until the sums are in (then lingers so every site hears back), and
 // `fedmesh stats send --config site.toml` dials it. A site's sums are
-// untrusted input: decode_feature_sums bounds and checks every field, and a
+// untrusted input: decode_feature_sums (federation/stats_wire.h) bounds and
+// checks every field, and a
 // report whose kind or feature names differ from the others' is refused
 // naming both (against the features of the aggregator's own validation data
 // when it has some, so a first hostile report cannot set them), as is one
@@ -29,24 +30,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
-#include "protocol/fedmesh.capnp.h"
-#include "protocol/wire.h"
+#include "federation/stats_wire.h"
 #include "train/data/data_stats.h"
 
 namespace fedmesh::federation {
-
-inline constexpr size_t kMaxStatsFeatures = 100'000;  // as a table's features
-
-// The sums of a StatsReport or StatsMerged, every field checked: a kind of
-// "table" or "images", 1..kMaxStatsFeatures features with names of at most
-// protocol::kMaxTextBytes bytes, counts >= 1, finite sums and sums of
-// squares >= 0. A flaw is a MALFORMED / NON_FINITE rejection naming it.
-bool decode_feature_sums(capnp::List<wire::FeatureSum>::Reader features, const std::string& kind,
-                         train::data::DataStats& out, protocol::Rejection& rejection);
-
-protocol::OutgoingMessage make_stats_report(const std::string& federation, const train::data::DataStats& stats);
-protocol::OutgoingMessage make_stats_merged(const std::string& federation, const train::data::DataStats& merged);
-protocol::OutgoingMessage make_stats_waiting(const std::string& federation, const std::string& waiting);
 
 struct StatsServeOptions {
   std::string listen;                 // the aggregator's endpoint

@@ -16,7 +16,9 @@
 // Secure aggregation's messages are decoded (protocol/secagg_wire.h); a
 // SecAggUp is fed to a SecAggServer of two sites, a SecAggDown drives a
 // SecAggClient through every phase it gets past: each refusal must leave
-// the client aborted with its secrets wiped.
+// the client aborted with its secrets wiped. Normalization statistics
+// (StatsReport, StatsMerged) go through decode_feature_sums: what it
+// accepts has counts >= 1 and finite sums, what it refuses says why.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -28,6 +30,7 @@
 #include "crypto/replay_guard.h"
 #include "crypto/roster.h"
 #include "crypto/secure_aggregation.h"
+#include "federation/stats_wire.h"
 #include "protocol/secagg_wire.h"
 #include "protocol/update_transfer.h"
 #include "protocol/wire.h"
@@ -195,6 +198,24 @@ void walk(const fp::ParsedMessage& message) {
         fp::Rejection rejection;
         if (fp::decode_secagg_down(root.getSecAggDown(), down, rejection)) feed_client(down);
         else require(!rejection.reason.empty(), "a secure-aggregation message refused without a reason");
+        break;
+      }
+      case fedmesh::wire::Message::STATS_REPORT:
+      case fedmesh::wire::Message::STATS_MERGED: {
+        const bool report = root.which() == fedmesh::wire::Message::STATS_REPORT;
+        const auto features = report ? root.getStatsReport().getFeatures() : root.getStatsMerged().getFeatures();
+        const std::string kind = report ? root.getStatsReport().getKind().cStr() : root.getStatsMerged().getKind().cStr();
+        fedmesh::train::data::DataStats sums;
+        fp::Rejection rejection;
+        if (fedmesh::federation::decode_feature_sums(features, kind, sums, rejection)) {
+          require(!sums.features.empty(), "statistics accepted with no feature");
+          for (const auto& f : sums.features) {
+            require(f.count >= 1 && std::isfinite(f.sum) && std::isfinite(f.sum_squares) && f.sum_squares >= 0.0,
+                    "statistics accepted with a count below 1 or a sum that is not finite");
+          }
+        } else {
+          require(!rejection.reason.empty(), "statistics refused without a reason");
+        }
         break;
       }
       default:

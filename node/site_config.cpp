@@ -221,9 +221,14 @@ Result<SiteData> load_site_data(const SiteConfig& config, int64_t test_limit) {
   }
   if (config.data.own()) {
     // All of it: the train part to train on, the test part held out (and,
-    // when a test set is asked for, the same part seen as one).
+    // when a test set is asked for, the same part seen as one). Image
+    // folders are decoded once, into a cache beside the store.
+    train::data::DataSource source = config.data;
+    if (source.format() == "images" && source.cache.empty() && !config.store.empty()) {
+      source.cache = config.store + ".images";
+    }
     Result<train::data::LoadedData> loaded =
-        train::data::load_own_data(config.data, config.train_limit, std::max<int64_t>(0, test_limit));
+        train::data::load_own_data(source, config.train_limit, std::max<int64_t>(0, test_limit));
     if (!loaded.is_ok()) return loaded.status();
     SiteData out;
     out.shard = std::move(loaded->train);

@@ -147,6 +147,10 @@ Result<std::unique_ptr<TrainingRun>> TrainingRun::create(TrainingRunOptions opti
     return invalid_argument("--keep-last/--keep-best: " + s.message());
   }
   set_cpu_threads(options.threads);
+  // Image folders are decoded once, into a cache beside the checkpoints.
+  if (options.data.format() == "images" && options.data.cache.empty() && !options.db.empty()) {
+    options.data.cache = options.db + ".images";
+  }
   Result<TrainingData> data =
       load_training_data({options.model, options.data, options.tokenizer, options.train_limit, options.test_limit});
   if (!data.is_ok()) return data.status();

@@ -124,16 +124,28 @@ int run_merge(const StatsFlags& flags) {
   return finish(flags, "merge", *merged);
 }
 
+// Who the config says this node is.
+template <class Config>
+federation::StatsMembership membership_of(const Config& config) {
+  return {config.keys, config.name, config.roster, config.admin_public, config.federation};
+}
+
+// serve / send: the federation's statistics, already written to --out, shown.
+int finish_exchange(StatsFlags flags, const std::string& action, Result<train::data::DataStats> merged) {
+  if (!merged.is_ok()) {
+    return report_failure("stats", flags.json, merged.status(),
+                          merged.status().code() == StatusCode::kUnavailable ? 1 : 2);
+  }
+  flags.out.clear();  // written already
+  return finish(flags, action, *merged);
+}
+
 int run_serve(const StatsFlags& flags) {
   Result<aggregator::AggregatorConfig> config = aggregator::read_aggregator_config(flags.config);
   if (!config.is_ok()) return fail(flags, config.status());
   federation::StatsServeOptions options;
   options.listen = config->listen;
-  options.keys = config->keys;
-  options.name = config->name;
-  options.roster = config->roster;
-  options.admin_public = config->admin_public;
-  options.federation = config->federation;
+  options.member = membership_of(*config);
   options.out = flags.out;
   options.timeout_seconds = flags.timeout_seconds;
   options.linger_seconds = flags.linger_seconds;
@@ -146,13 +158,7 @@ int run_serve(const StatsFlags& flags) {
     if (!expected.is_ok()) return fail(flags, expected.status());
     options.expected = std::move(*expected);
   }
-  Result<train::data::DataStats> merged = federation::serve_stats(options, stats_events(flags, "aggregator"));
-  if (!merged.is_ok()) {
-    return report_failure("stats", flags.json, merged.status(), merged.status().code() == StatusCode::kUnavailable ? 1 : 2);
-  }
-  StatsFlags shown = flags;
-  shown.out.clear();  // written already
-  return finish(shown, "serve", *merged);
+  return finish_exchange(flags, "serve", federation::serve_stats(options, stats_events(flags, "aggregator")));
 }
 
 int run_send(StatsFlags flags) {
@@ -163,19 +169,11 @@ int run_send(StatsFlags flags) {
   federation::StatsSendOptions options;
   options.aggregator = config->aggregator;
   options.aggregator_name = config->aggregator_name;
-  options.keys = config->keys;
-  options.name = config->name;
-  options.roster = config->roster;
-  options.admin_public = config->admin_public;
-  options.federation = config->federation;
+  options.member = membership_of(*config);
   options.out = flags.out;
   options.timeout_seconds = flags.timeout_seconds;
-  Result<train::data::DataStats> merged = federation::send_stats(options, *mine, stats_events(flags, config->name.c_str()));
-  if (!merged.is_ok()) {
-    return report_failure("stats", flags.json, merged.status(), merged.status().code() == StatusCode::kUnavailable ? 1 : 2);
-  }
-  flags.out.clear();  // written already
-  return finish(flags, "send", *merged);
+  return finish_exchange(flags, "send",
+                         federation::send_stats(options, *mine, stats_events(flags, config->name.c_str())));
 }
 
 int run_show(const StatsFlags& flags) {

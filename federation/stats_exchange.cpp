@@ -33,17 +33,22 @@ std::string missing_names(const std::vector<std::string>& all, const std::map<st
   return out;
 }
 
+Result<crypto::Membership> load(const StatsMembership& m) {
+  return crypto::load_membership(m.keys, m.name, m.roster, m.admin_public, m.federation);
+}
+
 }  // namespace
 
 Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEventSink& emit) {
-  Result<crypto::Membership> membership = crypto::load_membership(options.keys, options.name, options.roster,
-                                                                  options.admin_public, options.federation);
+  Result<crypto::Membership> membership = load(options.member);
   if (!membership.is_ok()) return membership.status();
   std::vector<std::string> expected;
   for (const crypto::RosterEntry& entry : membership->roster.sites) {
     if (entry.role == crypto::Role::kSite) expected.push_back(entry.identity.name);
   }
-  if (expected.empty()) return invalid_argument(options.roster + ": no sites on the roster to compute statistics with");
+  if (expected.empty()) {
+    return invalid_argument(options.member.roster + ": no sites on the roster to compute statistics with");
+  }
   protocol::TransportOptions transport;
   Result<std::unique_ptr<protocol::ServerSocket>> bound =
       protocol::ServerSocket::bind(options.listen, protocol::CurveKeys::from(membership->keys),
@@ -94,7 +99,7 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
       continue;
     }
     const auto report = root.getStatsReport();
-    if (std::string(report.getFederation().cStr()) != options.federation) {
+    if (std::string(report.getFederation().cStr()) != options.member.federation) {
       refuse({wire::RejectCode::WRONG_FEDERATION, "statistics for another federation"});
       continue;
     }
@@ -124,7 +129,7 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
     reports[incoming.peer] = std::move(sums);
     const std::string waiting = missing_names(expected, reports);
     if (!waiting.empty()) {
-      reply(incoming.routing_id, make_stats_waiting(options.federation, waiting));
+      reply(incoming.routing_id, make_stats_waiting(options.member.federation, waiting));
       continue;
     }
     std::vector<DataStats> parts;
@@ -133,7 +138,7 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
     if (!all.is_ok()) return all.status();  // checked pairwise above: not reachable with honest code
     FEDMESH_RETURN_IF_ERROR(train::data::write_data_stats(*all, options.out));
     merged = std::move(*all);
-    merged_message = make_stats_merged(options.federation, *merged);
+    merged_message = make_stats_merged(options.member.federation, *merged);
     linger_until = Clock::now() + millis(options.linger_seconds);
     emit({{"event", "merged"}, {"parts", merged->parts}, {"digest", merged->digest()}, {"out", options.out}});
     reply(incoming.routing_id, protocol::OutgoingMessage::from_bytes(merged_message->bytes()));
@@ -141,8 +146,7 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
 }
 
 Result<DataStats> send_stats(const StatsSendOptions& options, const DataStats& mine, const StatsEventSink& emit) {
-  Result<crypto::Membership> membership = crypto::load_membership(options.keys, options.name, options.roster,
-                                                                  options.admin_public, options.federation);
+  Result<crypto::Membership> membership = load(options.member);
   if (!membership.is_ok()) return membership.status();
   const crypto::RosterEntry* aggregator = membership->roster.find(options.aggregator_name);
   if (aggregator == nullptr || aggregator->role != crypto::Role::kAggregator) {
@@ -165,7 +169,7 @@ Result<DataStats> send_stats(const StatsSendOptions& options, const DataStats& m
                                                : " (still waiting for " + last_waiting + ")"));
     }
     if (now >= next_send) {
-      (void)socket.send(make_stats_report(options.federation, mine), std::chrono::milliseconds(200));
+      (void)socket.send(make_stats_report(options.member.federation, mine), std::chrono::milliseconds(200));
       next_send = now + millis(options.resend_seconds);
     }
     Result<std::optional<protocol::Incoming>> got = socket.receive(std::chrono::milliseconds(200));

@@ -35,9 +35,14 @@
 
 namespace fedmesh::federation {
 
+// Who a node is in the federation, as its config names it.
+struct StatsMembership {
+  std::string keys, name, roster, admin_public, federation;
+};
+
 struct StatsServeOptions {
   std::string listen;                 // the aggregator's endpoint
-  std::string keys, name, roster, admin_public, federation;  // its membership (as agg.toml has them)
+  StatsMembership member;             // the aggregator's (as agg.toml has it)
   std::string out;                    // where the federation's statistics are written
   double timeout_seconds = 600.0;     // give up when the sums are not all in by then
   double linger_seconds = 10.0;       // after merging: keep answering sites that ask again
@@ -50,7 +55,7 @@ struct StatsServeOptions {
 struct StatsSendOptions {
   std::string aggregator;             // the aggregator's endpoint
   std::string aggregator_name;
-  std::string keys, name, roster, admin_public, federation;  // this site's membership (as site.toml has them)
+  StatsMembership member;             // this site's (as site.toml has it)
   std::string out;                    // where the federation's statistics are written
   double timeout_seconds = 600.0;
   double resend_seconds = 1.0;        // how often the sums are sent again until the merged ones come

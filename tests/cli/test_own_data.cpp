@@ -470,9 +470,10 @@ TEST_F(OwnData, SimSplitsOwnDataAmongItsVirtualSites) {
   EXPECT_NE(regression.text.find("regression"), std::string::npos) << regression.text;
 }
 
-// An llm.c shard (version 1: uint16 ids) of `count` ids: the alphabet's
-// letters as bytes, cycling from `first`.
-void write_cycle_shard(const fs::path& path, int64_t count, int64_t first) {
+// An llm.c shard (version 1: uint16 ids) of `count` ids, the alphabet's
+// letters as bytes cycling from `first`, written in pieces of at most
+// 4 Mi ids; on disk (fsync) when `sync`.
+void write_cycle_shard(const fs::path& path, int64_t count, int64_t first, bool sync = false) {
   std::FILE* out = std::fopen(path.c_str(), "wb");
   ASSERT_NE(out, nullptr);
   std::vector<int32_t> header(256, 0);
@@ -480,9 +481,16 @@ void write_cycle_shard(const fs::path& path, int64_t count, int64_t first) {
   header[1] = 1;
   header[2] = static_cast<int32_t>(count);
   ASSERT_EQ(std::fwrite(header.data(), 4, header.size(), out), header.size());
-  std::vector<uint16_t> ids(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) ids[static_cast<size_t>(i)] = static_cast<uint16_t>(97 + (first + i) % 26);
-  ASSERT_EQ(std::fwrite(ids.data(), 2, ids.size(), out), ids.size());
+  std::vector<uint16_t> ids(static_cast<size_t>(std::min<int64_t>(count, int64_t{1} << 22)));
+  for (int64_t at = 0; at < count; at += static_cast<int64_t>(ids.size())) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(count - at, static_cast<int64_t>(ids.size())));
+    for (size_t i = 0; i < n; ++i) ids[i] = static_cast<uint16_t>(97 + (first + at + static_cast<int64_t>(i)) % 26);
+    ASSERT_EQ(std::fwrite(ids.data(), 2, n, out), n);
+  }
+  if (sync) {
+    ASSERT_EQ(std::fflush(out), 0);
+    ASSERT_EQ(::fsync(::fileno(out)), 0);
+  }
   ASSERT_EQ(std::fclose(out), 0);
 }
 
@@ -491,9 +499,9 @@ void write_cycle_shard(const fs::path& path, int64_t count, int64_t first) {
 // below the uniform model's ln 256, with no bits per byte (no bytes behind
 // the ids). A shard given to an image model is refused by name.
 TEST_F(OwnData, TokenShardsAreASitesOwnData) {
-  write_cycle_shard(dir_ / "site-0.bin", 40000, 0);
-  write_cycle_shard(dir_ / "site-1.bin", 40000, 13);
-  write_cycle_shard(dir_ / "held.bin", 8000, 5);
+  ASSERT_NO_FATAL_FAILURE(write_cycle_shard(dir_ / "site-0.bin", 40000, 0));
+  ASSERT_NO_FATAL_FAILURE(write_cycle_shard(dir_ / "site-1.bin", 40000, 13));
+  ASSERT_NO_FATAL_FAILURE(write_cycle_shard(dir_ / "held.bin", 8000, 5));
   const fs::path kits = provision_kits("gpt-nano", 2, 3, 20);
   ASSERT_FALSE(kits.empty());
   const fs::path agg = kits / "aggregator" / "agg.toml";
@@ -518,27 +526,10 @@ TEST_F(OwnData, TokenShardsAreASitesOwnData) {
 
 TEST_F(OwnData, ATokenShardLargerThanMemoryNeedsTrainsInBoundedMemory) {
   const fs::path shard = dir_ / "big.bin";
-  {
-    constexpr int64_t kTokens = int64_t{512} << 20;  // uint16 ids: 1 GiB
-    std::FILE* out = std::fopen(shard.c_str(), "wb");
-    ASSERT_NE(out, nullptr);
-    std::vector<int32_t> header(256, 0);
-    header[0] = 20240520;
-    header[1] = 1;
-    header[2] = static_cast<int32_t>(kTokens);
-    ASSERT_EQ(std::fwrite(header.data(), 4, header.size(), out), header.size());
-    // A text-like cycle of ids below gpt-nano's 256, so the loss can fall.
-    std::vector<uint16_t> chunk(size_t{1} << 22);
-    for (int64_t first = 0; first < kTokens; first += static_cast<int64_t>(chunk.size())) {
-      for (size_t i = 0; i < chunk.size(); ++i) chunk[i] = static_cast<uint16_t>(97 + (first + static_cast<int64_t>(i)) % 26);
-      ASSERT_EQ(std::fwrite(chunk.data(), 2, chunk.size(), out), chunk.size());
-    }
-    // On disk, as a shard made earlier is: pages still being written back
-    // would stay in the page cache whatever the reader advises.
-    ASSERT_EQ(std::fflush(out), 0);
-    ASSERT_EQ(::fsync(::fileno(out)), 0);
-    ASSERT_EQ(std::fclose(out), 0);
-  }
+  // 512 Mi uint16 ids (1 GiB), a text-like cycle below gpt-nano's 256 so the
+  // loss can fall; on disk, as a shard made earlier is: pages still being
+  // written back would stay in the page cache whatever the reader advises.
+  ASSERT_NO_FATAL_FAILURE(write_cycle_shard(shard, int64_t{512} << 20, 0, /*sync=*/true));
   const FedmeshOutput out = run_fedmesh({"train", "--model", "gpt-nano", "--data", "tokens:" + shard.string(),
                                          "--steps", "100", "--batch-size", "16", "--test-limit", "20", "--json"});
   fs::remove(shard);

@@ -33,6 +33,22 @@ std::string missing_names(const std::vector<std::string>& all, const std::map<st
   return out;
 }
 
+// How `got` differs from `want` (kind, feature count, the first name
+// apart); "" when they describe the same features.
+std::string difference(const DataStats& want, const DataStats& got) {
+  if (got.kind != want.kind) return "sums of " + got.kind + ", expected " + want.kind;
+  if (got.features.size() != want.features.size()) {
+    return std::to_string(got.features.size()) + " features, expected " + std::to_string(want.features.size());
+  }
+  for (size_t i = 0; i < got.features.size(); ++i) {
+    if (got.features[i].name != want.features[i].name) {
+      return "feature " + std::to_string(i + 1) + " is '" + got.features[i].name.substr(0, 64) + "', expected '" +
+             want.features[i].name.substr(0, 64) + "'";
+    }
+  }
+  return "";
+}
+
 Result<crypto::Membership> load(const StatsMembership& m) {
   return crypto::load_membership(m.keys, m.name, m.roster, m.admin_public, m.federation);
 }
@@ -117,11 +133,9 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
     const auto other = std::find_if(reports.begin(), reports.end(), [&](const auto& r) { return r.first != incoming.peer; });
     const DataStats* reference = options.expected ? &*options.expected : other != reports.end() ? &other->second : nullptr;
     if (reference != nullptr) {
-      Result<DataStats> together = train::data::merge_data_stats({*reference, sums});
-      if (!together.is_ok()) {
+      if (const std::string differs = difference(*reference, sums); !differs.empty()) {
         const std::string whose = options.expected ? std::string("the aggregator's validation data") : other->first + "'s";
-        refuse({wire::RejectCode::OUT_OF_RANGE, "statistics that do not match " + whose + " (" +
-                                                    together.status().message().substr(0, 400) + ")"});
+        refuse({wire::RejectCode::OUT_OF_RANGE, "statistics that do not match " + whose + ": " + differs});
         continue;
       }
     }
@@ -200,8 +214,9 @@ Result<DataStats> send_stats(const StatsSendOptions& options, const DataStats& m
     }
     merged.parts = answer.getParts();
     // The federation's sums must describe this site's features and hold at least its own values.
-    Result<DataStats> check = train::data::merge_data_stats({mine, merged});
-    if (!check.is_ok()) return invalid_argument("statistics: the merged sums do not fit this site's: " + check.status().message());
+    if (const std::string differs = difference(mine, merged); !differs.empty()) {
+      return invalid_argument("statistics: the merged sums do not describe this site's features: " + differs);
+    }
     for (size_t i = 0; i < mine.features.size(); ++i) {
       if (merged.features[i].count < mine.features[i].count) {
         return corrupt("statistics: the merged sums count fewer values of '" + mine.features[i].name +

@@ -232,7 +232,7 @@ TEST_F(OwnData, ATableTrainsCentrallyAndInAThreeSiteFederation) {
 // where it is the last entry) and the metrics come back in its own units.
 TEST_F(OwnData, ARegressionTableTrainsCentrallyAndInAThreeSiteFederation) {
   const fs::path tables = dir_ / "diabetes";
-  ASSERT_EQ(run_script("tests/data/split_diabetes.py", {tables.string()}), 0);
+  ASSERT_EQ(run_script("tests/data/split_diabetes.py", {tables.string(), "--npz"}), 0);
   const std::string label = "progression";
   const FedmeshOutput central =
       run_fedmesh({"train", "--model", "mlp", "--task", "regression", "--data",
@@ -246,6 +246,15 @@ TEST_F(OwnData, ARegressionTableTrainsCentrallyAndInAThreeSiteFederation) {
   EXPECT_GE(r2, 0.40) << central.text;
   EXPECT_GT(mae, 20.0) << "MAE in the target's units (progression 25..346)";
   EXPECT_LT(mae, 55.0) << central.text;
+  // The same rows as .npz arrays (y float64) train to the same model.
+  const FedmeshOutput arrays =
+      run_fedmesh({"train", "--model", "mlp", "--task", "regression", "--data",
+                   "arrays:" + (tables / "all-train.npz").string(), "--test-data",
+                   "arrays:" + (tables / "test.npz").string(), "--epochs", "10", "--batch-size", "32", "--json"});
+  ASSERT_EQ(arrays.exit_code, 0) << arrays.text;
+  std::printf("diabetes as .npz arrays: test R2 %.4f, MAE %.2f\n", arrays.last.value("test_r2", -1.0),
+              arrays.last.value("test_mae", -1.0));
+  EXPECT_NEAR(arrays.last.value("test_r2", -1.0), r2, 1e-6) << arrays.text;
 
   const fs::path kits = provision_kits("mlp", 3, 10, 4);
   ASSERT_FALSE(kits.empty());

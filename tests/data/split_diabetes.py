@@ -5,8 +5,9 @@ CSV files with a header row: a held-out test table and one table per site,
 the sites split by age (site 0 the youngest), so their targets differ in
 distribution. Deterministic (a fixed seed).
 
-usage: split_diabetes.py OUT_DIR [--sites 3] [--baseline]
+usage: split_diabetes.py OUT_DIR [--sites 3] [--baseline] [--npz]
 writes OUT_DIR/test.csv, OUT_DIR/site-0.csv ..., OUT_DIR/all-train.csv
+(--npz: also all-train.npz and test.npz, x float32 and y float64, for arrays:FILE)
 """
 import argparse
 import csv
@@ -24,6 +25,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--sites", type=int, default=3)
+    parser.add_argument("--npz", action="store_true", help="also write all-train.npz and test.npz (x, y)")
     parser.add_argument("--baseline", action="store_true",
                         help="also print the test R² and MAE of scikit-learn's linear regression trained centrally "
                              "on all the sites' rows")
@@ -57,6 +59,12 @@ def main():
         mean = sum(float(y) for _, y in shard) / len(shard)
         print(f"site-{i}.csv: {len(shard)} rows, ages {min(ages):g}-{max(ages):g}, mean progression {mean:.1f}")
     print(f"test.csv: {len(test)} rows; all-train.csv: {len(train)} rows")
+    if args.npz:
+        import numpy as np
+        for name, part in (("all-train.npz", train), ("test.npz", test)):
+            x = np.array([[float(v) for v in values] for values, _ in part], dtype=np.float32)
+            y = np.array([float(t) for _, t in part], dtype=np.float64)
+            np.savez_compressed(os.path.join(args.out, name), x=x, y=y)
     if args.baseline:
         import numpy as np
         from sklearn.linear_model import LinearRegression

@@ -6,9 +6,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -193,6 +195,52 @@ TEST_F(ArraysTest, SafetensorsAndATestFile) {
   EXPECT_EQ(inputs.shape(), (Shape{1, 1, 2, 2}));
   EXPECT_EQ(inputs.data<float>()[0], 40.0f);
   EXPECT_EQ(targets[0], 1);
+}
+
+// Regression: y of any numeric type is the target, standardized by the
+// training rows' mean and std; floats in y without it, classes with it,
+// and a target that is not finite are refused.
+TEST_F(ArraysTest, ARegressionTargetInYIsStandardized) {
+  std::vector<float> targets;
+  for (int i = 0; i < 10; ++i) targets.push_back(2.5f * static_cast<float>(i) + 1.0f);
+  ArraysSpec spec;
+  spec.path = write("r.npz", zip({{"x.npy", ten_rows_x()}, {"y.npy", npy("<f4", "(10,)", floats(targets))}}, true));
+  spec.test_path = spec.path;  // every row in both: the statistics are the whole file's
+  spec.regression = true;
+  Result<LoadedData> loaded = load_arrays(spec);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_TRUE(loaded->schema.regression);
+  EXPECT_EQ(loaded->schema.classes, 1);
+  EXPECT_NE(loaded->schema.canonical.find("task=regression"), std::string::npos) << loaded->schema.canonical;
+  ASSERT_TRUE(loaded->train->regression());
+  const double mean = 2.5 * 4.5 + 1.0, deviation = 2.5 * std::sqrt(8.25);  // population std of 0..9 is sqrt(8.25)
+  EXPECT_NEAR(loaded->train->target_scale(), deviation, 1e-5);
+  std::vector<float> values;
+  const std::vector<int64_t> rows = {0, 9};
+  loaded->train->batch_values(rows, values);
+  ASSERT_EQ(values.size(), 2u);
+  EXPECT_NEAR(values[0], (1.0 - mean) / deviation, 1e-5);
+  EXPECT_NEAR(values[1], (23.5 - mean) / deviation, 1e-5);
+  Tensor inputs;
+  std::vector<int32_t> ids = {3};
+  loaded->train->make_batch(rows, DType::kF32, inputs, ids);
+  EXPECT_TRUE(ids.empty()) << "a regression batch has no class ids";
+
+  ArraysSpec classify = spec;
+  classify.regression = false;
+  Result<LoadedData> floats_as_ids = load_arrays(classify);
+  ASSERT_FALSE(floats_as_ids.is_ok());
+  EXPECT_NE(floats_as_ids.status().message().find("regression"), std::string::npos) << floats_as_ids.status().message();
+  ArraysSpec with_classes = spec;
+  with_classes.classes = {"a", "b"};
+  EXPECT_FALSE(load_arrays(with_classes).is_ok());
+  targets[4] = std::numeric_limits<float>::infinity();
+  ArraysSpec infinite = spec;
+  infinite.path = infinite.test_path =
+      write("inf.npz", zip({{"x.npy", ten_rows_x()}, {"y.npy", npy("<f4", "(10,)", floats(targets))}}, false));
+  Result<LoadedData> refused = load_arrays(infinite);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("y[4]"), std::string::npos) << refused.status().message();
 }
 
 TEST_F(ArraysTest, FlawsAreRefusedNamingTheFileAndArray) {

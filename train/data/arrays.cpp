@@ -348,13 +348,31 @@ class ArraySet final : public Dataset {
            std::vector<int32_t> labels, std::vector<float> mean, std::vector<float> std)
       : source_(std::move(source)), x_(std::move(x)), rows_(std::move(rows)), labels_(std::move(labels)),
         mean_(std::move(mean)), std_(std::move(std)), features_(product(x_.shape, 1)) {}
+  // Regression: one standardized target per row in `values`, its unit `scale`.
+  ArraySet(std::shared_ptr<const MappedArrays> source, ArrayView x, std::vector<int64_t> rows,
+           std::vector<float> values, double scale, std::vector<float> mean, std::vector<float> std)
+      : ArraySet(std::move(source), std::move(x), std::move(rows), {}, std::move(mean), std::move(std)) {
+    values_ = std::move(values);
+    scale_ = scale;
+    regression_ = true;
+  }
+  bool regression() const override { return regression_; }
+  double target_scale() const override { return scale_; }
+  void batch_values(std::span<const int64_t> indices, std::vector<float>& values) const override {
+    values.clear();
+    if (!regression_) return;
+    for (const int64_t i : indices) {
+      FEDMESH_CHECK(i >= 0 && i < size(), "sample index out of range");
+      values.push_back(values_[static_cast<size_t>(i)]);
+    }
+  }
   int64_t size() const override { return static_cast<int64_t>(rows_.size()); }
   void make_batch(std::span<const int64_t> indices, DType dtype, Tensor& inputs,
                   std::vector<int32_t>& targets) const override {
     Shape shape(x_.shape.begin(), x_.shape.end());
     shape[0] = static_cast<int64_t>(indices.size());
     Tensor::reuse(inputs, shape, dtype);
-    targets.resize(indices.size());
+    targets.resize(regression_ ? 0 : indices.size());
     visit_dtype(dtype, [&]<class T>() {
       T* out = inputs.data<T>();
       for (size_t i = 0; i < indices.size(); ++i) {
@@ -365,7 +383,7 @@ class ArraySet final : public Dataset {
           if (!mean_.empty()) v = (v - mean_[static_cast<size_t>(j)]) / std_[static_cast<size_t>(j)];
           out[static_cast<int64_t>(i) * features_ + j] = from_float<T>(static_cast<float>(v));
         }
-        targets[i] = labels_[static_cast<size_t>(indices[i])];
+        if (!regression_) targets[i] = labels_[static_cast<size_t>(indices[i])];
       }
     });
   }
@@ -377,10 +395,14 @@ class ArraySet final : public Dataset {
   std::vector<int32_t> labels_;
   std::vector<float> mean_, std_;
   int64_t features_;
+  std::vector<float> values_;  // regression
+  double scale_ = 1.0;
+  bool regression_ = false;
 };
 
-// x and y of a file, checked: x (N, ...) numeric, y (N) integers.
-Status check_pair(const MappedArrays& file, const ArrayView*& x, const ArrayView*& y) {
+// x and y of a file, checked: x (N, ...) numeric, y (N) integers (or, for
+// regression, any numbers).
+Status check_pair(const MappedArrays& file, bool regression, const ArrayView*& x, const ArrayView*& y) {
   const auto found_x = file.arrays.find("x"), found_y = file.arrays.find("y");
   if (found_x == file.arrays.end() || found_y == file.arrays.end()) {
     std::string names;
@@ -401,8 +423,60 @@ Status check_pair(const MappedArrays& file, const ArrayView*& x, const ArrayView
     return invalid_argument(file.path + ": y has shape " + shape_text(y->shape) + "; it needs (" +
                             std::to_string(x->shape[0]) + "), one class id per row of x");
   }
-  if (y->dtype[0] == 'f') return invalid_argument(file.path + ": y holds floats; class ids are integers");
+  if (y->dtype[0] == 'f' && !regression) {
+    return invalid_argument(file.path + ": y holds floats; class ids are integers (a real-valued target: data.task = "
+                            "\"regression\")");
+  }
   return Status::ok();
+}
+
+// Regression: y's values of the rows, finite, standardized by the training
+// rows' mean and std under normalize "standard"; schema classes 1.
+Result<LoadedData> regression_arrays(const ArraysSpec& spec, std::shared_ptr<MappedArrays> train_file, const ArrayView& x,
+                                     const ArrayView& y, std::shared_ptr<MappedArrays> test_file,
+                                     const ArrayView& test_x, const ArrayView& test_y,
+                                     const std::vector<int64_t>& train_rows, const std::vector<int64_t>& test_rows,
+                                     std::vector<float> mean, std::vector<float> std) {
+  const auto values_of = [](const ArrayView& target, const std::string& path, const std::vector<int64_t>& rows,
+                            std::vector<double>& out) -> Status {
+    for (const int64_t r : rows) {
+      const double v = element(target, r);
+      if (!std::isfinite(v) || std::fabs(v) > 3.0e38) {
+        return invalid_argument(path + ": y[" + std::to_string(r) + "] is not a finite 32-bit number");
+      }
+      out.push_back(v);
+    }
+    return Status::ok();
+  };
+  std::vector<double> train_values, test_values;
+  FEDMESH_RETURN_IF_ERROR(values_of(y, spec.path, train_rows, train_values));
+  FEDMESH_RETURN_IF_ERROR(values_of(test_y, spec.test_path.empty() ? spec.path : spec.test_path, test_rows, test_values));
+  double center = 0.0, scale = 1.0;
+  if (spec.normalize == "standard") {
+    double sum = 0.0, squares = 0.0;
+    for (const double v : train_values) sum += v;
+    center = sum / static_cast<double>(train_values.size());
+    for (const double v : train_values) squares += (v - center) * (v - center);
+    const double deviation = std::sqrt(squares / static_cast<double>(train_values.size()));
+    scale = deviation > 0.0 ? deviation : 1.0;
+  }
+  const auto standardized = [&](const std::vector<double>& values) {
+    std::vector<float> out;
+    for (const double v : values) out.push_back(static_cast<float>((v - center) / scale));
+    return out;
+  };
+  LoadedData data;
+  data.train = std::make_unique<ArraySet>(train_file, x, train_rows, standardized(train_values), scale, mean, std);
+  data.test = std::make_unique<ArraySet>(test_file, test_x, test_rows, standardized(test_values), scale, mean, std);
+  data.schema.sample_shape.assign(x.shape.begin() + 1, x.shape.end());
+  data.schema.classes = 1;
+  data.schema.regression = true;
+  data.schema.canonical = "arrays v1 x=" + shape_text(data.schema.sample_shape) + " task=regression normalize=" +
+                          spec.normalize;
+  data.description = std::to_string(train_rows.size()) + " samples of " +
+                     std::filesystem::path(spec.path).filename().string() + " (" + std::to_string(test_rows.size()) +
+                     " test), x " + shape_text(x.shape) + " " + x.dtype + ", regression on y";
+  return data;
 }
 
 }  // namespace
@@ -428,14 +502,17 @@ Result<LoadedData> load_arrays(const ArraysSpec& spec) {
   Result<std::shared_ptr<MappedArrays>> train_file = map_arrays(spec.path);
   if (!train_file.is_ok()) return train_file.status();
   const ArrayView *x = nullptr, *y = nullptr;
-  FEDMESH_RETURN_IF_ERROR(check_pair(**train_file, x, y));
+  FEDMESH_RETURN_IF_ERROR(check_pair(**train_file, spec.regression, x, y));
+  if (spec.regression && !spec.classes.empty()) {
+    return invalid_argument(spec.path + ": data.classes is for classification; a regression target has no classes");
+  }
   std::shared_ptr<MappedArrays> test_file = *train_file;
   const ArrayView *test_x = x, *test_y = y;
   if (!spec.test_path.empty()) {
     Result<std::shared_ptr<MappedArrays>> opened = map_arrays(spec.test_path);
     if (!opened.is_ok()) return opened.status();
     test_file = *opened;
-    FEDMESH_RETURN_IF_ERROR(check_pair(*test_file, test_x, test_y));
+    FEDMESH_RETURN_IF_ERROR(check_pair(*test_file, spec.regression, test_x, test_y));
     if (std::vector<int64_t>(test_x->shape.begin() + 1, test_x->shape.end()) !=
         std::vector<int64_t>(x->shape.begin() + 1, x->shape.end())) {
       return invalid_argument(spec.test_path + ": samples of shape " + shape_text(test_x->shape) + ", the training "
@@ -458,9 +535,11 @@ Result<LoadedData> load_arrays(const ArraysSpec& spec) {
     return Status::ok();
   };
   std::vector<int32_t> train_labels, test_labels;
-  FEDMESH_RETURN_IF_ERROR(read_labels(*y, spec.path, train_labels));
-  if (!spec.test_path.empty()) FEDMESH_RETURN_IF_ERROR(read_labels(*test_y, spec.test_path, test_labels));
-  if (spec.classes.empty()) {
+  if (!spec.regression) {
+    FEDMESH_RETURN_IF_ERROR(read_labels(*y, spec.path, train_labels));
+    if (!spec.test_path.empty()) FEDMESH_RETURN_IF_ERROR(read_labels(*test_y, spec.test_path, test_labels));
+  }
+  if (spec.classes.empty() && !spec.regression) {
     for (int32_t id : train_labels) classes = std::max<int64_t>(classes, id + 1);
     for (int32_t id : test_labels) {
       if (id >= classes) {
@@ -523,6 +602,8 @@ Result<LoadedData> load_arrays(const ArraysSpec& spec) {
     }
   }
   LoadedData data;
+  if (spec.regression) return regression_arrays(spec, *train_file, *x, *y, test_file, *test_x, *test_y, train_rows,
+                                                test_rows, std::move(mean), std::move(std));
   const std::vector<int32_t> train_targets = labels_of(train_labels, train_rows);
   const std::vector<int32_t> test_targets =
       labels_of(spec.test_path.empty() ? train_labels : test_labels, test_rows);

@@ -46,6 +46,9 @@ struct ArraysSpec {
   double test_fraction = 0.2;         // a seeded split
   uint64_t seed = 0;
   std::vector<std::string> classes;   // names of the class ids 0..K-1; empty: "0".."K-1", K = max(y) + 1
+  // y is a real-valued target (any numeric type, finite), standardized by
+  // the training rows' mean and std under normalize "standard".
+  bool regression = false;
   std::string normalize = "standard"; // "standard": per feature, from the training rows | "none"
   int64_t train_limit = 0, test_limit = 0;
 };

@@ -54,9 +54,9 @@ Status DataSource::validate() const {
     return invalid_argument("data.task (--task) must be classification or regression, not '" + task + "'");
   }
   if (regression()) {
-    if (f != "csv") {
-      return invalid_argument("data.task = regression takes a table (csv:FILE) whose label column is the target, not " +
-                              source);
+    if (f != "csv" && f != "arrays") {
+      return invalid_argument("data.task = regression takes a table (csv:FILE) whose label column is the target, or "
+                              "arrays (arrays:FILE) whose y is, not " + source);
     }
     if (!classes.empty()) return invalid_argument("data.classes is for classification; a regression target has no classes");
   }
@@ -165,6 +165,7 @@ Result<LoadedData> load_own_data(const DataSource& d, int64_t train_limit, int64
     spec.path = d.path();
     spec.test_path = d.test.empty() ? "" : DataSource{d.test}.path();
     set_split(spec, d, train_limit, test_limit);
+    spec.regression = d.regression();
     spec.normalize = d.normalize;
     return load_arrays(spec);
   }

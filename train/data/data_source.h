@@ -27,8 +27,8 @@ struct DataSource {
   double test_fraction = 0.2;             // data.test_fraction / --test-fraction
   uint64_t seed = 0;                      // the split's seed (data.seed)
   // data.task / --task: "classification" (class ids, cross-entropy,
-  // accuracy) or "regression" (tables: a numeric label column, squared
-  // error, R² and MAE)
+  // accuracy) or "regression" (a table's numeric label column, or arrays'
+  // y, as a real-valued target: squared error, R² and MAE)
   std::string task = "classification";
   // Tables
   std::string label;                      // data.label / --label: the label column (regression: the target)

@@ -58,10 +58,24 @@ std::string python() { return fs::exists("/usr/bin/python3") ? "/usr/bin/python3
 
 std::string source_dir() { return fedmesh::testing::env_or_empty("FEDMESH_SOURCE_DIR"); }
 
-int run_script(const std::string& script, const std::vector<std::string>& args) {
+std::string script_command(const std::string& script, const std::vector<std::string>& args) {
   std::string command = python() + " " + (fs::path(source_dir()) / script).string();
   for (const std::string& a : args) command += " '" + a + "'";
-  return std::system((command + " >/dev/null").c_str());
+  return command;
+}
+
+int run_script(const std::string& script, const std::vector<std::string>& args) {
+  return std::system((script_command(script, args) + " >/dev/null").c_str());
+}
+
+// The last line of a script's output (its baseline: "central ... test R2: 0.4806 ..."); "" if it failed.
+std::string script_last_line(const std::string& script, const std::vector<std::string>& args) {
+  std::FILE* pipe = ::popen(script_command(script, args).c_str(), "r");
+  if (pipe == nullptr) return "";
+  std::string last;
+  char line[512];
+  while (std::fgets(line, sizeof line, pipe) != nullptr) last = line;
+  return ::pclose(pipe) == 0 ? last : "";
 }
 
 class OwnData : public ::testing::Test {
@@ -165,6 +179,8 @@ TEST_F(OwnData, ATableTrainsCentrallyAndInAThreeSiteFederation) {
   ASSERT_EQ(central.exit_code, 0) << central.text;
   print_data_time("breast cancer, mlp", central);
   std::printf("breast cancer, fedmesh train (central, mlp): test accuracy %.4f\n", final_accuracy(central));
+  std::printf("breast cancer, %s", script_last_line("tests/data/split_breast_cancer.py",
+                                                     {(dir_ / "baseline").string(), "--baseline"}).c_str());
   EXPECT_GE(final_accuracy(central), 0.94) << central.text;
 
   // Federated: an aggregator evaluating on the test table, three sites on their own.
@@ -241,8 +257,9 @@ TEST_F(OwnData, ARegressionTableTrainsCentrallyAndInAThreeSiteFederation) {
   ASSERT_EQ(central.exit_code, 0) << central.text;
   const double r2 = central.last.value("test_r2", -1.0), mae = central.last.value("test_mae", -1.0);
   std::printf("diabetes, fedmesh train (central, mlp): test R2 %.4f, MAE %.2f\n", r2, mae);
-  // scikit-learn's linear regression on the same split: R² 0.48, MAE 45.7
-  // (split_diabetes.py --baseline).
+  // scikit-learn's linear regression on the same split: R² 0.48, MAE 45.7.
+  std::printf("diabetes, %s", script_last_line("tests/data/split_diabetes.py",
+                                                {(dir_ / "baseline").string(), "--baseline"}).c_str());
   EXPECT_GE(r2, 0.40) << central.text;
   EXPECT_GT(mae, 20.0) << "MAE in the target's units (progression 25..346)";
   EXPECT_LT(mae, 55.0) << central.text;

@@ -842,6 +842,7 @@ Result<LoadedCheckpoint> CheckpointStore::load_round(int64_t round) {
     auto* destination = static_cast<uint8_t*>(stored_tensor.value.raw());
     size_t offset = 0;
     Status s = read_tensor(tensor, [&](std::span<const uint8_t> data) {
+      if (data.empty()) return Status::ok();  // an empty blob has no pointer to copy from
       std::memcpy(destination + offset, data.data(), data.size());
       offset += data.size();
       return Status::ok();

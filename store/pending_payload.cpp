@@ -44,7 +44,7 @@ void get_fields(const uint8_t* in, PendingHeader& p) {
 
 void put_floats(uint8_t* out, std::span<const float> values) {
   if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(out, values.data(), values.size() * sizeof(float));
+    if (!values.empty()) std::memcpy(out, values.data(), values.size() * sizeof(float));
   } else {
     for (size_t i = 0; i < values.size(); ++i) {
       const uint32_t bits = std::bit_cast<uint32_t>(values[i]);
@@ -54,7 +54,7 @@ void put_floats(uint8_t* out, std::span<const float> values) {
 }
 void get_floats(const uint8_t* in, std::vector<float>& values) {
   if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(values.data(), in, values.size() * sizeof(float));
+    if (!values.empty()) std::memcpy(values.data(), in, values.size() * sizeof(float));
   } else {
     for (size_t i = 0; i < values.size(); ++i) values[i] = std::bit_cast<float>(get_u32(in + 4 * i));
   }

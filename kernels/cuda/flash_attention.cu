@@ -28,14 +28,8 @@
 // - dkdv: one block per key tile j, over query tiles j..last: dV += Pᵀ dO,
 //   dK += scale dSᵀ q in registers, with the same delta.
 // The price of determinism is that S and dP are computed twice, once in
-// each of the dq and dkdv kernels. dq keeps its tiles in registers like the
-// forward; dkdv uses nvcuda::wmma:
-// every product a warp makes is 16 by 16, written to shared memory as fp32
-// and read back by the same warp, so inside a tile's step only the loads of
-// the shared operand tiles need a block barrier; a warp's own phases are
-// ordered by __syncwarp. The softmax gradient is computed in fp32 on those
-// shared tiles.
-#include <mma.h>
+// each of the dq and dkdv kernels. All three matrix kernels keep their tiles
+// in registers (mma.sync, ldmatrix, cp.async: described above the forward).
 
 #include <algorithm>
 #include <cmath>
@@ -48,31 +42,22 @@
 namespace fedmesh::cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
-
 constexpr int kTile = 64;                // query rows and keys per tile
 constexpr int kFlashThreads = 128;       // 4 warps, 16 rows (or keys) each
-constexpr int kScoreLd = kTile + 4;      // fp32 (64, 64) tiles: padded rows
-constexpr int kProbLd = kTile + 8;       // 16-bit (64, 64) tiles
 constexpr int64_t kMaxTiles = 65535;     // gridDim.y
 
 template <int D>
 struct Layout {
   static_assert(D % 16 == 0 && D <= 128, "head_dim: a multiple of 16 up to 128");
   static constexpr int kHalfLd = D + 8;  // 16-bit (64, D) tiles of q, k, v, dout
-  static constexpr int kOutLd = D + 4;   // fp32 (64, D) tiles
   static constexpr size_t kHalfTile = size_t{kTile} * kHalfLd * 2;
-  static constexpr size_t kScoreTile = size_t{kTile} * kScoreLd * sizeof(float);
-  static constexpr size_t kProbTile = size_t{kTile} * kProbLd * 2;
-  static constexpr size_t kOutTile = size_t{kTile} * kOutLd * sizeof(float);
   static constexpr size_t kRowStats = size_t{kTile} * sizeof(float);
   // q; k and v, two buffers each.
   static constexpr size_t kForwardBytes = 5 * kHalfTile;
   // q, dO; k and v, two buffers each.
   static constexpr size_t kDqBytes = 6 * kHalfTile;
-  // k, v, q, dO; S, dP (then the dK/dV staging tile); P, dS; L, delta.
-  static constexpr size_t kDkDvBytes = 4 * kHalfTile + 2 * kScoreTile + 2 * kProbTile + 2 * kRowStats;
-  static_assert(kOutTile <= 2 * kScoreTile, "the staging tile reuses S and dP");
+  // k, v; q, dO, L and delta, two buffers each.
+  static constexpr size_t kDkDvBytes = 6 * kHalfTile + 4 * kRowStats;
   static constexpr size_t kMaxBytes = std::max({kForwardBytes, kDqBytes, kDkDvBytes});
 };
 
@@ -85,74 +70,6 @@ __device__ __forceinline__ float to_fp32<__nv_bfloat16>(__nv_bfloat16 v) {
 template <>
 __device__ __forceinline__ float to_fp32<__half>(__half v) {
   return __half2float(v);
-}
-
-template <class T>
-__device__ __forceinline__ T from_fp32(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_fp32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_fp32<__half>(float v) {
-  return __float2half_rn(v);
-}
-
-// Bump allocation of the dynamic shared memory (every piece a multiple of
-// 16 bytes long, so each stays 16-byte aligned; wmma needs 32 bytes at each
-// fragment's start, which the 128-aligned base and the tile sizes give).
-struct SharedCarver {
-  unsigned char* next;
-  template <class U>
-  __device__ U* take(size_t bytes) {
-    U* p = reinterpret_cast<U*>(next);
-    next += bytes;
-    return p;
-  }
-};
-
-// rows [row0, row0 + 64) of a (seq, D) head slice whose rows are `stride`
-// elements apart, into a (64, D) tile with leading dimension ld; rows at or
-// past seq become zeros. 16-byte vectors (D is a multiple of 8 and every
-// slice starts 16-byte aligned: checked on the host).
-template <class T, int D>
-__device__ void load_tile(T* tile, const T* slice, int64_t stride, int64_t row0, int64_t seq) {
-  constexpr int kChunks = D / 8;
-  constexpr int kLd = Layout<D>::kHalfLd;
-  for (int i = threadIdx.x; i < kTile * kChunks; i += kFlashThreads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < seq) v = *reinterpret_cast<const uint4*>(slice + (row0 + r) * stride + c);
-    *reinterpret_cast<uint4*>(tile + r * kLd + c) = v;
-  }
-}
-
-using Accumulator = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-template <class T>
-using RowA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
-template <class T>
-using ColA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
-template <class T>
-using RowB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
-template <class T>
-using ColB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
-
-// out (16, 16) fp32 at out_ld = a (16, D) · bᵀ, a and b row-major (16, D)
-// blocks of 16-bit tiles with leading dimension ld (b read as a col-major
-// (D, 16) matrix: the product of rows with rows).
-template <class T, int D>
-__device__ void rows_times_rows(const T* a, const T* b, int ld, float* out, int out_ld) {
-  Accumulator acc;
-  wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    RowA<T> fa;
-    ColB<T> fb;
-    wmma::load_matrix_sync(fa, a + kk * 16, ld);
-    wmma::load_matrix_sync(fb, b + kk * 16, ld);
-    wmma::mma_sync(acc, fa, fb, acc);
-  }
-  wmma::store_matrix_sync(out, acc, out_ld, wmma::mem_row_major);
 }
 
 // ---- raw tensor-core instructions (sm_80+) ----------------------------------------
@@ -248,7 +165,10 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
-// load_tile through cp.async: the copies stay in flight until
+// Rows [row0, row0 + 64) of a (seq, D) head slice whose rows are `stride`
+// elements apart into a (64, D) tile with leading dimension kHalfLd, through
+// cp.async in 16-byte vectors (D is a multiple of 8 and every slice starts
+// 16-byte aligned: checked on the host). The copies stay in flight until
 // cp_async_wait_all (then a barrier makes every thread's copies visible);
 // rows at or past seq are zeroed by ordinary stores.
 template <class T, int D>
@@ -647,27 +567,35 @@ __global__ void __launch_bounds__(kFlashThreads)
 }
 
 // ---- backward: dk and dv -------------------------------------------------------
-
+//
+// The dq kernel with the roles of queries and keys swapped: warp w owns keys
+// c0 = 16 w .. c0 + 15 of key tile `tile`, k's and v's A fragments are
+// loaded once, and the block walks query tiles tile .. last. Per 16 queries
+// (16p .. 16p + 15 of query tile qt): Sᵀ = k qᵀ and dPᵀ = v dOᵀ in two
+// accumulators each (q's and dO's rows read as they are, like k in the
+// forward); Pᵀ = exp(scale Sᵀ − L) and dSᵀ = Pᵀ ∘ (dPᵀ − delta) on the
+// registers with L and delta of the accumulator's query column, each rounded
+// to T and packed as the A fragment of those 16 queries (as P in the
+// forward); then dV (16 x D) += Pᵀ · dO and dK (16 x D) += dSᵀ · q with dO's
+// and q's B fragments by ldmatrix .trans (like v in the forward). q, dO and
+// their rows' L and delta are double-buffered (cp.async for the tiles).
+// On the diagonal tile, warp w's keys are past every query of chunks p < w:
+// those chunks add nothing and are skipped.
 template <class T, int D>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_backward_dkdv_kernel(const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv,
                                int64_t seq, int64_t heads, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = Layout<D>;
-  constexpr int kLd = L::kHalfLd, kOutLd = L::kOutLd;
+  constexpr int kLd = L::kHalfLd;
+  constexpr int kTileElements = kTile * kLd;
   extern __shared__ __align__(128) unsigned char shared[];
-  SharedCarver carve{shared};
-  T* sk = carve.take<T>(L::kHalfTile);
-  T* sv = carve.take<T>(L::kHalfTile);
-  T* sq = carve.take<T>(L::kHalfTile);
-  T* sdo = carve.take<T>(L::kHalfTile);
-  float* ss = carve.take<float>(L::kScoreTile);
-  float* sdp = carve.take<float>(L::kScoreTile);
-  T* sp = carve.take<T>(L::kProbTile);
-  T* sds = carve.take<T>(L::kProbTile);
-  float* slse = carve.take<float>(L::kRowStats);
-  float* sdelta = carve.take<float>(L::kRowStats);
-  float* so = ss;  // the staging tile, once S and dP are done with (it spans both)
+  T* sk = reinterpret_cast<T*>(shared);
+  T* sv = sk + kTileElements;
+  T* sq = sv + kTileElements;       // two buffers
+  T* sdo = sq + 2 * kTileElements;  // two buffers
+  float* slse = reinterpret_cast<float*>(sdo + 2 * kTileElements);  // two buffers of kTile
+  float* sdelta = slse + 2 * kTile;                                   // two buffers of kTile
 
   const int64_t b = blockIdx.x / heads, h = blockIdx.x % heads;
   const int64_t tile = blockIdx.y;  // key tile; the first ones meet the most query tiles
@@ -680,88 +608,141 @@ __global__ void __launch_bounds__(kFlashThreads)
   const T* do_slice = dout + b * seq * width + h * D;
   const float* lse_row = lse + (b * heads + h) * seq;
   const float* delta_row = delta + (b * heads + h) * seq;
-  // Warp w owns keys c0 .. c0 + 16 of the tile: their columns of S, dP, P
-  // and dS, and their rows of dK and dV.
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, c0 = warp * 16;
+  const int g = lane / 4, c = lane % 4;
+  const int64_t j_row[2] = {k0 + c0 + g, k0 + c0 + g + 8};  // this lane's two keys
 
-  load_tile<T, D>(sk, k_slice, stride, k0, seq);
-  load_tile<T, D>(sv, v_slice, stride, k0, seq);
-  Accumulator dk[D / 16], dv[D / 16];
+  // Rows q0 .. q0 + 63 of L and delta into buffer `buffer` (zeros past seq).
+  const auto load_stats = [&](int buffer, int64_t q0) {
+    for (int i = threadIdx.x; i < 2 * kTile; i += kFlashThreads) {
+      const int r = i % kTile;
+      const float* from = i < kTile ? lse_row : delta_row;
+      float* to = (i < kTile ? slse : sdelta) + buffer * kTile;
+      to[r] = q0 + r < seq ? from[q0 + r] : 0.0f;
+    }
+  };
+
+  copy_tile_async<T, D>(sk, k_slice, stride, k0, seq);
+  copy_tile_async<T, D>(sv, v_slice, stride, k0, seq);
+  copy_tile_async<T, D>(sq, q_slice, stride, k0, seq);
+  copy_tile_async<T, D>(sdo, do_slice, width, k0, seq);
+  cp_async_commit();
+  load_stats(0, k0);
+
+  uint32_t ka[D / 16][4], va[D / 16][4];  // k's and v's A fragments (the warp's 16 keys)
+  float dk[D / 8][4], dv[D / 8][4];       // dK / scale and dV, accumulator n = columns 8n .. 8n + 7
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::fill_fragment(dk[n], 0.0f);
-    wmma::fill_fragment(dv[n], 0.0f);
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   }
 
   for (int64_t qt = tile; qt < tiles; ++qt) {
     const int64_t q0 = qt * kTile;
-    __syncthreads();  // the last step's reads of sq, sdo, slse, sdelta are done (and sk, sv are loaded)
-    load_tile<T, D>(sq, q_slice, stride, q0, seq);
-    load_tile<T, D>(sdo, do_slice, width, q0, seq);
-    for (int i = threadIdx.x; i < kTile; i += kFlashThreads) {
-      slse[i] = q0 + i < seq ? lse_row[q0 + i] : 0.0f;
-      sdelta[i] = q0 + i < seq ? delta_row[q0 + i] : 0.0f;
+    const int buffer = static_cast<int>((qt - tile) & 1);
+    cp_async_wait_all();
+    __syncthreads();  // tile qt and its statistics have landed; every warp is done with tile qt - 1
+    const T* qb = sq + buffer * kTileElements;
+    const T* dob = sdo + buffer * kTileElements;
+    const float* lb = slse + buffer * kTile;
+    const float* db = sdelta + buffer * kTile;
+    if (qt + 1 < tiles) {
+      copy_tile_async<T, D>(sq + (buffer ^ 1) * kTileElements, q_slice, stride, q0 + kTile, seq);
+      copy_tile_async<T, D>(sdo + (buffer ^ 1) * kTileElements, do_slice, width, q0 + kTile, seq);
+      cp_async_commit();
+      load_stats(buffer ^ 1, q0 + kTile);
     }
-    __syncthreads();
-
-    for (int m = 0; m < kTile / 16; ++m) {  // S and dP (64 queries, the warp's 16 keys)
-      rows_times_rows<T, D>(sq + m * 16 * kLd, sk + c0 * kLd, kLd, ss + m * 16 * kScoreLd + c0, kScoreLd);
-      rows_times_rows<T, D>(sdo + m * 16 * kLd, sv + c0 * kLd, kLd, sdp + m * 16 * kScoreLd + c0, kScoreLd);
+    if (qt == tile) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        ldmatrix_x4(ka[kk], sk + (c0 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
+        ldmatrix_x4(va[kk], sv + (c0 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
+      }
     }
-    __syncwarp();
-    for (int i = lane; i < kTile * 16; i += kWarp) {
-      const int r = i / 16, c = c0 + i % 16;
-      const int64_t t = q0 + r, j = k0 + c;
-      const bool visible = j <= t && j < seq && t < seq;
-      const float p = visible ? expf(ss[r * kScoreLd + c] * scale - slse[r]) : 0.0f;
-      const float ds = visible ? p * (sdp[r * kScoreLd + c] - sdelta[r]) : 0.0f;
-      sp[r * kProbLd + c] = from_fp32<T>(p);
-      sds[r * kProbLd + c] = from_fp32<T>(ds);
-    }
-    __syncwarp();
+    // Only the diagonal tile and the last tiles (queries or keys past seq)
+    // have pairs to mask.
+    const bool edge = qt == tile || q0 + kTile > seq || k0 + kTile > seq;
 
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) {  // dV (16, D) += Pᵀ (16, 64) · dO (64, D); dK likewise with dS and q
+    for (int p = 0; p < kTile / 16; ++p) {
+      if (qt == tile && p < warp) continue;  // every query of the chunk precedes the warp's keys
+      // st[jj], dpt[jj]: queries 16p + 8jj .. 16p + 8jj + 7.
+      float st[2][4], dpt[2][4];
 #pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        ColA<T> fa;
-        RowB<T> fb;
-        wmma::load_matrix_sync(fa, sp + kk * 16 * kProbLd + c0, kProbLd);
-        wmma::load_matrix_sync(fb, sdo + kk * 16 * kLd + n * 16, kLd);
-        wmma::mma_sync(dv[n], fa, fb, dv[n]);
-        wmma::load_matrix_sync(fa, sds + kk * 16 * kProbLd + c0, kProbLd);
-        wmma::load_matrix_sync(fb, sq + kk * 16 * kLd + n * 16, kLd);
-        wmma::mma_sync(dk[n], fa, fb, dk[n]);
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[jj][e] = dpt[jj][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = (16 * p + (lane / 16) * 8 + lane % 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8;
+        uint32_t qf[4], df[4];
+        ldmatrix_x4(qf, qb + at);
+        mma_16816<T>(st[0], ka[kk], qf[0], qf[1]);
+        mma_16816<T>(st[1], ka[kk], qf[2], qf[3]);
+        ldmatrix_x4(df, dob + at);
+        mma_16816<T>(dpt[0], va[kk], df[0], df[1]);
+        mma_16816<T>(dpt[1], va[kk], df[2], df[3]);
+      }
+      // st[jj][e] is key j_row[e / 2], query q0 + 16p + 8jj + 2c + e % 2:
+      // st becomes Pᵀ and dpt dSᵀ.
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = 16 * p + 8 * jj + 2 * c + e % 2;
+          const int64_t t = q0 + r, key = j_row[e / 2];
+          const bool visible = !edge || (key <= t && key < seq && t < seq);
+          const float pt = visible ? expf(st[jj][e] * scale - lb[r]) : 0.0f;
+          dpt[jj][e] = visible ? pt * (dpt[jj][e] - db[r]) : 0.0f;
+          st[jj][e] = pt;
+        }
+      }
+      const uint32_t pa[4] = {pack2<T>(st[0][0], st[0][1]), pack2<T>(st[0][2], st[0][3]),
+                              pack2<T>(st[1][0], st[1][1]), pack2<T>(st[1][2], st[1][3])};
+      const uint32_t sa[4] = {pack2<T>(dpt[0][0], dpt[0][1]), pack2<T>(dpt[0][2], dpt[0][3]),
+                              pack2<T>(dpt[1][0], dpt[1][1]), pack2<T>(dpt[1][2], dpt[1][3])};
+      // dV += Pᵀ (16 keys x 16 queries) · dO (16 queries x D); dK likewise with dSᵀ and q.
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        const int at = (16 * p + lane % 16) * kLd + 16 * np + (lane / 16) * 8;
+        uint32_t df[4], qf[4];
+        ldmatrix_x4_trans(df, dob + at);
+        mma_16816<T>(dv[2 * np], pa, df[0], df[1]);
+        mma_16816<T>(dv[2 * np + 1], pa, df[2], df[3]);
+        ldmatrix_x4_trans(qf, qb + at);
+        mma_16816<T>(dk[2 * np], sa, qf[0], qf[1]);
+        mma_16816<T>(dk[2 * np + 1], sa, qf[2], qf[3]);
       }
     }
   }
 
-  // The warp's 16 keys: dK then dV through its own rows of the staging tile.
-  __syncthreads();  // every warp's reads of S and dP are done: the staging tile overwrites them
+  // scale dK and dV, rounded to T, through the warp's own rows of sk and sv
+  // (only this warp read them, into ka and va, before its first product),
+  // then 16-byte row stores.
+  T* sok = sk + c0 * kLd;
+  T* sov = sv + c0 * kLd;
+  __syncwarp();  // every lane's ldmatrix reads of these rows are done before any lane overwrites them
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
+  for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
-    for (int i = 0; i < dk[n].num_elements; ++i) dk[n].x[i] *= scale;
-    wmma::store_matrix_sync(so + c0 * kOutLd + n * 16, dk[n], kOutLd, wmma::mem_row_major);
+    for (int hh = 0; hh < 2; ++hh) {
+      *reinterpret_cast<uint32_t*>(sok + (g + 8 * hh) * kLd + 8 * n + 2 * c) =
+          pack2<T>(dk[n][2 * hh] * scale, dk[n][2 * hh + 1] * scale);
+      *reinterpret_cast<uint32_t*>(sov + (g + 8 * hh) * kLd + 8 * n + 2 * c) =
+          pack2<T>(dv[n][2 * hh], dv[n][2 * hh + 1]);
+    }
   }
   __syncwarp();
-  for (int rr = 0; rr < 16; ++rr) {
+  constexpr int kChunks = D / 8;
+  for (int i = lane; i < 16 * kChunks; i += kWarp) {
+    const int rr = i / kChunks, col = (i % kChunks) * 8;
     const int64_t j = k0 + c0 + rr;
-    if (j >= seq) break;
-    T* row = dqkv + (b * seq + j) * stride + width + h * D;
-    for (int c = lane; c < D; c += kWarp) row[c] = from_fp32<T>(so[(c0 + rr) * kOutLd + c]);
-  }
-  __syncwarp();
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::store_matrix_sync(so + c0 * kOutLd + n * 16, dv[n], kOutLd, wmma::mem_row_major);
-  }
-  __syncwarp();
-  for (int rr = 0; rr < 16; ++rr) {
-    const int64_t j = k0 + c0 + rr;
-    if (j >= seq) break;
-    T* row = dqkv + (b * seq + j) * stride + 2 * width + h * D;
-    for (int c = lane; c < D; c += kWarp) row[c] = from_fp32<T>(so[(c0 + rr) * kOutLd + c]);
+    if (j < seq) {
+      T* row = dqkv + (b * seq + j) * stride + h * D + col;
+      *reinterpret_cast<uint4*>(row + width) = *reinterpret_cast<const uint4*>(sok + rr * kLd + col);
+      *reinterpret_cast<uint4*>(row + 2 * width) = *reinterpret_cast<const uint4*>(sov + rr * kLd + col);
+    }
   }
 #else
   __trap();

@@ -48,6 +48,12 @@ Options:
                        PyTorch autocast with fp32 master weights (+ GradScaler for
                        fp16 on cuda). Debian's torch 1.13 refuses fp16 on the CPU
   --no-compile         with --device cuda: skip the torch.compile run
+  --same-init          every side starts from the same weights and sees the same batches:
+                       PyTorch's seeded initialization is written once per model
+                       (torch_gpt.py --write-init, fedmesh's parameter names), fedmesh reads
+                       it (--init-from) and PyTorch walks fedmesh's window order
+                       (--order fedmesh). The report then gives the held-out losses'
+                       difference, which must stay within the precision's noise
   --peak-flops F       peak FLOP/s for the MFU (default: torch_gpt.py's table of dense
                        bf16 peaks by GPU name: H100 SXM 989e12, H100 PCIe 756e12,
                        H200 989e12, A100 312e12; else MFU "unknown")
@@ -103,6 +109,7 @@ DEVICE=cpu
 PRECISION=fp32
 COMPILE=1
 PEAK_FLOPS=""
+SAME_INIT=0
 
 need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
@@ -118,6 +125,7 @@ while [[ $# -gt 0 ]]; do
     --device)     need_arg "$@"; DEVICE="$2"; shift 2 ;;
     --precision)  need_arg "$@"; PRECISION="$2"; shift 2 ;;
     --no-compile) COMPILE=0; shift ;;
+    --same-init)  SAME_INIT=1; shift ;;
     --peak-flops) need_arg "$@"; PEAK_FLOPS="$2"; shift 2 ;;
     --fedmesh)    need_arg "$@"; FEDMESH="$2"; shift 2 ;;
     --python)     need_arg "$@"; PYTHON="$2"; shift 2 ;;
@@ -208,12 +216,23 @@ log "fedmesh: $FEDMESH"
 # ---------------------------------------------------------------------------
 # Runs
 # ---------------------------------------------------------------------------
+REMOVE_OUT=0
 if [[ -n "$OUT_DIR" ]]; then
   mkdir -p "$OUT_DIR"
 else
   OUT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/fedmesh-gpt-vs-torch.XXXXXX")"
-  trap 'rm -rf "$OUT_DIR"' EXIT
+  REMOVE_OUT=1
 fi
+# --same-init's weight files (GPT-2's are 500 MB) stay out of OUT_DIR, which
+# may be kept or shipped.
+INIT_DIR=""
+(( SAME_INIT )) && INIT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/fedmesh-gpt-init.XXXXXX")"
+cleanup() {
+  [[ -n "$INIT_DIR" ]] && rm -rf "$INIT_DIR"
+  (( REMOVE_OUT )) && rm -rf "$OUT_DIR"
+  return 0
+}
+trap cleanup EXIT
 
 read -r -a FM_EXTRA <<< "${FEDMESH_EXTRA_ARGS:-}"
 read -r -a PT_EXTRA <<< "${TORCH_EXTRA_ARGS:-}"
@@ -245,13 +264,25 @@ busy_cpus() {
     printf "%.2f\n", busy }'
 }
 
+# --same-init: the initial weights of model $1, written once by PyTorch.
+init_file() { echo "$INIT_DIR/init-$1.safetensors"; }
+write_init() {  # model
+  local file; file="$(init_file "$1")"
+  [[ -s "$file" ]] && return 0
+  log "same start: PyTorch's initial $1 weights -> $file"
+  "$PY" "$SCRIPT_DIR/torch_gpt.py" --model "$1" --seed "$SEED" --write-init "$file" \
+    >"$OUT_DIR/init-$1.out" 2>"$OUT_DIR/init-$1.err" \
+    || { tail -n 5 "$OUT_DIR/init-$1.err" >&2; die "torch_gpt.py --write-init failed for $1"; }
+}
+
 run_fedmesh() {  # model rep
-  local out="$OUT_DIR/fedmesh-$1-$2"
+  local out="$OUT_DIR/fedmesh-$1-$2" init_args=()
+  (( SAME_INIT )) && init_args=(--init-from "$(init_file "$1")")
   busy_cpus >"$out.busy"
   log "fedmesh $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
   if "$FEDMESH" train --model "$1" --steps "$STEPS" --batch-size "$BATCH" --threads "$THREADS" \
        --lr "$LR" --schedule constant --test-limit "$TEST_LIMIT" --seed "$SEED" --json \
-       "${DEV_ARGS[@]}" "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+       "${init_args[@]}" "${DEV_ARGS[@]}" "${FM_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
   else
     echo $? >"$out.rc"
@@ -263,14 +294,15 @@ run_fedmesh() {  # model rep
   fi
 }
 run_torch() {  # model rep [pytorch|pytorch-compile]
-  local fw="${3:-pytorch}" compile_args=()
+  local fw="${3:-pytorch}" compile_args=() init_args=()
   [[ "$fw" == pytorch-compile ]] && compile_args=(--compile)
+  (( SAME_INIT )) && init_args=(--init-from "$(init_file "$1")" --order fedmesh)
   local out="$OUT_DIR/$fw-$1-$2"
   busy_cpus >"$out.busy"
   log "$fw $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
   if "$PY" "$SCRIPT_DIR/torch_gpt.py" --model "$1" --steps "$STEPS" --batch-size "$BATCH" \
        --threads "$THREADS" --lr "$LR" --test-limit "$TEST_LIMIT" --seed "$SEED" \
-       "${DEV_ARGS[@]}" "${compile_args[@]}" "${PEAK_ARGS[@]}" "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
+       "${init_args[@]}" "${DEV_ARGS[@]}" "${compile_args[@]}" "${PEAK_ARGS[@]}" "${PT_EXTRA[@]}" >"$out.out" 2>"$out.err"; then
     echo 0 >"$out.rc"
   else
     echo $? >"$out.rc"; log "$fw $1 run $2 FAILED (rc $(cat "$out.rc")); stderr tail:"; tail -n 5 "$out.err" >&2 || true
@@ -284,6 +316,7 @@ run_one() {  # framework model rep
 }
 
 for m in "${MODEL_LIST[@]}"; do
+  (( SAME_INIT )) && write_init "$m"
   for ((r = 1; r <= REPEAT; r++)); do
     # Alternate the order so slow drifts of a noisy machine hit every side.
     if (( r % 2 == 1 )); then
@@ -299,11 +332,12 @@ done
 # ---------------------------------------------------------------------------
 set +e
 "$PY" - "$OUT_DIR" "$MODELS" "$REPEAT" "$BATCH" "$THREADS" "$STEPS" "$LR" "$TEST_LIMIT" \
-  "$(nproc 2>/dev/null || echo 0)" "${PT_EXTRA[*]}" "$DEVICE" "$PRECISION" "$COMPILE" <<'PYEOF'
+  "$(nproc 2>/dev/null || echo 0)" "${PT_EXTRA[*]}" "$DEVICE" "$PRECISION" "$COMPILE" "$SAME_INIT" <<'PYEOF'
 import json, os, statistics, sys
 
 (out_dir, models, repeat, batch, threads, steps, lr, test_limit, ncpu, torch_extra,
- device, precision, compile_run) = sys.argv[1:14]
+ device, precision, compile_run, same_init) = sys.argv[1:15]
+same_init = same_init == "1"
 ncpu = int(ncpu)
 models = models.split(",")
 repeat, batch, threads, steps, test_limit = int(repeat), int(batch), int(threads), int(steps), int(test_limit)
@@ -464,7 +498,12 @@ for m in models:
         "errors": errors,
         "device": device,
         "precision": precision,
+        "same_init": same_init,
     }
+    # With the same start, the held-out losses of fedmesh and PyTorch (eager)
+    # after the same steps differ only by the arithmetic's rounding.
+    if rec["fedmesh_test_loss"] is not None and rec["pytorch_test_loss"] is not None:
+        rec["test_loss_difference"] = rec["fedmesh_test_loss"] - rec["pytorch_test_loss"]
     if on_cuda:
         pc = res.get("pytorch-compile")
         pc_med = median(pc["tps"]) if pc else None
@@ -567,9 +606,23 @@ else:
           f"the peak is known; MFU = tokens/s x (6 x parameters less wpe + 12 x layers x context x width) / peak; "
           f"peak: {', '.join(srcs) if srcs else 'unknown'}; PyTorch leaves its warm-up steps and compile time out "
           "of the timing, fedmesh times every step)")
-print("(losses: nats per byte; train = the last training batch, test = the first "
-      f"{test_limit} held-out windows after the last step; different initial weights and "
-      "shuffles, so only roughly comparable)")
+if same_init:
+    print("(losses: nats per byte; train = the last training batch, test = the first "
+          f"{test_limit} held-out windows after the last step; every side started from PyTorch's "
+          "initial weights and walked fedmesh's window order (--same-init))")
+    for r in records:
+        d = r.get("test_loss_difference")
+        if d is not None:
+            rel = abs(d) / abs(r["pytorch_test_loss"]) if r["pytorch_test_loss"] else None
+            line = (f"same start, {r['model']}: held-out loss fedmesh {r['fedmesh_test_loss']:.5f}, "
+                    f"PyTorch {r['pytorch_test_loss']:.5f} (difference {d:+.5f}, {100 * rel:.3f}%)")
+            if r.get("pytorch_compile_test_loss") is not None:
+                line += f", torch.compile {r['pytorch_compile_test_loss']:.5f}"
+            print(line)
+else:
+    print("(losses: nats per byte; train = the last training batch, test = the first "
+          f"{test_limit} held-out windows after the last step; different initial weights and "
+          "shuffles, so only roughly comparable: --same-init starts both sides alike)")
 busy = [r for r in records if r["max_busy_cpus_before_runs"] is not None
         and r["max_busy_cpus_before_runs"] > 0.25]
 if busy:
@@ -583,5 +636,5 @@ for r in records:
 sys.exit(1 if failed else 0)
 PYEOF
 rc=$?
-if [[ $rc -ne 0 ]]; then log "some runs failed; raw outputs in $OUT_DIR"; trap - EXIT; fi
+if [[ $rc -ne 0 ]]; then log "some runs failed; raw outputs in $OUT_DIR"; REMOVE_OUT=0; fi
 exit $rc

@@ -51,6 +51,14 @@ included, evaluation excluded).  The first --warmup-steps optimizer steps
 the timing and from the token count; they are still real training steps, so
 --steps N = N steps in total, N - warm-up of them timed.
 
+Same start (--write-init FILE, --init-from FILE, --order fedmesh): PyTorch's
+seeded initial weights are written once under fedmesh's parameter names
+(safetensors, float32), `fedmesh train --init-from FILE` and this script's
+--init-from FILE start from them, and --order fedmesh walks fedmesh's window
+order (its xoshiro256** shuffle, copied here): both sides then see the same
+weights and batches, and their losses differ only by rounding
+(bench/compare_torch_gpt.sh --same-init; tests/bench/check_same_start.sh).
+
 --device cuda / --precision fp32|bf16|fp16 / --compile: as bench/torch_train.py
 (model, optimizer state and the tokenized windows on the GPU, batches gathered
 there; torch.cuda.synchronize() before each timer read; autocast with fp32
@@ -138,7 +146,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=64, help="windows per batch (default 64)")
     p.add_argument("--threads", type=int, default=2,
                    help="intra-op threads: torch.set_num_threads, also OMP/OpenBLAS thread env (default 2)")
-    p.add_argument("--steps", type=int, required=True,
+    p.add_argument("--steps", type=int, default=None,
                    help="train exactly N optimizer steps in total (the first --warmup-steps are untimed); "
                         "cycles over the data as needed")
     p.add_argument("--lr", type=float, default=1e-3, help="constant learning rate (default 1e-3)")
@@ -150,6 +158,17 @@ def parse_args(argv=None):
                         "logits would pass 2^30 values: 20 for gpt2)")
     p.add_argument("--no-eval", action="store_true", help="skip evaluation (test_loss = null)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed for init and shuffling (default 0)")
+    p.add_argument("--write-init", metavar="FILE", default=None,
+                   help="write the model's seeded initial weights to FILE (safetensors, float32, under fedmesh's "
+                        "parameter names: h.0.ln_1.weight -> h0.ln_1.weight) and exit; `fedmesh train --init-from "
+                        "FILE` and this script's --init-from then start from the same weights")
+    p.add_argument("--init-from", metavar="FILE", default=None,
+                   help="start from the float32 safetensors weights in FILE (fedmesh's names: --write-init, or "
+                        "`fedmesh checkpoint export`) instead of the seeded initialization")
+    p.add_argument("--order", choices=["torch", "fedmesh"], default="torch",
+                   help="each epoch's window order: torch.randperm (default), or fedmesh's own shuffle (its "
+                        "xoshiro256** generator seeded from --seed, Fisher-Yates as base/random.h), so that with "
+                        "--init-from both sides see the same batches in the same order")
     p.add_argument("--omp-wait-policy", choices=["passive", "active"], default=None,
                    help="set OMP_WAIT_POLICY for torch's libgomp pool (default: leave the environment "
                         "alone, as a typical user would). On Debian's torch, linear layers run in the "
@@ -166,6 +185,8 @@ def parse_args(argv=None):
                    help="with --verbose: log the training loss every N steps (default 0 = never; "
                         "each log calls loss.item() inside the timed loop)")
     a = p.parse_args(argv)
+    if a.steps is None and a.write_init is None:
+        p.error("--steps is required (unless --write-init)")
     if a.batch_size < 1:
         p.error("--batch-size must be >= 1")
     if a.threads < 1:
@@ -339,6 +360,131 @@ def build_model(vocabulary, context, width, heads, layers):
     return GPT(), ("scaled_dot_product_attention" if has_sdpa else "manual (masked_fill + softmax)")
 
 
+# ----------------------------------------------------------------------------
+# The same start as fedmesh: weights in fedmesh's names, fedmesh's shuffle
+# ----------------------------------------------------------------------------
+
+def fedmesh_name(torch_name):
+    """h.3.attn.c_attn.weight -> h3.attn.c_attn.weight; the rest as they are."""
+    parts = torch_name.split(".")
+    if len(parts) > 2 and parts[0] == "h" and parts[1].isdigit():
+        return "h" + parts[1] + "." + ".".join(parts[2:])
+    return torch_name
+
+
+def write_safetensors(path, named):
+    """named: [(name, float32 CPU tensor)] -> a safetensors file (no package needed)."""
+    import ctypes
+    header, offset, blobs = {}, 0, []
+    for name, t in named:
+        t = t.detach().to("cpu", dtype=__import__("torch").float32).contiguous()
+        size = t.numel() * 4
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        blobs.append((t, size))
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for t, size in blobs:
+            f.write(ctypes.string_at(t.data_ptr(), size))
+    os.replace(tmp, path)
+
+
+def read_safetensors(path):
+    """{name: float32 tensor} of a safetensors file whose tensors are F32."""
+    import torch
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        sys.exit(f"torch_gpt.py: --init-from {path}: not a safetensors file (too short)")
+    n = int.from_bytes(data[:8], "little")
+    if n > len(data) - 8:
+        sys.exit(f"torch_gpt.py: --init-from {path}: its header claims {n} bytes, the file has {len(data) - 8}")
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info.get("dtype") != "F32":
+            sys.exit(f"torch_gpt.py: --init-from {path}: {name} is {info.get('dtype')}, not F32")
+        begin, end = info["data_offsets"]
+        count = (end - begin) // 4
+        out[name] = torch.frombuffer(bytearray(data[base + begin:base + end]), dtype=torch.float32,
+                                     count=count).view(info["shape"]) if count else torch.zeros(info["shape"])
+    return out
+
+
+def load_fedmesh_weights(model, path):
+    import torch
+    weights = read_safetensors(path)
+    expected = {fedmesh_name(name): p for name, p in model.named_parameters()}
+    missing = sorted(set(expected) - set(weights))
+    extra = sorted(set(weights) - set(expected))
+    if missing or extra:
+        sys.exit(f"torch_gpt.py: --init-from {path}: missing {missing[:5]}, not of this model {extra[:5]}")
+    with torch.no_grad():
+        for name, p in expected.items():
+            if tuple(weights[name].shape) != tuple(p.shape):
+                sys.exit(f"torch_gpt.py: --init-from {path}: {name} is {tuple(weights[name].shape)}, "
+                         f"the model's is {tuple(p.shape)}")
+            p.copy_(weights[name])
+
+
+class FedmeshShuffle:
+    """fedmesh's epoch order (train/trainer.cpp): one xoshiro256** generator
+    (base/random.h) seeded with seed ^ 0x5eed5eed5eed through splitmix64,
+    each epoch a Fisher-Yates pass over 0..n-1 with Lemire's unbiased
+    below(); the generator runs on from one epoch to the next."""
+    MASK = (1 << 64) - 1
+
+    def __init__(self, seed):
+        x = (seed ^ 0x5eed5eed5eed) & self.MASK
+        self.s = []
+        for _ in range(4):
+            x = (x + 0x9e3779b97f4a7c15) & self.MASK
+            z = x
+            z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & self.MASK
+            z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & self.MASK
+            self.s.append(z ^ (z >> 31))
+
+    @staticmethod
+    def _rotl(x, k):
+        return ((x << k) | (x >> (64 - k))) & FedmeshShuffle.MASK
+
+    def next_u64(self):
+        s, M = self.s, self.MASK
+        result = (self._rotl((s[1] * 5) & M, 7) * 9) & M
+        t = (s[1] << 17) & M
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = self._rotl(s[3], 45)
+        return result
+
+    def below(self, bound):
+        m = self.next_u64() * bound
+        low = m & self.MASK
+        if low < bound:
+            threshold = ((1 << 64) - bound) % bound
+            while low < threshold:
+                m = self.next_u64() * bound
+                low = m & self.MASK
+        return m >> 64
+
+    def permutation(self, n):
+        order = list(range(n))
+        for i in range(n, 1, -1):
+            j = self.below(i)
+            order[i - 1], order[j] = order[j], order[i - 1]
+        return order
+
+
 def evaluate(model, x, y, batch_size, rt):
     import torch
     from torch.nn import functional as F
@@ -393,6 +539,13 @@ def main():
         f"{len(held_out_bytes)} held-out bytes ({time.perf_counter() - t_load:.2f}s)")
 
     model, attention_impl = build_model(vocabulary, context, width, heads, layers)
+    if args.write_init:
+        write_safetensors(args.write_init, [(fedmesh_name(n), p) for n, p in model.named_parameters()])
+        print(f"[torch_gpt] wrote the initial weights of {args.model} (seed {args.seed}) to {args.write_init}",
+              file=sys.stderr, flush=True)
+        return
+    if args.init_from:
+        load_fedmesh_weights(model, args.init_from)
     model = model.to(rt.device)
     parameters = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(parameters, context, width, layers)
@@ -404,6 +557,7 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=args.weight_decay)
     generator = torch.Generator().manual_seed(args.seed)
+    fedmesh_order = FedmeshShuffle(args.seed) if args.order == "fedmesh" else None
     if on_cuda:  # the tokenized windows live on the GPU; batches are gathered there
         x_train, y_train = x_train.to(rt.device), y_train.to(rt.device)
 
@@ -432,7 +586,10 @@ def main():
     epoch = 0
     while step < total_steps:
         epoch += 1
-        order = torch.randperm(train_count, generator=generator)
+        if fedmesh_order is not None:
+            order = torch.tensor(fedmesh_order.permutation(train_count), dtype=torch.int64)
+        else:
+            order = torch.randperm(train_count, generator=generator)
         if on_cuda:
             order = order.to(rt.device)
         for begin in range(0, train_count, args.batch_size):
@@ -526,6 +683,8 @@ def main():
         "p90_step_ms": p90_step_ms,
         "mean_step_ms": mean_step_ms,
         "seed": args.seed,
+        "init_from": args.init_from,
+        "order": args.order,
         "openblas_threads": int(os.environ["OPENBLAS_NUM_THREADS"]),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "python": platform.python_version(),

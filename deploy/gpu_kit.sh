@@ -78,8 +78,9 @@ run    On the GPU machine, from the repository root: dpkg -x every package into
                   steps: LOG_DIR/gpt2-kernels.{ncu-rep,csv} and a table of the
                   kernels by total time; says so when there is no ncu
          gpt2     bench/compare_torch_gpt.sh --device cuda --precision bf16
-                  --models gpt2 --batch-size 16 --steps N --test-limit 20
-                  (fedmesh vs PyTorch eager and torch.compile, MFU)
+                  --models gpt2 --batch-size 16 --steps N --test-limit 20 --same-init
+                  (fedmesh vs PyTorch eager and torch.compile, MFU; all three
+                  from PyTorch's initial weights in fedmesh's batch order)
        Each step's output goes to LOG_DIR/STEP.log; the last lines are a table
        of the steps and their exit codes. Exit status: nonzero if any failed.
        All the steps take about 8 minutes on an H200; --deadline bounds a run
@@ -473,7 +474,7 @@ run_step() {
         --test-limit 20 --log-every 5 --profile --json ;;
     gpt2)
       bash "$ROOT/bench/compare_torch_gpt.sh" --device cuda --precision bf16 --models gpt2 --batch-size 16 \
-        --steps "$GPT2_STEPS" --test-limit 20 --fedmesh "$WRAPPED/fedmesh" --no-install --out-dir "$LOG_DIR/gpt2" ;;
+        --steps "$GPT2_STEPS" --test-limit 20 --same-init --fedmesh "$WRAPPED/fedmesh" --no-install --out-dir "$LOG_DIR/gpt2" ;;
   esac
 }
 

@@ -5,6 +5,7 @@
 
 #include "kernels/parallel.h"
 #include "train/parallel/data_parallel.h"
+#include "train/initial_weights.h"
 #include "train/training_checkpoint.h"
 
 namespace fedmesh::train {
@@ -194,6 +195,8 @@ Status TrainingRun::open(PrivacyEntryAt privacy, const std::function<void(const 
   Result<std::unique_ptr<Sequential>> model = make_model(options_.model, options_.options.seed, model_input());
   if (!model.is_ok()) return model.status();
   model_ = std::move(*model);
+  // A run resumed from --db takes its weights from the checkpoint instead.
+  if (!options_.init_from.empty()) FEDMESH_RETURN_IF_ERROR(load_initial_weights(*model_, options_.init_from));
   model_->to_device(device_);
   trainer_ = std::make_unique<Trainer>(*model_, options_.options);
   if (options_.db.empty()) return Status::ok();

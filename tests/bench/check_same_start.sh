@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# PyTorch cross-check of `fedmesh train --init-from` and of bench/torch_gpt.py's
+# copy of fedmesh's shuffle: gpt-nano trained 20 steps by both from PyTorch's
+# initial weights in fedmesh's batch order (bench/compare_torch_gpt.sh
+# --same-init) must reach the same held-out loss within fp32 rounding.
+# Skips (77) where no python has torch (Debian's python3-torch is not part of
+# the suite's install).
+set -euo pipefail
+build=${1:?usage: check_same_start.sh BUILD_DIR}
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+python=""
+for candidate in /usr/bin/python3 python3; do
+  if "$candidate" -c 'import torch, numpy' 2>/dev/null; then python=$candidate; break; fi
+done
+if [[ -z $python ]]; then echo "SKIP: no python with torch and numpy (apt-get install python3-torch)"; exit 77; fi
+if ! command -v bible >/dev/null && [[ -z ${FEDMESH_BIBLE:-} ]]; then echo "SKIP: no bible-kjv"; exit 77; fi
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+bash "$root/bench/compare_torch_gpt.sh" --models gpt-nano --steps 20 --batch-size 8 --test-limit 20 --threads 2 \
+  --same-init --no-install --python "$python" --fedmesh "$build/cli/fedmesh" --out-dir "$out/runs" > "$out/report" 2>&1 \
+  || { cat "$out/report"; exit 1; }
+grep "same start" "$out/report"
+"$python" - "$out/report" <<'PY'
+import json, sys
+records = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"benchmark"')]
+assert len(records) == 1, records
+r = records[0]
+assert r["same_init"], r
+d = r["test_loss_difference"]
+print(f"held-out loss fedmesh {r['fedmesh_test_loss']:.7f}, PyTorch {r['pytorch_test_loss']:.7f}, difference {d:.2e}")
+# fp32 on both sides: the two differ by summation orders only.
+if not abs(d) < 1e-4:
+    sys.exit(f"FAIL: the losses differ by {d} (more than fp32 rounding)")
+train = abs(r["fedmesh_train_loss"] - r["pytorch_train_loss"])
+if not train < 1e-4:
+    sys.exit(f"FAIL: the last training batch's losses differ by {train}")
+print("OK: the same start gives the same losses")
+PY

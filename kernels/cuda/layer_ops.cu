@@ -20,6 +20,11 @@ constexpr int64_t kNoIndex = INT64_MAX;
 
 // ---- layer norm ----------------------------------------------------------------
 
+// One block per row. W = kVector where n is a multiple of it and the
+// buffers start 16-byte aligned (every row then is too): each thread moves
+// 16-byte vectors; else W = 1. The sums are fp64, in a fixed order for a
+// given W and block shape.
+template <int W>
 __global__ void layernorm_forward_kernel(const void* x, DType x_type, const float* gamma, const float* beta, void* y,
                                          DType y_type, float* mean, float* rstd, int64_t rows, int64_t n,
                                          float epsilon) {
@@ -27,12 +32,22 @@ __global__ void layernorm_forward_kernel(const void* x, DType x_type, const floa
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * n;
     double total = 0.0;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) total += load(x, x_type, base + j);
+    for (int64_t j = threadIdx.x * W; j < n; j += int64_t{blockDim.x} * W) {
+      float v[W];
+      load_n<W>(x, x_type, base + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) total += v[k];
+    }
     const double m = block_sum(total, scratch) / static_cast<double>(n);
     double variance = 0.0;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const double d = load(x, x_type, base + j) - m;
-      variance += d * d;
+    for (int64_t j = threadIdx.x * W; j < n; j += int64_t{blockDim.x} * W) {
+      float v[W];
+      load_n<W>(x, x_type, base + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const double d = v[k] - m;
+        variance += d * d;
+      }
     }
     variance = block_sum(variance, scratch) / static_cast<double>(n);
     const float inv = static_cast<float>(1.0 / sqrt(variance + epsilon));
@@ -41,13 +56,20 @@ __global__ void layernorm_forward_kernel(const void* x, DType x_type, const floa
       mean[row] = mu;
       rstd[row] = inv;
     }
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float normalized = __fmul_rn(__fsub_rn(load(x, x_type, base + j), mu), inv);
-      store(y, y_type, base + j, __fadd_rn(__fmul_rn(normalized, gamma[j]), beta[j]));
+    for (int64_t j = threadIdx.x * W; j < n; j += int64_t{blockDim.x} * W) {
+      float v[W];
+      load_n<W>(x, x_type, base + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float normalized = __fmul_rn(__fsub_rn(v[k], mu), inv);
+        v[k] = __fadd_rn(__fmul_rn(normalized, gamma[j + k]), beta[j + k]);
+      }
+      store_n<W>(y, y_type, base + j, v);
     }
   }
 }
 
+template <int W>
 __global__ void layernorm_backward_dx_kernel(const void* x, DType x_type, const void* dy, DType dy_type,
                                              const float* gamma, const float* mean, const float* rstd, void* dx,
                                              DType dx_type, int64_t rows, int64_t n) {
@@ -56,20 +78,32 @@ __global__ void layernorm_backward_dx_kernel(const void* x, DType x_type, const 
     const int64_t base = row * n;
     const float mu = mean[row], rs = rstd[row];
     double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float xhat = __fmul_rn(__fsub_rn(load(x, x_type, base + j), mu), rs);
-      const float dxhat = __fmul_rn(load(dy, dy_type, base + j), gamma[j]);
-      sum_dxhat += dxhat;
-      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+    for (int64_t j = threadIdx.x * W; j < n; j += int64_t{blockDim.x} * W) {
+      float v[W], g[W];
+      load_n<W>(x, x_type, base + j, v);
+      load_n<W>(dy, dy_type, base + j, g);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float xhat = __fmul_rn(__fsub_rn(v[k], mu), rs);
+        const float dxhat = __fmul_rn(g[k], gamma[j + k]);
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+      }
     }
     const float mean_dxhat = static_cast<float>(block_sum(sum_dxhat, scratch) / static_cast<double>(n));
     const float mean_dxhat_xhat = static_cast<float>(block_sum(sum_dxhat_xhat, scratch) / static_cast<double>(n));
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float xhat = __fmul_rn(__fsub_rn(load(x, x_type, base + j), mu), rs);
-      const float dxhat = __fmul_rn(load(dy, dy_type, base + j), gamma[j]);
-      // rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
-      const float v = __fmul_rn(rs, __fsub_rn(__fsub_rn(dxhat, mean_dxhat), __fmul_rn(xhat, mean_dxhat_xhat)));
-      store(dx, dx_type, base + j, v);
+    for (int64_t j = threadIdx.x * W; j < n; j += int64_t{blockDim.x} * W) {
+      float v[W], g[W];
+      load_n<W>(x, x_type, base + j, v);
+      load_n<W>(dy, dy_type, base + j, g);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float xhat = __fmul_rn(__fsub_rn(v[k], mu), rs);
+        const float dxhat = __fmul_rn(g[k], gamma[j + k]);
+        // rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
+        g[k] = __fmul_rn(rs, __fsub_rn(__fsub_rn(dxhat, mean_dxhat), __fmul_rn(xhat, mean_dxhat_xhat)));
+      }
+      store_n<W>(dx, dx_type, base + j, g);
     }
   }
 }
@@ -354,8 +388,10 @@ void layernorm_forward(Stream stream, const void* x, DType x_type, const float* 
   FEDMESH_CHECK(rows >= 0 && n > 0,
                 "cuda::layernorm_forward: shape (" + std::to_string(rows) + ", " + std::to_string(n) + ")");
   if (rows == 0) return;
-  launch(layernorm_forward_kernel, grid_for(rows, 1), kRowThreads, stream, x, x_type, gamma, beta, y, y_type, mean,
-         rstd, rows, n, epsilon);
+  const auto kernel = n % kVector == 0 && vectorizable({x, y}) ? layernorm_forward_kernel<kVector>
+                                                                : layernorm_forward_kernel<1>;
+  launch(kernel, grid_for(rows, 1), kRowThreads, stream, x, x_type, gamma, beta, y, y_type, mean, rstd, rows, n,
+         epsilon);
 }
 
 void layernorm_backward(Stream stream, const void* x, DType x_type, const void* dy, DType dy_type, const float* gamma,
@@ -364,8 +400,10 @@ void layernorm_backward(Stream stream, const void* x, DType x_type, const void* 
   FEDMESH_CHECK(rows >= 0 && n > 0,
                 "cuda::layernorm_backward: shape (" + std::to_string(rows) + ", " + std::to_string(n) + ")");
   if (rows == 0) return;
-  launch(layernorm_backward_dx_kernel, grid_for(rows, 1), kRowThreads, stream, x, x_type, dy, dy_type, gamma, mean,
-         rstd, dx, dx_type, rows, n);
+  const auto kernel = n % kVector == 0 && vectorizable({x, dy, dx}) ? layernorm_backward_dx_kernel<kVector>
+                                                                     : layernorm_backward_dx_kernel<1>;
+  launch(kernel, grid_for(rows, 1), kRowThreads, stream, x, x_type, dy, dy_type, gamma, mean, rstd, dx, dx_type, rows,
+         n);
   column_sums(stream, LayerNormParameterTerm{x, x_type, dy, dy_type, mean, rstd, n}, rows, n, dgamma, dbeta,
               /*accumulate=*/true);
 }

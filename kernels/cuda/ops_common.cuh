@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 
 #include "kernels/cuda/half_device.cuh"
@@ -63,6 +64,85 @@ __device__ __forceinline__ void store(void* p, DType type, int64_t i, float v) {
   } else {
     static_cast<uint16_t*>(p)[i] = device_half_bits(v, type == DType::kBF16);
   }
+}
+
+// ---- 16-byte vectors -------------------------------------------------------------
+//
+// Memory-bound kernels move kVector consecutive elements per thread: one
+// 16-byte access for bf16 and fp16, two for fp32, where every buffer starts
+// 16-byte aligned (vectorizable, on the host) and the index is a multiple of
+// kVector. The arithmetic per element is unchanged, so the results are the
+// scalar loop's bit for bit.
+inline constexpr int kVector = 8;
+
+inline bool vectorizable(std::initializer_list<const void*> buffers) {
+  for (const void* p : buffers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// v[0..W) = elements i .. i + W of p (W = kVector: i a multiple of it; W = 1: any i).
+template <int W>
+__device__ __forceinline__ void load_n(const void* p, DType type, int64_t i, float (&v)[W]) {
+  if constexpr (W == kVector) {
+    if (type == DType::kF32) {
+      const float4 a = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i)[0];
+      const float4 b = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i)[1];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+      const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint16_t lo = static_cast<uint16_t>(words[k] & 0xffffu), hi = static_cast<uint16_t>(words[k] >> 16);
+        v[2 * k] = type == DType::kBF16 ? device_bf16_to_float(lo) : device_fp16_to_float(lo);
+        v[2 * k + 1] = type == DType::kBF16 ? device_bf16_to_float(hi) : device_fp16_to_float(hi);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = load(p, type, i + k);
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void store_n(void* p, DType type, int64_t i, const float (&v)[W]) {
+  if constexpr (W == kVector) {
+    if (type == DType::kF32) {
+      float4* out = reinterpret_cast<float4*>(static_cast<float*>(p) + i);
+      out[0] = make_float4(v[0], v[1], v[2], v[3]);
+      out[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+      const bool bf16 = type == DType::kBF16;
+      uint32_t words[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        words[k] = uint32_t{device_half_bits(v[2 * k], bf16)} | (uint32_t{device_half_bits(v[2 * k + 1], bf16)} << 16);
+      }
+      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) store(p, type, i + k, v[k]);
+  }
+}
+
+// An elementwise op over n elements: op.template run<kVector>(i) for every
+// whole vector when `vectors`, then op.template run<1>(i) for the rest, in
+// a grid-stride loop.
+template <class Op>
+__global__ void elementwise_kernel(Op op, int64_t n, bool vectors) {
+  const int64_t whole = vectors ? n / kVector : 0;
+  for (int64_t v = grid_start(); v < whole; v += grid_stride()) op.template run<kVector>(v * kVector);
+  for (int64_t i = whole * kVector + grid_start(); i < n; i += grid_stride()) op.template run<1>(i);
+}
+
+template <class Op>
+void launch_vectorized(Stream stream, Op op, int64_t n, std::initializer_list<const void*> buffers) {
+  const bool vectors = vectorizable(buffers);
+  launch(elementwise_kernel<Op>, grid_for(vectors ? (n + kVector - 1) / kVector : n), kThreads, stream, op, n,
+         vectors);
 }
 
 template <class T>

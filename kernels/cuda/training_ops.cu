@@ -41,19 +41,52 @@ __global__ void fill_kernel(void* x, DType type, int64_t n, float value) {
   for (int64_t i = grid_start(); i < n; i += grid_stride()) store(x, type, i, value);
 }
 
-__global__ void scale_kernel(void* x, DType type, int64_t n, float factor) {
-  for (int64_t i = grid_start(); i < n; i += grid_stride()) store(x, type, i, __fmul_rn(load(x, type, i), factor));
-}
-
-__global__ void axpy_kernel(float alpha, const void* x, DType x_type, void* y, DType y_type, int64_t n) {
-  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
-    store(y, y_type, i, __fadd_rn(load(y, y_type, i), __fmul_rn(alpha, load(x, x_type, i))));
+// The ops of the memory-bound elementwise kernels that run in 16-byte
+// vectors (launch_vectorized, ops_common.cuh): run<W>(i) does elements
+// i .. i + W.
+struct ScaleOp {
+  void* x;
+  DType type;
+  float factor;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float v[W];
+    load_n<W>(x, type, i, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = __fmul_rn(v[k], factor);
+    store_n<W>(x, type, i, v);
   }
-}
+};
 
-__global__ void cast_kernel(const void* src, DType src_type, void* dst, DType dst_type, int64_t n) {
-  for (int64_t i = grid_start(); i < n; i += grid_stride()) store(dst, dst_type, i, load(src, src_type, i));
-}
+struct AxpyOp {  // y += alpha * x
+  float alpha;
+  const void* x;
+  DType x_type;
+  void* y;
+  DType y_type;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float a[W], b[W];
+    load_n<W>(x, x_type, i, a);
+    load_n<W>(y, y_type, i, b);
+#pragma unroll
+    for (int k = 0; k < W; ++k) b[k] = __fadd_rn(b[k], __fmul_rn(alpha, a[k]));
+    store_n<W>(y, y_type, i, b);
+  }
+};
+
+struct CastOp {
+  const void* src;
+  DType src_type;
+  void* dst;
+  DType dst_type;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float v[W];
+    load_n<W>(src, src_type, i, v);
+    store_n<W>(dst, dst_type, i, v);
+  }
+};
 
 __global__ void add_bias_kernel(void* y, DType type, int64_t rows, int64_t n, const float* bias) {
   const int64_t count = rows * n;
@@ -76,16 +109,38 @@ __global__ void relu_backward_kernel(const void* y, DType y_type, const void* dy
   }
 }
 
-__global__ void gelu_forward_kernel(const void* x, DType x_type, void* y, DType y_type, int64_t n) {
-  for (int64_t i = grid_start(); i < n; i += grid_stride()) store(y, y_type, i, device_gelu(load(x, x_type, i)));
-}
-
-__global__ void gelu_backward_kernel(const void* x, DType x_type, const void* dy, DType dy_type, void* dx,
-                                     DType dx_type, int64_t n) {
-  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
-    store(dx, dx_type, i, device_gelu_grad(load(x, x_type, i), load(dy, dy_type, i)));
+struct GeluForwardOp {
+  const void* x;
+  DType x_type;
+  void* y;
+  DType y_type;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float v[W];
+    load_n<W>(x, x_type, i, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = device_gelu(v[k]);
+    store_n<W>(y, y_type, i, v);
   }
-}
+};
+
+struct GeluBackwardOp {  // dx may alias dy: each element is read before it is written
+  const void* x;
+  DType x_type;
+  const void* dy;
+  DType dy_type;
+  void* dx;
+  DType dx_type;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float v[W], g[W];
+    load_n<W>(x, x_type, i, v);
+    load_n<W>(dy, dy_type, i, g);
+#pragma unroll
+    for (int k = 0; k < W; ++k) g[k] = device_gelu_grad(v[k], g[k]);
+    store_n<W>(dx, dx_type, i, g);
+  }
+};
 
 // ---- reductions ----------------------------------------------------------------
 
@@ -239,11 +294,13 @@ void fill(Stream stream, void* x, DType x_type, int64_t n, float value) {
 }
 
 void scale(Stream stream, void* x, DType x_type, int64_t n, float factor) {
-  launch_elementwise("scale", n, scale_kernel, stream, x, x_type, n, factor);
+  check_count(n, "scale");
+  launch_vectorized(stream, ScaleOp{x, x_type, factor}, n, {x});
 }
 
 void axpy(Stream stream, float alpha, const void* x, DType x_type, void* y, DType y_type, int64_t n) {
-  launch_elementwise("axpy", n, axpy_kernel, stream, alpha, x, x_type, y, y_type, n);
+  check_count(n, "axpy");
+  launch_vectorized(stream, AxpyOp{alpha, x, x_type, y, y_type}, n, {x, y});
 }
 
 void cast(Stream stream, const void* src, DType src_type, void* dst, DType dst_type, int64_t n) {
@@ -252,7 +309,7 @@ void cast(Stream stream, const void* src, DType src_type, void* dst, DType dst_t
     if (src != dst) copy_on_device(src, dst, static_cast<size_t>(n) * dtype_size(src_type), stream);
     return;
   }
-  launch_elementwise("cast", n, cast_kernel, stream, src, src_type, dst, dst_type, n);
+  launch_vectorized(stream, CastOp{src, src_type, dst, dst_type}, n, {src, dst});
 }
 
 void add_bias(Stream stream, void* y, DType y_type, int64_t rows, int64_t n, const float* bias) {
@@ -283,12 +340,14 @@ void relu_backward(Stream stream, const void* y, DType y_type, const void* dy, D
 }
 
 void gelu_forward(Stream stream, const void* x, DType x_type, void* y, DType y_type, int64_t n) {
-  launch_elementwise("gelu_forward", n, gelu_forward_kernel, stream, x, x_type, y, y_type, n);
+  check_count(n, "gelu_forward");
+  launch_vectorized(stream, GeluForwardOp{x, x_type, y, y_type}, n, {x, y});
 }
 
 void gelu_backward(Stream stream, const void* x, DType x_type, const void* dy, DType dy_type, void* dx, DType dx_type,
                    int64_t n) {
-  launch_elementwise("gelu_backward", n, gelu_backward_kernel, stream, x, x_type, dy, dy_type, dx, dx_type, n);
+  check_count(n, "gelu_backward");
+  launch_vectorized(stream, GeluBackwardOp{x, x_type, dy, dy_type, dx, dx_type}, n, {x, dy, dx});
 }
 
 void squared_l2_norm(Stream stream, const float* x, int64_t n, double* out) {

@@ -64,6 +64,15 @@ void adamw_step(float* weights, const float* grads, float* first_moment, float* 
 
 namespace {
 
+// On the device the step's kernel also writes the parameter's low-precision
+// compute copy (rounded as Parameter::refresh_compute rounds it), so that no
+// separate pass re-reads the master weights; null where the compute copy is
+// the master itself.
+std::pair<void*, DType> compute_copy(Parameter& p) {
+  if (p.compute.raw() == p.value.raw()) return {nullptr, DType::kF32};
+  return {p.compute.raw(), p.compute.dtype()};
+}
+
 class Sgd final : public Optimizer {
  public:
   explicit Sgd(const SgdOptions& options) : options_(options) {}
@@ -73,8 +82,9 @@ class Sgd final : public Optimizer {
       float* momentum = options_.momentum != 0.0f ? momentum_buffer(*p).data<float>() : nullptr;
       if (device::on_cuda(p->value)) {
         device::require_cuda("sgd step", {&p->value, &p->grad});
-        cuda::sgd_step(cuda::default_stream(), p->value.data<float>(), p->grad.data<float>(), momentum, nullptr,
-                       DType::kF32, p->value.numel(), lr, options_, gate_.grad_scale_inverse, gate_.found_inf);
+        const auto [copy, copy_type] = compute_copy(*p);
+        cuda::sgd_step(cuda::default_stream(), p->value.data<float>(), p->grad.data<float>(), momentum, copy,
+                       copy_type, p->value.numel(), lr, options_, gate_.grad_scale_inverse, gate_.found_inf);
       } else {
         device::require_host("sgd step", {&p->value, &p->grad});
         sgd_step(p->value.data<float>(), p->grad.data<float>(), momentum, p->value.numel(), lr, options_);
@@ -108,8 +118,9 @@ class AdamW final : public Optimizer {
       auto& [first, second] = moments(*p);
       if (device::on_cuda(p->value)) {
         device::require_cuda("adamw step", {&p->value, &p->grad, &first, &second});
+        const auto [copy, copy_type] = compute_copy(*p);
         cuda::adamw_step(cuda::default_stream(), p->value.data<float>(), p->grad.data<float>(), first.data<float>(),
-                         second.data<float>(), nullptr, DType::kF32, p->value.numel(), steps_, lr, options_,
+                         second.data<float>(), copy, copy_type, p->value.numel(), steps_, lr, options_,
                          gate_.grad_scale_inverse, gate_.found_inf);
       } else {
         device::require_host("adamw step", {&p->value, &p->grad, &first, &second});

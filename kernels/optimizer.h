@@ -44,6 +44,9 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // Applies one step to every parameter from its grad, at learning rate lr.
+  // On the CUDA device it also refreshes each parameter's compute copy
+  // (Parameter::refresh_compute's rounding) in the same kernel; on the CPU
+  // the caller refreshes them.
   virtual void step(std::vector<Parameter*>& parameters, float lr) = 0;
   virtual std::string name() const = 0;
   int64_t steps_taken() const { return steps_; }

@@ -247,9 +247,8 @@ StepResult Trainer::step_on_device(StepResult result, float lr, int64_t targets)
   cuda::gradient_scale_factor(cuda::default_stream(), device_scalars_.squared_norm(), scale, options_.clip_grad_norm,
                               device_scalars_.factor(), device_scalars_.found_inf());
   optimizer_->set_device_gate({device_scalars_.factor(), device_scalars_.found_inf()});
-  optimizer_->step(parameters, lr);
+  optimizer_->step(parameters, lr);  // on the device it also rounds the compute copies
   optimizer_->set_device_gate({});
-  model_.refresh_compute();
   const device::StepScalars::Values values = device_scalars_.read();  // the step's one wait
   if (targets >= 0) {
     result.loss = targets > 0 ? values.loss_sum / static_cast<double>(targets) : 0.0;

@@ -108,6 +108,140 @@ __global__ void layernorm_backward_dx_kernel(const void* x, DType x_type, const 
   }
 }
 
+// The rows of a transformer (n = width, at most kWarpRowVectors * 256 and a
+// multiple of kVector, 16-byte aligned buffers): one warp per row, the row
+// held in registers (V vectors of kVector per lane, V = ceil(n / 256)), so x
+// (and dy) are read from memory once, and the sums are warp shuffles in fp64
+// (a fixed butterfly: the same bits on every run) with no block barrier.
+// The block kernels above take every other shape.
+inline constexpr int kWarpRowVectors = 4;
+inline constexpr int kWarpRowThreads = 256;  // 8 rows per block
+
+__device__ __forceinline__ bool lane_vector(int p, int64_t n, int64_t& j) {
+  j = (int64_t{p} * kWarp + threadIdx.x % kWarp) * kVector;
+  return j < n;
+}
+
+template <int V>
+__global__ void __launch_bounds__(kWarpRowThreads)
+    layernorm_forward_warp_kernel(const void* x, DType x_type, const float* gamma, const float* beta, void* y,
+                                  DType y_type, float* mean, float* rstd, int64_t rows, int64_t n, float epsilon) {
+  constexpr int kRowsPerBlock = kWarpRowThreads / kWarp;
+  for (int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / kWarp; row < rows;
+       row += int64_t{gridDim.x} * kRowsPerBlock) {
+    const int64_t base = row * n;
+    float v[V][kVector];
+    double total = 0.0;
+#pragma unroll
+    for (int p = 0; p < V; ++p) {
+      int64_t j;
+      if (!lane_vector(p, n, j)) continue;
+      load_n<kVector>(x, x_type, base + j, v[p]);
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) total += v[p][k];
+    }
+    const double m = warp_sum(total) / static_cast<double>(n);
+    double variance = 0.0;
+#pragma unroll
+    for (int p = 0; p < V; ++p) {
+      int64_t j;
+      if (!lane_vector(p, n, j)) continue;
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) {
+        const double d = v[p][k] - m;
+        variance += d * d;
+      }
+    }
+    variance = warp_sum(variance) / static_cast<double>(n);
+    const float inv = static_cast<float>(1.0 / sqrt(variance + epsilon));
+    const float mu = static_cast<float>(m);
+    if (threadIdx.x % kWarp == 0) {
+      mean[row] = mu;
+      rstd[row] = inv;
+    }
+#pragma unroll
+    for (int p = 0; p < V; ++p) {
+      int64_t j;
+      if (!lane_vector(p, n, j)) continue;
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) {
+        const float normalized = __fmul_rn(__fsub_rn(v[p][k], mu), inv);
+        v[p][k] = __fadd_rn(__fmul_rn(normalized, gamma[j + k]), beta[j + k]);
+      }
+      store_n<kVector>(y, y_type, base + j, v[p]);
+    }
+  }
+}
+
+template <int V>
+__global__ void __launch_bounds__(kWarpRowThreads)
+    layernorm_backward_dx_warp_kernel(const void* x, DType x_type, const void* dy, DType dy_type, const float* gamma,
+                                      const float* mean, const float* rstd, void* dx, DType dx_type, int64_t rows,
+                                      int64_t n) {
+  constexpr int kRowsPerBlock = kWarpRowThreads / kWarp;
+  for (int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / kWarp; row < rows;
+       row += int64_t{gridDim.x} * kRowsPerBlock) {
+    const int64_t base = row * n;
+    const float mu = mean[row], rs = rstd[row];
+    float xhat[V][kVector], dxhat[V][kVector];
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+#pragma unroll
+    for (int p = 0; p < V; ++p) {
+      int64_t j;
+      if (!lane_vector(p, n, j)) continue;
+      load_n<kVector>(x, x_type, base + j, xhat[p]);
+      load_n<kVector>(dy, dy_type, base + j, dxhat[p]);
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) {
+        xhat[p][k] = __fmul_rn(__fsub_rn(xhat[p][k], mu), rs);
+        dxhat[p][k] = __fmul_rn(dxhat[p][k], gamma[j + k]);
+        sum_dxhat += dxhat[p][k];
+        sum_dxhat_xhat += static_cast<double>(dxhat[p][k]) * xhat[p][k];
+      }
+    }
+    const float mean_dxhat = static_cast<float>(warp_sum(sum_dxhat) / static_cast<double>(n));
+    const float mean_dxhat_xhat = static_cast<float>(warp_sum(sum_dxhat_xhat) / static_cast<double>(n));
+#pragma unroll
+    for (int p = 0; p < V; ++p) {
+      int64_t j;
+      if (!lane_vector(p, n, j)) continue;
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) {
+        // rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
+        dxhat[p][k] =
+            __fmul_rn(rs, __fsub_rn(__fsub_rn(dxhat[p][k], mean_dxhat), __fmul_rn(xhat[p][k], mean_dxhat_xhat)));
+      }
+      store_n<kVector>(dx, dx_type, base + j, dxhat[p]);
+    }
+  }
+}
+
+// Whether the warp-per-row kernels take rows of n elements, and their V.
+int warp_row_vectors(int64_t n, std::initializer_list<const void*> buffers) {
+  if (n % kVector != 0 || n > int64_t{kWarpRowVectors} * kWarp * kVector || !vectorizable(buffers)) return 0;
+  return static_cast<int>((n + kWarp * kVector - 1) / (kWarp * kVector));
+}
+
+template <template <int> class Pick>
+auto by_vectors(int v) {
+  switch (v) {
+    case 1: return Pick<1>::kernel;
+    case 2: return Pick<2>::kernel;
+    case 3: return Pick<3>::kernel;
+    default: return Pick<4>::kernel;
+  }
+}
+template <int V>
+struct ForwardWarp {
+  static constexpr auto kernel = layernorm_forward_warp_kernel<V>;
+};
+template <int V>
+struct BackwardWarp {
+  static constexpr auto kernel = layernorm_backward_dx_warp_kernel<V>;
+};
+
+unsigned warp_row_grid(int64_t rows) { return grid_for(rows, kWarpRowThreads / kWarp); }
+
 // column_sums' terms for dgamma (dy * xhat) and dbeta (dy).
 struct LayerNormParameterTerm {
   const void* x;
@@ -388,6 +522,11 @@ void layernorm_forward(Stream stream, const void* x, DType x_type, const float* 
   FEDMESH_CHECK(rows >= 0 && n > 0,
                 "cuda::layernorm_forward: shape (" + std::to_string(rows) + ", " + std::to_string(n) + ")");
   if (rows == 0) return;
+  if (const int v = warp_row_vectors(n, {x, y}); v > 0) {
+    launch(by_vectors<ForwardWarp>(v), warp_row_grid(rows), kWarpRowThreads, stream, x, x_type, gamma, beta, y,
+           y_type, mean, rstd, rows, n, epsilon);
+    return;
+  }
   const auto kernel = n % kVector == 0 && vectorizable({x, y}) ? layernorm_forward_kernel<kVector>
                                                                 : layernorm_forward_kernel<1>;
   launch(kernel, grid_for(rows, 1), kRowThreads, stream, x, x_type, gamma, beta, y, y_type, mean, rstd, rows, n,
@@ -400,10 +539,15 @@ void layernorm_backward(Stream stream, const void* x, DType x_type, const void* 
   FEDMESH_CHECK(rows >= 0 && n > 0,
                 "cuda::layernorm_backward: shape (" + std::to_string(rows) + ", " + std::to_string(n) + ")");
   if (rows == 0) return;
-  const auto kernel = n % kVector == 0 && vectorizable({x, dy, dx}) ? layernorm_backward_dx_kernel<kVector>
-                                                                     : layernorm_backward_dx_kernel<1>;
-  launch(kernel, grid_for(rows, 1), kRowThreads, stream, x, x_type, dy, dy_type, gamma, mean, rstd, dx, dx_type, rows,
-         n);
+  if (const int v = warp_row_vectors(n, {x, dy, dx}); v > 0) {
+    launch(by_vectors<BackwardWarp>(v), warp_row_grid(rows), kWarpRowThreads, stream, x, x_type, dy, dy_type, gamma,
+           mean, rstd, dx, dx_type, rows, n);
+  } else {
+    const auto kernel = n % kVector == 0 && vectorizable({x, dy, dx}) ? layernorm_backward_dx_kernel<kVector>
+                                                                       : layernorm_backward_dx_kernel<1>;
+    launch(kernel, grid_for(rows, 1), kRowThreads, stream, x, x_type, dy, dy_type, gamma, mean, rstd, dx, dx_type,
+           rows, n);
+  }
   column_sums(stream, LayerNormParameterTerm{x, x_type, dy, dy_type, mean, rstd, n}, rows, n, dgamma, dbeta,
               /*accumulate=*/true);
 }

@@ -915,7 +915,8 @@ TEST_F(CudaOps, SquaredNormAccumulatesInAFixedOrder) {
 
 TEST_F(CudaOps, LayerNormMatchesWithinOneStepOfItsStatistics) {
   Rng rng(11);
-  for (const Matrix s : {Matrix{1, 1}, Matrix{7, 7}, Matrix{5, 255}, Matrix{3, 4097}, Matrix{129, 64}, Matrix{1500, 40}}) {
+  for (const Matrix s : {Matrix{1, 1}, Matrix{7, 7}, Matrix{5, 255}, Matrix{3, 4097}, Matrix{129, 64}, Matrix{1500, 40},
+                         Matrix{33, 768}, Matrix{9, 1024}, Matrix{4, 1032}}) {
     for (const DType x_type : kDTypes) {
       for (const DType y_type : kDTypes) {
         SCOPED_TRACE(describe(s) + " " + describe(x_type) + " -> " + describe(y_type));

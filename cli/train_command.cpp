@@ -296,8 +296,9 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
   // communication and the host's own work (the rest of the steps' time).
   const StepTimes times = step_profile_totals();
   disable_step_profile();
-  const double host_seconds = std::max(0.0, summary.train_seconds - times.gemm_seconds - times.kernel_seconds -
-                                                times.communication_seconds - times.data_seconds);
+  const double host_seconds =
+      std::max(0.0, summary.train_seconds - times.gemm_seconds - times.kernel_seconds - times.communication_seconds -
+                        times.data_seconds - times.device_wait_seconds);
   if (flags.json) {
     nlohmann::json event = {{"event", "summary"},
                {"command", "train"},
@@ -326,6 +327,7 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
                             {"kernel_seconds", times.kernel_seconds},
                             {"communication_seconds", times.communication_seconds},
                             {"data_seconds", times.data_seconds},
+                            {"device_wait_seconds", times.device_wait_seconds},
                             {"load_seconds", data.load_seconds},
                             {"host_seconds", host_seconds},
                             {"train_seconds", summary.train_seconds}};
@@ -382,9 +384,12 @@ void print_summary(const TrainFlags& flags, const train::TrainingRun& run, const
   }
   if (flags.profile && !flags.json && summary.train_seconds > 0.0) {
     const auto share = [&](double seconds) { return 100.0 * seconds / summary.train_seconds; };
-    std::printf("step time %s: GEMM %.1f%%, other kernels %.1f%%, communication %.1f%%, batches %.1f%%, host %.1f%%\n",
+    std::printf("step time %s: GEMM %.1f%%, other kernels %.1f%%, communication %.1f%%, batches %.1f%%, host %.1f%%",
                 format_duration(summary.train_seconds).c_str(), share(times.gemm_seconds), share(times.kernel_seconds),
                 share(times.communication_seconds), share(times.data_seconds), share(host_seconds));
+    // On a device, GEMM and kernels are the time to enqueue them; waiting for the device is apart.
+    if (times.device_wait_seconds > 0.0) std::printf(", waiting for the device %.1f%%", share(times.device_wait_seconds));
+    std::printf("\n");
     std::printf("data loaded (read, decoded, split) in %s before training\n", format_duration(data.load_seconds).c_str());
   }
   if (accounting && !flags.json) {

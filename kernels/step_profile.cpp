@@ -12,7 +12,7 @@ namespace {
 
 std::atomic<bool> enabled{false};
 std::thread::id profiled_thread;
-std::array<std::atomic<int64_t>, 4> totals_ns{};
+std::array<std::atomic<int64_t>, 5> totals_ns{};
 thread_local ProfileScope* innermost = nullptr;
 thread_local bool paused = false;
 
@@ -36,7 +36,7 @@ StepTimes step_profile_totals() {
     return static_cast<double>(totals_ns[static_cast<size_t>(kind)].load(std::memory_order_relaxed)) * 1e-9;
   };
   return {seconds(StepTime::kGemm), seconds(StepTime::kKernels), seconds(StepTime::kCommunication),
-          seconds(StepTime::kData)};
+          seconds(StepTime::kData), seconds(StepTime::kDeviceWait)};
 }
 
 ProfilePause::ProfilePause() : was_paused_(paused) { paused = true; }

@@ -12,20 +12,24 @@
 // parallel_for body is not timed separately: attention's per-head products,
 // run in its parallel loop, count with attention as kernels. Wall-clock time
 // on the host: for the CUDA path that is the time to enqueue, not the
-// device's (events would be needed; not done).
+// device's (events would be needed; not done), except kDeviceWait: the host
+// blocked until the device caught up (stream synchronizations, and copies
+// from pageable host memory, which synchronize the stream first). A step
+// whose device wait is near zero is bound by the host's enqueueing.
 #pragma once
 
 #include <cstdint>
 
 namespace fedmesh {
 
-enum class StepTime : uint8_t { kGemm, kKernels, kCommunication, kData };
+enum class StepTime : uint8_t { kGemm, kKernels, kCommunication, kData, kDeviceWait };
 
 struct StepTimes {
   double gemm_seconds = 0.0;
   double kernel_seconds = 0.0;
   double communication_seconds = 0.0;
   double data_seconds = 0.0;
+  double device_wait_seconds = 0.0;
 };
 
 // Starts timing on the calling thread, from zero.

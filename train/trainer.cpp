@@ -274,8 +274,8 @@ void Trainer::add_loss(const Tensor& logits, Tensor* dlogits, float grad_scale, 
     return;
   }
   if (logits.device() == Device::kCuda) {
-    const int32_t* labels = device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size()));
-    device::softmax_cross_entropy(logits, labels, dlogits, grad_scale, normalizer, device_scalars_);
+    FEDMESH_CHECK(device_label_ids_ != nullptr, "Trainer::add_loss on the device before load_batch");
+    device::softmax_cross_entropy(logits, device_label_ids_, dlogits, grad_scale, normalizer, device_scalars_);
     return;
   }
   const CrossEntropyResult ce = softmax_cross_entropy(logits, targets_, dlogits, grad_scale, normalizer);
@@ -297,7 +297,12 @@ const Tensor& Trainer::load_batch(const data::Dataset& dataset, std::span<const 
     if (regression_) dataset.batch_values(indices, values_);
   }
   if (model_.device() == Device::kCpu) return inputs_;
+  // The labels go up with the inputs, before the forward pass is enqueued:
+  // a copy from pageable memory first waits for the stream, which here is
+  // idle, where after the forward pass it would drain it mid-step.
   Tensor::reuse(device_inputs_, inputs_.shape(), inputs_.dtype(), model_.device()).copy_from(inputs_);
+  device_label_ids_ =
+      regression_ ? nullptr : device_labels_.upload(targets_.data(), static_cast<int64_t>(targets_.size()));
   return device_inputs_;
 }
 

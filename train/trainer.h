@@ -239,6 +239,7 @@ class Trainer {
   StepResult step_on_device(StepResult result, float lr, int64_t targets);
   device::StepScalars device_scalars_;
   device::DeviceLabels device_labels_;
+  const int32_t* device_label_ids_ = nullptr;  // this batch's labels in device_labels_
   std::vector<std::vector<float>> dp_sum_;  // DP-SGD: the clipped per-example gradients' sum
   std::unique_ptr<crypto::NoiseSource> secure_noise_;  // DP-SGD without dp_seeded_noise: the CSPRNG
   std::vector<int32_t> targets_;

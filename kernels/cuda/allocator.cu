@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cuda_ops.h"
+#include "kernels/step_profile.h"
 
 namespace fedmesh::cuda {
 namespace {
@@ -216,7 +217,10 @@ void destroy_stream(Stream stream) {
   FEDMESH_CUDA_CHECK(cudaStreamDestroy(static_cast<cudaStream_t>(stream)));
 }
 
-void synchronize(Stream stream) { FEDMESH_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))); }
+void synchronize(Stream stream) {
+  const ProfileScope waiting(StepTime::kDeviceWait);
+  FEDMESH_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
 
 Allocator& device_allocator() { return caching_allocator(); }
 void* allocate(size_t bytes, Stream stream) { return caching_allocator().allocate_for(bytes, stream); }
@@ -226,6 +230,7 @@ void empty_cache() { caching_allocator().empty_cache(); }
 
 void copy_to_device(const void* host, void* device, size_t bytes, Stream stream) {
   if (bytes == 0) return;
+  const ProfileScope waiting(StepTime::kDeviceWait);  // pageable memory: the stream is synchronized first
   FEDMESH_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
 }
 

@@ -80,6 +80,8 @@ run    On the GPU machine, from the repository root: dpkg -x every package into
          hoststacks cuda-gdb samples the host stack of GPT-2 bf16 training
                   HOSTSTACK_SAMPLES times (default 12): where the host's
                   time goes (the machines have no perf); a table of frames
+         batchscan fedmesh train --model gpt2 --device cuda --profile at batch
+                  sizes 4, 8, 16, 24: whether a step is bound by the host or the device
          gpt2     bench/compare_torch_gpt.sh --device cuda --precision bf16
                   --models gpt2 --batch-size 16 --steps N --test-limit 20 --same-init
                   (fedmesh vs PyTorch eager and torch.compile, MFU; all three
@@ -514,6 +516,17 @@ run_step() {
     train) train_step ;;
     kernels) kernels_step ;;
     hoststacks) hoststacks_step ;;
+    batchscan)
+      # Host- or device-bound: a step bound by the host's enqueueing costs about the
+      # same at every batch size (tokens/s grow with the batch); one bound by the
+      # device costs in proportion to it (tokens/s stay flat).
+      local batch status=0
+      for batch in 4 8 16 24; do
+        echo "== batch $batch"
+        timeout 60 "$WRAPPED/fedmesh" train --model gpt2 --device cuda --precision bf16 --batch-size "$batch" \
+          --steps 24 --test-limit 1 --log-every 1000 --profile --json | grep '"event":"summary"' || status=1
+      done
+      return $status ;;
     federation) federation_step ;;
     throughput)
       # mlp and cnn on the GPU against PyTorch eager on the same GPU (fp32 and bf16).
@@ -562,7 +575,7 @@ run() {
   IFS=',' read -r -a asked <<< "$STEPS"
   steps=(check)
   for step in "${asked[@]}"; do
-    [[ $step =~ ^(check|doctor|smoke|tests|sanitize|train|federation|throughput|profile|kernels|hoststacks|gpt2)$ ]] ||
+    [[ $step =~ ^(check|doctor|smoke|tests|sanitize|train|federation|throughput|profile|kernels|hoststacks|batchscan|gpt2)$ ]] ||
       die "unknown step '$step' (expected one of ${STEPS_DEFAULT//,/, })"
     [[ $step == check ]] || steps+=("$step")
   done

@@ -77,9 +77,6 @@ run    On the GPU machine, from the repository root: dpkg -x every package into
          kernels  Nsight Compute (ncu) times every kernel of two GPT-2 bf16
                   steps: LOG_DIR/gpt2-kernels.{ncu-rep,csv} and a table of the
                   kernels by total time; says so when there is no ncu
-         hoststacks cuda-gdb samples the host stack of GPT-2 bf16 training
-                  HOSTSTACK_SAMPLES times (default 12): where the host's
-                  time goes (the machines have no perf); a table of frames
          batchscan fedmesh train --model gpt2 --device cuda --profile at batch
                   sizes 4, 8, 16, 24: whether a step is bound by the host or the device
          gpt2     bench/compare_torch_gpt.sh --device cuda --precision bf16
@@ -150,7 +147,7 @@ pack() {
   for binary in "${BINARIES[@]}"; do
     [[ -x $build/$binary ]] || die "$build/$binary is missing: build it first (ninja -C $build)"
     name=$(basename "$binary")
-    # Debug sections out, the symbol table kept: backtraces (hoststacks) name functions.
+    # Debug sections out, the symbol table kept: backtraces name functions.
     strip --strip-debug -o "$KIT/bin/$name" "$build/$binary"
   done
 
@@ -351,57 +348,6 @@ sanitize_step() {
   return $status
 }
 
-# Where the host's time goes in GPT-2 bf16 training on the GPU, where the
-# machine has no perf: a poor man's profiler. While `fedmesh train` runs,
-# cuda-gdb attaches HOSTSTACK_SAMPLES times and prints the main thread's
-# stack; the table counts the innermost fedmesh frame and the innermost
-# frame of each sample.
-hoststacks_step() {
-  local gdb samples=${HOSTSTACK_SAMPLES:-12}
-  gdb=$(cuda_tool cuda-gdb)
-  if [[ -z $gdb ]]; then echo "cuda-gdb: not on this machine (skipped)"; return 0; fi
-  local dir=$LOG_DIR/hoststacks
-  mkdir -p "$dir"
-  "$WRAPPED/fedmesh" train --model gpt2 --device cuda --precision bf16 --batch-size 16 --steps 100000 \
-    --test-limit 1 --log-every 20 --json > "$dir/train.log" 2>&1 &
-  local pid=$! i
-  # Past the model's set-up and the first steps.
-  for ((i = 0; i < 60; i++)); do
-    grep -q '"step":20' "$dir/train.log" 2>/dev/null && break
-    sleep 1
-  done
-  for ((i = 1; i <= samples; i++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    timeout 15 "$gdb" -p "$pid" -batch -nx -ex "set pagination off" -ex "thread 1" -ex "bt 30" \
-      > "$dir/stack-$i.txt" 2>&1 || true
-    sleep 0.$((RANDOM % 10))
-  done
-  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
-  python3 - "$dir" <<'PY'
-import collections, glob, re, sys
-inner, ours = collections.Counter(), collections.Counter()
-n = 0
-for path in sorted(glob.glob(sys.argv[1] + "/stack-*.txt")):
-    frames = [l for l in open(path, errors="replace") if re.match(r"#\d+ ", l)]
-    if not frames:
-        continue
-    n += 1
-    def name(line):
-        text = line.split(" in ", 1)[1] if " in " in line else re.sub(r"^#\d+\s+", "", line)
-        return text.replace("(anonymous namespace)", "{anon}").split("(", 1)[0].strip()
-    inner[name(frames[0])[:100]] += 1
-    mine = [name(f) for f in frames if "fedmesh::" in f]
-    ours[" < ".join(mine[:3])[:200] if mine else "(no fedmesh frame)"] += 1
-print(f"{n} host stack samples of the training thread")
-print("innermost fedmesh frame:")
-for k, v in ours.most_common(12):
-    print(f"  {v:3d}  {k}")
-print("innermost frame:")
-for k, v in inner.most_common(8):
-    print(f"  {v:3d}  {k}")
-PY
-}
-
 # Nsight Compute's time of every kernel of two GPT-2 bf16 training steps
 # (their initialization and a one-window evaluation around them), summed by
 # kernel: where the device's step time goes.
@@ -515,7 +461,6 @@ run_step() {
     sanitize) sanitize_step ;;
     train) train_step ;;
     kernels) kernels_step ;;
-    hoststacks) hoststacks_step ;;
     batchscan)
       # Host- or device-bound: a step bound by the host's enqueueing costs about the
       # same at every batch size (tokens/s grow with the batch); one bound by the
@@ -575,7 +520,7 @@ run() {
   IFS=',' read -r -a asked <<< "$STEPS"
   steps=(check)
   for step in "${asked[@]}"; do
-    [[ $step =~ ^(check|doctor|smoke|tests|sanitize|train|federation|throughput|profile|kernels|hoststacks|batchscan|gpt2)$ ]] ||
+    [[ $step =~ ^(check|doctor|smoke|tests|sanitize|train|federation|throughput|profile|kernels|batchscan|gpt2)$ ]] ||
       die "unknown step '$step' (expected one of ${STEPS_DEFAULT//,/, })"
     [[ $step == check ]] || steps+=("$step")
   done

@@ -51,7 +51,7 @@ Options:
   --same-init          every side starts from the same weights and sees the same batches:
                        PyTorch's seeded initialization is written once per model
                        (torch_gpt.py --write-init, fedmesh's parameter names), fedmesh reads
-                       it (--init-from) and PyTorch walks fedmesh's window order
+                       it (--init) and PyTorch walks fedmesh's window order
                        (--order fedmesh). The report then gives the held-out losses'
                        difference, which must stay within the precision's noise
   --peak-flops F       peak FLOP/s for the MFU (default: torch_gpt.py's table of dense
@@ -277,7 +277,7 @@ write_init() {  # model
 
 run_fedmesh() {  # model rep
   local out="$OUT_DIR/fedmesh-$1-$2" init_args=()
-  (( SAME_INIT )) && init_args=(--init-from "$(init_file "$1")")
+  (( SAME_INIT )) && init_args=(--init "$(init_file "$1")")
   busy_cpus >"$out.busy"
   log "fedmesh $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"
   if "$FEDMESH" train --model "$1" --steps "$STEPS" --batch-size "$BATCH" --threads "$THREADS" \
@@ -296,7 +296,7 @@ run_fedmesh() {  # model rep
 run_torch() {  # model rep [pytorch|pytorch-compile]
   local fw="${3:-pytorch}" compile_args=() init_args=()
   [[ "$fw" == pytorch-compile ]] && compile_args=(--compile)
-  (( SAME_INIT )) && init_args=(--init-from "$(init_file "$1")" --order fedmesh)
+  (( SAME_INIT )) && init_args=(--init "$(init_file "$1")" --order fedmesh)
   local out="$OUT_DIR/$fw-$1-$2"
   busy_cpus >"$out.busy"
   log "$fw $1 run $2/$REPEAT (CPUs busy with other work just before: $(cat "$out.busy"))"

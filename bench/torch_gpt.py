@@ -51,10 +51,10 @@ included, evaluation excluded).  The first --warmup-steps optimizer steps
 the timing and from the token count; they are still real training steps, so
 --steps N = N steps in total, N - warm-up of them timed.
 
-Same start (--write-init FILE, --init-from FILE, --order fedmesh): PyTorch's
+Same start (--write-init FILE, --init FILE, --order fedmesh): PyTorch's
 seeded initial weights are written once under fedmesh's parameter names
-(safetensors, float32), `fedmesh train --init-from FILE` and this script's
---init-from FILE start from them, and --order fedmesh walks fedmesh's window
+(safetensors, float32), `fedmesh train --init FILE` and this script's
+--init FILE start from them, and --order fedmesh walks fedmesh's window
 order (its xoshiro256** shuffle, copied here): both sides then see the same
 weights and batches, and their losses differ only by rounding
 (bench/compare_torch_gpt.sh --same-init; tests/bench/check_same_start.sh).
@@ -160,15 +160,19 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="RNG seed for init and shuffling (default 0)")
     p.add_argument("--write-init", metavar="FILE", default=None,
                    help="write the model's seeded initial weights to FILE (safetensors, float32, under fedmesh's "
-                        "parameter names: h.0.ln_1.weight -> h0.ln_1.weight) and exit; `fedmesh train --init-from "
-                        "FILE` and this script's --init-from then start from the same weights")
-    p.add_argument("--init-from", metavar="FILE", default=None,
+                        "parameter names: h.0.ln_1.weight -> h0.ln_1.weight) and exit; `fedmesh train --init "
+                        "FILE` and this script's --init then start from the same weights")
+    p.add_argument("--init-layout", choices=["fedmesh", "hf-gpt2"], default="fedmesh",
+                   help="--write-init's names and layout: fedmesh's (default), or Hugging Face's GPT-2 state dict "
+                        "(transformer.h.0.attn.c_attn.weight stored (in, out) as its Conv1D, the causal-mask "
+                        "buffers, lm_head.weight tied to wte), which `fedmesh train --init-format hf-gpt2` reads")
+    p.add_argument("--init", metavar="FILE", default=None,
                    help="start from the float32 safetensors weights in FILE (fedmesh's names: --write-init, or "
                         "`fedmesh checkpoint export`) instead of the seeded initialization")
     p.add_argument("--order", choices=["torch", "fedmesh"], default="torch",
                    help="each epoch's window order: torch.randperm (default), or fedmesh's own shuffle (its "
                         "xoshiro256** generator seeded from --seed, Fisher-Yates as base/random.h), so that with "
-                        "--init-from both sides see the same batches in the same order")
+                        "--init both sides see the same batches in the same order")
     p.add_argument("--omp-wait-policy", choices=["passive", "active"], default=None,
                    help="set OMP_WAIT_POLICY for torch's libgomp pool (default: leave the environment "
                         "alone, as a typical user would). On Debian's torch, linear layers run in the "
@@ -372,6 +376,25 @@ def fedmesh_name(torch_name):
     return torch_name
 
 
+def hf_gpt2_state(model, context, layers):
+    """The model's weights as Hugging Face's GPT2LMHeadModel.state_dict() holds
+    them: transformer.* names, Conv1D weights as (in, out), each block's
+    causal-mask buffer attn.bias (1, 1, context, context), lm_head.weight
+    (tied: wte's values)."""
+    import torch
+    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    out = []
+    for name, p in model.named_parameters():
+        t = p.detach()
+        if name.startswith("h.") and name.split(".", 2)[2] in conv1d:
+            t = t.t().contiguous()
+        out.append(("transformer." + name, t))
+    mask = torch.tril(torch.ones(context, context)).view(1, 1, context, context)
+    out += [(f"transformer.h.{i}.attn.bias", mask) for i in range(layers)]
+    out.append(("lm_head.weight", model.wte.weight.detach()))
+    return out
+
+
 def write_safetensors(path, named):
     """named: [(name, float32 CPU tensor)] -> a safetensors file (no package needed)."""
     import ctypes
@@ -399,10 +422,10 @@ def read_safetensors(path):
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < 8:
-        sys.exit(f"torch_gpt.py: --init-from {path}: not a safetensors file (too short)")
+        sys.exit(f"torch_gpt.py: --init {path}: not a safetensors file (too short)")
     n = int.from_bytes(data[:8], "little")
     if n > len(data) - 8:
-        sys.exit(f"torch_gpt.py: --init-from {path}: its header claims {n} bytes, the file has {len(data) - 8}")
+        sys.exit(f"torch_gpt.py: --init {path}: its header claims {n} bytes, the file has {len(data) - 8}")
     header = json.loads(data[8:8 + n])
     base = 8 + n
     out = {}
@@ -410,7 +433,7 @@ def read_safetensors(path):
         if name == "__metadata__":
             continue
         if info.get("dtype") != "F32":
-            sys.exit(f"torch_gpt.py: --init-from {path}: {name} is {info.get('dtype')}, not F32")
+            sys.exit(f"torch_gpt.py: --init {path}: {name} is {info.get('dtype')}, not F32")
         begin, end = info["data_offsets"]
         count = (end - begin) // 4
         out[name] = torch.frombuffer(bytearray(data[base + begin:base + end]), dtype=torch.float32,
@@ -425,11 +448,11 @@ def load_fedmesh_weights(model, path):
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
     if missing or extra:
-        sys.exit(f"torch_gpt.py: --init-from {path}: missing {missing[:5]}, not of this model {extra[:5]}")
+        sys.exit(f"torch_gpt.py: --init {path}: missing {missing[:5]}, not of this model {extra[:5]}")
     with torch.no_grad():
         for name, p in expected.items():
             if tuple(weights[name].shape) != tuple(p.shape):
-                sys.exit(f"torch_gpt.py: --init-from {path}: {name} is {tuple(weights[name].shape)}, "
+                sys.exit(f"torch_gpt.py: --init {path}: {name} is {tuple(weights[name].shape)}, "
                          f"the model's is {tuple(p.shape)}")
             p.copy_(weights[name])
 
@@ -540,12 +563,15 @@ def main():
 
     model, attention_impl = build_model(vocabulary, context, width, heads, layers)
     if args.write_init:
-        write_safetensors(args.write_init, [(fedmesh_name(n), p) for n, p in model.named_parameters()])
+        if args.init_layout == "hf-gpt2":
+            write_safetensors(args.write_init, hf_gpt2_state(model, context, layers))
+        else:
+            write_safetensors(args.write_init, [(fedmesh_name(n), p) for n, p in model.named_parameters()])
         print(f"[torch_gpt] wrote the initial weights of {args.model} (seed {args.seed}) to {args.write_init}",
               file=sys.stderr, flush=True)
         return
-    if args.init_from:
-        load_fedmesh_weights(model, args.init_from)
+    if args.init:
+        load_fedmesh_weights(model, args.init)
     model = model.to(rt.device)
     parameters = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(parameters, context, width, layers)
@@ -683,7 +709,7 @@ def main():
         "p90_step_ms": p90_step_ms,
         "mean_step_ms": mean_step_ms,
         "seed": args.seed,
-        "init_from": args.init_from,
+        "init": args.init,
         "order": args.order,
         "openblas_threads": int(os.environ["OPENBLAS_NUM_THREADS"]),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),

@@ -1,5 +1,6 @@
 #include "train/initial_weights.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -19,63 +20,134 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return text + ")";
 }
 
-// The array's elements as fp32 (f4 as stored, f8 rounded), or why not.
-Result<std::vector<float>> as_floats(const data::ArrayView& array, const std::string& what) {
+// An array of the file standing for one parameter: where it came from, and
+// whether it is stored transposed (a 2-D Conv1D weight of Hugging Face's).
+struct Source {
+  std::string file_name;
+  data::ArrayView array;
+  bool transposed = false;
+};
+
+// The array's elements as fp32 in the parameter's layout (f4 as stored, f8
+// rounded; a transposed one turned back), or why not.
+Result<std::vector<float>> as_floats(const Source& source, const std::string& what) {
+  const data::ArrayView& array = source.array;
   const int64_t n = array.elements();
-  std::vector<float> out(static_cast<size_t>(n));
+  std::vector<float> stored(static_cast<size_t>(n));
   if (array.dtype == "f4") {
-    std::memcpy(out.data(), array.bytes.data(), out.size() * sizeof(float));
+    std::memcpy(stored.data(), array.bytes.data(), stored.size() * sizeof(float));
   } else if (array.dtype == "f8") {
     for (int64_t i = 0; i < n; ++i) {
       double v;
       std::memcpy(&v, array.bytes.data() + i * sizeof(double), sizeof v);
-      out[static_cast<size_t>(i)] = static_cast<float>(v);
+      stored[static_cast<size_t>(i)] = static_cast<float>(v);
     }
   } else {
     return invalid_argument(what + " is " + array.dtype + ": weights must be f4 or f8 (float32 or float64)");
   }
   for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(out[static_cast<size_t>(i)])) {
+    if (!std::isfinite(stored[static_cast<size_t>(i)])) {
       return invalid_argument(what + " holds a non-finite value at element " + std::to_string(i));
     }
+  }
+  if (!source.transposed) return stored;
+  const int64_t rows = array.shape[0], cols = array.shape[1];  // stored (rows, cols), wanted (cols, rows)
+  std::vector<float> out(stored.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(c * rows + r)] = stored[static_cast<size_t>(r * cols + c)];
   }
   return out;
 }
 
+bool all_digits(std::string_view s) {
+  if (s.empty()) return false;
+  for (const char c : s) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+// Hugging Face's GPT-2 names onto fedmesh's: "" for an array that is not a
+// parameter (dropped), with `transposed` set for the Conv1D weights.
+std::string from_hf_gpt2(std::string name, bool& transposed) {
+  transposed = false;
+  if (name.starts_with("transformer.")) name = name.substr(std::string_view("transformer.").size());
+  if (name == "lm_head.weight") return "";  // tied to wte in fedmesh's GPT
+  if (!name.starts_with("h.")) return name;  // wte.weight, wpe.weight, ln_f.*
+  const size_t dot = name.find('.', 2);
+  if (dot == std::string::npos || !all_digits(std::string_view(name).substr(2, dot - 2))) return name;
+  const std::string rest = name.substr(dot + 1);
+  if (rest == "attn.bias" || rest == "attn.masked_bias") return "";  // the causal-mask buffers
+  transposed = rest == "attn.c_attn.weight" || rest == "attn.c_proj.weight" || rest == "mlp.c_fc.weight" ||
+               rest == "mlp.c_proj.weight";
+  std::string mapped = "h";
+  mapped.append(name, 2, dot - 2).append(".").append(rest);
+  return mapped;
+}
+
 }  // namespace
 
-Status load_initial_weights(Sequential& model, const std::string& path) {
+Result<InitFormat> parse_init_format(std::string_view text) {
+  if (text == "fedmesh") return InitFormat::kFedmesh;
+  if (text == "hf-gpt2") return InitFormat::kHfGpt2;
+  return invalid_argument("--init-format must be fedmesh or hf-gpt2, not '" + std::string(text) + "'");
+}
+
+Status load_initial_weights(Sequential& model, const std::string& path, InitFormat format) {
   Result<std::string> bytes = read_file_bounded(path, kMaxInitialWeightsBytes);
-  if (!bytes.is_ok()) return Status(bytes.status().code(), "--init-from: " + bytes.status().message());
+  if (!bytes.is_ok()) return Status(bytes.status().code(), "--init: " + bytes.status().message());
   std::vector<std::vector<uint8_t>> inflated;
   const std::span<const uint8_t> view(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
   Result<std::map<std::string, data::ArrayView>> arrays = data::parse_array_file(view, path, inflated);
-  if (!arrays.is_ok()) return invalid_argument("--init-from: " + arrays.status().message());
+  if (!arrays.is_ok()) return invalid_argument("--init: " + arrays.status().message());
+
+  // The file's arrays under the model's names.
+  std::map<std::string, Source> sources;
+  for (const auto& [name, array] : *arrays) {
+    bool transposed = false;
+    const std::string mapped = format == InitFormat::kHfGpt2 ? from_hf_gpt2(name, transposed) : name;
+    if (mapped.empty()) continue;
+    if (transposed && array.shape.size() != 2) {
+      return invalid_argument("--init: " + path + ": \"" + name + "\" is " + shape_text(array.shape) +
+                              ": a Conv1D weight is 2-D (in, out)");
+    }
+    if (!sources.emplace(mapped, Source{name, array, transposed}).second) {
+      return invalid_argument("--init: " + path + " holds \"" + mapped + "\" twice (as \"" + name + "\" too)");
+    }
+  }
 
   // Everything is checked before anything is copied.
   const std::vector<Parameter*> parameters = model.parameters();
   std::vector<std::vector<float>> values;
   std::set<std::string> used;
   for (Parameter* p : parameters) {
-    const auto found = arrays->find(p->name);
-    if (found == arrays->end()) {
-      return invalid_argument("--init-from: " + path + " has no array \"" + p->name + "\" (the model " + model.name() +
-                              " has " + std::to_string(parameters.size()) + " parameters; `fedmesh checkpoint export` " +
-                              "writes them under these names)");
+    const auto found = sources.find(p->name);
+    if (found == sources.end()) {
+      const bool looks_hf = format == InitFormat::kFedmesh && (sources.contains("transformer.wte.weight") ||
+                                                                sources.contains("h.0.ln_1.weight"));
+      return invalid_argument("--init: " + path + " has no array \"" + p->name + "\"" +
+                              (format == InitFormat::kHfGpt2 ? " (in Hugging Face's GPT-2 names)" : "") +
+                              (looks_hf ? " (its names are Hugging Face's GPT-2: give --init-format hf-gpt2)" : "") +
+                              " (the model " + model.name() + " has " + std::to_string(parameters.size()) +
+                              " parameters; `fedmesh checkpoint export` writes them under these names)");
     }
+    const Source& source = found->second;
+    std::vector<int64_t> have = source.array.shape;
+    if (source.transposed) std::swap(have[0], have[1]);
     const std::vector<int64_t> want(p->value.shape().begin(), p->value.shape().end());
-    const std::string what = "--init-from: " + path + ": \"" + p->name + "\"";
-    if (found->second.shape != want) {
-      return invalid_argument(what + " is " + shape_text(found->second.shape) + ", the model's is " + shape_text(want));
+    const std::string what = "--init: " + path + ": \"" + source.file_name + "\"";
+    if (have != want) {
+      return invalid_argument(what + " is " + shape_text(source.array.shape) + (source.transposed ? " (transposed)" : "") +
+                              ", the model's " + p->name + " is " + shape_text(want));
     }
-    Result<std::vector<float>> floats = as_floats(found->second, what);
+    Result<std::vector<float>> floats = as_floats(source, what);
     if (!floats.is_ok()) return floats.status();
     values.push_back(std::move(*floats));
     used.insert(p->name);
   }
-  for (const auto& [name, array] : *arrays) {
+  for (const auto& [name, source] : sources) {
     if (!used.contains(name)) {
-      return invalid_argument("--init-from: " + path + " holds \"" + name + "\", which is no parameter of " +
+      return invalid_argument("--init: " + path + " holds \"" + source.file_name + "\", which is no parameter of " +
                               model.name() + " (a file of another model?)");
     }
   }

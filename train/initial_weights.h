@@ -1,12 +1,17 @@
-// `fedmesh train --init-from FILE`: a run that starts from given weights
-// instead of its seeded initialization: a pre-trained model to fine-tune, a
-// round exported by `fedmesh checkpoint export`, or PyTorch's initial state
-// for a same-start comparison (bench/torch_gpt.py --write-init). The file is
-// a safetensors, .npz or .npy file (train/data/arrays.h) holding one array
-// per model parameter under the parameter's name, f4 or f8.
+// `fedmesh train --init FILE`: a run that starts from given weights instead
+// of its seeded initialization: a pre-trained model to fine-tune, a round
+// exported by `fedmesh checkpoint export`, or PyTorch's initial state for a
+// same-start comparison (bench/torch_gpt.py --write-init). The file is a
+// safetensors, .npz or .npy file (train/data/arrays.h) holding one f4 or f8
+// array per model parameter, under the parameter's name (format "fedmesh"),
+// or a GPT-2 state dict in Hugging Face's layout (format "hf-gpt2":
+// `transformer.` prefixes optional, h.N.* for hN.*, Conv1D weights stored
+// (in, out) and transposed here, the attention-mask buffers and the tied
+// lm_head dropped).
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 #include "train/model.h"
@@ -16,10 +21,15 @@ namespace fedmesh::train {
 // Bounds the file read (GPT-2 124M in f8 is about 1 GiB).
 inline constexpr size_t kMaxInitialWeightsBytes = size_t{16} << 30;
 
+enum class InitFormat { kFedmesh, kHfGpt2 };
+
+// "fedmesh" | "hf-gpt2"
+Result<InitFormat> parse_init_format(std::string_view text);
+
 // Copies every parameter's array into its fp32 master and compute copies.
 // Every parameter must be there with its exact shape, and nothing else: a
 // missing, misshapen, non-float, non-finite or unknown array is refused with
 // its name, and then nothing is copied. The model may be on either device.
-Status load_initial_weights(Sequential& model, const std::string& path);
+Status load_initial_weights(Sequential& model, const std::string& path, InitFormat format = InitFormat::kFedmesh);
 
 }  // namespace fedmesh::train

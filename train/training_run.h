@@ -36,7 +36,8 @@ struct TrainingRunOptions {
   std::string device = "cpu";
   std::string schedule = "cosine";
   std::string tokenizer;  // language models: a BPE tokenizer file; "": bytes
-  std::string init_from;  // weights to start from instead of the seeded initialization (train/initial_weights.h)
+  std::string init;  // weights to start from instead of the seeded initialization (train/initial_weights.h)
+  std::string init_format = "fedmesh";  // or "hf-gpt2"
   int64_t train_limit = 0;
   int64_t test_limit = 0;
   int threads = 0;        // CPU threads (0: all cores)

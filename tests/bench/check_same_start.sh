@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# PyTorch cross-check of `fedmesh train --init-from` and of bench/torch_gpt.py's
+# PyTorch cross-check of `fedmesh train --init` and of bench/torch_gpt.py's
 # copy of fedmesh's shuffle: gpt-nano trained 20 steps by both from PyTorch's
 # initial weights in fedmesh's batch order (bench/compare_torch_gpt.sh
 # --same-init) must reach the same held-out loss within fp32 rounding.
+# Then the same weights saved in Hugging Face's GPT-2 layout (Conv1D
+# transposed, mask buffers, tied lm_head) and read with --init-format
+# hf-gpt2 must give fedmesh the same held-out loss to the last bit as in
+# fedmesh's own layout.
 # Skips (77) where no python has torch (Debian's python3-torch is not part of
 # the suite's install).
 set -euo pipefail
@@ -36,3 +40,22 @@ if not train < 1e-4:
     sys.exit(f"FAIL: the last training batch's losses differ by {train}")
 print("OK: the same start gives the same losses")
 PY
+
+for layout in fedmesh hf-gpt2; do
+  "$python" "$root/bench/torch_gpt.py" --model gpt-nano --seed 3 --write-init "$out/$layout.safetensors" \
+    --init-layout "$layout" 2>/dev/null
+done
+# SGD at lr 1e-30 moves no fp32 weight: the summary's held-out loss is the initial weights'.
+loss_of() {
+  "$build/cli/fedmesh" train --model gpt-nano --steps 1 --optimizer sgd --lr 1e-30 --momentum 0 --weight-decay 0 \
+    --batch-size 4 --test-limit 8 --threads 2 --json --init "$out/$1.safetensors" --init-format "$1" \
+    | grep '"event":"summary"' | grep -o '"test_loss":[-0-9.e]*'
+}
+fedmesh_layout=$(loss_of fedmesh)
+hf_layout=$(loss_of hf-gpt2)
+echo "fedmesh layout: $fedmesh_layout; Hugging Face GPT-2 layout: $hf_layout"
+[[ -n $fedmesh_layout && $fedmesh_layout == "$hf_layout" ]] || { echo "FAIL: the two layouts differ"; exit 1; }
+refused=$("$build/cli/fedmesh" train --model gpt-nano --steps 1 --init "$out/hf-gpt2.safetensors" 2>&1) && {
+  echo "FAIL: a Hugging Face file read in fedmesh's names was accepted"; exit 1; }
+grep -q -- "--init-format hf-gpt2" <<< "$refused" || { echo "FAIL: no hint in: $refused"; exit 1; }
+echo "OK: hf-gpt2 import equals fedmesh's layout; the wrong format is refused with a hint"

@@ -361,7 +361,7 @@ TEST(SimCrash, KilledAtRandomMomentsResumesToTheSameModel) {
 
 }  // namespace
 
-// `train --init-from` an exported round: the new run starts from exactly
+// `train --init` an exported round: the new run starts from exactly
 // those weights. With a step too small to move any fp32 weight (SGD at
 // lr 1e-30), its evaluation repeats the checkpoint's held-out loss to the
 // last bit; a file that does not fit the model is refused by name.
@@ -375,9 +375,9 @@ TEST_F(TrainCrash, InitFromAnExportStartsFromItsWeights) {
 
   const std::string run = run_to_string("train --model mlp --steps 1 --optimizer sgd --lr 1e-30 --momentum 0 "
                                         "--weight-decay 0 --train-limit 640 --test-limit 200 --batch-size 32 "
-                                        "--threads 2 --json --init-from " + exported.string());
+                                        "--threads 2 --json --init " + exported.string());
   ASSERT_NE(run.find("exit 0"), std::string::npos) << run;
-  EXPECT_NE(run.find("\"init_from\""), std::string::npos) << run;  // the start event says so
+  EXPECT_NE(run.find("\"init\""), std::string::npos) << run;  // the start event says so
   std::optional<double> test_loss;
   std::istringstream lines(run);
   for (std::string line; std::getline(lines, line);) {
@@ -388,11 +388,11 @@ TEST_F(TrainCrash, InitFromAnExportStartsFromItsWeights) {
   ASSERT_TRUE(test_loss.has_value()) << run;
   EXPECT_EQ(*test_loss, metrics.at("test_loss").get<double>());
 
-  const std::string wrong_model = run_to_string("train --model cnn --steps 1 --init-from " + exported.string());
+  const std::string wrong_model = run_to_string("train --model cnn --steps 1 --init " + exported.string());
   EXPECT_NE(wrong_model.find("has no array \"conv1.weight\""), std::string::npos) << wrong_model;
   EXPECT_NE(wrong_model.find("exit 2"), std::string::npos) << wrong_model;
-  const std::string missing = run_to_string("train --model mlp --steps 1 --init-from " +
+  const std::string missing = run_to_string("train --model mlp --steps 1 --init " +
                                             (directory_ / "absent.safetensors").string());
-  EXPECT_NE(missing.find("--init-from"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("--init"), std::string::npos) << missing;
   EXPECT_NE(missing.find("exit 2"), std::string::npos) << missing;
 }

@@ -168,7 +168,8 @@ def parse_args(argv=None):
                         "buffers, lm_head.weight tied to wte), which `fedmesh train --init-format hf-gpt2` reads")
     p.add_argument("--init", metavar="FILE", default=None,
                    help="start from the float32 safetensors weights in FILE (fedmesh's names: --write-init, or "
-                        "`fedmesh checkpoint export`) instead of the seeded initialization")
+                        "`fedmesh checkpoint export`; or Hugging Face's GPT-2 layout, `checkpoint export --format "
+                        "hf-gpt2`, told by its transformer.* names) instead of the seeded initialization")
     p.add_argument("--order", choices=["torch", "fedmesh"], default="torch",
                    help="each epoch's window order: torch.randperm (default), or fedmesh's own shuffle (its "
                         "xoshiro256** generator seeded from --seed, Fisher-Yates as base/random.h), so that with "
@@ -441,9 +442,33 @@ def read_safetensors(path):
     return out
 
 
+def from_hf_gpt2(weights):
+    """Hugging Face's GPT-2 state dict (`fedmesh checkpoint export --format
+    hf-gpt2`) in fedmesh's names and layout: prefix off, h.N -> hN, Conv1D
+    weights transposed, mask buffers and the tied lm_head dropped."""
+    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    out = {}
+    for name, t in weights.items():
+        if name.startswith("transformer."):
+            name = name[len("transformer."):]
+        if name == "lm_head.weight":
+            continue
+        parts = name.split(".", 2)
+        if parts[0] == "h" and len(parts) == 3 and parts[1].isdigit():
+            if parts[2] in ("attn.bias", "attn.masked_bias"):
+                continue
+            if parts[2] in conv1d:
+                t = t.t().contiguous()
+            name = "h" + parts[1] + "." + parts[2]
+        out[name] = t
+    return out
+
+
 def load_fedmesh_weights(model, path):
     import torch
     weights = read_safetensors(path)
+    if any(name.startswith("transformer.") for name in weights):  # Hugging Face's layout
+        weights = from_hf_gpt2(weights)
     expected = {fedmesh_name(name): p for name, p in model.named_parameters()}
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))

@@ -14,6 +14,7 @@
 #include "store/checkpoint_store.h"
 #include "store/schema.h"
 #include "store/tensor_export.h"
+#include "train/hf_gpt2.h"
 
 namespace fedmesh::cli {
 
@@ -328,8 +329,22 @@ int run_verify(const CheckpointFlags& flags) {
   return ok ? 0 : kExitCorrupt;
 }
 
+// --format hf-gpt2: the model's weights as Hugging Face's GPT2LMHeadModel
+// state dict (train/hf_gpt2.h), for a round of a gpt model.
+Status check_hf_gpt2_export(store::CheckpointStore& checkpoints, int64_t round, const std::string& role) {
+  if (role != "model") return invalid_argument("--format hf-gpt2 exports the model's weights: drop --role " + role);
+  Result<std::vector<store::TensorInfo>> tensors = checkpoints.tensors(round);
+  if (!tensors.is_ok()) return tensors.status();
+  for (const store::TensorInfo& t : *tensors) {
+    if (t.role == "model" && t.name == "wte.weight") return Status::ok();
+  }
+  return invalid_argument("--format hf-gpt2: round " + std::to_string(round) +
+                          " holds no wte.weight: not a gpt model (export it as safetensors)");
+}
+
 int run_export(const CheckpointFlags& flags) {
-  Result<store::ExportFormat> format = store::parse_export_format(flags.format);
+  const bool hf_gpt2 = flags.format == "hf-gpt2";
+  Result<store::ExportFormat> format = store::parse_export_format(hf_gpt2 ? "safetensors" : flags.format);
   if (!format.is_ok()) return fail(flags, "export", format.status());
   Result<store::CheckpointStore> checkpoints = store::CheckpointStore::open_existing(flags.database);
   if (!checkpoints.is_ok()) return fail(flags, "export", checkpoints.status());
@@ -341,7 +356,18 @@ int run_export(const CheckpointFlags& flags) {
     out = stem + "-round" + std::to_string(*round) + (*format == store::ExportFormat::kNpy ? "-npy" : ".safetensors");
   }
   const std::string role = flags.role == "all" ? "" : flags.role;
-  Result<store::ExportSummary> summary = store::export_round(*checkpoints, *round, role, *format, out);
+  store::ExportLayout layout;
+  std::map<std::string, std::string> metadata;
+  if (hf_gpt2) {
+    if (Status s = check_hf_gpt2_export(*checkpoints, *round, flags.role); !s.is_ok()) return fail(flags, "export", s);
+    layout = [](const std::string& name) {
+      std::vector<store::ExportedArray> arrays;
+      for (train::HfGpt2Name& hf : train::to_hf_gpt2(name)) arrays.push_back({std::move(hf.name), hf.transposed});
+      return arrays;
+    };
+    metadata["layout"] = "hf-gpt2";
+  }
+  Result<store::ExportSummary> summary = store::export_round(*checkpoints, *round, role, *format, out, layout, metadata);
   if (!summary.is_ok()) {
     return fail(flags, "export", summary.status(),
                 summary.status().code() == StatusCode::kCorrupt ? kExitCorrupt : kExitBadInput);
@@ -393,8 +419,12 @@ void add_checkpoint_command(CLI::App& app, int& exit_code) {
       "export", "Write a round's tensors as safetensors (PyTorch: safetensors.torch.load_file) or .npy files.");
   add_common(exported);
   add_round(exported);
-  exported->add_option("--format", flags->format, "safetensors (one file) or npy (a directory, one file per tensor)")
-      ->check(CLI::IsMember({"safetensors", "npy"}))
+  exported->add_option("--format", flags->format,
+                       "safetensors (one file), npy (a directory, one file per tensor), or hf-gpt2 (a gpt model's "
+                       "weights as Hugging Face's GPT2LMHeadModel state dict, safetensors: transformer.h.N names, "
+                       "Conv1D weights (in, out), lm_head.weight tied; load_state_dict(..., strict=False) takes it, "
+                       "and `train --init-format hf-gpt2` reads it back)")
+      ->check(CLI::IsMember({"safetensors", "npy", "hf-gpt2"}))
       ->capture_default_str();
   exported->add_option("--role", flags->role,
                        "Which tensors: model (weights), optimizer, residual, or all (names then prefixed ROLE/)")

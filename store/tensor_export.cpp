@@ -150,7 +150,8 @@ Result<ExportFormat> parse_export_format(std::string_view text) {
 }
 
 Result<ExportSummary> export_round(CheckpointStore& store, int64_t round, std::string_view role, ExportFormat format,
-                                   const std::filesystem::path& out) {
+                                   const std::filesystem::path& out, const ExportLayout& layout,
+                                   const std::map<std::string, std::string>& metadata) {
   Result<RoundInfo> info = store.round_info(round);
   if (!info.is_ok()) return info.status();
   Result<std::vector<TensorInfo>> all = store.tensors(round);
@@ -167,6 +168,7 @@ Result<ExportSummary> export_round(CheckpointStore& store, int64_t round, std::s
   summary.tensors = static_cast<int64_t>(chosen.size());
 
   if (format == ExportFormat::kNpy) {
+    if (layout) return invalid_argument("an export layout is written as safetensors only");
     std::error_code error;
     std::filesystem::create_directories(out, error);
     if (error) return io_error(out.string() + ": cannot create the export directory: " + error.message());
@@ -192,14 +194,33 @@ Result<ExportSummary> export_round(CheckpointStore& store, int64_t round, std::s
                             {"round", std::to_string(info->round)},
                             {"model_version", std::to_string(info->model_version)},
                             {"metrics", info->metrics_json}};
-  int64_t offset = 0;
+  for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
+  // What is written, in order: a tensor and how (every tensor as it is without a layout).
+  struct Written {
+    const TensorInfo* tensor;
+    ExportedArray as;
+  };
+  std::vector<Written> written;
   for (const TensorInfo& tensor : chosen) {
     const std::string name = exported_name(tensor, role);
+    for (ExportedArray& as : layout ? layout(name) : std::vector<ExportedArray>{{name, false}}) {
+      if (as.transposed && tensor.shape.size() != 2) {
+        return invalid_argument(name + " is " + std::to_string(tensor.shape.size()) + "-D: only a 2-D tensor transposes");
+      }
+      written.push_back({&tensor, std::move(as)});
+    }
+  }
+  if (written.empty()) return not_found("round " + std::to_string(round) + ": the layout leaves no tensor to write");
+  int64_t offset = 0;
+  for (const Written& w : written) {
+    const std::string& name = w.as.name;
     if (header.contains(name)) return invalid_argument("tensor name " + name + " appears twice");
-    header[name] = {{"dtype", safetensors_dtype(tensor.dtype)},
-                    {"shape", tensor.shape},
-                    {"data_offsets", {offset, offset + tensor.byte_size}}};
-    offset += tensor.byte_size;
+    Shape shape = w.tensor->shape;
+    if (w.as.transposed) std::swap(shape[0], shape[1]);
+    header[name] = {{"dtype", safetensors_dtype(w.tensor->dtype)},
+                    {"shape", shape},
+                    {"data_offsets", {offset, offset + w.tensor->byte_size}}};
+    offset += w.tensor->byte_size;
   }
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
@@ -209,11 +230,38 @@ Result<ExportSummary> export_round(CheckpointStore& store, int64_t round, std::s
   for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(header_text.size()) >> (8 * i));
   FEDMESH_RETURN_IF_ERROR(staged->write(length));
   FEDMESH_RETURN_IF_ERROR(staged->write(header_text));
-  for (const TensorInfo& tensor : chosen) {
-    Status s = store.read_tensor(tensor, [&](std::span<const uint8_t> bytes) { return staged->write(bytes); });
+  for (const Written& w : written) {
+    const TensorInfo& tensor = *w.tensor;
+    Status s;
+    if (!w.as.transposed) {
+      s = store.read_tensor(tensor, [&](std::span<const uint8_t> bytes) { return staged->write(bytes); });
+    } else {  // the whole tensor in memory, then its transpose
+      std::vector<uint8_t> stored;
+      stored.reserve(static_cast<size_t>(tensor.byte_size));
+      s = store.read_tensor(tensor, [&](std::span<const uint8_t> bytes) {
+        stored.insert(stored.end(), bytes.begin(), bytes.end());
+        return Status::ok();
+      });
+      if (s.is_ok()) {
+        const int64_t rows = tensor.shape[0], cols = tensor.shape[1];
+        const size_t size = dtype_size(tensor.dtype);
+        if (stored.size() != static_cast<size_t>(rows * cols) * size) {
+          return corrupt(tensor.name + ": " + std::to_string(stored.size()) + " bytes for its shape");
+        }
+        std::vector<uint8_t> transposed(stored.size());
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) {
+            std::memcpy(transposed.data() + static_cast<size_t>(c * rows + r) * size,
+                        stored.data() + static_cast<size_t>(r * cols + c) * size, size);
+          }
+        }
+        s = staged->write(std::span<const uint8_t>(transposed));
+      }
+    }
     if (!s.is_ok()) return Status(s.code(), "round " + std::to_string(round) + ": " + s.message());
     summary.bytes += tensor.byte_size;
   }
+  summary.tensors = static_cast<int64_t>(written.size());
   FEDMESH_RETURN_IF_ERROR(staged->commit());
   std::error_code error;
   const std::filesystem::path directory = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");

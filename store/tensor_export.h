@@ -22,6 +22,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,10 +44,22 @@ struct ExportSummary {
   int64_t bytes = 0;  // tensor bytes written
 };
 
+// How a safetensors export names and lays out what it writes: each tensor
+// (by its exported name) becomes the arrays returned, each renamed and, for
+// a 2-D tensor, maybe transposed; none leaves it out. Another framework's
+// layout (train/hf_gpt2.h) is one. Unset: every tensor as it is stored.
+struct ExportedArray {
+  std::string name;
+  bool transposed = false;
+};
+using ExportLayout = std::function<std::vector<ExportedArray>(const std::string& name)>;
+
 // Writes the tensors of `round` whose role is `role` ("model" for the
 // weights; "" for every role, names then prefixed "ROLE/") to `out`: a file
-// for safetensors, a directory (created if missing) for npy.
+// for safetensors, a directory (created if missing) for npy. `layout` only
+// with safetensors; `metadata` entries join the file's __metadata__.
 Result<ExportSummary> export_round(CheckpointStore& store, int64_t round, std::string_view role, ExportFormat format,
-                                   const std::filesystem::path& out);
+                                   const std::filesystem::path& out, const ExportLayout& layout = {},
+                                   const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace fedmesh::store

@@ -1,6 +1,5 @@
 #include "train/initial_weights.h"
 
-#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -9,6 +8,7 @@
 
 #include "base/file_io.h"
 #include "train/data/arrays.h"
+#include "train/hf_gpt2.h"
 
 namespace fedmesh::train {
 
@@ -59,32 +59,6 @@ Result<std::vector<float>> as_floats(const Source& source, const std::string& wh
   return out;
 }
 
-bool all_digits(std::string_view s) {
-  if (s.empty()) return false;
-  for (const char c : s) {
-    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
-  }
-  return true;
-}
-
-// Hugging Face's GPT-2 names onto fedmesh's: "" for an array that is not a
-// parameter (dropped), with `transposed` set for the Conv1D weights.
-std::string from_hf_gpt2(std::string name, bool& transposed) {
-  transposed = false;
-  if (name.starts_with("transformer.")) name = name.substr(std::string_view("transformer.").size());
-  if (name == "lm_head.weight") return "";  // tied to wte in fedmesh's GPT
-  if (!name.starts_with("h.")) return name;  // wte.weight, wpe.weight, ln_f.*
-  const size_t dot = name.find('.', 2);
-  if (dot == std::string::npos || !all_digits(std::string_view(name).substr(2, dot - 2))) return name;
-  const std::string rest = name.substr(dot + 1);
-  if (rest == "attn.bias" || rest == "attn.masked_bias") return "";  // the causal-mask buffers
-  transposed = rest == "attn.c_attn.weight" || rest == "attn.c_proj.weight" || rest == "mlp.c_fc.weight" ||
-               rest == "mlp.c_proj.weight";
-  std::string mapped = "h";
-  mapped.append(name, 2, dot - 2).append(".").append(rest);
-  return mapped;
-}
-
 }  // namespace
 
 Result<InitFormat> parse_init_format(std::string_view text) {
@@ -104,8 +78,9 @@ Status load_initial_weights(Sequential& model, const std::string& path, InitForm
   // The file's arrays under the model's names.
   std::map<std::string, Source> sources;
   for (const auto& [name, array] : *arrays) {
-    bool transposed = false;
-    const std::string mapped = format == InitFormat::kHfGpt2 ? from_hf_gpt2(name, transposed) : name;
+    const HfGpt2Name hf = format == InitFormat::kHfGpt2 ? from_hf_gpt2(name) : HfGpt2Name{name, false};
+    const std::string& mapped = hf.name;
+    const bool transposed = hf.transposed;
     if (mapped.empty()) continue;
     if (transposed && array.shape.size() != 2) {
       return invalid_argument("--init: " + path + ": \"" + name + "\" is " + shape_text(array.shape) +

@@ -59,3 +59,18 @@ refused=$("$build/cli/fedmesh" train --model gpt-nano --steps 1 --init "$out/hf-
   echo "FAIL: a Hugging Face file read in fedmesh's names was accepted"; exit 1; }
 grep -q -- "--init-format hf-gpt2" <<< "$refused" || { echo "FAIL: no hint in: $refused"; exit 1; }
 echo "OK: hf-gpt2 import equals fedmesh's layout; the wrong format is refused with a hint"
+
+# Weights out: a trained run exported in Hugging Face's layout; PyTorch loads
+# it (torch_gpt.py --init, at an lr too small to move a weight) and finds the
+# held-out loss fedmesh finds for the same file, within fp32 summation order.
+"$build/cli/fedmesh" train --model gpt-nano --steps 6 --batch-size 4 --test-limit 8 --threads 2 \
+  --db "$out/trained.db" > /dev/null 2>&1
+"$build/cli/fedmesh" checkpoint export "$out/trained.db" --format hf-gpt2 --out "$out/trained-hf.safetensors" > /dev/null
+cp "$out/trained-hf.safetensors" "$out/hf-gpt2.safetensors"
+fedmesh_loss=$(loss_of hf-gpt2 | cut -d: -f2)
+torch_loss=$("$python" "$root/bench/torch_gpt.py" --model gpt-nano --steps 2 --batch-size 4 --test-limit 8 --threads 2 \
+  --lr 1e-30 --weight-decay 0 --init "$out/trained-hf.safetensors" 2>/dev/null | "$python" -c 'import json,sys; print(json.loads(sys.stdin.read())["test_loss"])')
+echo "exported in Hugging Face's layout: held-out loss fedmesh $fedmesh_loss, PyTorch $torch_loss"
+"$python" -c "import sys; a, b = float('$fedmesh_loss'), float('$torch_loss'); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" \
+  || { echo "FAIL: PyTorch reads the export differently"; exit 1; }
+echo "OK: PyTorch reads fedmesh's hf-gpt2 export to the same loss"

@@ -222,11 +222,13 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   }
 
   // The model: version 0 is the seeded initial model every site can rebuild
-  // (with the tokenizer's vocabulary, as the sites make it).
-  Result<std::unique_ptr<train::Sequential>> model = train::make_model(
+  // (with the tokenizer's vocabulary, as the sites make it), or the weights
+  // of `init`, which every site loads too.
+  Result<std::unique_ptr<train::Sequential>> model = train::make_initial_model(
       config.model, config.seed,
       train::ModelInput{tokenizer ? tokenizer->vocabulary() : 0, data_schema.sample_shape, data_schema.classes,
-                        data_schema.regression});
+                        data_schema.regression},
+      config.init);
   if (!model.is_ok()) return model.status();
   evaluator_model = std::move(*model);
   std::vector<std::string> names;

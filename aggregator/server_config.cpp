@@ -95,6 +95,8 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path, const A
   r.read("metrics_token", c.metrics_token);
   r.read("model", c.model);
   r.read("seed", c.seed);
+  r.read("init", c.init.path);
+  r.read("init_format", c.init.format);
   r.read("rounds", c.rounds);
   r.read("local_steps", c.local_steps);
   r.read("min_sites", c.min_sites);

@@ -11,6 +11,7 @@
 #include "aggregator/secure_round.h"
 #include "base/status.h"
 #include "train/data/data_source.h"
+#include "train/initial_weights.h"
 #include "store/checkpoint_store.h"
 
 namespace fedmesh::aggregator {
@@ -29,6 +30,7 @@ struct AggregatorConfig {
   std::string metrics_token;
   std::string model = "mlp";
   uint64_t seed = 1;                   // the initial model (sites derive the same version 0)
+  train::InitialWeights init;          // init, init_format: version 0 from a file instead (every site gives the same)
   int64_t rounds = 10;                 // server steps to run (0: until stopped)
   int64_t local_steps = 50;            // announced to sites
   int64_t min_sites = 1;               // sync: connected sites needed to open a round

@@ -136,7 +136,7 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
                             {"test_samples", data.test->size()},
                             {"seed", o.options.seed}};
     if (!attention.empty()) start["attention"] = attention;
-    if (!o.init.empty()) start["init"] = o.init;
+    if (!o.init.path.empty()) start["init"] = o.init.path;
     start["data"] = data.description;
     if (!data.schema.canonical.empty()) {
       start["data_schema"] = data.schema.fingerprint();
@@ -545,12 +545,12 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed for initialization and shuffling (runs replay exactly)")
       ->capture_default_str();
-  cmd->add_option("--init", flags->run.init,
+  cmd->add_option("--init", flags->run.init.path,
                   "Start from these weights instead of the seeded initialization: a safetensors, .npz or .npy file "
                   "with one f4/f8 array per parameter under fedmesh's names (what `fedmesh checkpoint export` "
                   "writes; bench/torch_gpt.py --write-init for PyTorch's). Every parameter must be there with its "
                   "shape, nothing else; a run resumed from --db takes the checkpoint's weights instead");
-  cmd->add_option("--init-format", flags->run.init_format,
+  cmd->add_option("--init-format", flags->run.init.format,
                   "Names and layout of --init: fedmesh, or hf-gpt2 (a GPT-2 state dict as Hugging Face saves it: "
                   "h.N.* names, Conv1D weights stored (in, out), attention-mask buffers and the tied lm_head "
                   "dropped) for the gpt models")

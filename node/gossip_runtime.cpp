@@ -188,7 +188,8 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   data = std::move(*loaded);
   wire_federation = gossip_federation(site.federation, data.tokenizer_fingerprint());
 
-  Result<std::unique_ptr<train::Sequential>> model = train::make_model(site.model, site.seed, data.model_input());
+  Result<std::unique_ptr<train::Sequential>> model =
+      train::make_initial_model(site.model, site.seed, data.model_input(), site.init);
   if (!model.is_ok()) return model.status();
   worker = std::move(*model);
   std::vector<std::vector<float>> reference;

@@ -104,6 +104,8 @@ void read_site_keys(ConfigReader& r, SiteConfig& c, bool with_aggregator) {
   r.read("metrics", c.metrics);
   r.read("model", c.model);
   r.read("seed", c.seed);
+  r.read("init", c.init.path);
+  r.read("init_format", c.init.format);
   train::data::read_data_source(r, c.data);
   // Unset, the partition follows the model: images by label (Dirichlet),
   // text iid (a Dirichlet over labels means nothing for text).

@@ -18,6 +18,7 @@
 #include "train/data/data_source.h"
 #include "train/data/dataset.h"
 #include "train/data/fashion_mnist.h"
+#include "train/initial_weights.h"
 #include "train/model.h"
 #include "train/trainer.h"
 
@@ -33,6 +34,7 @@ struct SiteConfig {
   std::string metrics;                    // HOST:PORT ("" = off)
   std::string model = "mlp";
   uint64_t seed = 1;                      // the federation's model seed (version 0)
+  train::InitialWeights init;             // init, init_format: version 0 from this file (the aggregator's own)
   // This site's data. The institution's own (data.source = "csv:FILE" or
   // "images:DIR", train/data/data_source.h): all of it, never split, its
   // test part held out for local evaluation. The demo sets (Fashion-MNIST,

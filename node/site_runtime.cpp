@@ -159,6 +159,7 @@ class SiteRuntime::Impl {
   Status connect();
   std::optional<Announcement> poll();
   Status adopt(const Announcement& a);
+  Status check_initial_model(const Announcement& a) const;
   Status train_and_send(const Announcement& a);
   Status check_tokenizer(const Announcement& a) const;
   Status send_secure(const Announcement& a, const TrainedUpdate& update, Clock::time_point started);
@@ -200,7 +201,8 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   data = std::move(*site_data);
   tokenizer = data.tokenizer_fingerprint();
 
-  Result<std::unique_ptr<train::Sequential>> model = train::make_model(config.model, config.seed, data.model_input());
+  Result<std::unique_ptr<train::Sequential>> model =
+      train::make_initial_model(config.model, config.seed, data.model_input(), config.init);
   if (!model.is_ok()) return model.status();
   worker = std::move(*model);
   for (Parameter* p : worker->parameters()) {
@@ -210,7 +212,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   }
   worker->to_device(*device);
   FEDMESH_RETURN_IF_ERROR(make_compressor());
-  // Version 0 is the seeded model: its hash is the first one a site trusts.
+  // Version 0 is the seeded model (or `init`'s): its hash is the first one a site trusts.
   held_hash = federation::model_version_hash(0, crypto::Hash{}, names, global);
 
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store);
@@ -443,8 +445,27 @@ void SiteRuntime::Impl::heartbeat_if_due() {
   last_heartbeat = Clock::now();
 }
 
+// Version 0 is built by every process from model, seed and init: another
+// one than the aggregator's is a misconfiguration no retry mends, so the
+// site stops (exit 2) naming both hashes, before training on it.
+Status SiteRuntime::Impl::check_initial_model(const Announcement& a) const {
+  if (a.version != 0 || held_version != 0 || a.hash == held_hash) return Status::ok();
+  return invalid_argument("the aggregator's version 0 (hash " + federation::hash_hex(a.hash).substr(0, 16) +
+                          ") is not this site's (hash " + federation::hash_hex(held_hash).substr(0, 16) +
+                          "): version 0 is built from model, seed and init, and this site's differ from the "
+                          "aggregator's; give it the aggregator's (the same init file, in init and init_format)");
+}
+
 Status SiteRuntime::Impl::adopt(const Announcement& a) {
-  if (a.version == held_version) return Status::ok();
+  if (a.version == held_version) {
+    if (a.hash == held_hash) return Status::ok();
+    // The same version number, another model (version 0 is caught before, by check_initial_model).
+    std::lock_guard lock(metrics_mutex);
+    ++refused_models;
+    return corrupt("refusing to train on version " + std::to_string(a.version) + ": the aggregator's model has hash " +
+                   federation::hash_hex(a.hash).substr(0, 16) + ", this site's " +
+                   federation::hash_hex(held_hash).substr(0, 16));
+  }
   if (a.version < held_version) {
     return corrupt("the aggregator announces version " + std::to_string(a.version) + ", older than the version " +
                    std::to_string(held_version) + " this site holds");
@@ -695,6 +716,7 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
     if (waiting_reported) s.emit({{"event", "connected"}, {"aggregator", s.config.aggregator}});
     waiting_reported = false;
     FEDMESH_RETURN_IF_ERROR(s.check_tokenizer(*a));
+    FEDMESH_RETURN_IF_ERROR(s.check_initial_model(*a));
     if (a->finished) {
       if (Status adopted = s.adopt(*a); !adopted.is_ok()) s.emit({{"event", "warning"}, {"message", adopted.message()}});
       s.emit({{"event", "finished"}, {"version", s.held_version}});

@@ -135,4 +135,14 @@ Status load_initial_weights(Sequential& model, const std::string& path, InitForm
   return Status::ok();
 }
 
+Result<std::unique_ptr<Sequential>> make_initial_model(std::string_view name, uint64_t seed, const ModelInput& input,
+                                                       const InitialWeights& init) {
+  Result<std::unique_ptr<Sequential>> model = make_model(name, seed, input);
+  if (!model.is_ok() || init.path.empty()) return model;
+  Result<InitFormat> format = parse_init_format(init.format);
+  if (!format.is_ok()) return format.status();
+  FEDMESH_RETURN_IF_ERROR(load_initial_weights(**model, init.path, *format));
+  return model;
+}
+
 }  // namespace fedmesh::train

@@ -32,4 +32,18 @@ Result<InitFormat> parse_init_format(std::string_view text);
 // its name, and then nothing is copied. The model may be on either device.
 Status load_initial_weights(Sequential& model, const std::string& path, InitFormat format = InitFormat::kFedmesh);
 
+// Where a model's first weights come from: its seed, or a file (`--init` of
+// train; `init` and `init_format` in aggregator and site configs, where
+// every process of a federation must give the same file, as it gives the
+// same seed: version 0 is the model all of them start from).
+struct InitialWeights {
+  std::string path;                // "": the seeded initialization
+  std::string format = "fedmesh";  // or "hf-gpt2"
+};
+
+// make_model, then the weights of `init` when it names a file. Errors name
+// the file ("init: ...").
+Result<std::unique_ptr<Sequential>> make_initial_model(std::string_view name, uint64_t seed, const ModelInput& input,
+                                                       const InitialWeights& init);
+
 }  // namespace fedmesh::train

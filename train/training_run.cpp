@@ -192,15 +192,11 @@ Status TrainingRun::run_as_rank() {
 
 Status TrainingRun::open(PrivacyEntryAt privacy, const std::function<void(const std::string&)>& warn) {
   privacy_ = std::move(privacy);
-  Result<std::unique_ptr<Sequential>> model = make_model(options_.model, options_.options.seed, model_input());
+  // A run resumed from --db takes its weights from the checkpoint instead of --init.
+  Result<std::unique_ptr<Sequential>> model =
+      make_initial_model(options_.model, options_.options.seed, model_input(), options_.init);
   if (!model.is_ok()) return model.status();
   model_ = std::move(*model);
-  // A run resumed from --db takes its weights from the checkpoint instead.
-  if (!options_.init.empty()) {
-    Result<InitFormat> format = parse_init_format(options_.init_format);
-    if (!format.is_ok()) return format.status();
-    FEDMESH_RETURN_IF_ERROR(load_initial_weights(*model_, options_.init, *format));
-  }
   model_->to_device(device_);
   trainer_ = std::make_unique<Trainer>(*model_, options_.options);
   if (options_.db.empty()) return Status::ok();

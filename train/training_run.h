@@ -22,6 +22,7 @@
 
 #include "base/status.h"
 #include "store/checkpoint_store.h"
+#include "train/initial_weights.h"
 #include "train/model.h"
 #include "train/parallel/rank_group.h"
 #include "train/trainer.h"
@@ -36,8 +37,7 @@ struct TrainingRunOptions {
   std::string device = "cpu";
   std::string schedule = "cosine";
   std::string tokenizer;  // language models: a BPE tokenizer file; "": bytes
-  std::string init;  // weights to start from instead of the seeded initialization (train/initial_weights.h)
-  std::string init_format = "fedmesh";  // or "hf-gpt2"
+  InitialWeights init;    // --init/--init-format: weights to start from instead of the seeded ones
   int64_t train_limit = 0;
   int64_t test_limit = 0;
   int threads = 0;        // CPU threads (0: all cores)

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -599,3 +600,80 @@ TEST(Federation, ThreeSitesTrainALanguageModelWithABpeTokenizerAndRefuseAnother)
 }
 
 }  // namespace
+
+// Federated fine-tuning from pretrained weights: an mlp trained locally
+// (`fedmesh train`, 200 steps) and exported is the `init` of the aggregator
+// and of both sites, so version 0 is that model everywhere (each site
+// trusts the hash of the version 0 it builds itself). After one round of a
+// single local step the global model's accuracy is the pretrained one's, far
+// above what one step from the seeded start reaches. A site without the
+// init stops (exit 2) before training, naming both version-0 hashes.
+TEST(Federation, StartsFromPretrainedWeightsThatEverySiteLoads) {
+  ASSERT_FALSE(binary().empty()) << "FEDMESH_BINARY is not set";
+  ASSERT_FALSE(script().empty()) << "FEDMESH_LOCAL_FEDERATION is not set";
+  const fs::path work = fs::path(::testing::TempDir()) / ("fedmesh-init-" + std::to_string(::getpid()));
+  fs::remove_all(work);
+  fs::create_directories(work);
+  int code = -1;
+  const std::string trained =
+      run_fedmesh({"train", "--model", "mlp", "--steps", "200", "--train-limit", "4000", "--test-limit", "1000",
+                   "--batch-size", "32", "--threads", "2", "--seed", "4", "--json", "--db", (work / "pre.db").string()},
+                  &code);
+  ASSERT_EQ(code, 0) << trained;
+  double pretrained_accuracy = -1.0;
+  std::istringstream lines(trained);
+  for (std::string line; std::getline(lines, line);) {
+    const json e = json::parse(line, nullptr, false);
+    if (e.is_object() && e.value("event", "") == "summary") pretrained_accuracy = e["test_accuracy"].get<double>();
+  }
+  const fs::path weights = work / "pre.safetensors";
+  run_fedmesh({"checkpoint", "export", (work / "pre.db").string(), "--out", weights.string()}, &code);
+  ASSERT_EQ(code, 0);
+  const std::string init = "init = \"" + weights.string() + "\"";
+
+  Federation federation(2, {"--rounds", "1", "--local-steps", "1", "--deadline", "60", "--agg", init, "--agg",
+                            "validation_limit = 1000", "--agg", "linger_seconds = 3", "--site", init, "--site",
+                            "give_up_seconds = 60"}, "init-");
+  ASSERT_TRUE(federation.made()) << "deploy/local_federation.sh failed";
+  std::vector<json> events;
+  std::unique_ptr<ChildProcess> aggregator = federation.aggregator();
+  ASSERT_TRUE(wait_for(*aggregator, events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
+  std::vector<std::unique_ptr<ChildProcess>> sites;
+  for (int k = 0; k < 2; ++k) sites.push_back(federation.site(k));
+  ASSERT_TRUE(wait_for(*aggregator, events, [](const json& e) { return e.value("event", "") == "finished"; }, 180s))
+      << "the federation did not finish";
+  double accuracy = -1.0;
+  for (const json& e : events) {
+    if (is_round(e) && e.contains("test_accuracy")) accuracy = e["test_accuracy"].get<double>();
+  }
+  std::printf("pretrained mlp: %.4f test accuracy; the global model after one round of one step from it: %.4f\n",
+              pretrained_accuracy, accuracy);
+  EXPECT_GT(pretrained_accuracy, 0.7);
+  EXPECT_GT(accuracy, pretrained_accuracy - 0.05) << "the federation did not start from the pretrained weights";
+  for (auto& site : sites) {
+    std::vector<json> site_events;
+    wait_for(*site, site_events, [](const json& e) { return e.value("event", "") == "finished"; }, 60s);
+    EXPECT_EQ(site->wait(), 0);
+  }
+  EXPECT_EQ(aggregator->wait(), 0);
+
+  // A site without the init: its version 0 is the seeded one, and it stops
+  // before training, naming both hashes.
+  Federation mismatched(1, {"--rounds", "1", "--local-steps", "1", "--deadline", "30", "--agg", init, "--agg",
+                            "linger_seconds = 1", "--site", "give_up_seconds = 30"}, "init-mismatch-");
+  ASSERT_TRUE(mismatched.made()) << "deploy/local_federation.sh failed";
+  std::vector<json> mismatch_events;
+  std::unique_ptr<ChildProcess> other_aggregator = mismatched.aggregator();
+  ASSERT_TRUE(wait_for(*other_aggregator, mismatch_events,
+                       [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
+  std::unique_ptr<ChildProcess> seeded_site = mismatched.site(0);
+  std::string said;
+  for (const std::string& line : seeded_site->read_all(60s)) said += line + "\n";
+  EXPECT_EQ(seeded_site->wait(), 2) << said;
+  EXPECT_NE(said.find("the aggregator's version 0 (hash"), std::string::npos) << said;
+  EXPECT_NE(said.find("version 0 is built from model, seed and init"), std::string::npos) << said;
+  EXPECT_EQ(said.find("round 1:"), std::string::npos) << "the site trained on a model it does not share: " << said;
+  other_aggregator->signal(SIGTERM);
+  other_aggregator->wait();
+  fs::remove_all(work);
+}

@@ -357,7 +357,13 @@ int run_export(const CheckpointFlags& flags) {
   }
   const std::string role = flags.role == "all" ? "" : flags.role;
   store::ExportLayout layout;
+  // What the weights are: the run's or the federation's recorded settings
+  // (model, seed, data schema, ...) go into the file's metadata.
   std::map<std::string, std::string> metadata;
+  for (const char* key : {"train_config", "aggregator_config"}) {
+    Result<std::optional<std::string>> value = checkpoints->meta(key);
+    if (value.is_ok() && value->has_value() && !(*value)->empty()) metadata[key] = **value;
+  }
   if (hf_gpt2) {
     if (Status s = check_hf_gpt2_export(*checkpoints, *round, flags.role); !s.is_ok()) return fail(flags, "export", s);
     layout = [](const std::string& name) {

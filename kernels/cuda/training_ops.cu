@@ -41,51 +41,63 @@ __global__ void fill_kernel(void* x, DType type, int64_t n, float value) {
   for (int64_t i = grid_start(); i < n; i += grid_stride()) store(x, type, i, value);
 }
 
-// The ops of the memory-bound elementwise kernels that run in 16-byte
-// vectors (launch_vectorized, ops_common.cuh): run<W>(i) does elements
-// i .. i + W.
-struct ScaleOp {
-  void* x;
-  DType type;
+// The memory-bound elementwise ops run in 16-byte vectors
+// (launch_vectorized, ops_common.cuh): out = f(in) or out = f(a, b), where
+// run<W>(i) does elements i .. i + W. `out` may alias an input: each element
+// is read before it is written.
+template <class F>
+struct UnaryMap {
+  const void* in;
+  DType in_type;
+  void* out;
+  DType out_type;
+  F f;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float v[W];
+    load_n<W>(in, in_type, i, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = f(v[k]);
+    store_n<W>(out, out_type, i, v);
+  }
+};
+
+template <class F>
+struct BinaryMap {
+  const void* a;
+  DType a_type;
+  const void* b;
+  DType b_type;
+  void* out;
+  DType out_type;
+  F f;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float u[W], v[W];
+    load_n<W>(a, a_type, i, u);
+    load_n<W>(b, b_type, i, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = f(u[k], v[k]);
+    store_n<W>(out, out_type, i, v);
+  }
+};
+
+struct Identity {
+  __device__ float operator()(float v) const { return v; }
+};
+struct Scaled {
   float factor;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float v[W];
-    load_n<W>(x, type, i, v);
-#pragma unroll
-    for (int k = 0; k < W; ++k) v[k] = __fmul_rn(v[k], factor);
-    store_n<W>(x, type, i, v);
-  }
+  __device__ float operator()(float v) const { return __fmul_rn(v, factor); }
 };
-
-struct AxpyOp {  // y += alpha * x
+struct PlusScaled {  // (x, y) -> y + alpha * x
   float alpha;
-  const void* x;
-  DType x_type;
-  void* y;
-  DType y_type;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float a[W], b[W];
-    load_n<W>(x, x_type, i, a);
-    load_n<W>(y, y_type, i, b);
-#pragma unroll
-    for (int k = 0; k < W; ++k) b[k] = __fadd_rn(b[k], __fmul_rn(alpha, a[k]));
-    store_n<W>(y, y_type, i, b);
-  }
+  __device__ float operator()(float x, float y) const { return __fadd_rn(y, __fmul_rn(alpha, x)); }
 };
-
-struct CastOp {
-  const void* src;
-  DType src_type;
-  void* dst;
-  DType dst_type;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float v[W];
-    load_n<W>(src, src_type, i, v);
-    store_n<W>(dst, dst_type, i, v);
-  }
+struct Gelu {
+  __device__ float operator()(float v) const { return device_gelu(v); }
+};
+struct GeluGrad {  // (x, dy) -> dy * gelu'(x)
+  __device__ float operator()(float x, float dy) const { return device_gelu_grad(x, dy); }
 };
 
 __global__ void add_bias_kernel(void* y, DType type, int64_t rows, int64_t n, const float* bias) {
@@ -108,39 +120,6 @@ __global__ void relu_backward_kernel(const void* y, DType y_type, const void* dy
     store(dx, dx_type, i, load(y, y_type, i) > 0.0f ? load(dy, dy_type, i) : 0.0f);
   }
 }
-
-struct GeluForwardOp {
-  const void* x;
-  DType x_type;
-  void* y;
-  DType y_type;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float v[W];
-    load_n<W>(x, x_type, i, v);
-#pragma unroll
-    for (int k = 0; k < W; ++k) v[k] = device_gelu(v[k]);
-    store_n<W>(y, y_type, i, v);
-  }
-};
-
-struct GeluBackwardOp {  // dx may alias dy: each element is read before it is written
-  const void* x;
-  DType x_type;
-  const void* dy;
-  DType dy_type;
-  void* dx;
-  DType dx_type;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float v[W], g[W];
-    load_n<W>(x, x_type, i, v);
-    load_n<W>(dy, dy_type, i, g);
-#pragma unroll
-    for (int k = 0; k < W; ++k) g[k] = device_gelu_grad(v[k], g[k]);
-    store_n<W>(dx, dx_type, i, g);
-  }
-};
 
 // ---- reductions ----------------------------------------------------------------
 
@@ -295,12 +274,12 @@ void fill(Stream stream, void* x, DType x_type, int64_t n, float value) {
 
 void scale(Stream stream, void* x, DType x_type, int64_t n, float factor) {
   check_count(n, "scale");
-  launch_vectorized(stream, ScaleOp{x, x_type, factor}, n, {x});
+  launch_vectorized(stream, UnaryMap<Scaled>{x, x_type, x, x_type, {factor}}, n, {x});
 }
 
 void axpy(Stream stream, float alpha, const void* x, DType x_type, void* y, DType y_type, int64_t n) {
   check_count(n, "axpy");
-  launch_vectorized(stream, AxpyOp{alpha, x, x_type, y, y_type}, n, {x, y});
+  launch_vectorized(stream, BinaryMap<PlusScaled>{x, x_type, y, y_type, y, y_type, {alpha}}, n, {x, y});
 }
 
 void cast(Stream stream, const void* src, DType src_type, void* dst, DType dst_type, int64_t n) {
@@ -309,7 +288,7 @@ void cast(Stream stream, const void* src, DType src_type, void* dst, DType dst_t
     if (src != dst) copy_on_device(src, dst, static_cast<size_t>(n) * dtype_size(src_type), stream);
     return;
   }
-  launch_vectorized(stream, CastOp{src, src_type, dst, dst_type}, n, {src, dst});
+  launch_vectorized(stream, UnaryMap<Identity>{src, src_type, dst, dst_type, {}}, n, {src, dst});
 }
 
 void add_bias(Stream stream, void* y, DType y_type, int64_t rows, int64_t n, const float* bias) {
@@ -341,13 +320,13 @@ void relu_backward(Stream stream, const void* y, DType y_type, const void* dy, D
 
 void gelu_forward(Stream stream, const void* x, DType x_type, void* y, DType y_type, int64_t n) {
   check_count(n, "gelu_forward");
-  launch_vectorized(stream, GeluForwardOp{x, x_type, y, y_type}, n, {x, y});
+  launch_vectorized(stream, UnaryMap<Gelu>{x, x_type, y, y_type, {}}, n, {x, y});
 }
 
 void gelu_backward(Stream stream, const void* x, DType x_type, const void* dy, DType dy_type, void* dx, DType dx_type,
                    int64_t n) {
   check_count(n, "gelu_backward");
-  launch_vectorized(stream, GeluBackwardOp{x, x_type, dy, dy_type, dx, dx_type}, n, {x, dy, dx});
+  launch_vectorized(stream, BinaryMap<GeluGrad>{x, x_type, dy, dy_type, dx, dx_type, {}}, n, {x, dy, dx});
 }
 
 void squared_l2_norm(Stream stream, const float* x, int64_t n, double* out) {

@@ -274,6 +274,10 @@ TEST_F(TrainCrash, OperatorCommandsListVerifyAndExport) {
   }
   EXPECT_EQ(model_tensors, 6);  // three Linear layers: weight and bias each
   EXPECT_EQ(header.size(), 7u);  // and __metadata__
+  // The file says what it holds: the run's recorded settings.
+  ASSERT_TRUE(header["__metadata__"].contains("train_config")) << header["__metadata__"].dump();
+  const nlohmann::json run = nlohmann::json::parse(header["__metadata__"]["train_config"].get<std::string>());
+  EXPECT_EQ(run["model"], "mlp") << run.dump();
 
   // An independent reader: NumPy, from Debian's python3-numpy, which deploy/setup.sh installs
   // (for Debian's own interpreter, so that one is asked for first).

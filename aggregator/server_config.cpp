@@ -97,6 +97,7 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path, const A
   r.read("seed", c.seed);
   r.read("init", c.init.path);
   r.read("init_format", c.init.format);
+  r.read("init_partial", c.init.partial);
   r.read("rounds", c.rounds);
   r.read("local_steps", c.local_steps);
   r.read("min_sites", c.min_sites);

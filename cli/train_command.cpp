@@ -136,7 +136,15 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
                             {"test_samples", data.test->size()},
                             {"seed", o.options.seed}};
     if (!attention.empty()) start["attention"] = attention;
-    if (!o.init.path.empty()) start["init"] = o.init.path;
+    if (!o.init.path.empty()) {
+      const train::InitReport& init = run.init_report();
+      start["init"] = o.init.path;
+      start["init_loaded"] = init.loaded;
+      if (o.init.partial) {
+        start["init_seeded"] = init.seeded;
+        start["init_ignored"] = init.ignored;
+      }
+    }
     start["data"] = data.description;
     if (!data.schema.canonical.empty()) {
       start["data_schema"] = data.schema.fingerprint();
@@ -158,6 +166,20 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
                static_cast<long long>(o.options.batch_size), o.options.optimizer.c_str(),
                static_cast<double>(o.options.lr));
   if (!attention.empty()) std::fprintf(stderr, "attention: %s\n", attention.c_str());
+  if (!o.init.path.empty()) {
+    const train::InitReport& init = run.init_report();
+    const auto names = [](const std::vector<std::string>& list) {
+      std::string text;
+      for (const std::string& n : list) text += (text.empty() ? "" : ", ") + n;
+      return text.empty() ? std::string("none") : text;
+    };
+    std::fprintf(stderr, "weights: %lld parameters from %s", static_cast<long long>(init.loaded), o.init.path.c_str());
+    if (o.init.partial) {
+      std::fprintf(stderr, "; kept as seeded: %s; ignored in the file: %s", names(init.seeded).c_str(),
+                   names(init.ignored).c_str());
+    }
+    std::fprintf(stderr, "\n");
+  }
   if (data.tokenizer) {
     std::fprintf(stderr, "held-out text: a byte unigram model (no context) reaches %.3f bits/byte; a unigram of "
                  "these tokens %.4f nats/token, %.3f bits/byte\n", data.unigram_loss / std::log(2.0),
@@ -556,6 +578,10 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "dropped) for the gpt models")
       ->check(CLI::IsMember({"fedmesh", "hf-gpt2"}))
       ->capture_default_str();
+  cmd->add_flag("--init-partial", flags->run.init.partial,
+                "With --init: take the parameters the file has with the model's shapes, keep the others as seeded "
+                "and ignore the file's other arrays (a new head on a pretrained trunk); both lists are printed. "
+                "Without it any difference is refused");
   cmd->add_option("--db", flags->run.db,
                   "SQLite checkpoint database: commits every --checkpoint-every steps and at the end; when it already "
                   "holds a checkpoint of this run, training resumes from the newest intact one");

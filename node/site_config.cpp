@@ -106,6 +106,7 @@ void read_site_keys(ConfigReader& r, SiteConfig& c, bool with_aggregator) {
   r.read("seed", c.seed);
   r.read("init", c.init.path);
   r.read("init_format", c.init.format);
+  r.read("init_partial", c.init.partial);
   train::data::read_data_source(r, c.data);
   // Unset, the partition follows the model: images by label (Dirichlet),
   // text iid (a Dirichlet over labels means nothing for text).

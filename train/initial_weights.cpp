@@ -67,7 +67,11 @@ Result<InitFormat> parse_init_format(std::string_view text) {
   return invalid_argument("--init-format must be fedmesh or hf-gpt2, not '" + std::string(text) + "'");
 }
 
-Status load_initial_weights(Sequential& model, const std::string& path, InitFormat format) {
+Status load_initial_weights(Sequential& model, const std::string& path, InitFormat format, bool partial,
+                            InitReport* report) {
+  InitReport local;
+  InitReport& said = report != nullptr ? *report : local;
+  said = InitReport{};
   Result<std::string> bytes = read_file_bounded(path, kMaxInitialWeightsBytes);
   if (!bytes.is_ok()) return Status(bytes.status().code(), "--init: " + bytes.status().message());
   std::vector<std::vector<uint8_t>> inflated;
@@ -93,10 +97,16 @@ Status load_initial_weights(Sequential& model, const std::string& path, InitForm
 
   // Everything is checked before anything is copied.
   const std::vector<Parameter*> parameters = model.parameters();
-  std::vector<std::vector<float>> values;
+  std::vector<std::vector<float>> values(parameters.size());
+  std::vector<bool> taken(parameters.size(), false);
   std::set<std::string> used;
-  for (Parameter* p : parameters) {
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    Parameter* p = parameters[i];
     const auto found = sources.find(p->name);
+    if (found == sources.end() && partial) {
+      said.seeded.push_back(p->name);
+      continue;
+    }
     if (found == sources.end()) {
       const bool looks_hf = format == InitFormat::kFedmesh && (sources.contains("transformer.wte.weight") ||
                                                                 sources.contains("h.0.ln_1.weight"));
@@ -111,22 +121,35 @@ Status load_initial_weights(Sequential& model, const std::string& path, InitForm
     if (source.transposed) std::swap(have[0], have[1]);
     const std::vector<int64_t> want(p->value.shape().begin(), p->value.shape().end());
     const std::string what = "--init: " + path + ": \"" + source.file_name + "\"";
+    if (have != want && partial) {
+      said.seeded.push_back(p->name);
+      said.ignored.push_back(source.file_name);
+      used.insert(p->name);
+      continue;
+    }
     if (have != want) {
       return invalid_argument(what + " is " + shape_text(source.array.shape) + (source.transposed ? " (transposed)" : "") +
                               ", the model's " + p->name + " is " + shape_text(want));
     }
     Result<std::vector<float>> floats = as_floats(source, what);
     if (!floats.is_ok()) return floats.status();
-    values.push_back(std::move(*floats));
+    values[i] = std::move(*floats);
+    taken[i] = true;
     used.insert(p->name);
   }
   for (const auto& [name, source] : sources) {
+    if (!used.contains(name) && partial) {
+      said.ignored.push_back(source.file_name);
+      continue;
+    }
     if (!used.contains(name)) {
       return invalid_argument("--init: " + path + " holds \"" + source.file_name + "\", which is no parameter of " +
                               model.name() + " (a file of another model?)");
     }
   }
   for (size_t i = 0; i < parameters.size(); ++i) {
+    if (!taken[i]) continue;
+    ++said.loaded;
     Parameter& p = *parameters[i];
     const Tensor host = Tensor::view_of(values[i].data(), p.value.shape(), DType::kF32);
     p.value.copy_from(host);
@@ -136,12 +159,18 @@ Status load_initial_weights(Sequential& model, const std::string& path, InitForm
 }
 
 Result<std::unique_ptr<Sequential>> make_initial_model(std::string_view name, uint64_t seed, const ModelInput& input,
-                                                       const InitialWeights& init) {
+                                                       const InitialWeights& init, InitReport* report) {
   Result<std::unique_ptr<Sequential>> model = make_model(name, seed, input);
   if (!model.is_ok() || init.path.empty()) return model;
   Result<InitFormat> format = parse_init_format(init.format);
   if (!format.is_ok()) return format.status();
-  FEDMESH_RETURN_IF_ERROR(load_initial_weights(**model, init.path, *format));
+  InitReport local;
+  InitReport& said = report != nullptr ? *report : local;
+  FEDMESH_RETURN_IF_ERROR(load_initial_weights(**model, init.path, *format, init.partial, &said));
+  if (init.partial && said.loaded == 0) {
+    return invalid_argument("--init-partial: " + init.path + " fits no parameter of " + std::string(name) +
+                            " (a file of another model?)");
+  }
   return model;
 }
 

@@ -194,7 +194,7 @@ Status TrainingRun::open(PrivacyEntryAt privacy, const std::function<void(const 
   privacy_ = std::move(privacy);
   // A run resumed from --db takes its weights from the checkpoint instead of --init.
   Result<std::unique_ptr<Sequential>> model =
-      make_initial_model(options_.model, options_.options.seed, model_input(), options_.init);
+      make_initial_model(options_.model, options_.options.seed, model_input(), options_.init, &init_report_);
   if (!model.is_ok()) return model.status();
   model_ = std::move(*model);
   model_->to_device(device_);

@@ -99,6 +99,8 @@ class TrainingRun {
   // passed over and of a thread count that differs from the run's.
   Status open(PrivacyEntryAt privacy, const std::function<void(const std::string&)>& warn);
   const std::optional<ResumePoint>& resumed() const { return resumed_; }
+  // What --init loaded (after open; empty without --init).
+  const InitReport& init_report() const { return init_report_; }
   bool complete() const { return resumed_ && resumed_->step >= total_steps(); }
 
   // Launches ranks 1..N-1 (options().group.ranks > 1) and hands them the
@@ -131,6 +133,7 @@ class TrainingRun {
   std::optional<store::CheckpointStore> checkpoints_;
   PrivacyEntryAt privacy_;
   std::optional<ResumePoint> resumed_;
+  InitReport init_report_;
   nlohmann::json last_test_ = nlohmann::json::object();  // the latest evaluation, carried in later checkpoints
   int64_t checkpoints_committed_ = 0;
   std::unique_ptr<Parallel> parallel_;

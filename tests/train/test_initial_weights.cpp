@@ -153,6 +153,35 @@ TEST_F(InitialWeights, ReadsHuggingFaceGpt2Layout) {
   refused(arrays, "--init-format hf-gpt2");
 }
 
+// --init-partial: what fits is taken, the rest listed; the seeded values of
+// what was left out stay.
+TEST_F(InitialWeights, PartialTakesWhatFitsAndListsTheRest) {
+  std::vector<Array> arrays = other_weights(false);
+  const auto seeded = current();
+  const std::string dropped = arrays.back().name;
+  arrays.pop_back();
+  const std::string reshaped = arrays[2].name;
+  arrays[2].shape.push_back(1);
+  arrays.push_back(f32("head.weight", {2}, {1, 2}));
+  InitReport report;
+  ASSERT_TRUE(load_initial_weights(*model_, write("partial.safetensors", arrays), InitFormat::kFedmesh,
+                                   /*partial=*/true, &report)
+                  .is_ok());
+  const std::vector<Parameter*> parameters = model_->parameters();
+  EXPECT_EQ(report.loaded, static_cast<int64_t>(parameters.size()) - 2);
+  EXPECT_EQ(report.seeded, (std::vector<std::string>{reshaped, dropped}));
+  EXPECT_EQ(report.ignored, (std::vector<std::string>{reshaped, "head.weight"}));
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const bool left_out = parameters[i]->name == dropped || parameters[i]->name == reshaped;
+    EXPECT_EQ(values_of(parameters[i]->value), left_out ? seeded[i] : expected_[i]) << parameters[i]->name;
+  }
+  // Non-finite values are refused even so.
+  std::vector<Array> bad = other_weights(false);
+  const float inf = INFINITY;
+  std::memcpy(bad[0].bytes.data(), &inf, sizeof inf);
+  EXPECT_FALSE(load_initial_weights(*model_, write("bad-partial.safetensors", bad), InitFormat::kFedmesh, true).is_ok());
+}
+
 TEST_F(InitialWeights, RefusesWhatDoesNotFitByName) {
   std::vector<Array> arrays = other_weights(false);
   Array dropped = arrays.back();

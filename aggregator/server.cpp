@@ -368,6 +368,8 @@ Status AggregatorServer::Impl::restore() {
   if (tokenizer) fingerprint["tokenizer"] = tokenizer_fingerprint;
   // Own data records its schema (the demo sets, as before, none).
   if (train::data::is_own_data(config.validation)) fingerprint["data_schema"] = data_schema.fingerprint();
+  // A run started from a file records its version 0 (a seeded run, as before, none).
+  if (!config.init.path.empty()) fingerprint["initial_model"] = federation::hash_hex(chain.front());
   Result<std::optional<std::string>> stored = store->meta("aggregator_config");
   if (!stored.is_ok()) return stored.status();
   if (committed->empty() && in_quarantine->empty() && !stored->has_value()) {

@@ -43,6 +43,8 @@ struct FederationPlan {
   int64_t rounds = 10;
   int64_t local_steps = 50;
   std::vector<std::string> sites;
+  std::string init;                         // weights every kit starts from (copied into each kit)
+  std::string init_format = "fedmesh";
 };
 
 Result<FederationPlan> read_plan(const std::string& path) {
@@ -59,6 +61,8 @@ Result<FederationPlan> read_plan(const std::string& path) {
   r.read("rounds", plan.rounds);
   r.read("local_steps", plan.local_steps);
   r.require("sites", plan.sites);
+  r.read("init", plan.init);
+  r.read("init_format", plan.init_format);
   FEDMESH_RETURN_IF_ERROR(r.finish());
   const auto bad = [&](const std::string& what) { return invalid_argument(path + ": " + what); };
   if (Status s = crypto::check_site_name(plan.name); !s.is_ok()) return bad("name: " + s.message());
@@ -69,6 +73,12 @@ Result<FederationPlan> read_plan(const std::string& path) {
   if (plan.listen.empty()) plan.listen = "tcp://0.0.0.0" + plan.aggregator.substr(plan.aggregator.rfind(':'));
   if (plan.sites.empty()) return bad("sites lists no site");
   if (plan.rounds < 0 || plan.local_steps < 1) return bad("rounds must be >= 0 and local_steps >= 1");
+  if (plan.init_format != "fedmesh" && plan.init_format != "hf-gpt2") {
+    return bad("init_format must be fedmesh or hf-gpt2, not '" + plan.init_format + "'");
+  }
+  if (!plan.init.empty() && !fs::is_regular_file(plan.init)) {
+    return bad("init: " + plan.init + " is not a file (the weights every kit starts from)");
+  }
   std::set<std::string> seen;
   for (const std::string& site : plan.sites) {
     if (Status s = crypto::check_site_name(site); !s.is_ok()) return bad("sites: " + s.message());
@@ -138,6 +148,15 @@ Status write_text(const fs::path& file, const std::string& text, mode_t mode = 0
 
 std::string quoted(const std::string& s) { return "\"" + s + "\""; }
 
+// The kit's copy of the weights version 0 starts from, under its own name.
+std::string init_file_name(const FederationPlan& plan) { return fs::path(plan.init).filename().string(); }
+
+std::string init_lines(const FederationPlan& plan) {
+  if (plan.init.empty()) return "";
+  return "# Version 0 of the global model: these weights (the same file in every kit).\n"
+         "init = " + quoted(init_file_name(plan)) + "\ninit_format = " + quoted(plan.init_format) + "\n";
+}
+
 std::string aggregator_config(const FederationPlan& plan, const std::string& admin_hex) {
   std::string t;
   t += "# The aggregator of federation " + plan.name + " (made by `fedmesh provision`).\n";
@@ -153,6 +172,7 @@ std::string aggregator_config(const FederationPlan& plan, const std::string& adm
   t += "metrics = \"127.0.0.1:" + std::to_string(kFirstMetricsPort) + "\"\n";
   t += "model = " + quoted(plan.model) + "\n";
   t += "seed = 1\n";
+  t += init_lines(plan);
   t += "rounds = " + std::to_string(plan.rounds) + "\n";
   t += "local_steps = " + std::to_string(plan.local_steps) + "\n";
   t += "min_sites = " + std::to_string(plan.sites.size()) + "\n";
@@ -176,6 +196,7 @@ std::string site_config(const FederationPlan& plan, const std::string& site, siz
   t += "metrics = \"127.0.0.1:" + std::to_string(kFirstMetricsPort + 1 + static_cast<int>(index)) + "\"\n";
   t += "model = " + quoted(plan.model) + "\n";
   t += "seed = 1\n";
+  t += init_lines(plan);
   t += "# This site's data. Your own, used whole (docs/data.md), e.g.:\n";
   t += "#   data.source = \"csv:/srv/fedmesh-data/patients.csv\"   with   data.label = \"outcome\"\n";
   t += "#   data.source = \"images:/srv/fedmesh-data/scans\"       with   data.image_size = 64, data.channels = 1\n";
@@ -302,6 +323,11 @@ int run_provision(const ProvisionFlags& flags) {
       s = write_text(kit.dir / config, kit.aggregator ? aggregator_config(*plan, admin_hex)
                                                       : site_config(*plan, kit.name, i - 1, admin_hex));
     }
+    if (s.is_ok() && !plan->init.empty()) {
+      std::error_code copied;
+      fs::copy_file(plan->init, kit.dir / init_file_name(*plan), fs::copy_options::overwrite_existing, copied);
+      if (copied) s = io_error("cannot copy " + plan->init + " into " + kit.dir.string() + ": " + copied.message());
+    }
     if (s.is_ok()) s = write_text(kit.dir / "README.md", kit_readme(*plan, kit.name, kit.aggregator, kit.own_secret));
     if (s.is_ok()) s = write_text(kit.dir / "start.sh", start_script(kit.aggregator ? "aggregator" : "node", config), 0755);
     if (!s.is_ok()) return fail(flags, s);
@@ -334,7 +360,8 @@ void add_provision_command(CLI::App& app, int& exit_code) {
       "and start.sh. Run again with sites added: only the new sites get keys, the roster is re-signed.");
   cmd->add_option("--federation", flags->federation_file,
                   "federation.toml: name, aggregator (tcp://HOST:PORT the sites dial), sites = [names], and "
-                  "optionally listen, mode (trusted|private), model, strategy, rounds, local_steps")
+                  "optionally listen, mode (trusted|private), model, strategy, rounds, local_steps, init (weights "
+                  "file every kit gets a copy of and starts from) and init_format (fedmesh|hf-gpt2)")
       ->required();
   cmd->add_option("--out", flags->out, "Directory of the kits (created; existing keys in it are kept)")->required();
   cmd->add_option("--from-public", flags->from_public,

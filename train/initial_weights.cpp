@@ -14,12 +14,6 @@ namespace fedmesh::train {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "(";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + ")";
-}
-
 // An array of the file standing for one parameter: where it came from, and
 // whether it is stored transposed (a 2-D Conv1D weight of Hugging Face's).
 struct Source {
@@ -87,7 +81,7 @@ Status load_initial_weights(Sequential& model, const std::string& path, InitForm
     const bool transposed = hf.transposed;
     if (mapped.empty()) continue;
     if (transposed && array.shape.size() != 2) {
-      return invalid_argument("--init: " + path + ": \"" + name + "\" is " + shape_text(array.shape) +
+      return invalid_argument("--init: " + path + ": \"" + name + "\" is " + shape_to_string(array.shape) +
                               ": a Conv1D weight is 2-D (in, out)");
     }
     if (!sources.emplace(mapped, Source{name, array, transposed}).second) {
@@ -128,8 +122,8 @@ Status load_initial_weights(Sequential& model, const std::string& path, InitForm
       continue;
     }
     if (have != want) {
-      return invalid_argument(what + " is " + shape_text(source.array.shape) + (source.transposed ? " (transposed)" : "") +
-                              ", the model's " + p->name + " is " + shape_text(want));
+      return invalid_argument(what + " is " + shape_to_string(source.array.shape) + (source.transposed ? " (transposed)" : "") +
+                              ", the model's " + p->name + " is " + shape_to_string(want));
     }
     Result<std::vector<float>> floats = as_floats(source, what);
     if (!floats.is_ok()) return floats.status();

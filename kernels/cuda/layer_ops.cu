@@ -20,6 +20,18 @@ constexpr int64_t kNoIndex = INT64_MAX;
 
 // ---- layer norm ----------------------------------------------------------------
 
+// The layer-norm arithmetic every kernel below shares, as the CPU's
+// kernels/layernorm.cpp does it (explicit rounding: no FMA contraction).
+__device__ __forceinline__ float normalized(float v, float mu, float rs) { return __fmul_rn(__fsub_rn(v, mu), rs); }
+__device__ __forceinline__ float scaled_shifted(float xhat, float gamma, float beta) {
+  return __fadd_rn(__fmul_rn(xhat, gamma), beta);
+}
+// rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
+__device__ __forceinline__ float input_gradient(float dxhat, float xhat, float rs, float mean_dxhat,
+                                                float mean_dxhat_xhat) {
+  return __fmul_rn(rs, __fsub_rn(__fsub_rn(dxhat, mean_dxhat), __fmul_rn(xhat, mean_dxhat_xhat)));
+}
+
 // One block per row. W = kVector where n is a multiple of it and the
 // buffers start 16-byte aligned (every row then is too): each thread moves
 // 16-byte vectors; else W = 1. The sums are fp64, in a fixed order for a
@@ -60,10 +72,7 @@ __global__ void layernorm_forward_kernel(const void* x, DType x_type, const floa
       float v[W];
       load_n<W>(x, x_type, base + j, v);
 #pragma unroll
-      for (int k = 0; k < W; ++k) {
-        const float normalized = __fmul_rn(__fsub_rn(v[k], mu), inv);
-        v[k] = __fadd_rn(__fmul_rn(normalized, gamma[j + k]), beta[j + k]);
-      }
+      for (int k = 0; k < W; ++k) v[k] = scaled_shifted(normalized(v[k], mu, inv), gamma[j + k], beta[j + k]);
       store_n<W>(y, y_type, base + j, v);
     }
   }
@@ -84,7 +93,7 @@ __global__ void layernorm_backward_dx_kernel(const void* x, DType x_type, const 
       load_n<W>(dy, dy_type, base + j, g);
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        const float xhat = __fmul_rn(__fsub_rn(v[k], mu), rs);
+        const float xhat = normalized(v[k], mu, rs);
         const float dxhat = __fmul_rn(g[k], gamma[j + k]);
         sum_dxhat += dxhat;
         sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
@@ -98,10 +107,8 @@ __global__ void layernorm_backward_dx_kernel(const void* x, DType x_type, const 
       load_n<W>(dy, dy_type, base + j, g);
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        const float xhat = __fmul_rn(__fsub_rn(v[k], mu), rs);
-        const float dxhat = __fmul_rn(g[k], gamma[j + k]);
-        // rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
-        g[k] = __fmul_rn(rs, __fsub_rn(__fsub_rn(dxhat, mean_dxhat), __fmul_rn(xhat, mean_dxhat_xhat)));
+        g[k] = input_gradient(__fmul_rn(g[k], gamma[j + k]), normalized(v[k], mu, rs), rs, mean_dxhat,
+                              mean_dxhat_xhat);
       }
       store_n<W>(dx, dx_type, base + j, g);
     }
@@ -165,8 +172,7 @@ __global__ void __launch_bounds__(kWarpRowThreads)
       if (!lane_vector(p, n, j)) continue;
 #pragma unroll
       for (int k = 0; k < kVector; ++k) {
-        const float normalized = __fmul_rn(__fsub_rn(v[p][k], mu), inv);
-        v[p][k] = __fadd_rn(__fmul_rn(normalized, gamma[j + k]), beta[j + k]);
+        v[p][k] = scaled_shifted(normalized(v[p][k], mu, inv), gamma[j + k], beta[j + k]);
       }
       store_n<kVector>(y, y_type, base + j, v[p]);
     }
@@ -193,7 +199,7 @@ __global__ void __launch_bounds__(kWarpRowThreads)
       load_n<kVector>(dy, dy_type, base + j, dxhat[p]);
 #pragma unroll
       for (int k = 0; k < kVector; ++k) {
-        xhat[p][k] = __fmul_rn(__fsub_rn(xhat[p][k], mu), rs);
+        xhat[p][k] = normalized(xhat[p][k], mu, rs);
         dxhat[p][k] = __fmul_rn(dxhat[p][k], gamma[j + k]);
         sum_dxhat += dxhat[p][k];
         sum_dxhat_xhat += static_cast<double>(dxhat[p][k]) * xhat[p][k];
@@ -207,9 +213,7 @@ __global__ void __launch_bounds__(kWarpRowThreads)
       if (!lane_vector(p, n, j)) continue;
 #pragma unroll
       for (int k = 0; k < kVector; ++k) {
-        // rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
-        dxhat[p][k] =
-            __fmul_rn(rs, __fsub_rn(__fsub_rn(dxhat[p][k], mean_dxhat), __fmul_rn(xhat[p][k], mean_dxhat_xhat)));
+        dxhat[p][k] = input_gradient(dxhat[p][k], xhat[p][k], rs, mean_dxhat, mean_dxhat_xhat);
       }
       store_n<kVector>(dx, dx_type, base + j, dxhat[p]);
     }
@@ -222,23 +226,13 @@ int warp_row_vectors(int64_t n, std::initializer_list<const void*> buffers) {
   return static_cast<int>((n + kWarp * kVector - 1) / (kWarp * kVector));
 }
 
-template <template <int> class Pick>
-auto by_vectors(int v) {
-  switch (v) {
-    case 1: return Pick<1>::kernel;
-    case 2: return Pick<2>::kernel;
-    case 3: return Pick<3>::kernel;
-    default: return Pick<4>::kernel;
-  }
-}
-template <int V>
-struct ForwardWarp {
-  static constexpr auto kernel = layernorm_forward_warp_kernel<V>;
-};
-template <int V>
-struct BackwardWarp {
-  static constexpr auto kernel = layernorm_backward_dx_warp_kernel<V>;
-};
+// The warp kernels by V - 1.
+constexpr decltype(&layernorm_forward_warp_kernel<1>) kForwardWarp[kWarpRowVectors] = {
+    layernorm_forward_warp_kernel<1>, layernorm_forward_warp_kernel<2>, layernorm_forward_warp_kernel<3>,
+    layernorm_forward_warp_kernel<4>};
+constexpr decltype(&layernorm_backward_dx_warp_kernel<1>) kBackwardWarp[kWarpRowVectors] = {
+    layernorm_backward_dx_warp_kernel<1>, layernorm_backward_dx_warp_kernel<2>, layernorm_backward_dx_warp_kernel<3>,
+    layernorm_backward_dx_warp_kernel<4>};
 
 unsigned warp_row_grid(int64_t rows) { return grid_for(rows, kWarpRowThreads / kWarp); }
 
@@ -254,7 +248,7 @@ struct LayerNormParameterTerm {
   __device__ float2 operator()(int64_t row, int64_t column) const {
     const int64_t i = row * n + column;
     const float gy = load(dy, dy_type, i);
-    const float xhat = __fmul_rn(__fsub_rn(load(x, x_type, i), mean[row]), rstd[row]);
+    const float xhat = normalized(load(x, x_type, i), mean[row], rstd[row]);
     return make_float2(__fmul_rn(gy, xhat), gy);
   }
 };
@@ -523,7 +517,7 @@ void layernorm_forward(Stream stream, const void* x, DType x_type, const float* 
                 "cuda::layernorm_forward: shape (" + std::to_string(rows) + ", " + std::to_string(n) + ")");
   if (rows == 0) return;
   if (const int v = warp_row_vectors(n, {x, y}); v > 0) {
-    launch(by_vectors<ForwardWarp>(v), warp_row_grid(rows), kWarpRowThreads, stream, x, x_type, gamma, beta, y,
+    launch(kForwardWarp[v - 1], warp_row_grid(rows), kWarpRowThreads, stream, x, x_type, gamma, beta, y,
            y_type, mean, rstd, rows, n, epsilon);
     return;
   }
@@ -540,7 +534,7 @@ void layernorm_backward(Stream stream, const void* x, DType x_type, const void* 
                 "cuda::layernorm_backward: shape (" + std::to_string(rows) + ", " + std::to_string(n) + ")");
   if (rows == 0) return;
   if (const int v = warp_row_vectors(n, {x, dy, dx}); v > 0) {
-    launch(by_vectors<BackwardWarp>(v), warp_row_grid(rows), kWarpRowThreads, stream, x, x_type, dy, dy_type, gamma,
+    launch(kBackwardWarp[v - 1], warp_row_grid(rows), kWarpRowThreads, stream, x, x_type, dy, dy_type, gamma,
            mean, rstd, dx, dx_type, rows, n);
   } else {
     const auto kernel = n % kVector == 0 && vectorizable({x, dy, dx}) ? layernorm_backward_dx_kernel<kVector>

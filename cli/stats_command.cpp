@@ -10,8 +10,11 @@
 #include "base/toml_input.h"
 #include "cli/data_flags.h"
 #include "cli/output.h"
+#include "aggregator/secure_stats.h"
 #include "aggregator/server_config.h"
 #include "federation/stats_exchange.h"
+#include "federation/stats_fixed_point.h"
+#include "node/secure_upload.h"
 #include "node/site_config.h"
 #include "train/data/data_stats.h"
 
@@ -48,6 +51,20 @@ federation::StatsEventSink stats_events(const StatsFlags& flags, const char* who
                    e.value("reason", "").c_str());
     } else if (kind == "waiting") {
       std::fprintf(stderr, "[%s] the aggregator still waits for %s\n", who, e.value("for", "").c_str());
+    } else if (kind == "secure_session") {
+      std::fprintf(stderr, "[%s] secure-aggregation session %s over %zu site(s), threshold %lld\n", who,
+                   e.value("session", "").c_str(), e.contains("invited") && e["invited"].is_array() ? e["invited"].size() : 0,
+                   static_cast<long long>(e.value("threshold", 0)));
+    } else if (kind == "secure_session_aborted") {
+      std::fprintf(stderr, "[%s] secure-aggregation session aborted: %s\n", who, e.value("reason", "").c_str());
+    } else if (kind == "masked_sum") {
+      std::fprintf(stderr, "[%s] the masked sums of %zu site(s) added up (no site's own sums were seen)\n", who,
+                   e["contributors"].size());
+    } else if (kind == "secure_join") {
+      std::fprintf(stderr, "[%s] every site named its features: sending this site's sums masked (%lld words)\n", who,
+                   static_cast<long long>(e.value("words", 0)));
+    } else if (kind == "masked" && !e.value("contributed", false)) {
+      std::fprintf(stderr, "[%s] the secure-aggregation session finished without this site's sums\n", who);
     } else if (kind == "merged") {
       std::fprintf(stderr, "[%s] the federation's statistics (%lld sites, %s) written to %s\n", who,
                    static_cast<long long>(e.value("parts", 0)), e.value("digest", "").c_str(),
@@ -149,6 +166,16 @@ int run_serve(const StatsFlags& flags) {
   options.out = flags.out;
   options.timeout_seconds = flags.timeout_seconds;
   options.linger_seconds = flags.linger_seconds;
+  std::optional<aggregator::SecureStatsSum> masked;
+  const federation::StatsEventSink emit = stats_events(flags, "aggregator");
+  Result<crypto::Membership> membership = invalid_argument("trusted mode");
+  if (config->is_private()) {  // the sums are taken masked, in a secure-aggregation session over the roster's sites
+    membership = crypto::load_membership(config->keys, config->name, config->roster, config->admin_public,
+                                         config->federation);
+    if (!membership.is_ok()) return fail(flags, membership.status());
+    masked.emplace(config->secure, membership->roster, config->federation, emit);
+    options.masked = &*masked;
+  }
   if (train::data::is_own_data(config->validation)) {
     // What every site's sums must describe: the features of the validation data.
     train::data::DataSource validation = config->data;
@@ -158,7 +185,7 @@ int run_serve(const StatsFlags& flags) {
     if (!expected.is_ok()) return fail(flags, expected.status());
     options.expected = std::move(*expected);
   }
-  return finish_exchange(flags, "serve", federation::serve_stats(options, stats_events(flags, "aggregator")));
+  return finish_exchange(flags, "serve", federation::serve_stats(options, emit));
 }
 
 int run_send(StatsFlags flags) {
@@ -172,8 +199,19 @@ int run_send(StatsFlags flags) {
   options.member = membership_of(*config);
   options.out = flags.out;
   options.timeout_seconds = flags.timeout_seconds;
-  return finish_exchange(flags, "send",
-                         federation::send_stats(options, *mine, stats_events(flags, config->name.c_str())));
+  const federation::StatsEventSink emit = stats_events(flags, config->name.c_str());
+  if (config->privacy_mode == "private") {
+    // The sums leave this site masked, in the aggregator's session.
+    options.masked = [emit](protocol::ClientSocket& socket, const crypto::Membership& member,
+                            std::span<const uint32_t> words) -> Result<bool> {
+      Result<node::SecureUploadOutcome> outcome = node::secure_upload_words(
+          socket, member.keys, member.roster, federation::stats_secagg_label(member.roster.federation), 0, 0, words,
+          node::SecureUploadOptions{}, emit);
+      if (!outcome.is_ok()) return outcome.status();
+      return outcome->contributed;
+    };
+  }
+  return finish_exchange(flags, "send", federation::send_stats(options, *mine, emit));
 }
 
 int run_show(const StatsFlags& flags) {
@@ -212,7 +250,9 @@ void add_stats_command(CLI::App& app, int& exit_code) {
   auto serve = std::make_shared<StatsFlags>();
   CLI::App* sv = cmd->add_subcommand(
       "serve", "As the aggregator, before the federation trains: take every roster site's sums (`stats send`) on "
-               "the aggregator's endpoint, add them up, write them and send them back to each site; then exit");
+               "the aggregator's endpoint, add them up, write them and send them back to each site; then exit. "
+               "With privacy.mode = \"private\" the sums are added up by secure aggregation: only their total is "
+               "seen here");
   sv->add_option("--config", serve->config, "The aggregator's config (agg.toml): endpoint, keys, roster")->required();
   sv->add_option("--out", serve->out, "Write the federation's statistics here")->required();
   sv->add_option("--timeout", serve->timeout_seconds, "Give up (exit 1) when not every site has sent by then (seconds)")
@@ -225,7 +265,8 @@ void add_stats_command(CLI::App& app, int& exit_code) {
   auto send = std::make_shared<StatsFlags>();
   CLI::App* sd = cmd->add_subcommand(
       "send", "As a site: compute this site's sums (its config's data.*), send them to the aggregator's `stats "
-              "serve`, and write the federation's statistics it sends back");
+              "serve` (masked, in a secure-aggregation session, with privacy.mode = \"private\"), and write the "
+              "federation's statistics it sends back");
   sd->add_option("--config", send->config, "The site's config (site.toml): data, endpoint, keys, roster")->required();
   sd->add_option("--out", send->out, "Write the federation's statistics here")->required();
   sd->add_option("--timeout", send->timeout_seconds, "Give up (exit 1) when they have not come back by then (seconds)")

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "crypto/roster.h"
+#include "federation/stats_fixed_point.h"
 #include "protocol/transport.h"
 #include "protocol/update_transfer.h"
 
@@ -73,7 +74,12 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
   protocol::ServerSocket& socket = **bound;
   emit({{"event", "listening"}, {"endpoint", socket.endpoint()}, {"sites", expected}});
 
-  std::map<std::string, DataStats> reports;
+  if (options.masked != nullptr && expected.size() < 2) {
+    return invalid_argument(options.member.roster + ": secure aggregation needs at least 2 sites on the roster (one "
+                            "site's sums would be its own)");
+  }
+  std::map<std::string, DataStats> reports;  // private mode: the feature names only
+  bool session_open = false;                 // private mode: every site named its features
   std::optional<DataStats> merged;
   std::optional<protocol::OutgoingMessage> merged_message;
   const Clock::time_point deadline = Clock::now() + millis(options.timeout_seconds);
@@ -81,12 +87,31 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
   const auto reply = [&](const std::string& routing_id, protocol::OutgoingMessage message) {
     (void)socket.send(routing_id, std::move(message));  // a site that left asks again or times out
   };
+  // The merged statistics are in: write them, answer with them from now on.
+  const auto conclude = [&](DataStats all) -> Status {
+    FEDMESH_RETURN_IF_ERROR(train::data::write_data_stats(all, options.out));
+    merged = std::move(all);
+    merged_message = make_stats_merged(options.member.federation, *merged);
+    linger_until = Clock::now() + millis(options.linger_seconds);
+    emit({{"event", "merged"}, {"parts", merged->parts}, {"digest", merged->digest()}, {"out", options.out}});
+    return Status::ok();
+  };
   for (;;) {
     const Clock::time_point now = Clock::now();
     if (merged && now >= linger_until) return *merged;
     if (!merged && now >= deadline) {
-      return unavailable("statistics: no sums from " + missing_names(expected, reports) + " after " +
-                         std::to_string(static_cast<int64_t>(options.timeout_seconds)) + " s");
+      const std::string seconds = std::to_string(static_cast<int64_t>(options.timeout_seconds));
+      if (session_open) return unavailable("statistics: the secure-aggregation session did not finish in " + seconds + " s");
+      return unavailable("statistics: no sums from " + missing_names(expected, reports) + " after " + seconds + " s");
+    }
+    if (session_open && !merged) {
+      if (std::optional<MaskedStatsSum::Sum> sum = options.masked->tick()) {
+        emit({{"event", "masked_sum"}, {"contributors", sum->contributors}});
+        Result<DataStats> all = decode_stats_words(sum->words, reports.begin()->second,
+                                                   static_cast<int64_t>(sum->contributors.size()));
+        if (!all.is_ok()) return all.status();
+        FEDMESH_RETURN_IF_ERROR(conclude(std::move(*all)));
+      }
     }
     Result<std::optional<protocol::Incoming>> got = socket.receive(std::chrono::milliseconds(200));
     if (!got.is_ok()) return got.status();
@@ -104,14 +129,26 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
       continue;
     }
     const auto root = parsed->root();
-    if (root.which() != wire::Message::STATS_REPORT) {
-      refuse({wire::RejectCode::MALFORMED, "this aggregator is computing the federation's statistics: it takes "
-                                           "statistics reports only, and trains later"});
-      continue;
-    }
     const crypto::RosterEntry* sender = membership->roster.find(incoming.peer);
     if (sender == nullptr || sender->role != crypto::Role::kSite) {
       refuse({wire::RejectCode::WRONG_ROLE, incoming.peer.substr(0, 64) + " is not a site of the roster"});
+      continue;
+    }
+    if (root.which() == wire::Message::SEC_AGG_UP && session_open) {
+      std::optional<protocol::OutgoingMessage> answer;
+      if (!options.masked->handle(incoming.peer, root.getSecAggUp(), answer, rejection)) {
+        refuse(rejection);
+      } else if (answer) {
+        reply(incoming.routing_id, std::move(*answer));
+      }
+      continue;
+    }
+    if (root.which() != wire::Message::STATS_REPORT) {
+      refuse({wire::RejectCode::MALFORMED,
+              root.which() == wire::Message::SEC_AGG_UP
+                  ? "no secure-aggregation session is open: not every site has named its features yet"
+                  : "this aggregator is computing the federation's statistics: it takes statistics reports only, "
+                    "and trains later"});
       continue;
     }
     const auto report = root.getStatsReport();
@@ -119,13 +156,30 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
       refuse({wire::RejectCode::WRONG_FEDERATION, "statistics for another federation"});
       continue;
     }
+    const bool private_mode = options.masked != nullptr;
+    if (report.getMasked() != private_mode) {
+      refuse({wire::RejectCode::WRONG_ROLE,
+              private_mode ? "this federation is private: the aggregator takes a site's sums masked only (set "
+                             "privacy.mode = \"private\" in the site's config); these came in the clear"
+                           : "this aggregator takes the sums in the clear (privacy.mode = \"trusted\"); this site "
+                             "sends them masked"});
+      continue;
+    }
     DataStats sums;
-    if (!decode_feature_sums(report.getFeatures(), report.getKind().cStr(), sums, rejection)) {
+    if (!decode_feature_sums(report.getFeatures(), report.getKind().cStr(), sums, rejection, private_mode)) {
       refuse(rejection);
       continue;
     }
     if (merged) {  // lingering: everyone's sums are in; answer again
       reply(incoming.routing_id, protocol::OutgoingMessage::from_bytes(merged_message->bytes()));
+      continue;
+    }
+    if (session_open) {  // private mode: the session over everyone's features is running
+      if (const std::string differs = difference(reports.begin()->second, sums); !differs.empty()) {
+        refuse({wire::RejectCode::OUT_OF_RANGE, "statistics that do not match the federation's features: " + differs});
+      } else {
+        reply(incoming.routing_id, make_stats_join(options.member.federation));
+      }
       continue;
     }
     // Every site must describe the same features: those of the aggregator's
@@ -139,22 +193,25 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
         continue;
       }
     }
-    emit({{"event", "stats_report"}, {"site", incoming.peer}, {"kind", sums.kind}, {"features", sums.features.size()}});
+    emit({{"event", "stats_report"}, {"site", incoming.peer}, {"kind", sums.kind}, {"features", sums.features.size()},
+          {"masked", private_mode}});
     reports[incoming.peer] = std::move(sums);
     const std::string waiting = missing_names(expected, reports);
     if (!waiting.empty()) {
       reply(incoming.routing_id, make_stats_waiting(options.member.federation, waiting));
       continue;
     }
+    if (private_mode) {
+      options.masked->open(expected, reports.begin()->second.features.size() * kStatsWordsPerFeature);
+      session_open = true;
+      reply(incoming.routing_id, make_stats_join(options.member.federation));
+      continue;
+    }
     std::vector<DataStats> parts;
     for (const std::string& name : expected) parts.push_back(reports.at(name));
     Result<DataStats> all = train::data::merge_data_stats(parts);
     if (!all.is_ok()) return all.status();  // checked pairwise above: not reachable with honest code
-    FEDMESH_RETURN_IF_ERROR(train::data::write_data_stats(*all, options.out));
-    merged = std::move(*all);
-    merged_message = make_stats_merged(options.member.federation, *merged);
-    linger_until = Clock::now() + millis(options.linger_seconds);
-    emit({{"event", "merged"}, {"parts", merged->parts}, {"digest", merged->digest()}, {"out", options.out}});
+    FEDMESH_RETURN_IF_ERROR(conclude(std::move(*all)));
     reply(incoming.routing_id, protocol::OutgoingMessage::from_bytes(merged_message->bytes()));
   }
 }
@@ -171,6 +228,14 @@ Result<DataStats> send_stats(const StatsSendOptions& options, const DataStats& m
                                       aggregator->identity.box_public, protocol::TransportOptions{});
   if (!connected.is_ok()) return connected.status();
   protocol::ClientSocket& socket = **connected;
+  const bool private_mode = static_cast<bool>(options.masked);
+  std::vector<uint32_t> words;
+  if (private_mode) {
+    Result<std::vector<uint32_t>> encoded = encode_stats_words(mine);
+    if (!encoded.is_ok()) return encoded.status();
+    words = std::move(*encoded);
+  }
+  bool contributed = !private_mode;  // whether this site's sums are in the federation's
   const Clock::time_point deadline = Clock::now() + millis(options.timeout_seconds);
   Clock::time_point next_send{};
   std::string last_waiting;
@@ -183,7 +248,7 @@ Result<DataStats> send_stats(const StatsSendOptions& options, const DataStats& m
                                                : " (still waiting for " + last_waiting + ")"));
     }
     if (now >= next_send) {
-      (void)socket.send(make_stats_report(options.member.federation, mine), std::chrono::milliseconds(200));
+      (void)socket.send(make_stats_report(options.member.federation, mine, private_mode), std::chrono::milliseconds(200));
       next_send = now + millis(options.resend_seconds);
     }
     Result<std::optional<protocol::Incoming>> got = socket.receive(std::chrono::milliseconds(200));
@@ -202,6 +267,16 @@ Result<DataStats> send_stats(const StatsSendOptions& options, const DataStats& m
     }
     if (root.which() != wire::Message::STATS_MERGED) continue;  // nothing else is asked for here
     const auto answer = root.getStatsMerged();
+    if (answer.getParts() == 0 && answer.getJoin()) {
+      if (!private_mode) return corrupt("statistics: the aggregator asks for masked sums; this site is in trusted mode");
+      emit({{"event", "secure_join"}, {"words", words.size()}});
+      Result<bool> in_sum = options.masked(socket, *membership, words);
+      if (!in_sum.is_ok()) return in_sum.status();
+      contributed = contributed || *in_sum;
+      emit({{"event", "masked"}, {"contributed", *in_sum}});
+      next_send = Clock::now();  // ask for the merged statistics now
+      continue;
+    }
     if (answer.getParts() == 0) {
       const std::string waiting = answer.getWaiting().cStr();
       if (waiting != last_waiting) emit({{"event", "waiting"}, {"for", waiting}});
@@ -213,18 +288,20 @@ Result<DataStats> send_stats(const StatsSendOptions& options, const DataStats& m
       return corrupt("statistics: the aggregator's merged sums are unusable: " + rejection.reason);
     }
     merged.parts = answer.getParts();
-    // The federation's sums must describe this site's features and hold at least its own values.
+    // The federation's sums must describe this site's features and, where
+    // they hold this site's, at least its own values.
     if (const std::string differs = difference(mine, merged); !differs.empty()) {
       return invalid_argument("statistics: the merged sums do not describe this site's features: " + differs);
     }
-    for (size_t i = 0; i < mine.features.size(); ++i) {
+    for (size_t i = 0; contributed && i < mine.features.size(); ++i) {
       if (merged.features[i].count < mine.features[i].count) {
         return corrupt("statistics: the merged sums count fewer values of '" + mine.features[i].name +
                        "' than this site alone holds");
       }
     }
     FEDMESH_RETURN_IF_ERROR(train::data::write_data_stats(merged, options.out));
-    emit({{"event", "merged"}, {"parts", merged.parts}, {"digest", merged.digest()}, {"out", options.out}});
+    emit({{"event", "merged"}, {"parts", merged.parts}, {"digest", merged.digest()}, {"out", options.out},
+          {"contributed", contributed}});
     return merged;
   }
 }

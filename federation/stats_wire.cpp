@@ -12,11 +12,12 @@ namespace {
 using train::data::DataStats;
 using train::data::FeatureSums;
 
-void fill_features(capnp::List<wire::FeatureSum>::Builder out, const DataStats& stats) {
+void fill_features(capnp::List<wire::FeatureSum>::Builder out, const DataStats& stats, bool names_only = false) {
   for (size_t i = 0; i < stats.features.size(); ++i) {
     const FeatureSums& f = stats.features[i];
     auto b = out[static_cast<unsigned>(i)];
     b.setName(f.name);
+    if (names_only) continue;
     b.setCount(static_cast<uint64_t>(f.count));
     b.setSum(f.sum);
     b.setSumSquares(f.sum_squares);
@@ -26,7 +27,7 @@ void fill_features(capnp::List<wire::FeatureSum>::Builder out, const DataStats& 
 }  // namespace
 
 bool decode_feature_sums(capnp::List<wire::FeatureSum>::Reader features, const std::string& kind, DataStats& out,
-                         protocol::Rejection& rejection) {
+                         protocol::Rejection& rejection, bool names_only) {
   const auto refuse = [&](wire::RejectCode code, const std::string& why) {
     rejection = {code, "statistics: " + why};
     return false;
@@ -45,6 +46,10 @@ bool decode_feature_sums(capnp::List<wire::FeatureSum>::Reader features, const s
       return refuse(wire::RejectCode::MALFORMED, "feature " + std::to_string(i + 1) + "'s name is over " +
                                                      std::to_string(protocol::kMaxTextBytes) + " bytes");
     }
+    if (names_only) {
+      out.features.push_back({std::string(f.getName().cStr(), f.getName().size()), 0, 0.0, 0.0});
+      continue;
+    }
     FeatureSums sums{std::string(f.getName().cStr(), f.getName().size()), static_cast<int64_t>(f.getCount()),
                      f.getSum(), f.getSumSquares()};
     if (f.getCount() < 1 || f.getCount() > (uint64_t{1} << 62)) {
@@ -62,12 +67,13 @@ bool decode_feature_sums(capnp::List<wire::FeatureSum>::Reader features, const s
   return true;
 }
 
-protocol::OutgoingMessage make_stats_report(const std::string& federation, const DataStats& stats) {
+protocol::OutgoingMessage make_stats_report(const std::string& federation, const DataStats& stats, bool masked) {
   capnp::MallocMessageBuilder builder;
   auto report = builder.initRoot<wire::Message>().initStatsReport();
   report.setFederation(federation);
   report.setKind(stats.kind);
-  fill_features(report.initFeatures(static_cast<unsigned>(stats.features.size())), stats);
+  report.setMasked(masked);
+  fill_features(report.initFeatures(static_cast<unsigned>(stats.features.size())), stats, masked);
   return protocol::serialize(builder);
 }
 
@@ -87,6 +93,15 @@ protocol::OutgoingMessage make_stats_waiting(const std::string& federation, cons
   out.setFederation(federation);
   out.setParts(0);
   out.setWaiting(waiting.substr(0, protocol::kMaxTextBytes));
+  return protocol::serialize(builder);
+}
+
+protocol::OutgoingMessage make_stats_join(const std::string& federation) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::Message>().initStatsMerged();
+  out.setFederation(federation);
+  out.setParts(0);
+  out.setJoin(true);
   return protocol::serialize(builder);
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <functional>
 #include <thread>
 
 #include "base/file_io.h"
@@ -64,12 +65,14 @@ void exit_if_asked(const SecureUploadOptions& options, SecAggPhase phase) {
   if (options.exit_at && *options.exit_at == phase) std::raise(SIGKILL);  // a crash, as a test asked
 }
 
-}  // namespace
+// The fixed-point words a session sums for this site, from what its
+// SecAggDown says of the session (the length is checked before).
+using InputFor = std::function<Result<std::vector<uint32_t>>(const SecAggDownMessage&)>;
 
-Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
-                                          const crypto::Roster& roster, uint64_t round, uint64_t base_version,
-                                          std::span<const float> delta, const SecureUploadOptions& options,
-                                          const SecureEventSink& emit) {
+Result<SecureUploadOutcome> run_upload(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
+                                       const crypto::Roster& roster, const std::string& label, uint64_t round,
+                                       uint64_t base_version, uint64_t length, const InputFor& input_for,
+                                       const SecureUploadOptions& options, const SecureEventSink& emit) {
   Exchange exchange(socket, options);
   SecureUploadOutcome outcome;
   std::optional<crypto::SecAggClient> client;
@@ -130,26 +133,23 @@ Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const 
       if (d.phase == SecAggPhase::kAdvertise && d.member && !d.answered) {
         exit_if_asked(options, SecAggPhase::kAdvertise);
         crypto::SecAggParams params;
-        params.federation = roster.federation;
+        params.federation = label;
         params.round = round;
         params.session = d.session;
         params.threshold = d.threshold;
         params.length = d.length;
-        if (d.length != delta.size()) {
-          return invalid_argument("the session sums " + std::to_string(d.length) + " words; this model has " +
-                                  std::to_string(delta.size()) + " parameters");
+        if (d.length != length) {
+          return invalid_argument("the session sums " + std::to_string(d.length) + " words; this site's input has " +
+                                  std::to_string(length));
         }
-        if (!(d.clip > 0.0f) || !std::isfinite(d.clip) || d.fraction_bits > 24 ||
-            std::ldexp(static_cast<double>(d.clip), d.fraction_bits) * std::max<uint32_t>(d.invited, 1) >= std::ldexp(1.0, 31)) {
-          return invalid_argument("the session's fixed point (clip " + std::to_string(d.clip) + ", " +
-                                  std::to_string(d.fraction_bits) + " fraction bits) is not usable");
-        }
+        Result<std::vector<uint32_t>> words = input_for(d);
+        if (!words.is_ok()) return words.status();
         Result<crypto::SecAggClient> started = crypto::SecAggClient::start(params, keys, roster, d.invited);
         if (!started.is_ok()) return started.status();  // a session this site refuses to take part in
         client.emplace(std::move(*started));
         ++outcome.sessions;
         outcome.session = d.session;
-        input = crypto::quantize_clipped(delta, d.clip, d.fraction_bits);
+        input = std::move(*words);
         outcome.words = input.size();
         if (!options.dump_input.empty()) {
           FEDMESH_RETURN_IF_ERROR(write_file_atomically(
@@ -245,6 +245,34 @@ Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const 
         continue;
     }
   }
+}
+
+}  // namespace
+
+Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
+                                          const crypto::Roster& roster, uint64_t round, uint64_t base_version,
+                                          std::span<const float> delta, const SecureUploadOptions& options,
+                                          const SecureEventSink& emit) {
+  const auto quantized = [delta](const SecAggDownMessage& d) -> Result<std::vector<uint32_t>> {
+    if (!(d.clip > 0.0f) || !std::isfinite(d.clip) || d.fraction_bits > 24 ||
+        std::ldexp(static_cast<double>(d.clip), d.fraction_bits) * std::max<uint32_t>(d.invited, 1) >= std::ldexp(1.0, 31)) {
+      return invalid_argument("the session's fixed point (clip " + std::to_string(d.clip) + ", " +
+                              std::to_string(d.fraction_bits) + " fraction bits) is not usable");
+    }
+    return crypto::quantize_clipped(delta, d.clip, d.fraction_bits);
+  };
+  return run_upload(socket, keys, roster, roster.federation, round, base_version, delta.size(), quantized, options,
+                    emit);
+}
+
+Result<SecureUploadOutcome> secure_upload_words(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
+                                                const crypto::Roster& roster, const std::string& label, uint64_t round,
+                                                uint64_t base_version, std::span<const uint32_t> words,
+                                                const SecureUploadOptions& options, const SecureEventSink& emit) {
+  const auto copied = [words](const SecAggDownMessage&) -> Result<std::vector<uint32_t>> {
+    return std::vector<uint32_t>(words.begin(), words.end());
+  };
+  return run_upload(socket, keys, roster, label, round, base_version, words.size(), copied, options, emit);
 }
 
 }  // namespace fedmesh::node

@@ -56,4 +56,13 @@ Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const 
                                           std::span<const float> delta, const SecureUploadOptions& options,
                                           const SecureEventSink& emit);
 
+// The same part in a session that sums other fixed-point words (the
+// federation's statistics, federation/stats_fixed_point.h): `words` as they
+// are, the session's signatures bound to `label` instead of the federation's
+// name, so that nothing signed here stands for a training round.
+Result<SecureUploadOutcome> secure_upload_words(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
+                                                const crypto::Roster& roster, const std::string& label, uint64_t round,
+                                                uint64_t base_version, std::span<const uint32_t> words,
+                                                const SecureUploadOptions& options, const SecureEventSink& emit);
+
 }  // namespace fedmesh::node

@@ -367,6 +367,7 @@ struct StatsReport {           # site -> aggregator: this site's sums
   federation @0 :Text;
   kind @1 :Text;               # "table" or "images"
   features @2 :List(FeatureSum);
+  masked @3 :Bool;             # private mode: names only; the sums follow by secure aggregation
 }
 
 struct StatsMerged {           # aggregator -> site: everyone's sums, added up
@@ -375,6 +376,8 @@ struct StatsMerged {           # aggregator -> site: everyone's sums, added up
   parts @2 :UInt32;            # how many sites' sums; 0: still waiting (see `waiting`)
   features @3 :List(FeatureSum);
   waiting @4 :Text;            # parts 0: who has not sent yet
+  join @5 :Bool;               # parts 0, private mode: every site named its features; join the
+                               # secure-aggregation session (SecAggUp) with the masked sums
 }
 
 struct Message {

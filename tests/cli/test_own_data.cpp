@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -92,14 +93,16 @@ class OwnData : public ::testing::Test {
 
   // Kits for a federation of `sites` sites (site-0, ...) on free ports, each
   // site's demo split undone (own data is used whole); "" on failure.
-  fs::path provision_kits(const std::string& model, int sites, int rounds, int local_steps) {
+  fs::path provision_kits(const std::string& model, int sites, int rounds, int local_steps,
+                          const std::string& mode = "trusted") {
     const int port = fedmesh::testing::free_ports(2 + sites);
     if (port <= 0) return {};
     std::string names;
     for (int i = 0; i < sites; ++i) names += (i ? ", \"site-" : "\"site-") + std::to_string(i) + "\"";
     spit(dir_ / "federation.toml", "name = \"own-data\"\naggregator = \"tcp://127.0.0.1:" + std::to_string(port) +
                                        "\"\nmodel = \"" + model + "\"\nrounds = " + std::to_string(rounds) +
-                                       "\nlocal_steps = " + std::to_string(local_steps) + "\nsites = [" + names + "]\n");
+                                       "\nlocal_steps = " + std::to_string(local_steps) + "\nsites = [" + names +
+                                       "]\nmode = \"" + mode + "\"\n");
     const fs::path kits = dir_ / "kits";
     if (run_fedmesh({"provision", "--federation", (dir_ / "federation.toml").string(), "--out", kits.string()})
             .exit_code != 0) {
@@ -118,6 +121,59 @@ class OwnData : public ::testing::Test {
   }
   static fs::path site_config(const fs::path& kits, int i) {
     return kits / ("site-" + std::to_string(i)) / "site.toml";
+  }
+  // Points site i of the kits at TABLES/site-i.csv and sets `data.*` keys
+  // (key, value) in those and the aggregator's configs; returns all of them,
+  // the aggregator's first.
+  static std::vector<fs::path> use_tables(const fs::path& kits, int sites, const fs::path& tables,
+                                          const std::vector<std::pair<std::string, std::string>>& keys) {
+    std::vector<fs::path> configs = {kits / "aggregator" / "agg.toml"};
+    for (int i = 0; i < sites; ++i) {
+      configs.push_back(site_config(kits, i));
+      set_toml_option(configs.back(), "data.source",
+                      "\"csv:" + (tables / ("site-" + std::to_string(i) + ".csv")).string() + "\"");
+    }
+    for (const fs::path& config : configs) {
+      for (const auto& [key, value] : keys) set_toml_option(config, key, value);
+    }
+    return configs;
+  }
+  // A copy of site i's config, `name` in its kit, with `key` set to `value`.
+  static std::string variant_config(const fs::path& kits, int i, const std::string& name, const std::string& key,
+                                    const std::string& value) {
+    const fs::path variant = kits / ("site-" + std::to_string(i)) / name;
+    spit(variant, slurp(site_config(kits, i)));
+    set_toml_option(variant, key, value);
+    return name;
+  }
+  // `fedmesh ARGS --json`, run from the kit directory `kit`.
+  static std::vector<std::string> in_kit(const fs::path& kits, const std::string& kit, const std::string& args) {
+    ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
+    return {"/bin/sh", "-c", "cd '" + (kits / kit).string() + "' && exec \"$FEDMESH\" " + args + " --json"};
+  }
+  // The statistics through the aggregator: `stats serve` into `out`, then
+  // `before_sends` (sites expected to be refused), then `stats send` at
+  // each site, each exiting 0 with federation.stats.json in its kit. The
+  // aggregator's events.
+  std::vector<json> exchange_stats(const fs::path& kits, int sites, const fs::path& out,
+                                   const std::function<void()>& before_sends) {
+    ChildProcess serve(in_kit(kits, "aggregator", "stats serve --config agg.toml --linger 2 --timeout 120 --out '" +
+                                                      out.string() + "'"));
+    std::vector<json> events;
+    if (!wait_for(serve, events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s)) {
+      ADD_FAILURE() << "stats serve did not start";
+      return events;
+    }
+    before_sends();
+    std::vector<std::unique_ptr<ChildProcess>> senders;
+    for (int i = 0; i < sites; ++i) {
+      senders.push_back(std::make_unique<ChildProcess>(in_kit(
+          kits, "site-" + std::to_string(i), "stats send --config site.toml --timeout 120 --out federation.stats.json")));
+    }
+    for (auto& sender : senders) EXPECT_EQ(sender->wait(), 0);
+    EXPECT_TRUE(wait_for(serve, events, [](const json& e) { return e.value("event", "") == "summary"; }, 60s));
+    EXPECT_EQ(serve.wait(), 0);
+    return events;
   }
   // Runs the kits' aggregator, then `before_sites`, then the sites, to the
   // end; the last round's `metric` (-1 if the federation did not finish).
@@ -186,17 +242,10 @@ TEST_F(OwnData, ATableTrainsCentrallyAndInAThreeSiteFederation) {
   // Federated: an aggregator evaluating on the test table, three sites on their own.
   const fs::path kits = provision_kits("mlp", 3, 12, 30);
   ASSERT_FALSE(kits.empty());
-  const std::string classes = "[\"benign\", \"malignant\"]";
-  const fs::path agg = kits / "aggregator" / "agg.toml";
+  const std::vector<fs::path> configs =
+      use_tables(kits, 3, tables, {{"data.label", "\"" + label + "\""}, {"data.classes", "[\"benign\", \"malignant\"]"}});
+  const fs::path agg = configs.front();
   set_toml_option(agg, "validation", "\"csv:" + (tables / "test.csv").string() + "\"");
-  set_toml_option(agg, "data.label", "\"" + label + "\"");
-  set_toml_option(agg, "data.classes", classes);
-  for (int i = 0; i < 3; ++i) {
-    const fs::path config = site_config(kits, i);
-    set_toml_option(config, "data.source", "\"csv:" + (tables / ("site-" + std::to_string(i) + ".csv")).string() + "\"");
-    set_toml_option(config, "data.label", "\"" + label + "\"");
-    set_toml_option(config, "data.classes", classes);
-  }
   // Federated statistics: each site's sums over its own rows, added up;
   // every site and the aggregator standardize with the merged ones.
   std::vector<std::string> merge = {"stats", "merge"};
@@ -215,9 +264,7 @@ TEST_F(OwnData, ATableTrainsCentrallyAndInAThreeSiteFederation) {
   EXPECT_EQ(merged.last["parts"], 3) << merged.text;
   // Every site's training part: 205, 128 and 123 rows less a fifth held out each.
   EXPECT_EQ(merged.last["features"][0]["count"], 164 + 102 + 98) << merged.text;
-  for (const fs::path config : {agg, site_config(kits, 0), site_config(kits, 1), site_config(kits, 2)}) {
-    set_toml_option(config, "data.normalize", "\"stats:" + shared.string() + "\"");
-  }
+  for (const fs::path& config : configs) set_toml_option(config, "data.normalize", "\"stats:" + shared.string() + "\"");
   // Before the sites start, site-2 with another schema (the classes in
   // another order): it hears the aggregator's schema and refuses to take
   // part, naming both.
@@ -275,44 +322,23 @@ TEST_F(OwnData, ARegressionTableTrainsCentrallyAndInAThreeSiteFederation) {
 
   const fs::path kits = provision_kits("mlp", 3, 10, 4);
   ASSERT_FALSE(kits.empty());
-  const fs::path agg = kits / "aggregator" / "agg.toml";
-  set_toml_option(agg, "validation", "\"csv:" + (tables / "test.csv").string() + "\"");
-  std::vector<fs::path> configs = {agg};
-  for (int i = 0; i < 3; ++i) {
-    const fs::path config = site_config(kits, i);
-    set_toml_option(config, "data.source", "\"csv:" + (tables / ("site-" + std::to_string(i) + ".csv")).string() + "\"");
-    configs.push_back(config);
-  }
-  for (const fs::path& config : configs) {
-    set_toml_option(config, "data.label", "\"" + label + "\"");
-    set_toml_option(config, "data.task", "\"regression\"");
-  }
+  const std::vector<fs::path> configs =
+      use_tables(kits, 3, tables, {{"data.label", "\"" + label + "\""}, {"data.task", "\"regression\""}});
+  set_toml_option(configs.front(), "validation", "\"csv:" + (tables / "test.csv").string() + "\"");
   // The statistics through the aggregator: `stats serve` on its endpoint,
   // `stats send` at each site, every site getting the same file back. A
   // site whose table drops a column is refused first, naming the mismatch.
-  ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
   const fs::path shared = dir_ / "diabetes.stats.json";
-  const auto in_kit = [&](const std::string& kit, const std::string& args) {
-    return std::vector<std::string>{"/bin/sh", "-c",
-                                    "cd '" + (kits / kit).string() + "' && exec \"$FEDMESH\" " + args + " --json"};
-  };
-  ChildProcess serve(in_kit("aggregator", "stats serve --config agg.toml --linger 2 --timeout 120 --out '" +
-                                              shared.string() + "'"));
-  std::vector<json> serve_events;
-  ASSERT_TRUE(wait_for(serve, serve_events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
-  const fs::path odd = kits / "site-2" / "odd.toml";
-  spit(odd, slurp(site_config(kits, 2)));
-  set_toml_option(odd, "data.drop", "[\"bmi\"]");
-  ChildProcess odd_send(in_kit("site-2", "stats send --config odd.toml --timeout 60 --out odd.stats.json"));
-  EXPECT_EQ(odd_send.wait(), 2) << "a site with other features is refused";
-  std::vector<std::unique_ptr<ChildProcess>> senders;
-  for (int i = 0; i < 3; ++i) {
-    senders.push_back(std::make_unique<ChildProcess>(
-        in_kit("site-" + std::to_string(i), "stats send --config site.toml --timeout 120 --out federation.stats.json")));
-  }
-  for (auto& sender : senders) EXPECT_EQ(sender->wait(), 0);
-  EXPECT_TRUE(wait_for(serve, serve_events, [](const json& e) { return e.value("event", "") == "summary"; }, 60s));
-  ASSERT_EQ(serve.wait(), 0);
+  const std::vector<json> serve_events = exchange_stats(kits, 3, shared, [&] {
+    const std::string odd = variant_config(kits, 2, "odd.toml", "data.drop", "[\"bmi\"]");
+    ChildProcess odd_send(in_kit(kits, "site-2", "stats send --config " + odd + " --timeout 60 --out odd.stats.json"));
+    EXPECT_EQ(odd_send.wait(), 2) << "a site with other features is refused";
+    // A site in private mode would send its sums masked: a trusted aggregator refuses them.
+    const std::string masked = variant_config(kits, 1, "masked.toml", "privacy.mode", "\"private\"");
+    ChildProcess masked_send(
+        in_kit(kits, "site-1", "stats send --config " + masked + " --timeout 60 --out masked.stats.json"));
+    EXPECT_EQ(masked_send.wait(), 2) << "masked sums at a trusted aggregator are refused";
+  });
   fedmesh::Result<fedmesh::train::data::DataStats> merged = fedmesh::train::data::read_data_stats(shared.string());
   ASSERT_TRUE(merged.is_ok()) << merged.status().to_string();
   EXPECT_EQ(merged->parts, 3);
@@ -326,18 +352,89 @@ TEST_F(OwnData, ARegressionTableTrainsCentrallyAndInAThreeSiteFederation) {
     EXPECT_EQ(copy->digest(), merged->digest()) << "site-" << i;
   }
   EXPECT_FALSE(fs::exists(kits / "site-2" / "odd.stats.json"));
-  bool refused_odd = false;
+  bool refused_odd = false, refused_masked = false;
   for (const json& e : serve_events) {
     if (e.value("event", "") != "refused") continue;
-    refused_odd = true;
-    EXPECT_NE(e.value("reason", "").find("do not match"), std::string::npos) << e.dump();
+    const std::string reason = e.value("reason", "");
+    refused_odd = refused_odd || reason.find("do not match") != std::string::npos;
+    refused_masked = refused_masked || reason.find("sends them masked") != std::string::npos;
+    EXPECT_TRUE(reason.find("do not match") != std::string::npos || reason.find("masked") != std::string::npos) << e.dump();
   }
   EXPECT_TRUE(refused_odd);
+  EXPECT_TRUE(refused_masked);
   for (const fs::path& config : configs) set_toml_option(config, "data.normalize", "\"stats:" + shared.string() + "\"");
   const double federated = run_kits(kits, 3, {}, "test_r2");
   std::printf("diabetes, 3-site federation split by age (mlp, 10 rounds of 4 steps, federated statistics): test R2 %.4f\n",
               federated);
   EXPECT_GE(federated, 0.42);
+}
+
+// Private mode: the statistics through secure aggregation. Each site names
+// its features, then masks its sums in a session over the roster's sites;
+// the aggregator sees only their total, which equals the plain merge of the
+// sites' own `stats compute` files (counts exactly, sums to 1e-12), and
+// every site gets the same file back. A site whose config says trusted
+// (it would send its sums in the clear) is refused first, naming the mode.
+TEST_F(OwnData, PrivateModeAddsTheStatisticsUpMasked) {
+  const fs::path tables = dir_ / "tables";
+  ASSERT_EQ(run_script("tests/data/split_breast_cancer.py", {tables.string()}), 0);
+  const fs::path kits = provision_kits("mlp", 3, 1, 1, "private");
+  ASSERT_FALSE(kits.empty());
+  use_tables(kits, 3, tables, {{"data.label", "\"diagnosis\""}, {"data.classes", "[\"benign\", \"malignant\"]"}});
+  // What `stats merge` makes of the sites' own sums: the reference.
+  std::vector<fedmesh::train::data::DataStats> own;
+  for (int i = 0; i < 3; ++i) {
+    const fs::path sums = dir_ / ("own-" + std::to_string(i) + ".stats.json");
+    const FedmeshOutput computed =
+        run_fedmesh({"stats", "compute", "--config", site_config(kits, i).string(), "--out", sums.string(), "--json"});
+    ASSERT_EQ(computed.exit_code, 0) << computed.text;
+    own.push_back(fedmesh::train::data::read_data_stats(sums.string()).value());
+  }
+  const fedmesh::train::data::DataStats plain = fedmesh::train::data::merge_data_stats(own).value();
+
+  const fs::path shared = dir_ / "private.stats.json";
+  const std::vector<json> serve_events = exchange_stats(kits, 3, shared, [&] {
+    const std::string clear = variant_config(kits, 2, "clear.toml", "privacy.mode", "\"trusted\"");
+    ChildProcess clear_send(in_kit(kits, "site-2", "stats send --config " + clear + " --timeout 60 --out clear.stats.json"));
+    EXPECT_EQ(clear_send.wait(), 2) << "a site that would send its sums in the clear is refused";
+  });
+  bool refused_clear = false, summed = false;
+  for (const json& e : serve_events) {
+    const std::string kind = e.value("event", "");
+    if (kind == "refused") {
+      refused_clear = true;
+      EXPECT_NE(e.value("reason", "").find("private"), std::string::npos) << e.dump();
+    } else if (kind == "stats_report") {
+      EXPECT_TRUE(e.value("masked", false)) << e.dump();
+    } else if (kind == "masked_sum") {
+      summed = true;
+      EXPECT_EQ(e["contributors"].size(), 3u) << e.dump();
+    }
+  }
+  EXPECT_TRUE(refused_clear);
+  EXPECT_TRUE(summed) << "the sums went through a secure-aggregation session";
+  EXPECT_FALSE(fs::exists(kits / "site-2" / "clear.stats.json"));
+
+  const fedmesh::train::data::DataStats merged = fedmesh::train::data::read_data_stats(shared.string()).value();
+  EXPECT_EQ(merged.parts, 3);
+  ASSERT_EQ(merged.features.size(), plain.features.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < plain.features.size(); ++i) {
+    EXPECT_EQ(merged.features[i].name, plain.features[i].name);
+    EXPECT_EQ(merged.features[i].count, plain.features[i].count) << plain.features[i].name;
+    EXPECT_NEAR(merged.features[i].sum, plain.features[i].sum, 1e-12 * std::fabs(plain.features[i].sum));
+    EXPECT_NEAR(merged.features[i].sum_squares, plain.features[i].sum_squares,
+                1e-12 * std::fabs(plain.features[i].sum_squares));
+    worst = std::max(worst, std::fabs(merged.features[i].sum - plain.features[i].sum) /
+                                std::max(std::fabs(plain.features[i].sum), 1e-300));
+  }
+  std::printf("breast cancer, 3 sites, statistics by secure aggregation: %zu features, largest relative difference "
+              "of a sum from the plain merge %.3g\n", merged.features.size(), worst);
+  for (int i = 0; i < 3; ++i) {
+    const fedmesh::train::data::DataStats copy = fedmesh::train::data::read_data_stats(
+        (kits / ("site-" + std::to_string(i)) / "federation.stats.json").string()).value();
+    EXPECT_EQ(copy.digest(), merged.digest()) << "site-" << i;
+  }
 }
 
 TEST_F(OwnData, ImageFoldersTrainAtTheirOwnSizeAndChannels) {
@@ -368,7 +465,7 @@ TEST_F(OwnData, ImageFoldersTrainAtTheirOwnSizeAndChannels) {
   ASSERT_FALSE(kits.empty());
   const std::string classes = "[\"0\", \"1\", \"2\", \"3\", \"4\", \"5\", \"6\", \"7\", \"8\", \"9\"]";
   set_toml_option(kits / "aggregator" / "agg.toml", "validation", "\"images:" + (gray / "test").string() + "\"");
-  for (const fs::path config : {kits / "aggregator" / "agg.toml", site_config(kits, 0), site_config(kits, 1),
+  for (const fs::path& config : {kits / "aggregator" / "agg.toml", site_config(kits, 0), site_config(kits, 1),
                                 site_config(kits, 2), site_config(kits, 3)}) {
     set_toml_option(config, "data.image_size", "8");
     set_toml_option(config, "data.classes", classes);

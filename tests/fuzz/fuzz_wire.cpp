@@ -205,11 +205,14 @@ void walk(const fp::ParsedMessage& message) {
         const bool report = root.which() == fedmesh::wire::Message::STATS_REPORT;
         const auto features = report ? root.getStatsReport().getFeatures() : root.getStatsMerged().getFeatures();
         const std::string kind = report ? root.getStatsReport().getKind().cStr() : root.getStatsMerged().getKind().cStr();
+        // A masked report (private mode) is read for its names only, as the aggregator reads it.
+        const bool names_only = report && root.getStatsReport().getMasked();
         fedmesh::train::data::DataStats sums;
         fp::Rejection rejection;
-        if (fedmesh::federation::decode_feature_sums(features, kind, sums, rejection)) {
+        if (fedmesh::federation::decode_feature_sums(features, kind, sums, rejection, names_only)) {
           require(!sums.features.empty(), "statistics accepted with no feature");
           for (const auto& f : sums.features) {
+            if (names_only) continue;
             require(f.count >= 1 && std::isfinite(f.sum) && std::isfinite(f.sum_squares) && f.sum_squares >= 0.0,
                     "statistics accepted with a count below 1 or a sum that is not finite");
           }

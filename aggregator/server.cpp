@@ -48,6 +48,7 @@ struct SiteRecord {
   int64_t updates_accepted = 0;
   int64_t refused = 0;  // its updates and messages refused, for any reason
   double local_loss = 0.0, local_accuracy = 0.0, train_loss = 0.0;
+  std::optional<double> local_r2, local_mae;  // a regression task's, once reported
   int64_t report_round = -1;
   int64_t last_staleness = -1;  // of its last accepted update (-1: none yet)
   bool missed_round = false;    // late (aggregator/site_state.h)
@@ -617,8 +618,10 @@ bool AggregatorServer::Impl::handle_other(const protocol::Incoming& incoming, co
       const double values[3] = {report.getTrainLoss(), report.getLocalLoss(), report.getLocalAccuracy()};
       const auto version = static_cast<uint64_t>(manager->version());
       const auto current_round = config.rounds_options.asynchronous ? version : static_cast<uint64_t>(manager->round());
-      const SiteReportCheck checked = check_site_report(
-          {report.getRound(), report.getBaseVersion(), values[0], values[1], values[2]}, current_round, version);
+      const SiteReportCheck checked =
+          check_site_report({report.getRound(), report.getBaseVersion(), values[0], values[1], values[2],
+                             report.getRegression(), report.getLocalR2(), report.getLocalMae()},
+                            current_round, version);
       if (!checked.ok()) {
         rejection = {checked.problem == SiteReportProblem::kNonFinite ? wire::RejectCode::NON_FINITE
                                                                       : wire::RejectCode::OUT_OF_RANGE,
@@ -630,8 +633,15 @@ bool AggregatorServer::Impl::handle_other(const protocol::Incoming& incoming, co
       site.local_loss = values[1];
       site.local_accuracy = values[2];
       site.report_round = static_cast<int64_t>(report.getRound());
-      emit({{"event", "site_report"}, {"site", incoming.peer}, {"round", report.getRound()},
-            {"train_loss", values[0]}, {"local_loss", values[1]}, {"local_accuracy", values[2]}});
+      nlohmann::json event = {{"event", "site_report"}, {"site", incoming.peer}, {"round", report.getRound()},
+                              {"train_loss", values[0]}, {"local_loss", values[1]}, {"local_accuracy", values[2]}};
+      if (report.getRegression()) {
+        site.local_r2 = report.getLocalR2();
+        site.local_mae = report.getLocalMae();
+        event["local_r2"] = *site.local_r2;
+        event["local_mae"] = *site.local_mae;
+      }
+      emit(event);
       return true;
     }
     default:
@@ -952,6 +962,10 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
                             : revoked != revoked_sites.end() ? revoked->second
                                                              : SiteRecord{};
     site_metrics[applied.site] = {{"local_loss", site.local_loss}, {"local_accuracy", site.local_accuracy}};
+    if (site.local_r2) {
+      site_metrics[applied.site]["local_r2"] = *site.local_r2;
+      site_metrics[applied.site]["local_mae"] = *site.local_mae;
+    }
   }
   metrics["sites"] = site_metrics;
   nlohmann::json state = nlohmann::json::object();
@@ -1040,6 +1054,10 @@ void AggregatorServer::Impl::refresh_status() {
                     {"staleness", site.last_staleness}, {"sampled", facts.sampled_in_open_round},
                     {"delivered", facts.delivered_this_round},
                     {"connected", facts.on_roster && ago >= 0 && ago < config.site_timeout_seconds}});
+    if (site.local_r2) {
+      list.back()["local_r2"] = *site.local_r2;
+      list.back()["local_mae"] = *site.local_mae;
+    }
   }
   // Where the round stands: updates in of those wanted, and its deadline.
   nlohmann::json progress = {{"mode", asynchronous ? "async" : "sync"}, {"open", asynchronous || open},

@@ -9,7 +9,7 @@ SiteReportCheck check_site_report(const SiteReportFields& report, uint64_t curre
     const char* name;
     double value;
   } metrics[] = {{"trainLoss", report.train_loss}, {"localLoss", report.local_loss},
-                 {"localAccuracy", report.local_accuracy}};
+                 {"localAccuracy", report.local_accuracy}, {"localR2", report.local_r2}, {"localMae", report.local_mae}};
   for (const auto& metric : metrics) {
     if (!std::isfinite(metric.value)) {
       return {SiteReportProblem::kNonFinite, std::string("site report: ") + metric.name + " is not finite"};
@@ -18,6 +18,13 @@ SiteReportCheck check_site_report(const SiteReportFields& report, uint64_t curre
   auto out_of_range = [](std::string reason) { return SiteReportCheck{SiteReportProblem::kOutOfRange, std::move(reason)}; };
   if (report.local_accuracy < 0.0 || report.local_accuracy > 1.0) {
     return out_of_range("site report: localAccuracy " + std::to_string(report.local_accuracy) + " is outside [0, 1]");
+  }
+  if (report.regression && (report.local_r2 > 1.0 || report.local_mae < 0.0)) {
+    return out_of_range("site report: localR2 " + std::to_string(report.local_r2) + " above 1 or localMae " +
+                        std::to_string(report.local_mae) + " below 0");
+  }
+  if (!report.regression && (report.local_r2 != 0.0 || report.local_mae != 0.0)) {
+    return out_of_range("site report: localR2 / localMae given for a classification task");
   }
   auto valid_loss = [](double loss) { return loss >= 0.0 || loss == kUnknownLoss; };
   if (!valid_loss(report.train_loss) || !valid_loss(report.local_loss)) {

@@ -6,6 +6,8 @@
 //   losses         finite and >= 0 (cross-entropy), or -1: not known (a
 //                  site whose training loss was not finite sends -1)
 //   local_accuracy finite and in [0, 1] (a fraction of examples)
+//   regression     local_r2 finite and <= 1, local_mae finite and >= 0
+//                  (a regression task's held-out metrics; both 0 otherwise)
 // A report that fails is refused (nonFinite or outOfRange) and changes nothing.
 #pragma once
 
@@ -22,6 +24,8 @@ struct SiteReportFields {
   double train_loss = 0.0;
   double local_loss = 0.0;
   double local_accuracy = 0.0;
+  bool regression = false;
+  double local_r2 = 0.0, local_mae = 0.0;
 };
 
 enum class SiteReportProblem { kNone, kNonFinite, kOutOfRange };

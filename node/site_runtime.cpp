@@ -557,6 +557,12 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
     report.setLocalLoss(local_eval.loss);
     report.setLocalAccuracy(local_eval.accuracy);
     report.setExamples(static_cast<uint64_t>(data.shard->size()));
+    // A regression task's held-out metrics (a model that diverged has none to send).
+    if (local_eval.regression && local_eval.count > 0 && std::isfinite(local_eval.r2) && std::isfinite(local_eval.mae)) {
+      report.setRegression(true);
+      report.setLocalR2(std::min(local_eval.r2, 1.0));
+      report.setLocalMae(local_eval.mae);
+    }
     FEDMESH_RETURN_IF_ERROR(socket->send(protocol::serialize(builder), std::chrono::milliseconds(2000)));
   }
   if (a.secure) {

@@ -137,6 +137,9 @@ struct SiteReport {
   localLoss @3 :Float64;
   localAccuracy @4 :Float64;
   examples @5 :UInt64;
+  regression @6 :Bool;         # a regression task: localR2 and localMae hold its metrics (accuracy is 0)
+  localR2 @7 :Float64;         # R² on the site's held-out part (in (-inf, 1])
+  localMae @8 :Float64;        # mean absolute error there, in the target's units
 }
 
 # Opens (or, resent, resumes) the transfer of one update. Signed: the

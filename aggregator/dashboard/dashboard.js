@@ -246,7 +246,11 @@ function renderSites(sites) {
     row.appendChild(node('td', {class: 'num'}, String(site.accepted)));
     row.appendChild(node('td', {class: 'num'}, String(site.refused)));
     row.appendChild(node('td', {class: 'num'}, site.staleness >= 0 ? String(site.staleness) : '\u2013'));
-    row.appendChild(node('td', {class: 'num'}, site.report_round >= 0 ? percent(site.local_accuracy) : '\u2013'));
+    // Its held-out metric: accuracy, or R^2 for a regression task.
+    const local = site.report_round < 0 ? '\u2013'
+                : typeof site.local_r2 === 'number' ? 'R\u00b2 ' + site.local_r2.toFixed(3)
+                : percent(site.local_accuracy);
+    row.appendChild(node('td', {class: 'num'}, local));
     body.appendChild(row);
   }
   const summary = STATES.filter((k) => counts[k]).map((k) => counts[k] + ' ' + k).join(', ');

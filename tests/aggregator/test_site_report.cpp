@@ -1,5 +1,6 @@
 // A SiteReport is shown only if its values are in their documented ranges
-// (aggregator/site_report.h); each refusal names the field.
+// (aggregator/site_report.h); each refusal names the field. A regression
+// task's R² and MAE come with its flag only.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +22,12 @@ TEST(SiteReport, AnHonestReportPasses) {
   edges.local_accuracy = 1.0;
   edges.train_loss = kUnknownLoss;  // what a site whose loss was not finite sends
   EXPECT_TRUE(check_site_report(edges, 7, 7).ok());
+  SiteReportFields regression = honest();
+  regression.local_accuracy = 0.0;
+  regression.regression = true;
+  regression.local_r2 = -2.5;  // worse than the mean: R² has no lower bound
+  regression.local_mae = 41.0;
+  EXPECT_TRUE(check_site_report(regression, 7, 7).ok());
 }
 
 TEST(SiteReport, EachOutOfRangeValueIsRefusedNamingIt) {
@@ -47,6 +54,16 @@ TEST(SiteReport, EachOutOfRangeValueIsRefusedNamingIt) {
       {"next round", with([](auto& r) { r.round = 8; }), SiteReportProblem::kOutOfRange, "ahead of the current round"},
       {"base version ahead", with([](auto& r) { r.base_version = 8; }), SiteReportProblem::kOutOfRange,
        "base version"},
+      {"R2 NaN", with([&](auto& r) { r.regression = true; r.local_r2 = nan; }), SiteReportProblem::kNonFinite,
+       "localR2"},
+      {"MAE inf", with([&](auto& r) { r.regression = true; r.local_mae = inf; }), SiteReportProblem::kNonFinite,
+       "localMae"},
+      {"R2 above 1", with([](auto& r) { r.regression = true; r.local_r2 = 1.5; }), SiteReportProblem::kOutOfRange,
+       "localR2"},
+      {"MAE -1", with([](auto& r) { r.regression = true; r.local_mae = -1; }), SiteReportProblem::kOutOfRange,
+       "localMae"},
+      {"R2 without regression", with([](auto& r) { r.local_r2 = 0.5; }), SiteReportProblem::kOutOfRange,
+       "classification"},
   };
   for (const Case& c : cases) {
     const SiteReportCheck checked = check_site_report(c.report, 7, 7);

@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -177,8 +178,9 @@ class OwnData : public ::testing::Test {
   }
   // Runs the kits' aggregator, then `before_sites`, then the sites, to the
   // end; the last round's `metric` (-1 if the federation did not finish).
+  // The aggregator's events go to `aggregator_events` when given.
   double run_kits(const fs::path& kits, int sites, const std::function<void()>& before_sites = {},
-                  const std::string& metric = "test_accuracy") {
+                  const std::string& metric = "test_accuracy", std::vector<json>* aggregator_events = nullptr) {
     ::setenv("FEDMESH", fedmesh::testing::fedmesh_binary().c_str(), 1);
     ChildProcess aggregator({"/bin/sh", (kits / "aggregator" / "start.sh").string(), "--json"});
     std::vector<json> events;
@@ -204,6 +206,7 @@ class OwnData : public ::testing::Test {
     }
     for (auto& site : running) EXPECT_EQ(site->wait(), 0);
     EXPECT_EQ(aggregator.wait(), 0);
+    if (aggregator_events != nullptr) *aggregator_events = std::move(events);
     return accuracy;
   }
 
@@ -363,7 +366,17 @@ TEST_F(OwnData, ARegressionTableTrainsCentrallyAndInAThreeSiteFederation) {
   EXPECT_TRUE(refused_odd);
   EXPECT_TRUE(refused_masked);
   for (const fs::path& config : configs) set_toml_option(config, "data.normalize", "\"stats:" + shared.string() + "\"");
-  const double federated = run_kits(kits, 3, {}, "test_r2");
+  std::vector<json> events;
+  const double federated = run_kits(kits, 3, {}, "test_r2", &events);
+  // Each site reports R² and MAE on its own held-out rows.
+  std::set<std::string> reported;
+  for (const json& e : events) {
+    if (e.value("event", "") != "site_report" || !e.contains("local_r2")) continue;
+    reported.insert(e.value("site", ""));
+    EXPECT_LE(e["local_r2"].get<double>(), 1.0) << e.dump();
+    EXPECT_GT(e.value("local_mae", -1.0), 0.0) << e.dump();
+  }
+  EXPECT_EQ(reported.size(), 3u) << "every site's report carries local_r2 and local_mae";
   std::printf("diabetes, 3-site federation split by age (mlp, 10 rounds of 4 steps, federated statistics): test R2 %.4f\n",
               federated);
   EXPECT_GE(federated, 0.42);

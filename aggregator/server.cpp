@@ -26,6 +26,7 @@
 #include "train/data/token_shards.h"
 #include "train/data/tokenized_text.h"
 #include "train/model.h"
+#include "train/model_spec.h"
 #include "train/trainer.h"
 #include "privacy/dp_settings.h"
 #include "privacy/ledger.h"
@@ -98,6 +99,7 @@ class AggregatorServer::Impl {
   std::string tokenizer_fingerprint;
   // Image and table models: the schema of the validation data ("" canonical: none, not announced).
   train::data::DataSchema data_schema;
+  std::string model_spec_fingerprint;  // announced: the model's spec (train/model_spec.h)
   double tokens_per_byte = 1.0;
   bool pretokenized_validation = false;  // validation = "tokens:FILE": ids with no bytes behind them
   std::vector<crypto::Hash> chain;  // hash of every version, by version
@@ -210,6 +212,9 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
     tokenizer_fingerprint = tokenizer->fingerprint();
   }
   const train::data::BpeTokenizer* text_tokenizer = tokenizer ? &*tokenizer : nullptr;
+  Result<std::string> spec = train::model_fingerprint(config.model);
+  if (!spec.is_ok()) return spec.status();
+  model_spec_fingerprint = std::move(*spec);
 
   // Own validation data: its schema decides the model's input and classes.
   train::data::DataSource validation_source = config.data;
@@ -371,6 +376,8 @@ Status AggregatorServer::Impl::restore() {
   if (train::data::is_own_data(config.validation)) fingerprint["data_schema"] = data_schema.fingerprint();
   // A run started from a file records its version 0 (a seeded run, as before, none).
   if (!config.init.path.empty()) fingerprint["initial_model"] = federation::hash_hex(chain.front());
+  // A model from a spec file records the spec (a built-in, as before, its name only).
+  if (train::is_model_spec_file(config.model)) fingerprint["model_spec"] = model_spec_fingerprint;
   Result<std::optional<std::string>> stored = store->meta("aggregator_config");
   if (!stored.is_ok()) return stored.status();
   if (committed->empty() && in_quarantine->empty() && !stored->has_value()) {
@@ -557,6 +564,7 @@ protocol::OutgoingMessage AggregatorServer::Impl::announce(const std::string& si
   a.setAsynchronous(async);
   a.setSecureAggregation(config.is_private());
   a.setTokenizer(tokenizer_fingerprint);
+  a.setModelSpec(model_spec_fingerprint);
   if (!data_schema.canonical.empty()) a.setDataSchema(data_schema.fingerprint());
   const bool done = finished();
   a.setFinished(done);

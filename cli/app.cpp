@@ -15,6 +15,7 @@
 #include "cli/node_command.h"
 #include "cli/privacy_command.h"
 #include "cli/stats_command.h"
+#include "cli/model_command.h"
 #include "cli/provision_command.h"
 #include "cli/roster_command.h"
 #include "cli/sim_command.h"
@@ -90,6 +91,7 @@ int run_fedmesh(int argc, char** argv, const node::SecureUploadFaults& faults) {
   add_generate_command(app, exit_code);
   add_privacy_command(app, exit_code);
   add_stats_command(app, exit_code);
+  add_model_command(app, exit_code);
   add_provision_command(app, exit_code);
   add_tokenizer_command(app, exit_code);
   try {

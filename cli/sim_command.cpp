@@ -9,6 +9,7 @@
 #include "sim/simulation.h"
 #include "base/text.h"
 #include "cli/data_flags.h"
+#include "cli/model_command.h"
 #include "cli/output.h"
 #include "sim/gossip_simulation.h"
 #include "privacy/dp_settings.h"
@@ -457,8 +458,8 @@ void add_sim_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--model", o.model,
                   "mlp or cnn (Fashion-MNIST), or a language model: gpt-nano, gpt-tiny, gpt-small, gpt2 (text, byte "
-                  "tokens; reports held-out bits per byte)")
-      ->check(CLI::IsMember(train::model_names()))
+                  "tokens; reports held-out bits per byte), or a model spec file FILE.toml (docs/models.md)")
+      ->check(model_name_check())
       ->capture_default_str();
   aggregator_only.push_back(cmd->add_option("--strategy", flags->strategy,
                   "Server optimizer: fedavg, fedavgm, fedadam, fedyogi, fedadagrad or diloco")

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cli/data_flags.h"
+#include "cli/model_command.h"
 #include "cli/output.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/device_ops.h"
@@ -488,8 +489,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "Model to train: mlp (flatten-512-256-classes) or cnn (2 conv + 2 fc) on images or tables, sized "
                   "by the data (Fashion-MNIST: 784 inputs, 10 classes); or a GPT-style "
                   "language model on text with the byte tokenizer (or --tokenizer FILE): gpt-nano (0.1M parameters), gpt-tiny (1.8M), "
-                  "gpt-small (10.8M), gpt2 (124M)")
-      ->check(CLI::IsMember(train::model_names()))
+                  "gpt-small (10.8M), gpt2 (124M); or a model spec file FILE.toml (layers, or a GPT: docs/models.md)")
+      ->check(model_name_check())
       ->capture_default_str();
   cmd->add_option("--data", flags->run.data.source,
                   "Your own data: csv:FILE (a table with a header row; --label names the label column), images:DIR "

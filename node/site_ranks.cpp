@@ -70,6 +70,7 @@ Status run_site_rank(const SiteConfig& config, const train::RankFlags& flags) {
   if (!model.is_ok()) return model.status();
   // GPU ranks: joining picks this rank's device, then the model moves there.
   const Device device = config.device == "cuda" ? Device::kCuda : Device::kCpu;
+  if (const std::string problem = (*model)->device_problem(device); !problem.empty()) return invalid_argument(problem);
   Result<std::unique_ptr<train::Communicator>> communicator = train::join_rank_group(flags, train::kRankTimeout, device);
   if (!communicator.is_ok()) return communicator.status();
   (*model)->to_device(device);

@@ -22,6 +22,7 @@
 #include "train/data/fashion_mnist.h"
 #include "train/data/partition.h"
 #include "train/model.h"
+#include "train/model_spec.h"
 #include "node/secure_upload.h"
 #include "node/site_ranks.h"
 #include "protocol/compressor.h"
@@ -49,6 +50,7 @@ struct Announcement {
   bool selected = false, open = false, asynchronous = false, finished = false, secure = false;
   std::string tokenizer;  // the federation's BPE tokenizer fingerprint; "": bytes
   std::string data_schema;  // the federation's data schema fingerprint; "": not announced
+  std::string model_spec;   // the federation's model spec fingerprint; "": not announced
 };
 
 // How long a tokenizer fingerprint from the aggregator may be in a message
@@ -114,6 +116,7 @@ class SiteRuntime::Impl {
   int64_t commits = 0;
   SiteData data;  // shard, holdout
   std::string tokenizer;  // data.tokenizer's fingerprint ("": bytes), compared with every announcement's
+  std::string model_spec;  // config.model's spec fingerprint, likewise
   // Private mode: the update of a round whose secure aggregation did not
   // finish yet, kept so that a new session of the same round needs no retraining.
   struct TrainedUpdate {
@@ -200,6 +203,9 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   if (!site_data.is_ok()) return site_data.status();
   data = std::move(*site_data);
   tokenizer = data.tokenizer_fingerprint();
+  Result<std::string> spec = train::model_fingerprint(config.model);
+  if (!spec.is_ok()) return spec.status();
+  model_spec = std::move(*spec);
 
   Result<std::unique_ptr<train::Sequential>> model =
       train::make_initial_model(config.model, config.seed, data.model_input(), config.init);
@@ -210,6 +216,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
     global.push_back(p->value.clone());  // the held model stays on the host; only the worker moves
     manifest.push_back({p->name, std::vector<int64_t>(p->value.shape().begin(), p->value.shape().end())});
   }
+  if (const std::string problem = worker->device_problem(*device); !problem.empty()) return invalid_argument(problem);
   worker->to_device(*device);
   FEDMESH_RETURN_IF_ERROR(make_compressor());
   // Version 0 is the seeded model (or `init`'s): its hash is the first one a site trusts.
@@ -394,6 +401,7 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
       a.secure = r.getSecureAggregation();
       a.tokenizer = r.getTokenizer().cStr();
       a.data_schema = r.getDataSchema().cStr();
+      a.model_spec = r.getModelSpec().cStr();
       last_heard = Clock::now();
       poll_timer.answered(last_heard);
       return a;
@@ -424,6 +432,14 @@ Status SiteRuntime::Impl::check_tokenizer(const Announcement& a) const {
                             config.data.source + ") has schema " + data.schema.fingerprint() + ": " +
                             data.schema.canonical + ". The columns and their encoding, the classes, or the image size "
                             "and channels differ: give every site and the aggregator the same data.* keys");
+  }
+  // The model: built from the same spec (a built-in, or the same spec file's layers).
+  if (!a.model_spec.empty() && a.model_spec != model_spec) {
+    return invalid_argument("the aggregator's model is built from spec " + a.model_spec.substr(0, kMaxShownFingerprint) +
+                            ", and this site's (" + config.model + ") from " + model_spec +
+                            ": the layers differ. Give every site and the aggregator the same model (the same "
+                            "built-in name, or spec files with the same layers: `fedmesh model show FILE` prints the "
+                            "fingerprint)");
   }
   if (a.tokenizer == tokenizer) return Status::ok();
   return invalid_argument("the aggregator's federation reads its text with " + tokenizer_name(a.tokenizer, false, "") +

@@ -86,6 +86,9 @@ struct RoundAnnounce {
   dataSchema @12 :Text;        # image and table models: the fingerprint of the data schema the federation's
                                # model is built for (train/data/dataset.h DataSchema); "" (and absent): not
                                # announced. A site whose data has another schema refuses to take part.
+  modelSpec @13 :Text;         # the fingerprint of the federation's model spec (train/model_spec.h: a built-in
+                               # model or a spec file); "" (and absent, from older builds): not announced.
+                               # A site built from another spec refuses to take part.
 }
 
 # One tensor of an update or a model: its shape in the manifest and how it is

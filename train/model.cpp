@@ -5,6 +5,7 @@
 #include "base/random.h"
 #include "kernels/elementwise.h"
 #include "train/layers/layers.h"
+#include "train/model_spec.h"
 
 namespace fedmesh::train {
 
@@ -46,6 +47,17 @@ void Sequential::zero_grad() {
 void Sequential::to_device(Device device) {
   for (Parameter* p : parameters()) p->to_device(device);
   device_ = device;
+}
+
+std::string Sequential::device_problem(Device device) {
+  if (device != Device::kCuda) return "";
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!layers_[i]->runs_on_cuda()) {
+      return "model " + name_ + ": layer " + std::to_string(i + 1) + " (" + layers_[i]->kind() +
+             ") has no CUDA version yet; train it with --device cpu";
+    }
+  }
+  return "";
 }
 
 void Sequential::set_compute_dtype(DType dtype) {
@@ -91,6 +103,13 @@ std::optional<TransformerConfig> language_model_config(std::string_view name) {
     c.layers = layers;
     return c;
   };
+  if (is_model_spec_file(name)) {  // a GPT described in a file; an unreadable one is refused when the model is built
+    Result<ModelSpec> spec = read_model_spec(std::string(name));
+    if (!spec.is_ok() || !spec->gpt) return std::nullopt;
+    TransformerConfig c = *spec->gpt;
+    if (c.vocabulary <= 0) c.vocabulary = 256;
+    return c;
+  }
   if (name == "gpt-nano") return config(256, 64, 64, 4, 2);
   if (name == "gpt-tiny") return config(256, 128, 192, 6, 4);
   if (name == "gpt-small") return config(256, 256, 384, 6, 6);
@@ -124,6 +143,14 @@ Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t s
 Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed, const ModelInput& input) {
   const int64_t vocabulary = input.vocabulary;
   if (vocabulary < 0) return invalid_argument("a vocabulary of " + std::to_string(vocabulary) + " tokens");
+  // A model described in a file (train/model_spec.h), or a preset: both are specs.
+  std::optional<ModelSpec> spec;
+  if (is_model_spec_file(name)) {
+    Result<ModelSpec> read = read_model_spec(std::string(name));
+    if (!read.is_ok()) return read.status();
+    if (read->gpt) return build_model(*read, seed, input);
+    spec = std::move(*read);
+  }
   if (std::optional<TransformerConfig> config = language_model_config(name)) {
     if (vocabulary > 0) config->vocabulary = vocabulary;
     return make_transformer(std::string(name), *config, seed);
@@ -131,8 +158,9 @@ Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t s
   if (vocabulary > 0) {
     return invalid_argument("model '" + std::string(name) + "' is not a language model: it takes no vocabulary (tokenizer)");
   }
-  if (name != "mlp" && name != "cnn") {
-    return invalid_argument("unknown model '" + std::string(name) + "' (available: mlp, cnn, gpt-nano, gpt-tiny, gpt-small, gpt2)");
+  if (!spec) spec = preset_model_spec(name);
+  if (!spec) {
+    return invalid_argument("unknown model '" + std::string(name) + "' (available: mlp, cnn, gpt-nano, gpt-tiny, gpt-small, gpt2, or a model spec file NAME.toml)");
   }
   const Shape sample = input.sample_shape.empty() ? Shape{1, kFashionMnistSide, kFashionMnistSide} : input.sample_shape;
   const int64_t classes = input.classes > 0 ? input.classes : kFashionMnistClasses;
@@ -155,38 +183,7 @@ Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t s
                             std::to_string(classes));
   }
   if (!input.regression && classes < 2) return invalid_argument("model " + std::string(name) + ": " + std::to_string(classes) + " class(es); a classifier needs 2 or more");
-  Rng rng(seed);
-  auto model = std::make_unique<Sequential>(std::string(name), sample);
-  const auto linear = [&](const std::string& layer_name, int64_t in, int64_t out) {
-    auto layer = std::make_unique<Linear>(layer_name, in, out);
-    layer->initialize(rng);
-    model->add(std::move(layer));
-  };
-  const auto conv = [&](const std::string& layer_name, int64_t in, int64_t out) {
-    auto layer = std::make_unique<Conv2d>(layer_name, in, out, /*kernel=*/3, /*stride=*/1, /*padding=*/1);
-    layer->initialize(rng);
-    model->add(std::move(layer));
-  };
-  if (name == "mlp") {
-    model->add(std::make_unique<Flatten>());
-    linear("fc1", features, 512);
-    model->add(std::make_unique<ReLU>());
-    linear("fc2", 512, 256);
-    model->add(std::make_unique<ReLU>());
-    linear("fc3", 256, classes);
-  } else {  // cnn: two 3x3 convolutions keep the sides, each 2x2 pool halves them (rounding down)
-    conv("conv1", sample[0], 32);
-    model->add(std::make_unique<ReLU>());
-    model->add(std::make_unique<MaxPool2d>(2, 2));
-    conv("conv2", 32, 64);
-    model->add(std::make_unique<ReLU>());
-    model->add(std::make_unique<MaxPool2d>(2, 2));
-    model->add(std::make_unique<Flatten>());
-    linear("fc1", 64 * (sample[1] / 2 / 2) * (sample[2] / 2 / 2), 128);
-    model->add(std::make_unique<ReLU>());
-    linear("fc2", 128, classes);
-  }
-  return model;
+  return build_model(*spec, seed, input);
 }
 
 }  // namespace fedmesh::train

@@ -42,9 +42,12 @@ class Sequential {
   void refresh_compute();
   // Moves every parameter (master, gradient, compute copy) to `device`; the
   // layers then keep their activations there. For Device::kCuda ask
-  // cuda::available() first, and check cuda_unsupported().
+  // cuda::available() first, and check device_problem().
   void to_device(Device device);
   Device device() const { return device_; }
+  // Why the model cannot run on `device` ("" if it can): a layer with no
+  // CUDA version (train/layers/spec_layers.h), named.
+  std::string device_problem(Device device);
   // A human-readable table: layer, output shape, parameters.
   std::string summary();
 
@@ -86,8 +89,8 @@ struct ModelInput {
 };
 Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t seed, const ModelInput& input);
 std::vector<std::string> model_names();
-// The transformer's sizes for a language model's name; nullopt for the
-// image models.
+// The transformer's sizes for a language model's name (or a model spec
+// file holding a GPT, train/model_spec.h); nullopt for the image models.
 std::optional<TransformerConfig> language_model_config(std::string_view name);
 // A language model of any sizes (the named ones above are these).
 std::unique_ptr<Sequential> make_transformer(std::string name, const TransformerConfig& config, uint64_t seed);

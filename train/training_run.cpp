@@ -172,6 +172,7 @@ int64_t TrainingRun::total_steps() const {
 Status TrainingRun::run_as_rank() {
   Result<std::unique_ptr<Sequential>> model = make_model(options_.model, options_.options.seed, model_input());
   if (!model.is_ok()) return model.status();
+  if (const std::string problem = (*model)->device_problem(device_); !problem.empty()) return invalid_argument(problem);
   (*model)->to_device(device_);
   Trainer trainer(**model, options_.options);
   Result<std::unique_ptr<Communicator>> communicator = join_rank_group(options_.group, kRankTimeout, device_);
@@ -197,6 +198,7 @@ Status TrainingRun::open(PrivacyEntryAt privacy, const std::function<void(const 
       make_initial_model(options_.model, options_.options.seed, model_input(), options_.init, &init_report_);
   if (!model.is_ok()) return model.status();
   model_ = std::move(*model);
+  if (const std::string problem = model_->device_problem(device_); !problem.empty()) return invalid_argument(problem);
   model_->to_device(device_);
   trainer_ = std::make_unique<Trainer>(*model_, options_.options);
   if (options_.db.empty()) return Status::ok();

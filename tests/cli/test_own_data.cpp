@@ -450,6 +450,67 @@ TEST_F(OwnData, PrivateModeAddsTheStatisticsUpMasked) {
   }
 }
 
+// A model described in a file (train/model_spec.h) on the breast-cancer
+// table: `model show` sizes it by the data, `train` reaches the built-in
+// mlp's accuracy, a spec that does not fit the table exits 2 naming the
+// layer, and a 3-site federation trains it, a site with another model being
+// refused by the spec's fingerprint.
+TEST_F(OwnData, AModelSpecFileTrainsOnATableAndInAFederation) {
+  const fs::path tables = dir_ / "tables";
+  ASSERT_EQ(run_script("tests/data/split_breast_cancer.py", {tables.string()}), 0);
+  const fs::path spec = dir_ / "tabular.toml";
+  spit(spec, "name = \"tabular\"\nlayers = [\n  { type = \"linear\", out = 32 },\n  { type = \"silu\" },\n"
+             "  { type = \"dropout\", p = 0.1 },\n  { type = \"linear\" },\n]\n");
+  const std::vector<std::string> data = {"--data", "csv:" + (tables / "all-train.csv").string(), "--label", "diagnosis"};
+  std::vector<std::string> show = {"model", "show", spec.string(), "--json"};
+  show.insert(show.end(), data.begin(), data.end());
+  const FedmeshOutput shown = run_fedmesh(show);
+  ASSERT_EQ(shown.exit_code, 0) << shown.text;
+  EXPECT_EQ(shown.last["parameters"], 30 * 32 + 32 + 32 * 2 + 2) << shown.text;
+  EXPECT_EQ(shown.last["layers"].size(), 4u);
+  EXPECT_EQ(shown.last["layers"][3]["output"], json::array({2})) << "the last linear gets the data's 2 classes";
+  const std::string fingerprint = shown.last.value("fingerprint", "");
+  EXPECT_EQ(fingerprint.rfind("fnv1a64:", 0), 0u) << shown.text;
+
+  std::vector<std::string> train = {"train", "--model", spec.string(), "--test-data", "csv:" + (tables / "test.csv").string(),
+                                    "--epochs", "20", "--batch-size", "32", "--lr", "0.001", "--json"};
+  train.insert(train.end(), data.begin(), data.end());
+  const FedmeshOutput central = run_fedmesh(train);
+  ASSERT_EQ(central.exit_code, 0) << central.text;
+  std::printf("breast cancer, fedmesh train (central, spec tabular.toml: linear 32, silu, dropout 0.1, linear): test "
+              "accuracy %.4f\n", final_accuracy(central));
+  EXPECT_GE(final_accuracy(central), 0.94) << central.text;
+  const fs::path images_only = dir_ / "images-only.toml";
+  spit(images_only, "layers = [{ type = \"conv2d\", out = 8 }, { type = \"flatten\" }, { type = \"linear\" }]\n");
+  train[2] = images_only.string();
+  const FedmeshOutput refused = run_fedmesh(train);
+  EXPECT_EQ(refused.exit_code, 2) << refused.text;
+  EXPECT_NE(refused.text.find("layer 1 (conv2d) takes images"), std::string::npos) << refused.text;
+
+  const fs::path kits = provision_kits("mlp", 3, 8, 30);
+  ASSERT_FALSE(kits.empty());
+  const std::vector<fs::path> configs = use_tables(
+      kits, 3, tables, {{"data.label", "\"diagnosis\""}, {"data.classes", "[\"benign\", \"malignant\"]"}});
+  for (const fs::path& config : configs) set_toml_option(config, "model", "\"" + spec.string() + "\"");
+  set_toml_option(configs.front(), "validation", "\"csv:" + (tables / "test.csv").string() + "\"");
+  const auto built_in_site = [&] {
+    // site-2 with the built-in mlp: the aggregator's announcement names another spec.
+    const std::string other = variant_config(kits, 2, "mlp.toml", "model", "\"mlp\"");
+    set_toml_option(kits / "site-2" / other, "store", "\"mlp.db\"");
+    set_toml_option(kits / "site-2" / other, "metrics", "\"\"");
+    ChildProcess site(in_kit(kits, "site-2", "node --config " + other));
+    std::vector<json> events;
+    const std::optional<json> error =
+        wait_for(site, events, [](const json& e) { return e.value("event", "") == "error"; }, 60s);
+    ASSERT_TRUE(error.has_value()) << "a site with another model was not refused";
+    EXPECT_NE((*error)["message"].get<std::string>().find(fingerprint), std::string::npos) << error->dump();
+    EXPECT_EQ(site.wait(), 2);
+  };
+  const double accuracy = run_kits(kits, 3, built_in_site);
+  std::printf("breast cancer, 3-site federation of the spec model (8 rounds): test accuracy %.4f\n", accuracy);
+  EXPECT_GE(accuracy, 0.90);
+}
+
 TEST_F(OwnData, ImageFoldersTrainAtTheirOwnSizeAndChannels) {
   const fs::path gray = dir_ / "digits";
   ASSERT_EQ(run_script("tests/data/make_digits_images.py", {gray.string(), "--sites", "4", "--npz"}), 0);

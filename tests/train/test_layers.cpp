@@ -9,8 +9,10 @@
 
 #include "kernels/loss.h"
 #include "train/layers/layers.h"
+#include "train/layers/spec_layers.h"
 #include "train/model.h"
 #include "tests/support/gradient_check.h"
+#include "tests/support/model_gradient_check.h"
 
 namespace fedmesh::train {
 namespace {
@@ -124,31 +126,62 @@ TEST(LayerGradients, LayerNorm) {
   check_layer(layer, random_tensor({5, 8}, rng), 19);
 }
 
+// The layers config-defined models add (train/layers/spec_layers.h).
+TEST(LayerGradients, Silu) {
+  Rng rng(31);
+  Silu layer;
+  check_layer(layer, random_tensor({3, 7}, rng), 32);
+}
+
+TEST(LayerGradients, AvgPool2d) {
+  Rng rng(33);
+  AvgPool2d pool(2, 2);
+  check_layer(pool, random_tensor({2, 3, 5, 6}, rng), 34);  // odd side: the last row dropped
+  AvgPool2d overlapping(3, 1);
+  check_layer(overlapping, random_tensor({1, 2, 5, 5}, rng), 35);
+}
+
+TEST(LayerGradients, GlobalAvgPool2d) {
+  Rng rng(36);
+  GlobalAvgPool2d pool;
+  check_layer(pool, random_tensor({2, 4, 3, 5}, rng), 37);
+  const Tensor x = random_tensor({1, 2, 2, 2}, rng);
+  const Tensor y = pool.forward(x, false);
+  const float* px = x.data<float>();
+  EXPECT_NEAR(y.data<float>()[1], (px[4] + px[5] + px[6] + px[7]) / 4.0f, 1e-6f);
+}
+
+TEST(LayerGradients, DropoutZeroesAFractionAndScalesTheRest) {
+  Rng rng(38);
+  Dropout dropout(0.25, 7);
+  const Tensor x = away_from_zero({4, 1000}, rng);
+  EXPECT_EQ(dropout.forward(x, /*training=*/false).data<float>(), x.data<float>()) << "inference: the identity";
+  const Tensor y = dropout.forward(x, /*training=*/true).clone();
+  const Tensor dy = random_tensor({4, 1000}, rng);
+  const Tensor dx = dropout.backward(dy, true).clone();
+  int64_t zeroed = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float kept = y.data<float>()[i] / x.data<float>()[i];
+    if (y.data<float>()[i] == 0.0f) {
+      ++zeroed;
+      EXPECT_EQ(dx.data<float>()[i], 0.0f);
+    } else {
+      EXPECT_NEAR(kept, 1.0f / 0.75f, 1e-5f);
+      EXPECT_NEAR(dx.data<float>()[i], dy.data<float>()[i] / 0.75f, 1e-5f) << "the same mask backward";
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(zeroed) / static_cast<double>(x.numel()), 0.25, 0.03);
+  Dropout again(0.25, 7);
+  const Tensor y2 = again.forward(x, true);
+  EXPECT_EQ(0, std::memcmp(y.data<float>(), y2.data<float>(), y.nbytes())) << "the same seed, the same masks";
+}
+
 // Whole models: d(mean cross-entropy)/d(parameters) against finite differences.
 void check_model(const std::string& name) {
   auto model = make_model(name, 21);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
-  Sequential& net = **model;
   Rng rng(22);
-  const int64_t batch = 3;
-  const Tensor x = random_tensor({batch, 1, 28, 28}, rng);
-  const std::vector<int32_t> labels = {1, 7, 4};
-  const auto loss = [&] {
-    const Tensor logits = net.forward(x, /*training=*/false);
-    return softmax_cross_entropy(logits, labels, nullptr).loss_sum / batch;
-  };
-  net.zero_grad();
-  const Tensor logits = net.forward(x, /*training=*/true);
-  Tensor dlogits = Tensor::empty(logits.shape());
-  softmax_cross_entropy(logits, labels, &dlogits, 1.0f, static_cast<float>(batch));
-  net.backward(dlogits);
-  for (Parameter* p : net.parameters()) {
-    const Tensor analytic = p->grad.clone();
-    // Smaller step: the model is deeper, so curvature is larger; tolerance
-    // scaled to the small gradients of a mean loss.
-    expect_gradient_matches(name + " " + p->name, p->value.data<float>(), analytic.data<float>(), p->value.numel(),
-                            loss, [] {}, rng, 6, 5e-3, 2e-3, 5e-2);
-  }
+  fedmesh::testing::expect_model_gradients_match(name, **model, random_tensor({3, 1, 28, 28}, rng), {1, 7, 4}, rng);
 }
 
 TEST(ModelGradients, Mlp) { check_model("mlp"); }

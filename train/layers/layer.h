@@ -26,6 +26,8 @@ class Layer {
   // when need_input_grad, else an undefined tensor.
   virtual Tensor backward(const Tensor& dy, bool need_input_grad) = 0;
   virtual std::vector<Parameter*> parameters() { return {}; }
+  // Whether the layer has a CUDA version (every built-in model's layers do).
+  virtual bool runs_on_cuda() const { return true; }
 };
 
 

@@ -32,7 +32,9 @@ const std::map<std::string, std::vector<std::string>, std::less<>>& layer_keys()
       {"gelu", {}},
       {"silu", {}},
       {"layernorm", {"name"}},
+      {"groupnorm", {"groups", "name"}},
       {"dropout", {"p"}},
+      {"residual", {"layers", "name"}},
   };
   return keys;
 }
@@ -70,7 +72,9 @@ std::string read_int(const toml::table& table, std::string_view key, int64_t low
   return "";
 }
 
-Result<LayerSpec> parse_layer(const toml::table& table, size_t number, const std::string& what) {
+Result<std::vector<LayerSpec>> parse_layers(const toml::node* node, const std::string& what, bool in_residual);
+
+Result<LayerSpec> parse_layer(const toml::table& table, size_t number, const std::string& what, bool in_residual) {
   const auto flaw = [&](const std::string& type, const std::string& why) {
     return invalid_argument(what + ": layer " + std::to_string(number) + (type.empty() ? "" : " (" + type + ")") +
                             ": " + why);
@@ -107,6 +111,17 @@ Result<LayerSpec> parse_layer(const toml::table& table, size_t number, const std
     if (problem = read_int(table, "size", 1, kMaxKernel, layer.kernel); !problem.empty()) return flaw(*type, problem);
     layer.stride = layer.kernel;
     if (problem = read_int(table, "stride", 1, kMaxKernel, layer.stride); !problem.empty()) return flaw(*type, problem);
+  }
+  if (*type == "groupnorm") {
+    if (problem = read_int(table, "groups", 1, kMaxWidth, layer.groups); !problem.empty()) return flaw(*type, problem);
+    if (layer.groups == 0) return flaw(*type, "needs groups (how many groups the channels form)");
+  }
+  if (*type == "residual") {
+    if (in_residual) return flaw(*type, "a residual block inside a residual block is not taken");
+    Result<std::vector<LayerSpec>> body =
+        parse_layers(table.get("layers"), what + ": layer " + std::to_string(number) + " (residual)", true);
+    if (!body.is_ok()) return body.status();
+    layer.body = std::move(*body);
   }
   if (*type == "dropout") {
     if (const toml::node* p = table.get("p")) {
@@ -148,6 +163,62 @@ Result<TransformerConfig> parse_gpt(const toml::table& table, const std::string&
   return c;
 }
 
+// A list of layers (the model's, or a residual block's body): 1 to
+// kMaxSpecLayers tables, names unique across the model's top level and the
+// body, only the last linear without out.
+Result<std::vector<LayerSpec>> parse_layers(const toml::node* node, const std::string& what, bool in_residual) {
+  const toml::array* array = node != nullptr ? node->as_array() : nullptr;
+  if (array == nullptr || array->empty() || array->size() > kMaxSpecLayers) {
+    return invalid_argument(what + ": layers must be a list of 1 to " + std::to_string(kMaxSpecLayers) + " tables");
+  }
+  std::vector<LayerSpec> out;
+  std::set<std::string> names;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::table* table = (*array)[i].as_table();
+    if (table == nullptr) return invalid_argument(what + ": layer " + std::to_string(i + 1) + " is not a table");
+    Result<LayerSpec> layer = parse_layer(*table, i + 1, what, in_residual);
+    if (!layer.is_ok()) return layer.status();
+    if (!layer->name.empty() && !names.insert(layer->name).second) {
+      return invalid_argument(what + ": layer " + std::to_string(i + 1) + ": the name '" + layer->name +
+                              "' is used twice");
+    }
+    if (layer->type == "linear" && layer->out == 0 && (in_residual || i + 1 != array->size())) {
+      return invalid_argument(what + ": layer " + std::to_string(i + 1) +
+                              " (linear): needs out (only the model's last layer's defaults to the data's classes)");
+    }
+    out.push_back(std::move(*layer));
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+// One line per layer, every value spelled out; a residual's body indented under it.
+void append_canonical(std::string& out, const std::vector<LayerSpec>& layers, const std::string& indent) {
+  char p[32];
+  for (const LayerSpec& l : layers) {
+    out += indent + l.type;
+    if (l.type == "linear" || l.type == "conv2d") out += " out=" + std::to_string(l.out);
+    if (l.type == "conv2d") {
+      out += " kernel=" + std::to_string(l.kernel) + " stride=" + std::to_string(l.stride) +
+             " padding=" + std::to_string(l.padding);
+    }
+    if (l.type == "maxpool" || l.type == "avgpool") {
+      out += " size=" + std::to_string(l.kernel) + " stride=" + std::to_string(l.stride);
+    }
+    if (l.type == "groupnorm") out += " groups=" + std::to_string(l.groups);
+    if (l.type == "dropout") {
+      std::snprintf(p, sizeof p, "%.17g", l.p);
+      out += std::string(" p=") + p;
+    }
+    if (!l.name.empty()) out += " name=" + l.name;
+    out += "\n";
+    if (l.type == "residual") append_canonical(out, l.body, indent + "  ");
+  }
+}
+
 }  // namespace
 
 std::string ModelSpec::canonical() const {
@@ -158,24 +229,7 @@ std::string ModelSpec::canonical() const {
            " vocabulary=" + std::to_string(gpt->vocabulary) + "\n";
     return out;
   }
-  char p[32];
-  for (const LayerSpec& l : layers) {
-    out += l.type;
-    if (l.type == "linear" || l.type == "conv2d") out += " out=" + std::to_string(l.out);
-    if (l.type == "conv2d") {
-      out += " kernel=" + std::to_string(l.kernel) + " stride=" + std::to_string(l.stride) +
-             " padding=" + std::to_string(l.padding);
-    }
-    if (l.type == "maxpool" || l.type == "avgpool") {
-      out += " size=" + std::to_string(l.kernel) + " stride=" + std::to_string(l.stride);
-    }
-    if (l.type == "dropout") {
-      std::snprintf(p, sizeof p, "%.17g", l.p);
-      out += std::string(" p=") + p;
-    }
-    if (!l.name.empty()) out += " name=" + l.name;
-    out += "\n";
-  }
+  append_canonical(out, layers, "");
   return out;
 }
 
@@ -213,26 +267,9 @@ Result<ModelSpec> parse_model_spec(std::string_view text, const std::string& wha
     spec.gpt = *config;
     return spec;
   }
-  const toml::array* array = layers->as_array();
-  if (array == nullptr || array->empty() || array->size() > kMaxSpecLayers) {
-    return invalid_argument(what + ": layers must be a list of 1 to " + std::to_string(kMaxSpecLayers) + " tables");
-  }
-  std::set<std::string> names;
-  for (size_t i = 0; i < array->size(); ++i) {
-    const toml::table* table = (*array)[i].as_table();
-    if (table == nullptr) return invalid_argument(what + ": layer " + std::to_string(i + 1) + " is not a table");
-    Result<LayerSpec> layer = parse_layer(*table, i + 1, what);
-    if (!layer.is_ok()) return layer.status();
-    if (!layer->name.empty() && !names.insert(layer->name).second) {
-      return invalid_argument(what + ": layer " + std::to_string(i + 1) + ": the name '" + layer->name +
-                              "' is used twice");
-    }
-    if (layer->type == "linear" && layer->out == 0 && i + 1 != array->size()) {
-      return invalid_argument(what + ": layer " + std::to_string(i + 1) +
-                              " (linear): needs out (only the last layer's defaults to the data's classes)");
-    }
-    spec.layers.push_back(std::move(*layer));
-  }
+  Result<std::vector<LayerSpec>> parsed_layers = parse_layers(layers, what, false);
+  if (!parsed_layers.is_ok()) return parsed_layers.status();
+  spec.layers = std::move(*parsed_layers);
   return spec;
 }
 

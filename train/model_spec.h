@@ -20,9 +20,15 @@
 //   maxpool, avgpool  size (2), stride (size)
 //   global_avgpool, flatten, relu, gelu, silu
 //   layernorm       name (normalizes the last dimension)
+//   groupnorm       groups (required, divides the channels), name
 //   dropout         p (in [0, 1))
+//   residual        layers (required: its body, no residual inside), name:
+//                   y = body(x) + x, or + a 1x1 convolution of x (its
+//                   "shortcut") where the body changes channels or size
 // Layers with parameters are named fc1, fc2, ... (linear), conv1, ...
-// (conv2d) and ln1, ... (layernorm) unless `name` says otherwise; the
+// (conv2d), ln1, ... (layernorm), gn1, ... (groupnorm) and res1, ...
+// (residual; its layers res1.conv1, ..., its shortcut res1.shortcut)
+// unless `name` says otherwise; the
 // parameters are "<name>.weight" / ".bias" (layernorm: ".weight" / ".bias"
 // too, as PyTorch names them). The built-in mlp and cnn are such specs
 // (preset_model_spec), built by the same code.
@@ -56,6 +62,8 @@ struct LayerSpec {
   int64_t stride = 1;     // conv2d; pools: (size)
   int64_t padding = -1;   // conv2d; -1: kernel / 2
   double p = 0.0;         // dropout
+  int64_t groups = 0;     // groupnorm
+  std::vector<LayerSpec> body;  // residual: its layers
 };
 
 struct ModelSpec {

@@ -5,8 +5,9 @@
 //   - a rejection is kInvalidArgument with a non-empty message;
 //   - an accepted spec is within the limits the builder relies on: 1 to
 //     kMaxSpecLayers layers of known types with values in range (or a GPT
-//     whose width its heads divide), names unique, only the last linear
-//     without out;
+//     whose width its heads divide), names unique, only the model's last
+//     linear without out, residual bodies of 1 to kMaxSpecLayers layers
+//     with no residual inside;
 //   - parsing the same text again gives the same canonical text and
 //     fingerprint.
 // A violation prints what was wrong and traps, which libFuzzer reports as a
@@ -29,9 +30,10 @@ namespace train = fedmesh::train;
   __builtin_trap();
 }
 
-void check_layer(const train::LayerSpec& l, bool last) {
+void check_layer(const train::LayerSpec& l, bool last, bool in_residual) {
   static const std::set<std::string> types = {"linear", "conv2d", "maxpool", "avgpool", "global_avgpool", "flatten",
-                                              "relu",   "gelu",   "silu",    "layernorm", "dropout"};
+                                              "relu",   "gelu",   "silu",    "layernorm", "dropout",
+                                              "groupnorm", "residual"};
   if (types.count(l.type) == 0) violated("accepted layer type '" + l.type + "'");
   if (l.type == "linear" && (l.out < 0 || (l.out == 0 && !last))) violated("a linear without out before the last");
   if (l.type == "conv2d" && (l.out < 1 || l.kernel < 1 || l.stride < 1 || l.padding < 0 || l.padding >= l.kernel)) {
@@ -39,6 +41,14 @@ void check_layer(const train::LayerSpec& l, bool last) {
   }
   if ((l.type == "maxpool" || l.type == "avgpool") && (l.kernel < 1 || l.stride < 1)) violated("a pool out of range");
   if (l.type == "dropout" && !(l.p >= 0.0 && l.p < 1.0)) violated("a dropout p out of [0, 1)");
+  if (l.type == "groupnorm" && l.groups < 1) violated("a groupnorm without groups");
+  if (l.type == "residual") {
+    if (in_residual) violated("a residual inside a residual");
+    if (l.body.empty() || l.body.size() > train::kMaxSpecLayers) violated("a residual body's size out of range");
+    for (const train::LayerSpec& inner : l.body) check_layer(inner, false, true);
+  } else if (!l.body.empty()) {
+    violated("a body on a " + l.type);
+  }
 }
 
 }  // namespace
@@ -62,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     if (spec.layers.empty() || spec.layers.size() > train::kMaxSpecLayers) violated("a layer count out of range");
     std::set<std::string> names;
     for (size_t i = 0; i < spec.layers.size(); ++i) {
-      check_layer(spec.layers[i], i + 1 == spec.layers.size());
+      check_layer(spec.layers[i], i + 1 == spec.layers.size(), false);
       if (!spec.layers[i].name.empty() && !names.insert(spec.layers[i].name).second) violated("a name used twice");
     }
   }

@@ -151,6 +151,42 @@ TEST(LayerGradients, GlobalAvgPool2d) {
   EXPECT_NEAR(y.data<float>()[1], (px[4] + px[5] + px[6] + px[7]) / 4.0f, 1e-6f);
 }
 
+TEST(LayerGradients, GroupNorm) {
+  Rng rng(40);
+  GroupNorm norm("gn", 3, 6);
+  // Weights away from 1 and biases away from 0, so that both are exercised.
+  for (int64_t c = 0; c < 6; ++c) {
+    norm.parameters()[0]->value.data<float>()[c] = 0.5f + 0.25f * static_cast<float>(c);
+    norm.parameters()[1]->value.data<float>()[c] = 0.1f * static_cast<float>(c) - 0.2f;
+  }
+  check_layer(norm, random_tensor({2, 6, 3, 3}, rng), 41);
+  GroupNorm table("gn2", 2, 4);  // (batch, features): each group over its features only
+  check_layer(table, random_tensor({3, 4}, rng), 42);
+}
+
+TEST(LayerGradients, ResidualWithAndWithoutAShortcut) {
+  Rng rng(43);
+  {
+    std::vector<std::unique_ptr<Layer>> body;
+    auto conv = std::make_unique<Conv2d>("res1.conv1", 3, 3, 3, 1, 1);
+    conv->initialize(rng);
+    body.push_back(std::move(conv));
+    body.push_back(std::make_unique<Gelu>());
+    Residual same(std::move(body), nullptr);
+    check_layer(same, random_tensor({2, 3, 5, 5}, rng), 44);
+  }
+  std::vector<std::unique_ptr<Layer>> body;
+  auto conv = std::make_unique<Conv2d>("res2.conv1", 2, 4, 3, 2, 1);
+  conv->initialize(rng);
+  body.push_back(std::move(conv));
+  body.push_back(std::make_unique<Silu>());
+  auto shortcut = std::make_unique<Conv2d>("res2.shortcut", 2, 4, 1, 2, 0);
+  shortcut->initialize(rng);
+  Residual projected(std::move(body), std::move(shortcut));
+  check_layer(projected, random_tensor({2, 2, 6, 6}, rng), 45);
+  EXPECT_EQ(projected.parameters().size(), 4u);
+}
+
 TEST(LayerGradients, DropoutZeroesAFractionAndScalesTheRest) {
   Rng rng(38);
   Dropout dropout(0.25, 7);

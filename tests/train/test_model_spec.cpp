@@ -181,6 +181,60 @@ TEST_F(ModelSpecs, AGptSpecBuildsTheSameModelAsTheBuiltInOfItsSizes) {
   EXPECT_EQ((*tokenized)->parameters()[0]->value.shape(), (Shape{500, 64}));
 }
 
+TEST_F(ModelSpecs, ResidualBlocksAndGroupNormBuildAResNet) {
+  Result<ModelSpec> spec = parse(R"(layers = [
+    { type = "conv2d", out = 8 },
+    { type = "groupnorm", groups = 4 },
+    { type = "relu" },
+    { type = "residual", layers = [
+        { type = "conv2d", out = 8 }, { type = "groupnorm", groups = 2 }, { type = "relu" },
+        { type = "conv2d", out = 8 }, { type = "groupnorm", groups = 2 } ] },
+    { type = "relu" },
+    { type = "residual", name = "down", layers = [
+        { type = "conv2d", out = 16, stride = 2 }, { type = "relu" }, { type = "conv2d", out = 16 } ] },
+    { type = "global_avgpool" },
+    { type = "linear" },
+  ])");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_NE(spec->canonical().find("residual\n  conv2d out=8"), std::string::npos) << spec->canonical();
+  std::vector<BuiltLayer> plan;
+  auto model = build_model(*spec, 1, ModelInput{0, {3, 9, 9}, 10, false}, &plan);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  std::vector<std::string> names;
+  for (Parameter* p : (*model)->parameters()) names.push_back(p->name);
+  const std::vector<std::string> expected = {
+      "conv1.weight", "conv1.bias", "gn1.weight", "gn1.bias",
+      "res1.conv1.weight", "res1.conv1.bias", "res1.gn1.weight", "res1.gn1.bias",
+      "res1.conv2.weight", "res1.conv2.bias", "res1.gn2.weight", "res1.gn2.bias",
+      "down.conv1.weight", "down.conv1.bias", "down.conv2.weight", "down.conv2.bias",
+      "down.shortcut.weight", "down.shortcut.bias", "fc1.weight", "fc1.bias"};
+  EXPECT_EQ(names, expected);
+  EXPECT_EQ(plan[3].name, "res1");
+  EXPECT_EQ(plan[3].output, (Shape{8, 9, 9}));
+  EXPECT_EQ(plan[5].output, (Shape{16, 5, 5})) << "9 -> 5 with stride 2 and padding 1; the shortcut likewise";
+  const auto refused = [&](const std::string& text, const ModelInput& input, const std::string& says) {
+    Result<ModelSpec> s = parse(text);
+    if (!s.is_ok()) {
+      EXPECT_NE(s.status().message().find(says), std::string::npos) << s.status().message();
+      return;
+    }
+    auto m = build_model(*s, 1, input);
+    ASSERT_FALSE(m.is_ok()) << text;
+    EXPECT_NE(m.status().message().find(says), std::string::npos) << m.status().message();
+  };
+  const ModelInput images{0, {3, 8, 8}, 10, false};
+  refused(R"(layers = [{ type = "residual", layers = [{ type = "flatten" }] }, { type = "linear" }])", images,
+          "layer 1 (residual): its body turns (3, 8, 8) into (192)");
+  refused(R"(layers = [{ type = "residual", layers = [{ type = "residual", layers = [{ type = "relu" }] }] }])", images,
+          "a residual block inside a residual block");
+  refused(R"(layers = [{ type = "residual", layers = [{ type = "conv2d", out = 4, kernel = 9, padding = 0 }] }])",
+          images, "layer 1 (residual), layer 1 (conv2d) takes images of at least 9x9");
+  refused(R"(layers = [{ type = "groupnorm", groups = 2 }, { type = "flatten" }, { type = "linear" }])", images,
+          "2 groups: channels (the first dimension) divisible by them");
+  refused(R"(layers = [{ type = "groupnorm" }])", images, "needs groups");
+  refused(R"(layers = [{ type = "residual" }])", images, "layers must be a list");
+}
+
 TEST_F(ModelSpecs, TheCanonicalTextSpellsOutEveryDefault) {
   Result<ModelSpec> a = parse(R"(layers = [{ type = "conv2d", out = 4 }, { type = "flatten" }, { type = "linear" }])");
   Result<ModelSpec> b = parse(R"(layers = [
@@ -195,7 +249,10 @@ TEST_F(ModelSpecs, TheCanonicalTextSpellsOutEveryDefault) {
 // A spec model trains like a built-in one: its gradients against finite differences.
 TEST_F(ModelSpecs, ASpecModelsGradientsMatchFiniteDifferences) {
   Result<ModelSpec> spec = parse(R"(layers = [
-    { type = "conv2d", out = 3 }, { type = "silu" }, { type = "avgpool" },
+    { type = "conv2d", out = 4 }, { type = "groupnorm", groups = 2 }, { type = "silu" },
+    { type = "residual", layers = [{ type = "conv2d", out = 4 }, { type = "gelu" }] },
+    { type = "residual", layers = [{ type = "conv2d", out = 6, stride = 2 }] },
+    { type = "avgpool", size = 3 },
     { type = "flatten" }, { type = "layernorm" }, { type = "linear", out = 6 }, { type = "gelu" }, { type = "linear" }])");
   ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
   auto model = build_model(*spec, 21, ModelInput{0, {2, 6, 6}, 4, false});

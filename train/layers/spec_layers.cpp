@@ -1,6 +1,9 @@
 #include "train/layers/spec_layers.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "kernels/elementwise.h"
 
 #include "base/status.h"
 #include "kernels/convert.h"
@@ -151,6 +154,127 @@ Tensor Dropout::backward(const Tensor& dy, bool need_input_grad) {
   std::vector<float> grad = host_floats(dy);
   for (size_t i = 0; i < grad.size(); ++i) grad[i] *= mask_[i];
   return store(input_grad_, dy.shape(), dy.dtype(), grad);
+}
+
+// ---- GroupNorm -----------------------------------------------------------------
+
+GroupNorm::GroupNorm(const std::string& name, int64_t groups, int64_t channels)
+    : groups_(groups), channels_(channels), weight_(name + ".weight", {channels}), bias_(name + ".bias", {channels}) {
+  fill(weight_.value, 1.0f);
+  weight_.refresh_compute();
+}
+
+Tensor GroupNorm::forward(const Tensor& x, bool training) {
+  FEDMESH_CHECK(x.rank() >= 2 && x.dim(1) == channels_, "groupnorm expects (batch, channels, ...)");
+  const int64_t batch = x.dim(0), per_channel = x.numel() / (batch * channels_);
+  const int64_t group_size = channels_ / groups_ * per_channel;
+  const std::vector<float> in = host_floats(x);
+  std::vector<float> out(in.size()), normalized(in.size()), rstd(static_cast<size_t>(batch * groups_));
+  const float* w = weight_.value.data<float>();
+  const float* b = bias_.value.data<float>();
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int64_t g = 0; g < groups_; ++g) {
+      const size_t start = static_cast<size_t>((n * groups_ + g) * group_size);
+      double sum = 0.0, squares = 0.0;
+      for (int64_t k = 0; k < group_size; ++k) {
+        const double v = in[start + static_cast<size_t>(k)];
+        sum += v;
+        squares += v * v;
+      }
+      const double mean = sum / static_cast<double>(group_size);
+      const double variance = std::max(0.0, squares / static_cast<double>(group_size) - mean * mean);
+      const auto r = static_cast<float>(1.0 / std::sqrt(variance + 1e-5));  // PyTorch's eps
+      rstd[static_cast<size_t>(n * groups_ + g)] = r;
+      for (int64_t k = 0; k < group_size; ++k) {
+        const size_t i = start + static_cast<size_t>(k);
+        const int64_t c = g * (channels_ / groups_) + k / per_channel;
+        normalized[i] = (in[i] - static_cast<float>(mean)) * r;
+        out[i] = normalized[i] * w[c] + b[c];
+      }
+    }
+  }
+  if (training) {
+    normalized_ = std::move(normalized);
+    rstd_ = std::move(rstd);
+    input_shape_ = x.shape();
+  }
+  return store(output_, x.shape(), x.dtype(), out);
+}
+
+Tensor GroupNorm::backward(const Tensor& dy, bool need_input_grad) {
+  const int64_t batch = input_shape_[0], per_channel = dy.numel() / (batch * channels_);
+  const int64_t group_size = channels_ / groups_ * per_channel;
+  const std::vector<float> grad = host_floats(dy);
+  const float* w = weight_.value.data<float>();
+  float* dw = weight_.grad.data<float>();
+  float* db = bias_.grad.data<float>();
+  std::vector<float> out(grad.size());
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int64_t g = 0; g < groups_; ++g) {
+      const size_t start = static_cast<size_t>((n * groups_ + g) * group_size);
+      // dx = rstd (dx̂ - mean(dx̂) - x̂ mean(dx̂ x̂)), dx̂ = dy w.
+      double mean_d = 0.0, mean_dx = 0.0;
+      for (int64_t k = 0; k < group_size; ++k) {
+        const size_t i = start + static_cast<size_t>(k);
+        const int64_t c = g * (channels_ / groups_) + k / per_channel;
+        dw[c] += grad[i] * normalized_[i];
+        db[c] += grad[i];
+        const double d = static_cast<double>(grad[i]) * w[c];
+        mean_d += d;
+        mean_dx += d * normalized_[i];
+      }
+      mean_d /= static_cast<double>(group_size);
+      mean_dx /= static_cast<double>(group_size);
+      const float r = rstd_[static_cast<size_t>(n * groups_ + g)];
+      for (int64_t k = 0; k < group_size; ++k) {
+        const size_t i = start + static_cast<size_t>(k);
+        const int64_t c = g * (channels_ / groups_) + k / per_channel;
+        out[i] = r * static_cast<float>(static_cast<double>(grad[i]) * w[c] - mean_d - normalized_[i] * mean_dx);
+      }
+    }
+  }
+  if (!need_input_grad) return {};
+  return store(input_grad_, input_shape_, dy.dtype(), out);
+}
+
+// ---- Residual ------------------------------------------------------------------
+
+Shape Residual::output_shape(const Shape& input) const {
+  Shape shape = input;
+  for (const auto& layer : body_) shape = layer->output_shape(shape);
+  return shape;
+}
+
+std::vector<Parameter*> Residual::parameters() {
+  std::vector<Parameter*> all;
+  for (auto& layer : body_) {
+    for (Parameter* p : layer->parameters()) all.push_back(p);
+  }
+  if (shortcut_) {
+    for (Parameter* p : shortcut_->parameters()) all.push_back(p);
+  }
+  return all;
+}
+
+Tensor Residual::forward(const Tensor& x, bool training) {
+  Tensor h = x;
+  for (auto& layer : body_) h = layer->forward(h, training);
+  const Tensor skip = shortcut_ ? shortcut_->forward(x, training) : x;
+  std::vector<float> sum = host_floats(h);
+  const std::vector<float> s = host_floats(skip);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] += s[i];
+  return store(output_, h.shape(), x.dtype(), sum);
+}
+
+Tensor Residual::backward(const Tensor& dy, bool need_input_grad) {
+  Tensor g = dy;
+  for (size_t i = body_.size(); i-- > 0;) g = body_[i]->backward(g, true);
+  std::vector<float> total = host_floats(g);
+  const Tensor skip = shortcut_ ? shortcut_->backward(dy, need_input_grad) : dy;
+  if (!need_input_grad) return {};
+  const std::vector<float> s = host_floats(skip);
+  for (size_t i = 0; i < total.size(); ++i) total[i] += s[i];
+  return store(input_grad_, g.shape(), dy.dtype(), total);
 }
 
 }  // namespace fedmesh::train

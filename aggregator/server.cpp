@@ -377,10 +377,16 @@ Status AggregatorServer::Impl::restore() {
   // A run started from a file records its version 0 (a seeded run, as before, none).
   if (!config.init.path.empty()) fingerprint["initial_model"] = federation::hash_hex(chain.front());
   // A model from a spec file records the spec (a built-in, as before, its name only).
-  if (train::is_model_spec_file(config.model)) fingerprint["model_spec"] = model_spec_fingerprint;
+  if (train::is_model_spec_file(config.model)) {
+    if (Result<train::ModelSpec> spec = train::read_model_spec(config.model); spec.is_ok()) {
+      fingerprint["model_spec"] = spec->to_toml();
+    }
+  }
   Result<std::optional<std::string>> stored = store->meta("aggregator_config");
   if (!stored.is_ok()) return stored.status();
   if (committed->empty() && in_quarantine->empty() && !stored->has_value()) {
+    // How the validation data becomes samples, for exports (not compared: data_schema above is).
+    FEDMESH_RETURN_IF_ERROR(store->set_meta("data_schema", data_schema.canonical));
     return store->set_meta("aggregator_config", fingerprint.dump());
   }
   if (stored->has_value() && nlohmann::json::parse(**stored, nullptr, false) != fingerprint) {

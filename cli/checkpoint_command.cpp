@@ -15,6 +15,7 @@
 #include "store/schema.h"
 #include "store/tensor_export.h"
 #include "train/hf_gpt2.h"
+#include "train/model_spec.h"
 
 namespace fedmesh::cli {
 
@@ -360,9 +361,23 @@ int run_export(const CheckpointFlags& flags) {
   // What the weights are: the run's or the federation's recorded settings
   // (model, seed, data schema, ...) go into the file's metadata.
   std::map<std::string, std::string> metadata;
-  for (const char* key : {"train_config", "aggregator_config"}) {
+  for (const char* key : {"train_config", "aggregator_config", "data_schema"}) {
     Result<std::optional<std::string>> value = checkpoints->meta(key);
     if (value.is_ok() && value->has_value() && !(*value)->empty()) metadata[key] = **value;
+  }
+  // The model's spec (train/model_spec.h) as a file: the one a spec-file run
+  // recorded, or the built-in model's written out.
+  for (const char* key : {"train_config", "aggregator_config"}) {
+    if (metadata.count(key) == 0 || metadata.count("model_spec") > 0) continue;
+    const nlohmann::json config = nlohmann::json::parse(metadata[key], nullptr, false);
+    if (!config.is_object()) continue;
+    if (config.contains("model_spec") && config["model_spec"].is_string()) {
+      metadata["model_spec"] = config["model_spec"].get<std::string>();
+    } else if (config.contains("model") && config["model"].is_string()) {
+      if (std::optional<train::ModelSpec> preset = train::preset_model_spec(config["model"].get<std::string>())) {
+        metadata["model_spec"] = preset->to_toml();
+      }
+    }
   }
   if (hf_gpt2) {
     if (Status s = check_hf_gpt2_export(*checkpoints, *round, flags.role); !s.is_ok()) return fail(flags, "export", s);

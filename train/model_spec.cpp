@@ -235,6 +235,53 @@ std::string ModelSpec::canonical() const {
 
 std::string ModelSpec::fingerprint() const { return data::fnv1a64_text(canonical()); }
 
+namespace {
+
+void append_toml(std::string& out, const std::vector<LayerSpec>& layers, const std::string& indent) {
+  char p[32];
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& l = layers[i];
+    out += indent + "{ type = \"" + l.type + "\"";
+    if (l.type == "linear" && l.out > 0) out += ", out = " + std::to_string(l.out);
+    if (l.type == "conv2d") {
+      out += ", out = " + std::to_string(l.out) + ", kernel = " + std::to_string(l.kernel) +
+             ", stride = " + std::to_string(l.stride) + ", padding = " + std::to_string(l.padding);
+    }
+    if (l.type == "maxpool" || l.type == "avgpool") {
+      out += ", size = " + std::to_string(l.kernel) + ", stride = " + std::to_string(l.stride);
+    }
+    if (l.type == "groupnorm") out += ", groups = " + std::to_string(l.groups);
+    if (l.type == "dropout") {
+      std::snprintf(p, sizeof p, "%.17g", l.p);
+      std::string value = p;
+      if (value.find_first_of(".en") == std::string::npos) value += ".0";  // a TOML float, not an integer
+      out += ", p = " + value;
+    }
+    if (!l.name.empty()) out += ", name = \"" + l.name + "\"";
+    if (l.type == "residual") {
+      out += ", layers = [\n";
+      append_toml(out, l.body, indent + "    ");
+      out += indent + "  ]";
+    }
+    out += " },\n";
+  }
+}
+
+}  // namespace
+
+std::string ModelSpec::to_toml() const {
+  std::string out = "name = \"" + name + "\"\n";
+  if (gpt) {
+    out += "gpt = { layers = " + std::to_string(gpt->layers) + ", heads = " + std::to_string(gpt->heads) +
+           ", width = " + std::to_string(gpt->width) + ", context = " + std::to_string(gpt->context) +
+           ", vocabulary = " + std::to_string(gpt->vocabulary) + " }\n";
+    return out;
+  }
+  out += "layers = [\n";
+  append_toml(out, layers, "  ");
+  return out + "]\n";
+}
+
 Result<ModelSpec> parse_model_spec(std::string_view text, const std::string& what, const std::string& default_name) {
   if (text.size() > kMaxSpecBytes) return invalid_argument(what + ": a model spec of more than 1 MiB");
   Result<toml::table> parsed = parse_toml(text, what);

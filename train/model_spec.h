@@ -73,6 +73,9 @@ struct ModelSpec {
   // One line per layer with every value, defaults filled in; not the name.
   std::string canonical() const;
   std::string fingerprint() const;  // "fnv1a64:" + 16 hex digits of canonical()
+  // The spec as a file, every value written out: parse_model_spec reads it
+  // back to the same spec. Checkpoints and exports carry it.
+  std::string to_toml() const;
 };
 
 inline constexpr size_t kMaxSpecLayers = 256;

@@ -6,6 +6,7 @@
 #include "kernels/parallel.h"
 #include "train/parallel/data_parallel.h"
 #include "train/initial_weights.h"
+#include "train/model_spec.h"
 #include "train/training_checkpoint.h"
 
 namespace fedmesh::train {
@@ -55,6 +56,12 @@ nlohmann::json trajectory(const TrainingRunOptions& run, const TrainingData& dat
                            {"dp_target_epsilon", run.dp_target_epsilon}};
   if (data.tokenizer) config["tokenizer"] = data.tokenizer->fingerprint();
   if (o.dp_seeded_noise) config["dp_seeded_noise"] = true;  // a seeded run resumes only seeded
+  // A model from a spec file records the spec itself (the file may change;
+  // a built-in, as before, its name only): a resumed run must build the
+  // same layers, and an export says what model it holds.
+  if (is_model_spec_file(run.model)) {
+    if (Result<ModelSpec> spec = read_model_spec(run.model); spec.is_ok()) config["model_spec"] = spec->to_toml();
+  }
   return config;
 }
 
@@ -222,6 +229,9 @@ Status TrainingRun::open_store(const std::function<void(const std::string&)>& wa
     if (options_.resume) return not_found(db + ": no committed checkpoint to resume from");
     // Nothing committed yet (or a run killed before its first commit): this run's options are the run's.
     FEDMESH_RETURN_IF_ERROR(checkpoints_->set_meta(kTrainConfigKey, config.dump()));
+    // How the data becomes samples (its schema: columns and encoding, classes, normalization): what an export
+    // needs to be used elsewhere. Not compared on resume (the data's own check does that).
+    FEDMESH_RETURN_IF_ERROR(checkpoints_->set_meta("data_schema", data_.schema.canonical));
     if (data_.tokenizer) {
       FEDMESH_RETURN_IF_ERROR(checkpoints_->set_meta(kTokenizerKey, data_.tokenizer->to_json()));
     } else {

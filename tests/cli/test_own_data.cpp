@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -37,6 +38,7 @@
 
 #include "support/cluster.h"
 #include "train/data/data_stats.h"
+#include "train/model_spec.h"
 #include "support/fedmesh_run.h"
 #include "support/process.h"
 #include "support/text_files.h"
@@ -472,14 +474,38 @@ TEST_F(OwnData, AModelSpecFileTrainsOnATableAndInAFederation) {
   const std::string fingerprint = shown.last.value("fingerprint", "");
   EXPECT_EQ(fingerprint.rfind("fnv1a64:", 0), 0u) << shown.text;
 
+  const fs::path db = dir_ / "tabular.db";
   std::vector<std::string> train = {"train", "--model", spec.string(), "--test-data", "csv:" + (tables / "test.csv").string(),
-                                    "--epochs", "20", "--batch-size", "32", "--lr", "0.001", "--json"};
+                                    "--epochs", "20", "--batch-size", "32", "--lr", "0.001", "--db", db.string(), "--json"};
   train.insert(train.end(), data.begin(), data.end());
   const FedmeshOutput central = run_fedmesh(train);
   ASSERT_EQ(central.exit_code, 0) << central.text;
   std::printf("breast cancer, fedmesh train (central, spec tabular.toml: linear 32, silu, dropout 0.1, linear): test "
               "accuracy %.4f\n", final_accuracy(central));
   EXPECT_GE(final_accuracy(central), 0.94) << central.text;
+  // The export says what it holds: the spec (as a file that builds the same
+  // layers) and the data's schema, in the safetensors metadata.
+  const fs::path exported = dir_ / "tabular.safetensors";
+  const FedmeshOutput export_run = run_fedmesh({"checkpoint", "export", db.string(), "--out", exported.string(), "--json"});
+  ASSERT_EQ(export_run.exit_code, 0) << export_run.text;
+  const std::string file = slurp(exported);
+  ASSERT_GT(file.size(), 8u);
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, file.data(), 8);
+  const json metadata = json::parse(file.substr(8, header_bytes))["__metadata__"];
+  ASSERT_TRUE(metadata.contains("model_spec")) << metadata.dump();
+  fedmesh::Result<fedmesh::train::ModelSpec> carried =
+      fedmesh::train::parse_model_spec(metadata["model_spec"].get<std::string>(), "metadata", "m");
+  ASSERT_TRUE(carried.is_ok()) << carried.status().to_string();
+  EXPECT_EQ(carried->fingerprint(), fingerprint) << "the export's spec builds the same layers";
+  EXPECT_NE(metadata.value("data_schema", "").find("diagnosis"), std::string::npos) << metadata.dump();
+  // Resuming the run with another spec under the same file name is refused.
+  spit(spec, "name = \"tabular\"\nlayers = [{ type = \"linear\", out = 16 }, { type = \"linear\" }]\n");
+  const FedmeshOutput changed = run_fedmesh(train);
+  EXPECT_EQ(changed.exit_code, 2) << changed.text;
+  EXPECT_NE(changed.text.find("model-spec"), std::string::npos) << changed.text;
+  spit(spec, "name = \"tabular\"\nlayers = [\n  { type = \"linear\", out = 32 },\n  { type = \"silu\" },\n"
+             "  { type = \"dropout\", p = 0.1 },\n  { type = \"linear\" },\n]\n");
   const fs::path images_only = dir_ / "images-only.toml";
   spit(images_only, "layers = [{ type = \"conv2d\", out = 8 }, { type = \"flatten\" }, { type = \"linear\" }]\n");
   train[2] = images_only.string();

@@ -9,7 +9,8 @@
 //     linear without out, residual bodies of 1 to kMaxSpecLayers layers
 //     with no residual inside;
 //   - parsing the same text again gives the same canonical text and
-//     fingerprint.
+//     fingerprint, and so does parsing the spec written back as a file
+//     (to_toml).
 // A violation prints what was wrong and traps, which libFuzzer reports as a
 // crash and saves the input.
 #include <cstddef>
@@ -80,5 +81,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   if (!again.is_ok() || again.value().canonical() != spec.canonical() || again.value().fingerprint() != spec.fingerprint()) {
     violated("the same text parsed to another spec");
   }
+  fedmesh::Result<train::ModelSpec> written = train::parse_model_spec(spec.to_toml(), "fuzz.toml", "fuzz");
+  if (!written.is_ok()) violated("to_toml does not parse: " + written.status().message() + "\n" + spec.to_toml());
+  if (written.value().canonical() != spec.canonical()) violated("to_toml parses to another spec:\n" + spec.to_toml());
   return 0;
 }

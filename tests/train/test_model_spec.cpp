@@ -235,6 +235,26 @@ TEST_F(ModelSpecs, ResidualBlocksAndGroupNormBuildAResNet) {
   refused(R"(layers = [{ type = "residual" }])", images, "layers must be a list");
 }
 
+TEST_F(ModelSpecs, ASpecWrittenAsAFileReadsBackToTheSameSpec) {
+  std::vector<ModelSpec> specs = {*preset_model_spec("mlp"), *preset_model_spec("cnn"), *preset_model_spec("gpt2")};
+  Result<ModelSpec> every = parse(R"(name = "every-layer"
+layers = [
+  { type = "conv2d", out = 8, kernel = 5, stride = 2, padding = 0, name = "stem" },
+  { type = "groupnorm", groups = 4 }, { type = "silu" }, { type = "dropout", p = 0.1 }, { type = "dropout" },
+  { type = "residual", name = "block", layers = [{ type = "conv2d", out = 8 }, { type = "gelu" }] },
+  { type = "avgpool", size = 3, stride = 1 }, { type = "maxpool" }, { type = "global_avgpool" },
+  { type = "layernorm", name = "norm" }, { type = "linear", out = 7 }, { type = "relu" }, { type = "linear" },
+])");
+  ASSERT_TRUE(every.is_ok()) << every.status().to_string();
+  specs.push_back(*every);
+  for (const ModelSpec& spec : specs) {
+    Result<ModelSpec> again = parse(spec.to_toml());
+    ASSERT_TRUE(again.is_ok()) << spec.to_toml() << again.status().to_string();
+    EXPECT_EQ(again->canonical(), spec.canonical()) << spec.to_toml();
+    EXPECT_EQ(again->name, spec.name);
+  }
+}
+
 TEST_F(ModelSpecs, TheCanonicalTextSpellsOutEveryDefault) {
   Result<ModelSpec> a = parse(R"(layers = [{ type = "conv2d", out = 4 }, { type = "flatten" }, { type = "linear" }])");
   Result<ModelSpec> b = parse(R"(layers = [

@@ -931,16 +931,20 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
     segment.values.resize(segment.count * vb);
     const float* in = values.data() + offset;
     uint8_t* out = segment.values.data();
+    // A local bound: stores through `out` (bytes, which may alias anything)
+    // would otherwise make the compiler reload segment.count and give up
+    // vectorizing the conversions.
+    const uint64_t count = segment.count;
     switch (encoding) {
-      case Encoding::kDenseF32: std::memcpy(out, in, segment.count * 4); break;
+      case Encoding::kDenseF32: std::memcpy(out, in, count * 4); break;
       case Encoding::kDenseBf16:
-        for (uint64_t i = 0; i < segment.count; ++i) {
+        for (uint64_t i = 0; i < count; ++i) {
           const uint16_t bits = to_bf16(in[i]).bits;
           std::memcpy(out + 2 * i, &bits, 2);
         }
         break;
       default:  // kDenseF16
-        for (uint64_t i = 0; i < segment.count; ++i) {
+        for (uint64_t i = 0; i < count; ++i) {
           const uint16_t bits = to_fp16(in[i]).bits;
           std::memcpy(out + 2 * i, &bits, 2);
         }

@@ -29,12 +29,6 @@ int fail(const ModelFlags& flags, const Status& status) {
   return report_failure("model", flags.json, status, status.code() == StatusCode::kIoError ? 1 : 2);
 }
 
-std::string shape_text(const Shape& shape) {
-  std::string out = "(";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + ")";
-}
-
 // "1.23 M" style counts for people.
 std::string count_text(double n) {
   char out[32];
@@ -91,12 +85,12 @@ int run_show(const ModelFlags& flags) {
     return 0;
   }
   std::printf("model %s (%s), built for %s\n", spec->name.c_str(), spec->fingerprint().c_str(), data_text.c_str());
-  std::printf("input %s per sample\n", shape_text((*model)->sample_shape()).c_str());
+  std::printf("input %s per sample\n", shape_to_string((*model)->sample_shape()).c_str());
   std::printf("%-3s %-16s %-10s %-18s %12s %12s\n", "#", "layer", "name", "output", "parameters", "FLOPs");
   for (size_t i = 0; i < plan.size(); ++i) {
     const train::BuiltLayer& b = plan[i];
     std::printf("%-3zu %-16s %-10s %-18s %12lld %12s\n", i + 1, b.kind.c_str(), b.name.c_str(),
-                shape_text(b.output).c_str(), static_cast<long long>(b.parameters), count_text(static_cast<double>(b.flops)).c_str());
+                shape_to_string(b.output).c_str(), static_cast<long long>(b.parameters), count_text(static_cast<double>(b.flops)).c_str());
   }
   std::printf("total: %lld parameters (%s), %s FLOPs per sample forward; runs on %s\n",
               static_cast<long long>(parameters), format_bytes(parameters * 4).c_str(),

@@ -168,12 +168,13 @@ int run_serve(const StatsFlags& flags) {
   options.linger_seconds = flags.linger_seconds;
   std::optional<aggregator::SecureStatsSum> masked;
   const federation::StatsEventSink emit = stats_events(flags, "aggregator");
-  Result<crypto::Membership> membership = invalid_argument("trusted mode");
+  std::optional<crypto::Roster> roster;  // the session's, outliving it
   if (config->is_private()) {  // the sums are taken masked, in a secure-aggregation session over the roster's sites
-    membership = crypto::load_membership(config->keys, config->name, config->roster, config->admin_public,
-                                         config->federation);
+    Result<crypto::Membership> membership = crypto::load_membership(config->keys, config->name, config->roster,
+                                                                    config->admin_public, config->federation);
     if (!membership.is_ok()) return fail(flags, membership.status());
-    masked.emplace(config->secure, membership->roster, config->federation, emit);
+    roster = std::move(membership->roster);
+    masked.emplace(config->secure, *roster, config->federation, emit);
     options.masked = &*masked;
   }
   if (train::data::is_own_data(config->validation)) {

@@ -66,6 +66,10 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
   if (expected.empty()) {
     return invalid_argument(options.member.roster + ": no sites on the roster to compute statistics with");
   }
+  if (options.masked != nullptr && expected.size() < 2) {
+    return invalid_argument(options.member.roster + ": secure aggregation needs at least 2 sites on the roster (one "
+                            "site's sums would be its own)");
+  }
   protocol::TransportOptions transport;
   Result<std::unique_ptr<protocol::ServerSocket>> bound =
       protocol::ServerSocket::bind(options.listen, protocol::CurveKeys::from(membership->keys),
@@ -74,10 +78,6 @@ Result<DataStats> serve_stats(const StatsServeOptions& options, const StatsEvent
   protocol::ServerSocket& socket = **bound;
   emit({{"event", "listening"}, {"endpoint", socket.endpoint()}, {"sites", expected}});
 
-  if (options.masked != nullptr && expected.size() < 2) {
-    return invalid_argument(options.member.roster + ": secure aggregation needs at least 2 sites on the roster (one "
-                            "site's sums would be its own)");
-  }
   std::map<std::string, DataStats> reports;  // private mode: the feature names only
   bool session_open = false;                 // private mode: every site named its features
   std::optional<DataStats> merged;

@@ -17,6 +17,15 @@ int64_t product(const Shape& shape) {
   return n;
 }
 
+// What `layer` gives for one sample of `sample` (its own output_shape, with
+// the batch put on and taken off); the builder checks the input first.
+Shape sample_output(const Layer& layer, const Shape& sample) {
+  Shape batch = sample;
+  batch.insert(batch.begin(), 1);
+  const Shape out = layer.output_shape(batch);
+  return Shape(out.begin() + 1, out.end());
+}
+
 // Parameter-holding layers' names at one level (the model's, or a residual
 // body's under its prefix): `name` as given, else fc1, conv1, ... counted
 // per kind, skipping names given explicitly.
@@ -67,9 +76,9 @@ class LayerBuilder {
       built.name = names.next(l, "fc");
       auto linear = std::make_unique<Linear>(built.name, values, out);
       linear->initialize(rng_);
+      shape = sample_output(*linear, shape);
       layer = std::move(linear);
       built.flops = 2 * values * out;
-      shape = {out};
     } else if (l.type == "conv2d") {
       if (!image) return refuse("images (channels, height, width)");
       if (shape[1] + 2 * l.padding < l.kernel || shape[2] + 2 * l.padding < l.kernel) {
@@ -77,14 +86,13 @@ class LayerBuilder {
                       " (with padding " + std::to_string(l.padding) + ")");
       }
       if (l.kernel * l.kernel * shape[0] * l.out > (int64_t{1} << 30)) return refuse("at most 2^30 weights");
-      const int64_t h = (shape[1] + 2 * l.padding - l.kernel) / l.stride + 1;
-      const int64_t w = (shape[2] + 2 * l.padding - l.kernel) / l.stride + 1;
       built.name = names.next(l, "conv");
       auto conv = std::make_unique<Conv2d>(built.name, shape[0], l.out, l.kernel, l.stride, l.padding);
       conv->initialize(rng_);
+      const int64_t in_channels = shape[0];
+      shape = sample_output(*conv, shape);
+      built.flops = 2 * l.kernel * l.kernel * in_channels * product(shape);
       layer = std::move(conv);
-      built.flops = 2 * l.kernel * l.kernel * shape[0] * l.out * h * w;
-      shape = {l.out, h, w};
     } else if (l.type == "maxpool" || l.type == "avgpool") {
       if (!image || shape[1] < l.kernel || shape[2] < l.kernel) {
         return refuse("images (channels, height, width) of at least " + std::to_string(l.kernel) + "x" +
@@ -95,14 +103,14 @@ class LayerBuilder {
       } else {
         layer = std::make_unique<AvgPool2d>(l.kernel, l.stride);
       }
-      shape = {shape[0], (shape[1] - l.kernel) / l.stride + 1, (shape[2] - l.kernel) / l.stride + 1};
+      shape = sample_output(*layer, shape);
     } else if (l.type == "global_avgpool") {
       if (!image) return refuse("images (channels, height, width)");
       layer = std::make_unique<GlobalAvgPool2d>();
-      shape = {shape[0]};
+      shape = sample_output(*layer, shape);
     } else if (l.type == "flatten") {
       layer = std::make_unique<Flatten>();
-      shape = {values};
+      shape = sample_output(*layer, shape);
       built.flops = 0;
     } else if (l.type == "relu") {
       layer = std::make_unique<ReLU>();

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/elementwise.h"
-
 #include "base/status.h"
 #include "kernels/convert.h"
+#include "kernels/elementwise.h"
 
 namespace fedmesh::train {
 
@@ -260,21 +259,17 @@ Tensor Residual::forward(const Tensor& x, bool training) {
   Tensor h = x;
   for (auto& layer : body_) h = layer->forward(h, training);
   const Tensor skip = shortcut_ ? shortcut_->forward(x, training) : x;
-  std::vector<float> sum = host_floats(h);
-  const std::vector<float> s = host_floats(skip);
-  for (size_t i = 0; i < sum.size(); ++i) sum[i] += s[i];
-  return store(output_, h.shape(), x.dtype(), sum);
+  add(h, skip, Tensor::reuse(output_, h.shape(), x.dtype(), x.device()));
+  return output_;
 }
 
 Tensor Residual::backward(const Tensor& dy, bool need_input_grad) {
   Tensor g = dy;
   for (size_t i = body_.size(); i-- > 0;) g = body_[i]->backward(g, true);
-  std::vector<float> total = host_floats(g);
   const Tensor skip = shortcut_ ? shortcut_->backward(dy, need_input_grad) : dy;
   if (!need_input_grad) return {};
-  const std::vector<float> s = host_floats(skip);
-  for (size_t i = 0; i < total.size(); ++i) total[i] += s[i];
-  return store(input_grad_, g.shape(), dy.dtype(), total);
+  add(g, skip, Tensor::reuse(input_grad_, g.shape(), dy.dtype(), dy.device()));
+  return input_grad_;
 }
 
 }  // namespace fedmesh::train

@@ -26,6 +26,7 @@
 #include "train/data/token_shards.h"
 #include "train/data/tokenized_text.h"
 #include "train/model.h"
+#include "train/lora_export.h"
 #include "train/model_spec.h"
 #include "train/trainer.h"
 #include "privacy/dp_settings.h"
@@ -100,6 +101,7 @@ class AggregatorServer::Impl {
   // Image and table models: the schema of the validation data ("" canonical: none, not announced).
   train::data::DataSchema data_schema;
   std::string model_spec_fingerprint;  // announced: the model's spec (train/model_spec.h)
+  train::ModelInput model_input;       // what the model was built for
   double tokens_per_byte = 1.0;
   bool pretokenized_validation = false;  // validation = "tokens:FILE": ids with no bytes behind them
   std::vector<crypto::Hash> chain;  // hash of every version, by version
@@ -152,6 +154,7 @@ class AggregatorServer::Impl {
   // Updates in the store's pending table not applied yet (after a restart).
   Result<std::vector<SiteUpdate>> unapplied_pending();
   Status finish_step(const RoundRecord& record, std::optional<store::PrivacyEntry> privacy = std::nullopt);
+  train::EvalResult evaluate_held_model(nlohmann::json& metrics);
   Status finish_secure_round(const SecureResult& result);
   Status open_privacy();
   std::vector<std::string> available_sites() const;
@@ -230,13 +233,15 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   // The model: version 0 is the seeded initial model every site can rebuild
   // (with the tokenizer's vocabulary, as the sites make it), or the weights
   // of `init`, which every site loads too.
-  Result<std::unique_ptr<train::Sequential>> model = train::make_initial_model(
-      config.model, config.seed,
-      train::ModelInput{tokenizer ? tokenizer->vocabulary() : 0, data_schema.sample_shape, data_schema.classes,
-                        data_schema.regression},
-      config.init);
+  model_input = train::ModelInput{tokenizer ? tokenizer->vocabulary() : 0, data_schema.sample_shape,
+                                  data_schema.classes, data_schema.regression};
+  Result<std::unique_ptr<train::Sequential>> model =
+      train::make_initial_model(config.model, config.seed, model_input, config.init);
   if (!model.is_ok()) return model.status();
   evaluator_model = std::move(*model);
+  // LoRA: the frozen weights and A factors are announced by fingerprint
+  // (node/site_runtime.cpp compares them); the rounds hold the B factors.
+  if (evaluator_model->lora().enabled()) model_spec_fingerprint += " lora " + evaluator_model->frozen_fingerprint();
   std::vector<std::string> names;
   std::vector<Tensor> tensors;
   for (Parameter* p : evaluator_model->parameters()) {
@@ -376,12 +381,23 @@ Status AggregatorServer::Impl::restore() {
   if (train::data::is_own_data(config.validation)) fingerprint["data_schema"] = data_schema.fingerprint();
   // A run started from a file records its version 0 (a seeded run, as before, none).
   if (!config.init.path.empty()) fingerprint["initial_model"] = federation::hash_hex(chain.front());
+  // A LoRA run records its adapters and the frozen weights under them: its
+  // rounds hold B factors that mean something only on that base.
+  if (evaluator_model->lora().enabled()) {
+    fingerprint["lora"] = config.init.lora.to_json();
+    fingerprint["lora"]["frozen"] = evaluator_model->frozen_fingerprint();
+  }
   // A model from a spec file records the spec (a built-in, as before, its name only).
   if (train::is_model_spec_file(config.model)) {
     if (Result<train::ModelSpec> spec = train::read_model_spec(config.model); spec.is_ok()) {
       fingerprint["model_spec"] = spec->to_toml();
     }
   }
+  // How the frozen weights under a LoRA run's B factors are rebuilt, for
+  // `checkpoint export --merge-lora` (rewritten at every start: the init
+  // file may have moved; its fingerprint is compared above).
+  FEDMESH_RETURN_IF_ERROR(train::record_lora_base(*store, config.model, config.seed, model_input, config.init,
+                                                  *evaluator_model));
   Result<std::optional<std::string>> stored = store->meta("aggregator_config");
   if (!stored.is_ok()) return stored.status();
   if (committed->empty() && in_quarantine->empty() && !stored->has_value()) {
@@ -936,6 +952,31 @@ Status AggregatorServer::Impl::finish_secure_round(const SecureResult& result) {
   return Status::ok();
 }
 
+// The held model (manager->model()) on the validation data, its metrics
+// added to `metrics`.
+train::EvalResult AggregatorServer::Impl::evaluate_held_model(nlohmann::json& metrics) {
+  std::vector<Parameter*> parameters = evaluator_model->parameters();
+  for (size_t t = 0; t < parameters.size(); ++t) {
+    std::memcpy(parameters[t]->value.raw(), manager->model()[t].raw(), parameters[t]->value.nbytes());
+  }
+  evaluator_model->refresh_compute();
+  train::Trainer evaluator(*evaluator_model, train::TrainOptions{});
+  const train::EvalResult result = evaluator.evaluate(*validation);
+  metrics["test_accuracy"] = result.accuracy;
+  metrics["test_loss"] = result.loss;
+  if (result.regression) {
+    metrics["test_r2"] = result.r2;
+    metrics["test_mae"] = result.mae;
+    metrics["test_rmse"] = result.rmse;
+  }
+  if (language_model) {
+    metrics["val_loss"] = result.loss;
+    metrics["val_perplexity"] = std::exp(result.loss);
+    if (!pretokenized_validation) metrics["val_bits_per_byte"] = train::data::bits_per_byte(result.loss, tokens_per_byte);
+  }
+  return result;
+}
+
 Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optional<store::PrivacyEntry> privacy) {
   const double seconds = std::chrono::duration<double>(Clock::now() - round_started).count();
   nlohmann::json metrics = {{"closed_by_deadline", record.closed_by_deadline}, {"seconds", seconds}};
@@ -943,27 +984,9 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
   if (record.version != static_cast<int64_t>(chain.size()) - 1) {
     chain.push_back(record.link.hash);
     if (validation && validation->size() > 0) {
-      std::vector<Parameter*> parameters = evaluator_model->parameters();
-      for (size_t t = 0; t < parameters.size(); ++t) {
-        std::memcpy(parameters[t]->value.raw(), manager->model()[t].raw(), parameters[t]->value.nbytes());
-      }
-      evaluator_model->refresh_compute();
-      train::Trainer evaluator(*evaluator_model, train::TrainOptions{});
-      const train::EvalResult result = evaluator.evaluate(*validation);
+      const train::EvalResult result = evaluate_held_model(metrics);
       accuracy = result.accuracy;
       loss = result.loss;
-      metrics["test_accuracy"] = accuracy;
-      metrics["test_loss"] = loss;
-      if (result.regression) {
-        metrics["test_r2"] = result.r2;
-        metrics["test_mae"] = result.mae;
-        metrics["test_rmse"] = result.rmse;
-      }
-      if (language_model) {
-        metrics["val_loss"] = loss;
-        metrics["val_perplexity"] = std::exp(loss);
-        if (!pretokenized_validation) metrics["val_bits_per_byte"] = train::data::bits_per_byte(loss, tokens_per_byte);
-      }
     }
   }
   nlohmann::json site_metrics = nlohmann::json::object();
@@ -1137,6 +1160,13 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
   if (tokenizer) {
     emit({{"event", "tokenizer"}, {"tokenizer", tokenizer_fingerprint}, {"vocab_size", tokenizer->vocabulary()},
           {"held_out_bytes_per_token", 1.0 / tokens_per_byte}});
+  }
+  // Fine-tuning from a file: the starting point's validation metrics, the
+  // baseline every round is compared with.
+  if (manager->version() == 0 && !config.init.path.empty() && validation && validation->size() > 0) {
+    nlohmann::json event = {{"event", "initial_model"}, {"version", 0}, {"init", config.init.path}};
+    evaluate_held_model(event);
+    emit(event);
   }
   if (config.rounds_options.asynchronous) {
     // Updates received but not applied before a restart rejoin the buffer.

@@ -14,6 +14,7 @@ namespace fedmesh::aggregator {
 Status AggregatorConfig::validate() const {
   if (federation.empty()) return invalid_argument("federation is required");
   FEDMESH_RETURN_IF_ERROR(protocol::parse_fault_plan(faults).status());
+  FEDMESH_RETURN_IF_ERROR(init.lora.validate());
   if (keys.empty() || roster.empty() || admin_public.empty()) {
     return invalid_argument("keys, roster and admin_public are required");
   }
@@ -98,6 +99,7 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path, const A
   r.read("init", c.init.path);
   r.read("init_format", c.init.format);
   r.read("init_partial", c.init.partial);
+  train::read_lora_keys(r, c.init.lora);
   r.read("rounds", c.rounds);
   r.read("local_steps", c.local_steps);
   r.read("min_sites", c.min_sites);

@@ -15,6 +15,7 @@
 #include "store/schema.h"
 #include "store/tensor_export.h"
 #include "train/hf_gpt2.h"
+#include "train/lora_export.h"
 #include "train/model_spec.h"
 
 namespace fedmesh::cli {
@@ -34,6 +35,9 @@ struct CheckpointFlags {
   std::string role = "model";
   std::string out;
   bool json = false;
+  // checkpoint export --merge-lora: the adapters merged into the frozen weights.
+  bool merge_lora = false;
+  std::string init, init_format;
   // checkpoint quarantine: at most one action.
   std::optional<int64_t> release_round, drop_round;
   std::optional<std::string> release_update, drop_update;
@@ -339,8 +343,47 @@ Status check_hf_gpt2_export(store::CheckpointStore& checkpoints, int64_t round, 
   for (const store::TensorInfo& t : *tensors) {
     if (t.role == "model" && t.name == "wte.weight") return Status::ok();
   }
+  for (const store::TensorInfo& t : *tensors) {
+    if (t.role == "model" && t.name.ends_with(".lora_b")) {
+      return invalid_argument("--format hf-gpt2: round " + std::to_string(round) +
+                              " holds LoRA B factors, not the model's weights: add --merge-lora");
+    }
+  }
   return invalid_argument("--format hf-gpt2: round " + std::to_string(round) +
                           " holds no wte.weight: not a gpt model (export it as safetensors)");
+}
+
+// --merge-lora: the round's B factors merged into the frozen weights they
+// were trained on (train/lora_export.h), every weight under the model's
+// own names (or the layout's), as a model without adapters.
+Result<store::ExportSummary> export_merged_lora(store::CheckpointStore& checkpoints, int64_t round,
+                                                const CheckpointFlags& flags, store::ExportFormat format,
+                                                const std::string& out, const store::ExportLayout& layout,
+                                                std::map<std::string, std::string> metadata) {
+  if (format != store::ExportFormat::kSafetensors) return invalid_argument("--merge-lora writes safetensors");
+  if (flags.role != "model") return invalid_argument("--merge-lora exports the model's weights: drop --role " + flags.role);
+  Result<std::unique_ptr<train::Sequential>> model =
+      train::merged_lora_model(checkpoints, round, flags.init, flags.init_format);
+  if (!model.is_ok()) return model.status();
+  Result<store::RoundInfo> info = checkpoints.round_info(round);
+  if (!info.is_ok()) return info.status();
+  metadata["round"] = std::to_string(info->round);
+  metadata["model_version"] = std::to_string(info->model_version);
+  metadata["metrics"] = info->metrics_json;
+  metadata["lora_merged"] = (*model)->lora().describe();
+  std::vector<store::SafetensorsEntry> entries;
+  for (size_t i = 0; i < (*model)->layer_count(); ++i) {
+    for (Parameter* p : (*model)->layer(i).parameters()) {
+      const Tensor host = p->value.host();
+      for (store::ExportedArray& as : layout ? layout(p->name) : std::vector<store::ExportedArray>{{p->name, false}}) {
+        entries.push_back({std::move(as.name), DType::kF32, host.shape(), as.transposed,
+                           [host](const std::function<Status(std::span<const uint8_t>)>& consume) {
+                             return consume({static_cast<const uint8_t*>(host.raw()), host.nbytes()});
+                           }});
+      }
+    }
+  }
+  return store::write_safetensors(out, entries, metadata);
 }
 
 int run_export(const CheckpointFlags& flags) {
@@ -380,7 +423,9 @@ int run_export(const CheckpointFlags& flags) {
     }
   }
   if (hf_gpt2) {
-    if (Status s = check_hf_gpt2_export(*checkpoints, *round, flags.role); !s.is_ok()) return fail(flags, "export", s);
+    if (!flags.merge_lora) {
+      if (Status s = check_hf_gpt2_export(*checkpoints, *round, flags.role); !s.is_ok()) return fail(flags, "export", s);
+    }
     layout = [](const std::string& name) {
       std::vector<store::ExportedArray> arrays;
       for (train::HfGpt2Name& hf : train::to_hf_gpt2(name)) arrays.push_back({std::move(hf.name), hf.transposed});
@@ -388,7 +433,9 @@ int run_export(const CheckpointFlags& flags) {
     };
     metadata["layout"] = "hf-gpt2";
   }
-  Result<store::ExportSummary> summary = store::export_round(*checkpoints, *round, role, *format, out, layout, metadata);
+  Result<store::ExportSummary> summary =
+      flags.merge_lora ? export_merged_lora(*checkpoints, *round, flags, *format, out, layout, metadata)
+                       : store::export_round(*checkpoints, *round, role, *format, out, layout, metadata);
   if (!summary.is_ok()) {
     return fail(flags, "export", summary.status(),
                 summary.status().code() == StatusCode::kCorrupt ? kExitCorrupt : kExitBadInput);
@@ -452,6 +499,15 @@ void add_checkpoint_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   exported->add_option("--out", flags->out,
                        "Output file (safetensors) or directory (npy); default DBNAME-roundR.safetensors or DBNAME-roundR-npy");
+  exported->add_flag("--merge-lora", flags->merge_lora,
+                     "For a LoRA run (train --lora-rank, training.lora): write the model with its adapters merged, "
+                     "W0 + (alpha/rank)·B·A in every adapted weight, under the model's own names (with --format "
+                     "hf-gpt2, Hugging Face's), a model any tool loads without adapters. The frozen weights are "
+                     "rebuilt from the run's init file and seed and checked against the fingerprint it recorded");
+  exported->add_option("--init", flags->init,
+                       "With --merge-lora: the run's base weights file, when it moved since the run (else the recorded path)");
+  exported->add_option("--init-format", flags->init_format, "With --merge-lora --init: fedmesh or hf-gpt2 (else as recorded)")
+      ->check(CLI::IsMember({"fedmesh", "hf-gpt2"}));
   exported->callback([flags, &exit_code] { exit_code = run_export(*flags); });
 
   CLI::App* quarantine = cmd->add_subcommand(

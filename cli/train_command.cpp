@@ -124,6 +124,7 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
                             {"command", "train"},
                             {"model", o.model},
                             {"parameters", run.model().parameter_count()},
+                            {"trainable_parameters", run.model().trainable_count()},
                             {"precision", o.precision},
                             {"device", o.device},
                             {"threads", cpu_threads()},
@@ -137,6 +138,10 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
                             {"test_samples", data.test->size()},
                             {"seed", o.options.seed}};
     if (!attention.empty()) start["attention"] = attention;
+    if (o.init.lora.enabled()) {
+      start["lora"] = o.init.lora.to_json();
+      start["lora_adapters"] = run.model().adapters().size();
+    }
     if (!o.init.path.empty()) {
       const train::InitReport& init = run.init_report();
       start["init"] = o.init.path;
@@ -583,6 +588,18 @@ void add_train_command(CLI::App& app, int& exit_code) {
                 "With --init: take the parameters the file has with the model's shapes, keep the others as seeded "
                 "and ignore the file's other arrays (a new head on a pretrained trunk); both lists are printed. "
                 "Without it any difference is refused");
+  cmd->add_option("--lora-rank", flags->run.init.lora.rank,
+                  "Fine-tune by LoRA: freeze every weight and train rank-R adapters W0 + (alpha/R)·B·A of the weights "
+                  "--lora-targets names, A drawn from --seed and frozen, only B trained (what a federation sends and "
+                  "averages exactly; docs/models.md). 0: off, every parameter trains")
+      ->capture_default_str();
+  cmd->add_option("--lora-alpha", flags->run.init.lora.alpha,
+                  "LoRA's alpha: the adapters' update is scaled by alpha / rank (0: 2 x rank)")
+      ->capture_default_str();
+  cmd->add_option("--lora-targets", flags->run.init.lora.targets,
+                  "Globs over parameter names of the weights to adapt, e.g. 'h*.attn.c_attn.weight' 'h*.mlp.*.weight' "
+                  "(`fedmesh model show` lists the names); none: every weight of 2 or more dimensions")
+      ->expected(1, -1);
   cmd->add_option("--db", flags->run.db,
                   "SQLite checkpoint database: commits every --checkpoint-every steps and at the end; when it already "
                   "holds a checkpoint of this run, training resumes from the newest intact one");

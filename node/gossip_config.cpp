@@ -12,8 +12,13 @@
 
 namespace fedmesh::node {
 
-std::string gossip_federation(const std::string& federation, const std::string& tokenizer_fingerprint) {
-  return tokenizer_fingerprint.empty() ? federation : federation + "/tokenizer=" + tokenizer_fingerprint;
+std::string gossip_federation(const std::string& federation, const std::string& tokenizer_fingerprint,
+                              const std::string& lora_fingerprint) {
+  std::string name = federation;
+  if (!tokenizer_fingerprint.empty()) name += "/tokenizer=" + tokenizer_fingerprint;
+  // 12 hex digits of the fingerprint's BLAKE2b: the name must fit a Hello's 64 bytes.
+  if (!lora_fingerprint.empty()) name += "/lora=" + lora_fingerprint.substr(lora_fingerprint.find(':') + 1, 12);
+  return name;
 }
 
 Status GossipConfig::validate() const {

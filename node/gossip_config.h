@@ -53,7 +53,12 @@ Result<GossipConfig> read_gossip_config(const std::string& path);
 // the peer reads its text with a BPE tokenizer (data.tokenizer). Peers
 // merge only models of the same vocabulary and merges: a share from a peer
 // with another tokenizer, or none, is refused (wrong federation) with both
-// names in the reason, and counted.
-std::string gossip_federation(const std::string& federation, const std::string& tokenizer_fingerprint);
+// names in the reason, and counted. Likewise "/lora=FINGERPRINT" when the
+// peers fine-tune by LoRA (training.lora; 12 hex digits of the
+// fingerprint, so that the name fits a Hello): their shares are B factors,
+// which mean the same only over the same frozen weights and A factors
+// (Sequential::frozen_fingerprint).
+std::string gossip_federation(const std::string& federation, const std::string& tokenizer_fingerprint,
+                              const std::string& lora_fingerprint = "");
 
 }  // namespace fedmesh::node

@@ -186,12 +186,19 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   Result<SiteData> loaded = load_site_data(site, config.test_limit);
   if (!loaded.is_ok()) return loaded.status();
   data = std::move(*loaded);
-  wire_federation = gossip_federation(site.federation, data.tokenizer_fingerprint());
 
   Result<std::unique_ptr<train::Sequential>> model =
       train::make_initial_model(site.model, site.seed, data.model_input(), site.init);
   if (!model.is_ok()) return model.status();
   worker = std::move(*model);
+  wire_federation = gossip_federation(site.federation, data.tokenizer_fingerprint(), worker->frozen_fingerprint());
+  if (wire_federation.size() > crypto::kMaxFederationIdBytes) {
+    return invalid_argument("the federation name on this peer's shares, " + wire_federation + ", is " +
+                            std::to_string(wire_federation.size()) + " bytes, over the " +
+                            std::to_string(crypto::kMaxFederationIdBytes) +
+                            " a Hello carries: give the federation a shorter name (the tokenizer and LoRA suffixes "
+                            "take up to 53 bytes)");
+  }
   std::vector<std::vector<float>> reference;
   for (Parameter* p : worker->parameters()) {
     manifest.push_back({p->name, std::vector<int64_t>(p->value.shape().begin(), p->value.shape().end())});

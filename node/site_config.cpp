@@ -23,6 +23,7 @@ Status SiteConfig::validate() const {
     return invalid_argument("keys, roster and admin_public are required");
   }
   if (ranks < 1 || ranks > 64) return invalid_argument("--ranks must be in [1, 64], not " + std::to_string(ranks));
+  FEDMESH_RETURN_IF_ERROR(init.lora.validate());
   if (sites < 1 || index < 0 || index >= sites) {
     return invalid_argument("data.index " + std::to_string(index) + " is not a shard of data.sites " +
                             std::to_string(sites));
@@ -107,6 +108,7 @@ void read_site_keys(ConfigReader& r, SiteConfig& c, bool with_aggregator) {
   r.read("init", c.init.path);
   r.read("init_format", c.init.format);
   r.read("init_partial", c.init.partial);
+  train::read_lora_keys(r, c.init.lora);
   train::data::read_data_source(r, c.data);
   // Unset, the partition follows the model: images by label (Dirichlet),
   // text iid (a Dirichlet over labels means nothing for text).

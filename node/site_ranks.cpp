@@ -66,7 +66,10 @@ Status run_site_rank(const SiteConfig& config, const train::RankFlags& flags) {
   set_cpu_threads(config.threads);
   Result<SiteData> data = load_site_data(config);
   if (!data.is_ok()) return data.status();
-  Result<std::unique_ptr<train::Sequential>> model = train::make_model(config.model, config.seed, data->model_input());
+  // The whole initial model, init and LoRA adapters included: a rank that
+  // trains adapters computes with the same frozen weights as rank 0.
+  Result<std::unique_ptr<train::Sequential>> model =
+      train::make_initial_model(config.model, config.seed, data->model_input(), config.init);
   if (!model.is_ok()) return model.status();
   // GPU ranks: joining picks this rank's device, then the model moves there.
   const Device device = config.device == "cuda" ? Device::kCuda : Device::kCpu;

@@ -211,6 +211,9 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
       train::make_initial_model(config.model, config.seed, data.model_input(), config.init);
   if (!model.is_ok()) return model.status();
   worker = std::move(*model);
+  // LoRA: the frozen weights and the A factors are never sent, so they are
+  // compared by fingerprint with the spec (the chain covers the B factors).
+  if (worker->lora().enabled()) model_spec += " lora " + worker->frozen_fingerprint();
   for (Parameter* p : worker->parameters()) {
     names.push_back(p->name);
     global.push_back(p->value.clone());  // the held model stays on the host; only the worker moves
@@ -434,6 +437,20 @@ Status SiteRuntime::Impl::check_tokenizer(const Announcement& a) const {
                             "and channels differ: give every site and the aggregator the same data.* keys");
   }
   // The model: built from the same spec (a built-in, or the same spec file's layers).
+  const auto lora_part = [](const std::string& spec) {
+    const size_t at = spec.find(" lora ");
+    return at == std::string::npos ? std::string() : spec.substr(at + 6);
+  };
+  const auto spec_part = [](const std::string& spec) { return spec.substr(0, spec.find(" lora ")); };
+  if (!a.model_spec.empty() && spec_part(a.model_spec) == spec_part(model_spec) &&
+      lora_part(a.model_spec) != lora_part(model_spec)) {
+    const auto said = [](const std::string& part) { return part.empty() ? std::string("no LoRA") : "LoRA " + part; };
+    return invalid_argument("the aggregator fine-tunes with " + said(lora_part(a.model_spec).substr(0, kMaxShownFingerprint)) +
+                            ", and this site with " + said(lora_part(model_spec)) + " (" +
+                            (config.init.lora.enabled() ? config.init.lora.describe() : std::string("training.lora unset")) +
+                            "): the adapters or the frozen weights under them differ. Give every site and the "
+                            "aggregator the same init file, seed and training.lora");
+  }
   if (!a.model_spec.empty() && a.model_spec != model_spec) {
     return invalid_argument("the aggregator's model is built from spec " + a.model_spec.substr(0, kMaxShownFingerprint) +
                             ", and this site's (" + config.model + ") from " + model_spec +

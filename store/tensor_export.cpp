@@ -188,39 +188,44 @@ Result<ExportSummary> export_round(CheckpointStore& store, int64_t round, std::s
     return summary;
   }
 
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header["__metadata__"] = {{"format", "pt"},
-                            {"producer", "fedmesh"},
-                            {"round", std::to_string(info->round)},
-                            {"model_version", std::to_string(info->model_version)},
-                            {"metrics", info->metrics_json}};
-  for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
-  // What is written, in order: a tensor and how (every tensor as it is without a layout).
-  struct Written {
-    const TensorInfo* tensor;
-    ExportedArray as;
-  };
-  std::vector<Written> written;
+  std::map<std::string, std::string> file_metadata = {{"round", std::to_string(info->round)},
+                                                       {"model_version", std::to_string(info->model_version)},
+                                                       {"metrics", info->metrics_json}};
+  for (const auto& [key, value] : metadata) file_metadata[key] = value;
+  std::vector<SafetensorsEntry> entries;
   for (const TensorInfo& tensor : chosen) {
     const std::string name = exported_name(tensor, role);
     for (ExportedArray& as : layout ? layout(name) : std::vector<ExportedArray>{{name, false}}) {
-      if (as.transposed && tensor.shape.size() != 2) {
-        return invalid_argument(name + " is " + std::to_string(tensor.shape.size()) + "-D: only a 2-D tensor transposes");
-      }
-      written.push_back({&tensor, std::move(as)});
+      entries.push_back({std::move(as.name), tensor.dtype, tensor.shape, as.transposed,
+                         [&store, &tensor](const std::function<Status(std::span<const uint8_t>)>& consume) {
+                           return store.read_tensor(tensor, consume);
+                         }});
     }
   }
-  if (written.empty()) return not_found("round " + std::to_string(round) + ": the layout leaves no tensor to write");
+  if (entries.empty()) return not_found("round " + std::to_string(round) + ": the layout leaves no tensor to write");
+  Result<ExportSummary> written = write_safetensors(out, entries, file_metadata);
+  if (!written.is_ok()) {
+    return Status(written.status().code(), "round " + std::to_string(round) + ": " + written.status().message());
+  }
+  return written;
+}
+
+Result<ExportSummary> write_safetensors(const std::filesystem::path& out, const std::vector<SafetensorsEntry>& entries,
+                                        const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "fedmesh"}};
+  for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
   int64_t offset = 0;
-  for (const Written& w : written) {
-    const std::string& name = w.as.name;
-    if (header.contains(name)) return invalid_argument("tensor name " + name + " appears twice");
-    Shape shape = w.tensor->shape;
-    if (w.as.transposed) std::swap(shape[0], shape[1]);
-    header[name] = {{"dtype", safetensors_dtype(w.tensor->dtype)},
-                    {"shape", shape},
-                    {"data_offsets", {offset, offset + w.tensor->byte_size}}};
-    offset += w.tensor->byte_size;
+  for (const SafetensorsEntry& entry : entries) {
+    if (entry.transposed && entry.shape.size() != 2) {
+      return invalid_argument(entry.name + " is " + std::to_string(entry.shape.size()) + "-D: only a 2-D tensor transposes");
+    }
+    if (header.contains(entry.name)) return invalid_argument("tensor name " + entry.name + " appears twice");
+    Shape shape = entry.shape;
+    if (entry.transposed) std::swap(shape[0], shape[1]);
+    const int64_t bytes = shape_numel(entry.shape) * static_cast<int64_t>(dtype_size(entry.dtype));
+    header[entry.name] = {{"dtype", safetensors_dtype(entry.dtype)}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
@@ -230,24 +235,27 @@ Result<ExportSummary> export_round(CheckpointStore& store, int64_t round, std::s
   for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(header_text.size()) >> (8 * i));
   FEDMESH_RETURN_IF_ERROR(staged->write(length));
   FEDMESH_RETURN_IF_ERROR(staged->write(header_text));
-  for (const Written& w : written) {
-    const TensorInfo& tensor = *w.tensor;
+  ExportSummary summary;
+  for (const SafetensorsEntry& entry : entries) {
+    const size_t size = dtype_size(entry.dtype);
+    const auto expected = static_cast<size_t>(shape_numel(entry.shape)) * size;
+    size_t seen = 0;
     Status s;
-    if (!w.as.transposed) {
-      s = store.read_tensor(tensor, [&](std::span<const uint8_t> bytes) { return staged->write(bytes); });
+    if (!entry.transposed) {
+      s = entry.read([&](std::span<const uint8_t> bytes) {
+        seen += bytes.size();
+        return staged->write(bytes);
+      });
     } else {  // the whole tensor in memory, then its transpose
       std::vector<uint8_t> stored;
-      stored.reserve(static_cast<size_t>(tensor.byte_size));
-      s = store.read_tensor(tensor, [&](std::span<const uint8_t> bytes) {
+      stored.reserve(expected);
+      s = entry.read([&](std::span<const uint8_t> bytes) {
         stored.insert(stored.end(), bytes.begin(), bytes.end());
         return Status::ok();
       });
-      if (s.is_ok()) {
-        const int64_t rows = tensor.shape[0], cols = tensor.shape[1];
-        const size_t size = dtype_size(tensor.dtype);
-        if (stored.size() != static_cast<size_t>(rows * cols) * size) {
-          return corrupt(tensor.name + ": " + std::to_string(stored.size()) + " bytes for its shape");
-        }
+      seen = stored.size();
+      if (s.is_ok() && seen == expected) {
+        const int64_t rows = entry.shape[0], cols = entry.shape[1];
         std::vector<uint8_t> transposed(stored.size());
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t c = 0; c < cols; ++c) {
@@ -258,12 +266,14 @@ Result<ExportSummary> export_round(CheckpointStore& store, int64_t round, std::s
         s = staged->write(std::span<const uint8_t>(transposed));
       }
     }
-    if (!s.is_ok()) return Status(s.code(), "round " + std::to_string(round) + ": " + s.message());
-    summary.bytes += tensor.byte_size;
+    if (!s.is_ok()) return s;
+    if (seen != expected) {
+      return corrupt(entry.name + ": " + std::to_string(seen) + " bytes for its shape's " + std::to_string(expected));
+    }
+    summary.bytes += static_cast<int64_t>(expected);
   }
-  summary.tensors = static_cast<int64_t>(written.size());
+  summary.tensors = static_cast<int64_t>(entries.size());
   FEDMESH_RETURN_IF_ERROR(staged->commit());
-  std::error_code error;
   const std::filesystem::path directory = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
   FEDMESH_RETURN_IF_ERROR(fsync_directory(directory));
   summary.files.push_back(out);

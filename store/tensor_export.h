@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,5 +62,23 @@ using ExportLayout = std::function<std::vector<ExportedArray>(const std::string&
 Result<ExportSummary> export_round(CheckpointStore& store, int64_t round, std::string_view role, ExportFormat format,
                                    const std::filesystem::path& out, const ExportLayout& layout = {},
                                    const std::map<std::string, std::string>& metadata = {});
+
+// One tensor of a safetensors file: its name and dtype as written, its
+// shape as read (a transposed 2-D entry is written (cols, rows)), and how
+// to read its row-major bytes (in pieces, handed to the consumer).
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  bool transposed = false;
+  std::function<Status(const std::function<Status(std::span<const uint8_t>)>& consume)> read;
+};
+
+// Writes `entries` in order as one safetensors file (staged, fsynced and
+// renamed as above), `metadata` in its __metadata__ beside format "pt" and
+// producer "fedmesh". export_round writes through it; so does a merged
+// LoRA export (train/lora_export.h), whose tensors are in memory.
+Result<ExportSummary> write_safetensors(const std::filesystem::path& out, const std::vector<SafetensorsEntry>& entries,
+                                        const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace fedmesh::store

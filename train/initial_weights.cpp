@@ -63,6 +63,7 @@ Result<InitFormat> parse_init_format(std::string_view text) {
 
 Status load_initial_weights(Sequential& model, const std::string& path, InitFormat format, bool partial,
                             InitReport* report) {
+  FEDMESH_CHECK(!model.lora().enabled(), "load_initial_weights before attach_lora");
   InitReport local;
   InitReport& said = report != nullptr ? *report : local;
   said = InitReport{};
@@ -155,16 +156,19 @@ Status load_initial_weights(Sequential& model, const std::string& path, InitForm
 Result<std::unique_ptr<Sequential>> make_initial_model(std::string_view name, uint64_t seed, const ModelInput& input,
                                                        const InitialWeights& init, InitReport* report) {
   Result<std::unique_ptr<Sequential>> model = make_model(name, seed, input);
-  if (!model.is_ok() || init.path.empty()) return model;
-  Result<InitFormat> format = parse_init_format(init.format);
-  if (!format.is_ok()) return format.status();
-  InitReport local;
-  InitReport& said = report != nullptr ? *report : local;
-  FEDMESH_RETURN_IF_ERROR(load_initial_weights(**model, init.path, *format, init.partial, &said));
-  if (init.partial && said.loaded == 0) {
-    return invalid_argument("--init-partial: " + init.path + " fits no parameter of " + std::string(name) +
-                            " (a file of another model?)");
+  if (!model.is_ok()) return model;
+  if (!init.path.empty()) {
+    Result<InitFormat> format = parse_init_format(init.format);
+    if (!format.is_ok()) return format.status();
+    InitReport local;
+    InitReport& said = report != nullptr ? *report : local;
+    FEDMESH_RETURN_IF_ERROR(load_initial_weights(**model, init.path, *format, init.partial, &said));
+    if (init.partial && said.loaded == 0) {
+      return invalid_argument("--init-partial: " + init.path + " fits no parameter of " + std::string(name) +
+                              " (a file of another model?)");
+    }
   }
+  FEDMESH_RETURN_IF_ERROR((*model)->attach_lora(init.lora, seed));
   return model;
 }
 

@@ -54,10 +54,15 @@ struct InitialWeights {
   std::string path;                // "": the seeded initialization
   std::string format = "fedmesh";  // or "hf-gpt2"
   bool partial = false;            // --init-partial / init_partial: see load_initial_weights
+  // LoRA adapters attached once the weights are in (train/lora.h; rank 0:
+  // none): `--lora-rank`... of train, `training.lora` in configs, the same in
+  // every process of a federation.
+  LoraOptions lora;
 };
 
-// make_model, then the weights of `init` when it names a file. Errors name
-// the file ("init: ..."); `report` (optional) says what a partial load left out.
+// make_model, then the weights of `init` when it names a file, then its
+// LoRA adapters. Errors name the file ("init: ..."); `report` (optional)
+// says what a partial load left out.
 Result<std::unique_ptr<Sequential>> make_initial_model(std::string_view name, uint64_t seed, const ModelInput& input,
                                                        const InitialWeights& init, InitReport* report = nullptr);
 

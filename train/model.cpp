@@ -3,6 +3,8 @@
 #include <sstream>
 
 #include "base/random.h"
+#include "crypto/hash.h"
+#include "crypto/keys.h"
 #include "kernels/elementwise.h"
 #include "train/layers/layers.h"
 #include "train/model_spec.h"
@@ -18,35 +20,127 @@ Tensor Sequential::forward(const Tensor& x, bool training) {
 void Sequential::backward(const Tensor& dlogits, const std::function<void(size_t layer)>& after_layer) {
   // Layers before the first one with parameters (a leading Flatten, say) need
   // no gradient, so neither does the input of that first trainable layer.
+  // With LoRA, layers below the first adapted one likewise. A layer's
+  // adapters fold its weights' gradients into B before after_layer(i) (a
+  // data-parallel step then reduces the B factors, not the weights).
   size_t first_trainable = 0;
-  while (first_trainable < layers_.size() && layers_[first_trainable]->parameters().empty()) ++first_trainable;
+  while (first_trainable < layers_.size() && layer_parameters(first_trainable).empty()) ++first_trainable;
   Tensor grad = dlogits;
   for (size_t i = layers_.size(); i-- > first_trainable;) {
     grad = layers_[i]->backward(grad, /*need_input_grad=*/i > first_trainable);
+    for (size_t a = 0; a < adapters_.size(); ++a) {
+      if (adapter_layer_[a] == i) adapters_[a]->fold_gradient();
+    }
     if (after_layer) after_layer(i);
   }
 }
 
+std::vector<Parameter*> Sequential::layer_parameters(size_t i) {
+  if (!lora_.enabled()) return layers_[i]->parameters();
+  std::vector<Parameter*> factors;
+  for (size_t a = 0; a < adapters_.size(); ++a) {
+    if (adapter_layer_[a] == i) factors.push_back(&adapters_[a]->factor_b());
+  }
+  return factors;
+}
+
 std::vector<Parameter*> Sequential::parameters() {
+  std::vector<Parameter*> trainable;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    for (Parameter* p : layer_parameters(i)) trainable.push_back(p);
+  return trainable;
+}
+
+std::vector<Parameter*> Sequential::all_parameters() {
   std::vector<Parameter*> all;
   for (auto& layer : layers_)
     for (Parameter* p : layer->parameters()) all.push_back(p);
+  for (auto& adapter : adapters_) all.push_back(&adapter->factor_b());
   return all;
 }
 
 int64_t Sequential::parameter_count() {
+  int64_t n = 0;
+  for (auto& layer : layers_)
+    for (Parameter* p : layer->parameters()) n += p->value.numel();
+  return n;
+}
+
+int64_t Sequential::trainable_count() {
   int64_t n = 0;
   for (Parameter* p : parameters()) n += p->value.numel();
   return n;
 }
 
 void Sequential::zero_grad() {
-  for (Parameter* p : parameters()) fill(p->grad, 0.0f);
+  // Frozen weights too: their layers still accumulate dL/dW, which the adapters read.
+  for (Parameter* p : all_parameters()) fill(p->grad, 0.0f);
 }
 
 void Sequential::to_device(Device device) {
-  for (Parameter* p : parameters()) p->to_device(device);
+  for (Parameter* p : all_parameters()) p->to_device(device);
+  for (auto& adapter : adapters_) adapter->to_device(device);
   device_ = device;
+}
+
+Status Sequential::attach_lora(const LoraOptions& options, uint64_t seed) {
+  FEDMESH_RETURN_IF_ERROR(options.validate());
+  if (!options.enabled()) return Status::ok();
+  FEDMESH_CHECK(!lora_.enabled(), "attach_lora twice");
+  FEDMESH_CHECK(device_ == Device::kCpu && compute_dtype_ == DType::kF32,
+                "attach_lora before set_compute_dtype and to_device");
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (Parameter* p : layers_[i]->parameters()) {
+      if (p->value.rank() < 2 || !lora_targets(options.targets, p->name)) continue;
+      adapters_.push_back(std::make_unique<LowRankAdapter>(*p, options.rank, options.scale(), seed));
+      adapter_layer_.push_back(i);
+    }
+  }
+  if (adapters_.empty()) {
+    std::string weights;
+    for (auto& layer : layers_)
+      for (Parameter* p : layer->parameters())
+        if (p->value.rank() >= 2) weights += (weights.empty() ? "" : ", ") + p->name;
+    return invalid_argument("the LoRA targets (--lora-targets, training.lora.targets: " + options.describe() +
+                            ") match no weight of model " + name_ +
+                            "; its weights are: " + weights);
+  }
+  lora_ = options;
+  return Status::ok();
+}
+
+std::vector<LowRankAdapter*> Sequential::adapters() {
+  std::vector<LowRankAdapter*> out;
+  for (auto& adapter : adapters_) out.push_back(adapter.get());
+  return out;
+}
+
+void Sequential::merge_adapters() {
+  for (auto& adapter : adapters_) adapter->merge();
+}
+
+std::string Sequential::frozen_fingerprint() {
+  if (!lora_.enabled()) return "";
+  crypto::Hasher hasher;
+  hasher.update_text(lora_.to_json().dump());
+  const auto add = [&](const std::string& name, const Tensor& values) {
+    const Tensor host = values.host();
+    hasher.update_text(name);
+    hasher.update_u64(static_cast<uint64_t>(host.rank()));
+    for (const int64_t d : host.shape()) hasher.update_u64(static_cast<uint64_t>(d));
+    hasher.update({static_cast<const uint8_t*>(host.raw()), host.nbytes()});
+  };
+  std::vector<const LowRankAdapter*> adapted;
+  for (auto& layer : layers_) {
+    for (Parameter* p : layer->parameters()) {
+      const LowRankAdapter* adapter = nullptr;
+      for (auto& a : adapters_)
+        if (&a->target() == p) adapter = a.get();
+      add(p->name, adapter != nullptr ? adapter->base() : p->value);
+      if (adapter != nullptr) add(p->name + ".lora_a", adapter->factor_a());
+    }
+  }
+  return "blake2b:" + crypto::to_hex(hasher.finish());
 }
 
 std::string Sequential::device_problem(Device device) {
@@ -62,11 +156,12 @@ std::string Sequential::device_problem(Device device) {
 
 void Sequential::set_compute_dtype(DType dtype) {
   compute_dtype_ = dtype;
-  for (Parameter* p : parameters()) p->set_compute_dtype(dtype);
+  for (Parameter* p : all_parameters()) p->set_compute_dtype(dtype);
 }
 
 void Sequential::refresh_compute() {
   for (Parameter* p : parameters()) p->refresh_compute();
+  merge_adapters();
 }
 
 std::string Sequential::summary() {
@@ -88,6 +183,10 @@ std::string Sequential::summary() {
     out << "\n";
   }
   out << "  total parameters: " << parameter_count() << "\n";
+  if (lora_.enabled()) {
+    out << "  LoRA (" << lora_.describe() << "): " << adapters_.size() << " adapted weights, " << trainable_count()
+        << " trainable parameters (B factors)\n";
+  }
   return out.str();
 }
 

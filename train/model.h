@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "train/layers/layer.h"
 #include "train/layers/transformer.h"
+#include "train/lora.h"
 
 namespace fedmesh::train {
 
@@ -33,9 +34,32 @@ class Sequential {
   // grads; after_layer(i), if given, is called when layer i is done.
   void backward(const Tensor& dlogits, const std::function<void(size_t layer)>& after_layer = {});
 
+  // The trainable parameters, in layer order: every parameter, or with LoRA
+  // the adapters' B factors alone. What an optimizer steps, a data-parallel
+  // step reduces, a checkpoint keeps and a federation sends.
   std::vector<Parameter*> parameters();
-  int64_t parameter_count();
+  // Layer i's share of parameters(): its own, or the B factors of its weights.
+  std::vector<Parameter*> layer_parameters(size_t i);
+  // Every tensor the model computes with: the layers' parameters (frozen
+  // ones included) and the adapters' B factors.
+  std::vector<Parameter*> all_parameters();
+  int64_t parameter_count();  // the layers' weights (the model's size, adapters not counted)
+  int64_t trainable_count();  // the elements of parameters()
   void zero_grad();
+
+  // LoRA (train/lora.h): freezes every layer parameter and adapts the
+  // weights `options` targets, A drawn from `seed`. Once, on the host,
+  // before set_compute_dtype and to_device; a target list that matches no
+  // weight of 2 or more dimensions is refused naming the globs.
+  Status attach_lora(const LoraOptions& options, uint64_t seed);
+  const LoraOptions& lora() const { return lora_; }
+  std::vector<LowRankAdapter*> adapters();
+  // Writes every adapted weight as W0 + scale · B · A (after B changed).
+  void merge_adapters();
+  // With LoRA, "blake2b:" + hex over the frozen weights (names, shapes,
+  // values; W0 for adapted ones) and the A factors: what every process of a
+  // federation must share besides the B factors it averages. "" without.
+  std::string frozen_fingerprint();
   // Switches the compute copies to `dtype` (fp32: the masters themselves).
   void set_compute_dtype(DType dtype);
   // Re-rounds compute copies after the masters changed (after an optimizer step).
@@ -57,6 +81,9 @@ class Sequential {
   DType compute_dtype_ = DType::kF32;
   Device device_ = Device::kCpu;
   std::vector<std::unique_ptr<Layer>> layers_;
+  LoraOptions lora_;
+  std::vector<std::unique_ptr<LowRankAdapter>> adapters_;
+  std::vector<size_t> adapter_layer_;  // the layer owning each adapter's weight
 };
 
 inline constexpr int64_t kFashionMnistSide = 28;

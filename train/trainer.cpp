@@ -249,6 +249,7 @@ StepResult Trainer::step_on_device(StepResult result, float lr, int64_t targets)
   optimizer_->set_device_gate({device_scalars_.factor(), device_scalars_.found_inf()});
   optimizer_->step(parameters, lr);  // on the device it also rounds the compute copies
   optimizer_->set_device_gate({});
+  model_.merge_adapters();  // LoRA: the weights from the new B (a skipped step merges the same B again)
   const device::StepScalars::Values values = device_scalars_.read();  // the step's one wait
   if (targets >= 0) {
     result.loss = targets > 0 ? values.loss_sum / static_cast<double>(targets) : 0.0;

@@ -7,6 +7,7 @@
 #include "train/parallel/data_parallel.h"
 #include "train/initial_weights.h"
 #include "train/model_spec.h"
+#include "train/lora_export.h"
 #include "train/training_checkpoint.h"
 
 namespace fedmesh::train {
@@ -62,6 +63,8 @@ nlohmann::json trajectory(const TrainingRunOptions& run, const TrainingData& dat
   if (is_model_spec_file(run.model)) {
     if (Result<ModelSpec> spec = read_model_spec(run.model); spec.is_ok()) config["model_spec"] = spec->to_toml();
   }
+  // A LoRA run's checkpoints hold B factors for these adapters only.
+  if (run.init.lora.enabled()) config["lora"] = run.init.lora.to_json();
   return config;
 }
 
@@ -88,11 +91,12 @@ Status check_same_run(const nlohmann::json& stored, const nlohmann::json& now, c
     const auto it = stored.find(key);
     if (it != stored.end() && *it == value) continue;
     if (!differences.empty()) differences += ", ";
-    differences += "--" + key + " " + value.dump() + " (the run in the database used " +
+    std::string flag = key;  // the flag's spelling; the values as they are
+    for (char& c : flag) {
+      if (c == '_') c = '-';
+    }
+    differences += "--" + flag + " " + value.dump() + " (the run in the database used " +
                    (it == stored.end() ? std::string("nothing") : it->dump()) + ")";
-  }
-  for (char& c : differences) {
-    if (c == '_') c = '-';
   }
   if (differences.empty()) return Status::ok();
   return invalid_argument(db + " holds checkpoints of a different run: " + differences +
@@ -120,6 +124,7 @@ Status check_options(TrainingRunOptions& run) {
   if (!schedule.is_ok()) return schedule.status();
   run.options.schedule = *schedule;
   FEDMESH_RETURN_IF_ERROR(run.options.validate());
+  FEDMESH_RETURN_IF_ERROR(run.init.lora.validate());
   if (run.train_limit < 0 || run.test_limit < 0) return invalid_argument("limits must be >= 0");
   if (run.checkpoint_every < 1) return invalid_argument("--checkpoint-every must be at least 1");
   if (run.resume && run.db.empty()) return invalid_argument("--resume needs --db PATH");
@@ -177,7 +182,10 @@ int64_t TrainingRun::total_steps() const {
 }
 
 Status TrainingRun::run_as_rank() {
-  Result<std::unique_ptr<Sequential>> model = make_model(options_.model, options_.options.seed, model_input());
+  // The initial model as rank 0 builds it (its frozen weights, with LoRA,
+  // are not broadcast: only the trainable parameters are).
+  Result<std::unique_ptr<Sequential>> model =
+      make_initial_model(options_.model, options_.options.seed, model_input(), options_.init);
   if (!model.is_ok()) return model.status();
   if (const std::string problem = (*model)->device_problem(device_); !problem.empty()) return invalid_argument(problem);
   (*model)->to_device(device_);
@@ -224,8 +232,15 @@ Status TrainingRun::open_store(const std::function<void(const std::string&)>& wa
   checkpoints_.emplace(std::move(*opened));
   Result<std::vector<store::RoundInfo>> rounds = checkpoints_->rounds();
   if (!rounds.is_ok()) return rounds.status();
-  const nlohmann::json config = trajectory(options_, data_);
+  nlohmann::json config = trajectory(options_, data_);
+  // LoRA: the frozen weights come from --init and the seed at every start,
+  // not from the checkpoint, so a resume must rebuild the same ones.
+  if (model_->lora().enabled()) config["lora"]["frozen"] = model_->frozen_fingerprint();
+  const auto record_base = [&] {
+    return record_lora_base(*checkpoints_, options_.model, options_.options.seed, model_input(), options_.init, *model_);
+  };
   if (rounds->empty()) {
+    FEDMESH_RETURN_IF_ERROR(record_base());
     if (options_.resume) return not_found(db + ": no committed checkpoint to resume from");
     // Nothing committed yet (or a run killed before its first commit): this run's options are the run's.
     FEDMESH_RETURN_IF_ERROR(checkpoints_->set_meta(kTrainConfigKey, config.dump()));
@@ -248,6 +263,7 @@ Status TrainingRun::open_store(const std::function<void(const std::string&)>& wa
       stored->has_value() ? nlohmann::json::parse(**stored, nullptr, false) : nlohmann::json::object();
   FEDMESH_RETURN_IF_ERROR(check_same_tokenizer(stored_config, data_, db));
   FEDMESH_RETURN_IF_ERROR(check_same_run(stored_config, config, db));
+  FEDMESH_RETURN_IF_ERROR(record_base());
   Result<std::optional<std::string>> threads = checkpoints_->meta(kTrainThreadsKey);
   if (threads.is_ok() && threads->has_value() && **threads != std::to_string(cpu_threads())) {
     warn("warning: the run started with " + **threads + " threads, this one has " + std::to_string(cpu_threads()) +

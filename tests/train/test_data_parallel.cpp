@@ -105,8 +105,9 @@ class EmulatedDeviceCommunicator final : public Communicator {
 // gradient buckets live there.
 std::vector<float> train(const data::ImageDataset& data, Communicator* communicator, int rank, int size,
                          DataParallelOptions parallel, const std::string& optimizer = "sgd", bool zero_one = false,
-                         Device device = Device::kCpu) {
+                         Device device = Device::kCpu, const LoraOptions& lora = {}) {
   std::unique_ptr<Sequential> model = std::move(make_model("mlp", 1).value());
+  if (!model->attach_lora(lora, 1).is_ok()) return {};
   model->to_device(device);
   TrainOptions o = options();
   o.optimizer = optimizer;
@@ -362,6 +363,43 @@ TEST(DataParallel, FitWithRanksEqualsFitInOneProcess) {
   bad.data_parallel_rank = 2;
   bad.data_parallel_ranks = 2;
   EXPECT_NE(bad.validate().message().find("rank 2 of 2"), std::string::npos);
+}
+
+// LoRA under data parallelism: the adapters fold each layer's weight
+// gradients into its B factors before the layer's bucket is reduced, so the
+// buckets hold the B factors alone (not the frozen weights) and 2 ranks,
+// with overlapped per-layer buckets, on the CPU and on the emulated device,
+// train the B factors of one process on the whole batches.
+TEST(DataParallel, LoraRanksEqualOneProcess) {
+  const data::ImageDataset data = synthetic_images();
+  LoraOptions lora;
+  lora.rank = 4;
+  std::unique_ptr<Sequential> probe = std::move(make_model("mlp", 1).value());
+  ASSERT_TRUE(probe->attach_lora(lora, 1).is_ok());
+  const size_t count = flatten(*probe).size();
+  EXPECT_EQ(count, static_cast<size_t>((512 + 256 + 10) * 4)) << "the trainable parameters are the B factors";
+  DataParallelOptions per_layer;
+  per_layer.bucket_bytes = 1;
+  per_layer.overlap = true;
+  const std::string base = ::testing::TempDir() + "fedmesh-dp-lora-" + std::to_string(::getpid());
+  launch(base + "-1", 1, [&](Communicator*, int, int) { return train(data, nullptr, 0, 1, {}, "sgd", false, Device::kCpu, lora); });
+  const std::vector<float> reference = read(base + "-1/rank-0", count + kSteps);
+  double moved = 0.0;
+  for (size_t i = 0; i < count; ++i) moved = std::max(moved, std::fabs(static_cast<double>(reference[i])));
+  ASSERT_GT(moved, 1e-4) << "the B factors should move from zero";
+  for (const Device device : {Device::kCpu, Device::kCuda}) {
+    const std::string dir = base + (device == Device::kCpu ? "-cpu" : "-device");
+    launch(dir, 2, [&](Communicator* c, int rank, int n) { return train(data, c, rank, n, per_layer, "sgd", false, device, lora); });
+    const std::vector<float> rank0 = read(dir + "/rank-0", reference.size());
+    double worst = 0.0;
+    for (size_t i = 0; i < count; ++i) worst = std::max(worst, std::fabs(static_cast<double>(rank0[i]) - reference[i]));
+    EXPECT_LT(worst, 1e-5) << (device == Device::kCpu ? "cpu" : "device") << ": 2 LoRA ranks against one process";
+    EXPECT_EQ(read(dir + "/rank-1", reference.size()), rank0) << "rank 1 differs from rank 0";
+    std::printf("LoRA rank 4, 2 ranks on the %s: largest difference from one process %.3g (B moved up to %.3g)\n",
+                device == Device::kCpu ? "cpu" : "emulated device", worst, moved);
+    std::filesystem::remove_all(dir);
+  }
+  std::filesystem::remove_all(base + "-1");
 }
 
 }  // namespace

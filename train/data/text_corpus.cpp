@@ -134,6 +134,19 @@ int64_t TextCorpus::bytes() const {
 
 Result<TextCorpus> load_text_corpus(const std::string& source) {
   if (source == kBibleCorpus) return load_bible();
+  // One testament: a model pretrained on one and fine-tuned on the other.
+  if (source == kOldTestament || source == kNewTestament) {
+    Result<TextCorpus> bible = load_bible();
+    if (!bible.is_ok()) return bible;
+    if (bible->documents.size() != static_cast<size_t>(kBibleBooks)) {
+      return corrupt(bible_program() + " gave " + std::to_string(bible->documents.size()) + " books, not " +
+                     std::to_string(kBibleBooks) + ": cannot tell the testaments apart");
+    }
+    auto& books = bible->documents;
+    if (source == kOldTestament) books.resize(kOldTestamentBooks);
+    else books.erase(books.begin(), books.begin() + kOldTestamentBooks);
+    return bible;
+  }
   if (source.rfind("jsonl:", 0) == 0) {
     const std::string path = source.substr(6);
     Result<std::vector<std::string>> documents = read_jsonl_documents(path, "text");

@@ -8,6 +8,8 @@
 //   Rev, the Old Testament the first 39), verse references dropped, one
 //   verse per line; the environment variable FEDMESH_BIBLE names another
 //   `bible` program to run (default /usr/bin/bible);
+// - "bible-kjv:old", "bible-kjv:new": its Old Testament (39 books) or New
+//   Testament (27 books) alone;
 // - a directory: every regular file in it (not recursive), sorted by name,
 //   is a document, its bytes taken as they are.
 // Both are input from outside: sizes are bounded and a source with no text
@@ -26,6 +28,8 @@
 namespace fedmesh::train::data {
 
 inline constexpr const char* kBibleCorpus = "bible-kjv";
+inline constexpr const char* kOldTestament = "bible-kjv:old";
+inline constexpr const char* kNewTestament = "bible-kjv:new";
 inline constexpr const char* kBibleProgramVariable = "FEDMESH_BIBLE";
 inline constexpr int kBibleBooks = 66, kOldTestamentBooks = 39;
 inline constexpr int64_t kMaxCorpusBytes = int64_t{2} << 30;

@@ -27,7 +27,7 @@ DataParallel::DataParallel(Communicator& communicator, Sequential& model, DataPa
   // Buckets in the order the backward pass completes layers: last first.
   size_t bytes = 0;
   for (size_t i = model_.layer_count(); i-- > 0;) {
-    const std::vector<Parameter*> parameters = model_.layer(i).parameters();
+    const std::vector<Parameter*> parameters = model_.layer_parameters(i);
     if (parameters.empty()) continue;
     if (buckets_.empty() || bytes >= options_.bucket_bytes) {
       buckets_.emplace_back();

@@ -10,7 +10,9 @@
 
 #include "cli/data_flags.h"
 #include "cli/output.h"
+#include "store/tensor_export.h"
 #include "train/model_spec.h"
+#include "train/predict.h"
 #include "train/training_data.h"
 
 namespace fedmesh::cli {
@@ -98,6 +100,36 @@ int run_show(const ModelFlags& flags) {
   return 0;
 }
 
+struct PredictFlags {
+  train::PredictOptions options;
+  std::string out;
+  bool json = false;
+};
+
+int run_predict(const PredictFlags& flags) {
+  const auto failed = [&](const Status& s) {
+    return report_failure("model predict", flags.json, s, s.code() == StatusCode::kIoError ? 1 : 2);
+  };
+  Result<train::Prediction> prediction = train::predict(flags.options);
+  if (!prediction.is_ok()) return failed(prediction.status());
+  const Tensor& logits = prediction->logits;
+  std::vector<store::SafetensorsEntry> entries = {
+      {"logits", DType::kF32, logits.shape(), false, [&](const std::function<Status(std::span<const uint8_t>)>& consume) {
+         return consume({static_cast<const uint8_t*>(logits.raw()), logits.nbytes()});
+       }}};
+  Result<store::ExportSummary> written =
+      store::write_safetensors(flags.out, entries, {{"model", flags.options.model}, {"weights", flags.options.weights.path}});
+  if (!written.is_ok()) return failed(written.status());
+  if (flags.json) {
+    emit_json({{"event", "summary"}, {"command", "model predict"}, {"samples", prediction->samples},
+               {"logits", logits.shape()}, {"out", flags.out}});
+  } else {
+    std::printf("%lld samples: logits %s written to %s\n", static_cast<long long>(prediction->samples),
+                shape_to_string(logits.shape()).c_str(), flags.out.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 CLI::Validator model_name_check() {
@@ -133,6 +165,30 @@ void add_model_command(CLI::App& app, int& exit_code) {
   show->add_option("--tokenizer", flags->tokenizer, "A GPT's tokenizer (its vocabulary sizes the model)");
   show->add_flag("--json", flags->json, "Print one JSON summary line");
   show->callback([flags, &exit_code] { exit_code = run_show(*flags); });
+
+  auto predict_flags = std::make_shared<PredictFlags>();
+  train::PredictOptions& o = predict_flags->options;
+  CLI::App* predict = cmd->add_subcommand(
+      "predict", "Run a model with given weights on given inputs (evaluation mode) and write its logits: the array "
+                 "\"logits\" of a safetensors file, (samples, classes), or (samples x context, vocabulary) for a GPT");
+  predict->add_option("model", o.model, "A built-in model or a spec file FILE.toml")->required()->check(model_name_check());
+  predict->add_option("--weights", o.weights.path,
+                      "The weights: a safetensors/.npz/.npy file with every parameter by name (what `checkpoint "
+                      "export` writes), as train --init")
+      ->required();
+  predict->add_option("--weights-format", o.weights.format, "fedmesh, or hf-gpt2 (Hugging Face's GPT-2 layout)")
+      ->check(CLI::IsMember({"fedmesh", "hf-gpt2"}))
+      ->capture_default_str();
+  predict->add_option("--input", o.input,
+                      "A .npz, .npy or safetensors file whose array x holds the samples (N, ...) or, for a GPT, "
+                      "token ids (N, at most the context)")
+      ->required();
+  predict->add_option("--classes", o.classes, "Image and table models: outputs per sample")->capture_default_str();
+  predict->add_option("--vocabulary", o.vocabulary, "GPTs: the vocabulary (0: the model's own)")->capture_default_str();
+  predict->add_option("--batch-size", o.batch_size, "Samples per forward pass")->capture_default_str();
+  predict->add_option("--out", predict_flags->out, "The logits file (safetensors)")->required();
+  predict->add_flag("--json", predict_flags->json, "Print one JSON summary line");
+  predict->callback([predict_flags, &exit_code] { exit_code = run_predict(*predict_flags); });
 }
 
 }  // namespace fedmesh::cli

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "train/model.h"
+#include "train/predict.h"
 
 namespace fedmesh::train {
 namespace {
@@ -221,6 +222,48 @@ TEST_F(InitialWeights, RefusesWhatDoesNotFitByName) {
   const Status missing = load_initial_weights(*model_, (directory_ / "absent.safetensors").string());
   EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.to_string();
   EXPECT_FALSE(parse_init_format("onnx").is_ok());
+}
+
+// `fedmesh model predict` (train/predict.h): gpt-nano's logits from a
+// weights file equal the model's own on the same ids, and every flaw of the
+// input is refused naming it.
+TEST_F(InitialWeights, PredictRunsTheWeightsAndRefusesBadInputByName) {
+  const std::string weights = write("gpt.safetensors", other_weights(false));
+  std::vector<float> ids(2 * 8);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<float>((i * 37) % 256);
+  const std::string input = write("ids.safetensors", {f32("x", {2, 8}, ids)});
+  PredictOptions options;
+  options.model = "gpt-nano";
+  options.weights.path = weights;
+  options.input = input;
+  Result<Prediction> prediction = predict(options);
+  ASSERT_TRUE(prediction.is_ok()) << prediction.status().to_string();
+  EXPECT_EQ(prediction->samples, 2);
+  ASSERT_EQ(prediction->logits.shape(), (Shape{16, 256}));
+  auto other = make_model("gpt-nano", 9, 256);
+  const Tensor expected = (*other)->forward(Tensor::view_of(ids.data(), {2, 8}, DType::kF32), false);
+  EXPECT_EQ(values_of(prediction->logits), values_of(expected));
+
+  const auto refused = [&](const std::vector<Array>& arrays, const std::string& says) {
+    PredictOptions bad = options;
+    bad.input = write("bad.safetensors", arrays);
+    Result<Prediction> r = predict(bad);
+    ASSERT_FALSE(r.is_ok()) << says;
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().to_string();
+  };
+  refused({f32("y", {2, 8}, ids)}, "no array named x");
+  refused({f32("x", {16}, ids)}, "one row per sample");
+  refused({f32("x", {1, 80}, std::vector<float>(80, 1.0f))}, "at most 64");
+  std::vector<float> outside = ids;
+  outside[3] = 256.0f;
+  refused({f32("x", {2, 8}, outside)}, "element 3 is 256");
+  outside[3] = 1.5f;
+  refused({f32("x", {2, 8}, outside)}, "not a token id");
+  outside[3] = std::nanf("");
+  refused({f32("x", {2, 8}, outside)}, "non-finite");
+  PredictOptions no_weights = options;
+  no_weights.weights.path.clear();
+  EXPECT_FALSE(predict(no_weights).is_ok());
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <string>
 
 #include "cli/output.h"
+#include "base/file_io.h"
 #include "train/data/bpe_tokenizer.h"
+#include "train/data/gpt2_tokenizer.h"
 #include "train/data/text_corpus.h"
 
 namespace fedmesh::cli {
@@ -105,11 +107,57 @@ int run_tokenizer_train(const TokenizerTrainFlags& flags) {
   return 0;
 }
 
+struct TokenizerImportFlags {
+  std::string vocab, merges, out;
+  bool json = false;
+};
+
+int run_tokenizer_import(const TokenizerImportFlags& flags) {
+  Result<train::data::BpeTokenizer> tokenizer = train::data::import_gpt2_tokenizer_files(flags.vocab, flags.merges);
+  if (!tokenizer.is_ok()) {
+    return report_failure("tokenizer import", flags.json, tokenizer.status(),
+                          tokenizer.status().code() == StatusCode::kIoError ? 1 : 2);
+  }
+  if (Status s = tokenizer->save(flags.out); !s.is_ok()) return report_failure("tokenizer import", flags.json, s, 1);
+  const int64_t specials = static_cast<int64_t>(tokenizer->layout().specials.size());
+  if (flags.json) {
+    emit_json({{"event", "summary"}, {"command", "tokenizer import"}, {"out", flags.out},
+               {"vocab_size", tokenizer->vocabulary()}, {"merges", tokenizer->merges().size()},
+               {"specials", tokenizer->layout().specials}, {"checksum", tokenizer->fingerprint()}});
+    return 0;
+  }
+  std::printf("wrote %s: %d tokens (256 bytes, %zu merges, %lld special), GPT-2's pretokenizer, %s\n", flags.out.c_str(),
+              tokenizer->vocabulary(), tokenizer->merges().size(), static_cast<long long>(specials),
+              tokenizer->fingerprint().c_str());
+  return 0;
+}
+
+struct TokenizerEncodeFlags {
+  std::string tokenizer, text;
+  bool json = false;
+};
+
+// The ids of a text file's bytes, as one JSON line {"ids": [...]}.
+int run_tokenizer_encode(const TokenizerEncodeFlags& flags) {
+  const auto failed = [&](const Status& s) {
+    return report_failure("tokenizer encode", flags.json, s, s.code() == StatusCode::kIoError ? 1 : 2);
+  };
+  Result<train::data::BpeTokenizer> tokenizer = train::data::BpeTokenizer::load(flags.tokenizer);
+  if (!tokenizer.is_ok()) return failed(tokenizer.status());
+  Result<std::string> text = read_file_bounded(flags.text, train::data::kMaxCorpusBytes);
+  if (!text.is_ok()) return failed(Status(text.status().code(), "--text " + flags.text + ": " + text.status().message()));
+  const std::vector<int32_t> ids = tokenizer->encode(*text);
+  emit_json({{"event", "summary"}, {"command", "tokenizer encode"}, {"bytes", text->size()}, {"tokens", ids.size()},
+             {"ids", ids}});
+  return 0;
+}
+
 }  // namespace
 
 void add_tokenizer_command(CLI::App& app, int& exit_code) {
   CLI::App* tokenizer = app.add_subcommand(
-      "tokenizer", "Tokenizers for the language models: the byte tokenizer needs nothing; a BPE tokenizer is trained here");
+      "tokenizer", "Tokenizers for the language models: the byte tokenizer needs nothing; a BPE tokenizer is trained "
+                   "here or imported from GPT-2's files");
   tokenizer->require_subcommand(1);
   auto flags = std::make_shared<TokenizerTrainFlags>();
   CLI::App* train = tokenizer->add_subcommand(
@@ -137,6 +185,27 @@ void add_tokenizer_command(CLI::App& app, int& exit_code) {
                   "Print JSON lines: {\"event\":\"progress\",\"merges\",...} every 100 merges, then "
                   "{\"event\":\"summary\",\"vocab_size\",\"merges\",\"bytes_per_token\",\"wall_seconds\",...}");
   train->callback([flags, &exit_code] { exit_code = run_tokenizer_train(*flags); });
+
+  auto import_flags = std::make_shared<TokenizerImportFlags>();
+  CLI::App* imported = tokenizer->add_subcommand(
+      "import",
+      "Turn GPT-2's tokenizer files (Hugging Face's vocab.json and merges.txt; OpenAI's encoder.json and vocab.bpe "
+      "are the same) into a fedmesh tokenizer file, so that fine-tuning GPT-2's weights (train --init-format "
+      "hf-gpt2) reads text as GPT-2 was trained to: its byte order, merges, <|endoftext|> and its own regex "
+      "(Unicode letters and numbers, contractions). Use the result as --tokenizer / data.tokenizer.");
+  imported->add_option("--vocab", import_flags->vocab, "vocab.json (encoder.json): token -> id")->required();
+  imported->add_option("--merges", import_flags->merges, "merges.txt (vocab.bpe): one merge per line")->required();
+  imported->add_option("--out", import_flags->out, "The tokenizer file to write (replaced atomically)")->required();
+  imported->add_flag("--json", import_flags->json, "Print one JSON summary line");
+  imported->callback([import_flags, &exit_code] { exit_code = run_tokenizer_import(*import_flags); });
+
+  auto encode_flags = std::make_shared<TokenizerEncodeFlags>();
+  CLI::App* encode = tokenizer->add_subcommand(
+      "encode", "Print the token ids of a text file's bytes under a tokenizer file, as one JSON line {\"ids\": [...]}");
+  encode->add_option("--tokenizer", encode_flags->tokenizer, "The tokenizer file (tokenizer train or import)")->required();
+  encode->add_option("--text", encode_flags->text, "The text file")->required();
+  encode->add_flag("--json", encode_flags->json, "Errors as JSON too (the ids are JSON always)");
+  encode->callback([encode_flags, &exit_code] { exit_code = run_tokenizer_encode(*encode_flags); });
 }
 
 }  // namespace fedmesh::cli

@@ -13,7 +13,7 @@ PACKAGES=(
   libcli11-dev libtomlplusplus-dev libfmt-dev libspdlog-dev
   nlohmann-json3-dev libcpp-httplib-dev
   clang libclang-rt-dev
-  python3-numpy python3-yaml python3-sklearn python3-torch systemd iproute2
+  python3-numpy python3-yaml python3-sklearn python3-torch python3-regex systemd iproute2
   chromium
   dataset-fashion-mnist bible-kjv
 )

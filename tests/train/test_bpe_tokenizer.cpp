@@ -9,7 +9,12 @@
 //   merges naming later ids, duplicates, a vocabulary over the limit, a bad
 //   checksum, seeded mutations) are refused with kCorrupt and a message
 //   naming what is wrong, never a crash;
-// - a language model takes the tokenizer's vocabulary.
+// - a language model takes the tokenizer's vocabulary;
+// - GPT-2's regex (the "gpt2" pretokenizer) on its quirks, and GPT-2's
+//   vocab.json + merges.txt imported (byte order, special tokens, a version
+//   2 file that round-trips), each flaw of the files refused by name.
+//   tests/train/check_gpt2_tokenizer.py checks the encoding against GPT-2's
+//   own algorithm.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -21,8 +26,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/random.h"
 #include "train/data/bpe_tokenizer.h"
+#include "train/data/gpt2_tokenizer.h"
 #include "train/model.h"
 
 namespace fedmesh::train::data {
@@ -245,7 +253,11 @@ TEST(BpeTokenizerFile, HostileFilesAreRefusedByName) {
   expect_refused(good.substr(0, good.size() / 2), "not JSON");
   expect_refused("", "not JSON");
   expect_refused("[1, 2]", "not a JSON object");
-  expect_refused(file_with({{'t', 'h'}}, "", std::nullopt, -1, "2"), "version 2 is not supported");
+  expect_refused(file_with({{'t', 'h'}}, "", std::nullopt, -1, "3"), "version 3 is not supported");
+  expect_refused(file_with({{'t', 'h'}}, "", std::nullopt, -1, "2"), "no \"byte_ids\"");
+  std::string gpt2_in_version_1 = file_with({{'t', 'h'}});
+  gpt2_in_version_1.replace(gpt2_in_version_1.find("gpt2-ascii"), 10, "gpt2");
+  expect_refused(gpt2_in_version_1, "pretokenizer \"gpt2\" is unknown");
   expect_refused(file_with({{'t', 'h'}}, "", std::nullopt, -1, "\"1\""), "version \"1\" is not supported");
   expect_refused(file_with({{'t', 'h'}}, "", std::nullopt, -1, "1", "\"sentencepiece\""), "format \"sentencepiece\"");
   expect_refused(file_with({{'t', 'h'}}, "", std::nullopt, 70000), "vocab_size 70000 is not an integer in [256, 65536]");
@@ -329,6 +341,151 @@ TEST(BpeTokenizer, ALanguageModelTakesTheTokenizersVocabulary) {
   Result<std::unique_ptr<train::Sequential>> image = train::make_model("mlp", 1, 512);
   ASSERT_FALSE(image.is_ok());
   EXPECT_NE(image.status().message().find("not a language model"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fedmesh::train::data
+
+namespace fedmesh::train::data {
+namespace {
+
+std::vector<std::string> gpt2_pieces(std::string_view text) {
+  std::vector<std::string> pieces;
+  for (const std::string_view p : pretokenize_gpt2(text, kMaxPieceBytesLimit)) pieces.emplace_back(p);
+  return pieces;
+}
+
+TEST(Gpt2Pretokenizer, CutsAsGpt2sRegexDoes) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(gpt2_pieces("Hello world"), (V{"Hello", " world"}));
+  // A run of white space keeps its last character for what follows: a space
+  // joins the word, anything else stands alone.
+  EXPECT_EQ(gpt2_pieces("Hello\n\nWorld"), (V{"Hello", "\n", "\n", "World"}));
+  EXPECT_EQ(gpt2_pieces("a  b"), (V{"a", " ", " b"}));
+  EXPECT_EQ(gpt2_pieces("end   "), (V{"end", "   "}));
+  EXPECT_EQ(gpt2_pieces("x\t\ty"), (V{"x", "\t", "\t", "y"}));
+  // Contractions, lowercase only, and only at a piece's start.
+  EXPECT_EQ(gpt2_pieces("I'm it's we'll"), (V{"I", "'m", " it", "'s", " we", "'ll"}));
+  EXPECT_EQ(gpt2_pieces("I'M 'sup"), (V{"I", "'", "M", " '", "sup"}));
+  // Numbers, punctuation runs with their space.
+  EXPECT_EQ(gpt2_pieces("pi 3.14!?"), (V{"pi", " 3", ".", "14", "!?"}));
+  EXPECT_EQ(gpt2_pieces("a ...b"), (V{"a", " ...", "b"}));
+  // Unicode classes: letters of any script, other numbers, an em dash is punctuation.
+  EXPECT_EQ(gpt2_pieces("caf\xc3\xa9\xe2\x80\x94na\xc3\xafve"), (V{"caf\xc3\xa9", "\xe2\x80\x94", "na\xc3\xafve"}));
+  EXPECT_EQ(gpt2_pieces("\xe6\x97\xa5\xe6\x9c\xac \xc2\xbd"), (V{"\xe6\x97\xa5\xe6\x9c\xac", " \xc2\xbd"}));
+  // U+3000 is white space; U+00A0 too.
+  EXPECT_EQ(gpt2_pieces("a\xe3\x80\x80\xe3\x80\x80" "b"), (V{"a", "\xe3\x80\x80", "\xe3\x80\x80", "b"}));
+  // Bytes that are not UTF-8 are characters of their own, neither letter nor space.
+  EXPECT_EQ(gpt2_pieces("ab\xff\xfe" "cd"), (V{"ab", "\xff\xfe", "cd"}));
+  EXPECT_EQ(gpt2_pieces("a\xc3"), (V{"a", "\xc3"}));
+  // The pieces always partition the text.
+  Rng rng(3);
+  for (int round = 0; round < 200; ++round) {
+    std::string text(static_cast<size_t>(rng.below(40)), ' ');
+    for (char& c : text) c = static_cast<char>(rng.below(256));
+    std::string joined;
+    for (const std::string_view p : pretokenize_gpt2(text, 7)) {
+      EXPECT_FALSE(p.empty());
+      EXPECT_LE(p.size(), 7u);
+      joined += p;
+    }
+    EXPECT_EQ(joined, text);
+  }
+}
+
+// GPT-2's byte alphabet written as UTF-8.
+std::string written(std::string_view bytes) {
+  std::string out;
+  for (const unsigned char b : bytes) {
+    const char32_t c = gpt2_byte_char(b);
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else {
+      out += static_cast<char>(0xC0 | (c >> 6));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    }
+  }
+  return out;
+}
+
+// vocab.json and merges.txt as GPT-2's are, for these merges (token bytes).
+std::pair<std::string, std::string> gpt2_files(const std::vector<std::pair<std::string, std::string>>& merges,
+                                               bool with_end_of_text = true) {
+  nlohmann::json vocab = nlohmann::json::object();
+  int id = 0;
+  for (int b = 33; b < 256; ++b) {  // GPT-2's order: the printable bytes first...
+    if (written(std::string(1, static_cast<char>(b))).size() == (b < 128 ? 1u : 2u) &&
+        ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE))) {
+      vocab[written(std::string(1, static_cast<char>(b)))] = id++;
+    }
+  }
+  for (int b = 0; b < 256; ++b) {  // ...then the others
+    const std::string w = written(std::string(1, static_cast<char>(b)));
+    if (!vocab.contains(w)) vocab[w] = id++;
+  }
+  std::string text = "#version: 0.2\n";
+  for (const auto& [a, b] : merges) {
+    text += written(a) + " " + written(b) + "\n";
+    vocab[written(a + b)] = id++;
+  }
+  if (with_end_of_text) vocab["<|endoftext|>"] = id;
+  return {vocab.dump(), text};
+}
+
+TEST(Gpt2Tokenizer, ImportsGpt2sFilesWithTheirByteOrderAndSpecialToken) {
+  const auto [vocab, merges] = gpt2_files({{" ", "t"}, {"h", "e"}, {" t", "he"}});
+  Result<BpeTokenizer> tokenizer = import_gpt2_tokenizer(vocab, merges);
+  ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().to_string();
+  EXPECT_EQ(tokenizer->vocabulary(), 256 + 3 + 1);
+  EXPECT_EQ(tokenizer->encode("!"), (std::vector<int32_t>{0})) << "GPT-2 numbers '!' 0";
+  EXPECT_EQ(tokenizer->encode("A"), (std::vector<int32_t>{32}));
+  EXPECT_EQ(tokenizer->encode(" the"), (std::vector<int32_t>{258})) << "merge 2 is id 258";
+  EXPECT_EQ(tokenizer->encode("the the"), (std::vector<int32_t>{static_cast<int32_t>('t' - 33), 257, 258}));
+  EXPECT_EQ(tokenizer->token_bytes(259), "<|endoftext|>");
+  EXPECT_EQ(tokenizer->decode(std::vector<int32_t>{258, 259}).value(), " the<|endoftext|>");
+  // Every byte string round-trips through the permuted ids.
+  Rng rng(5);
+  for (int round = 0; round < 50; ++round) {
+    std::string text(static_cast<size_t>(rng.below(64)), ' ');
+    for (char& c : text) c = static_cast<char>(rng.below(256));
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)).value(), text);
+  }
+  // Its file is version 2 and reads back to the same tokenizer.
+  const std::string file = tokenizer->to_json();
+  EXPECT_NE(file.find("\"version\": 2"), std::string::npos);
+  EXPECT_NE(file.find("\"pretokenizer\": \"gpt2\""), std::string::npos);
+  Result<BpeTokenizer> back = BpeTokenizer::parse(file);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->fingerprint(), tokenizer->fingerprint());
+  EXPECT_EQ(back->encode("the the!"), tokenizer->encode("the the!"));
+  EXPECT_NE(tokenizer->fingerprint(), BpeTokenizer::from_merges({{' ', 't'}, {'h', 'e'}, {256, 257}}).value().fingerprint());
+}
+
+TEST(Gpt2Tokenizer, RefusesFlawedFilesByName) {
+  const auto refused = [](const std::string& vocab, const std::string& merges, const std::string& says) {
+    Result<BpeTokenizer> r = import_gpt2_tokenizer(vocab, merges);
+    ASSERT_FALSE(r.is_ok()) << says;
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().to_string();
+  };
+  const auto [vocab, merges] = gpt2_files({{" ", "t"}, {"h", "e"}});
+  refused(vocab, "#version: 0.2\nh e x\n", "merges.txt line 2 is not two tokens");
+  refused(vocab, "#version: 0.2\nhe e\n", "line 2: token 'he' is made by no earlier merge");
+  refused(vocab, "#version: 0.2\n\xc3\xbf\xc3 e\n", "line 2: token");
+  refused(vocab, "#version: 0.2\nh e\nh e\n", "line 3 makes a token an earlier merge made");
+  refused("[1]", merges, "vocab.json is not a JSON object");
+  refused("{\"a\": -1}", merges, "the id -1");
+  nlohmann::json v = nlohmann::json::parse(vocab);
+  v.erase(written(" "));
+  refused(v.dump(), merges, "vocab.json has no token with the id");
+  v = nlohmann::json::parse(vocab);
+  std::swap(v[written("he")], v[written(" t")]);
+  refused(v.dump(), merges, "merges.txt makes it as merge");
+  v = nlohmann::json::parse(vocab);
+  v["extra"] = 5000;
+  refused(v.dump(), merges, "vocab.json skips ids before 5000");
+  v = nlohmann::json::parse(vocab);
+  v[written("t")] = 3;
+  refused(v.dump(), merges, "the id 3 to");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file_io.h"
+#include "train/data/gpt2_tokenizer.h"
 
 namespace fedmesh::train::data {
 
@@ -82,14 +83,20 @@ void merge_pair(std::vector<int32_t>& symbols, int32_t first, int32_t second, in
 
 }  // namespace
 
-std::vector<std::string_view> pretokenize(std::string_view text, int max_piece_bytes) {
+PieceCutter::PieceCutter(std::string_view text, int max_piece_bytes, std::vector<std::string_view>& pieces)
+    : text_(text), limit_(static_cast<size_t>(max_piece_bytes)), pieces_(pieces) {
   FEDMESH_CHECK(max_piece_bytes >= 1, "max_piece_bytes must be positive");
+}
+
+void PieceCutter::operator()(size_t begin, size_t end) const {
+  for (; end - begin > limit_; begin += limit_) pieces_.push_back(text_.substr(begin, limit_));
+  pieces_.push_back(text_.substr(begin, end - begin));
+}
+
+std::vector<std::string_view> pretokenize(std::string_view text, int max_piece_bytes) {
   std::vector<std::string_view> pieces;
-  const size_t n = text.size(), limit = static_cast<size_t>(max_piece_bytes);
-  const auto add = [&](size_t begin, size_t end) {
-    for (; end - begin > limit; begin += limit) pieces.push_back(text.substr(begin, limit));
-    pieces.push_back(text.substr(begin, end - begin));
-  };
+  const size_t n = text.size();
+  const PieceCutter add(text, max_piece_bytes, pieces);
   const auto cls = [&](size_t i) { return byte_class(static_cast<unsigned char>(text[i])); };
   size_t i = 0;
   while (i < n) {
@@ -117,17 +124,42 @@ std::vector<std::string_view> pretokenize(std::string_view text, int max_piece_b
   return pieces;
 }
 
-Result<BpeTokenizer> BpeTokenizer::from_merges(std::vector<Merge> merges, int max_piece_bytes) {
+Result<BpeTokenizer> BpeTokenizer::from_merges(std::vector<Merge> merges, int max_piece_bytes, BpeLayout layout) {
   if (max_piece_bytes < 1 || max_piece_bytes > kMaxPieceBytesLimit) {
     return corrupt("max_piece_bytes " + std::to_string(max_piece_bytes) + " is outside [1, " +
                    std::to_string(kMaxPieceBytesLimit) + "]");
   }
-  if (merges.size() > static_cast<size_t>(kMaxTokenizerVocabulary - 256)) {
-    return corrupt(std::to_string(merges.size()) + " merges make a vocabulary over the limit of " +
-                   std::to_string(kMaxTokenizerVocabulary));
+  if (merges.size() + layout.specials.size() > static_cast<size_t>(kMaxTokenizerVocabulary - 256)) {
+    return corrupt(std::to_string(merges.size()) + " merges and " + std::to_string(layout.specials.size()) +
+                   " special tokens make a vocabulary over the limit of " + std::to_string(kMaxTokenizerVocabulary));
   }
   BpeTokenizer tokenizer;
   tokenizer.max_piece_bytes_ = max_piece_bytes;
+  for (int b = 0; b < 256; ++b) tokenizer.byte_id_[static_cast<size_t>(b)] = tokenizer.byte_of_id_[static_cast<size_t>(b)] = b;
+  if (!layout.byte_ids.empty()) {
+    if (layout.byte_ids.size() != 256) {
+      return corrupt("byte_ids holds " + std::to_string(layout.byte_ids.size()) + " ids, not one per byte (256)");
+    }
+    std::array<bool, 256> taken{};
+    for (int b = 0; b < 256; ++b) {
+      const int32_t id = layout.byte_ids[static_cast<size_t>(b)];
+      if (id < 0 || id > 255 || taken[static_cast<size_t>(id)]) {
+        return corrupt("byte_ids is not a permutation of 0..255 (byte " + std::to_string(b) + " has id " +
+                       std::to_string(id) + ")");
+      }
+      taken[static_cast<size_t>(id)] = true;
+      tokenizer.byte_id_[static_cast<size_t>(b)] = id;
+      tokenizer.byte_of_id_[static_cast<size_t>(id)] = b;
+    }
+  }
+  if (layout.specials.size() > kMaxSpecialTokens) {
+    return corrupt(std::to_string(layout.specials.size()) + " special tokens, at most " + std::to_string(kMaxSpecialTokens));
+  }
+  for (const std::string& special : layout.specials) {
+    if (special.empty() || special.size() > kMaxSpecialTokenBytes) {
+      return corrupt("a special token is empty or over " + std::to_string(kMaxSpecialTokenBytes) + " bytes");
+    }
+  }
   tokenizer.token_bytes_.reserve(256 + merges.size());
   for (int b = 0; b < 256; ++b) tokenizer.token_bytes_.emplace_back(1, static_cast<char>(b));
   tokenizer.merge_rank_.reserve(merges.size());
@@ -156,6 +188,7 @@ Result<BpeTokenizer> BpeTokenizer::from_merges(std::vector<Merge> merges, int ma
                                      tokenizer.token_bytes_[static_cast<size_t>(second)]);
   }
   tokenizer.merges_ = std::move(merges);
+  tokenizer.layout_ = std::move(layout);
   return tokenizer;
 }
 
@@ -168,24 +201,48 @@ Result<BpeTokenizer> BpeTokenizer::parse(std::string_view text) {
   if (file.is_discarded()) return corrupt("not JSON (truncated or damaged?)");
   if (!file.is_object()) return corrupt("not a JSON object");
   static const char* const kKeys[] = {"format", "version", "pretokenizer", "max_piece_bytes", "vocab_size",
-                                      "checksum", "merges"};
-  for (const char* key : kKeys) {
-    if (!file.contains(key)) return corrupt(std::string("no \"") + key + "\"");
+                                      "checksum", "merges", "byte_ids", "specials"};
+  constexpr size_t kVersion1Keys = 7;  // version 2 adds byte_ids and specials
+  if (!file.contains("version")) return corrupt("no \"version\"");
+  int64_t version = 0;
+  if (!integer_in(file["version"], kBpeFormatVersion, kBpeFormatVersion2, version)) {
+    return corrupt("version " + shown(file["version"]) + " is not supported (this build reads versions " +
+                   std::to_string(kBpeFormatVersion) + " and " + std::to_string(kBpeFormatVersion2) + ")");
+  }
+  const size_t keys = version == 1 ? kVersion1Keys : std::size(kKeys);
+  for (size_t k = 0; k < keys; ++k) {
+    if (!file.contains(kKeys[k])) return corrupt(std::string("no \"") + kKeys[k] + "\"");
   }
   for (const auto& item : file.items()) {
     const std::string& key = item.key();
-    if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return key == k; }) == std::end(kKeys)) {
-      return corrupt("unknown key " + shown(nlohmann::json(key)));
+    if (std::find_if(kKeys, kKeys + keys, [&](const char* k) { return key == k; }) == kKeys + keys) {
+      return corrupt("unknown key " + shown(nlohmann::json(key)) + " (in a version " + std::to_string(version) + " file)");
     }
   }
   if (file["format"] != kBpeFormat) return corrupt("format " + shown(file["format"]) + " is not \"" + kBpeFormat + "\"");
-  int64_t version = 0;
-  if (!integer_in(file["version"], kBpeFormatVersion, kBpeFormatVersion, version)) {
-    return corrupt("version " + shown(file["version"]) + " is not supported (this build reads version " +
-                   std::to_string(kBpeFormatVersion) + ")");
+  BpeLayout layout;
+  if (file["pretokenizer"] == kGpt2Pretokenizer && version == kBpeFormatVersion2) {
+    layout.pretokenizer = Pretokenizer::kGpt2;
+  } else if (file["pretokenizer"] != kPretokenizer) {
+    return corrupt("pretokenizer " + shown(file["pretokenizer"]) + " is unknown (this build knows \"" + kPretokenizer +
+                   "\", and \"" + kGpt2Pretokenizer + "\" in version 2 files)");
   }
-  if (file["pretokenizer"] != kPretokenizer) {
-    return corrupt("pretokenizer " + shown(file["pretokenizer"]) + " is unknown (this build knows \"" + kPretokenizer + "\")");
+  if (version == kBpeFormatVersion2) {
+    const nlohmann::json& ids = file["byte_ids"];
+    if (!ids.is_array()) return corrupt("byte_ids is not an array");
+    for (const nlohmann::json& id : ids) {
+      int64_t value = 0;
+      if (!integer_in(id, 0, 255, value)) return corrupt("byte_ids holds " + shown(id) + ", not an id in [0, 255]");
+      layout.byte_ids.push_back(static_cast<int32_t>(value));
+    }
+    const nlohmann::json& specials = file["specials"];
+    if (!specials.is_array() || specials.size() > kMaxSpecialTokens) {
+      return corrupt("specials is not an array of at most " + std::to_string(kMaxSpecialTokens) + " strings");
+    }
+    for (const nlohmann::json& special : specials) {
+      if (!special.is_string()) return corrupt("specials holds " + shown(special) + ", not a string");
+      layout.specials.push_back(special.get<std::string>());
+    }
   }
   int64_t piece_bytes = 0;
   if (!integer_in(file["max_piece_bytes"], 1, kMaxPieceBytesLimit, piece_bytes)) {
@@ -199,9 +256,11 @@ Result<BpeTokenizer> BpeTokenizer::parse(std::string_view text) {
   }
   const nlohmann::json& list = file["merges"];
   if (!list.is_array()) return corrupt("merges is not an array");
-  if (static_cast<int64_t>(list.size()) != vocab_size - 256) {
-    return corrupt("vocab_size " + std::to_string(vocab_size) + " needs " + std::to_string(vocab_size - 256) +
-                   " merges, the file has " + std::to_string(list.size()));
+  const auto special_count = static_cast<int64_t>(layout.specials.size());
+  if (static_cast<int64_t>(list.size()) != vocab_size - 256 - special_count) {
+    return corrupt("vocab_size " + std::to_string(vocab_size) + " needs " +
+                   std::to_string(vocab_size - 256 - special_count) + " merges, the file has " +
+                   std::to_string(list.size()));
   }
   std::vector<Merge> merges;
   merges.reserve(list.size());
@@ -214,7 +273,7 @@ Result<BpeTokenizer> BpeTokenizer::parse(std::string_view text) {
     }
     merges.emplace_back(static_cast<int32_t>(first), static_cast<int32_t>(second));
   }
-  Result<BpeTokenizer> tokenizer = from_merges(std::move(merges), static_cast<int>(piece_bytes));
+  Result<BpeTokenizer> tokenizer = from_merges(std::move(merges), static_cast<int>(piece_bytes), std::move(layout));
   if (!tokenizer.is_ok()) return tokenizer.status();
   if (!file["checksum"].is_string() || file["checksum"].get<std::string>() != tokenizer->fingerprint()) {
     return corrupt("checksum " + shown(file["checksum"]) + " does not match the merges (" +
@@ -238,13 +297,21 @@ Result<BpeTokenizer> BpeTokenizer::load(const std::string& path) {
 std::string BpeTokenizer::to_json() const {
   std::string out;
   out.reserve(200 + merges_.size() * 16);
+  const bool plain = layout_.is_default();
   out += "{\n  \"format\": \"";
   out += kBpeFormat;
-  out += "\",\n  \"version\": " + std::to_string(kBpeFormatVersion) + ",\n  \"pretokenizer\": \"";
-  out += kPretokenizer;
+  out += "\",\n  \"version\": " + std::to_string(plain ? kBpeFormatVersion : kBpeFormatVersion2) +
+         ",\n  \"pretokenizer\": \"";
+  out += layout_.pretokenizer == Pretokenizer::kGpt2 ? kGpt2Pretokenizer : kPretokenizer;
   out += "\",\n  \"max_piece_bytes\": " + std::to_string(max_piece_bytes_) +
-         ",\n  \"vocab_size\": " + std::to_string(vocabulary()) + ",\n  \"checksum\": \"" + fingerprint() +
-         "\",\n  \"merges\": [";
+         ",\n  \"vocab_size\": " + std::to_string(vocabulary()) + ",\n  \"checksum\": \"" + fingerprint() + "\",";
+  if (!plain) {
+    nlohmann::json ids = nlohmann::json::array();
+    for (const int32_t id : byte_id_) ids.push_back(id);
+    out += "\n  \"byte_ids\": " + ids.dump() + ",\n  \"specials\": " +
+           nlohmann::json(layout_.specials).dump(-1, ' ', /*ensure_ascii=*/true) + ",";
+  }
+  out += "\n  \"merges\": [";
   for (size_t i = 0; i < merges_.size(); ++i) {
     out += i == 0 ? "\n    [" : ",\n    [";
     out += std::to_string(merges_[i].first) + ", " + std::to_string(merges_[i].second) + "]";
@@ -259,11 +326,20 @@ Status BpeTokenizer::save(const std::string& path) const {
 
 std::string BpeTokenizer::fingerprint() const {
   uint64_t hash = 0xcbf29ce484222325ULL;
-  fnv1a(hash, kPretokenizer, std::char_traits<char>::length(kPretokenizer) + 1);
+  const char* pretokenizer = layout_.pretokenizer == Pretokenizer::kGpt2 ? kGpt2Pretokenizer : kPretokenizer;
+  fnv1a(hash, pretokenizer, std::char_traits<char>::length(pretokenizer) + 1);
   fnv1a_u32(hash, static_cast<uint32_t>(max_piece_bytes_));
   for (const auto& [first, second] : merges_) {
     fnv1a_u32(hash, static_cast<uint32_t>(first));
     fnv1a_u32(hash, static_cast<uint32_t>(second));
+  }
+  if (!layout_.is_default()) {  // version 2's additions (a version 1 tokenizer's fingerprint is as it was)
+    for (const int32_t id : byte_id_) fnv1a_u32(hash, static_cast<uint32_t>(id));
+    fnv1a_u32(hash, static_cast<uint32_t>(layout_.specials.size()));
+    for (const std::string& special : layout_.specials) {
+      fnv1a_u32(hash, static_cast<uint32_t>(special.size()));
+      fnv1a(hash, special.data(), special.size());
+    }
   }
   char text[32];
   std::snprintf(text, sizeof text, "fnv1a64:%016llx", static_cast<unsigned long long>(hash));
@@ -272,7 +348,10 @@ std::string BpeTokenizer::fingerprint() const {
 
 std::string_view BpeTokenizer::token_bytes(int32_t id) const {
   FEDMESH_CHECK(id >= 0 && id < vocabulary(), "token id out of range");
-  return token_bytes_[static_cast<size_t>(id)];
+  if (id < 256) return token_bytes_[static_cast<size_t>(byte_of_id_[static_cast<size_t>(id)])];
+  const auto merged = static_cast<int32_t>(256 + merges_.size());
+  if (id < merged) return token_bytes_[static_cast<size_t>(id)];
+  return layout_.specials[static_cast<size_t>(id - merged)];
 }
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
@@ -289,6 +368,9 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
     const Merge& merge = merges_[static_cast<size_t>(best)];
     merge_pair(symbols, merge.first, merge.second, 256 + best);
   }
+  for (int32_t& symbol : symbols) {  // a lone byte's token id (the layout's order)
+    if (symbol < 256) symbol = byte_id_[static_cast<size_t>(symbol)];
+  }
   out.insert(out.end(), symbols.begin(), symbols.end());
 }
 
@@ -298,7 +380,10 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   // Words repeat: each distinct piece is encoded once (a bounded cache).
   std::unordered_map<std::string_view, std::pair<size_t, size_t>> cache;  // piece -> [begin, end) in `encoded`
   std::vector<int32_t> encoded;
-  for (const std::string_view piece : pretokenize(text, max_piece_bytes_)) {
+  const std::vector<std::string_view> pieces = layout_.pretokenizer == Pretokenizer::kGpt2
+                                                   ? pretokenize_gpt2(text, max_piece_bytes_)
+                                                   : pretokenize(text, max_piece_bytes_);
+  for (const std::string_view piece : pieces) {
     if (const auto it = cache.find(piece); it != cache.end()) {
       tokens.insert(tokens.end(), encoded.begin() + static_cast<std::ptrdiff_t>(it->second.first),
                     encoded.begin() + static_cast<std::ptrdiff_t>(it->second.second));
@@ -321,7 +406,7 @@ Result<std::string> BpeTokenizer::decode(std::span<const int32_t> tokens) const 
       return invalid_argument("token " + std::to_string(t) + " is outside the tokenizer's vocabulary of " +
                               std::to_string(vocabulary()));
     }
-    text += token_bytes_[static_cast<size_t>(t)];
+    text += token_bytes(t);
   }
   return text;
 }

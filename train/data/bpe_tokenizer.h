@@ -28,6 +28,8 @@
 //
 // The file (save/parse), JSON, one object:
 //   {"format": "fedmesh-bpe", "version": 1, "pretokenizer": "gpt2-ascii",
+//    (version 2 adds "byte_ids": [256 ids] and "specials": [strings], and
+//    may say "pretokenizer": "gpt2": BpeLayout below)
 //    "max_piece_bytes": 128, "vocab_size": 256 + M,
 //    "merges": [[a0, b0], [a1, b1], ...],          // M pairs of symbol ids
 //    "checksum": "fnv1a64:<16 hex digits>"}        // fingerprint(), below
@@ -41,6 +43,7 @@
 // that does not match.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -57,6 +60,7 @@ namespace fedmesh::train::data {
 
 inline constexpr const char* kBpeFormat = "fedmesh-bpe";
 inline constexpr int kBpeFormatVersion = 1;
+inline constexpr int kBpeFormatVersion2 = 2;  // an imported tokenizer's layout (BpeLayout)
 inline constexpr const char* kPretokenizer = "gpt2-ascii";
 inline constexpr int kMaxTokenizerVocabulary = 65536;
 inline constexpr int kDefaultMaxPieceBytes = 128;
@@ -66,12 +70,50 @@ inline constexpr size_t kMaxTokenizerFileBytes = size_t{16} << 20;
 // The pieces of `text` under kPretokenizer, in order; they partition it.
 std::vector<std::string_view> pretokenize(std::string_view text, int max_piece_bytes);
 
+// Appends text[begin, end) to a pretokenizer's pieces, cut into pieces of at
+// most max_piece_bytes (what both pretokenizers do with a long piece).
+class PieceCutter {
+ public:
+  PieceCutter(std::string_view text, int max_piece_bytes, std::vector<std::string_view>& pieces);
+  void operator()(size_t begin, size_t end) const;
+
+ private:
+  std::string_view text_;
+  size_t limit_;
+  std::vector<std::string_view>& pieces_;
+};
+
+// How a tokenizer cuts text before merging: "gpt2-ascii" (above, what
+// `fedmesh tokenizer train` writes), or "gpt2", GPT-2's own regex with
+// Unicode classes and contractions (gpt2_tokenizer.h), for tokenizers
+// imported from GPT-2's vocab.json and merges.txt.
+enum class Pretokenizer { kGpt2Ascii, kGpt2 };
+inline constexpr const char* kGpt2Pretokenizer = "gpt2";
+inline constexpr size_t kMaxSpecialTokens = 64;
+inline constexpr size_t kMaxSpecialTokenBytes = 256;
+
+// What an imported tokenizer adds to the merges (file version 2; a
+// tokenizer with the defaults is written as version 1, as before):
+// the pretokenizer, the id of each byte's token (GPT-2 numbers its 256
+// byte tokens in its own order; merged tokens are 256 + their merge's index
+// in both), and special tokens after the merged ones (GPT-2's
+// <|endoftext|>, 50256), which encode never produces and decode writes out
+// as their text.
+struct BpeLayout {
+  Pretokenizer pretokenizer = Pretokenizer::kGpt2Ascii;
+  std::vector<int32_t> byte_ids;      // empty: byte b is id b; else a permutation of 0..255
+  std::vector<std::string> specials;  // at most kMaxSpecialTokens, each 1..kMaxSpecialTokenBytes bytes
+  bool is_default() const { return pretokenizer == Pretokenizer::kGpt2Ascii && byte_ids.empty() && specials.empty(); }
+};
+
 class BpeTokenizer {
  public:
   using Merge = std::pair<int32_t, int32_t>;
 
-  // A tokenizer from its merges, checked as a file's are.
-  static Result<BpeTokenizer> from_merges(std::vector<Merge> merges, int max_piece_bytes = kDefaultMaxPieceBytes);
+  // A tokenizer from its merges (pairs of byte values 0..255 and merged ids
+  // 256 + i, whatever the layout's byte ids), checked as a file's are.
+  static Result<BpeTokenizer> from_merges(std::vector<Merge> merges, int max_piece_bytes = kDefaultMaxPieceBytes,
+                                          BpeLayout layout = {});
   // The file's text (see above); a refusal names what is wrong.
   static Result<BpeTokenizer> parse(std::string_view text);
   static Result<BpeTokenizer> load(const std::string& path);
@@ -85,9 +127,10 @@ class BpeTokenizer {
   // encode alike; a run records it and refuses to resume with another.
   std::string fingerprint() const;
 
-  int vocabulary() const { return 256 + static_cast<int>(merges_.size()); }
+  int vocabulary() const { return 256 + static_cast<int>(merges_.size() + layout_.specials.size()); }
   int max_piece_bytes() const { return max_piece_bytes_; }
   const std::vector<Merge>& merges() const { return merges_; }
+  const BpeLayout& layout() const { return layout_; }
   // The bytes of a token; id in [0, vocabulary()).
   std::string_view token_bytes(int32_t id) const;
 
@@ -104,6 +147,8 @@ class BpeTokenizer {
 
   std::vector<Merge> merges_;
   int max_piece_bytes_ = kDefaultMaxPieceBytes;
+  BpeLayout layout_;
+  std::array<int32_t, 256> byte_id_{}, byte_of_id_{};  // byte -> its token id, and back
   std::vector<std::string> token_bytes_;                  // by id
   std::unordered_map<uint64_t, int32_t> merge_rank_;  // (first << 32 | second) -> merge index
 };

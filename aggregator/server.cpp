@@ -394,13 +394,15 @@ Status AggregatorServer::Impl::restore() {
     }
   }
   // How the frozen weights under a LoRA run's B factors are rebuilt, for
-  // `checkpoint export --merge-lora` (rewritten at every start: the init
-  // file may have moved; its fingerprint is compared above).
-  FEDMESH_RETURN_IF_ERROR(train::record_lora_base(*store, config.model, config.seed, model_input, config.init,
-                                                  *evaluator_model));
+  // `checkpoint export --merge-lora`: rewritten at every start of the same
+  // run (the init file may have moved; its fingerprint is compared).
+  const auto record_lora_base = [&] {
+    return train::record_lora_base(*store, config.model, config.seed, model_input, config.init, *evaluator_model);
+  };
   Result<std::optional<std::string>> stored = store->meta("aggregator_config");
   if (!stored.is_ok()) return stored.status();
   if (committed->empty() && in_quarantine->empty() && !stored->has_value()) {
+    FEDMESH_RETURN_IF_ERROR(record_lora_base());
     // How the validation data becomes samples, for exports (not compared: data_schema above is).
     FEDMESH_RETURN_IF_ERROR(store->set_meta("data_schema", data_schema.canonical));
     return store->set_meta("aggregator_config", fingerprint.dump());
@@ -409,6 +411,7 @@ Status AggregatorServer::Impl::restore() {
     return invalid_argument(config.store + " holds a federation run with different settings (" + **stored +
                             "); point `store` at a new file to start another");
   }
+  FEDMESH_RETURN_IF_ERROR(record_lora_base());
   if (committed->empty() && in_quarantine->empty()) return Status::ok();
   Result<store::LoadedCheckpoint> latest = store->resume_latest(quarantined);
   if (!latest.is_ok() && latest.status().code() != StatusCode::kNotFound) return latest.status();

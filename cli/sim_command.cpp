@@ -152,6 +152,7 @@ int run_gossip_sim(SimFlags& flags, const federation::StalenessFunction& stalene
   g.peers = o.sites;
   g.partition = o.partition;
   g.model = o.model;
+  g.init = o.init;
   g.rounds = o.rounds;
   g.local_steps = o.local_steps;
   g.local = o.local;
@@ -349,7 +350,8 @@ int run_sim(SimFlags& flags) {
   const bool dp = o.secure && o.dp_noise_multiplier > 0.0;
   if (dp) {
     if (!flags.json) std::fprintf(stderr, "%s\n", kSimulationNoiseNote);
-    Result<std::unique_ptr<train::Sequential>> model = train::make_model(o.model, o.seed, data->vocabulary);
+    Result<std::unique_ptr<train::Sequential>> model =
+        train::make_initial_model(o.model, o.seed, train::ModelInput{data->vocabulary, {}, 0, false}, o.init);
     if (!model.is_ok()) return fail(flags, model.status());
     int64_t parameters = 0;
     for (Parameter* p : (*model)->parameters()) parameters += p->value.numel();
@@ -461,6 +463,19 @@ void add_sim_command(CLI::App& app, int& exit_code) {
                   "tokens; reports held-out bits per byte), or a model spec file FILE.toml (docs/models.md)")
       ->check(model_name_check())
       ->capture_default_str();
+  cmd->add_option("--init", o.init.path,
+                  "Version 0 from these weights instead of the seed (as train --init): a federation fine-tuning a "
+                  "pretrained model");
+  cmd->add_option("--init-format", o.init.format, "fedmesh, or hf-gpt2 (Hugging Face's GPT-2 layout)")
+      ->check(CLI::IsMember({"fedmesh", "hf-gpt2"}))
+      ->capture_default_str();
+  cmd->add_option("--lora-rank", o.init.lora.rank,
+                  "Fine-tune by LoRA: every site trains and sends only the B factors of rank-R adapters (as train "
+                  "--lora-rank; docs/models.md); the bytes reported are theirs. 0: off")
+      ->capture_default_str();
+  cmd->add_option("--lora-alpha", o.init.lora.alpha, "LoRA's alpha (0: 2 x rank)")->capture_default_str();
+  cmd->add_option("--lora-targets", o.init.lora.targets, "Globs over parameter names of the weights to adapt (none: every weight)")
+      ->expected(1, -1);
   aggregator_only.push_back(cmd->add_option("--strategy", flags->strategy,
                   "Server optimizer: fedavg, fedavgm, fedadam, fedyogi, fedadagrad or diloco")
       ->capture_default_str());

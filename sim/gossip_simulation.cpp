@@ -56,7 +56,7 @@ class GossipSimulation {
                               std::to_string(options_.peers));
     }
     Result<std::unique_ptr<train::Sequential>> worker =
-        train::make_model(options_.model, options_.seed, data_.model_input());
+        train::make_initial_model(options_.model, options_.seed, data_.model_input(), options_.init);
     if (!worker.is_ok()) return worker.status();
     worker_ = std::move(*worker);
     // x0: the seeded model every peer rebuilds and starts from.

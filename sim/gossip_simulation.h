@@ -59,6 +59,7 @@ struct GossipSimulationOptions {
   int peers = 8;
   train::data::PartitionSpec partition;   // images: how the training set is split (default iid)
   std::string model = "mlp";
+  train::InitialWeights init;      // version 0 from a file, LoRA adapters (as SimulationOptions::init)
   int64_t rounds = 20;
   int64_t local_steps = 20;        // H: optimizer steps per peer per round
   train::TrainOptions local;        // batch size, optimizer, lr... (max_steps set from local_steps)

@@ -62,7 +62,8 @@ class Simulation {
       sites_.push_back(std::move(site));
     }
     for (int i = 0; i < stragglers; ++i) sites_[static_cast<size_t>(order[static_cast<size_t>(i)])].speed = options_.straggler_factor;
-    Result<std::unique_ptr<train::Sequential>> worker = train::make_model(options_.model, options_.seed, data_.model_input());
+    Result<std::unique_ptr<train::Sequential>> worker =
+        train::make_initial_model(options_.model, options_.seed, data_.model_input(), options_.init);
     if (!worker.is_ok()) return worker.status();
     worker_ = std::move(*worker);
     std::vector<std::string> names;
@@ -316,6 +317,9 @@ class Simulation {
 
   nlohmann::json fingerprint_with_privacy() const {
     nlohmann::json f = fingerprint();
+    // A run from a file or with LoRA says so (a seeded full run, as before, nothing).
+    if (!options_.init.path.empty()) f["init"] = options_.init.path;
+    if (options_.init.lora.enabled()) f["lora"] = options_.init.lora.to_json();
     if (options_.secure) {
       f["secure"] = {{"clip", options_.secure_options.clip}, {"fraction_bits", options_.secure_options.fraction_bits},
                      {"threshold", options_.secure_options.threshold}, {"dp_noise", options_.dp_noise_multiplier},
@@ -621,6 +625,7 @@ Status SimulationOptions::validate() const {
   }
   if (rounds < 1) return invalid_argument("--rounds must be at least 1");
   if (local_steps < 1) return invalid_argument("--local-steps must be at least 1");
+  FEDMESH_RETURN_IF_ERROR(init.lora.validate());
   if (train::language_model_config(model)) FEDMESH_RETURN_IF_ERROR(train::data::check_text_partition(text_partition));
   if (!(dropout >= 0.0 && dropout < 1.0)) return invalid_argument("--dropout must be in [0, 1)");
   if (!(straggler_fraction >= 0.0 && straggler_fraction <= 1.0) || !(straggler_factor >= 1.0) ||

@@ -29,6 +29,7 @@
 #include "train/data/fashion_mnist.h"
 #include "train/data/partition.h"
 #include "train/data/text_corpus.h"
+#include "train/initial_weights.h"
 #include "train/trainer.h"
 #include "protocol/compression_spec.h"
 
@@ -43,6 +44,9 @@ struct SimulationOptions {
   // contiguous, testament) instead of `partition`.
   std::string text_partition = "iid";
   std::string model = "mlp";
+  // Version 0 from a file instead of the seed, and LoRA adapters
+  // (train/initial_weights.h): the sites then send the B factors only.
+  train::InitialWeights init;
   int64_t rounds = 10;                  // sync rounds, or async server steps
   int64_t local_steps = 20;             // optimizer steps per site per round
   train::TrainOptions local;             // batch size, optimizer, lr... (max_steps set from local_steps)

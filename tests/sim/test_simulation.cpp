@@ -152,6 +152,33 @@ TEST(Simulation, CompressedUpdatesCostAHundredTimesFewerBytesAndStillLearn) {
   EXPECT_NE(refused.message().find("powersgd"), std::string::npos) << refused.message();
 }
 
+// LoRA in the simulator: the sites send the B factors alone (rank 4 of the
+// mlp's three weights: (512 + 256 + 10) x 4 floats, against 669,706 weights
+// for the whole model; measured 161x fewer bytes), and the model still
+// learns from its seeded start (adapters on random weights: 0.58 against
+// full training's 0.78 after 5 rounds; LoRA is for pretrained bases).
+TEST(Simulation, LoraSitesSendOnlyTheAdaptersAndStillLearn) {
+  SimulationOptions options = small_federation(6);
+  options.sites = 4;
+  options.rounds = 5;
+  const SimulationSummary full = simulate(options);
+  options.init.lora.rank = 4;
+  options.local.lr = 0.5f;
+  const SimulationSummary lora = simulate(options);
+  ASSERT_EQ(lora.rounds.size(), 5u);
+  const double ratio = static_cast<double>(full.bytes_sent) / static_cast<double>(lora.bytes_sent);
+  std::printf("LoRA rank 4 from the seeded mlp: %.3f test accuracy (full: %.3f), %lld bytes sent (full: %lld, %.0fx)\n",
+              settled_accuracy(lora), settled_accuracy(full), static_cast<long long>(lora.bytes_sent),
+              static_cast<long long>(full.bytes_sent), ratio);
+  EXPECT_GT(ratio, 100.0);
+  // Each update: the B factors' floats and at most 1 KiB of headers and signature.
+  const int64_t updates = static_cast<int64_t>(lora.rounds.size()) * options.sites;
+  EXPECT_LE(lora.bytes_sent / updates, (512 + 256 + 10) * 4 * 4 + 1024);
+  EXPECT_GT(settled_accuracy(lora), 0.5) << "adapters on a random base still learn";
+  options.init.lora.rank = -1;
+  EXPECT_FALSE(options.validate().is_ok());
+}
+
 TEST(Simulation, ASeedReplaysExactly) {
   SimulationOptions options = small_federation(9);
   options.rounds = 3;

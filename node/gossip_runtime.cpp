@@ -88,7 +88,13 @@ class GossipRuntime::Impl {
   std::string metrics_address;
   Clock::time_point started = Clock::now();
 
+  // Written by the peer's thread only, through set_version (under
+  // metrics_mutex: the HTTP thread reads it for /metrics and /status).
   uint64_t version = 0;
+  void set_version(uint64_t value) {
+    std::lock_guard lock(metrics_mutex);
+    version = value;
+  }
   uint64_t last_sequence = 0;
   int64_t commits = 0;
   std::map<std::string, uint64_t> peer_versions;  // the latest version each member told us
@@ -329,7 +335,7 @@ Status GossipRuntime::Impl::restore() {
       std::memcpy(state->values()[t].data(), stored->value.raw(), state->values()[t].size() * sizeof(float));
     }
     state->set_weight(weight);
-    version = saved.at("version").get<uint64_t>();
+    set_version(saved.at("version").get<uint64_t>());
     last_sequence = saved.at("last_sequence").get<uint64_t>();
     commits = latest->round.round;
     if (Status s = federation::restore_compression_tensors(state->compressor(), "", *latest); !s.is_ok()) {
@@ -657,7 +663,7 @@ Status GossipRuntime::Impl::catch_up_if_behind(const std::atomic<bool>& stop) {
   }
   if (catch_up.received() > 0) {
     FEDMESH_RETURN_IF_ERROR(state->set_model(model));
-    if (catch_up.complete()) version = std::max(version, catch_up.target_version());
+    if (catch_up.complete()) set_version(std::max(version, catch_up.target_version()));
   }
   {
     std::lock_guard lock(metrics_mutex);
@@ -871,7 +877,7 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     const double wait_until = s.now() + s.config.wait_for_share_seconds;
     while (s.arrivals.empty() && !stop.load() && s.now() < wait_until) s.pump(0.02);
     FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());
-    ++s.version;
+    s.set_version(s.version + 1);
     FEDMESH_RETURN_IF_ERROR(s.share());
     // The model we now hold, evaluated.
     nlohmann::json event = {{"event", "round"}, {"round", s.version}, {"steps", *steps}, {"train_loss", train_loss}};

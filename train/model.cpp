@@ -1,5 +1,6 @@
 #include "train/model.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "base/random.h"
@@ -28,8 +29,8 @@ void Sequential::backward(const Tensor& dlogits, const std::function<void(size_t
   Tensor grad = dlogits;
   for (size_t i = layers_.size(); i-- > first_trainable;) {
     grad = layers_[i]->backward(grad, /*need_input_grad=*/i > first_trainable);
-    for (size_t a = 0; a < adapters_.size(); ++a) {
-      if (adapter_layer_[a] == i) adapters_[a]->fold_gradient();
+    if (!layer_adapters_.empty()) {
+      for (LowRankAdapter* adapter : layer_adapters_[i]) adapter->fold_gradient();
     }
     if (after_layer) after_layer(i);
   }
@@ -38,9 +39,7 @@ void Sequential::backward(const Tensor& dlogits, const std::function<void(size_t
 std::vector<Parameter*> Sequential::layer_parameters(size_t i) {
   if (!lora_.enabled()) return layers_[i]->parameters();
   std::vector<Parameter*> factors;
-  for (size_t a = 0; a < adapters_.size(); ++a) {
-    if (adapter_layer_[a] == i) factors.push_back(&adapters_[a]->factor_b());
-  }
+  for (LowRankAdapter* adapter : layer_adapters_[i]) factors.push_back(&adapter->factor_b());
   return factors;
 }
 
@@ -89,11 +88,12 @@ Status Sequential::attach_lora(const LoraOptions& options, uint64_t seed) {
   FEDMESH_CHECK(!lora_.enabled(), "attach_lora twice");
   FEDMESH_CHECK(device_ == Device::kCpu && compute_dtype_ == DType::kF32,
                 "attach_lora before set_compute_dtype and to_device");
+  std::vector<std::vector<LowRankAdapter*>> by_layer(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     for (Parameter* p : layers_[i]->parameters()) {
       if (p->value.rank() < 2 || !lora_targets(options.targets, p->name)) continue;
       adapters_.push_back(std::make_unique<LowRankAdapter>(*p, options.rank, options.scale(), seed));
-      adapter_layer_.push_back(i);
+      by_layer[i].push_back(adapters_.back().get());
     }
   }
   if (adapters_.empty()) {
@@ -106,6 +106,7 @@ Status Sequential::attach_lora(const LoraOptions& options, uint64_t seed) {
                             "; its weights are: " + weights);
   }
   lora_ = options;
+  layer_adapters_ = std::move(by_layer);
   return Status::ok();
 }
 
@@ -130,14 +131,16 @@ std::string Sequential::frozen_fingerprint() {
     for (const int64_t d : host.shape()) hasher.update_u64(static_cast<uint64_t>(d));
     hasher.update({static_cast<const uint8_t*>(host.raw()), host.nbytes()});
   };
-  std::vector<const LowRankAdapter*> adapted;
-  for (auto& layer : layers_) {
-    for (Parameter* p : layer->parameters()) {
-      const LowRankAdapter* adapter = nullptr;
-      for (auto& a : adapters_)
-        if (&a->target() == p) adapter = a.get();
-      add(p->name, adapter != nullptr ? adapter->base() : p->value);
-      if (adapter != nullptr) add(p->name + ".lora_a", adapter->factor_a());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (Parameter* p : layers_[i]->parameters()) {
+      const auto adapted = std::find_if(layer_adapters_[i].begin(), layer_adapters_[i].end(),
+                                        [&](LowRankAdapter* a) { return &a->target() == p; });
+      if (adapted == layer_adapters_[i].end()) {
+        add(p->name, p->value);
+      } else {
+        add(p->name, (*adapted)->base());
+        add(p->name + ".lora_a", (*adapted)->factor_a());
+      }
     }
   }
   return "blake2b:" + crypto::to_hex(hasher.finish());

@@ -83,7 +83,7 @@ class Sequential {
   std::vector<std::unique_ptr<Layer>> layers_;
   LoraOptions lora_;
   std::vector<std::unique_ptr<LowRankAdapter>> adapters_;
-  std::vector<size_t> adapter_layer_;  // the layer owning each adapter's weight
+  std::vector<std::vector<LowRankAdapter*>> layer_adapters_;  // with LoRA, by the layer owning each adapted weight
 };
 
 inline constexpr int64_t kFashionMnistSide = 28;

@@ -1,7 +1,6 @@
 #include "train/predict.h"
 
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <vector>
 
@@ -12,33 +11,13 @@ namespace fedmesh::train {
 
 namespace {
 
-// x's elements as fp32 (integers converted; f8 rounded), or why not.
+// x's elements as fp32 (any numeric type; f8 and 64-bit integers rounded),
+// every one finite.
 Result<std::vector<float>> elements_of(const data::ArrayView& x, const std::string& what) {
-  const int64_t n = x.elements();
-  std::vector<float> out(static_cast<size_t>(n));
-  const uint8_t* bytes = x.bytes.data();
-  const auto read = [&]<class T>(T) {
-    for (int64_t i = 0; i < n; ++i) {
-      T v;
-      std::memcpy(&v, bytes + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
-      out[static_cast<size_t>(i)] = static_cast<float>(v);
-    }
-  };
-  if (x.dtype == "f4") read(float{});
-  else if (x.dtype == "f8") read(double{});
-  else if (x.dtype == "i1") read(int8_t{});
-  else if (x.dtype == "u1") read(uint8_t{});
-  else if (x.dtype == "i2") read(int16_t{});
-  else if (x.dtype == "u2") read(uint16_t{});
-  else if (x.dtype == "i4") read(int32_t{});
-  else if (x.dtype == "u4") read(uint32_t{});
-  else if (x.dtype == "i8") read(int64_t{});
-  else if (x.dtype == "u8") read(uint64_t{});
-  else return invalid_argument(what + " is " + x.dtype + ": expected a float or integer array");
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(out[static_cast<size_t>(i)])) {
-      return invalid_argument(what + " holds a non-finite value at element " + std::to_string(i));
-    }
+  std::vector<float> out(static_cast<size_t>(x.elements()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<float>(x.value(static_cast<int64_t>(i)));
+    if (!std::isfinite(out[i])) return invalid_argument(what + " holds a non-finite value at element " + std::to_string(i));
   }
   return out;
 }

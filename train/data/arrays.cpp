@@ -42,7 +42,7 @@ int64_t dtype_bytes(const std::string& dtype) {
   return size - '0';
 }
 
-// The element of `view` at flat position `i`, as a double.
+// The element of `view` at flat position `i`, as a double (ArrayView::value).
 double element(const ArrayView& view, int64_t i) {
   const uint8_t* p = view.bytes.data() + i * dtype_bytes(view.dtype);
   switch (view.dtype[0] * 16 + view.dtype[1]) {
@@ -482,6 +482,8 @@ Result<LoadedData> regression_arrays(const ArraysSpec& spec, std::shared_ptr<Map
 }  // namespace
 
 int64_t ArrayView::elements() const { return product(shape); }
+
+double ArrayView::value(int64_t i) const { return element(*this, i); }
 
 Result<std::map<std::string, ArrayView>> parse_array_file(std::span<const uint8_t> bytes, const std::string& name,
                                                           std::vector<std::vector<uint8_t>>& inflated) {

@@ -32,6 +32,9 @@ struct ArrayView {
   std::vector<int64_t> shape;
   std::span<const uint8_t> bytes;
   int64_t elements() const;
+  // The element at flat position i (< elements()) as a double, whatever its
+  // type (a parsed view's dtype is always one of the above).
+  double value(int64_t i) const;
 };
 
 // The arrays of a .npz, .npy (one array, named "x") or safetensors file

@@ -129,6 +129,7 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
                             {"device", o.device},
                             {"threads", cpu_threads()},
                             {"ranks", o.group.ranks},
+                            {"tensor_parallel", o.group.tensor_parallel},
                             {"optimizer", o.options.optimizer},
                             {"lr", o.options.lr},
                             {"schedule", o.options.schedule.to_string()},
@@ -194,7 +195,11 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
     std::fprintf(stderr, "held-out text: a unigram model (no context) reaches %.4f nats/token, %.3f bits/byte\n",
                  data.unigram_loss, data.unigram_loss / std::log(2.0));
   }
-  if (run.ranks() > 1) {
+  if (o.group.tensor_parallel > 1) {
+    std::fprintf(stderr, "tensor parallel over %d CPU ranks (Gloo): each holds 1/%d of every block's heads and MLP "
+                 "features%s\n", o.group.tensor_parallel, o.group.tensor_parallel,
+                 o.group.ranks > 1 ? (", times " + std::to_string(o.group.ranks) + " data-parallel groups").c_str() : "");
+  } else if (run.ranks() > 1) {
     std::fprintf(stderr, "data parallel over %d CPU ranks (Gloo, %zu gradient buckets%s): each takes 1/%d of every batch\n",
                  run.ranks(), run.gradient_buckets(), o.zero_one ? ", optimizer state sharded (ZeRO-1)" : "",
                  run.ranks());
@@ -542,6 +547,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--ranks", flags->run.group.ranks,
                   "Data-parallel CPU ranks: processes launched by this one, each training on 1/N of every batch, "
                   "gradients all-reduced with Gloo (the run equals one process on the whole batches)")
+      ->capture_default_str();
+  cmd->add_option("--tensor-parallel", flags->run.group.tensor_parallel,
+                  "GPTs: split every transformer block over N CPU ranks (Megatron-style: attention heads and MLP "
+                  "features; Gloo). With --ranks M: N x M processes, M data-parallel groups of N. Checkpoints, "
+                  "evaluation and exports hold the whole model")
       ->capture_default_str();
   cmd->add_option("--dp-clip", o.dp_clip_norm,
                   "Differential privacy (DP-SGD): clip every example's gradient to this L2 norm (0 = off)")

@@ -27,6 +27,12 @@ class Sequential {
   DType compute_dtype() const { return compute_dtype_; }
   size_t layer_count() const { return layers_.size(); }
   Layer& layer(size_t i) { return *layers_[i]; }
+  // Puts `layer` in place of layer i and returns the one it replaces (tensor
+  // parallelism swaps a transformer block for its shard and back).
+  std::unique_ptr<Layer> replace_layer(size_t i, std::unique_ptr<Layer> layer) {
+    layers_[i].swap(layer);
+    return layer;
+  }
 
   // x (batch, sample_shape...) in the compute dtype -> logits (batch, classes).
   Tensor forward(const Tensor& x, bool training);

@@ -318,6 +318,10 @@ StepResult Trainer::apply_gradients(StepResult result, float lr) {
     finite &= std::isfinite(s);
     squared_norm += s;
   }
+  if (const std::optional<double> whole = sync_ != nullptr ? sync_->whole_squared_norm() : std::nullopt) {
+    squared_norm = *whole;
+    finite = std::isfinite(*whole);
+  }
   if (!loss_scaler_.update(finite)) {
     result.applied = false;
     return result;
@@ -382,7 +386,7 @@ TrainerState Trainer::state() const {
   return state;
 }
 
-Status Trainer::restore(const TrainerState& state) {
+Status Trainer::restore(const TrainerState& state, int64_t targets_per_sample) {
   const auto bad = [](const std::string& why) { return invalid_argument("trainer state: " + why); };
   using std::to_string;
   if (state.step < 0) return bad("step " + to_string(state.step) + " is negative");
@@ -404,8 +408,11 @@ Status Trainer::restore(const TrainerState& state) {
     return bad("epoch_samples " + to_string(state.epoch_samples) + " differs from epoch_offset " +
                to_string(state.epoch_offset));
   }
-  if (state.epoch_correct < 0 || state.epoch_correct > state.epoch_samples) {
-    return bad("epoch_correct " + to_string(state.epoch_correct) + " outside [0, epoch_samples]");
+  // Correct predictions are counted per target (a language model's positions).
+  if (targets_per_sample < 1) return bad("targets per sample " + to_string(targets_per_sample) + " below 1");
+  if (state.epoch_correct < 0 || state.epoch_correct > state.epoch_samples * targets_per_sample) {
+    return bad("epoch_correct " + to_string(state.epoch_correct) + " outside [0, epoch_samples x " +
+               to_string(targets_per_sample) + " targets]");
   }
   if (state.samples < state.epoch_samples) {
     return bad("samples " + to_string(state.samples) + " fewer than the epoch's " + to_string(state.epoch_samples));

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -150,6 +151,11 @@ class GradientSync {
   virtual void after_layer(size_t layer) { (void)layer; }
   // A failure leaves the step unapplied; Trainer::last_hook_status() says why.
   virtual Status finish(std::span<Parameter* const> parameters, StepResult& step) = 0;
+  // The squared L2 norm of the whole step's gradient, read after finish,
+  // when this rank holds part of it only (tensor parallelism: the parts
+  // summed over the ranks, so every rank clips and skips alike); nullopt:
+  // the norm of `parameters`' gradients is the whole.
+  virtual std::optional<double> whole_squared_norm() const { return std::nullopt; }
 };
 
 struct TrainCallbacks {
@@ -199,7 +205,9 @@ class Trainer {
   // copy the optimizer tensors into optimizer().state_tensors(model.parameters()),
   // then restore(state) and fit(). kInvalidArgument names a field out of range
   // or inconsistent with the others; the trainer is unchanged then.
-  Status restore(const TrainerState& state);
+  // targets_per_sample: the training set's (a language model's positions per
+  // sample), as correct predictions are counted per target.
+  Status restore(const TrainerState& state, int64_t targets_per_sample = 1);
   Optimizer& optimizer() { return *optimizer_; }
   const TrainOptions& options() const { return options_; }
   // Replaces the optimizer the options named (ZeRO-1 shards it across

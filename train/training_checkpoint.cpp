@@ -108,7 +108,8 @@ Status load_model_weights(const store::LoadedCheckpoint& checkpoint, Sequential&
   return Status::ok();
 }
 
-Status restore_training_checkpoint(const store::LoadedCheckpoint& checkpoint, Sequential& model, Trainer& trainer) {
+Status restore_training_checkpoint(const store::LoadedCheckpoint& checkpoint, Sequential& model, Trainer& trainer,
+                                   int64_t targets_per_sample) {
   Result<TrainerState> state = trainer_state_from_json(checkpoint.round.state_json);
   if (!state.is_ok()) return state.status();
   std::vector<Parameter*> parameters = model.parameters();
@@ -121,7 +122,7 @@ Status restore_training_checkpoint(const store::LoadedCheckpoint& checkpoint, Se
     }
     FEDMESH_RETURN_IF_ERROR(copy_into(*stored, *tensor.tensor, std::string(kOptimizerRole) + "/" + tensor.name));
   }
-  Status restored = trainer.restore(*state);
+  Status restored = trainer.restore(*state, targets_per_sample);
   if (!restored.is_ok()) return corrupt("checkpoint round " + std::to_string(checkpoint.round.round) + ": " + restored.message());
   return Status::ok();
 }

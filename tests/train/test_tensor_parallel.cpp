@@ -8,6 +8,8 @@
 // of one process and, after the backward pass of the mean next-token loss,
 // the embeddings', layer norms' and each rank's slices of the projections'
 // gradients, within 1e-5.
+// And the layouts of a block's tensors over the ranks (replicated, rows in
+// groups, columns, held by rank 0) cut and assemble back to the whole.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -321,6 +323,56 @@ TEST(TensorParallel, TwoRanksEqualOneOnATinyTransformer) {
     expect_near(mine[mine.size() - 1], whole[whole.size() - 1], who + "ln_f.bias");
   }
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace fedmesh::train
+
+// ---- the split layouts ------------------------------------------------------------
+
+namespace fedmesh::train {
+namespace {
+
+// Every layout's slices, gathered in rank order, assemble to the whole
+// tensor again, and each slice is the rank's part as its comment says.
+TEST(TensorParallelSplits, SlicesAssembleToTheWhole) {
+  const Tensor matrix = random_tensor({12, 6}, 41), vector = random_tensor({12}, 42);
+  const std::vector<std::pair<Split, const Tensor*>> cases = {
+      {{Split::kReplicated}, &matrix}, {{Split::kOwner}, &vector},    {{Split::kRows, 3}, &matrix},
+      {{Split::kRows, 3}, &vector},    {{Split::kRows, 1}, &matrix},  {{Split::kColumns}, &matrix}};
+  for (const int ranks : {1, 2}) {
+    for (const auto& [split, whole] : cases) {
+      const std::string what = "split " + std::to_string(split.kind) + " parts " + std::to_string(split.parts) +
+                               " over " + std::to_string(ranks) + ", " + shape_to_string(whole->shape());
+      Result<Shape> shape = split_shape(whole->shape(), split, ranks);
+      ASSERT_TRUE(shape.is_ok()) << what;
+      std::vector<float> gathered;
+      for (int rank = 0; rank < ranks; ++rank) {
+        Tensor slice = Tensor::zeros(*shape);
+        slice_for_rank(*whole, split, rank, ranks, slice);
+        const std::vector<float> v = values(slice);
+        gathered.insert(gathered.end(), v.begin(), v.end());
+        if (split.kind == Split::kOwner && rank > 0) EXPECT_EQ(v, std::vector<float>(v.size(), 0.0f)) << what;
+      }
+      Tensor assembled = Tensor::zeros(whole->shape());
+      assemble_slices(gathered, split, ranks, assembled);
+      EXPECT_EQ(values(assembled), values(*whole)) << what;
+    }
+  }
+  // c_attn's rows: rank 1 of 2 holds rows 2-3 of q, of k and of v (each 4 rows).
+  Tensor slice = Tensor::zeros({6, 6});
+  slice_for_rank(matrix, {Split::kRows, 3}, 1, 2, slice);
+  for (const int64_t part : {0, 1, 2}) {
+    for (int64_t r = 0; r < 2; ++r) {
+      for (int64_t c = 0; c < 6; ++c) {
+        EXPECT_EQ(slice.data<float>()[(part * 2 + r) * 6 + c], matrix.data<float>()[(part * 4 + 2 + r) * 6 + c]);
+      }
+    }
+  }
+  // Shapes that do not divide are refused.
+  EXPECT_FALSE(split_shape({12, 6}, {Split::kRows, 3}, 8).is_ok());
+  EXPECT_FALSE(split_shape({12, 5}, {Split::kColumns}, 2).is_ok());
+  EXPECT_FALSE(split_shape({12}, {Split::kColumns}, 2).is_ok());
 }
 
 }  // namespace

@@ -281,6 +281,17 @@ TEST(TrainingResume, RestoreRejectsAStateThatCannotBeARun) {
   s = good;
   s.train_seconds = std::nan("");
   expect_rejected(s, "train_seconds");
+  // Correct predictions are counted per target: more than the samples is
+  // a flaw for one target per sample, a language model's state with 64.
+  s = good;
+  s.epoch_offset = s.epoch_samples = s.samples = 32;
+  s.epoch_correct = 33;
+  expect_rejected(s, "epoch_correct");
+  auto net = fresh_model(1);
+  Trainer trainer(*net, base_options());
+  EXPECT_TRUE(trainer.restore(s, 64).is_ok());
+  s.epoch_correct = s.epoch_samples * 64 + 1;
+  EXPECT_FALSE(trainer.restore(s, 64).is_ok());
 }
 
 TEST(TrainingResume, ARejectedStateLeavesTheTrainerAsItWas) {

@@ -165,12 +165,12 @@ struct SyncFailed {};
 
 }  // namespace
 
-Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::Dataset& train,
-                                       const data::Dataset* test, const TrainCallbacks& callbacks) {
-  trainer.set_gradient_sync(&sync);
+Result<TrainSummary> fit_synced(Trainer& trainer, GradientSync& hook, DataParallel* data_parallel,
+                                const data::Dataset& train, const data::Dataset* test, const TrainCallbacks& callbacks) {
+  trainer.set_gradient_sync(&hook);
   ShardedOptimizer* sharded = dynamic_cast<ShardedOptimizer*>(&trainer.optimizer());
-  if (sync.options().zero_one && sharded == nullptr) {
-    auto optimizer = std::make_unique<ShardedOptimizer>(trainer.options(), sync.communicator());
+  if (data_parallel != nullptr && data_parallel->options().zero_one && sharded == nullptr) {
+    auto optimizer = std::make_unique<ShardedOptimizer>(trainer.options(), data_parallel->communicator());
     sharded = optimizer.get();
     trainer.set_optimizer(std::move(optimizer));
   }
@@ -188,8 +188,15 @@ Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, con
   }
   trainer.set_gradient_sync(nullptr);
   if (sharded != nullptr) FEDMESH_RETURN_IF_ERROR(sharded->status());
-  FEDMESH_RETURN_IF_ERROR(check_replicas_equal(sync.communicator(), sync.model()));
+  if (data_parallel != nullptr) {
+    FEDMESH_RETURN_IF_ERROR(check_replicas_equal(data_parallel->communicator(), data_parallel->model()));
+  }
   return summary;
+}
+
+Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::Dataset& train,
+                                       const data::Dataset* test, const TrainCallbacks& callbacks) {
+  return fit_synced(trainer, sync, &sync, train, test, callbacks);
 }
 
 Status broadcast_parameters(Communicator& communicator, Sequential& model) {

@@ -93,6 +93,12 @@ class DataParallel final : public GradientSync {
 Result<TrainSummary> fit_data_parallel(Trainer& trainer, DataParallel& sync, const data::Dataset& train,
                                        const data::Dataset* test, const TrainCallbacks& callbacks);
 
+// The same with `hook` as the trainer's gradient sync: a hook that wraps
+// `data_parallel` (tensor parallelism, tensor_parallel_model.h), or
+// data_parallel itself; data_parallel may be null (no data-parallel ranks).
+Result<TrainSummary> fit_synced(Trainer& trainer, GradientSync& hook, DataParallel* data_parallel,
+                                const data::Dataset& train, const data::Dataset* test, const TrainCallbacks& callbacks);
+
 // Makes every rank's parameters (masters and compute copies) rank 0's.
 Status broadcast_parameters(Communicator& communicator, Sequential& model);
 // Makes every rank's parameters and optimizer state tensors rank 0's (a

@@ -45,8 +45,13 @@ Status RankFlags::validate() const {
   if (ranks < 1 || ranks > kMaxRanks) {
     return invalid_argument("--ranks must be in [1, " + std::to_string(kMaxRanks) + "], not " + std::to_string(ranks));
   }
-  if (rank < 0 || rank >= ranks) {
-    return invalid_argument("--rank " + std::to_string(rank) + " is not one of the " + std::to_string(ranks) + " ranks");
+  if (tensor_parallel < 1 || tensor_parallel > kMaxRanks || processes() > kMaxRanks) {
+    return invalid_argument("--tensor-parallel " + std::to_string(tensor_parallel) + " with --ranks " + std::to_string(ranks) +
+                            ": the group would have " + std::to_string(static_cast<int64_t>(ranks) * tensor_parallel) +
+                            " processes, at most " + std::to_string(kMaxRanks));
+  }
+  if (rank < 0 || rank >= processes()) {
+    return invalid_argument("--rank " + std::to_string(rank) + " is not one of the " + std::to_string(processes()) + " ranks");
   }
   if (launched() && rendezvous.empty()) return invalid_argument("--rank needs --rendezvous (set by rank 0)");
   if (!launched() && !rendezvous.empty()) return invalid_argument("--rendezvous is set by rank 0 for the ranks it launches");
@@ -208,9 +213,40 @@ Result<std::unique_ptr<Communicator>> join_rank_group(const RankFlags& flags, st
   RendezvousOptions options;
   options.directory = flags.rendezvous;
   options.rank = flags.rank;
-  options.size = flags.ranks;
+  options.size = flags.processes();
   options.timeout = timeout;
   return connect_ranks(options, device);
+}
+
+Result<ParallelGroups> connect_parallel_groups(const RankFlags& flags, Device device, std::chrono::milliseconds timeout) {
+  if (flags.rendezvous.empty()) return invalid_argument("connect_parallel_groups needs the group's rendezvous directory");
+  if (device != Device::kCpu && flags.tensor_parallel > 1) {
+    return invalid_argument("tensor parallelism runs on CPU ranks for now (Gloo); drop --device cuda or --tensor-parallel");
+  }
+  ParallelGroups groups;
+  // Tensor groups first, then data-parallel ones, on every process: each
+  // waits only for members that connect in the same order.
+  const auto connect = [&](const std::string& name, int rank, int size) -> Result<std::unique_ptr<Communicator>> {
+    RendezvousOptions options;
+    options.directory = (std::filesystem::path(flags.rendezvous) / name).string();
+    options.rank = rank;
+    options.size = size;
+    options.timeout = timeout;
+    return connect_ranks(options, device);
+  };
+  if (flags.tensor_parallel > 1) {
+    Result<std::unique_ptr<Communicator>> tensor =
+        connect("tensor-" + std::to_string(flags.data_rank()), flags.tensor_rank(), flags.tensor_parallel);
+    if (!tensor.is_ok()) return tensor.status();
+    groups.tensor = std::move(*tensor);
+  }
+  if (flags.ranks > 1) {
+    Result<std::unique_ptr<Communicator>> data =
+        connect("data-" + std::to_string(flags.tensor_rank()), flags.data_rank(), flags.ranks);
+    if (!data.is_ok()) return data.status();
+    groups.data = std::move(*data);
+  }
+  return groups;
 }
 
 Result<std::optional<nlohmann::json>> read_rank_command() {

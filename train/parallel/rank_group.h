@@ -27,10 +27,17 @@
 namespace fedmesh::train {
 
 // What the flags of one process say about its place in the group.
+// The group has ranks x tensor_parallel processes: data-parallel groups of
+// tensor_parallel ranks each (tensor_parallel_model.h); process g is tensor
+// rank g % tensor_parallel of data-parallel rank g / tensor_parallel.
 struct RankFlags {
-  int ranks = 1;           // --ranks: processes in the group (1: no group)
-  int rank = 0;            // --rank (hidden): set by rank 0 for the ranks it launches
-  std::string rendezvous;  // --rendezvous (hidden): the launch's directory
+  int ranks = 1;            // --ranks: data-parallel ranks (1: none)
+  int tensor_parallel = 1;  // --tensor-parallel: ranks sharing each model's transformer blocks (1: none)
+  int rank = 0;             // --rank (hidden): set by rank 0 for the processes it launches
+  std::string rendezvous;   // --rendezvous (hidden): the launch's directory
+  int processes() const { return ranks * tensor_parallel; }
+  int tensor_rank() const { return rank % tensor_parallel; }
+  int data_rank() const { return rank / tensor_parallel; }
   bool launched() const { return rank > 0; }
   Status validate() const;
 };
@@ -55,6 +62,8 @@ class RankGroup {
   RankGroup& operator=(const RankGroup&) = delete;
 
   Communicator& communicator() { return *communicator_; }
+  // The launch's rendezvous directory (connect_parallel_groups meets there).
+  const std::string& directory() const { return directory_; }
   int size() const { return static_cast<int>(pids_.size()) + 1; }
   // Sends one command (a JSON object on one line) to every other rank.
   // kUnavailable naming the rank when one has exited.
@@ -79,6 +88,20 @@ class RankGroup {
 Result<std::unique_ptr<Communicator>> join_rank_group(const RankFlags& flags,
                                                       std::chrono::milliseconds timeout = kRankTimeout,
                                                       Device device = Device::kCpu);
+
+// The communicators of tensor x data parallelism, for every process of a
+// group of flags.processes() (rank 0 gives its group's directory() as
+// flags.rendezvous): the tensor group (the ranks of its data-parallel rank)
+// when flags.tensor_parallel > 1, and the data-parallel group (the ranks of
+// its tensor rank) when flags.ranks > 1; each meets in its own
+// subdirectory of the launch's directory. Every process of the group calls
+// it, after the group has connected.
+struct ParallelGroups {
+  std::unique_ptr<Communicator> tensor;  // null without tensor parallelism
+  std::unique_ptr<Communicator> data;    // null without data-parallel ranks
+};
+Result<ParallelGroups> connect_parallel_groups(const RankFlags& flags, Device device,
+                                               std::chrono::milliseconds timeout = kRankTimeout);
 
 // In a launched rank: the next command from rank 0 (blocks); nullopt when
 // rank 0 closed the pipe (time to exit), kInvalidArgument for a line that

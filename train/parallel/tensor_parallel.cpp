@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/convert.h"
+
 namespace fedmesh::train {
 
 Result<std::unique_ptr<TensorParallelMlp>> TensorParallelMlp::shard(Linear& first, Linear& second,
@@ -63,75 +65,148 @@ Result<Tensor> TensorParallelMlp::backward(const Tensor& dz) {
 
 namespace {
 
-void copy_values(const Tensor& from, Parameter& to) {
-  std::memcpy(to.value.raw(), from.raw(), to.value.nbytes());
-}
+// A tensor as (rows, columns): a vector is a column of rows.
+int64_t rows_of(const Tensor& t) { return t.dim(0); }
+int64_t columns_of(const Tensor& t) { return t.rank() == 1 ? 1 : t.numel() / t.dim(0); }
 
-// Rows [begin, begin + count) of a (rows, columns) fp32 matrix into `out` at row `at`.
-void copy_rows(const Tensor& from, int64_t begin, int64_t count, Tensor& out, int64_t at) {
-  const int64_t columns = from.dim(1);
-  std::memcpy(out.data<float>() + at * columns, from.data<float>() + begin * columns,
-              static_cast<size_t>(count * columns) * sizeof(float));
-}
+}  // namespace
 
-// Columns [begin, begin + count) of a (rows, columns) fp32 matrix into `out` (rows, count).
-void copy_columns(const Tensor& from, int64_t begin, int64_t count, Tensor& out) {
-  const int64_t rows = from.dim(0), columns = from.dim(1);
-  for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(out.data<float>() + r * count, from.data<float>() + r * columns + begin, static_cast<size_t>(count) * sizeof(float));
+Result<Shape> split_shape(const Shape& shape, Split split, int ranks) {
+  Shape out = shape;
+  if (split.kind == Split::kRows) {
+    if (shape.empty() || split.parts < 1 || shape[0] % (split.parts * ranks) != 0) {
+      return invalid_argument("tensor parallel: " + shape_to_string(shape) + " does not split by rows into " +
+                              std::to_string(split.parts) + " x " + std::to_string(ranks) + " parts");
+    }
+    out[0] /= ranks;
+  } else if (split.kind == Split::kColumns) {
+    if (shape.size() != 2 || shape[1] % ranks != 0) {
+      return invalid_argument("tensor parallel: " + shape_to_string(shape) + " does not split by columns over " +
+                              std::to_string(ranks) + " ranks");
+    }
+    out[1] /= ranks;
   }
+  return out;
+}
+
+void slice_for_rank(const Tensor& whole, Split split, int rank, int ranks, Tensor& slice) {
+  const float* from = whole.data<float>();
+  float* to = slice.data<float>();
+  switch (split.kind) {
+    case Split::kReplicated:
+      std::memcpy(to, from, whole.nbytes());
+      return;
+    case Split::kOwner:
+      if (rank == 0) std::memcpy(to, from, whole.nbytes());
+      else std::fill(to, to + slice.numel(), 0.0f);
+      return;
+    case Split::kRows: {
+      const int64_t columns = columns_of(whole), group = rows_of(whole) / split.parts, mine = group / ranks;
+      for (int64_t part = 0; part < split.parts; ++part) {
+        std::memcpy(to + part * mine * columns, from + (part * group + rank * mine) * columns,
+                    static_cast<size_t>(mine * columns) * sizeof(float));
+      }
+      return;
+    }
+    case Split::kColumns: {
+      const int64_t rows = whole.dim(0), columns = whole.dim(1), mine = columns / ranks;
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(to + r * mine, from + r * columns + rank * mine, static_cast<size_t>(mine) * sizeof(float));
+      }
+      return;
+    }
+  }
+}
+
+void assemble_slices(std::span<const float> gathered, Split split, int ranks, Tensor& whole) {
+  const int64_t n = whole.numel();
+  FEDMESH_CHECK(split.kind == Split::kReplicated || split.kind == Split::kOwner
+                    ? static_cast<int64_t>(gathered.size()) == n * ranks
+                    : static_cast<int64_t>(gathered.size()) == n,
+                "assemble_slices: the gathered slices do not make the whole tensor");
+  float* to = whole.data<float>();
+  switch (split.kind) {
+    case Split::kReplicated:
+    case Split::kOwner:  // rank 0's slice is the whole
+      std::memcpy(to, gathered.data(), static_cast<size_t>(n) * sizeof(float));
+      return;
+    case Split::kRows: {
+      const int64_t columns = columns_of(whole), group = rows_of(whole) / split.parts, mine = group / ranks;
+      for (int rank = 0; rank < ranks; ++rank) {
+        const float* from = gathered.data() + rank * (n / ranks);
+        for (int64_t part = 0; part < split.parts; ++part) {
+          std::memcpy(to + (part * group + rank * mine) * columns, from + part * mine * columns,
+                      static_cast<size_t>(mine * columns) * sizeof(float));
+        }
+      }
+      return;
+    }
+    case Split::kColumns: {
+      const int64_t rows = whole.dim(0), columns = whole.dim(1), mine = columns / ranks;
+      for (int rank = 0; rank < ranks; ++rank) {
+        const float* from = gathered.data() + rank * (n / ranks);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(to + r * columns + rank * mine, from + r * mine, static_cast<size_t>(mine) * sizeof(float));
+        }
+      }
+      return;
+    }
+  }
+}
+
+const std::vector<Split>& transformer_block_splits() {
+  static const std::vector<Split> splits = {
+      {Split::kReplicated}, {Split::kReplicated},  // ln_1
+      {Split::kRows, 3},    {Split::kRows, 3},     // c_attn: q, k and v, by heads
+      {Split::kColumns},    {Split::kOwner},       // attn.c_proj
+      {Split::kReplicated}, {Split::kReplicated},  // ln_2
+      {Split::kRows, 1},    {Split::kRows, 1},     // c_fc, by features
+      {Split::kColumns},    {Split::kOwner},       // mlp.c_proj
+  };
+  return splits;
+}
+
+namespace {
+
+// Sums a block's partial activations over the ranks: fp32 in place; bf16
+// and fp16 widened to fp32, summed and rounded once (host memory only).
+Status sum_partials(Communicator& communicator, Tensor& partial) {
+  if (partial.device() != Device::kCpu) return invalid_argument("tensor parallel: host activations only for now");
+  if (partial.dtype() == DType::kF32) {
+    return communicator.all_reduce_sum({partial.data<float>(), static_cast<size_t>(partial.numel())});
+  }
+  std::vector<float> wide(static_cast<size_t>(partial.numel()));
+  widen_to_f32(partial.raw(), partial.dtype(), wide.data(), partial.numel());
+  FEDMESH_RETURN_IF_ERROR(communicator.all_reduce_sum(wide));
+  narrow_from_f32(wide.data(), partial.raw(), partial.dtype(), partial.numel());
+  return Status::ok();
 }
 
 }  // namespace
 
 Result<std::unique_ptr<TransformerBlock>> shard_transformer_block(TransformerBlock& whole, Communicator& communicator) {
-  const int64_t ranks = communicator.size(), rank = communicator.rank();
+  const int ranks = communicator.size(), rank = communicator.rank();
   if (whole.heads() % ranks != 0 || whole.hidden() % ranks != 0) {
     return invalid_argument("tensor parallel: " + std::to_string(whole.heads()) + " heads and " +
                             std::to_string(whole.hidden()) + " MLP features do not split over " + std::to_string(ranks) +
                             " ranks");
   }
   for (Parameter* p : whole.parameters()) {
-    if (p->value.dtype() != DType::kF32) return invalid_argument("tensor parallel: fp32 weights only");
+    if (p->value.dtype() != DType::kF32 || p->value.device() != Device::kCpu) {
+      return invalid_argument("tensor parallel: fp32 weights in host memory only");
+    }
   }
-  const int64_t width = whole.width(), head_dim = whole.head_dim();
-  const int64_t heads = whole.heads() / ranks, hidden = whole.hidden() / ranks;
-  const int64_t attention = heads * head_dim, all_attention = whole.heads() * head_dim;
   const std::string name = whole.ln_1().parameters()[0]->name.substr(0, whole.ln_1().parameters()[0]->name.find(".ln_1"));
-  auto shard = std::make_unique<TransformerBlock>(name, width, heads, head_dim, hidden);
-  // Layer norms: whole on every rank.
-  for (auto [from, to] : {std::pair{&whole.ln_1(), &shard->ln_1()}, std::pair{&whole.ln_2(), &shard->ln_2()}}) {
-    for (size_t i = 0; i < 2; ++i) copy_values(from->parameters()[i]->value, *to->parameters()[i]);
+  auto shard = std::make_unique<TransformerBlock>(name, whole.width(), whole.heads() / ranks, whole.head_dim(),
+                                                  whole.hidden() / ranks);
+  const std::vector<Parameter*> from = whole.parameters(), to = shard->parameters();
+  const std::vector<Split>& splits = transformer_block_splits();
+  for (size_t i = 0; i < from.size(); ++i) {
+    slice_for_rank(from[i]->value, splits[i], rank, ranks, to[i]->value);
+    to[i]->refresh_compute();
   }
-  // c_attn: this rank's rows of each of q, k and v (weight and bias).
-  for (int64_t part = 0; part < 3; ++part) {
-    const int64_t begin = part * all_attention + rank * attention;
-    copy_rows(whole.attention_in().weight().value, begin, attention, shard->attention_in().weight().value, part * attention);
-    std::memcpy(shard->attention_in().bias().value.data<float>() + part * attention,
-                whole.attention_in().bias().value.data<float>() + begin, static_cast<size_t>(attention) * sizeof(float));
-  }
-  // c_fc: this rank's rows; the output projections: its columns.
-  copy_rows(whole.mlp_in().weight().value, rank * hidden, hidden, shard->mlp_in().weight().value, 0);
-  std::memcpy(shard->mlp_in().bias().value.data<float>(), whole.mlp_in().bias().value.data<float>() + rank * hidden,
-              static_cast<size_t>(hidden) * sizeof(float));
-  copy_columns(whole.attention_out().weight().value, rank * attention, attention, shard->attention_out().weight().value);
-  copy_columns(whole.mlp_out().weight().value, rank * hidden, hidden, shard->mlp_out().weight().value);
-  for (Linear* projection : {&shard->attention_out(), &shard->mlp_out()}) {
-    Tensor& bias = projection->bias().value;
-    std::fill(bias.data<float>(), bias.data<float>() + bias.numel(), 0.0f);
-  }
-  if (rank == 0) {
-    copy_values(whole.attention_out().bias().value, shard->attention_out().bias());
-    copy_values(whole.mlp_out().bias().value, shard->mlp_out().bias());
-  }
-  for (Parameter* p : shard->parameters()) p->refresh_compute();
   Communicator* comm = &communicator;
-  shard->set_reduction(
-      [comm](Tensor& partial) -> Status {
-        if (partial.dtype() != DType::kF32) return invalid_argument("tensor parallel: fp32 activations only");
-        return comm->all_reduce_sum({partial.data<float>(), static_cast<size_t>(partial.numel())});
-      },
-      rank == 0);
+  shard->set_reduction([comm](Tensor& partial) { return sum_partials(*comm, partial); }, rank == 0);
   return shard;
 }
 

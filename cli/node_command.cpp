@@ -25,6 +25,7 @@ struct NodeFlags {
   bool ranks_given = false;
   train::RankFlags group;  // --ranks N (aggregator mode): data-parallel CPU ranks
   bool zero_one = false;  // --zero-1
+  bool tensor_parallel_given = false;  // --tensor-parallel (else training.tensor_parallel)
 };
 
 void print_event(const std::string& site, const nlohmann::json& e) {
@@ -35,6 +36,10 @@ void print_event(const std::string& site, const nlohmann::json& e) {
                  static_cast<long long>(e.value("shard_images", 0)), static_cast<long long>(e.value("holdout_images", 0)),
                  e.value("store", "").c_str(),
                  e.value("ranks", 1) > 1 ? ("; " + std::to_string(e.value("ranks", 1)) + " data-parallel ranks").c_str() : "");
+    if (e.value("tensor_parallel", 1) > 1) {
+      std::fprintf(stderr, "[%s] each transformer block split over %d tensor-parallel CPU ranks\n", name,
+                   e.value("tensor_parallel", 1));
+    }
     if (e.contains("tokenizer")) {
       std::fprintf(stderr, "[%s] text read with the BPE tokenizer %s (vocabulary %lld)\n", name,
                    e.value("tokenizer", "").c_str(), static_cast<long long>(e.value("vocab_size", 0)));
@@ -152,16 +157,16 @@ int run_node(const NodeFlags& given, const node::SecureUploadFaults& faults) {
     if (!configured.is_ok()) return fail(flags, configured.status(), true);
     mode = *configured;
   }
-  if (Status s = flags.group.validate(); !s.is_ok()) return fail(flags, s, true);
-  if (mode == "gossip" && flags.group.ranks > 1) {
-    return fail(flags, invalid_argument("--ranks: a gossip peer trains in one process for now (use --ranks with "
-                                        "--mode aggregator)"), true);
+  if (mode == "gossip" && (flags.group.ranks > 1 || flags.group.tensor_parallel > 1)) {
+    return fail(flags, invalid_argument("--ranks, --tensor-parallel: a gossip peer trains in one process for now (use "
+                                        "them with --mode aggregator)"), true);
   }
   if (mode == "gossip" && !flags.device.empty() && flags.device != "cpu") {
     return fail(flags, invalid_argument("--device " + flags.device + ": a gossip peer trains on the cpu for now (use "
                                         "--device with --mode aggregator)"), true);
   }
   if (mode == "gossip") {
+    if (Status s = flags.group.validate(); !s.is_ok()) return fail(flags, s, true);
     Result<node::GossipConfig> config = node::read_gossip_config(flags.config);
     const std::string site = config.is_ok() ? config->site.name : "";
     return run_runtime<node::GossipRuntime>(flags, std::move(config), site);
@@ -179,7 +184,13 @@ int run_node(const NodeFlags& given, const node::SecureUploadFaults& faults) {
     }
     config->ranks = flags.group.ranks;
     config->zero_one = flags.zero_one;
+    // --tensor-parallel overrides training.tensor_parallel; a launched rank
+    // counts the group's processes with the config's.
+    if (flags.tensor_parallel_given) config->tensor_parallel = flags.group.tensor_parallel;
+    flags.group.tensor_parallel = config->tensor_parallel;
+    if (Status s = config->validate(); !s.is_ok()) config = s;
   }
+  if (Status s = flags.group.validate(); !s.is_ok()) return fail(flags, s, true);
   if (flags.group.launched()) {
     // A rank launched by this node's rank 0: no output of its own.
     if (!config.is_ok()) return fail(flags, config.status(), true);
@@ -214,12 +225,17 @@ void add_node_command(CLI::App& app, int& exit_code, const node::SecureUploadFau
                       "cuda); the federation still sees one site and one update")
           ->capture_default_str();
   cmd->add_flag("--zero-1", flags->zero_one, "With --ranks: shard the optimizer state across the ranks (ZeRO stage 1)");
+  CLI::Option* tensor_option =
+      cmd->add_option("--tensor-parallel", flags->group.tensor_parallel,
+                      "Aggregator mode, GPTs: split every transformer block over N CPU ranks (attention heads and MLP "
+                      "features, Gloo), times --ranks data-parallel groups (overrides training.tensor_parallel)");
   cmd->add_option("--rank", flags->group.rank)->group("");  // set by rank 0 for the ranks it launches
   cmd->add_option("--rendezvous", flags->group.rendezvous)->group("");
   cmd->add_flag("--json", flags->json, "Print JSON lines: site, model, update, finished (aggregator); peer, member, "
                                        "round, catch-up, refused, finished (gossip)");
-  cmd->callback([flags, ranks_option, faults, &exit_code] {
+  cmd->callback([flags, ranks_option, tensor_option, faults, &exit_code] {
     flags->ranks_given = ranks_option->count() > 0;
+    flags->tensor_parallel_given = tensor_option->count() > 0;
     exit_code = run_node(*flags, faults);
   });
 }

@@ -23,6 +23,18 @@ Status SiteConfig::validate() const {
     return invalid_argument("keys, roster and admin_public are required");
   }
   if (ranks < 1 || ranks > 64) return invalid_argument("--ranks must be in [1, 64], not " + std::to_string(ranks));
+  if (tensor_parallel != 1) {
+    if (tensor_parallel < 1 || ranks * tensor_parallel > 64) {
+      return invalid_argument("training.tensor_parallel " + std::to_string(tensor_parallel) + " with --ranks " +
+                              std::to_string(ranks) + ": at least 1, and at most 64 processes in all");
+    }
+    if (Status fits = train::check_tensor_parallel_model(model, tensor_parallel); !fits.is_ok()) {
+      return invalid_argument("training.tensor_parallel: " + fits.message());
+    }
+    if (device != "cpu") return invalid_argument("training.tensor_parallel runs on CPU ranks for now: use training.device = \"cpu\"");
+    if (zero_one) return invalid_argument("training.tensor_parallel with --zero-1 is not supported yet");
+    if (init.lora.enabled()) return invalid_argument("training.tensor_parallel with training.lora is not supported yet");
+  }
   FEDMESH_RETURN_IF_ERROR(init.lora.validate());
   if (sites < 1 || index < 0 || index >= sites) {
     return invalid_argument("data.index " + std::to_string(index) + " is not a shard of data.sites " +
@@ -131,6 +143,7 @@ void read_site_keys(ConfigReader& r, SiteConfig& c, bool with_aggregator) {
   r.read("training.weight_decay", c.local.weight_decay);
   r.read("training.threads", c.threads);
   r.read("training.device", c.device);
+  r.read("training.tensor_parallel", c.tensor_parallel);
   r.read("training.step_delay_seconds", c.step_delay_seconds);
   r.read("compression.default", c.compress);
   r.read("compression.overrides", c.compress_overrides);

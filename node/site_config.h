@@ -58,6 +58,9 @@ struct SiteConfig {
   // trained on the GPU: train/trainer.h's train::training_device says when it can).
   std::string device = "cpu";
   int ranks = 1;                          // `fedmesh node --ranks N`: data-parallel ranks (site_ranks.h)
+  // training.tensor_parallel / `--tensor-parallel N`: a GPT's blocks split
+  // over N CPU ranks, times `ranks` data-parallel groups (site_ranks.h).
+  int tensor_parallel = 1;
   bool zero_one = false;                  // `--zero-1`: their optimizer state sharded
   double poll_seconds = 0.2;
   double step_delay_seconds = 0.0;        // experiments: make this site slower

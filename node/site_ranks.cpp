@@ -32,18 +32,57 @@ train::DataParallelOptions site_parallel_options(const SiteConfig& config) {
   return options;
 }
 
-Result<std::unique_ptr<SiteRanks>> SiteRanks::launch(int ranks, train::Sequential& model, const train::DataParallelOptions& parallel) {
-  Result<std::unique_ptr<train::RankGroup>> group = train::RankGroup::launch(ranks, train::kRankTimeout, model.device());
+namespace {
+
+// Every process of a node's group, once: its part in the training, and the
+// model whole again until the first round (the ranks broadcast whole
+// weights every round).
+Result<std::unique_ptr<train::ParallelTraining>> start_training(train::Communicator& world, const train::RankFlags& flags,
+                                                                 train::Sequential& model,
+                                                                 const train::DataParallelOptions& parallel) {
+  Result<std::unique_ptr<train::ParallelTraining>> training = train::ParallelTraining::start(world, flags, model, nullptr, parallel);
+  if (!training.is_ok()) return training.status();
+  FEDMESH_RETURN_IF_ERROR((*training)->gather());
+  return training;
+}
+
+// One round on every process: the weights rank 0 holds, sharded where the
+// blocks are split, trained, and the whole model gathered again.
+Result<train::TrainSummary> train_round(train::Communicator& world, train::ParallelTraining& training,
+                                        train::Sequential& model, train::Trainer& trainer,
+                                        const train::data::Dataset& shard, const train::TrainCallbacks& callbacks) {
+  FEDMESH_RETURN_IF_ERROR(train::broadcast_parameters(world, model));
+  training.scatter();
+  Result<train::TrainSummary> summary =
+      train::fit_synced(trainer, training.hook(), training.data_parallel(), shard, nullptr, callbacks);
+  if (!summary.is_ok()) return summary;
+  FEDMESH_RETURN_IF_ERROR(training.gather());
+  return summary;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SiteRanks>> SiteRanks::launch(const train::RankFlags& layout, train::Sequential& model,
+                                                     const train::DataParallelOptions& parallel) {
+  Result<std::unique_ptr<train::RankGroup>> group =
+      train::RankGroup::launch(layout.processes(), train::kRankTimeout, model.device());
   if (!group.is_ok()) return group.status();
   std::unique_ptr<SiteRanks> out(new SiteRanks());
+  out->layout_ = layout;
+  out->layout_.rank = 0;
+  out->layout_.rendezvous = (*group)->directory();
+  out->model_ = &model;
   out->group_ = std::move(*group);
-  out->sync_ = std::make_unique<train::DataParallel>(out->group_->communicator(), model, parallel);
+  Result<std::unique_ptr<train::ParallelTraining>> training =
+      start_training(out->group_->communicator(), out->layout_, model, parallel);
+  if (!training.is_ok()) return training.status();
+  out->training_ = std::move(*training);
   return out;
 }
 
 train::TrainOptions SiteRanks::options_for_rank(train::TrainOptions options) const {
   options.data_parallel_rank = 0;
-  options.data_parallel_ranks = size();
+  options.data_parallel_ranks = layout_.ranks;
   return options;
 }
 
@@ -51,9 +90,8 @@ Result<train::TrainSummary> SiteRanks::fit(train::Trainer& trainer, const train:
                                     const train::TrainCallbacks& callbacks) {
   FEDMESH_RETURN_IF_ERROR(broken_);
   broken_ = group_->command(round_command(local));
-  if (broken_.is_ok()) broken_ = train::broadcast_parameters(sync_->communicator(), sync_->model());
   FEDMESH_RETURN_IF_ERROR(broken_);
-  Result<train::TrainSummary> summary = train::fit_data_parallel(trainer, *sync_, shard, nullptr, callbacks);
+  Result<train::TrainSummary> summary = train_round(group_->communicator(), *training_, *model_, trainer, shard, callbacks);
   if (!summary.is_ok()) {
     const Status exited = group_->check_ranks();
     broken_ = exited.is_ok() ? summary.status() : exited;
@@ -77,19 +115,22 @@ Status run_site_rank(const SiteConfig& config, const train::RankFlags& flags) {
   Result<std::unique_ptr<train::Communicator>> communicator = train::join_rank_group(flags, train::kRankTimeout, device);
   if (!communicator.is_ok()) return communicator.status();
   (*model)->to_device(device);
-  train::DataParallel sync(**communicator, **model, site_parallel_options(config));
+  train::RankFlags layout = flags;
+  layout.tensor_parallel = config.tensor_parallel;
+  Result<std::unique_ptr<train::ParallelTraining>> training =
+      start_training(**communicator, layout, **model, site_parallel_options(config));
+  if (!training.is_ok()) return training.status();
   for (;;) {
     Result<std::optional<nlohmann::json>> command = train::read_rank_command();
     if (!command.is_ok()) return command.status();
     if (!command->has_value()) return Status::ok();  // rank 0 closed the pipe
     Result<train::TrainOptions> local = round_options(**command, config.local);
     if (!local.is_ok()) return local.status();
-    local->data_parallel_rank = flags.rank;
-    local->data_parallel_ranks = flags.ranks;
+    local->data_parallel_rank = layout.data_rank();
+    local->data_parallel_ranks = layout.ranks;
     FEDMESH_RETURN_IF_ERROR(local->validate());
-    FEDMESH_RETURN_IF_ERROR(train::broadcast_parameters(**communicator, **model));
     train::Trainer trainer(**model, *local);
-    Result<train::TrainSummary> summary = train::fit_data_parallel(trainer, sync, *data->shard, nullptr, {});
+    Result<train::TrainSummary> summary = train_round(**communicator, **training, **model, trainer, *data->shard, {});
     if (!summary.is_ok()) return summary.status();
   }
 }

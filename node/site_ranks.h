@@ -7,12 +7,19 @@
 // gradients all-reduced), so the ranks end with the same weights: the full
 // model, from which rank 0 computes the update it sends. Whatever the
 // layout inside the site, the federation sees one site and one delta.
+//
+// With tensor parallelism (`training.tensor_parallel`, `--tensor-parallel
+// N`, a GPT), the ranks are N x ranks processes: each round the ranks
+// shard the blocks of the weights they were sent, train, and gather the
+// whole model again (train/parallel/parallel_training.h), so between
+// rounds every rank holds the whole model and rank 0 reads it.
 #pragma once
 
 #include <memory>
 
 #include "base/status.h"
 #include "train/parallel/data_parallel.h"
+#include "train/parallel/parallel_training.h"
 #include "train/parallel/rank_group.h"
 #include "node/site_config.h"
 #include "train/trainer.h"
@@ -21,9 +28,10 @@ namespace fedmesh::node {
 
 class SiteRanks {
  public:
-  // Rank 0: launches ranks 1..ranks-1 (ranks >= 2) for `model`, the
-  // node's training model.
-  static Result<std::unique_ptr<SiteRanks>> launch(int ranks, train::Sequential& model, const train::DataParallelOptions& parallel);
+  // Rank 0: launches the other processes of layout (layout.processes() >=
+  // 2) for `model`, the node's training model.
+  static Result<std::unique_ptr<SiteRanks>> launch(const train::RankFlags& layout, train::Sequential& model,
+                                                   const train::DataParallelOptions& parallel);
   int size() const { return group_->size(); }
   // Sets the data-parallel rank and ranks of round options.
   train::TrainOptions options_for_rank(train::TrainOptions options) const;
@@ -37,8 +45,10 @@ class SiteRanks {
 
  private:
   SiteRanks() = default;
+  train::RankFlags layout_;
+  train::Sequential* model_ = nullptr;
   std::unique_ptr<train::RankGroup> group_;
-  std::unique_ptr<train::DataParallel> sync_;
+  std::unique_ptr<train::ParallelTraining> training_;
   Status broken_;
 };
 

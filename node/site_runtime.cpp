@@ -235,14 +235,18 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   if (!endpoint.is_ok()) return endpoint.status();
   http = std::move(*endpoint);
   if (http) metrics_address = http->address();
-  if (config.ranks > 1) {
-    Result<std::unique_ptr<SiteRanks>> launched = SiteRanks::launch(config.ranks, *worker, site_parallel_options(config));
+  train::RankFlags layout;
+  layout.ranks = config.ranks;
+  layout.tensor_parallel = config.tensor_parallel;
+  if (layout.processes() > 1) {
+    Result<std::unique_ptr<SiteRanks>> launched = SiteRanks::launch(layout, *worker, site_parallel_options(config));
     if (!launched.is_ok()) return launched.status();
     ranks = std::move(*launched);
   }
   nlohmann::json event = {{"event", "site"}, {"site", config.name}, {"shard_images", data.shard->size()},
                           {"holdout_images", data.holdout->size()}, {"store", config.store},
-                          {"metrics", metrics_address}, {"version", held_version}, {"ranks", config.ranks}};
+                          {"metrics", metrics_address}, {"version", held_version}, {"ranks", config.ranks},
+                          {"tensor_parallel", config.tensor_parallel}};
   if (data.tokenizer) {
     event["tokenizer"] = tokenizer;
     event["vocab_size"] = data.vocabulary;
@@ -571,6 +575,8 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   } else {
     summary = trainer.fit(*data.shard, nullptr, callbacks);
   }
+  // Tensor parallelism put new whole blocks in the model: read its parameters again.
+  parameters = worker->parameters();
   const train::EvalResult local_eval = data.holdout->size() > 0 ? trainer.evaluate(*data.holdout) : train::EvalResult{};
   std::vector<std::vector<float>> delta(parameters.size());
   for (size_t t = 0; t < parameters.size(); ++t) {

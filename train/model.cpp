@@ -288,4 +288,18 @@ Result<std::unique_ptr<Sequential>> make_model(std::string_view name, uint64_t s
   return build_model(*spec, seed, input);
 }
 
+Status check_tensor_parallel_model(std::string_view model, int n) {
+  const std::optional<TransformerConfig> gpt = language_model_config(model);
+  if (!gpt) {
+    return invalid_argument("tensor parallelism splits the transformer blocks of a GPT; model " + std::string(model) +
+                            " has none (use data-parallel ranks instead)");
+  }
+  if (n < 1 || gpt->heads % n != 0 || (4 * gpt->width) % n != 0) {
+    return invalid_argument("tensor parallelism over " + std::to_string(n) + " ranks: model " + std::string(model) +
+                            " has " + std::to_string(gpt->heads) + " heads and " + std::to_string(4 * gpt->width) +
+                            " MLP features per block, which must both divide by " + std::to_string(n));
+  }
+  return Status::ok();
+}
+
 }  // namespace fedmesh::train

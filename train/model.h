@@ -125,6 +125,11 @@ std::vector<std::string> model_names();
 // The transformer's sizes for a language model's name (or a model spec
 // file holding a GPT, train/model_spec.h); nullopt for the image models.
 std::optional<TransformerConfig> language_model_config(std::string_view name);
+// Whether model `name` (a built-in or a spec file) splits over n tensor
+// ranks (train/parallel/tensor_parallel_model.h): a GPT whose heads and MLP
+// features divide by n. kInvalidArgument naming the model and what does
+// not divide.
+Status check_tensor_parallel_model(std::string_view model, int n);
 // A language model of any sizes (the named ones above are these).
 std::unique_ptr<Sequential> make_transformer(std::string name, const TransformerConfig& config, uint64_t seed);
 

@@ -5,7 +5,7 @@
 
 #include "kernels/parallel.h"
 #include "train/parallel/data_parallel.h"
-#include "train/parallel/tensor_parallel_model.h"
+#include "train/parallel/parallel_training.h"
 #include "train/initial_weights.h"
 #include "train/model_spec.h"
 #include "train/lora_export.h"
@@ -108,16 +108,8 @@ Status check_same_run(const nlohmann::json& stored, const nlohmann::json& now, c
 // divide by N, trained on CPU ranks without the features that do not
 // combine with it yet.
 Status check_tensor_parallel(const TrainingRunOptions& run) {
-  const int n = run.group.tensor_parallel;
-  const std::optional<TransformerConfig> gpt = language_model_config(run.model);
-  if (!gpt) {
-    return invalid_argument("--tensor-parallel splits the transformer blocks of a GPT; model " + run.model +
-                            " has none (use --ranks for data parallelism)");
-  }
-  if (gpt->heads % n != 0 || (4 * gpt->width) % n != 0) {
-    return invalid_argument("--tensor-parallel " + std::to_string(n) + ": model " + run.model + " has " +
-                            std::to_string(gpt->heads) + " heads and " + std::to_string(4 * gpt->width) +
-                            " MLP features per block, which must both divide by " + std::to_string(n));
+  if (Status fits = check_tensor_parallel_model(run.model, run.group.tensor_parallel); !fits.is_ok()) {
+    return invalid_argument("--tensor-parallel: " + fits.message());
   }
   if (run.device == "cuda") return invalid_argument("--tensor-parallel runs on CPU ranks for now (Gloo): drop --device cuda");
   if (run.zero_one) return invalid_argument("--tensor-parallel with --zero-1 is not supported yet: drop one of them");
@@ -171,14 +163,9 @@ store::StoreOptions store_options(const TrainingRunOptions& run) {
 }  // namespace
 
 struct TrainingRun::Parallel {
-  std::unique_ptr<RankGroup> group;        // rank 0: the processes it launched
-  std::unique_ptr<Communicator> world;     // the others: every process of the group
-  ParallelGroups groups;                   // with tensor parallelism: the tensor and data-parallel groups
-  std::optional<DataParallel> sync;        // with data-parallel ranks
-  std::unique_ptr<TensorParallelModel> tensor;
-  std::optional<TensorParallelSync> tensor_sync;
-  GradientSync& hook() { return tensor_sync ? static_cast<GradientSync&>(*tensor_sync) : *sync; }
-  DataParallel* data_parallel() { return sync ? &*sync : nullptr; }
+  std::unique_ptr<RankGroup> group;     // rank 0: the processes it launched
+  std::unique_ptr<Communicator> world;  // the others: every process of the group
+  std::unique_ptr<ParallelTraining> training;
 };
 
 TrainingRun::~TrainingRun() = default;
@@ -238,37 +225,28 @@ Status TrainingRun::run_as_rank() {
   // Only the ranks of data-parallel rank 0 evaluate (rank 0 reports), and
   // with tensor parallelism they take part in rank 0's checkpoints.
   const bool first_data_rank = options_.group.data_rank() == 0;
+  ParallelTraining& training = *parallel_->training;
   try {
     Result<TrainSummary> trained =
-        fit_synced(*trainer_, parallel_->hook(), parallel_->data_parallel(), *data_.train,
-                   first_data_rank && parallel_->tensor ? data_.test.get() : nullptr, tensor_checkpoint_callbacks({}));
+        fit_synced(*trainer_, training.hook(), training.data_parallel(), *data_.train,
+                   first_data_rank && training.tensor() ? data_.test.get() : nullptr, tensor_checkpoint_callbacks({}));
     if (!trained.is_ok()) return trained.status();
   } catch (const CheckpointFailed& failed) {
     return Status(failed.status.code(), "gathering the model for a checkpoint failed: " + failed.status.message());
   }
-  return parallel_->tensor ? parallel_->tensor->gather(&trainer_->optimizer()) : Status::ok();
+  return training.gather(&trainer_->optimizer());
 }
 
-// Every process: the run's state as rank 0 holds it, then the groups of
-// tensor and data parallelism, the model's blocks sharded over the first,
-// and the gradient sync over the second.
-Status TrainingRun::start_parallel(Communicator& world, RankFlags flags) {
+// Every process: the run's state as rank 0 holds it, then its part in the
+// group's training (the model's blocks sharded with tensor parallelism).
+Status TrainingRun::start_parallel(Communicator& world, const RankFlags& flags) {
   FEDMESH_RETURN_IF_ERROR(broadcast_training_state(world, *model_, *trainer_));
   DataParallelOptions options;
   options.zero_one = options_.zero_one;
-  if (flags.tensor_parallel == 1) {
-    parallel_->sync.emplace(world, *model_, options);
-    return Status::ok();
-  }
-  Result<ParallelGroups> groups = connect_parallel_groups(flags, device_);
-  if (!groups.is_ok()) return groups.status();
-  parallel_->groups = std::move(*groups);
-  Result<std::unique_ptr<TensorParallelModel>> tensor =
-      TensorParallelModel::shard(*model_, *parallel_->groups.tensor, &trainer_->optimizer());
-  if (!tensor.is_ok()) return tensor.status();
-  parallel_->tensor = std::move(*tensor);
-  if (parallel_->groups.data) parallel_->sync.emplace(*parallel_->groups.data, *model_, options);
-  parallel_->tensor_sync.emplace(*parallel_->tensor, parallel_->data_parallel());
+  Result<std::unique_ptr<ParallelTraining>> training =
+      ParallelTraining::start(world, flags, *model_, &trainer_->optimizer(), options);
+  if (!training.is_ok()) return training.status();
+  parallel_->training = std::move(*training);
   return Status::ok();
 }
 
@@ -276,15 +254,18 @@ Status TrainingRun::start_parallel(Communicator& world, RankFlags flags) {
 // step rank 0 commits one, the ranks of its tensor group gather the
 // blocks with it (and cut their shards again after).
 TrainCallbacks TrainingRun::tensor_checkpoint_callbacks(TrainCallbacks callbacks) {
-  if (!parallel_ || !parallel_->tensor || options_.db.empty() || options_.group.data_rank() != 0) return callbacks;
+  if (!parallel_ || !parallel_->training || !parallel_->training->tensor() || options_.db.empty() ||
+      options_.group.data_rank() != 0) {
+    return callbacks;
+  }
   const TrainCallbacks inner = callbacks;
   callbacks.on_step = [this, inner](const StepProgress& p) {
     const bool checkpoint = p.step % options_.checkpoint_every == 0 && p.step < p.total_steps;
     if (checkpoint) {
-      if (Status s = parallel_->tensor->gather(&trainer_->optimizer()); !s.is_ok()) throw CheckpointFailed{std::move(s)};
+      if (Status s = parallel_->training->gather(&trainer_->optimizer()); !s.is_ok()) throw CheckpointFailed{std::move(s)};
     }
     if (inner.on_step) inner.on_step(p);  // rank 0 commits here
-    if (checkpoint) parallel_->tensor->scatter(&trainer_->optimizer());
+    if (checkpoint) parallel_->training->scatter(&trainer_->optimizer());
   };
   return callbacks;
 }
@@ -393,7 +374,8 @@ Status TrainingRun::launch_ranks() {
 int TrainingRun::ranks() const { return parallel_ && parallel_->group ? parallel_->group->size() : 1; }
 
 size_t TrainingRun::gradient_buckets() const {
-  return parallel_ && parallel_->sync ? parallel_->sync->bucket_count() : 0;
+  DataParallel* data = parallel_ && parallel_->training ? parallel_->training->data_parallel() : nullptr;
+  return data != nullptr ? data->bucket_count() : 0;
 }
 
 Status TrainingRun::commit_checkpoint(nlohmann::json metrics) {
@@ -427,11 +409,12 @@ Result<TrainSummary> TrainingRun::fit(const TrainingRunEvents& events) {
   TrainSummary summary;
   try {
     if (parallel_) {
-      Result<TrainSummary> trained = fit_synced(*trainer_, parallel_->hook(), parallel_->data_parallel(), *data_.train,
+      ParallelTraining& training = *parallel_->training;
+      Result<TrainSummary> trained = fit_synced(*trainer_, training.hook(), training.data_parallel(), *data_.train,
                                                 data_.test.get(), tensor_checkpoint_callbacks(callbacks));
       // The whole model again (every rank of the tensor group takes part).
-      if (trained.is_ok() && parallel_->tensor) {
-        if (Status gathered = parallel_->tensor->gather(&trainer_->optimizer()); !gathered.is_ok()) trained = gathered;
+      if (trained.is_ok()) {
+        if (Status gathered = training.gather(&trainer_->optimizer()); !gathered.is_ok()) trained = gathered;
       }
       const Status ranks = trained.is_ok() ? parallel_->group->join() : parallel_->group->check_ranks();
       if (!ranks.is_ok()) return ranks;

@@ -124,7 +124,7 @@ class TrainingRun {
   TrainingRun() = default;
   Status open_store(const std::function<void(const std::string&)>& warn);
   Status commit_checkpoint(nlohmann::json metrics);
-  Status start_parallel(Communicator& world, RankFlags flags);
+  Status start_parallel(Communicator& world, const RankFlags& flags);
   TrainCallbacks tensor_checkpoint_callbacks(TrainCallbacks callbacks);
 
   TrainingRunOptions options_;

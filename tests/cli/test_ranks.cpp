@@ -257,7 +257,7 @@ TEST(TrainRanks, TensorParallelEqualsOneProcess) {
   EXPECT_LT(largest_difference(newest_weights(dir / "killed-one.db"), newest_weights(dir / "fp32-2x1.db")), 1e-5);
   // Refused before anything starts, naming why.
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
-      {gpt_command(dir / "r1.db", 3, 1, "fp32"), "must both divide by 3"},
+      {gpt_command(dir / "r1.db", 3, 1, "fp32"), "4 heads and 256 MLP features per block, which must both divide by 3"},
       {{binary(), "train", "--model", "mlp", "--tensor-parallel", "2", "--json", "--db", (dir / "r2.db").string()}, "has none"},
       {gpt_command(dir / "r3.db", 40, 2, "fp32"), "at most 64"},
   };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/convert.h"
@@ -279,6 +280,97 @@ void maxpool2d_backward(const Pool2dGeometry& g, const std::vector<int32_t>& arg
         }
       });
     });
+  });
+}
+
+namespace {
+
+// f(in, out, p) for every plane p of `planes`, split over the threads, with
+// in and out the tensors' data typed by their dtypes.
+template <class F>
+void for_each_plane(const Tensor& from, Tensor& to, int64_t planes, int64_t grain, F f) {
+  visit_dtype(from.dtype(), [&]<class In>() {
+    visit_dtype(to.dtype(), [&]<class Out>() {
+      const In* in = static_cast<const In*>(from.raw());
+      Out* out = static_cast<Out*>(to.raw());
+      parallel_for(planes, grain, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) f(in, out, p);
+      });
+    });
+  });
+}
+
+template <class T>
+using Element = std::remove_cvref_t<decltype(*std::declval<T>())>;
+
+}  // namespace
+
+void avgpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y) {
+  const ProfileScope profile(StepTime::kKernels);
+  if (device::on_cuda(y)) return device::avgpool2d_forward(g, x, y);
+  const int64_t oh = g.out_height(), ow = g.out_width();
+  const int64_t planes = g.batch * g.channels, in_plane = g.height * g.width, out_plane = oh * ow;
+  FEDMESH_CHECK(x.numel() == planes * in_plane && y.numel() == planes * out_plane, "avgpool2d: shapes");
+  const float scale = 1.0f / static_cast<float>(g.kernel * g.kernel);
+  for_each_plane(x, y, planes, 8, [&](auto in, auto out, int64_t p) {
+    for (int64_t i = 0; i < oh; ++i) {
+      for (int64_t j = 0; j < ow; ++j) {
+        float total = 0.0f;
+        for (int64_t a = 0; a < g.kernel; ++a) {
+          const auto row = in + p * in_plane + (i * g.stride + a) * g.width + j * g.stride;
+          for (int64_t b = 0; b < g.kernel; ++b) total += to_float(row[b]);
+        }
+        out[p * out_plane + i * ow + j] = from_float<Element<decltype(out)>>(total * scale);
+      }
+    }
+  });
+}
+
+void avgpool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx) {
+  const ProfileScope profile(StepTime::kKernels);
+  if (device::on_cuda(dx)) return device::avgpool2d_backward(g, dy, dx);
+  const int64_t oh = g.out_height(), ow = g.out_width();
+  const int64_t planes = g.batch * g.channels, in_plane = g.height * g.width, out_plane = oh * ow;
+  FEDMESH_CHECK(dx.numel() == planes * in_plane && dy.numel() == planes * out_plane, "avgpool2d_backward: shapes");
+  const float scale = 1.0f / static_cast<float>(g.kernel * g.kernel);
+  for_each_plane(dy, dx, planes, 8, [&](auto grad, auto out, int64_t p) {
+    for (int64_t r = 0; r < g.height; ++r) {
+      // The windows holding row r: i with i * stride <= r < i * stride + kernel.
+      const int64_t i0 = r < g.kernel ? 0 : (r - g.kernel) / g.stride + 1, i1 = std::min(oh - 1, r / g.stride);
+      for (int64_t c = 0; c < g.width; ++c) {
+        const int64_t j0 = c < g.kernel ? 0 : (c - g.kernel) / g.stride + 1, j1 = std::min(ow - 1, c / g.stride);
+        float total = 0.0f;
+        for (int64_t i = i0; i <= i1; ++i) {
+          for (int64_t j = j0; j <= j1; ++j) total += to_float(grad[p * out_plane + i * ow + j]) * scale;
+        }
+        out[p * in_plane + r * g.width + c] = from_float<Element<decltype(out)>>(total);
+      }
+    }
+  });
+}
+
+void plane_mean_forward(const Tensor& x, Tensor& y) {
+  const ProfileScope profile(StepTime::kKernels);
+  if (device::on_cuda(y)) return device::plane_mean_forward(x, y);
+  const int64_t planes = y.numel();
+  FEDMESH_CHECK(planes > 0 && x.numel() % planes == 0, "plane_mean: the planes do not divide the input");
+  const int64_t area = x.numel() / planes;
+  for_each_plane(x, y, planes, 64, [&](auto in, auto out, int64_t p) {
+    double total = 0.0;
+    for (int64_t k = 0; k < area; ++k) total += to_float(in[p * area + k]);
+    out[p] = from_float<Element<decltype(out)>>(static_cast<float>(total / static_cast<double>(area)));
+  });
+}
+
+void plane_mean_backward(const Tensor& dy, Tensor& dx) {
+  const ProfileScope profile(StepTime::kKernels);
+  if (device::on_cuda(dx)) return device::plane_mean_backward(dy, dx);
+  const int64_t planes = dy.numel();
+  FEDMESH_CHECK(planes > 0 && dx.numel() % planes == 0, "plane_mean_backward: the planes do not divide the input");
+  const int64_t area = dx.numel() / planes;
+  for_each_plane(dy, dx, planes, 64, [&](auto grad, auto out, int64_t p) {
+    const auto g = from_float<Element<decltype(out)>>(to_float(grad[p]) / static_cast<float>(area));
+    for (int64_t k = 0; k < area; ++k) out[p * area + k] = g;
   });
 }
 

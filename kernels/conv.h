@@ -45,4 +45,18 @@ void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, std:
 // dx overwritten: dy routed to the positions chosen in the forward pass.
 void maxpool2d_backward(const Pool2dGeometry& g, const std::vector<int32_t>& argmax, const Tensor& dy, Tensor& dx);
 
+// y (batch, channels, out_h, out_w): the mean of each kernel x kernel window
+// (torch.nn.AvgPool2d without padding): the window's values summed in fp32
+// in row-major order, times 1 / kernel².
+void avgpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y);
+// dx (batch, channels, height, width) overwritten: each input the sum, in
+// row-major order of the windows that hold it, of their dy times 1 / kernel²
+// (gathered per input, so a device computes the same sum).
+void avgpool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx);
+// Global average pooling: y (planes) = the mean of each plane of x (planes,
+// area), summed in fp64 and rounded once; the area is x's elements over y's.
+void plane_mean_forward(const Tensor& x, Tensor& y);
+// dx (planes, area) = dy[plane] / area (in fp32).
+void plane_mean_backward(const Tensor& dy, Tensor& dx);
+
 }  // namespace fedmesh

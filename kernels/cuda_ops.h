@@ -195,6 +195,14 @@ void gelu_forward(Stream stream, const void* x, DType x_type, void* y, DType y_t
 void gelu_backward(Stream stream, const void* x, DType x_type, const void* dy, DType dy_type, void* dx, DType dx_type,
                    int64_t n);
 
+// SiLU with elementwise.cpp's arithmetic: y = x * (1 / (1 + expf(-x))).
+void silu_forward(Stream stream, const void* x, DType x_type, void* y, DType y_type, int64_t n);
+// dx = dy * s * (1 + x * (1 - s)), s = 1 / (1 + expf(-x)) (dx may alias dy).
+void silu_backward(Stream stream, const void* x, DType x_type, const void* dy, DType dy_type, void* dx, DType dx_type,
+                   int64_t n);
+// out = a * b elementwise in fp32, b fp32 (a dropout mask); out may alias a.
+void multiply(Stream stream, const void* a, DType a_type, const float* b, void* out, DType out_type, int64_t n);
+
 // *out += sum of x^2, accumulated in fp64 in a fixed order (the same bits on
 // every run). Zero *out first (set_zero) for a fresh sum; several tensors
 // accumulate into one scalar.
@@ -211,6 +219,18 @@ void layernorm_forward(Stream stream, const void* x, DType x_type, const float* 
 void layernorm_backward(Stream stream, const void* x, DType x_type, const void* dy, DType dy_type, const float* gamma,
                         const float* mean, const float* rstd, void* dx, DType dx_type, float* dgamma, float* dbeta,
                         int64_t rows, int64_t n);
+
+// Group norm with layernorm.h's arithmetic (groupnorm_forward/backward
+// there): x, y (batch, channels, positions) any dtype; gamma, beta
+// (channels), mean, rstd (batch * groups) fp32. The fp64 sums may be added
+// in another order than the CPU's (the results agree to rounding).
+void groupnorm_forward(Stream stream, const GroupNormShape& s, const void* x, DType x_type, const float* gamma,
+                       const float* beta, void* y, DType y_type, float* mean, float* rstd,
+                       float epsilon = kGroupNormEpsilon);
+// dx (may be null) overwritten; dgamma, dbeta (channels) fp32 accumulated into.
+void groupnorm_backward(Stream stream, const GroupNormShape& s, const void* x, DType x_type, const void* dy,
+                        DType dy_type, const float* gamma, const float* mean, const float* rstd, void* dx, DType dx_type,
+                        float* dgamma, float* dbeta);
 
 // ---- softmax cross-entropy (loss.h) ------------------------------------------
 
@@ -252,6 +272,18 @@ void maxpool2d_forward(Stream stream, const Pool2dGeometry& g, const void* x, DT
 // dx overwritten: dy routed to the positions chosen in the forward pass.
 void maxpool2d_backward(Stream stream, const Pool2dGeometry& g, const int32_t* argmax, const void* dy, DType dy_type,
                         void* dx, DType dx_type);
+// Average pooling with conv.h's arithmetic (bit-identical to it): y is each
+// window's fp32 sum in row-major order times 1 / kernel²; dx, overwritten,
+// gathers per input the dy * (1 / kernel²) of the windows holding it, in
+// row-major window order.
+void avgpool2d_forward(Stream stream, const Pool2dGeometry& g, const void* x, DType x_type, void* y, DType y_type);
+void avgpool2d_backward(Stream stream, const Pool2dGeometry& g, const void* dy, DType dy_type, void* dx, DType dx_type);
+// Global average pooling, conv.h's plane_mean: y (planes) = each plane's
+// fp64 sum / area, rounded once (the sum's order may differ from the CPU's);
+// dx (planes, area) = dy[plane] / area in fp32 (bit-identical).
+void plane_mean_forward(Stream stream, const void* x, DType x_type, void* y, DType y_type, int64_t planes, int64_t area);
+void plane_mean_backward(Stream stream, const void* dy, DType dy_type, void* dx, DType dx_type, int64_t planes,
+                         int64_t area);
 
 // ---- embedding (embedding.h) -------------------------------------------------
 

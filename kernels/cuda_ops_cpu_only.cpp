@@ -76,6 +76,11 @@ void gelu_forward(Stream, const void*, DType, void*, DType, int64_t) { no_backen
 void gelu_backward(Stream, const void*, DType, const void*, DType, void*, DType, int64_t) {
   no_backend("gelu_backward");
 }
+void silu_forward(Stream, const void*, DType, void*, DType, int64_t) { no_backend("silu_forward"); }
+void silu_backward(Stream, const void*, DType, const void*, DType, void*, DType, int64_t) {
+  no_backend("silu_backward");
+}
+void multiply(Stream, const void*, DType, const float*, void*, DType, int64_t) { no_backend("multiply"); }
 void squared_l2_norm(Stream, const float*, int64_t, double*) { no_backend("squared_l2_norm"); }
 
 void layernorm_forward(Stream, const void*, DType, const float*, const float*, void*, DType, float*, float*, int64_t,
@@ -85,6 +90,14 @@ void layernorm_forward(Stream, const void*, DType, const float*, const float*, v
 void layernorm_backward(Stream, const void*, DType, const void*, DType, const float*, const float*, const float*, void*,
                         DType, float*, float*, int64_t, int64_t) {
   no_backend("layernorm_backward");
+}
+void groupnorm_forward(Stream, const GroupNormShape&, const void*, DType, const float*, const float*, void*, DType,
+                       float*, float*, float) {
+  no_backend("groupnorm_forward");
+}
+void groupnorm_backward(Stream, const GroupNormShape&, const void*, DType, const void*, DType, const float*,
+                        const float*, const float*, void*, DType, float*, float*) {
+  no_backend("groupnorm_backward");
 }
 
 void softmax_cross_entropy(Stream, const void*, DType, const int32_t*, int64_t, int64_t, void*, DType, float, float,
@@ -107,6 +120,16 @@ void maxpool2d_forward(Stream, const Pool2dGeometry&, const void*, DType, void*,
 }
 void maxpool2d_backward(Stream, const Pool2dGeometry&, const int32_t*, const void*, DType, void*, DType) {
   no_backend("maxpool2d_backward");
+}
+void avgpool2d_forward(Stream, const Pool2dGeometry&, const void*, DType, void*, DType) {
+  no_backend("avgpool2d_forward");
+}
+void avgpool2d_backward(Stream, const Pool2dGeometry&, const void*, DType, void*, DType) {
+  no_backend("avgpool2d_backward");
+}
+void plane_mean_forward(Stream, const void*, DType, void*, DType, int64_t, int64_t) { no_backend("plane_mean_forward"); }
+void plane_mean_backward(Stream, const void*, DType, void*, DType, int64_t, int64_t) {
+  no_backend("plane_mean_backward");
 }
 
 void embedding_forward(Stream, const void*, DType, int64_t, int64_t, const int32_t*, int64_t, void*, DType) {

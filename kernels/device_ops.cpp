@@ -120,6 +120,25 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   cuda::gelu_backward(stream(), x.raw(), x.dtype(), dy.raw(), dy.dtype(), dx.raw(), dx.dtype(), x.numel());
 }
 
+void silu_forward(const Tensor& x, Tensor& y) {
+  require_cuda("silu_forward", {&x, &y});
+  FEDMESH_CHECK(x.numel() == y.numel(), "silu_forward: element counts differ");
+  cuda::silu_forward(stream(), x.raw(), x.dtype(), y.raw(), y.dtype(), x.numel());
+}
+
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  require_cuda("silu_backward", {&x, &dy, &dx});
+  FEDMESH_CHECK(x.numel() == dy.numel() && dy.numel() == dx.numel(), "silu_backward: element counts differ");
+  cuda::silu_backward(stream(), x.raw(), x.dtype(), dy.raw(), dy.dtype(), dx.raw(), dx.dtype(), x.numel());
+}
+
+void mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  require_cuda("mul", {&a, &b, &out});
+  FEDMESH_CHECK(a.numel() == b.numel() && b.numel() == out.numel(), "mul: element counts differ");
+  FEDMESH_CHECK(b.dtype() == DType::kF32, "mul on the device: the second factor must be fp32");
+  cuda::multiply(stream(), a.raw(), a.dtype(), b.data<float>(), out.raw(), out.dtype(), a.numel());
+}
+
 void add_squared_l2_norm(const Tensor& x, double* sum) {
   require_cuda("squared_l2_norm", {&x});
   cuda::squared_l2_norm(stream(), x.data<float>(), x.numel(), sum);
@@ -420,6 +439,29 @@ void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, 
                            dbeta.data<float>(), x.numel() / n, n);
 }
 
+void groupnorm_forward(const GroupNormShape& s, const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                       Tensor& mean, Tensor& rstd, float epsilon) {
+  require_cuda("groupnorm_forward", {&x, &gamma, &beta, &y, &mean, &rstd});
+  FEDMESH_CHECK(x.numel() == s.batch * s.channels * s.positions && y.numel() == x.numel() &&
+                    gamma.numel() == s.channels && beta.numel() == s.channels && s.channels % s.groups == 0 &&
+                    mean.numel() == s.batch * s.groups && rstd.numel() == mean.numel(),
+                "groupnorm_forward: shapes do not match");
+  cuda::groupnorm_forward(stream(), s, x.raw(), x.dtype(), gamma.data<float>(), beta.data<float>(), y.raw(), y.dtype(),
+                          mean.data<float>(), rstd.data<float>(), epsilon);
+}
+
+void groupnorm_backward(const GroupNormShape& s, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                        const Tensor& mean, const Tensor& rstd, Tensor* dx, Tensor& dgamma, Tensor& dbeta) {
+  require_cuda("groupnorm_backward", {&x, &dy, &gamma, &mean, &rstd, dx, &dgamma, &dbeta});
+  FEDMESH_CHECK(x.numel() == s.batch * s.channels * s.positions && dy.numel() == x.numel() &&
+                    (dx == nullptr || dx->numel() == x.numel()) && gamma.numel() == s.channels &&
+                    dgamma.numel() == s.channels && dbeta.numel() == s.channels && mean.numel() == s.batch * s.groups,
+                "groupnorm_backward: shapes do not match");
+  cuda::groupnorm_backward(stream(), s, x.raw(), x.dtype(), dy.raw(), dy.dtype(), gamma.data<float>(),
+                           mean.data<float>(), rstd.data<float>(), dx ? dx->raw() : nullptr,
+                           dx ? dx->dtype() : DType::kF32, dgamma.data<float>(), dbeta.data<float>());
+}
+
 void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                     Tensor& col) {
   const ProfileScope profile(StepTime::kKernels);
@@ -465,6 +507,36 @@ void maxpool2d_backward(const Pool2dGeometry& g, const cuda::DeviceBuffer& argma
                     argmax.bytes() >= static_cast<size_t>(dy.numel()) * sizeof(int32_t),
                 "maxpool2d_backward: shapes do not match (or no training forward)");
   cuda::maxpool2d_backward(stream(), g, argmax.as<int32_t>(), dy.raw(), dy.dtype(), dx.raw(), dx.dtype());
+}
+
+void avgpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y) {
+  const ProfileScope profile(StepTime::kKernels);
+  require_cuda("avgpool2d_forward", {&x, &y});
+  FEDMESH_CHECK(x.numel() == g.batch * g.channels * g.height * g.width &&
+                    y.numel() == g.batch * g.channels * g.out_height() * g.out_width(),
+                "avgpool2d: shapes do not match");
+  cuda::avgpool2d_forward(stream(), g, x.raw(), x.dtype(), y.raw(), y.dtype());
+}
+
+void avgpool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx) {
+  const ProfileScope profile(StepTime::kKernels);
+  require_cuda("avgpool2d_backward", {&dy, &dx});
+  FEDMESH_CHECK(dy.numel() == g.batch * g.channels * g.out_height() * g.out_width() &&
+                    dx.numel() == g.batch * g.channels * g.height * g.width,
+                "avgpool2d_backward: shapes do not match");
+  cuda::avgpool2d_backward(stream(), g, dy.raw(), dy.dtype(), dx.raw(), dx.dtype());
+}
+
+void plane_mean_forward(const Tensor& x, Tensor& y) {
+  require_cuda("plane_mean_forward", {&x, &y});
+  FEDMESH_CHECK(y.numel() > 0 && x.numel() % y.numel() == 0, "plane_mean: the planes do not divide the input");
+  cuda::plane_mean_forward(stream(), x.raw(), x.dtype(), y.raw(), y.dtype(), y.numel(), x.numel() / y.numel());
+}
+
+void plane_mean_backward(const Tensor& dy, Tensor& dx) {
+  require_cuda("plane_mean_backward", {&dy, &dx});
+  FEDMESH_CHECK(dy.numel() > 0 && dx.numel() % dy.numel() == 0, "plane_mean_backward: the planes do not divide the input");
+  cuda::plane_mean_backward(stream(), dy.raw(), dy.dtype(), dx.raw(), dx.dtype(), dy.numel(), dx.numel() / dy.numel());
 }
 
 void StepScalars::clear() {

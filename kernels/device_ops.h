@@ -45,6 +45,10 @@ void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 void gelu_forward(const Tensor& x, Tensor& y);
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+void silu_forward(const Tensor& x, Tensor& y);
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+// out = a * b, b fp32.
+void mul(const Tensor& a, const Tensor& b, Tensor& out);
 // Adds x's squared L2 norm (fp32 x) to the device scalar *sum (fp64).
 void add_squared_l2_norm(const Tensor& x, double* sum);
 // The squared L2 norm read back to the host (waits for the device).
@@ -63,6 +67,14 @@ void conv2d_backward(const Conv2dGeometry& g, const Tensor& col, const Tensor& w
 // argmax: a device buffer of y.numel() int32, grown here when too small.
 void maxpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y, cuda::DeviceBuffer& argmax);
 void maxpool2d_backward(const Pool2dGeometry& g, const cuda::DeviceBuffer& argmax, const Tensor& dy, Tensor& dx);
+void avgpool2d_forward(const Pool2dGeometry& g, const Tensor& x, Tensor& y);
+void avgpool2d_backward(const Pool2dGeometry& g, const Tensor& dy, Tensor& dx);
+void plane_mean_forward(const Tensor& x, Tensor& y);
+void plane_mean_backward(const Tensor& dy, Tensor& dx);
+void groupnorm_forward(const GroupNormShape& s, const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                       Tensor& mean, Tensor& rstd, float epsilon);
+void groupnorm_backward(const GroupNormShape& s, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                        const Tensor& mean, const Tensor& rstd, Tensor* dx, Tensor& dgamma, Tensor& dbeta);
 
 // out = a + b (each element rounded once, as the CPU's add).
 void add(const Tensor& a, const Tensor& b, Tensor& out);

@@ -114,7 +114,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void mul(const Tensor& a, const Tensor& b, Tensor& out) {
   const ProfileScope profile(StepTime::kKernels);
-  device::require_host("mul", {&a, &b, &out});
+  if (device::on_cuda(out)) return device::mul(a, b, out);
   check_same_numel(a, b, "mul");
   check_same_numel(a, out, "mul");
   map_binary(a, b, out, [](float x, float y) { return x * y; });
@@ -236,6 +236,30 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
     return;
   }
   map_binary(x, dy, dx, [](float v, float grad) { return grad * gelu_slope(v); });
+}
+
+namespace {
+
+inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+}  // namespace
+
+void silu_forward(const Tensor& x, Tensor& y) {
+  const ProfileScope profile(StepTime::kKernels);
+  if (device::on_cuda(y)) return device::silu_forward(x, y);
+  check_same_numel(x, y, "silu");
+  map_unary(x, y, [](float v) { return v * sigmoid(v); });
+}
+
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  const ProfileScope profile(StepTime::kKernels);
+  if (device::on_cuda(dx)) return device::silu_backward(x, dy, dx);
+  check_same_numel(x, dy, "silu_backward");
+  check_same_numel(x, dx, "silu_backward");
+  map_binary(x, dy, dx, [](float v, float grad) {
+    const float s = sigmoid(v);
+    return grad * s * (1.0f + v * (1.0f - s));
+  });
 }
 
 namespace {

@@ -14,7 +14,7 @@ void fill(Tensor& x, float value);
 void scale(Tensor& x, float factor);                       // x *= factor
 void axpy(float alpha, const Tensor& x, Tensor& y);        // y += alpha * x
 void add(const Tensor& a, const Tensor& b, Tensor& out);   // out = a + b
-void mul(const Tensor& a, const Tensor& b, Tensor& out);   // out = a * b
+void mul(const Tensor& a, const Tensor& b, Tensor& out);   // out = a * b (on the device: b fp32)
 
 // y (rows, n) += bias (n), broadcast over rows.
 void add_bias(Tensor& y, const Tensor& bias);
@@ -30,6 +30,10 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 // GELU, tanh approximation (as in GPT-2).
 void gelu_forward(const Tensor& x, Tensor& y);
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+// SiLU, y = x * sigmoid(x) (torch.nn.SiLU), in fp32: x / (1 + e^-x) as
+// x * (1 / (1 + e^-x)); dx = dy * s (1 + x (1 - s)), s = sigmoid(x) (dx may alias dy).
+void silu_forward(const Tensor& x, Tensor& y);
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
 
 double sum(const Tensor& x);
 double squared_l2_norm(const Tensor& x);

@@ -1,6 +1,8 @@
 #include "kernels/layernorm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kernels/device_ops.h"
@@ -88,6 +90,122 @@ void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, 
             out[r * n + j] = from_float<Out>(rs[r] * (dxhat[j] - mean_dxhat - xhat[j] * mean_dxhat_xhat));
           }
         }
+      });
+    });
+  });
+}
+
+namespace {
+
+void check_groupnorm(const GroupNormShape& s, const Tensor& x, const Tensor& gamma, const Tensor& mean, const char* op) {
+  FEDMESH_CHECK(s.batch > 0 && s.channels > 0 && s.positions > 0 && s.groups > 0 && s.channels % s.groups == 0 &&
+                    x.numel() == s.batch * s.channels * s.positions && gamma.numel() == s.channels &&
+                    mean.numel() == s.batch * s.groups,
+                std::string(op) + ": shapes do not match");
+}
+
+}  // namespace
+
+void groupnorm_forward(const GroupNormShape& s, const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                       Tensor& mean, Tensor& rstd, float epsilon) {
+  const ProfileScope profile(StepTime::kKernels);
+  if (device::on_cuda(y)) return device::groupnorm_forward(s, x, gamma, beta, y, mean, rstd, epsilon);
+  check_groupnorm(s, x, gamma, mean, "groupnorm_forward");
+  FEDMESH_CHECK(y.numel() == x.numel() && beta.numel() == s.channels && rstd.numel() == mean.numel(),
+                "groupnorm_forward: shapes do not match");
+  const int64_t size = s.group_size(), per_group = s.channels / s.groups;
+  const float* g = gamma.data<float>();
+  const float* b = beta.data<float>();
+  float* mu = mean.data<float>();
+  float* rs = rstd.data<float>();
+  visit_dtype(x.dtype(), [&]<class In>() {
+    visit_dtype(y.dtype(), [&]<class Out>() {
+      const In* in = x.data<In>();
+      Out* out = y.data<Out>();
+      parallel_for(s.batch * s.groups, 4, [&](int64_t q0, int64_t q1) {
+        for (int64_t q = q0; q < q1; ++q) {
+          const In* src = in + q * size;
+          double total = 0.0, squares = 0.0;
+          for (int64_t k = 0; k < size; ++k) {
+            const double v = to_float(src[k]);
+            total += v;
+            squares += v * v;
+          }
+          const double m = total / static_cast<double>(size);
+          const auto r = static_cast<float>(1.0 / std::sqrt(std::max(0.0, squares / static_cast<double>(size) - m * m) +
+                                                            static_cast<double>(epsilon)));
+          const auto m32 = static_cast<float>(m);
+          mu[q] = m32;
+          rs[q] = r;
+          const int64_t first_channel = (q % s.groups) * per_group;
+          for (int64_t k = 0; k < size; ++k) {
+            const int64_t c = first_channel + k / s.positions;
+            out[q * size + k] = from_float<Out>((to_float(src[k]) - m32) * r * g[c] + b[c]);
+          }
+        }
+      });
+    });
+  });
+}
+
+void groupnorm_backward(const GroupNormShape& s, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                        const Tensor& mean, const Tensor& rstd, Tensor* dx, Tensor& dgamma, Tensor& dbeta) {
+  const ProfileScope profile(StepTime::kKernels);
+  if (device::on_cuda(dgamma)) return device::groupnorm_backward(s, x, dy, gamma, mean, rstd, dx, dgamma, dbeta);
+  check_groupnorm(s, x, gamma, mean, "groupnorm_backward");
+  FEDMESH_CHECK(dy.numel() == x.numel() && (dx == nullptr || dx->numel() == x.numel()) &&
+                    dgamma.numel() == s.channels && dbeta.numel() == s.channels,
+                "groupnorm_backward: shapes do not match");
+  const int64_t size = s.group_size(), per_group = s.channels / s.groups;
+  const float* g = gamma.data<float>();
+  const float* mu = mean.data<float>();
+  const float* rs = rstd.data<float>();
+  float* dg = dgamma.data<float>();
+  float* db = dbeta.data<float>();
+  visit_dtype(x.dtype(), [&]<class In>() {
+    visit_dtype(dy.dtype(), [&]<class Grad>() {
+      const In* in = x.data<In>();
+      const Grad* grad = dy.data<Grad>();
+      // dgamma, dbeta: per channel over samples and positions.
+      parallel_for(s.channels, 4, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          double scale_sum = 0.0, shift_sum = 0.0;
+          for (int64_t n = 0; n < s.batch; ++n) {
+            const int64_t q = n * s.groups + c / per_group;
+            const int64_t at = (n * s.channels + c) * s.positions;
+            for (int64_t k = 0; k < s.positions; ++k) {
+              const float d = to_float(grad[at + k]);
+              scale_sum += static_cast<double>(d) * ((to_float(in[at + k]) - mu[q]) * rs[q]);
+              shift_sum += d;
+            }
+          }
+          dg[c] += static_cast<float>(scale_sum);
+          db[c] += static_cast<float>(shift_sum);
+        }
+      });
+      if (dx == nullptr) return;
+      visit_dtype(dx->dtype(), [&]<class Out>() {
+        Out* out = static_cast<Out*>(dx->raw());
+        parallel_for(s.batch * s.groups, 4, [&](int64_t q0, int64_t q1) {
+          for (int64_t q = q0; q < q1; ++q) {
+            const int64_t first_channel = (q % s.groups) * per_group;
+            double mean_d = 0.0, mean_dx = 0.0;
+            for (int64_t k = 0; k < size; ++k) {
+              const int64_t i = q * size + k;
+              const double d = static_cast<double>(to_float(grad[i])) * g[first_channel + k / s.positions];
+              mean_d += d;
+              mean_dx += d * ((to_float(in[i]) - mu[q]) * rs[q]);
+            }
+            mean_d /= static_cast<double>(size);
+            mean_dx /= static_cast<double>(size);
+            for (int64_t k = 0; k < size; ++k) {
+              const int64_t i = q * size + k;
+              const float normalized = (to_float(in[i]) - mu[q]) * rs[q];
+              const double d = static_cast<double>(to_float(grad[i])) * g[first_channel + k / s.positions];
+              out[i] = from_float<Out>(rs[q] * static_cast<float>(d - mean_d - normalized * mean_dx));
+            }
+          }
+        });
       });
     });
   });

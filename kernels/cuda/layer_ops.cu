@@ -1,13 +1,15 @@
-// Layer norm, softmax cross-entropy, convolution, max pooling and embedding
-// of kernels/cuda_ops.h. Row-wise ops run one thread block per row with
-// fixed-order block reductions (fp64 where the CPU kernel sums in fp64);
+// Layer and group norm, softmax cross-entropy, convolution, pooling and
+// embedding of kernels/cuda_ops.h. Row-wise ops run one thread block per row
+// with fixed-order block reductions (fp64 where the CPU kernel sums in fp64);
 // gathers and scatters run one thread per output element.
 #include "kernels/cuda/cuda_check.h"
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "kernels/cuda/ops_common.cuh"
@@ -253,6 +255,187 @@ struct LayerNormParameterTerm {
   }
 };
 
+// ---- group norm ------------------------------------------------------------------
+
+// GroupNormShape with its derived sizes, for the device (group_size() is host code).
+struct GroupNormDims {
+  int64_t batch, channels, positions, groups;
+  int64_t per_group;  // channels per group
+  int64_t size;       // values per (sample, group): per_group * positions, contiguous in memory
+};
+
+GroupNormDims groupnorm_dims(const GroupNormShape& s, const char* op) {
+  FEDMESH_CHECK(s.batch > 0 && s.channels > 0 && s.positions > 0 && s.groups > 0 && s.channels % s.groups == 0,
+                std::string("cuda::") + op + ": shape batch " + std::to_string(s.batch) + " channels " +
+                    std::to_string(s.channels) + " positions " + std::to_string(s.positions) + " groups " +
+                    std::to_string(s.groups));
+  return {s.batch, s.channels, s.positions, s.groups, s.channels / s.groups, s.group_size()};
+}
+
+// W = kVector where positions is a multiple of it (then a vector never
+// straddles two channels, and every group starts on a whole vector) and the
+// buffers are 16-byte aligned; else 1.
+bool groupnorm_vectors(const GroupNormDims& s, std::initializer_list<const void*> buffers) {
+  return s.positions % kVector == 0 && vectorizable(buffers);
+}
+
+// One block per (sample, group) q, whose values are x[q * size, (q + 1) *
+// size). The sum and the sum of squares are fp64 like layernorm.cpp's, but
+// added in the block's order, not memory order: they may differ from the
+// CPU's in their last bits (the fp32 mean and rstd then by a rounding step at
+// most). Each thread reads an element before writing the same one, after
+// the block's reduction, so y may alias x.
+template <int W>
+__global__ void groupnorm_forward_kernel(GroupNormDims s, const void* x, DType x_type, const float* gamma,
+                                         const float* beta, void* y, DType y_type, float* mean, float* rstd,
+                                         float epsilon) {
+  __shared__ double scratch[kWarp];
+  for (int64_t q = blockIdx.x; q < s.batch * s.groups; q += gridDim.x) {
+    const int64_t base = q * s.size, first_channel = (q % s.groups) * s.per_group;
+    double total = 0.0, squares = 0.0;
+    for (int64_t k = threadIdx.x * W; k < s.size; k += int64_t{blockDim.x} * W) {
+      float v[W];
+      load_n<W>(x, x_type, base + k, v);
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const double d = v[e];
+        total += d;
+        squares += d * d;  // exact in fp64 (24-bit significands)
+      }
+    }
+    total = block_sum(total, scratch);
+    squares = block_sum(squares, scratch);
+    const double size = static_cast<double>(s.size);
+    const double m = total / size;
+    // max(0, squares / size - m²) + epsilon, rounded as the CPU does (no FMA).
+    const double spread = __dsub_rn(squares / size, __dmul_rn(m, m));
+    const double variance = 0.0 < spread ? spread : 0.0;  // std::max(0.0, spread), NaN included
+    const float inv = static_cast<float>(1.0 / sqrt(__dadd_rn(variance, static_cast<double>(epsilon))));
+    const float mu = static_cast<float>(m);
+    if (threadIdx.x == 0) {
+      mean[q] = mu;
+      rstd[q] = inv;
+    }
+    for (int64_t k = threadIdx.x * W; k < s.size; k += int64_t{blockDim.x} * W) {
+      const int64_t c = first_channel + k / s.positions;  // the vector's channel
+      float v[W];
+      load_n<W>(x, x_type, base + k, v);
+#pragma unroll
+      for (int e = 0; e < W; ++e) v[e] = scaled_shifted(normalized(v[e], mu, inv), gamma[c], beta[c]);
+      store_n<W>(y, y_type, base + k, v);
+    }
+  }
+}
+
+// dgamma and dbeta need, per channel, a sum over every sample and position:
+// the channel's batch * positions values (index t = sample * positions +
+// position) are cut into `gridDim.y` chunks of chunk_length, a block sums one
+// chunk of one channel in fp64, and groupnorm_parameter_finish_kernel adds
+// the chunks in order, so the order is fixed by the shape (deterministic, no
+// atomics) but is not the CPU's sample-major one. A network's group norms
+// have tens to hundreds of channels over many thousand values each: one
+// block per channel alone would leave most of a GPU idle.
+inline constexpr int64_t kGroupNormChunkTargetBlocks = 1024;
+inline constexpr int64_t kGroupNormMinChunk = 2048;  // values, 8 per thread of a block
+
+int64_t groupnorm_parameter_chunks(const GroupNormDims& s) {
+  const int64_t by_values = std::max<int64_t>(1, s.batch * s.positions / kGroupNormMinChunk);
+  const int64_t by_blocks = std::max<int64_t>(1, kGroupNormChunkTargetBlocks / s.channels);
+  return std::min(by_values, by_blocks);
+}
+
+// Without `partial` (one chunk) the sums go straight into dgamma and dbeta,
+// each added once as fp32 like the CPU's; else to partial[chunk][c] (dgamma's)
+// and partial[chunks + chunk][c] (dbeta's).
+__global__ void groupnorm_parameter_kernel(GroupNormDims s, const void* x, DType x_type, const void* dy, DType dy_type,
+                                           const float* mean, const float* rstd, int64_t chunk_length, float* dgamma,
+                                           float* dbeta, double* partial) {
+  __shared__ double scratch[kWarp];
+  const int64_t per_channel = s.batch * s.positions;
+  const int64_t begin = blockIdx.y * chunk_length;
+  const int64_t end = per_channel < begin + chunk_length ? per_channel : begin + chunk_length;
+  for (int64_t c = blockIdx.x; c < s.channels; c += gridDim.x) {
+    const int64_t group = c / s.per_group;
+    double scale_sum = 0.0, shift_sum = 0.0;
+    for (int64_t t = begin + threadIdx.x; t < end; t += blockDim.x) {
+      const int64_t sample = t / s.positions, position = t % s.positions;
+      const int64_t q = sample * s.groups + group, i = (sample * s.channels + c) * s.positions + position;
+      const float d = load(dy, dy_type, i);
+      scale_sum += static_cast<double>(d) * normalized(load(x, x_type, i), mean[q], rstd[q]);  // exact product
+      shift_sum += d;
+    }
+    scale_sum = block_sum(scale_sum, scratch);
+    shift_sum = block_sum(shift_sum, scratch);
+    if (threadIdx.x != 0) continue;
+    if (partial != nullptr) {
+      partial[blockIdx.y * s.channels + c] = scale_sum;
+      partial[(gridDim.y + blockIdx.y) * s.channels + c] = shift_sum;
+    } else {
+      dgamma[c] = __fadd_rn(dgamma[c], static_cast<float>(scale_sum));
+      dbeta[c] = __fadd_rn(dbeta[c], static_cast<float>(shift_sum));
+    }
+  }
+}
+
+__global__ void groupnorm_parameter_finish_kernel(const double* partial, int64_t chunks, int64_t channels,
+                                                  float* dgamma, float* dbeta) {
+  for (int64_t c = grid_start(); c < channels; c += grid_stride()) {
+    double scale_sum = 0.0, shift_sum = 0.0;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      scale_sum += partial[chunk * channels + c];
+      shift_sum += partial[(chunks + chunk) * channels + c];
+    }
+    dgamma[c] = __fadd_rn(dgamma[c], static_cast<float>(scale_sum));
+    dbeta[c] = __fadd_rn(dbeta[c], static_cast<float>(shift_sum));
+  }
+}
+
+// One block per (sample, group): mean(d) and mean(d x̂) in fp64 (block order,
+// not memory order), then dx = rstd * float(d - mean(d) - x̂ mean(d x̂)), d =
+// dy * gamma[c] in fp64 (exact), every step rounded as layernorm.cpp rounds
+// it (no FMA). Each thread reads an element before writing the same one,
+// after the block's reduction, so dx may alias dy (the parameter sums, which
+// also read dy, are enqueued before this kernel).
+template <int W>
+__global__ void groupnorm_backward_dx_kernel(GroupNormDims s, const void* x, DType x_type, const void* dy,
+                                             DType dy_type, const float* gamma, const float* mean, const float* rstd,
+                                             void* dx, DType dx_type) {
+  __shared__ double scratch[kWarp];
+  for (int64_t q = blockIdx.x; q < s.batch * s.groups; q += gridDim.x) {
+    const int64_t base = q * s.size, first_channel = (q % s.groups) * s.per_group;
+    const float mu = mean[q], rs = rstd[q];
+    double sum_d = 0.0, sum_d_xhat = 0.0;
+    for (int64_t k = threadIdx.x * W; k < s.size; k += int64_t{blockDim.x} * W) {
+      const float g = gamma[first_channel + k / s.positions];
+      float v[W], grad[W];
+      load_n<W>(x, x_type, base + k, v);
+      load_n<W>(dy, dy_type, base + k, grad);
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const double d = static_cast<double>(grad[e]) * g;
+        sum_d = __dadd_rn(sum_d, d);
+        sum_d_xhat = __dadd_rn(sum_d_xhat, __dmul_rn(d, normalized(v[e], mu, rs)));
+      }
+    }
+    const double size = static_cast<double>(s.size);
+    const double mean_d = block_sum(sum_d, scratch) / size;
+    const double mean_d_xhat = block_sum(sum_d_xhat, scratch) / size;
+    for (int64_t k = threadIdx.x * W; k < s.size; k += int64_t{blockDim.x} * W) {
+      const float g = gamma[first_channel + k / s.positions];
+      float v[W], grad[W];
+      load_n<W>(x, x_type, base + k, v);
+      load_n<W>(dy, dy_type, base + k, grad);
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const double d = static_cast<double>(grad[e]) * g;
+        const double inner = __dsub_rn(__dsub_rn(d, mean_d), __dmul_rn(normalized(v[e], mu, rs), mean_d_xhat));
+        grad[e] = __fmul_rn(rs, static_cast<float>(inner));
+      }
+      store_n<W>(dx, dx_type, base + k, grad);
+    }
+  }
+}
+
 // ---- softmax cross-entropy -----------------------------------------------------
 
 // The larger value, the lower index on ties: with each thread's strict
@@ -427,16 +610,16 @@ const float* weight_as_f32(Stream stream, const void* weight, DType weight_type,
   return scratch.as<const float>();
 }
 
-// ---- max pooling -----------------------------------------------------------------
+// ---- pooling ---------------------------------------------------------------------
 
 struct PoolShape {
   int64_t planes, height, width, kernel, stride, out_height, out_width;
 };
 
-PoolShape pool_shape(const Pool2dGeometry& g) {
+PoolShape pool_shape(const Pool2dGeometry& g, const char* op) {
   FEDMESH_CHECK(
       g.batch >= 0 && g.channels >= 0 && g.kernel > 0 && g.stride > 0 && g.height >= g.kernel && g.width >= g.kernel,
-      "cuda maxpool2d: bad geometry");
+      std::string("cuda::") + op + ": bad geometry");
   return {g.batch * g.channels, g.height, g.width, g.kernel, g.stride, g.out_height(), g.out_width()};
 }
 
@@ -483,6 +666,71 @@ __global__ void maxpool_backward_kernel(PoolShape s, const int32_t* argmax, cons
       }
     }
     store(dx, dx_type, index, total);
+  }
+}
+
+// conv.cpp's average pooling, bit for bit: each window's fp32 sum in
+// row-major order, times scale = 1 / kernel² (computed on the host as there).
+__global__ void avgpool_forward_kernel(PoolShape s, float scale, const void* x, DType x_type, void* y, DType y_type) {
+  const int64_t out_plane = s.out_height * s.out_width, count = s.planes * out_plane;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    const int64_t plane = index / out_plane, i = (index % out_plane) / s.out_width, j = index % s.out_width;
+    const int64_t corner = plane * s.height * s.width + (i * s.stride) * s.width + j * s.stride;
+    float total = 0.0f;
+    for (int64_t a = 0; a < s.kernel; ++a) {
+      for (int64_t b = 0; b < s.kernel; ++b) total = __fadd_rn(total, load(x, x_type, corner + a * s.width + b));
+    }
+    store(y, y_type, index, __fmul_rn(total, scale));
+  }
+}
+
+// One thread per input pixel adds dy * scale of the windows holding it, in
+// row-major window order: conv.cpp's gather, so the sums match bit for bit
+// (a scatter from the outputs would add overlapping windows in no fixed
+// order). A pixel that no window holds (stride > kernel) gets 0.
+__global__ void avgpool_backward_kernel(PoolShape s, float scale, const void* dy, DType dy_type, void* dx,
+                                        DType dx_type) {
+  const int64_t in_plane = s.height * s.width, out_plane = s.out_height * s.out_width, count = s.planes * in_plane;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    const int64_t plane = index / in_plane, r = (index % in_plane) / s.width, c = index % s.width;
+    // Windows i with i * stride <= r < i * stride + kernel (and j alike for c).
+    const int64_t i0 = r < s.kernel ? 0 : (r - s.kernel) / s.stride + 1, i1 = min(s.out_height - 1, r / s.stride);
+    const int64_t j0 = c < s.kernel ? 0 : (c - s.kernel) / s.stride + 1, j1 = min(s.out_width - 1, c / s.stride);
+    float total = 0.0f;
+    for (int64_t i = i0; i <= i1; ++i) {
+      for (int64_t j = j0; j <= j1; ++j) {
+        total = __fadd_rn(total, __fmul_rn(load(dy, dy_type, plane * out_plane + i * s.out_width + j), scale));
+      }
+    }
+    store(dx, dx_type, index, total);
+  }
+}
+
+// One warp per plane: global pooling reduces a CNN's last feature maps, many
+// planes of a few dozen values, where a block per plane would idle most of
+// its threads. The fp64 sum is a fixed warp butterfly (the same bits on every
+// run), in another order than the CPU's memory order.
+inline constexpr int kPlaneMeanThreads = 256;  // 8 planes per block
+
+__global__ void __launch_bounds__(kPlaneMeanThreads)
+    plane_mean_forward_kernel(const void* x, DType x_type, void* y, DType y_type, int64_t planes, int64_t area) {
+  constexpr int kPlanesPerBlock = kPlaneMeanThreads / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  for (int64_t plane = blockIdx.x * int64_t{kPlanesPerBlock} + threadIdx.x / kWarp; plane < planes;
+       plane += int64_t{gridDim.x} * kPlanesPerBlock) {
+    double total = 0.0;
+    for (int64_t k = lane; k < area; k += kWarp) total += load(x, x_type, plane * area + k);
+    total = warp_sum(total);
+    if (lane == 0) store(y, y_type, plane, static_cast<float>(total / static_cast<double>(area)));
+  }
+}
+
+// dx[plane, k] = dy[plane] / area in fp32, area_f = float(area) as the CPU rounds it.
+__global__ void plane_mean_backward_kernel(const void* dy, DType dy_type, void* dx, DType dx_type, int64_t planes,
+                                           int64_t area, float area_f) {
+  const int64_t count = planes * area;
+  for (int64_t index = grid_start(); index < count; index += grid_stride()) {
+    store(dx, dx_type, index, __fdiv_rn(load(dy, dy_type, index / area), area_f));
   }
 }
 
@@ -544,6 +792,41 @@ void layernorm_backward(Stream stream, const void* x, DType x_type, const void* 
   }
   column_sums(stream, LayerNormParameterTerm{x, x_type, dy, dy_type, mean, rstd, n}, rows, n, dgamma, dbeta,
               /*accumulate=*/true);
+}
+
+// ---- group norm -----------------------------------------------------------------------
+
+void groupnorm_forward(Stream stream, const GroupNormShape& shape, const void* x, DType x_type, const float* gamma,
+                       const float* beta, void* y, DType y_type, float* mean, float* rstd, float epsilon) {
+  const GroupNormDims s = groupnorm_dims(shape, "groupnorm_forward");
+  const auto kernel = groupnorm_vectors(s, {x, y}) ? groupnorm_forward_kernel<kVector> : groupnorm_forward_kernel<1>;
+  launch(kernel, grid_for(s.batch * s.groups, 1), kRowThreads, stream, s, x, x_type, gamma, beta, y, y_type, mean, rstd,
+         epsilon);
+}
+
+void groupnorm_backward(Stream stream, const GroupNormShape& shape, const void* x, DType x_type, const void* dy,
+                        DType dy_type, const float* gamma, const float* mean, const float* rstd, void* dx,
+                        DType dx_type, float* dgamma, float* dbeta) {
+  const GroupNormDims s = groupnorm_dims(shape, "groupnorm_backward");
+  // dgamma and dbeta first: they read dy, which dx may overwrite.
+  const int64_t chunks = groupnorm_parameter_chunks(s), per_channel = s.batch * s.positions;
+  const int64_t chunk_length = (per_channel + chunks - 1) / chunks;
+  const dim3 grid(grid_for(s.channels, 1), static_cast<unsigned>(chunks));
+  if (chunks == 1) {
+    launch(groupnorm_parameter_kernel, grid, kRowThreads, stream, s, x, x_type, dy, dy_type, mean, rstd, chunk_length,
+           dgamma, dbeta, static_cast<double*>(nullptr));
+  } else {
+    DeviceBuffer partial(static_cast<size_t>(2 * chunks * s.channels) * sizeof(double), stream);
+    launch(groupnorm_parameter_kernel, grid, kRowThreads, stream, s, x, x_type, dy, dy_type, mean, rstd, chunk_length,
+           dgamma, dbeta, partial.as<double>());
+    launch(groupnorm_parameter_finish_kernel, grid_for(s.channels), kThreads, stream, partial.as<const double>(),
+           chunks, s.channels, dgamma, dbeta);
+  }
+  if (dx == nullptr) return;
+  const auto kernel =
+      groupnorm_vectors(s, {x, dy, dx}) ? groupnorm_backward_dx_kernel<kVector> : groupnorm_backward_dx_kernel<1>;
+  launch(kernel, grid_for(s.batch * s.groups, 1), kRowThreads, stream, s, x, x_type, dy, dy_type, gamma, mean, rstd, dx,
+         dx_type);
 }
 
 // ---- softmax cross-entropy -----------------------------------------------------------
@@ -613,16 +896,49 @@ void conv2d_backward(Stream stream, const Conv2dGeometry& g, const float* col, c
 
 void maxpool2d_forward(Stream stream, const Pool2dGeometry& g, const void* x, DType x_type, void* y, DType y_type,
                        int32_t* argmax) {
-  const PoolShape s = pool_shape(g);
+  const PoolShape s = pool_shape(g, "maxpool2d_forward");
   launch(maxpool_forward_kernel, grid_for(s.planes * s.out_height * s.out_width), kThreads, stream, s, x, x_type, y,
          y_type, argmax);
 }
 
 void maxpool2d_backward(Stream stream, const Pool2dGeometry& g, const int32_t* argmax, const void* dy, DType dy_type,
                         void* dx, DType dx_type) {
-  const PoolShape s = pool_shape(g);
+  const PoolShape s = pool_shape(g, "maxpool2d_backward");
   launch(maxpool_backward_kernel, grid_for(s.planes * s.height * s.width), kThreads, stream, s, argmax, dy, dy_type, dx,
          dx_type);
+}
+
+// conv.cpp's 1 / kernel², rounded as it rounds it.
+float average_scale(const PoolShape& s) { return 1.0f / static_cast<float>(s.kernel * s.kernel); }
+
+void avgpool2d_forward(Stream stream, const Pool2dGeometry& g, const void* x, DType x_type, void* y, DType y_type) {
+  const PoolShape s = pool_shape(g, "avgpool2d_forward");
+  launch(avgpool_forward_kernel, grid_for(s.planes * s.out_height * s.out_width), kThreads, stream, s, average_scale(s),
+         x, x_type, y, y_type);
+}
+
+void avgpool2d_backward(Stream stream, const Pool2dGeometry& g, const void* dy, DType dy_type, void* dx,
+                        DType dx_type) {
+  const PoolShape s = pool_shape(g, "avgpool2d_backward");
+  launch(avgpool_backward_kernel, grid_for(s.planes * s.height * s.width), kThreads, stream, s, average_scale(s), dy,
+         dy_type, dx, dx_type);
+}
+
+void plane_mean_forward(Stream stream, const void* x, DType x_type, void* y, DType y_type, int64_t planes,
+                        int64_t area) {
+  FEDMESH_CHECK(planes >= 0 && area >= 0,
+                "cuda::plane_mean_forward: shape (" + std::to_string(planes) + ", " + std::to_string(area) + ")");
+  if (planes == 0) return;
+  launch(plane_mean_forward_kernel, grid_for(planes, kPlaneMeanThreads / kWarp), kPlaneMeanThreads, stream, x, x_type,
+         y, y_type, planes, area);
+}
+
+void plane_mean_backward(Stream stream, const void* dy, DType dy_type, void* dx, DType dx_type, int64_t planes,
+                         int64_t area) {
+  FEDMESH_CHECK(planes >= 0 && area >= 0,
+                "cuda::plane_mean_backward: shape (" + std::to_string(planes) + ", " + std::to_string(area) + ")");
+  launch(plane_mean_backward_kernel, grid_for(planes * area), kThreads, stream, dy, dy_type, dx, dx_type, planes, area,
+         static_cast<float>(area));
 }
 
 // ---- embedding -------------------------------------------------------------------------

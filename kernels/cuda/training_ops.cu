@@ -2,7 +2,7 @@
 // federation updates of kernels/cuda_ops.h. Each elementwise kernel is a
 // grid-stride loop doing, per element, the CPU kernel's fp32 operations in its
 // order (ops_common.cuh), so its results are the CPU's bit for bit except
-// where a transcendental function (tanhf) or a summation order differs.
+// where a transcendental function (tanhf, expf) or a summation order differs.
 #include "kernels/cuda/cuda_check.h"
 
 #include <cuda_runtime.h>
@@ -98,6 +98,23 @@ struct Gelu {
 };
 struct GeluGrad {  // (x, dy) -> dy * gelu'(x)
   __device__ float operator()(float x, float dy) const { return device_gelu_grad(x, dy); }
+};
+
+// elementwise.cpp's sigmoid, 1 / (1 + exp(-v)): only expf may differ from
+// glibc's (CUDA: 2 ulp), the other operations are the CPU's in its order.
+__device__ __forceinline__ float device_sigmoid(float v) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v))); }
+
+struct Silu {  // v * sigmoid(v)
+  __device__ float operator()(float v) const { return __fmul_rn(v, device_sigmoid(v)); }
+};
+struct SiluGrad {  // (x, dy) -> dy * s * (1 + x * (1 - s)), s = sigmoid(x)
+  __device__ float operator()(float x, float dy) const {
+    const float s = device_sigmoid(x);
+    return __fmul_rn(__fmul_rn(dy, s), __fadd_rn(1.0f, __fmul_rn(x, __fsub_rn(1.0f, s))));
+  }
+};
+struct Product {
+  __device__ float operator()(float a, float b) const { return __fmul_rn(a, b); }
 };
 
 __global__ void add_bias_kernel(void* y, DType type, int64_t rows, int64_t n, const float* bias) {
@@ -327,6 +344,22 @@ void gelu_backward(Stream stream, const void* x, DType x_type, const void* dy, D
                    int64_t n) {
   check_count(n, "gelu_backward");
   launch_vectorized(stream, BinaryMap<GeluGrad>{x, x_type, dy, dy_type, dx, dx_type, {}}, n, {x, dy, dx});
+}
+
+void silu_forward(Stream stream, const void* x, DType x_type, void* y, DType y_type, int64_t n) {
+  check_count(n, "silu_forward");
+  launch_vectorized(stream, UnaryMap<Silu>{x, x_type, y, y_type, {}}, n, {x, y});
+}
+
+void silu_backward(Stream stream, const void* x, DType x_type, const void* dy, DType dy_type, void* dx, DType dx_type,
+                   int64_t n) {
+  check_count(n, "silu_backward");
+  launch_vectorized(stream, BinaryMap<SiluGrad>{x, x_type, dy, dy_type, dx, dx_type, {}}, n, {x, dy, dx});
+}
+
+void multiply(Stream stream, const void* a, DType a_type, const float* b, void* out, DType out_type, int64_t n) {
+  check_count(n, "multiply");
+  launch_vectorized(stream, BinaryMap<Product>{a, a_type, b, DType::kF32, out, out_type, {}}, n, {a, b, out});
 }
 
 void squared_l2_norm(Stream stream, const float* x, int64_t n, double* out) {

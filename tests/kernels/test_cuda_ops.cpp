@@ -18,8 +18,10 @@
 //   compute copy, over several steps, with and without a device loss scale),
 //   unscale_and_check, gradient_scale_factor, delta, weighted_accumulate, and
 //   the fallback GEMM epilogue against GEMM + add_bias + gelu_forward on the
-//   device. These do the CPU's IEEE operations in its order (the CUDA code
-//   writes them as round-to-nearest intrinsics, so no FMA contraction).
+//   device, multiply, avgpool forward and backward (overlapping windows
+//   included) and plane_mean backward. These do the CPU's IEEE operations in
+//   its order (the CUDA code writes them as round-to-nearest intrinsics, so no
+//   FMA contraction).
 // - GEMM: |gpu - cpu| <= r * (|alpha| sum_p |a_ip b_pj| + |beta c_ij|) +
 //   ulp(c, cpu), r = 1e-5 for fp32 operands: both are fp32 sums of k
 //   products in some order (Higham: k u of that sum at worst, sqrt(k) u
@@ -40,11 +42,29 @@
 // - gelu forward: 2^-20 |x| + ulp(y): only tanhf differs (4 ulp of t together,
 //   times 0.5 |x|, plus rounding flips). gelu backward: |dy| 2^-19 (1 + |x| +
 //   0.11 |x|^3) + ulp(dx): the same error of t through 0.5 x (1 - t^2) d_inner.
-// - Column and channel sums (bias_grad, channel_bias_grad, dgamma, dbeta,
+// - silu forward: 2^-20 |y| + ulp(y): only expf differs (CUDA 2 ulp, glibc
+//   0.502), so e = exp(-x) by 2.5 ulp; s = 1 / (1 + e) and y = x s each add
+//   at most one ulp of rounding flip: 5.5 ulp of y in all. silu backward:
+//   |dy| s 2^-18 (1 + |x|) + ulp(dx): s within 2^-20 s, which 1 - s (exact)
+//   turns into an absolute error that x (1 - s) multiplies by |x|, plus the
+//   flips of the remaining four operations.// - Column and channel sums (bias_grad, channel_bias_grad, dgamma, dbeta,
 //   conv's dbias), and embedding backward (atomicAdd): 2 (N + 1) u sum |terms|,
 //   N terms (including the value accumulated into) summed in another order.
 // - squared_l2_norm: 1e-12 relative (fp64 sums in another order); two runs
 //   give the same bits (fixed order).
+// - fp64 sums of N terms in another order differ by at most
+//   2 (N + 1) 2^-53 sum |terms| (fp64_sum_bound), far below an fp32 step
+//   except where the sum cancels; an fp32 value rounded from such a sum may
+//   then land one step (2^-23 relative) away.
+// - plane_mean forward: 2^-22 |y| + fp64_sum_bound / area + ulp(y).
+// - group norm (fp64 sums as layer norm's, in another order): mean 2^-22
+//   |mean| + fp64_sum_bound / size, rstd 2^-22 |rstd|, y as layer norm's y.
+//   Backward from the CPU's statistics: dx within rstd (2^-20 (|d| + |mean d|
+//   + |xhat mean(d xhat)|) + fp64_sum_bound of those means) + ulp(dx), d = dy
+//   gamma: only the fp64 means differ, then one flip each for the rounding to
+//   fp32 and the product with rstd. dgamma and dbeta are fp64 sums rounded
+//   once and added once to fp32: 2^-22 (|initial| + sum |terms|). Without dx
+//   they are the same bits as with it.
 // - layer norm: mean 2^-22 |mean| + 1e-12 mean|x| and rstd 2^-22 |rstd| (the
 //   fp64 sums differ in their last bits, which can move the fp32 rounding by
 //   one step); y within 2^-20 (|xhat g| + |g| rstd |mean| + |beta|) + ulp(y);
@@ -116,6 +136,9 @@ constexpr double kGeluDerivativeMax = 1.13;
 constexpr double kOwnGeluRelative = 0x1p-20;
 constexpr double kCublasLtGeluRelative = 0x1p-11;
 constexpr double kNormRelative = 1e-12;
+constexpr double kSiluRelative = 0x1p-20;
+constexpr double kSiluGradRelative = 0x1p-18;
+constexpr double kStatisticRelative = 0x1p-22;  // an fp32 rounding of an fp64 statistic: one step at most
 
 double gemm_relative(DType operands) { return operands == DType::kF32 ? kGemmRelativeF32 : kGemmRelativeHalf; }
 
@@ -126,6 +149,8 @@ double one_step(DType dtype, double v) {
 
 // Rigorous bound for two orders of an fp32 sum of `terms` terms of absolute sum `magnitude`.
 double sum_bound(double terms, double magnitude) { return 2.0 * (terms + 1.0) * 0x1p-24 * magnitude; }
+// The same for an fp64 sum.
+double fp64_sum_bound(double terms, double magnitude) { return 2.0 * (terms + 1.0) * 0x1p-53 * magnitude; }
 
 cuda::Stream stream() { return cuda::default_stream(); }
 
@@ -833,6 +858,90 @@ TEST_F(CudaOps, GeluMatchesWithinTanhDifferences) {
   }
 }
 
+TEST_F(CudaOps, SiluMatchesWithinExpDifferences) {
+  Rng rng(40);
+  for (const int64_t n : kSizes) {
+    for (const DType x_type : kDTypes) {
+      std::vector<float> values = random_values(n, x_type, rng, -6.0, 6.0);
+      if (n > 4) {  // s saturated at 1 and near 0, and exp(-x) overflowing to Inf (s = 0, y = -0)
+        values[1] = 20.0f;
+        values[2] = -20.0f;
+        values[3] = -90.0f;
+      }
+      const Tensor x = from_values(values, {n}, x_type);
+      const std::vector<float> xs = widen(x);
+      const DeviceArray device_x(x);
+      for (const DType y_type : kDTypes) {
+        SCOPED_TRACE("n " + std::to_string(n) + " " + describe(x_type) + " -> " + describe(y_type));
+        Tensor y = Tensor::empty({n}, y_type);
+        silu_forward(x, y);
+        DeviceArray device_y(y.nbytes());
+        cuda::silu_forward(stream(), device_x.data(), x_type, device_y.data(), y_type, n);
+        const std::vector<float> expected = widen(y);
+        std::vector<double> tolerance(expected.size());
+        for (size_t i = 0; i < tolerance.size(); ++i) {
+          tolerance[i] = kSiluRelative * std::fabs(expected[i]) + one_step(y_type, expected[i]);
+        }
+        EXPECT_TRUE(within(expected, widen(device_y.tensor({n}, y_type)), tolerance)) << "silu_forward";
+
+        const Tensor dy = random_tensor({n}, y_type, rng);
+        const std::vector<float> dys = widen(dy);
+        const DeviceArray device_dy(dy);
+        Tensor dx = Tensor::empty({n}, x_type);
+        silu_backward(x, dy, dx);
+        DeviceArray device_dx(dx.nbytes());
+        cuda::silu_backward(stream(), device_x.data(), x_type, device_dy.data(), y_type, device_dx.data(), x_type, n);
+        const std::vector<float> expected_dx = widen(dx);
+        for (size_t i = 0; i < tolerance.size(); ++i) {
+          const double sigmoid = 1.0 / (1.0 + std::exp(-static_cast<double>(xs[i])));
+          tolerance[i] = kSiluGradRelative * std::fabs(dys[i]) * sigmoid * (1.0 + std::fabs(xs[i])) +
+                         one_step(x_type, expected_dx[i]);
+        }
+        EXPECT_TRUE(within(expected_dx, widen(device_dx.tensor({n}, x_type)), tolerance)) << "silu_backward";
+
+        // In place (dx = dy, one dtype): the bits of a separate output.
+        DeviceArray separate(dy.nbytes()), in_place(dy);
+        cuda::silu_backward(stream(), device_x.data(), x_type, device_dy.data(), y_type, separate.data(), y_type, n);
+        cuda::silu_backward(stream(), device_x.data(), x_type, in_place.data(), y_type, in_place.data(), y_type, n);
+        EXPECT_TRUE(same_bits(separate.tensor({n}, y_type), in_place.tensor({n}, y_type))) << "silu_backward in place";
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, MultiplyIsBitIdentical) {
+  Rng rng(41);
+  for (const int64_t n : kSizes) {
+    // b as a dropout mask (0 or 1 / keep), with every third value any number.
+    std::vector<float> mask(static_cast<size_t>(n));
+    for (size_t i = 0; i < mask.size(); ++i) {
+      mask[i] = i % 3 == 2 ? static_cast<float>(4.0 * rng.normal()) : (rng.uniform() < 0.25 ? 0.0f : 1.0f / 0.75f);
+    }
+    const Tensor b = from_values(mask, {n}, DType::kF32);
+    const DeviceArray device_b(b);
+    for (const DType a_type : kDTypes) {
+      // Finite: Inf * 0 would be a NaN, whose bits x86 and CUDA choose differently.
+      const Tensor a = finite_tensor(n, a_type, rng);
+      const DeviceArray device_a(a);
+      for (const DType out_type : kDTypes) {
+        SCOPED_TRACE("n " + std::to_string(n) + " " + describe(a_type) + " -> " + describe(out_type));
+        expect_same_output(
+            {n}, out_type, [&](Tensor& out) { mul(a, b, out); },
+            [&](void* out) {
+              cuda::multiply(stream(), device_a.data(), a_type, device_b.as<const float>(), out, out_type, n);
+            },
+            "multiply");
+      }
+      Tensor product = a.clone();
+      DeviceArray device_product(a);
+      mul(product, b, product);
+      cuda::multiply(stream(), device_product.data(), a_type, device_b.as<const float>(), device_product.data(), a_type,
+                     n);
+      EXPECT_TRUE(same_bits(product, device_product.tensor({n}, a_type))) << "multiply in place, " << describe(a_type);
+    }
+  }
+}
+
 // ---- reductions ----------------------------------------------------------------
 
 TEST_F(CudaOps, BiasGradientsMatchWithinSummationOrder) {
@@ -1004,6 +1113,133 @@ TEST_F(CudaOps, LayerNormMatchesWithinOneStepOfItsStatistics) {
         EXPECT_TRUE(within(expected_dx, widen(device_dx.tensor({s.rows, s.columns}, x_type)), dx_tolerance)) << "dx";
         EXPECT_TRUE(within(widen(dgamma), device_dgamma.values<float>(), dgamma_tolerance)) << "dgamma";
         EXPECT_TRUE(within(widen(dbeta), device_dbeta.values<float>(), dbeta_tolerance)) << "dbeta";
+      }
+    }
+  }
+}
+
+// ---- group norm ------------------------------------------------------------------
+
+std::string describe(const GroupNormShape& s) {
+  return "batch " + std::to_string(s.batch) + " channels " + std::to_string(s.channels) + " positions " +
+         std::to_string(s.positions) + " groups " + std::to_string(s.groups);
+}
+
+TEST_F(CudaOps, GroupNormMatchesWithinOneStepOfItsStatistics) {
+  Rng rng(42);
+  // One position (a norm over channels alone), one channel per group
+  // (instance norm) and one group, positions that are and are not multiples
+  // of the device's 8-element vectors, and channels of more than 4096 values
+  // (dgamma and dbeta summed in several chunks, the last one shorter).
+  const std::array<GroupNormShape, 7> shapes = {GroupNormShape{1, 1, 1, 1},    GroupNormShape{2, 6, 1, 3},
+                                                GroupNormShape{3, 8, 49, 4},   GroupNormShape{2, 32, 64, 8},
+                                                GroupNormShape{4, 6, 13, 6},   GroupNormShape{2, 4, 4097, 1},
+                                                GroupNormShape{16, 16, 256, 4}};
+  for (const GroupNormShape& s : shapes) {
+    const int64_t n = s.batch * s.channels * s.positions, stats = s.batch * s.groups, size = s.group_size();
+    const int64_t per_group = s.channels / s.groups;
+    const Shape shape = {s.batch, s.channels, s.positions};
+    // The channel of value k of (sample, group) q.
+    const auto channel = [&](int64_t q, int64_t k) {
+      return static_cast<size_t>((q % s.groups) * per_group + k / s.positions);
+    };
+    for (const DType x_type : kDTypes) {
+      for (const DType y_type : kDTypes) {
+        SCOPED_TRACE(describe(s) + " " + describe(x_type) + " -> " + describe(y_type));
+        const Tensor x = random_tensor(shape, x_type, rng, -0.5, 1.5);
+        const Tensor gamma = random_tensor({s.channels}, DType::kF32, rng, 0.5, 1.5);
+        const Tensor beta = random_tensor({s.channels}, DType::kF32, rng);
+        Tensor y = Tensor::empty(shape, y_type), mean = Tensor::empty({stats}), rstd = Tensor::empty({stats});
+        groupnorm_forward(s, x, gamma, beta, y, mean, rstd);
+        const DeviceArray device_x(x), device_gamma(gamma), device_beta(beta);
+        DeviceArray device_y(y.nbytes()), device_mean(mean.nbytes()), device_rstd(rstd.nbytes());
+        cuda::groupnorm_forward(stream(), s, device_x.data(), x_type, device_gamma.as<const float>(),
+                                device_beta.as<const float>(), device_y.data(), y_type, device_mean.as<float>(),
+                                device_rstd.as<float>());
+        const std::vector<float> xs = widen(x), g = widen(gamma), b = widen(beta);
+        const std::vector<float> mu = widen(mean), rs = widen(rstd), expected_y = widen(y);
+        std::vector<double> mean_tolerance, rstd_tolerance, y_tolerance(static_cast<size_t>(n));
+        for (int64_t q = 0; q < stats; ++q) {
+          const auto qi = static_cast<size_t>(q);
+          double mean_abs = 0.0;
+          for (int64_t k = 0; k < size; ++k) mean_abs += std::fabs(xs[static_cast<size_t>(q * size + k)]) / size;
+          mean_tolerance.push_back(kStatisticRelative * std::fabs(mu[qi]) +
+                                   fp64_sum_bound(static_cast<double>(size), mean_abs));
+          rstd_tolerance.push_back(kStatisticRelative * std::fabs(rs[qi]));
+          for (int64_t k = 0; k < size; ++k) {
+            const auto at = static_cast<size_t>(q * size + k);
+            const size_t c = channel(q, k);
+            const double xhat = (xs[at] - mu[qi]) * rs[qi];
+            y_tolerance[at] =
+                0x1p-20 * (std::fabs(xhat * g[c]) + std::fabs(g[c]) * rs[qi] * std::fabs(mu[qi]) + std::fabs(b[c])) +
+                one_step(y_type, expected_y[at]);
+          }
+        }
+        EXPECT_TRUE(within(mu, device_mean.values<float>(), mean_tolerance)) << "mean";
+        EXPECT_TRUE(within(rs, device_rstd.values<float>(), rstd_tolerance)) << "rstd";
+        EXPECT_TRUE(within(expected_y, widen(device_y.tensor(shape, y_type)), y_tolerance)) << "y";
+
+        // Backward from the CPU's statistics (the same inputs on both sides).
+        const Tensor dy = random_tensor(shape, y_type, rng);
+        Tensor dx = Tensor::empty(shape, x_type);
+        Tensor dgamma = random_tensor({s.channels}, DType::kF32, rng),
+               dbeta = random_tensor({s.channels}, DType::kF32, rng);
+        const std::vector<float> dgamma0 = widen(dgamma), dbeta0 = widen(dbeta), dys = widen(dy);
+        const DeviceArray device_dy(dy), cpu_mean(mean), cpu_rstd(rstd);
+        DeviceArray device_dx(dx.nbytes()), device_dgamma(dgamma), device_dbeta(dbeta);
+        DeviceArray alone_dgamma(dgamma), alone_dbeta(dbeta);
+        groupnorm_backward(s, x, dy, gamma, mean, rstd, &dx, dgamma, dbeta);
+        cuda::groupnorm_backward(stream(), s, device_x.data(), x_type, device_dy.data(), y_type,
+                                 device_gamma.as<const float>(), cpu_mean.as<const float>(), cpu_rstd.as<const float>(),
+                                 device_dx.data(), x_type, device_dgamma.as<float>(), device_dbeta.as<float>());
+        cuda::groupnorm_backward(stream(), s, device_x.data(), x_type, device_dy.data(), y_type,
+                                 device_gamma.as<const float>(), cpu_mean.as<const float>(), cpu_rstd.as<const float>(),
+                                 nullptr, DType::kF32, alone_dgamma.as<float>(), alone_dbeta.as<float>());
+        const std::vector<float> expected_dx = widen(dx);
+        std::vector<double> dx_tolerance(static_cast<size_t>(n)), dgamma_magnitude(dgamma0.begin(), dgamma0.end()),
+            dbeta_magnitude(dbeta0.begin(), dbeta0.end());
+        for (double& v : dgamma_magnitude) v = std::fabs(v);
+        for (double& v : dbeta_magnitude) v = std::fabs(v);
+        for (int64_t q = 0; q < stats; ++q) {
+          const auto qi = static_cast<size_t>(q);
+          std::vector<double> xhat(static_cast<size_t>(size)), d(static_cast<size_t>(size));
+          double sum_d = 0.0, sum_d_xhat = 0.0, abs_d = 0.0, abs_d_xhat = 0.0;
+          for (int64_t k = 0; k < size; ++k) {
+            const auto at = static_cast<size_t>(q * size + k);
+            const auto ki = static_cast<size_t>(k);
+            const size_t c = channel(q, k);
+            xhat[ki] = (xs[at] - mu[qi]) * rs[qi];
+            d[ki] = static_cast<double>(dys[at]) * g[c];
+            sum_d += d[ki];
+            sum_d_xhat += d[ki] * xhat[ki];
+            abs_d += std::fabs(d[ki]);
+            abs_d_xhat += std::fabs(d[ki] * xhat[ki]);
+            dgamma_magnitude[c] += std::fabs(dys[at] * xhat[ki]);
+            dbeta_magnitude[c] += std::fabs(dys[at]);
+          }
+          const double mean_d = sum_d / size, mean_d_xhat = sum_d_xhat / size;
+          for (int64_t k = 0; k < size; ++k) {
+            const auto at = static_cast<size_t>(q * size + k);
+            const auto ki = static_cast<size_t>(k);
+            const double means_bound =
+                fp64_sum_bound(static_cast<double>(size), (abs_d + std::fabs(xhat[ki]) * abs_d_xhat) / size);
+            dx_tolerance[at] =
+                rs[qi] * (0x1p-20 * (std::fabs(d[ki]) + std::fabs(mean_d) + std::fabs(xhat[ki] * mean_d_xhat)) +
+                          means_bound) +
+                one_step(x_type, expected_dx[at]);
+          }
+        }
+        std::vector<double> dgamma_tolerance(dgamma_magnitude.size()), dbeta_tolerance(dbeta_magnitude.size());
+        for (size_t c = 0; c < dgamma_tolerance.size(); ++c) {
+          dgamma_tolerance[c] = kStatisticRelative * dgamma_magnitude[c];
+          dbeta_tolerance[c] = kStatisticRelative * dbeta_magnitude[c];
+        }
+        EXPECT_TRUE(within(expected_dx, widen(device_dx.tensor(shape, x_type)), dx_tolerance)) << "dx";
+        const std::vector<float> gpu_dgamma = device_dgamma.values<float>(), gpu_dbeta = device_dbeta.values<float>();
+        EXPECT_TRUE(within(widen(dgamma), gpu_dgamma, dgamma_tolerance)) << "dgamma";
+        EXPECT_TRUE(within(widen(dbeta), gpu_dbeta, dbeta_tolerance)) << "dbeta";
+        EXPECT_TRUE(same_bits(gpu_dgamma, alone_dgamma.values<float>())) << "dgamma without dx";
+        EXPECT_TRUE(same_bits(gpu_dbeta, alone_dbeta.values<float>())) << "dbeta without dx";
       }
     }
   }
@@ -1223,6 +1459,81 @@ TEST_F(CudaOps, MaxPoolIsBitIdentical) {
         cuda::maxpool2d_backward(stream(), g, device_argmax.as<const int32_t>(), device_dy.data(), y_type,
                                  device_dx.data(), x_type);
         EXPECT_TRUE(same_bits(dx, device_dx.tensor(x_shape, x_type))) << "dx";
+      }
+    }
+  }
+}
+
+std::string describe(const Pool2dGeometry& g) {
+  return "batch " + std::to_string(g.batch) + " channels " + std::to_string(g.channels) + " " +
+         std::to_string(g.height) + "x" + std::to_string(g.width) + " kernel " + std::to_string(g.kernel) + " stride " +
+         std::to_string(g.stride);
+}
+
+TEST_F(CudaOps, AvgPoolIsBitIdentical) {
+  Rng rng(43);
+  // Windows that tile the plane, overlap (stride < kernel: the backward pass
+  // adds several windows per input) and leave gaps (stride > kernel: inputs
+  // no window holds get 0).
+  const std::array<Pool2dGeometry, 6> geometries = {
+      Pool2dGeometry{1, 1, 1, 1, 1, 1}, Pool2dGeometry{2, 3, 28, 28, 2, 2}, Pool2dGeometry{2, 2, 7, 7, 2, 2},
+      Pool2dGeometry{1, 2, 7, 9, 3, 2}, Pool2dGeometry{3, 1, 6, 5, 3, 1},   Pool2dGeometry{2, 2, 11, 10, 2, 3}};
+  for (const Pool2dGeometry& g : geometries) {
+    const Shape x_shape = {g.batch, g.channels, g.height, g.width};
+    const Shape y_shape = {g.batch, g.channels, g.out_height(), g.out_width()};
+    for (const DType x_type : kDTypes) {
+      for (const DType y_type : kDTypes) {
+        SCOPED_TRACE(describe(g) + " " + describe(x_type) + " -> " + describe(y_type));
+        const Tensor x = random_tensor(x_shape, x_type, rng, -2.0, 2.0);
+        const DeviceArray device_x(x);
+        expect_same_output(
+            y_shape, y_type, [&](Tensor& out) { avgpool2d_forward(g, x, out); },
+            [&](void* out) { cuda::avgpool2d_forward(stream(), g, device_x.data(), x_type, out, y_type); }, "y");
+        const Tensor dy = random_tensor(y_shape, y_type, rng, -2.0, 2.0);
+        const DeviceArray device_dy(dy);
+        expect_same_output(
+            x_shape, x_type, [&](Tensor& out) { avgpool2d_backward(g, dy, out); },
+            [&](void* out) { cuda::avgpool2d_backward(stream(), g, device_dy.data(), y_type, out, x_type); }, "dx");
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, PlaneMeanMatchesWithinItsSumAndItsBackwardIsBitIdentical) {
+  Rng rng(44);
+  struct Planes {
+    int64_t planes, area;
+  };
+  for (const Planes s : {Planes{1, 1}, Planes{7, 13}, Planes{96, 49}, Planes{5, 4097}, Planes{2, 70001}}) {
+    for (const DType x_type : kDTypes) {
+      for (const DType y_type : kDTypes) {
+        SCOPED_TRACE("planes " + std::to_string(s.planes) + " area " + std::to_string(s.area) + " " + describe(x_type) +
+                     " -> " + describe(y_type));
+        const Tensor x = random_tensor({s.planes, s.area}, x_type, rng, -0.5, 1.5);
+        Tensor y = Tensor::empty({s.planes}, y_type);
+        plane_mean_forward(x, y);
+        const DeviceArray device_x(x);
+        DeviceArray device_y(y.nbytes());
+        cuda::plane_mean_forward(stream(), device_x.data(), x_type, device_y.data(), y_type, s.planes, s.area);
+        const std::vector<float> xs = widen(x), expected = widen(y);
+        std::vector<double> tolerance(expected.size());
+        for (size_t p = 0; p < expected.size(); ++p) {
+          const auto area = static_cast<size_t>(s.area);
+          double mean_abs = 0.0;
+          for (size_t k = 0; k < area; ++k) mean_abs += std::fabs(xs[p * area + k]) / s.area;
+          tolerance[p] = kStatisticRelative * std::fabs(expected[p]) +
+                         fp64_sum_bound(static_cast<double>(s.area), mean_abs) + one_step(y_type, expected[p]);
+        }
+        EXPECT_TRUE(within(expected, widen(device_y.tensor({s.planes}, y_type)), tolerance)) << "y";
+
+        const Tensor dy = random_tensor({s.planes}, y_type, rng);
+        const DeviceArray device_dy(dy);
+        expect_same_output(
+            {s.planes, s.area}, x_type, [&](Tensor& out) { plane_mean_backward(dy, out); },
+            [&](void* out) {
+              cuda::plane_mean_backward(stream(), device_dy.data(), y_type, out, x_type, s.planes, s.area);
+            },
+            "dx");
       }
     }
   }

@@ -248,6 +248,23 @@ void gelu_backward(Stream, const void* x, DType x_type, const void* dy, DType dy
   count_op();
 }
 
+void silu_forward(Stream, const void* x, DType x_type, void* y, DType y_type, int64_t n) {
+  Tensor yv = view(y, {n}, y_type, "silu_forward y");
+  fedmesh::silu_forward(view(x, {n}, x_type, "silu_forward x"), yv);
+  count_op();
+}
+void silu_backward(Stream, const void* x, DType x_type, const void* dy, DType dy_type, void* dx, DType dx_type,
+                   int64_t n) {
+  Tensor dxv = view(dx, {n}, dx_type, "silu_backward dx");
+  fedmesh::silu_backward(view(x, {n}, x_type, "silu_backward x"), view(dy, {n}, dy_type, "silu_backward dy"), dxv);
+  count_op();
+}
+void multiply(Stream, const void* a, DType a_type, const float* b, void* out, DType out_type, int64_t n) {
+  Tensor o = view(out, {n}, out_type, "multiply out");
+  fedmesh::mul(view(a, {n}, a_type, "multiply a"), view_f32(b, {n}, "multiply b"), o);
+  count_op();
+}
+
 void squared_l2_norm(Stream, const float* x, int64_t n, double* out) {
   check_device(out, sizeof(double), "squared_l2_norm out");
   *out += fedmesh::squared_l2_norm(view_f32(x, {n}, "squared_l2_norm"));
@@ -271,6 +288,27 @@ void layernorm_backward(Stream, const void* x, DType x_type, const void* dy, DTy
                               view(dy, {rows, n}, dy_type, "layernorm_backward dy"),
                               view_f32(gamma, {n}, "layernorm gamma"), view_f32(mean, {rows}, "layernorm mean"),
                               view_f32(rstd, {rows}, "layernorm rstd"), dxv, dg, db);
+  count_op();
+}
+
+void groupnorm_forward(Stream, const GroupNormShape& s, const void* x, DType x_type, const float* gamma,
+                       const float* beta, void* y, DType y_type, float* mean, float* rstd, float epsilon) {
+  const int64_t n = s.batch * s.channels * s.positions, stats = s.batch * s.groups;
+  Tensor yv = view(y, {n}, y_type, "groupnorm_forward y");
+  Tensor meanv = view_f32(mean, {stats}, "groupnorm mean"), rstdv = view_f32(rstd, {stats}, "groupnorm rstd");
+  fedmesh::groupnorm_forward(s, view(x, {n}, x_type, "groupnorm_forward x"), view_f32(gamma, {s.channels}, "groupnorm gamma"),
+                             view_f32(beta, {s.channels}, "groupnorm beta"), yv, meanv, rstdv, epsilon);
+  count_op();
+}
+void groupnorm_backward(Stream, const GroupNormShape& s, const void* x, DType x_type, const void* dy, DType dy_type,
+                        const float* gamma, const float* mean, const float* rstd, void* dx, DType dx_type,
+                        float* dgamma, float* dbeta) {
+  const int64_t n = s.batch * s.channels * s.positions, stats = s.batch * s.groups;
+  Tensor dxv = dx != nullptr ? view(dx, {n}, dx_type, "groupnorm_backward dx") : Tensor();
+  Tensor dg = view_f32(dgamma, {s.channels}, "groupnorm dgamma"), db = view_f32(dbeta, {s.channels}, "groupnorm dbeta");
+  fedmesh::groupnorm_backward(s, view(x, {n}, x_type, "groupnorm_backward x"), view(dy, {n}, dy_type, "groupnorm dy"),
+                              view_f32(gamma, {s.channels}, "groupnorm gamma"), view_f32(mean, {stats}, "groupnorm mean"),
+                              view_f32(rstd, {stats}, "groupnorm rstd"), dx != nullptr ? &dxv : nullptr, dg, db);
   count_op();
 }
 
@@ -351,6 +389,28 @@ void maxpool2d_backward(Stream, const Pool2dGeometry& g, const int32_t* argmax, 
   fedmesh::maxpool2d_backward(g, chosen, view(dy, {g.batch, g.channels, g.out_height(), g.out_width()}, dy_type,
                                               "maxpool2d_backward dy"),
                               dxv);
+  count_op();
+}
+
+void avgpool2d_forward(Stream, const Pool2dGeometry& g, const void* x, DType x_type, void* y, DType y_type) {
+  Tensor yv = view(y, {g.batch, g.channels, g.out_height(), g.out_width()}, y_type, "avgpool2d_forward y");
+  fedmesh::avgpool2d_forward(g, view(x, {g.batch, g.channels, g.height, g.width}, x_type, "avgpool2d_forward x"), yv);
+  count_op();
+}
+void avgpool2d_backward(Stream, const Pool2dGeometry& g, const void* dy, DType dy_type, void* dx, DType dx_type) {
+  Tensor dxv = view(dx, {g.batch, g.channels, g.height, g.width}, dx_type, "avgpool2d_backward dx");
+  fedmesh::avgpool2d_backward(
+      g, view(dy, {g.batch, g.channels, g.out_height(), g.out_width()}, dy_type, "avgpool2d_backward dy"), dxv);
+  count_op();
+}
+void plane_mean_forward(Stream, const void* x, DType x_type, void* y, DType y_type, int64_t planes, int64_t area) {
+  Tensor yv = view(y, {planes}, y_type, "plane_mean_forward y");
+  fedmesh::plane_mean_forward(view(x, {planes, area}, x_type, "plane_mean_forward x"), yv);
+  count_op();
+}
+void plane_mean_backward(Stream, const void* dy, DType dy_type, void* dx, DType dx_type, int64_t planes, int64_t area) {
+  Tensor dxv = view(dx, {planes, area}, dx_type, "plane_mean_backward dx");
+  fedmesh::plane_mean_backward(view(dy, {planes}, dy_type, "plane_mean_backward dy"), dxv);
   count_op();
 }
 

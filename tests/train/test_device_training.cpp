@@ -1,5 +1,6 @@
-// Training on the CUDA device against training on the CPU (mlp, cnn and the
-// gpt-nano transformer, fp32 and bf16/fp16): the same model,
+// Training on the CUDA device against training on the CPU (mlp, cnn, the
+// gpt-nano transformer, and a config-defined ResNet with group norm, SiLU,
+// average pooling, dropout and residual blocks; fp32 and bf16/fp16): the same model,
 // data, options and seed, moved to Device::kCuda with Sequential::to_device,
 // give the CPU's losses, accuracy and weights within the tolerances below;
 // a checkpoint committed from the device and restored onto it continues the
@@ -64,6 +65,32 @@ constexpr bool kEmulated = false;
     if (Status s = cuda::available(); !s.is_ok()) GTEST_SKIP() << s.message();  \
   } while (false)
 
+// A config-defined model with every layer the built-in ones lack: group
+// norm, SiLU, overlapping average pooling (3 every 2), dropout, residual
+// blocks (one with a 1x1 shortcut) and global average pooling.
+std::string spec_model_file() {
+  static const std::string path = [] {
+    const std::string file = ::testing::TempDir() + "device-spec-" + std::to_string(::getpid()) + ".toml";
+    std::FILE* out = std::fopen(file.c_str(), "w");
+    std::fputs(R"(name = "spec-resnet"
+layers = [
+  { type = "conv2d", out = 8 }, { type = "groupnorm", groups = 4 }, { type = "silu" },
+  { type = "avgpool", size = 3, stride = 2 },
+  { type = "residual", layers = [
+      { type = "conv2d", out = 8 }, { type = "groupnorm", groups = 2 }, { type = "silu" },
+      { type = "dropout", p = 0.25 }, { type = "conv2d", out = 8 } ] },
+  { type = "residual", layers = [
+      { type = "conv2d", out = 16, stride = 2 }, { type = "groupnorm", groups = 4 }, { type = "relu" } ] },
+  { type = "global_avgpool" },
+  { type = "linear" },
+]
+)", out);
+    std::fclose(out);
+    return file;
+  }();
+  return path;
+}
+
 std::unique_ptr<Sequential> model(const std::string& name, Device device) {
   auto m = make_model(name, 11);
   EXPECT_TRUE(m.is_ok());
@@ -107,7 +134,7 @@ Outcome train(const std::string& name, Device device, const TrainOptions& option
                                         : static_cast<const data::Dataset&>(images);
   const data::Dataset& test_set = text ? static_cast<const data::Dataset&>(text_windows())
                                        : static_cast<const data::Dataset&>(test_images);
-  auto net = model(name, device);
+  auto net = model(name == "spec" ? spec_model_file() : name, device);
   Trainer trainer(*net, options);
   Outcome run;
   std::vector<int64_t> indices(static_cast<size_t>(options.batch_size * options.grad_accumulation));
@@ -171,7 +198,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"cnn fp32 sgd", "cnn", DType::kF32, "sgd", 1e-4, 1e-3},
                       Case{"cnn fp16 adamw", "cnn", DType::kF16, "adamw", 2e-2, 5e-2},
                       Case{"gpt-nano fp32 adamw", "gpt-nano", DType::kF32, "adamw", 1e-4, 1e-3},
-                      Case{"gpt-nano bf16 adamw", "gpt-nano", DType::kBF16, "adamw", 2e-2, 5e-2}),
+                      Case{"gpt-nano bf16 adamw", "gpt-nano", DType::kBF16, "adamw", 2e-2, 5e-2},
+                      Case{"spec resnet fp32 adamw", "spec", DType::kF32, "adamw", 1e-4, 1e-3},
+                      Case{"spec resnet bf16 sgd", "spec", DType::kBF16, "sgd", 2e-2, 5e-2}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string name = param_info.param.label;
       std::replace(name.begin(), name.end(), ' ', '_');

@@ -2,8 +2,9 @@
 // built-in model builds it exactly (names, shapes, values for the seed, and
 // fingerprint); shapes follow the data; every flaw of a spec, and every
 // spec that does not fit the data, is refused naming the layer (and both
-// shapes); a spec model's gradients match finite differences; a model with
-// a host-only layer is refused on CUDA by name.
+// shapes); a spec model's gradients match finite differences; every spec
+// layer has a CUDA version (tests/train/test_device_training.cpp trains
+// them on the device).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -106,8 +107,7 @@ TEST_F(ModelSpecs, ShapesFollowTheDataAndThePlanCountsEveryLayer) {
   int64_t counted = 0;
   for (const BuiltLayer& b : plan) counted += b.parameters;
   EXPECT_EQ(counted, (*model)->parameter_count());
-  EXPECT_NE((*model)->device_problem(Device::kCuda).find("layer 2 (silu)"), std::string::npos)
-      << "a host-only layer is named before a CUDA run";
+  EXPECT_EQ((*model)->device_problem(Device::kCuda), "") << "every layer of a spec has a CUDA version";
   EXPECT_EQ((*model)->device_problem(Device::kCpu), "");
   // A table: the same spec without the image layers.
   Result<ModelSpec> table = parse(R"(layers = [{ type = "linear", out = 4 }, { type = "relu" }, { type = "linear" }])");
@@ -266,14 +266,16 @@ TEST_F(ModelSpecs, TheCanonicalTextSpellsOutEveryDefault) {
   EXPECT_NE(a->fingerprint(), c->fingerprint()) << "another padding is another model";
 }
 
-// A spec model trains like a built-in one: its gradients against finite differences.
+// A spec model trains like a built-in one: its gradients against finite
+// differences (overlapping average pooling windows and global pooling
+// among its layers).
 TEST_F(ModelSpecs, ASpecModelsGradientsMatchFiniteDifferences) {
   Result<ModelSpec> spec = parse(R"(layers = [
     { type = "conv2d", out = 4 }, { type = "groupnorm", groups = 2 }, { type = "silu" },
     { type = "residual", layers = [{ type = "conv2d", out = 4 }, { type = "gelu" }] },
     { type = "residual", layers = [{ type = "conv2d", out = 6, stride = 2 }] },
-    { type = "avgpool", size = 3 },
-    { type = "flatten" }, { type = "layernorm" }, { type = "linear", out = 6 }, { type = "gelu" }, { type = "linear" }])");
+    { type = "avgpool", size = 2, stride = 1 }, { type = "global_avgpool" },
+    { type = "layernorm" }, { type = "linear", out = 6 }, { type = "gelu" }, { type = "linear" }])");
   ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
   auto model = build_model(*spec, 21, ModelInput{0, {2, 6, 6}, 4, false});
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();

@@ -1,9 +1,9 @@
 // Layers that config-defined models (train/model_spec.h) add to those of the
 // built-in models: SiLU, average pooling, global average pooling, dropout,
-// group norm and residual blocks. They compute on the host in fp32 (an input in bf16/fp16 is widened
-// and the output narrowed back to its dtype) and have no CUDA version yet:
-// runs_on_cuda() is false, and a model holding one is refused on
-// --device cuda before it trains (Sequential::device_problem).
+// group norm and residual blocks. They compute with the kernels'
+// Tensor-level ops (elementwise.h, conv.h, layernorm.h), in fp32 whatever
+// the activations' dtype, on the CPU or the CUDA device alike; a residual
+// block runs on the device when its layers do.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "base/random.h"
+#include "kernels/conv.h"
+#include "kernels/layernorm.h"
 #include "train/layers/layer.h"
 
 namespace fedmesh::train {
@@ -23,11 +25,9 @@ class Silu final : public Layer {
   Shape output_shape(const Shape& input) const override { return input; }
   Tensor forward(const Tensor& x, bool training) override;
   Tensor backward(const Tensor& dy, bool need_input_grad) override;
-  bool runs_on_cuda() const override { return false; }
 
  private:
-  std::vector<float> input_;  // of the last training forward
-  Tensor output_, input_grad_;
+  Tensor input_, output_, input_grad_;  // input_: of the last training forward
 };
 
 // NCHW mean over k x k windows every `stride` (no padding, the last partial
@@ -39,9 +39,9 @@ class AvgPool2d final : public Layer {
   Shape output_shape(const Shape& input) const override;
   Tensor forward(const Tensor& x, bool training) override;
   Tensor backward(const Tensor& dy, bool need_input_grad) override;
-  bool runs_on_cuda() const override { return false; }
 
  private:
+  Pool2dGeometry geometry(const Shape& input) const;
   int64_t kernel_, stride_;
   Shape input_shape_;
   Tensor output_, input_grad_;
@@ -55,7 +55,6 @@ class GlobalAvgPool2d final : public Layer {
   Shape output_shape(const Shape& input) const override;
   Tensor forward(const Tensor& x, bool training) override;
   Tensor backward(const Tensor& dy, bool need_input_grad) override;
-  bool runs_on_cuda() const override { return false; }
 
  private:
   Shape input_shape_;
@@ -65,7 +64,9 @@ class GlobalAvgPool2d final : public Layer {
 // Training: each value is zeroed with probability p and the others scaled
 // by 1 / (1 - p) (inverted dropout, as torch.nn.Dropout); inference: the
 // identity. The masks come from a generator seeded by the model's seed, so a
-// run is reproducible.
+// run is reproducible; on the CUDA device the host draws the same mask and
+// copies it over (one host-to-device copy per training forward), so a run
+// drops the same values on either device.
 class Dropout final : public Layer {
  public:
   Dropout(double p, uint64_t seed) : p_(p), rng_(seed) {}
@@ -73,13 +74,12 @@ class Dropout final : public Layer {
   Shape output_shape(const Shape& input) const override { return input; }
   Tensor forward(const Tensor& x, bool training) override;
   Tensor backward(const Tensor& dy, bool need_input_grad) override;
-  bool runs_on_cuda() const override { return false; }
 
  private:
   double p_;
   Rng rng_;
-  std::vector<float> mask_;  // 0 or 1 / (1 - p) per value of the last training forward
-  bool identity_ = true;     // the last forward was inference (or p = 0)
+  Tensor mask_;           // fp32, 0 or 1 / (1 - p) per value of the last training forward, on the input's device
+  bool identity_ = true;  // the last forward was inference (or p = 0)
   Tensor output_, input_grad_;
 };
 
@@ -95,13 +95,12 @@ class GroupNorm final : public Layer {
   Tensor forward(const Tensor& x, bool training) override;
   Tensor backward(const Tensor& dy, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
-  bool runs_on_cuda() const override { return false; }
 
  private:
+  GroupNormShape shape_of(const Tensor& x) const;
   int64_t groups_, channels_;
   Parameter weight_, bias_;
-  Shape input_shape_;
-  std::vector<float> normalized_, rstd_;  // of the last training forward: x̂ per value, 1/σ per (sample, group)
+  Tensor input_, mean_, rstd_;  // of the last training forward; mean and 1/σ per (sample, group)
   Tensor output_, input_grad_;
 };
 
@@ -118,7 +117,7 @@ class Residual final : public Layer {
   Tensor forward(const Tensor& x, bool training) override;
   Tensor backward(const Tensor& dy, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override;
-  bool runs_on_cuda() const override { return false; }
+  bool runs_on_cuda() const override;  // when every layer of it does
 
  private:
   std::vector<std::unique_ptr<Layer>> body_;

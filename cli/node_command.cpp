@@ -37,7 +37,7 @@ void print_event(const std::string& site, const nlohmann::json& e) {
                  e.value("store", "").c_str(),
                  e.value("ranks", 1) > 1 ? ("; " + std::to_string(e.value("ranks", 1)) + " data-parallel ranks").c_str() : "");
     if (e.value("tensor_parallel", 1) > 1) {
-      std::fprintf(stderr, "[%s] each transformer block split over %d tensor-parallel CPU ranks\n", name,
+      std::fprintf(stderr, "[%s] each transformer block split over %d tensor-parallel ranks\n", name,
                    e.value("tensor_parallel", 1));
     }
     if (e.contains("tokenizer")) {
@@ -227,8 +227,9 @@ void add_node_command(CLI::App& app, int& exit_code, const node::SecureUploadFau
   cmd->add_flag("--zero-1", flags->zero_one, "With --ranks: shard the optimizer state across the ranks (ZeRO stage 1)");
   CLI::Option* tensor_option =
       cmd->add_option("--tensor-parallel", flags->group.tensor_parallel,
-                      "Aggregator mode, GPTs: split every transformer block over N CPU ranks (attention heads and MLP "
-                      "features, Gloo), times --ranks data-parallel groups (overrides training.tensor_parallel)");
+                      "Aggregator mode, GPTs: split every transformer block over N ranks (attention heads and MLP "
+                      "features; Gloo on CPUs, NCCL with --device cuda), times --ranks data-parallel groups "
+                      "(overrides training.tensor_parallel)");
   cmd->add_option("--rank", flags->group.rank)->group("");  // set by rank 0 for the ranks it launches
   cmd->add_option("--rendezvous", flags->group.rendezvous)->group("");
   cmd->add_flag("--json", flags->json, "Print JSON lines: site, model, update, finished (aggregator); peer, member, "

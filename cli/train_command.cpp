@@ -196,8 +196,9 @@ void print_start(const TrainFlags& flags, train::TrainingRun& run) {
                  data.unigram_loss, data.unigram_loss / std::log(2.0));
   }
   if (o.group.tensor_parallel > 1) {
-    std::fprintf(stderr, "tensor parallel over %d CPU ranks (Gloo): each holds 1/%d of every block's heads and MLP "
-                 "features%s\n", o.group.tensor_parallel, o.group.tensor_parallel,
+    std::fprintf(stderr, "tensor parallel over %d %s: each holds 1/%d of every block's heads and MLP "
+                 "features%s\n", o.group.tensor_parallel, o.device == "cuda" ? "GPU ranks (NCCL)" : "CPU ranks (Gloo)",
+                 o.group.tensor_parallel,
                  o.group.ranks > 1 ? (", times " + std::to_string(o.group.ranks) + " data-parallel groups").c_str() : "");
   } else if (run.ranks() > 1) {
     std::fprintf(stderr, "data parallel over %d CPU ranks (Gloo, %zu gradient buckets%s): each takes 1/%d of every batch\n",
@@ -549,9 +550,9 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "gradients all-reduced with Gloo (the run equals one process on the whole batches)")
       ->capture_default_str();
   cmd->add_option("--tensor-parallel", flags->run.group.tensor_parallel,
-                  "GPTs: split every transformer block over N CPU ranks (Megatron-style: attention heads and MLP "
-                  "features; Gloo). With --ranks M: N x M processes, M data-parallel groups of N. Checkpoints, "
-                  "evaluation and exports hold the whole model")
+                  "GPTs: split every transformer block over N ranks (Megatron-style: attention heads and MLP "
+                  "features; Gloo on CPU ranks, NCCL with --device cuda, one GPU per rank). With --ranks M: N x M "
+                  "processes, M data-parallel groups of N. Checkpoints, evaluation and exports hold the whole model")
       ->capture_default_str();
   cmd->add_option("--dp-clip", o.dp_clip_norm,
                   "Differential privacy (DP-SGD): clip every example's gradient to this L2 norm (0 = off)")

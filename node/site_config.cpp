@@ -31,7 +31,6 @@ Status SiteConfig::validate() const {
     if (Status fits = train::check_tensor_parallel_model(model, tensor_parallel); !fits.is_ok()) {
       return invalid_argument("training.tensor_parallel: " + fits.message());
     }
-    if (device != "cpu") return invalid_argument("training.tensor_parallel runs on CPU ranks for now: use training.device = \"cpu\"");
     if (zero_one) return invalid_argument("training.tensor_parallel with --zero-1 is not supported yet");
     if (init.lora.enabled()) return invalid_argument("training.tensor_parallel with training.lora is not supported yet");
   }

@@ -243,7 +243,16 @@ StepResult Trainer::step_on_device(StepResult result, float lr, int64_t targets)
   const float scale = loss_scaler_.scale();
   std::vector<Parameter*> parameters = model_.parameters();
   if (!sync_gradients(parameters, result)) return result;
-  for (Parameter* p : parameters) device::add_squared_l2_norm(p->grad, device_scalars_.squared_norm());
+  Result<bool> whole = sync_ != nullptr ? sync_->device_squared_norm(parameters, device_scalars_.squared_norm())
+                                        : Result<bool>(false);
+  if (!whole.is_ok()) {
+    hook_status_ = whole.status();
+    result.applied = false;
+    return result;
+  }
+  if (!*whole) {
+    for (Parameter* p : parameters) device::add_squared_l2_norm(p->grad, device_scalars_.squared_norm());
+  }
   cuda::gradient_scale_factor(cuda::default_stream(), device_scalars_.squared_norm(), scale, options_.clip_grad_norm,
                               device_scalars_.factor(), device_scalars_.found_inf());
   optimizer_->set_device_gate({device_scalars_.factor(), device_scalars_.found_inf()});

@@ -156,6 +156,14 @@ class GradientSync {
   // summed over the ranks, so every rank clips and skips alike); nullopt:
   // the norm of `parameters`' gradients is the whole.
   virtual std::optional<double> whole_squared_norm() const { return std::nullopt; }
+  // The same on the CUDA device: writes the whole step's squared norm to
+  // *squared_norm (a device fp64 scalar, the step's) and returns true, or
+  // returns false and the trainer sums `parameters`' squares there.
+  virtual Result<bool> device_squared_norm(std::span<Parameter* const> parameters, double* squared_norm) {
+    (void)parameters;
+    (void)squared_norm;
+    return false;
+  }
 };
 
 struct TrainCallbacks {

@@ -105,13 +105,11 @@ Status check_same_run(const nlohmann::json& stored, const nlohmann::json& now, c
 }
 
 // What --tensor-parallel N needs: a GPT whose heads and MLP features
-// divide by N, trained on CPU ranks without the features that do not
-// combine with it yet.
+// divide by N, without the features that do not combine with it yet.
 Status check_tensor_parallel(const TrainingRunOptions& run) {
   if (Status fits = check_tensor_parallel_model(run.model, run.group.tensor_parallel); !fits.is_ok()) {
     return invalid_argument("--tensor-parallel: " + fits.message());
   }
-  if (run.device == "cuda") return invalid_argument("--tensor-parallel runs on CPU ranks for now (Gloo): drop --device cuda");
   if (run.zero_one) return invalid_argument("--tensor-parallel with --zero-1 is not supported yet: drop one of them");
   if (run.options.dp_clip_norm > 0.0f) {
     return invalid_argument("--tensor-parallel with DP-SGD (--dp-clip) is not supported: per-example gradients need "

@@ -61,10 +61,11 @@ Status RankFlags::validate() const {
 namespace {
 
 // The group's communicator: Gloo for CPU ranks; NCCL for GPU ranks, on
-// device rank modulo the GPUs (made this process's device first).
-Result<std::unique_ptr<Communicator>> connect_ranks(const RendezvousOptions& options, Device device) {
+// device process_rank (the process's rank in its launch; options.rank by
+// default) modulo the GPUs, made this process's device first.
+Result<std::unique_ptr<Communicator>> connect_ranks(const RendezvousOptions& options, Device device, int process_rank = -1) {
   if (device == Device::kCpu) return make_gloo_communicator(options);
-  Result<int> index = cuda::use_device_for_rank(options.rank);
+  Result<int> index = cuda::use_device_for_rank(process_rank >= 0 ? process_rank : options.rank);
   if (!index.is_ok()) return index.status();
   return make_nccl_communicator(options, *index);
 }
@@ -220,9 +221,6 @@ Result<std::unique_ptr<Communicator>> join_rank_group(const RankFlags& flags, st
 
 Result<ParallelGroups> connect_parallel_groups(const RankFlags& flags, Device device, std::chrono::milliseconds timeout) {
   if (flags.rendezvous.empty()) return invalid_argument("connect_parallel_groups needs the group's rendezvous directory");
-  if (device != Device::kCpu && flags.tensor_parallel > 1) {
-    return invalid_argument("tensor parallelism runs on CPU ranks for now (Gloo); drop --device cuda or --tensor-parallel");
-  }
   ParallelGroups groups;
   // Tensor groups first, then data-parallel ones, on every process: each
   // waits only for members that connect in the same order.
@@ -232,7 +230,7 @@ Result<ParallelGroups> connect_parallel_groups(const RankFlags& flags, Device de
     options.rank = rank;
     options.size = size;
     options.timeout = timeout;
-    return connect_ranks(options, device);
+    return connect_ranks(options, device, flags.rank);  // GPU ranks: the process's own device
   };
   if (flags.tensor_parallel > 1) {
     Result<std::unique_ptr<Communicator>> tensor =

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/convert.h"
+#include "kernels/cuda_ops.h"
 
 namespace fedmesh::train {
 
@@ -169,16 +170,25 @@ const std::vector<Split>& transformer_block_splits() {
 namespace {
 
 // Sums a block's partial activations over the ranks: fp32 in place; bf16
-// and fp16 widened to fp32, summed and rounded once (host memory only).
+// and fp16 widened to fp32, summed and rounded once. On the CUDA device
+// through a communicator that reads device memory (NCCL), after the kernels
+// that computed them.
 Status sum_partials(Communicator& communicator, Tensor& partial) {
-  if (partial.device() != Device::kCpu) return invalid_argument("tensor parallel: host activations only for now");
-  if (partial.dtype() == DType::kF32) {
-    return communicator.all_reduce_sum({partial.data<float>(), static_cast<size_t>(partial.numel())});
+  const bool on_device = partial.device() == Device::kCuda;
+  if (on_device != communicator.device_memory()) {
+    return invalid_argument(std::string("tensor parallel: activations on the ") + (on_device ? "CUDA device" : "host") +
+                            " and a " + communicator.backend() + " communicator of " +
+                            (communicator.device_memory() ? "device" : "host") + " memory");
   }
-  std::vector<float> wide(static_cast<size_t>(partial.numel()));
-  widen_to_f32(partial.raw(), partial.dtype(), wide.data(), partial.numel());
-  FEDMESH_RETURN_IF_ERROR(communicator.all_reduce_sum(wide));
-  narrow_from_f32(wide.data(), partial.raw(), partial.dtype(), partial.numel());
+  const auto reduce = [&](Tensor& values) {
+    if (on_device) cuda::synchronize(cuda::default_stream());
+    return communicator.all_reduce_sum({values.data<float>(), static_cast<size_t>(values.numel())});
+  };
+  if (partial.dtype() == DType::kF32) return reduce(partial);
+  Tensor wide = Tensor::empty(partial.shape(), DType::kF32, partial.device());
+  convert(partial, wide);
+  FEDMESH_RETURN_IF_ERROR(reduce(wide));
+  convert(wide, partial);
   return Status::ok();
 }
 
@@ -192,9 +202,7 @@ Result<std::unique_ptr<TransformerBlock>> shard_transformer_block(TransformerBlo
                             " ranks");
   }
   for (Parameter* p : whole.parameters()) {
-    if (p->value.dtype() != DType::kF32 || p->value.device() != Device::kCpu) {
-      return invalid_argument("tensor parallel: fp32 weights in host memory only");
-    }
+    if (p->value.dtype() != DType::kF32) return invalid_argument("tensor parallel: fp32 master weights only");
   }
   const std::string name = whole.ln_1().parameters()[0]->name.substr(0, whole.ln_1().parameters()[0]->name.find(".ln_1"));
   auto shard = std::make_unique<TransformerBlock>(name, whole.width(), whole.heads() / ranks, whole.head_dim(),
@@ -202,8 +210,9 @@ Result<std::unique_ptr<TransformerBlock>> shard_transformer_block(TransformerBlo
   const std::vector<Parameter*> from = whole.parameters(), to = shard->parameters();
   const std::vector<Split>& splits = transformer_block_splits();
   for (size_t i = 0; i < from.size(); ++i) {
-    slice_for_rank(from[i]->value, splits[i], rank, ranks, to[i]->value);
+    slice_for_rank(from[i]->value.host(), splits[i], rank, ranks, to[i]->value);
     to[i]->refresh_compute();
+    to[i]->to_device(from[i]->value.device());  // the shard lives where the whole block does
   }
   Communicator* comm = &communicator;
   shard->set_reduction([comm](Tensor& partial) { return sum_partials(*comm, partial); }, rank == 0);

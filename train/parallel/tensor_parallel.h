@@ -79,7 +79,9 @@ const std::vector<Split>& transformer_block_splits();
 // whole on every rank, and rank 0 alone holds the two output projections'
 // biases. Two all-reduces forward (after each output projection), two
 // backward (the input gradients of c_attn and c_fc); activations in bf16 or
-// fp16 (mixed precision) are summed in fp32 and rounded once. The shard is a
+// fp16 (mixed precision) are summed in fp32 and rounded once. A block on the
+// CUDA device needs a communicator of device memory (NCCL), one on the host
+// a host one (Gloo). The shard is a
 // TransformerBlock, a Layer, so a model of shards trains like any model;
 // its reduction_status() says whether every all-reduce went through.
 // Each rank's layer-norm gradients equal the whole block's; its other

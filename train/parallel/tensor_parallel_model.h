@@ -86,6 +86,9 @@ class TensorParallelSync final : public GradientSync {
   void after_layer(size_t layer) override;
   Status finish(std::span<Parameter* const> parameters, StepResult& step) override;
   std::optional<double> whole_squared_norm() const override { return whole_squared_norm_; }
+  // On the device: the split and replicated sums read back (one wait), the
+  // split one all-reduced, the whole written to the step's scalar.
+  Result<bool> device_squared_norm(std::span<Parameter* const> parameters, double* squared_norm) override;
 
  private:
   TensorParallelModel& model_;

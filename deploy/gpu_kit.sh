@@ -326,7 +326,7 @@ sanitize_step() {
     "memcheck test_compression_kernels_cuda *"
     "racecheck test_compression_kernels_cuda *ChunkTopK*"
     "racecheck test_compression_kernels_cuda *QuantizeIsBitIdentical*:*OrthonormalizeColumnsMatches*"
-    "racecheck test_cuda_ops *Attention*:*LayerNorm*:*CrossEntropy*:*SquaredNorm*:*BiasGradients*"
+    "racecheck test_cuda_ops *Attention*:*LayerNorm*:*CrossEntropy*:*SquaredNorm*:*BiasGradients*:*GroupNorm*:*PlaneMean*"
   )
   local line
   for line in "${runs[@]}"; do

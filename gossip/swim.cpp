@@ -46,9 +46,31 @@ Swim::Swim(std::string self, std::string address, SwimOptions options, uint64_t 
   self_.address = std::move(address);
 }
 
+void Swim::resume(uint64_t incarnation, const std::vector<MemberUpdate>& known, double now) {
+  self_.incarnation = std::max(self_.incarnation, incarnation + 1);
+  for (const MemberUpdate& m : known) {
+    if (m.name == self_.name || m.name.empty()) continue;
+    const MemberState state = m.state == MemberState::kSuspect ? MemberState::kAlive : m.state;
+    const bool is_new = !members_.contains(m.name);
+    members_[m.name] = Member{m.name, m.address, m.incarnation, state, now};
+    if (is_new && !is_gone(state)) probe_order_.push_back(m.name);
+  }
+}
+
 void Swim::join(const std::vector<std::pair<std::string, std::string>>& seeds, double now) {
   for (const auto& [name, address] : seeds) {
-    if (name == self_.name || members_.contains(name)) continue;
+    if (name == self_.name) continue;
+    const auto it = members_.find(name);
+    if (it != members_.end()) {
+      // Known from before a restart: a gone seed is probed again, at the
+      // incarnation it had (an Alive of it still needs a higher one).
+      if (is_gone(it->second.state)) {
+        it->second.state = MemberState::kAlive;
+        it->second.since = now;
+        probe_order_.push_back(name);
+      }
+      continue;
+    }
     members_[name] = Member{name, address, 0, MemberState::kAlive, now};
     probe_order_.push_back(name);
   }

@@ -105,6 +105,15 @@ class Swim {
   // Seeds: members to start from (name, address), known alive at incarnation 0
   // until they say otherwise; our own Alive goes out with the first messages.
   void join(const std::vector<std::pair<std::string, std::string>>& seeds, double now);
+  // A restarted member, before join(): its incarnation goes past the one it
+  // had (so its Alive overrides whatever the others concluded while it was
+  // gone, without waiting to hear the rumour), and the members it knew
+  // come back with their incarnations: alive and suspect ones alive (a
+  // suspicion's clock did not survive the restart; probing decides again),
+  // dead and left ones gone, so that a stale Alive does not resurrect them.
+  // A seed given to join() is probed even if it was gone (it may be back,
+  // and a member that knows only gone members would hear from no one).
+  void resume(uint64_t incarnation, const std::vector<MemberUpdate>& known, double now);
   // Runs the protocol up to `now`: starts probes, sends indirect probes,
   // raises suspicions and declares suspects dead when their time is up.
   void tick(double now);

@@ -81,6 +81,13 @@ class GossipRuntime::Impl {
   std::map<std::string, std::unique_ptr<protocol::ClientSocket>> clients;
   protocol::TransportOptions transport;
   std::optional<gossip::Swim> swim;
+  // What the store said of the membership before a restart (restore), for
+  // swim->resume: our incarnation then and the members we knew.
+  struct KnownMembership {
+    uint64_t incarnation = 0;
+    std::vector<gossip::MemberUpdate> members;
+  };
+  std::optional<KnownMembership> known_membership;
   Rng rng{1};
   SiteData data;
   std::string wire_federation;  // the federation name on this peer's shares (gossip_federation)
@@ -113,6 +120,7 @@ class GossipRuntime::Impl {
 
   Status open(GossipConfig c, GossipEventSink sink);
   Status restore();
+  Status restore_membership(uint64_t incarnation);
   Status commit(const nlohmann::json& metrics, bool new_round = false);
   void privatize(std::vector<std::vector<float>>& trained);
   std::optional<privacy::ConstantRateAccounting> dp;  // dp.noise_multiplier > 0
@@ -277,6 +285,17 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   });
 
   swim.emplace(site.name, config.listen, config.swim, mix_seed(site.data_seed, 0x5717 + static_cast<uint64_t>(site.index)));
+  if (known_membership) {
+    // Only members still on the roster, at the roster's addresses.
+    std::vector<gossip::MemberUpdate> known;
+    for (gossip::MemberUpdate m : known_membership->members) {
+      const auto it = addresses.find(m.name);
+      if (it == addresses.end()) continue;
+      m.address = it->second;
+      known.push_back(std::move(m));
+    }
+    swim->resume(known_membership->incarnation, known, now());
+  }
   std::vector<std::pair<std::string, std::string>> seeds;
   for (const auto& [name, address] : addresses) {
     const bool wanted = config.seeds.empty() || std::find(config.seeds.begin(), config.seeds.end(), name) != config.seeds.end();
@@ -336,6 +355,7 @@ Status GossipRuntime::Impl::restore() {
     }
     state->set_weight(weight);
     set_version(saved.at("version").get<uint64_t>());
+    FEDMESH_RETURN_IF_ERROR(restore_membership(saved.value("incarnation", uint64_t{0})));
     last_sequence = saved.at("last_sequence").get<uint64_t>();
     commits = latest->round.round;
     if (Status s = federation::restore_compression_tensors(state->compressor(), "", *latest); !s.is_ok()) {
@@ -346,7 +366,33 @@ Status GossipRuntime::Impl::restore() {
   } catch (const nlohmann::json::exception& error) {
     return corrupt(config.site.store + ": the gossip state is malformed: " + error.what());
   }
-  emit({{"event", "resume"}, {"store", config.site.store}, {"version", version}, {"committed", latest->round.wall_time}});
+  emit({{"event", "resume"}, {"store", config.site.store}, {"version", version}, {"committed", latest->round.wall_time},
+        {"members_known", known_membership ? known_membership->members.size() : 0},
+        {"incarnation", known_membership ? known_membership->incarnation + 1 : 0}});
+  return Status::ok();
+}
+
+// The membership the last commit saw: members with a state name the store
+// does not know are skipped (and said so), not trusted.
+Status GossipRuntime::Impl::restore_membership(uint64_t incarnation) {
+  Result<std::vector<store::PeerRecord>> peers = store->peers();
+  if (!peers.is_ok()) return peers.status();
+  KnownMembership known;
+  known.incarnation = incarnation;
+  for (const store::PeerRecord& p : *peers) {
+    std::optional<gossip::MemberState> state;
+    for (const gossip::MemberState s : {gossip::MemberState::kAlive, gossip::MemberState::kSuspect,
+                                        gossip::MemberState::kDead, gossip::MemberState::kLeft}) {
+      if (p.status == gossip::member_state_name(s)) state = s;
+    }
+    if (!state || p.incarnation < 0) {
+      emit({{"event", "warning"}, {"message", "the store's membership has member " + p.site + " in state '" + p.status +
+                                                  "', incarnation " + std::to_string(p.incarnation) + ": left out"}});
+      continue;
+    }
+    known.members.push_back({p.site, p.address, static_cast<uint64_t>(p.incarnation), *state, ""});
+  }
+  known_membership = std::move(known);
   return Status::ok();
 }
 
@@ -361,6 +407,7 @@ Status GossipRuntime::Impl::commit(const nlohmann::json& metrics, bool new_round
   round.state_json = nlohmann::json({{"version", version}, {"weight", state->weight()}, {"merge", config.merge},
                                      {"last_sequence", last_sequence},
                                      {"compressor_rounds", state->compressor().rounds()},
+                                     {"incarnation", swim ? swim->incarnation() : uint64_t{0}},
                                      {"tokenizer", data.tokenizer_fingerprint()}})
                          .dump();
   std::deque<Tensor> views;

@@ -8,7 +8,8 @@
 //   - two peers killed with SIGKILL are marked dead by each of the six
 //     others within 60 s (SWIM at its default 1 s period), and the six keep
 //     training: each evaluates five more times, at best 78% or better;
-//   - one killed peer restarted from its own store resumes from its
+//   - one killed peer restarted from its own store (its model, and its
+//     membership view and incarnation) resumes from its
 //     checkpoint, catches up from several donors (a complete catch-up that
 //     raises its version), is seen alive again, and trains on;
 //   - SIGTERM makes every peer leave gracefully and exit 0.
@@ -347,6 +348,10 @@ TEST(Gossip, EightPeersConvergeSurviveTwoKillsAndARestartedPeerCatchesUp) {
   const std::optional<json> resume = cluster.find_event(6, "resume");
   ASSERT_TRUE(resume) << "site-6 should resume from its own store";
   EXPECT_GT((*resume)["version"].get<int64_t>(), 0);
+  // Its membership came back from the store: the others it knew (7, one of
+  // them killed before it), and an incarnation past the one it had.
+  EXPECT_GE((*resume)["members_known"].get<int64_t>(), 6) << resume->dump();
+  EXPECT_GE((*resume)["incarnation"].get<int64_t>(), 1) << resume->dump();
   const std::optional<json> catch_up = cluster.find_event(6, "catch-up");
   ASSERT_TRUE(catch_up) << "site-6 came back behind and should catch up before training";
   EXPECT_TRUE((*catch_up)["complete"].get<bool>()) << catch_up->dump();

@@ -3,10 +3,14 @@
 // probability; a crashed member neither ticks nor receives. Checks what SWIM
 // promises: a dead member is detected within the expected number of
 // periods, no member is declared dead with 20 % message loss at the default
-// settings, and a suspected live member refutes. Seeded: every run is the same.
+// settings, a suspected live member refutes, and a member restarted from
+// its stored view knows the members at once and is seen alive within a few
+// periods. Seeded: every run is the same.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <queue>
@@ -40,6 +44,16 @@ class FakeNetwork {
   Swim& node(int i) { return *nodes_.at(names_[static_cast<size_t>(i)]); }
   const std::string& name(int i) const { return names_[static_cast<size_t>(i)]; }
   void crash(int i) { crashed_.insert(name(i)); }
+  // Node i starts again as a new process (nothing of its state kept but
+  // what `resume` gives it), joining through node-0.
+  void restart(int i, const std::function<void(Swim&)>& resume, SwimOptions options = {}) {
+    auto fresh = std::make_unique<Swim>(name(i), "tcp://10.0.0." + std::to_string(i) + ":7000", options,
+                                        mix_seed(99, static_cast<uint64_t>(i)));
+    if (resume) resume(*fresh);
+    fresh->join({{names_[0], "tcp://10.0.0.0:7000"}}, now_);
+    nodes_[name(i)] = std::move(fresh);
+    crashed_.erase(name(i));
+  }
   void restore(int i) { crashed_.erase(name(i)); }
   void set_loss(double loss) { loss_ = loss; }
   double now() const { return now_; }
@@ -200,6 +214,73 @@ TEST(Swim, AMemberDeclaredDeadDuringAPartitionComesBackAlive) {
   net.run_until(net.now() + 20.0);
   EXPECT_TRUE(net.all_see(4, MemberState::kAlive)) << "node-4 did not refute its death";
   EXPECT_GT(net.node(4).incarnation(), 0u);
+}
+
+// A member restarted from its store (Swim::resume: its last view and
+// incarnation) knows every member at once, including one it knew had left
+// (a stale Alive does not bring that one back), and its incarnation goes
+// past the one the others declared dead, so they see it alive within a few
+// periods; restarted with nothing, it knows only its seed.
+TEST(Swim, ARestartedMemberResumesItsViewAndIncarnation) {
+  FakeNetwork net(6, 0.0, 8);
+  net.run_until(6.0);
+  net.node(5).leave(net.now());
+  net.run_until(net.now() + 0.2);
+  net.crash(5);
+  net.run_until(net.now() + 4.0);
+  // What node-3's store holds at its last commit.
+  std::vector<MemberUpdate> view;
+  for (const auto& [name, member] : net.node(3).members()) {
+    view.push_back({name, member.address, member.incarnation, member.state, ""});
+  }
+  const uint64_t incarnation = net.node(3).incarnation();
+  ASSERT_EQ(net.node(3).state_of(net.name(5)), MemberState::kLeft);
+  net.crash(3);
+  net.run_until(net.now() + 25.0);
+  ASSERT_TRUE(net.all_see(3, MemberState::kDead));
+  net.restart(3, [&](Swim& s) { s.resume(incarnation, view, net.now()); });
+  EXPECT_EQ(net.node(3).incarnation(), incarnation + 1);
+  for (int i : {0, 1, 2, 4}) EXPECT_EQ(net.node(3).state_of(net.name(i)), MemberState::kAlive) << i;
+  EXPECT_EQ(net.node(3).state_of(net.name(5)), MemberState::kLeft);
+  SwimMessage stale;
+  stale.kind = SwimMessageKind::kPing;
+  stale.from = net.name(1);
+  stale.to = net.name(3);
+  stale.updates = {MemberUpdate{net.name(5), "", 0, MemberState::kAlive}};
+  net.node(3).receive(stale, net.now());
+  EXPECT_EQ(net.node(3).state_of(net.name(5)), MemberState::kLeft) << "a stale Alive resurrected a member that left";
+  const double restarted = net.now();
+  double seen_alive = -1.0;
+  net.run_until(net.now() + 10.0, [&] {
+    if (seen_alive < 0 && net.all_see(3, MemberState::kAlive)) seen_alive = net.now();
+  });
+  ASSERT_GE(seen_alive, 0.0) << "the restarted member was not seen alive";
+  EXPECT_LT(seen_alive - restarted, 3.0);
+  // Without its store: it knows its seed only, until the gossip tells it more.
+  net.crash(2);
+  net.run_until(net.now() + 25.0);
+  net.restart(2, nullptr);
+  EXPECT_EQ(net.node(2).members().size(), 1u);
+  EXPECT_EQ(net.node(2).incarnation(), 0u);
+  std::printf("a member restarted from its view was seen alive by all after %.2f s\n", seen_alive - restarted);
+}
+
+// A seed the stored view holds as dead is probed again (it may be back),
+// at the incarnation it had.
+TEST(Swim, AGoneSeedIsProbedAfterAResume) {
+  Swim swim("a", "tcp://a", SwimOptions{}, 3);
+  swim.resume(4, {MemberUpdate{"b", "tcp://b", 2, MemberState::kDead, ""},
+                  MemberUpdate{"c", "tcp://c", 1, MemberState::kDead, ""},
+                  MemberUpdate{"a", "tcp://a", 9, MemberState::kAlive, ""}}, 0.0);
+  EXPECT_EQ(swim.incarnation(), 5u) << "our own entry in the view is not a member";
+  swim.join({{"b", "tcp://b"}}, 0.0);
+  EXPECT_EQ(swim.state_of("b"), MemberState::kAlive);
+  EXPECT_EQ(swim.members().at("b").incarnation, 2u);
+  EXPECT_EQ(swim.state_of("c"), MemberState::kDead);
+  swim.tick(0.0);
+  const std::vector<SwimMessage> out = swim.take_outbox();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].to, "b");
 }
 
 TEST(Swim, OptionsAreChecked) {

@@ -28,6 +28,7 @@
 #include "gossip/topology.h"
 #include "kernels/parallel.h"
 #include "gossip/swim_wire.h"
+#include "node/peer_link.h"
 #include "train/model.h"
 #include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
@@ -78,7 +79,17 @@ class GossipRuntime::Impl {
   std::optional<crypto::ReplayGuard> replay;
   std::unique_ptr<protocol::ServerSocket> server;
   std::unique_ptr<protocol::UpdateService> service;
-  std::map<std::string, std::unique_ptr<protocol::ClientSocket>> clients;
+  // One link per member we send to: its own thread and socket, so a slow
+  // link holds back only its own messages (peer_link.h).
+  std::map<std::string, std::unique_ptr<PeerLink>> links;
+  // Shares handed to links and not yet reported: what a link that could not
+  // deliver gives back (push-sum: merged into ourselves), by share id.
+  struct ShareInFlight {
+    gossip::GossipShare share;
+    int pending = 0;  // links that have not reported
+  };
+  std::map<uint64_t, ShareInFlight> shares_in_flight;
+  uint64_t next_share = 1;
   protocol::TransportOptions transport;
   std::optional<gossip::Swim> swim;
   // What the store said of the membership before a restart (restore), for
@@ -126,14 +137,14 @@ class GossipRuntime::Impl {
   std::optional<privacy::ConstantRateAccounting> dp;  // dp.noise_multiplier > 0
   double now() const { return std::chrono::duration<double>(Clock::now() - started).count(); }
   bool is_member(std::string_view name) const { return addresses.contains(std::string(name)); }
-  protocol::ClientSocket* client(const std::string& name);
+  PeerLink* link(const std::string& name);
   bool send_to(const std::string& name, const protocol::SharedMessage& message);
   bool send_to(const std::string& name, protocol::OutgoingMessage message);
   void pump(double seconds);
   void handle_frame(const protocol::Incoming& incoming);
   bool handle_other(const protocol::Incoming& in, const protocol::ParsedMessage& message, protocol::Rejection& rejection);
   void take_completed();
-  void drain_clients();
+  void drain_links();
   void flush_swim();
   void note_events();
   std::vector<std::string> alive_members() const;
@@ -428,28 +439,28 @@ Status GossipRuntime::Impl::commit(const nlohmann::json& metrics, bool new_round
   return store->commit_round(round);
 }
 
-protocol::ClientSocket* GossipRuntime::Impl::client(const std::string& name) {
-  if (const auto found = clients.find(name); found != clients.end()) return found->second.get();
+PeerLink* GossipRuntime::Impl::link(const std::string& name) {
+  if (const auto found = links.find(name); found != links.end()) return found->second.get();
   const crypto::RosterEntry* entry = roster.find(name);
   const auto address = addresses.find(name);
   if (entry == nullptr || address == addresses.end()) return nullptr;
-  Result<std::unique_ptr<protocol::ClientSocket>> connected =
-      protocol::ClientSocket::connect(address->second, protocol::CurveKeys::from(keys), entry->identity.box_public, transport);
-  if (!connected.is_ok()) {
-    emit({{"event", "warning"}, {"message", "cannot dial " + name + ": " + connected.status().message()}});
-    return nullptr;
-  }
-  return (clients[name] = std::move(*connected)).get();
+  // The link's thread dials with copies of what it needs.
+  PeerLink::Dial dial = [endpoint = address->second, curve = protocol::CurveKeys::from(keys),
+                         server = entry->identity.box_public, options = transport] {
+    return protocol::ClientSocket::connect(endpoint, curve, server, options);
+  };
+  return (links[name] = std::make_unique<PeerLink>(name, std::move(dial), kSendTimeout)).get();
 }
 
+// Queued on the member's link: false only when the member has no address.
 bool GossipRuntime::Impl::send_to(const std::string& name, const protocol::SharedMessage& message) {
-  protocol::ClientSocket* socket = client(name);
-  return socket != nullptr && socket->send(message, kSendTimeout).is_ok();
+  PeerLink* to = link(name);
+  if (to != nullptr) to->send(message);
+  return to != nullptr;
 }
 
 bool GossipRuntime::Impl::send_to(const std::string& name, protocol::OutgoingMessage message) {
-  protocol::ClientSocket* socket = client(name);
-  return socket != nullptr && socket->send(std::move(message), kSendTimeout).is_ok();
+  return send_to(name, protocol::SharedMessage(std::move(message)));
 }
 
 void GossipRuntime::Impl::flush_swim() {
@@ -556,14 +567,30 @@ void GossipRuntime::Impl::take_completed() {
   }
 }
 
-void GossipRuntime::Impl::drain_clients() {
-  for (auto& [name, socket] : clients) {
-    for (int i = 0; i < 64; ++i) {
-      Result<std::optional<protocol::Incoming>> incoming = socket->receive(std::chrono::milliseconds(0));
-      if (!incoming.is_ok() || !incoming->has_value()) break;
+void GossipRuntime::Impl::drain_links() {
+  for (auto& [name, peer] : links) {
+    PeerLink::Report report = peer->take();
+    for (const std::string& warning : report.warnings) emit({{"event", "warning"}, {"message", warning}});
+    for (const PeerLink::ShareOutcome& outcome : report.shares) {
+      const auto in_flight = shares_in_flight.find(outcome.share);
+      if (in_flight == shares_in_flight.end()) continue;
+      {
+        std::lock_guard lock(metrics_mutex);
+        if (outcome.delivered) {
+          bytes_sent += outcome.bytes;
+          ++shares_sent;
+        } else {
+          ++shares_undelivered;
+        }
+      }
+      // Push-sum: the part that never left comes back (merged into us).
+      if (!outcome.delivered) state->take_back(in_flight->second.share, 1);
+      if (--in_flight->second.pending == 0) shares_in_flight.erase(in_flight);
+    }
+    for (protocol::Incoming& incoming : report.replies) {
       std::unique_ptr<protocol::ParsedMessage> parsed;
       protocol::Rejection rejection;
-      if (!protocol::parse_message((*incoming)->bytes, protocol::kDefaultMaxMessageBytes, (*incoming)->frame, parsed,
+      if (!protocol::parse_message(incoming.bytes, protocol::kDefaultMaxMessageBytes, incoming.frame, parsed,
                                    rejection)) {
         continue;
       }
@@ -592,7 +619,7 @@ void GossipRuntime::Impl::pump(double seconds) {
       handle_frame(**incoming);
     }
     flush_swim();
-    drain_clients();
+    drain_links();
     note_events();
     serve_catch_up_requests();
   } while (Clock::now() < until);
@@ -816,23 +843,28 @@ Status GossipRuntime::Impl::share() {
   if (chosen.empty()) return Status::ok();
   Result<gossip::GossipShare> made = state->share(static_cast<int>(chosen.size()));
   if (!made.is_ok()) return made.status();
-  int undelivered = 0;
-  uint64_t bytes = 0;
+  // Handed to the peers' links; each reports later whether its copy left
+  // (drain_links takes back what did not).
+  const uint64_t id = next_share++;
+  int queued = 0, unprepared = 0;
   for (const size_t index : chosen) {
     const std::string& peer = members[index];
     Result<protocol::PreparedUpdate> prepared = prepare(peer, made->tensors, {gossip::GossipUpdateKind::kShare, made->weight, 0, 0});
-    bool sent = prepared.is_ok() && send_to(peer, prepared->header);
-    if (sent) {
-      for (const protocol::SharedMessage& chunk : prepared->chunks) sent = sent && send_to(peer, chunk);
+    PeerLink* to = prepared.is_ok() ? link(peer) : nullptr;
+    if (to == nullptr) {
+      ++unprepared;
+      continue;
     }
-    if (sent) bytes += protocol::wire_bytes(*prepared);
-    else ++undelivered;
+    to->send(prepared->header, id, prepared->chunks.empty());
+    for (size_t c = 0; c < prepared->chunks.size(); ++c) to->send(prepared->chunks[c], id, c + 1 == prepared->chunks.size());
+    ++queued;
   }
-  state->take_back(*made, undelivered);
-  std::lock_guard lock(metrics_mutex);
-  bytes_sent += bytes;
-  shares_sent += chosen.size() - static_cast<size_t>(undelivered);
-  shares_undelivered += static_cast<uint64_t>(undelivered);
+  if (unprepared > 0) {
+    state->take_back(*made, unprepared);
+    std::lock_guard lock(metrics_mutex);
+    shares_undelivered += static_cast<uint64_t>(unprepared);
+  }
+  if (queued > 0) shares_in_flight[id] = ShareInFlight{std::move(*made), queued};
   return Status::ok();
 }
 
@@ -967,9 +999,11 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       event["weight"] = s.state->weight();
     }
     uint64_t dropped = 0, transport_bytes = 0;
-    for (const auto& [name, socket] : s.clients) {
-      dropped += socket->counters().dropped_by_faults.load();
-      transport_bytes += socket->counters().bytes_sent.load();
+    for (const auto& [name, peer] : s.links) {
+      if (const protocol::TransportCounters* counters = peer->counters()) {
+        dropped += counters->dropped_by_faults.load();
+        transport_bytes += counters->bytes_sent.load();
+      }
     }
     event["dropped_by_faults"] = dropped;
     // Everything this node handed to its sockets: shares, catch-up slices,

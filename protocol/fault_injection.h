@@ -9,8 +9,10 @@
 //
 // The sending thread waits out the hold (a sleep before zmq_send), so a
 // socket's messages keep their order, and a burst is paced as a narrow link
-// would pace it; what it does not model is a delay that overlaps the
-// sender's next work.
+// would pace it. A gossip peer sends on one thread per link
+// (node/peer_link.h), so a held link holds only its own messages; elsewhere
+// the hold is the caller's. What it does not model is latency that overlaps
+// within one link: each message waits the delay after the one before.
 #pragma once
 
 #include <cstdint>

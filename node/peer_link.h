@@ -1,0 +1,92 @@
+// A gossip peer's link to one member: a thread that owns the client socket
+// to that member and sends, in order, what the peer queued for it, so that a
+// slow, delayed or paced link (transport.faults, or a congested network)
+// holds back its own messages only, beside training, merging and the other
+// links. It also takes the member's replies off the socket, and reports the
+// fate of every share: delivered (every message of it handed to the
+// socket), or not (a message could not be sent: the rest of that share is
+// dropped, and the peer takes the share back).
+//
+// Everything the peer reads comes through take(), on the peer's thread;
+// the socket is used on the link's thread only (ZeroMQ sockets are not
+// thread-safe).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+#include "protocol/transport.h"
+
+namespace fedmesh::node {
+
+class PeerLink {
+ public:
+  using Dial = std::function<Result<std::unique_ptr<protocol::ClientSocket>>()>;
+  // Dials lazily (at the first message, and again after a failed dial).
+  PeerLink(std::string member, Dial dial, std::chrono::milliseconds send_timeout);
+  // Sends what is queued first (for at most 2 s; what is left is reported
+  // undelivered), then stops.
+  ~PeerLink();
+  PeerLink(const PeerLink&) = delete;
+  PeerLink& operator=(const PeerLink&) = delete;
+
+  // Queues a message; `share` (0: none) names the share it is part of, and
+  // `last` marks the share's last message to this member.
+  void send(protocol::SharedMessage message, uint64_t share = 0, bool last = false);
+
+  struct ShareOutcome {
+    uint64_t share = 0;
+    bool delivered = false;
+    uint64_t bytes = 0;  // handed to the socket (all of the share's when delivered)
+  };
+  struct Report {
+    std::vector<protocol::Incoming> replies;
+    std::vector<ShareOutcome> shares;
+    std::vector<std::string> warnings;
+  };
+  // What happened since the last call.
+  Report take();
+  const std::string& member() const { return member_; }
+  // Messages queued and not yet sent.
+  size_t queued();
+  // The socket's counters once it is dialed (null before): atomics, read
+  // from any thread while the link lives.
+  const protocol::TransportCounters* counters() const { return counters_.load(std::memory_order_acquire); }
+
+ private:
+  struct Queued {
+    protocol::SharedMessage message;
+    uint64_t share = 0;
+    bool last = false;
+  };
+  void run();
+  void fail_share(uint64_t share, uint64_t bytes);
+
+  std::string member_;
+  Dial dial_;
+  std::chrono::milliseconds send_timeout_;
+  std::unique_ptr<protocol::ClientSocket> socket_;  // the link thread's only
+  std::atomic<const protocol::TransportCounters*> counters_{nullptr};
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Queued> queue_;
+  Report report_;
+  bool stopping_ = false;
+  std::set<uint64_t> failed_;    // shares whose rest is dropped (link thread)
+  std::map<uint64_t, uint64_t> share_bytes_;  // bytes of shares in progress (link thread)
+  std::thread thread_;
+};
+
+}  // namespace fedmesh::node

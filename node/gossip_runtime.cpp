@@ -452,11 +452,11 @@ PeerLink* GossipRuntime::Impl::link(const std::string& name) {
   return (links[name] = std::make_unique<PeerLink>(name, std::move(dial), kSendTimeout)).get();
 }
 
-// Queued on the member's link: false only when the member has no address.
+// Queued on the member's link: false when the member has no address or its
+// link is full (the message is then lost, as on a congested link).
 bool GossipRuntime::Impl::send_to(const std::string& name, const protocol::SharedMessage& message) {
   PeerLink* to = link(name);
-  if (to != nullptr) to->send(message);
-  return to != nullptr;
+  return to != nullptr && to->send(message);
 }
 
 bool GossipRuntime::Impl::send_to(const std::string& name, protocol::OutgoingMessage message) {
@@ -851,12 +851,16 @@ Status GossipRuntime::Impl::share() {
     const std::string& peer = members[index];
     Result<protocol::PreparedUpdate> prepared = prepare(peer, made->tensors, {gossip::GossipUpdateKind::kShare, made->weight, 0, 0});
     PeerLink* to = prepared.is_ok() ? link(peer) : nullptr;
-    if (to == nullptr) {
+    std::vector<protocol::SharedMessage> messages;
+    if (to != nullptr) {
+      messages.push_back(prepared->header);
+      messages.insert(messages.end(), prepared->chunks.begin(), prepared->chunks.end());
+    }
+    // A link still full of earlier messages gets none of this share.
+    if (to == nullptr || !to->send_share(std::move(messages), id)) {
       ++unprepared;
       continue;
     }
-    to->send(prepared->header, id, prepared->chunks.empty());
-    for (size_t c = 0; c < prepared->chunks.size(); ++c) to->send(prepared->chunks[c], id, c + 1 == prepared->chunks.size());
     ++queued;
   }
   if (unprepared > 0) {

@@ -20,17 +20,31 @@ PeerLink::~PeerLink() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    drain_until_ = std::chrono::steady_clock::now() + kDrainOnClose;
   }
   changed_.notify_all();
   thread_.join();
 }
 
-void PeerLink::send(protocol::SharedMessage message, uint64_t share, bool last) {
+bool PeerLink::send(protocol::SharedMessage message, uint64_t share, bool last) {
   {
     std::lock_guard lock(mutex_);
+    if (queue_.size() >= kMaxQueued) return false;
     queue_.push_back({std::move(message), share, last});
   }
   changed_.notify_all();
+  return true;
+}
+
+bool PeerLink::send_share(std::vector<protocol::SharedMessage> messages, uint64_t share) {
+  if (messages.empty()) return false;
+  {
+    std::lock_guard lock(mutex_);
+    if (queue_.size() + messages.size() > kMaxQueued) return false;
+    for (size_t i = 0; i < messages.size(); ++i) queue_.push_back({std::move(messages[i]), share, i + 1 == messages.size()});
+  }
+  changed_.notify_all();
+  return true;
 }
 
 PeerLink::Report PeerLink::take() {
@@ -49,17 +63,13 @@ void PeerLink::fail_share(uint64_t share, uint64_t bytes) {
 }
 
 void PeerLink::run() {
-  std::chrono::steady_clock::time_point drain_until{};
   for (;;) {
     Queued next;
     bool have = false;
     {
       std::unique_lock lock(mutex_);
       changed_.wait_for(lock, std::chrono::milliseconds(10), [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_ && drain_until == std::chrono::steady_clock::time_point{}) {
-        drain_until = std::chrono::steady_clock::now() + kDrainOnClose;
-      }
-      const bool out_of_time = stopping_ && std::chrono::steady_clock::now() > drain_until;
+      const bool out_of_time = stopping_ && std::chrono::steady_clock::now() > drain_until_;
       if (!queue_.empty() && !out_of_time) {
         next = std::move(queue_.front());
         queue_.pop_front();

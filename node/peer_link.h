@@ -36,15 +36,21 @@ class PeerLink {
   using Dial = std::function<Result<std::unique_ptr<protocol::ClientSocket>>()>;
   // Dials lazily (at the first message, and again after a failed dial).
   PeerLink(std::string member, Dial dial, std::chrono::milliseconds send_timeout);
-  // Sends what is queued first (for at most 2 s; what is left is reported
-  // undelivered), then stops.
+  // Sends what is queued first (for at most 2 s from now, plus the message
+  // being sent; what is left is reported undelivered), then stops.
   ~PeerLink();
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;
 
+  // A link holds at most this many messages: a member that takes them
+  // slower than they come gets no more until it catches up.
+  static constexpr size_t kMaxQueued = 256;
   // Queues a message; `share` (0: none) names the share it is part of, and
-  // `last` marks the share's last message to this member.
-  void send(protocol::SharedMessage message, uint64_t share = 0, bool last = false);
+  // `last` marks the share's last message to this member. False (and
+  // nothing queued) when the link holds kMaxQueued already.
+  bool send(protocol::SharedMessage message, uint64_t share = 0, bool last = false);
+  // Queues all of a share's messages, or none (false) when they do not fit.
+  bool send_share(std::vector<protocol::SharedMessage> messages, uint64_t share);
 
   struct ShareOutcome {
     uint64_t share = 0;
@@ -84,6 +90,7 @@ class PeerLink {
   std::deque<Queued> queue_;
   Report report_;
   bool stopping_ = false;
+  std::chrono::steady_clock::time_point drain_until_;  // set with stopping_
   std::set<uint64_t> failed_;    // shares whose rest is dropped (link thread)
   std::map<uint64_t, uint64_t> share_bytes_;  // bytes of shares in progress (link thread)
   std::thread thread_;

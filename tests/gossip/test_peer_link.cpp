@@ -4,7 +4,8 @@
 // arrive and its share is reported delivered long before the slow link's
 // first message leaves; the slow link still delivers everything, in order,
 // and reports its share with every byte. A link that cannot dial reports
-// its share undelivered and says why; a closing link sends what was queued.
+// its share undelivered and says why; a full link refuses more (a share
+// whole); a closing link sends what was queued.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -95,10 +96,13 @@ TEST_F(PeerLinks, ASlowLinkDelaysOnlyItsOwnMessages) {
   PeerLink slow("slow", dial(*slow_server, "delay=600ms"), 20ms);
   const auto began = Clock::now();
   const std::vector<size_t> sizes = {100, 2000, 300, 4000};
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    slow.send(message(sizes[i] + 1), 9, i + 1 == sizes.size());
-    fast.send(message(sizes[i]), 7, i + 1 == sizes.size());
+  std::vector<protocol::SharedMessage> fast_share, slow_share;
+  for (const size_t size : sizes) {
+    fast_share.push_back(message(size));
+    slow_share.push_back(message(size + 1));
   }
+  ASSERT_TRUE(slow.send_share(slow_share, 9));
+  ASSERT_TRUE(fast.send_share(fast_share, 7));
   EXPECT_LT(Clock::now() - began, 50ms) << "queuing waited for a link";
   const auto fast_got = receive(*fast_server, sizes.size(), 5s);
   ASSERT_EQ(fast_got.size(), sizes.size());
@@ -136,6 +140,19 @@ TEST_F(PeerLinks, ALinkThatCannotDialReportsItsShareUndelivered) {
   // Reported once, whatever the share's later messages did.
   std::this_thread::sleep_for(100ms);
   for (const PeerLink::ShareOutcome& o : nowhere.take().shares) EXPECT_NE(o.share, 3u);
+}
+
+// A link holds at most kMaxQueued messages: a share that does not fit is
+// refused whole (the peer takes it back), a single message beyond is refused.
+TEST_F(PeerLinks, AFullLinkRefusesMore) {
+  std::unique_ptr<protocol::ServerSocket> server = bind();
+  ASSERT_TRUE(server);
+  PeerLink stuck("stuck", dial(*server, "delay=3s"), 20ms);
+  for (size_t i = 0; i < PeerLink::kMaxQueued; ++i) ASSERT_TRUE(stuck.send(message(8)));
+  std::this_thread::sleep_for(50ms);  // the link takes the first one and holds it 3 s
+  EXPECT_TRUE(stuck.send(message(8)));
+  EXPECT_FALSE(stuck.send(message(8)));
+  EXPECT_FALSE(stuck.send_share({message(8), message(8)}, 5));
 }
 
 TEST_F(PeerLinks, AClosingLinkSendsWhatWasQueued) {

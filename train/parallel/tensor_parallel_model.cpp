@@ -1,6 +1,5 @@
 #include "train/parallel/tensor_parallel_model.h"
 
-#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -24,9 +23,8 @@ void set_precision(TransformerBlock& block, DType dtype) {
   for (Parameter* p : block.parameters()) p->set_compute_dtype(dtype);
 }
 
-// A host tensor's values into `to` (where it lives), or `to` replaced by
-// them on `device` (an optimizer's state tensor, whose shape changes).
-void put(const Tensor& host, Tensor& to) { to.copy_from(host); }
+// A host tensor moved to `device` (an optimizer's state tensor, whose
+// shape changes between whole and slice).
 Tensor placed(Tensor host, Device device) { return device == Device::kCpu ? host : host.to(device); }
 
 }  // namespace
@@ -81,7 +79,7 @@ void TensorParallelModel::scatter(Optimizer* optimizer) {
     for (size_t k = 0; k < from.size(); ++k) {
       Tensor slice = Tensor::zeros(to[k]->value.shape());
       slice_for_rank(from[k]->value.host(), splits[k], rank, ranks, slice);
-      put(slice, to[k]->value);
+      to[k]->value.copy_from(slice);
       // The whole block's gradients are not carried: a step starts from zero.
       fill(to[k]->grad, 0.0f);
       // The optimizer keeps its state by parameter name: the whole tensor is

@@ -1025,6 +1025,8 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
   s.swim->leave(s.now());
   s.flush_swim();
   s.pump(0.2);
+  // The links drain what is queued (the leave among it) side by side.
+  for (auto& [name, peer] : s.links) peer->close();
   FEDMESH_RETURN_IF_ERROR(s.commit({{"event", "left"}, {"round", s.version}}));
   s.emit({{"event", "finished"}, {"version", s.version}, {"test_accuracy", s.last_test_accuracy},
           {"bytes_sent", s.bytes_sent}, {"stopped", stop.load()}});

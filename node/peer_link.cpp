@@ -17,13 +17,18 @@ PeerLink::PeerLink(std::string member, Dial dial, std::chrono::milliseconds send
     : member_(std::move(member)), dial_(std::move(dial)), send_timeout_(send_timeout), thread_([this] { run(); }) {}
 
 PeerLink::~PeerLink() {
+  close();
+  thread_.join();
+}
+
+void PeerLink::close() {
   {
     std::lock_guard lock(mutex_);
+    if (stopping_) return;
     stopping_ = true;
     drain_until_ = std::chrono::steady_clock::now() + kDrainOnClose;
   }
   changed_.notify_all();
-  thread_.join();
 }
 
 bool PeerLink::send(protocol::SharedMessage message, uint64_t share, bool last) {

@@ -36,9 +36,12 @@ class PeerLink {
   using Dial = std::function<Result<std::unique_ptr<protocol::ClientSocket>>()>;
   // Dials lazily (at the first message, and again after a failed dial).
   PeerLink(std::string member, Dial dial, std::chrono::milliseconds send_timeout);
-  // Sends what is queued first (for at most 2 s from now, plus the message
-  // being sent; what is left is reported undelivered), then stops.
+  // Sends what is queued first (for at most 2 s from close(), plus the
+  // message being sent; what is left is reported undelivered), then stops.
   ~PeerLink();
+  // Starts that: a peer closes all its links first, so that they drain
+  // side by side, then destroys them.
+  void close();
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;
 

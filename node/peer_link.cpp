@@ -31,14 +31,8 @@ void PeerLink::close() {
   changed_.notify_all();
 }
 
-bool PeerLink::send(protocol::SharedMessage message, uint64_t share, bool last) {
-  {
-    std::lock_guard lock(mutex_);
-    if (queue_.size() >= kMaxQueued) return false;
-    queue_.push_back({std::move(message), share, last});
-  }
-  changed_.notify_all();
-  return true;
+bool PeerLink::send(protocol::SharedMessage message) {
+  return send_share({std::move(message)}, 0);
 }
 
 bool PeerLink::send_share(std::vector<protocol::SharedMessage> messages, uint64_t share) {

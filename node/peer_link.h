@@ -48,11 +48,11 @@ class PeerLink {
   // A link holds at most this many messages: a member that takes them
   // slower than they come gets no more until it catches up.
   static constexpr size_t kMaxQueued = 256;
-  // Queues a message; `share` (0: none) names the share it is part of, and
-  // `last` marks the share's last message to this member. False (and
-  // nothing queued) when the link holds kMaxQueued already.
-  bool send(protocol::SharedMessage message, uint64_t share = 0, bool last = false);
-  // Queues all of a share's messages, or none (false) when they do not fit.
+  // Queues a message that is no share's (lost if the socket cannot take it).
+  // False (and nothing queued) when the link holds kMaxQueued already.
+  bool send(protocol::SharedMessage message);
+  // Queues all of a share's messages (share 0: no share), or none (false)
+  // when they do not fit.
   bool send_share(std::vector<protocol::SharedMessage> messages, uint64_t share);
 
   struct ShareOutcome {

@@ -320,16 +320,15 @@ StepResult Trainer::apply_gradients(StepResult result, float lr) {
   const float scale = loss_scaler_.scale();
   std::vector<Parameter*> parameters = model_.parameters();
   if (!sync_gradients(parameters, result)) return result;
-  bool finite = true;
-  double squared_norm = 0.0;
-  for (Parameter* p : parameters) {
+  // The sync's whole norm (tensor parallelism) when it has one: it already
+  // summed these gradients' squares, and a non-finite one makes it so.
+  const std::optional<double> whole = sync_ != nullptr ? sync_->whole_squared_norm() : std::nullopt;
+  bool finite = !whole || std::isfinite(*whole);
+  double squared_norm = whole.value_or(0.0);
+  for (Parameter* p : whole ? std::span<Parameter* const>() : std::span<Parameter* const>(parameters)) {
     const double s = squared_l2_norm(p->grad);
     finite &= std::isfinite(s);
     squared_norm += s;
-  }
-  if (const std::optional<double> whole = sync_ != nullptr ? sync_->whole_squared_norm() : std::nullopt) {
-    squared_norm = *whole;
-    finite = std::isfinite(*whole);
   }
   if (!loss_scaler_.update(finite)) {
     result.applied = false;

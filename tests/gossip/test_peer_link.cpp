@@ -128,9 +128,8 @@ TEST_F(PeerLinks, ASlowLinkDelaysOnlyItsOwnMessages) {
 
 TEST_F(PeerLinks, ALinkThatCannotDialReportsItsShareUndelivered) {
   PeerLink nowhere("nowhere", [] { return Result<std::unique_ptr<protocol::ClientSocket>>(unavailable("no route")); }, 20ms);
-  nowhere.send(message(64), 3, false);
-  nowhere.send(message(64), 3, true);
-  nowhere.send(message(64), 0, false);  // not a share: dropped quietly
+  ASSERT_TRUE(nowhere.send_share({message(64), message(64)}, 3));
+  ASSERT_TRUE(nowhere.send(message(64)));  // not a share: dropped quietly
   std::vector<std::string> warnings;
   const std::optional<PeerLink::ShareOutcome> done = outcome(nowhere, 3, 5s, &warnings);
   ASSERT_TRUE(done);

@@ -86,6 +86,21 @@ void ExactAccumulator::sum(std::span<float> out) const {
   }
 }
 
+Status ExactAccumulator::restore(Saved saved) {
+  if (saved.sum.size() != sum_.size()) {
+    return invalid_argument("a saved sum of " + std::to_string(saved.sum.size()) + " values, the accumulator has " +
+                            std::to_string(sum_.size()));
+  }
+  if (!(saved.bound_used >= 0.0 && saved.bound_used < kMaxSumOfLargestTerms) || saved.updates < 0) {
+    return invalid_argument("a saved sum whose bound or count is out of range");
+  }
+  sum_ = std::move(saved.sum);
+  weight_sum_ = saved.weight;
+  bound_used_ = saved.bound_used;
+  updates_ = saved.updates;
+  return Status::ok();
+}
+
 void ExactAccumulator::clear() {
   std::fill(sum_.begin(), sum_.end(), 0);
   weight_sum_ = 0;

@@ -50,6 +50,18 @@ class ExactAccumulator {
   std::span<const int64_t> raw() const { return sum_; }
   void clear();
 
+  // A checkpoint of a sum that lives across rounds (gossip replicas): the
+  // raw sums, the raw total weight, the bound used so far and the count.
+  struct Saved {
+    std::vector<int64_t> sum;
+    int64_t weight = 0;
+    double bound_used = 0.0;
+    int64_t updates = 0;
+  };
+  Saved save() const { return {sum_, weight_sum_, bound_used_, updates_}; }
+  // Refuses a saved sum of another length, or whose bound is out of range.
+  Status restore(Saved saved);
+
  private:
   std::vector<int64_t> sum_;
   int64_t weight_sum_ = 0;

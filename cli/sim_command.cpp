@@ -11,6 +11,7 @@
 #include "cli/data_flags.h"
 #include "cli/model_command.h"
 #include "cli/output.h"
+#include "gossip/replicas.h"
 #include "sim/gossip_simulation.h"
 #include "privacy/dp_settings.h"
 #include "kernels/parallel.h"
@@ -56,7 +57,7 @@ struct SimFlags {
   std::string mode = "aggregator";
   std::string topology = "random";
   int fanout = 1;
-  std::string merge = "push-sum";
+  std::string merge = "replicas";
   double loss = 0.0;
   std::string delay = "0";
   int64_t eval_every = 1;
@@ -64,6 +65,8 @@ struct SimFlags {
   std::vector<CLI::Option*> aggregator_only, gossip_only;
   CLI::Option* staleness_option = nullptr;
   CLI::Option* fanout_option = nullptr;
+  CLI::Option* topology_option = nullptr;
+  CLI::Option* compress_option = nullptr;
 };
 
 int fail(const SimFlags& flags, const Status& status) {
@@ -170,6 +173,11 @@ int run_gossip_sim(SimFlags& flags, const federation::StalenessFunction& stalene
                                         "staleness only as a cut-off (--max-staleness), because scaling the mass "
                                         "it carries would bias the average"));
   }
+  if (g.merge == gossip::MergeRule::kReplicas &&
+      (flags.topology_option->count() > 0 || flags.fanout_option->count() > 0)) {
+    return fail(flags, invalid_argument("--topology and --fanout choose whom push-sum and pairwise send their model "
+                                        "to; --merge replicas sends every update to every peer"));
+  }
   if (flags.fanout_option->count() > 0 &&
       (g.topology == gossip::Topology::kExponential || g.topology == gossip::Topology::kOnePeerExponential)) {
     return fail(flags, invalid_argument("--fanout applies to the random and ring topologies: " + flags.topology +
@@ -186,7 +194,8 @@ int run_gossip_sim(SimFlags& flags, const federation::StalenessFunction& stalene
   if (!data.is_ok()) return fail(flags, data.status());
   const bool text = data->tokens_per_byte > 0.0;
   const std::string merge_name = gossip::merge_rule_name(g.merge);
-  const std::string topology_name = gossip::topology_name(g.topology);
+  const std::string topology_name =
+      g.merge == gossip::MergeRule::kReplicas ? std::string("all-to-all") : gossip::topology_name(g.topology);
   if (flags.json) {
     emit_json({{"event", "start"}, {"command", "sim"}, {"mode", "gossip"}, {"sites", g.peers},
                {"partition", text ? o.text_partition : g.partition.to_string()}, {"topology", topology_name}, {"fanout", g.fanout},
@@ -250,7 +259,8 @@ int run_gossip_sim(SimFlags& flags, const federation::StalenessFunction& stalene
         {"bytes_sent", summary->bytes_sent}, {"bytes_received", summary->bytes_received},
         {"messages_sent", summary->messages_sent}, {"messages_lost", summary->messages_lost},
         {"messages_stale", summary->messages_stale}, {"messages_refused", summary->messages_refused},
-        {"messages_in_flight", summary->messages_in_flight}, {"virtual_time", last.virtual_time},
+        {"messages_in_flight", summary->messages_in_flight}, {"messages_duplicate", summary->messages_duplicate},
+        {"updates_missed", summary->updates_missed}, {"virtual_time", last.virtual_time},
         {"wall_seconds", wall_seconds}};
     if (text) event.update({{"bits_per_byte", last.mean_bits_per_byte}, {"max_bits_per_byte", last.max_bits_per_byte}});
     emit_json(event);
@@ -292,6 +302,8 @@ int run_sim(SimFlags& flags) {
   o.local.optimizer = flags.local_optimizer;
   o.local.schedule = *LrSchedule::parse("constant");
   o.local.weight_decay = 0.0f;
+  // Gossip's updates are sparse unless told otherwise.
+  if (flags.mode == "gossip" && flags.compress_option->count() == 0) flags.compress = gossip::kDefaultGossipCompression;
   Result<protocol::CompressionPlan> plan =
       protocol::make_compression_plan(flags.compress, flags.compress_tensor, flags.dense_below);
   if (!plan.is_ok()) return fail(flags, plan.status());
@@ -531,18 +543,21 @@ void add_sim_command(CLI::App& app, int& exit_code) {
       cmd->add_option("--db", o.db,
                       "Checkpoint store: every round is committed before it is reported; the same command resumes "
                       "from the newest intact round (synchronous rounds only)"));
-  gossip_only.push_back(
+  flags->topology_option =
       cmd->add_option("--topology", flags->topology,
                       "Gossip: whom a peer sends to each round: random (--fanout peers drawn anew), ring (the next "
                       "--fanout peers), exponential (the peers at distance 1, 2, 4, ...) or one-peer-exponential "
-                      "(one of those per round, in turn)")
-          ->capture_default_str());
+                      "(one of those per round, in turn); push-sum and pairwise only")
+          ->capture_default_str();
+  gossip_only.push_back(flags->topology_option);
   flags->fanout_option =
       cmd->add_option("--fanout", flags->fanout, "Gossip: peers per round for random and ring")->capture_default_str();
   gossip_only.push_back(flags->fanout_option);
   gossip_only.push_back(
       cmd->add_option("--merge", flags->merge,
-                      "Gossip: push-sum (weights travel with the values: the network average is kept) or pairwise "
+                      "Gossip: replicas (every peer applies every peer's compressed update, spread through the "
+                      "topology and pulled when lost: identical models; any --compress but powersgd), push-sum "
+                      "(model states; weights travel with the values: the network average is kept) or pairwise "
                       "(x <- (1 - s/2) x + (s/2) x_peer, s = s(tau) from --staleness)")
           ->capture_default_str());
   gossip_only.push_back(
@@ -557,12 +572,14 @@ void add_sim_command(CLI::App& app, int& exit_code) {
       cmd->add_option("--eval-every", flags->eval_every,
                       "Gossip: evaluate every peer on the test set every K rounds (and after the last)")
           ->capture_default_str());
-  cmd->add_option("--compress", flags->compress,
-                  "How sites compress their updates, with error feedback: identity, fp16, bf16, "
-                  "int8|int4[:stochastic][:block=N], topk:F[+fp16|+int8|+fp32][:warmup=R][:momentum=M], "
-                  "powersgd:R, dct-sign:K (docs/compression.md); gossip takes the dense ones only "
-                  "(identity, fp16, bf16, int8, int4)")
-      ->capture_default_str();
+  flags->compress_option =
+      cmd->add_option("--compress", flags->compress,
+                      std::string("How sites compress their updates, with error feedback: identity, fp16, bf16, "
+                                  "int8|int4[:stochastic][:block=N], topk:F[+fp16|+int8|+fp32][:warmup=R][:momentum=M], "
+                                  "powersgd:R, dct-sign:K (docs/compression.md); gossip's default is ") +
+                          gossip::kDefaultGossipCompression +
+                          ", and push-sum and pairwise take the dense ones only (identity, fp16, bf16, int8, int4)")
+          ->capture_default_str();
   cmd->add_option("--compress-tensor", flags->compress_tensor,
                   "GLOB=SPEC: another spec for the tensors whose name matches GLOB (repeatable; the first match "
                   "wins), e.g. '*.bias=identity'");

@@ -1,5 +1,7 @@
 #include "gossip/exchange.h"
 
+#include "gossip/replicas.h"
+
 #include <cmath>
 #include <utility>
 
@@ -8,12 +10,21 @@ namespace fedmesh::gossip {
 Result<MergeRule> parse_merge_rule(std::string_view text) {
   if (text == "push-sum") return MergeRule::kPushSum;
   if (text == "pairwise") return MergeRule::kPairwise;
-  return invalid_argument("unknown merge rule '" + std::string(text) + "' (push-sum or pairwise)");
+  if (text == "replicas") return MergeRule::kReplicas;
+  return invalid_argument("unknown merge rule '" + std::string(text) + "' (replicas, push-sum or pairwise)");
 }
 
-const char* merge_rule_name(MergeRule rule) { return rule == MergeRule::kPushSum ? "push-sum" : "pairwise"; }
+const char* merge_rule_name(MergeRule rule) {
+  switch (rule) {
+    case MergeRule::kPushSum: return "push-sum";
+    case MergeRule::kPairwise: return "pairwise";
+    case MergeRule::kReplicas: return "replicas";
+  }
+  return "unknown";
+}
 
-Status check_gossip_compression(const protocol::CompressionPlan& plan) {
+Status check_gossip_compression(const protocol::CompressionPlan& plan, MergeRule rule) {
+  if (rule == MergeRule::kReplicas) return check_replica_compression(plan);
   std::vector<std::pair<std::string, protocol::CompressionSpec>> specs = {{"the default", plan.default_spec}};
   for (const protocol::TensorOverride& o : plan.overrides) specs.emplace_back("override " + o.pattern, o.spec);
   for (const auto& [where, spec] : specs) {
@@ -28,8 +39,8 @@ Status check_gossip_compression(const protocol::CompressionPlan& plan) {
         return invalid_argument(
             "gossip cannot carry '" + spec.to_string() + "' (" + where +
             "): gossip sends a share of the model itself, and a sparse or low-rank method would leave nearly all "
-            "of it in the residual; use identity, fp16, bf16, int8 or int4 (sparsified gossip needs CHOCO-SGD's "
-            "per-peer public copies, which fedmesh does not implement)");
+            "of it in the residual; use identity, fp16, bf16, int8 or int4, or the merge rule replicas, whose "
+            "messages are updates");
     }
   }
   return Status::ok();
@@ -56,7 +67,8 @@ Result<GossipState> GossipState::create(MergeRule rule, const protocol::Compress
                                         std::vector<protocol::TensorShape> manifest,
                                         std::vector<std::vector<float>> reference, uint64_t seed,
                                         kernels::CompressionKernels& kernels) {
-  FEDMESH_RETURN_IF_ERROR(check_gossip_compression(plan));
+  if (rule == MergeRule::kReplicas) return invalid_argument("GossipState runs push-sum and pairwise; replicas is ReplicaState");
+  FEDMESH_RETURN_IF_ERROR(check_gossip_compression(plan, rule));
   if (reference.size() != manifest.size()) return invalid_argument("the reference model does not match the manifest");
   for (size_t t = 0; t < manifest.size(); ++t) {
     if (reference[t].size() != manifest[t].element_count()) {

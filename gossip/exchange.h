@@ -27,13 +27,11 @@
 // scaled by the staleness weight: z <- (1 - s/2) z + (s/2) (x0 + D(C)).
 //
 // Compression: only dense methods (identity, fp16, bf16, int8, int4) can be
-// gossiped. A sparsifier (top-k, dct-sign) or PowerSGD sends a few
+// gossiped this way. A sparsifier (top-k, dct-sign) or PowerSGD sends a few
 // coordinates of a *state*, not of a delta: the residual would then hold
 // nearly the whole model and the receivers' models would jump where its
-// mass finally lands. Compressing gossip with sparsifiers needs every
-// receiver to track each sender's public copy (CHOCO-SGD, Koloskova et al.
-// 2019), which a membership that loses messages and members cannot keep
-// consistent; check_gossip_compression refuses those plans and says so.
+// mass finally lands. Sparse gossip is the merge rule kReplicas
+// (gossip/replicas.h), whose messages are updates, not states.
 #pragma once
 
 #include <array>
@@ -53,13 +51,16 @@
 
 namespace fedmesh::gossip {
 
-enum class MergeRule : uint8_t { kPushSum, kPairwise };
-Result<MergeRule> parse_merge_rule(std::string_view text);  // "push-sum", "pairwise"
+// kReplicas is sparse gossip with identical replicas (gossip/replicas.h:
+// every peer applies every peer's compressed update), which ReplicaState
+// runs; GossipState runs the other two.
+enum class MergeRule : uint8_t { kPushSum, kPairwise, kReplicas };
+Result<MergeRule> parse_merge_rule(std::string_view text);  // "replicas", "push-sum", "pairwise"
 const char* merge_rule_name(MergeRule rule);
 
-// Ok for the plans gossip can carry (the default and every override);
-// kInvalidArgument naming the method and why otherwise.
-Status check_gossip_compression(const protocol::CompressionPlan& plan);
+// Ok for the plans gossip with `rule` can carry (the default and every
+// override); kInvalidArgument naming the method and why otherwise.
+Status check_gossip_compression(const protocol::CompressionPlan& plan, MergeRule rule);
 
 // What a gossip update carries beside its model tensors, in its signed
 // header (UpdateHeader.peer): whether it is a share (with its push-sum

@@ -22,10 +22,16 @@ std::string gossip_federation(const std::string& federation, const std::string& 
 }
 
 Status GossipConfig::validate() const {
+  Result<gossip::MergeRule> rule = gossip::parse_merge_rule(merge);
+  if (!rule.is_ok()) return invalid_argument("gossip.merge: " + rule.status().message());
+  if (*rule == gossip::MergeRule::kReplicas) {
+    return invalid_argument("gossip.merge = \"replicas\": `fedmesh sim --mode gossip` runs sparse replicas; networked "
+                            "peers do not yet (push-sum or pairwise)");
+  }
   if (Result<protocol::CompressionPlan> plan =
           protocol::make_compression_plan(site.compress, site.compress_overrides, site.dense_below);
       plan.is_ok()) {
-    FEDMESH_RETURN_IF_ERROR(gossip::check_gossip_compression(*plan));
+    FEDMESH_RETURN_IF_ERROR(gossip::check_gossip_compression(*plan, *rule));
   }
   FEDMESH_RETURN_IF_ERROR(site.validate());
   if (site.device != "cpu") {
@@ -33,7 +39,6 @@ Status GossipConfig::validate() const {
                             "aggregator's sites take training.device = \"cuda\")");
   }
   if (Status s = gossip::parse_topology(topology).status(); !s.is_ok()) return invalid_argument("gossip.topology: " + s.message());
-  if (Status s = gossip::parse_merge_rule(merge).status(); !s.is_ok()) return invalid_argument("gossip.merge: " + s.message());
   if (Status s = federation::StalenessFunction::parse(staleness, max_staleness).status(); !s.is_ok()) {
     return invalid_argument("gossip.staleness: " + s.message());
   }

@@ -12,6 +12,7 @@
 #include "sim/simulation.h"
 #include "crypto/keys.h"
 #include "gossip/averaging.h"
+#include "gossip/replicas.h"
 #include "train/data/tokenized_text.h"
 #include "train/model.h"
 #include "protocol/update_transfer.h"
@@ -24,10 +25,30 @@ namespace {
 // than this (peers x rounds of delay x model bytes) is refused.
 constexpr uint64_t kMaxInFlightBytes = uint64_t{8} << 30;
 
+// Replicas: one peer's update of one round, as every holder keeps it.
+struct HeldUpdate {
+  std::vector<std::vector<float>> decoded;
+  int64_t wire_bytes = 0;
+};
+
 struct VirtualPeer {
   std::string name;
   std::unique_ptr<train::data::Dataset> shard;
-  std::optional<gossip::GossipState> state;
+  std::optional<gossip::GossipState> state;   // push-sum, pairwise
+  std::optional<gossip::ReplicaState> replica;  // replicas
+  // Replicas: its own updates of the rounds it still sends again, and
+  // those of others received and not applied yet.
+  std::map<gossip::UpdateId, std::shared_ptr<const HeldUpdate>> held;
+  std::vector<gossip::UpdateId> unapplied;
+  std::vector<std::vector<float>> trained;     // replicas: this round's local training
+  const std::vector<std::vector<float>>& model() const { return replica ? replica->model() : state->model(); }
+  Status set_model(std::span<const std::vector<float>> values) {
+    if (replica) {
+      trained.assign(values.begin(), values.end());
+      return Status::ok();
+    }
+    return state->set_model(values);
+  }
   int64_t version = 0;  // rounds of local training done: the counter staleness is measured in
   Rng topology_rng;     // the random topology's draws
 };
@@ -39,11 +60,19 @@ struct DeliveredShare {
 };
 
 struct Message {
-  size_t to = 0;
+  size_t from = 0, to = 0;
   int64_t receiver_version_at_send = 0;
   int64_t wire_bytes = 0;
   std::shared_ptr<const DeliveredShare> share;
 };
+
+// Replicas: rounds of its own updates a peer keeps to send again, requests
+// for a missing update per round, and a request's bytes on the wire (a
+// framed message naming the sender and the round).
+constexpr int64_t kRelayRounds = 8;
+constexpr int kPullAttempts = 3;
+constexpr int kSettleAttempts = 64;
+constexpr int64_t kRequestWireBytes = 160;
 
 class GossipSimulation {
  public:
@@ -86,11 +115,18 @@ class GossipSimulation {
       peer.name = name;
       peer.shard = std::move(data_.shards[static_cast<size_t>(i)]);
       peer.topology_rng.reseed(mix_seed(options_.seed, 0x7090 + static_cast<uint64_t>(i)));
-      Result<gossip::GossipState> state = gossip::GossipState::create(options_.merge, options_.compression, manifest_, reference,
-                                                      mix_seed(options_.seed, 0xc0de + static_cast<uint64_t>(i)),
-                                                      **backend);
-      if (!state.is_ok()) return state.status();
-      peer.state.emplace(std::move(*state));
+      const uint64_t peer_seed = mix_seed(options_.seed, 0xc0de + static_cast<uint64_t>(i));
+      if (options_.merge == gossip::MergeRule::kReplicas) {
+        Result<gossip::ReplicaState> replica = gossip::ReplicaState::create(
+            options_.compression, manifest_, reference, options_.peers, options_.outer_lr, peer_seed, **backend);
+        if (!replica.is_ok()) return replica.status();
+        peer.replica.emplace(std::move(*replica));
+      } else {
+        Result<gossip::GossipState> state =
+            gossip::GossipState::create(options_.merge, options_.compression, manifest_, reference, peer_seed, **backend);
+        if (!state.is_ok()) return state.status();
+        peer.state.emplace(std::move(*state));
+      }
       peers_.push_back(std::move(peer));
     }
     Result<crypto::SiteKeys> keys = crypto::generate_site_keys("sim-peer");
@@ -106,14 +142,20 @@ class GossipSimulation {
       round.round = r + 1;
       round.virtual_time = static_cast<double>((r + 1) * options_.local_steps);
       for (size_t i = 0; i < peers_.size(); ++i) FEDMESH_RETURN_IF_ERROR(train_peer(i, r));
-      for (size_t i = 0; i < peers_.size(); ++i) FEDMESH_RETURN_IF_ERROR(send(i, r, round));
-      FEDMESH_RETURN_IF_ERROR(deliver(r, round, summary));
+      if (options_.merge == gossip::MergeRule::kReplicas) {
+        FEDMESH_RETURN_IF_ERROR(spread(r, round, summary));
+      } else {
+        for (size_t i = 0; i < peers_.size(); ++i) FEDMESH_RETURN_IF_ERROR(send(i, r, round));
+        FEDMESH_RETURN_IF_ERROR(deliver(r, round, summary));
+      }
       const bool last = r + 1 == options_.rounds;
       if (last || (r + 1) % options_.eval_every == 0) evaluate(round);
       summary.messages_sent += round.messages_sent;
       summary.messages_lost += round.messages_lost;
       summary.messages_stale += round.messages_stale;
       summary.messages_refused += round.messages_refused;
+      summary.messages_duplicate += round.messages_duplicate;
+      summary.updates_missed = round.updates_missed;
       summary.bytes_sent += round.bytes;
       round.bytes_sent = summary.bytes_sent;
       round.messages_lost_total = summary.messages_lost;
@@ -137,7 +179,7 @@ class GossipSimulation {
   // H local steps of peer i from the model it holds.
   Status train_peer(size_t i, int64_t round) {
     VirtualPeer& peer = peers_[i];
-    load_worker(peer.state->model());
+    load_worker(peer.model());
     train::TrainOptions local = options_.local;
     local.max_steps = options_.local_steps;
     local.seed = mix_seed(mix_seed(options_.seed, 0x7ea1 + static_cast<uint64_t>(i)), static_cast<uint64_t>(round));
@@ -150,7 +192,146 @@ class GossipSimulation {
       model_[t].assign(values, values + parameters[t]->value.numel());
     }
     ++peer.version;
-    return peer.state->set_model(model_);
+    return peer.set_model(model_);
+  }
+
+  // The wire bytes of one message of `tensors` from peer i.
+  int64_t wire_bytes(size_t i, size_t to, int64_t round, std::vector<protocol::EncodedTensor> tensors) {
+    protocol::UpdateMetadata metadata;
+    metadata.federation = "sim";
+    metadata.round = static_cast<uint64_t>(round);
+    metadata.base_version = static_cast<uint64_t>(peers_[i].version);
+    metadata.sender = peers_[i].name;
+    metadata.recipient = peers_[to].name;
+    metadata.sequence = static_cast<uint64_t>(round + 1);
+    metadata.sample_count = static_cast<uint64_t>(peers_[i].shard->size());
+    return static_cast<int64_t>(
+        protocol::wire_bytes(protocol::prepare_encoded_update(metadata, std::move(tensors), keys_)));
+  }
+
+  // The arrival of a message sent at the end of `round`: lost (nullopt),
+  // or its (merge round, arrival step).
+  std::optional<std::pair<int64_t, int64_t>> transit(int64_t round) {
+    if (network_rng_.uniform() < options_.loss) return std::nullopt;
+    int64_t delay = options_.delay_steps;
+    if (options_.delay_jitter_steps > 0) {
+      delay += static_cast<int64_t>(network_rng_.below(static_cast<uint64_t>(2 * options_.delay_jitter_steps + 1))) -
+               options_.delay_jitter_steps;
+    }
+    // Merged at the end of the first round that ends at or after it arrives.
+    return std::make_pair(round + (delay + options_.local_steps - 1) / options_.local_steps,
+                          (round + 1) * options_.local_steps + delay);
+  }
+
+  // Replicas: every peer makes its update and sends it to every other
+  // peer; then, for `kPullAttempts` exchanges, every peer asks the sender of
+  // each update it lacks (of the rounds still kept) for it again (each
+  // message, request or answer, lost or arriving within the round). Then
+  // every peer applies what it got; what is still missing is asked for again
+  // next round.
+  Status spread(int64_t round, GossipSimulationRound& record, GossipSimulationSummary& summary) {
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      VirtualPeer& peer = peers_[i];
+      Result<gossip::OwnUpdate> update = peer.replica->make_update(peer.trained);
+      if (!update.is_ok()) return update.status();
+      auto held = std::make_shared<HeldUpdate>();
+      held->decoded = std::move(update->decoded);
+      held->wire_bytes = wire_bytes(i, i, round, std::move(update->tensors));
+      const gossip::UpdateId id{peer.name, static_cast<uint64_t>(round)};
+      peer.held.emplace(id, held);
+      peer.unapplied.push_back(id);
+      for (size_t to = 0; to < peers_.size(); ++to) {
+        if (to != i) pass_on(to, id, held, record, summary);
+      }
+    }
+    // After the last round the peers keep asking until every one holds every
+    // update (as nodes do before they leave), so the run ends on one model.
+    const bool last = round + 1 == options_.rounds;
+    for (int attempt = 0; attempt < (last ? kSettleAttempts : kPullAttempts); ++attempt) {
+      if (last && missing_now(round) == 0) break;
+      for (size_t i = 0; i < peers_.size(); ++i) {
+        for (size_t from = 0; from < peers_.size(); ++from) {
+          if (from == i) continue;
+          for (int64_t r = std::max<int64_t>(0, round + 1 - kRelayRounds); r <= round; ++r) {
+            const gossip::UpdateId id{peers_[from].name, static_cast<uint64_t>(r)};
+            if (peers_[i].held.count(id) > 0 || peers_[i].replica->applied(id)) continue;
+            ++record.messages_sent;
+            record.bytes += kRequestWireBytes;
+            if (network_rng_.uniform() < options_.loss) {
+              ++record.messages_lost;
+              continue;
+            }
+            summary.bytes_received += kRequestWireBytes;
+            pass_on(i, id, peers_[from].held.at(id), record, summary);
+          }
+        }
+      }
+    }
+    for (VirtualPeer& peer : peers_) {
+      std::sort(peer.unapplied.begin(), peer.unapplied.end());
+      for (const gossip::UpdateId& id : peer.unapplied) {
+        Result<bool> applied = peer.replica->apply(id, peer.held.at(id)->decoded);
+        if (!applied.is_ok()) {
+          ++record.messages_refused;
+        } else if (*applied) {
+          ++record.messages_merged;
+        }
+      }
+      peer.unapplied.clear();
+      // Forget what is too old to send again (a sender keeps its own; the
+      // others are kept only until applied, here at once).
+      for (auto it = peer.held.begin(); it != peer.held.end();) {
+        const bool keep = it->first.sender == peer.name && static_cast<int64_t>(it->first.round) + kRelayRounds > round;
+        it = keep ? std::next(it) : peer.held.erase(it);
+      }
+    }
+    // Updates some peer never got and no longer can (their senders forgot them).
+    record.updates_missed = 0;
+    for (const VirtualPeer& peer : peers_) {
+      const int64_t closed = std::max<int64_t>(0, round + 1 - kRelayRounds);  // rounds no one sends again
+      record.updates_missed += closed * options_.peers - count_applied_before(peer, closed);
+    }
+    return Status::ok();
+  }
+
+  // Updates of the rounds still kept that some peer lacks.
+  int64_t missing_now(int64_t round) const {
+    int64_t missing = 0;
+    for (const VirtualPeer& peer : peers_) {
+      for (const VirtualPeer& from : peers_) {
+        for (int64_t r = std::max<int64_t>(0, round + 1 - kRelayRounds); r <= round; ++r) {
+          const gossip::UpdateId id{from.name, static_cast<uint64_t>(r)};
+          missing += peer.held.count(id) == 0 && !peer.replica->applied(id) ? 1 : 0;
+        }
+      }
+    }
+    return missing;
+  }
+
+  // Updates of rounds before `round` that `peer` applied.
+  int64_t count_applied_before(const VirtualPeer& peer, int64_t round) const {
+    int64_t n = 0;
+    for (const gossip::UpdateId& id : peer.replica->applied_ids()) n += static_cast<int64_t>(id.round) < round ? 1 : 0;
+    return n;
+  }
+
+  // One update sent to peer `to`: lost, a duplicate it drops, or held.
+  void pass_on(size_t to, const gossip::UpdateId& id, const std::shared_ptr<const HeldUpdate>& held,
+               GossipSimulationRound& record, GossipSimulationSummary& summary) {
+    ++record.messages_sent;
+    record.bytes += held->wire_bytes;
+    if (network_rng_.uniform() < options_.loss) {
+      ++record.messages_lost;
+      return;
+    }
+    summary.bytes_received += held->wire_bytes;
+    VirtualPeer& receiver = peers_[to];
+    if (receiver.held.count(id) > 0 || receiver.replica->applied(id)) {  // (the pulls never ask twice)
+      ++record.messages_duplicate;
+      return;
+    }
+    receiver.held.emplace(id, held);
+    receiver.unapplied.push_back(id);
   }
 
   // Peer i shares with the peers the topology picks; each message is lost,
@@ -167,33 +348,22 @@ class GossipSimulation {
     delivered->weight = share->weight;
     // Every copy is the same bytes but for the recipient's name, and the
     // names are all as long: one copy prepared stands for all of them.
-    protocol::UpdateMetadata metadata;
-    metadata.federation = "sim";
-    metadata.round = static_cast<uint64_t>(round);
-    metadata.base_version = static_cast<uint64_t>(peer.version);
-    metadata.sender = peer.name;
-    metadata.recipient = peers_[targets.front()].name;
-    metadata.sequence = static_cast<uint64_t>(round + 1);
-    metadata.sample_count = static_cast<uint64_t>(peer.shard->size());
-    const auto bytes = static_cast<int64_t>(
-        protocol::wire_bytes(protocol::prepare_encoded_update(metadata, std::move(share->tensors), keys_)));
+    const int64_t bytes = wire_bytes(i, targets.front(), round, std::move(share->tensors));
     for (size_t to : targets) {
       ++record.messages_sent;
       record.bytes += bytes;
-      if (network_rng_.uniform() < options_.loss) {
+      const std::optional<std::pair<int64_t, int64_t>> arrival = transit(round);
+      if (!arrival) {
         ++record.messages_lost;
         continue;
       }
-      int64_t delay = options_.delay_steps;
-      if (options_.delay_jitter_steps > 0) {
-        delay += static_cast<int64_t>(network_rng_.below(static_cast<uint64_t>(2 * options_.delay_jitter_steps + 1))) -
-                 options_.delay_jitter_steps;
-      }
-      // Merged at the end of the first round that ends at or after it arrives.
-      const int64_t merge_round = round + (delay + options_.local_steps - 1) / options_.local_steps;
-      const int64_t arrival_step = (round + 1) * options_.local_steps + delay;
-      in_flight_.emplace(std::make_tuple(merge_round, arrival_step, serial_++),
-                         Message{to, peers_[to].version, bytes, delivered});
+      Message m;
+      m.from = i;
+      m.to = to;
+      m.receiver_version_at_send = peers_[to].version;
+      m.wire_bytes = bytes;
+      m.share = delivered;
+      in_flight_.emplace(std::make_tuple(arrival->first, arrival->second, serial_++), std::move(m));
     }
     return Status::ok();
   }
@@ -232,7 +402,7 @@ class GossipSimulation {
     record.min_test_accuracy = 1.0;
     flat_models_.resize(peers_.size());
     for (size_t i = 0; i < peers_.size(); ++i) {
-      load_worker(peers_[i].state->model());
+      load_worker(peers_[i].model());
       train::Trainer evaluator(*worker_, options_.local);
       const train::EvalResult result = evaluator.evaluate(*data_.test);
       record.mean_test_accuracy += result.accuracy;
@@ -243,7 +413,7 @@ class GossipSimulation {
       std::vector<float>& flat = flat_models_[i];
       flat.clear();
       flat.reserve(static_cast<size_t>(parameter_count_));
-      for (const std::vector<float>& tensor : peers_[i].state->model()) flat.insert(flat.end(), tensor.begin(), tensor.end());
+      for (const std::vector<float>& tensor : peers_[i].model()) flat.insert(flat.end(), tensor.begin(), tensor.end());
     }
     const auto n = static_cast<double>(peers_.size());
     record.mean_test_accuracy /= n;
@@ -306,7 +476,10 @@ Status GossipSimulationOptions::validate() const {
   FEDMESH_RETURN_IF_ERROR(sim::validate_local_training(local, local_steps));
   // The model and the compression plan, before any data is read.
   FEDMESH_RETURN_IF_ERROR(train::make_model(model, seed).status());
-  return gossip::check_gossip_compression(compression);
+  if (merge == gossip::MergeRule::kReplicas && !(outer_lr > 0.0 && outer_lr <= 1.0)) {
+    return invalid_argument("the outer learning rate of replicas must be in (0, 1]");
+  }
+  return gossip::check_gossip_compression(compression, merge);
 }
 
 Result<GossipSimulationSummary> run_gossip_simulation(

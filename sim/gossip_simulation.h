@@ -67,7 +67,8 @@ struct GossipSimulationOptions {
   int fanout = 1;                  // peers per share (random, ring; exponential topologies ignore it)
   gossip::MergeRule merge = gossip::MergeRule::kPushSum;
   federation::StalenessFunction staleness;  // pairwise: s(tau); both: its max_staleness cut-off
-  protocol::CompressionPlan compression;    // dense methods only (gossip::check_gossip_compression)
+  protocol::CompressionPlan compression;    // what gossip::check_gossip_compression allows for `merge`
+  double outer_lr = 1.0;           // replicas: each update is added with weight outer_lr / peers
   std::string compression_device = "cpu";   // cpu, cuda or auto (kernels::compression_kernels_named)
   double loss = 0.0;               // chance that a message is lost
   int64_t delay_steps = 0;         // message delay, in local steps ...
@@ -96,6 +97,8 @@ struct GossipSimulationRound {
   int64_t messages_merged = 0;   // this round: delivered and merged (some sent in earlier rounds)
   int64_t messages_stale = 0;    // this round: delivered but past max_staleness, dropped
   int64_t messages_refused = 0;  // this round: delivered but refused (the merge would not be finite)
+  int64_t messages_duplicate = 0;    // replicas: delivered, but the receiver held that update already
+  int64_t updates_missed = 0;        // replicas: updates some peer lacks and no peer passes on any more (so far)
   double mean_staleness = 0.0;   // of the messages merged this round
   int64_t bytes = 0;             // sent this round, on the wire
   int64_t bytes_sent = 0;        // so far
@@ -108,6 +111,8 @@ struct GossipSimulationSummary {
   int64_t bytes_sent = 0;        // every message sent, lost ones included
   int64_t bytes_received = 0;    // the messages that arrived (stale ones included)
   int64_t messages_sent = 0, messages_lost = 0, messages_stale = 0, messages_refused = 0;
+  int64_t messages_duplicate = 0;  // replicas
+  int64_t updates_missed = 0;      // replicas: at the end
   int64_t messages_in_flight = 0;  // still delayed when the run ended
 };
 

@@ -13,30 +13,19 @@
 #include <vector>
 
 #include "base/random.h"
+#include "tests/gossip/gossip_models.h"
 #include "gossip/exchange.h"
 #include "gossip/topology.h"
 
 namespace fedmesh::gossip {
 namespace {
 
-using Model = std::vector<std::vector<float>>;
+using testing::Model;
+using testing::plan;
 
-std::vector<protocol::TensorShape> manifest() { return {{"w", {64, 80}}, {"b", {80}}}; }
+std::vector<protocol::TensorShape> manifest() { return testing::two_tensors(64, 80); }
 
-Model random_model(uint64_t seed, float scale) {
-  Rng rng(seed);
-  Model m = {std::vector<float>(64 * 80), std::vector<float>(80)};
-  for (auto& t : m) {
-    for (float& v : t) v = scale * static_cast<float>(rng.normal());
-  }
-  return m;
-}
-
-protocol::CompressionPlan plan(const std::string& spec) {
-  Result<protocol::CompressionPlan> p = protocol::make_compression_plan(spec, {}, 0);
-  EXPECT_TRUE(p.is_ok()) << p.status().message();
-  return *p;
-}
+Model random_model(uint64_t seed, float scale) { return testing::random_model(manifest(), seed, scale); }
 
 std::vector<GossipState> network(MergeRule rule, const std::string& spec, int n, const Model& reference) {
   std::vector<GossipState> nodes;

@@ -1,0 +1,110 @@
+#include "gossip/replicas.h"
+
+#include <cmath>
+#include <utility>
+
+namespace fedmesh::gossip {
+
+Status check_replica_compression(const protocol::CompressionPlan& plan) {
+  std::vector<std::pair<std::string, protocol::CompressionSpec>> specs = {{"the default", plan.default_spec}};
+  for (const protocol::TensorOverride& o : plan.overrides) specs.emplace_back("override " + o.pattern, o.spec);
+  for (const auto& [where, spec] : specs) {
+    if (spec.method == protocol::CompressionMethod::kPowerSgd) {
+      return invalid_argument("gossip cannot carry '" + spec.to_string() + "' (" + where +
+                              "): PowerSGD needs a factor shared by all senders of a round, which a server "
+                              "computes; use top-k, dct-sign or a dense method");
+    }
+  }
+  return Status::ok();
+}
+
+Result<ReplicaState> ReplicaState::create(const protocol::CompressionPlan& plan,
+                                          std::vector<protocol::TensorShape> manifest,
+                                          std::vector<std::vector<float>> reference, int members, double lr,
+                                          uint64_t seed, kernels::CompressionKernels& kernels) {
+  FEDMESH_RETURN_IF_ERROR(check_replica_compression(plan));
+  if (members < 1) return invalid_argument("replicas need at least one member");
+  if (!(lr > 0.0 && lr <= 1.0)) return invalid_argument("the outer learning rate must be in (0, 1]");
+  if (reference.size() != manifest.size()) return invalid_argument("the reference model does not match the manifest");
+  int64_t elements = 0;
+  for (size_t t = 0; t < manifest.size(); ++t) {
+    if (reference[t].size() != manifest[t].element_count()) {
+      return invalid_argument("reference tensor " + manifest[t].name + " has the wrong size");
+    }
+    elements += static_cast<int64_t>(reference[t].size());
+  }
+  Result<protocol::UpdateCompressor> compressor = protocol::UpdateCompressor::create(plan, manifest, seed, kernels);
+  if (!compressor.is_ok()) return compressor.status();
+  ReplicaState state;
+  state.manifest_ = std::move(manifest);
+  state.model_ = reference;
+  state.reference_ = std::move(reference);
+  state.weight_ = lr / static_cast<double>(members);
+  state.sum_.emplace(elements);
+  state.compressor_.emplace(std::move(*compressor));
+  return state;
+}
+
+Result<OwnUpdate> ReplicaState::make_update(std::span<const std::vector<float>> trained) {
+  if (trained.size() != model_.size()) return invalid_argument("make_update: wrong number of tensors");
+  std::vector<std::vector<float>> delta(model_.size());
+  for (size_t t = 0; t < model_.size(); ++t) {
+    if (trained[t].size() != model_[t].size()) {
+      return invalid_argument("make_update: tensor " + manifest_[t].name + " has the wrong size");
+    }
+    delta[t].resize(model_[t].size());
+    for (size_t i = 0; i < model_[t].size(); ++i) {
+      if (!std::isfinite(trained[t][i])) return invalid_argument("make_update: tensor " + manifest_[t].name + " is not finite");
+      delta[t][i] = trained[t][i] - model_[t][i];
+    }
+  }
+  std::vector<std::span<const float>> spans(delta.begin(), delta.end());
+  Result<protocol::CompressedUpdate> compressed = compressor_->compress(spans, /*want_decoded=*/true);
+  if (!compressed.is_ok()) return compressed.status();
+  OwnUpdate update;
+  update.tensors = std::move(compressed->tensors);
+  update.decoded = std::move(compressed->decoded);
+  update.payload_bytes = compressed->payload_bytes;
+  return update;
+}
+
+void ReplicaState::take_back() { compressor_->rollback(); }
+
+Result<bool> ReplicaState::apply(const UpdateId& id, std::span<const std::vector<float>> decoded) {
+  if (applied_.count(id) > 0) return false;
+  if (decoded.size() != model_.size()) return invalid_argument("an update with the wrong number of tensors");
+  flat_.clear();
+  for (size_t t = 0; t < model_.size(); ++t) {
+    if (decoded[t].size() != model_[t].size()) {
+      return invalid_argument("an update whose tensor " + manifest_[t].name + " has the wrong size");
+    }
+    flat_.insert(flat_.end(), decoded[t].begin(), decoded[t].end());
+  }
+  FEDMESH_RETURN_IF_ERROR(sum_->add(flat_, weight_));
+  applied_.insert(id);
+  refresh_model();
+  return true;
+}
+
+void ReplicaState::refresh_model() {
+  flat_.resize(static_cast<size_t>(sum_->elements()));
+  sum_->sum(flat_);
+  size_t k = 0;
+  for (size_t t = 0; t < model_.size(); ++t) {
+    for (size_t i = 0; i < model_[t].size(); ++i, ++k) model_[t][i] = reference_[t][i] + flat_[k];
+  }
+}
+
+crypto::Hash ReplicaState::digest() const {
+  const std::span<const int64_t> raw = sum_->raw();
+  return crypto::hash_bytes({reinterpret_cast<const uint8_t*>(raw.data()), raw.size_bytes()});
+}
+
+Status ReplicaState::restore(aggregator::ExactAccumulator::Saved sum, std::set<UpdateId> applied) {
+  FEDMESH_RETURN_IF_ERROR(sum_->restore(std::move(sum)));
+  applied_ = std::move(applied);
+  refresh_model();
+  return Status::ok();
+}
+
+}  // namespace fedmesh::gossip

@@ -23,7 +23,7 @@ namespace fedmesh::crypto {
 // a share of the sender's model with its push-sum weight, or slice `slice`
 // of `slices` of its model that a member asked for to catch up. Updates to
 // an aggregator carry none.
-enum class PeerUpdateKind : uint8_t { kShare = 0, kCatchUpSlice = 1 };
+enum class PeerUpdateKind : uint8_t { kShare = 0, kCatchUpSlice = 1, kReplicaUpdate = 2 };
 struct PeerUpdateFields {
   PeerUpdateKind kind = PeerUpdateKind::kShare;
   double weight = 0.0;             // a share's (push-sum; pairwise: 1)

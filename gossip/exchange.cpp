@@ -53,6 +53,8 @@ Status check_update_meta(const GossipUpdateMeta& meta) {
         return invalid_argument("a share whose push-sum weight is not a finite positive number");
       }
       return Status::ok();
+    case GossipUpdateKind::kReplicaUpdate:
+      return Status::ok();  // identified by its sender and round
     case GossipUpdateKind::kCatchUpSlice:
       if (!(meta.slices >= 1 && meta.slice < meta.slices && meta.slices <= kMaxCatchUpSlices)) {
         return invalid_argument("catch-up slice " + std::to_string(meta.slice) + " of " + std::to_string(meta.slices) +

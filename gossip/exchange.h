@@ -64,13 +64,15 @@ Status check_gossip_compression(const protocol::CompressionPlan& plan, MergeRule
 
 // What a gossip update carries beside its model tensors, in its signed
 // header (UpdateHeader.peer): whether it is a share (with its push-sum
-// weight) or a catch-up slice (slice `slice` of `slices`, at most
-// kMaxCatchUpSlices) a member asked for.
+// weight), a catch-up slice (slice `slice` of `slices`, at most
+// kMaxCatchUpSlices) a member asked for, or a replica update (merge rule
+// replicas: the sender's update of the header's round).
 inline constexpr uint32_t kMaxCatchUpSlices = 16;
 using GossipUpdateKind = crypto::PeerUpdateKind;
 using GossipUpdateMeta = crypto::PeerUpdateFields;
 // kInvalidArgument, saying what is wrong, unless `meta` is a share with a
-// finite positive weight or a catch-up slice within kMaxCatchUpSlices.
+// finite positive weight, a catch-up slice within kMaxCatchUpSlices, or a
+// replica update.
 Status check_update_meta(const GossipUpdateMeta& meta);
 
 // What one send carries to each of its peers.

@@ -71,7 +71,7 @@ Result<OwnUpdate> ReplicaState::make_update(std::span<const std::vector<float>> 
 void ReplicaState::take_back() { compressor_->rollback(); }
 
 Result<bool> ReplicaState::apply(const UpdateId& id, std::span<const std::vector<float>> decoded) {
-  if (applied_.count(id) > 0) return false;
+  if (applied(id)) return false;
   if (decoded.size() != model_.size()) return invalid_argument("an update with the wrong number of tensors");
   flat_.clear();
   for (size_t t = 0; t < model_.size(); ++t) {
@@ -100,9 +100,17 @@ crypto::Hash ReplicaState::digest() const {
   return crypto::hash_bytes({reinterpret_cast<const uint8_t*>(raw.data()), raw.size_bytes()});
 }
 
-Status ReplicaState::restore(aggregator::ExactAccumulator::Saved sum, std::set<UpdateId> applied) {
+void ReplicaState::forget_before(uint64_t round) {
+  if (round <= floor_) return;
+  floor_ = round;
+  for (auto it = applied_.begin(); it != applied_.end();) it = it->round < floor_ ? applied_.erase(it) : std::next(it);
+}
+
+Status ReplicaState::restore(aggregator::ExactAccumulator::Saved sum, std::set<UpdateId> applied, uint64_t floor) {
   FEDMESH_RETURN_IF_ERROR(sum_->restore(std::move(sum)));
   applied_ = std::move(applied);
+  floor_ = 0;
+  forget_before(floor);
   refresh_model();
   return Status::ok();
 }

@@ -93,15 +93,22 @@ class ReplicaState {
   // the wrong shape, non-finite values, or ones that would break the exact
   // sum's bounds.
   Result<bool> apply(const UpdateId& id, std::span<const std::vector<float>> decoded);
-  bool applied(const UpdateId& id) const { return applied_.count(id) > 0; }
+  // Whether `id` was applied, or is of a round before the floor (those are
+  // no longer taken: see forget_before).
+  bool applied(const UpdateId& id) const { return id.round < floor_ || applied_.count(id) > 0; }
   const std::set<UpdateId>& applied_ids() const { return applied_; }
+  // Forgets the ids of rounds before `round` and takes no update of those
+  // rounds any more (a networked peer keeps a window of rounds, not the whole
+  // history); the floor only rises.
+  void forget_before(uint64_t round);
+  uint64_t floor() const { return floor_; }
   // BLAKE2b of the exact sum: equal digests, identical models.
   crypto::Hash digest() const;
 
   // Checkpoint state: the exact sum, the ids applied, and the compressor's
   // residual (protocol::UpdateCompressor::state_tensors).
   aggregator::ExactAccumulator::Saved saved_sum() const { return sum_->save(); }
-  Status restore(aggregator::ExactAccumulator::Saved sum, std::set<UpdateId> applied);
+  Status restore(aggregator::ExactAccumulator::Saved sum, std::set<UpdateId> applied, uint64_t floor = 0);
   protocol::UpdateCompressor& compressor() { return *compressor_; }
 
  private:
@@ -113,6 +120,7 @@ class ReplicaState {
   double weight_ = 1.0;                        // lr / members
   std::optional<aggregator::ExactAccumulator> sum_;
   std::set<UpdateId> applied_;
+  uint64_t floor_ = 0;
   std::optional<protocol::UpdateCompressor> compressor_;
   std::vector<float> flat_;  // scratch
 };

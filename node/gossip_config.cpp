@@ -8,6 +8,7 @@
 #include "gossip/exchange.h"
 #include "gossip/topology.h"
 #include "privacy/dp_settings.h"
+#include "gossip/replicas.h"
 #include "protocol/compression_spec.h"
 
 namespace fedmesh::node {
@@ -24,10 +25,6 @@ std::string gossip_federation(const std::string& federation, const std::string& 
 Status GossipConfig::validate() const {
   Result<gossip::MergeRule> rule = gossip::parse_merge_rule(merge);
   if (!rule.is_ok()) return invalid_argument("gossip.merge: " + rule.status().message());
-  if (*rule == gossip::MergeRule::kReplicas) {
-    return invalid_argument("gossip.merge = \"replicas\": `fedmesh sim --mode gossip` runs sparse replicas; networked "
-                            "peers do not yet (push-sum or pairwise)");
-  }
   if (Result<protocol::CompressionPlan> plan =
           protocol::make_compression_plan(site.compress, site.compress_overrides, site.dense_below);
       plan.is_ok()) {
@@ -68,9 +65,14 @@ Result<GossipConfig> read_gossip_config(const std::string& path) {
   ConfigReader r(*table, path);
   std::string mode;
   r.require("mode", mode);
+  // Unset, the compression follows the merge rule (below).
+  const std::string unset = "\x01unset";
+  c.site.compress = unset;
   read_site_keys(r, c.site, /*with_aggregator=*/false);
   r.read("listen", c.listen);
   r.read("gossip.seeds", c.seeds);
+  const bool topology_set = static_cast<bool>(table->at_path("gossip.topology"));
+  const bool fanout_set = static_cast<bool>(table->at_path("gossip.fanout"));
   r.read("gossip.topology", c.topology);
   r.read("gossip.fanout", c.fanout);
   r.read("gossip.merge", c.merge);
@@ -95,6 +97,12 @@ Result<GossipConfig> read_gossip_config(const std::string& path) {
   r.read("swim.suspicion_max_multiplier", c.swim.suspicion_max_multiplier);
   FEDMESH_RETURN_IF_ERROR(r.finish());
   if (mode != "gossip") return invalid_argument(path + ": mode must be \"gossip\" for a gossip node");
+  if (c.merge == "replicas" && (topology_set || fanout_set)) {
+    return invalid_argument(path + ": gossip.topology and gossip.fanout choose whom push-sum and pairwise send their "
+                            "model to; gossip.merge = \"replicas\" (the default) sends every update to every member");
+  }
+  // Sparse updates are what replicas are for; model states go dense.
+  if (c.site.compress == unset) c.site.compress = c.merge == "replicas" ? gossip::kDefaultGossipCompression : "identity";
   if (c.site.store.empty()) c.site.store = c.site.name + ".db";
   if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());
   return c;

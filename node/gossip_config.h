@@ -17,9 +17,11 @@ struct GossipConfig {
   SiteConfig site;                   // identity, model, data, training, compression, transport
   std::string listen;                // default: our roster address
   std::vector<std::string> seeds;    // roster names to join through (default: every other member)
-  std::string topology = "exponential";
+  std::string topology = "exponential";  // push-sum and pairwise
   int fanout = 1;                    // random and ring
-  std::string merge = "push-sum";    // or pairwise
+  // replicas (sparse updates every member applies: gossip/replicas.h), or
+  // push-sum or pairwise (model states)
+  std::string merge = "replicas";
   int64_t local_steps = 50;          // H
   int64_t rounds = 0;                // 0: until stopped
   std::string staleness = "polynomial:0.5";
@@ -29,7 +31,9 @@ struct GossipConfig {
   double catch_up_timeout_seconds = 10.0;
   int64_t test_limit = 2000;         // test images evaluated (0: all)
   int64_t eval_every = 1;            // rounds
-  double wait_for_share_seconds = 1.0;  // after training, wait up to this long for a share if none came
+  // After training, wait up to this long for a share if none came
+  // (replicas: for every alive member's update of the round).
+  double wait_for_share_seconds = 1.0;
   // [dp] Local differential privacy of what this node sends: each round's
   // training delta is clipped to dp.clip (L2) and gets N(0, (sigma clip)^2)
   // noise before it enters the model the node shares, so every share is a

@@ -29,6 +29,7 @@
 #include "kernels/parallel.h"
 #include "gossip/swim_wire.h"
 #include "node/peer_link.h"
+#include "node/replica_sync.h"
 #include "train/model.h"
 #include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
@@ -72,7 +73,11 @@ class GossipRuntime::Impl {
   std::map<std::string, std::string> addresses;  // gossip members on the roster (us included) -> address
   std::unique_ptr<train::Sequential> worker;
   std::vector<protocol::TensorShape> manifest;       // the model's tensors
-  std::optional<gossip::GossipState> state;
+  std::optional<gossip::GossipState> state;    // push-sum, pairwise
+  std::optional<ReplicaSync> replicas;         // replicas
+  std::vector<std::vector<float>> trained;     // replicas: this round's local training
+  // The model this peer holds.
+  const std::vector<std::vector<float>>& model() const { return replicas ? replicas->state().model() : state->model(); }
   gossip::Topology topology = gossip::Topology::kExponential;
   federation::StalenessFunction staleness;
   std::optional<store::CheckpointStore> store;
@@ -118,6 +123,7 @@ class GossipRuntime::Impl {
   std::map<std::string, uint64_t> peer_versions;  // the latest version each member told us
   std::deque<Arrival> arrivals;
   std::deque<std::pair<std::string, std::pair<uint32_t, uint32_t>>> catch_up_requests;  // requester, slice/slices
+  std::deque<std::pair<std::string, uint64_t>> update_requests;  // replicas: requester, round of ours it lacks
   // A catch-up in progress: slice -> donor, and what has arrived.
 
   mutable std::mutex metrics_mutex;
@@ -125,6 +131,8 @@ class GossipRuntime::Impl {
   uint64_t refusal_log_lines_suppressed = 0;  // refusals counted in `refused` but not logged
   protocol::RefusalLog refusal_log;            // used by handle_frame only
   uint64_t catch_ups = 0;
+  uint64_t updates_requested = 0, updates_resent = 0;  // replicas
+  uint64_t updates_resent_or_refused = 0;              // replicas: requests served (peer thread only)
   double last_consensus = -1.0, last_test_accuracy = -1.0, last_local_accuracy = -1.0;
   int alive = 0, suspect = 0, dead = 0;
   std::vector<double> round_distances;
@@ -157,9 +165,19 @@ class GossipRuntime::Impl {
   };
   MembersHeard members_heard() const;
   uint64_t next_sequence() { return last_sequence = std::max(last_sequence + 1, unix_micros()); }
+  // `round`: the update's round (shares and slices: our version).
   Result<protocol::PreparedUpdate> prepare(const std::string& to, std::vector<protocol::EncodedTensor> tensors,
-                                           const gossip::GossipUpdateMeta& meta);
+                                           const gossip::GossipUpdateMeta& meta, std::optional<uint64_t> round = {});
   void serve_catch_up_requests();
+  // Replicas: our update of `round` to `to` on its link (false: not kept, or
+  // the link is full); to every alive member; the rounds we lack asked for.
+  bool send_own_update(const std::string& to, uint64_t round);
+  void send_own_update_to_all(uint64_t round);
+  void serve_update_requests();
+  // `at_least`: the version every member is expected at (settle: ours).
+  void request_missing_updates(uint64_t at_least = 0);
+  bool have_round_from_all(uint64_t round) const;
+  Status settle(const std::atomic<bool>& stop);
   Status catch_up_if_behind(const std::atomic<bool>& stop);
   Status merge_arrivals();
   // Copies the model we hold into the worker (to train or evaluate it).
@@ -234,11 +252,20 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   if (!plan.is_ok()) return plan.status();
   Result<kernels::CompressionKernels*> backend = kernels::compression_kernels_named(site.compress_device);
   if (!backend.is_ok()) return backend.status();
-  Result<gossip::GossipState> made = gossip::GossipState::create(
-      *gossip::parse_merge_rule(config.merge), *plan, manifest, std::move(reference),
-      mix_seed(site.data_seed, 0xc0de + static_cast<uint64_t>(site.index)), **backend);
-  if (!made.is_ok()) return made.status();
-  state.emplace(std::move(*made));
+  const gossip::MergeRule rule = *gossip::parse_merge_rule(config.merge);
+  const uint64_t compression_seed = mix_seed(site.data_seed, 0xc0de + static_cast<uint64_t>(site.index));
+  if (rule == gossip::MergeRule::kReplicas) {
+    // Every update is weighed 1 / (the roster's gossip members): the same at every peer.
+    Result<gossip::ReplicaState> made = gossip::ReplicaState::create(
+        *plan, manifest, std::move(reference), static_cast<int>(addresses.size()), 1.0, compression_seed, **backend);
+    if (!made.is_ok()) return made.status();
+    replicas.emplace(std::move(*made), site.name);
+  } else {
+    Result<gossip::GossipState> made =
+        gossip::GossipState::create(rule, *plan, manifest, std::move(reference), compression_seed, **backend);
+    if (!made.is_ok()) return made.status();
+    state.emplace(std::move(*made));
+  }
   uint64_t dense_bytes = 0;
   for (const protocol::TensorShape& t : manifest) dense_bytes += 4 * t.element_count();
   if (dense_bytes > protocol::kDefaultChunkBytes * 64) {
@@ -354,9 +381,13 @@ Status GossipRuntime::Impl::restore() {
                               name(saved.value("tokenizer", std::string())) + ", this config reads " +
                               name(tokenizer) + "; use the same data.tokenizer, or a new store");
     }
-    const double weight = saved.at("weight").get<double>();
+    protocol::UpdateCompressor& compressor = replicas ? replicas->state().compressor() : state->compressor();
+    if (replicas) {
+      if (Status s = replicas->restore(*latest, saved); !s.is_ok()) return corrupt(config.site.store + ": " + s.message());
+    }
+    const double weight = saved.value("weight", 1.0);
     if (!std::isfinite(weight) || !(weight > 0.0)) return corrupt(config.site.store + ": the stored push-sum weight is not positive");
-    for (size_t t = 0; t < manifest.size(); ++t) {
+    for (size_t t = 0; t < manifest.size() && state; ++t) {
       const store::StoredTensor* stored = latest->find("model", manifest[t].name);
       if (stored == nullptr || stored->value.dtype() != DType::kF32 ||
           static_cast<uint64_t>(stored->value.numel()) != manifest[t].element_count()) {
@@ -364,15 +395,15 @@ Status GossipRuntime::Impl::restore() {
       }
       std::memcpy(state->values()[t].data(), stored->value.raw(), state->values()[t].size() * sizeof(float));
     }
-    state->set_weight(weight);
+    if (state) state->set_weight(weight);
     set_version(saved.at("version").get<uint64_t>());
     FEDMESH_RETURN_IF_ERROR(restore_membership(saved.value("incarnation", uint64_t{0})));
     last_sequence = saved.at("last_sequence").get<uint64_t>();
     commits = latest->round.round;
-    if (Status s = federation::restore_compression_tensors(state->compressor(), "", *latest); !s.is_ok()) {
+    if (Status s = federation::restore_compression_tensors(compressor, "", *latest); !s.is_ok()) {
       emit({{"event", "warning"}, {"message", "starting with an empty compression residual: " + s.message()}});
     } else {
-      state->compressor().set_rounds(saved.value("compressor_rounds", int64_t{0}));
+      compressor.set_rounds(saved.value("compressor_rounds", int64_t{0}));
     }
   } catch (const nlohmann::json::exception& error) {
     return corrupt(config.site.store + ": the gossip state is malformed: " + error.what());
@@ -415,18 +446,21 @@ Status GossipRuntime::Impl::commit(const nlohmann::json& metrics, bool new_round
   }
   round.model_version = static_cast<int64_t>(version);
   round.metrics_json = metrics.dump();
-  round.state_json = nlohmann::json({{"version", version}, {"weight", state->weight()}, {"merge", config.merge},
-                                     {"last_sequence", last_sequence},
-                                     {"compressor_rounds", state->compressor().rounds()},
-                                     {"incarnation", swim ? swim->incarnation() : uint64_t{0}},
-                                     {"tokenizer", data.tokenizer_fingerprint()}})
-                         .dump();
+  protocol::UpdateCompressor& compressor = replicas ? replicas->state().compressor() : state->compressor();
+  nlohmann::json saved = {{"version", version}, {"weight", state ? state->weight() : 1.0}, {"merge", config.merge},
+                          {"last_sequence", last_sequence},
+                          {"compressor_rounds", compressor.rounds()},
+                          {"incarnation", swim ? swim->incarnation() : uint64_t{0}},
+                          {"tokenizer", data.tokenizer_fingerprint()}};
   std::deque<Tensor> views;
   for (size_t t = 0; t < manifest.size(); ++t) {
-    views.push_back(Tensor::view_of(state->values()[t].data(), Shape(manifest[t].dims), DType::kF32));
+    auto& values = const_cast<std::vector<float>&>(model()[t]);
+    views.push_back(Tensor::view_of(values.data(), Shape(manifest[t].dims), DType::kF32));
     round.tensors.push_back({"model", manifest[t].name, &views.back()});
   }
-  federation::add_compression_tensors(state->compressor(), "", views, round.tensors);
+  federation::add_compression_tensors(compressor, "", views, round.tensors);
+  if (replicas) replicas->save(views, round.tensors, saved);
+  round.state_json = saved.dump();
   // The membership as this peer sees it (`fedmesh checkpoint show` lists it).
   if (swim) {
     std::vector<store::PeerRecord> peers;
@@ -509,6 +543,18 @@ bool GossipRuntime::Impl::handle_other(const protocol::Incoming& in, const proto
     catch_up_requests.push_back({in.peer, {request.getSlice(), request.getSlices()}});
     return true;
   }
+  if (kind == wire::Message::UPDATE_REQUEST) {
+    if (!replicas) {
+      rejection = {wire::RejectCode::MALFORMED, "an update request to a peer that does not merge by replicas"};
+      return false;
+    }
+    if (update_requests.size() >= 256) {
+      rejection = {wire::RejectCode::BUSY, "too many update requests waiting"};
+      return false;
+    }
+    update_requests.push_back({in.peer, message.root().getUpdateRequest().getRound()});
+    return true;
+  }
   rejection = {wire::RejectCode::MALFORMED, "a gossip node does not take this kind of message"};
   return false;
 }
@@ -562,7 +608,8 @@ void GossipRuntime::Impl::take_completed() {
     a.slice = meta.slice;
     a.slices = meta.slices;
     uint64_t& known = peer_versions[a.from];
-    known = std::max(known, a.sender_version);
+    // A replica update of round r comes from a member at version r + 1 or later.
+    known = std::max(known, a.sender_version + (a.kind == gossip::GossipUpdateKind::kReplicaUpdate ? 1 : 0));
     arrivals.push_back(std::move(a));
   }
 }
@@ -584,7 +631,7 @@ void GossipRuntime::Impl::drain_links() {
         }
       }
       // Push-sum: the part that never left comes back (merged into us).
-      if (!outcome.delivered) state->take_back(in_flight->second.share, 1);
+      if (!outcome.delivered && state) state->take_back(in_flight->second.share, 1);
       if (--in_flight->second.pending == 0) shares_in_flight.erase(in_flight);
     }
     for (protocol::Incoming& incoming : report.replies) {
@@ -622,6 +669,7 @@ void GossipRuntime::Impl::pump(double seconds) {
     drain_links();
     note_events();
     serve_catch_up_requests();
+    serve_update_requests();
   } while (Clock::now() < until);
 }
 
@@ -651,10 +699,11 @@ GossipRuntime::Impl::MembersHeard GossipRuntime::Impl::members_heard() const {
 
 Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string& to,
                                                               std::vector<protocol::EncodedTensor> tensors,
-                                                              const gossip::GossipUpdateMeta& meta) {
+                                                              const gossip::GossipUpdateMeta& meta,
+                                                              std::optional<uint64_t> round) {
   protocol::UpdateMetadata metadata;
   metadata.federation = wire_federation;
-  metadata.round = version;
+  metadata.round = round.value_or(version);
   const auto known = peer_versions.find(to);
   metadata.base_version = known == peer_versions.end() ? 0 : known->second;
   metadata.sender = config.site.name;
@@ -672,7 +721,8 @@ void GossipRuntime::Impl::serve_catch_up_requests() {
     const auto [requester, slicing] = catch_up_requests.front();
     catch_up_requests.pop_front();
     Result<std::vector<protocol::EncodedTensor>> tensors =
-        gossip::encode_catch_up_slice(manifest, state->model(), state->reference(), slicing.first, slicing.second);
+        gossip::encode_catch_up_slice(manifest, model(), replicas ? replicas->state().reference() : state->reference(),
+                                      slicing.first, slicing.second);
     if (!tensors.is_ok()) continue;
     Result<protocol::PreparedUpdate> prepared =
         prepare(requester, std::move(*tensors),
@@ -683,6 +733,116 @@ void GossipRuntime::Impl::serve_catch_up_requests() {
     std::lock_guard lock(metrics_mutex);
     if (sent) bytes_sent += protocol::wire_bytes(*prepared);
   }
+}
+
+// Replicas: our update of `round` to one member, handed to its link (the
+// link reports later whether it left: drain_links counts the bytes).
+bool GossipRuntime::Impl::send_own_update(const std::string& to, uint64_t round) {
+  const std::vector<protocol::EncodedTensor>* tensors = replicas->own(round);
+  if (tensors == nullptr) return false;
+  Result<protocol::PreparedUpdate> prepared =
+      prepare(to, *tensors, {gossip::GossipUpdateKind::kReplicaUpdate, 0.0, 0, 0}, round);
+  PeerLink* link_to = prepared.is_ok() ? link(to) : nullptr;
+  if (link_to == nullptr) return false;
+  std::vector<protocol::SharedMessage> messages;
+  messages.push_back(prepared->header);
+  messages.insert(messages.end(), prepared->chunks.begin(), prepared->chunks.end());
+  const uint64_t id = next_share++;
+  if (!link_to->send_share(std::move(messages), id)) {
+    std::lock_guard lock(metrics_mutex);
+    ++shares_undelivered;
+    return false;
+  }
+  shares_in_flight[id] = ShareInFlight{{}, 1};
+  return true;
+}
+
+void GossipRuntime::Impl::send_own_update_to_all(uint64_t round) {
+  for (const std::string& member : alive_members()) {
+    if (member != config.site.name) (void)send_own_update(member, round);
+  }
+}
+
+// Replicas: members asked for updates of ours they lack; those we still keep
+// are sent again (signed anew), the others are gone for good.
+void GossipRuntime::Impl::serve_update_requests() {
+  while (!update_requests.empty()) {
+    const auto [requester, round] = update_requests.front();
+    update_requests.pop_front();
+    ++updates_resent_or_refused;
+    if (send_own_update(requester, round)) {
+      std::lock_guard lock(metrics_mutex);
+      ++updates_resent;
+    }
+  }
+}
+
+// Replicas: asks each alive member for its updates we lack (within the
+// window it keeps), a few rounds per member at a time.
+void GossipRuntime::Impl::request_missing_updates(uint64_t at_least) {
+  for (const std::string& member : alive_members()) {
+    if (member == config.site.name) continue;
+    const auto known = peer_versions.find(member);
+    const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
+    const std::vector<uint64_t> rounds = replicas->missing(member, std::max(heard, at_least));
+    for (size_t k = 0; k < rounds.size() && k < 4; ++k) {
+      capnp::MallocMessageBuilder builder;
+      builder.initRoot<wire::Message>().initUpdateRequest().setRound(rounds[k]);
+      if (send_to(member, protocol::serialize(builder))) {
+        std::lock_guard lock(metrics_mutex);
+        ++updates_requested;
+      }
+    }
+  }
+}
+
+// Replicas: every alive member's update of `round` is applied.
+bool GossipRuntime::Impl::have_round_from_all(uint64_t round) const {
+  for (const std::string& member : alive_members()) {
+    if (!replicas->state().applied({member, round})) return false;
+  }
+  return true;
+}
+
+// Replicas, after the last round: go on serving the members' requests and
+// asking for what we lack until every alive member has done its rounds, we
+// hold all their updates and no member has asked us for one for 2 s (or
+// the settle time, 20 s or twenty waits for a share, is over), so the peers
+// end on one model.
+Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop) {
+  const double until = now() + std::max(20.0, 20.0 * config.wait_for_share_seconds);
+  double next_request = 0.0;
+  uint64_t last_served = updates_resent_or_refused;
+  double quiet_since = now();
+  while (!stop.load() && now() < until) {
+    pump(0.02);
+    FEDMESH_RETURN_IF_ERROR(merge_arrivals());
+    // Every member does the same rounds: we expect each one's updates up to
+    // ours, whatever version we last heard from it (a message saying it
+    // moved on may have been lost).
+    bool done = true;
+    for (const std::string& member : alive_members()) {
+      if (member == config.site.name) continue;
+      const auto known = peer_versions.find(member);
+      const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
+      if (heard < version || !replicas->missing(member, std::max(heard, version)).empty()) done = false;
+    }
+    // Done: linger while members still ask us for updates (they ask every
+    // half second while they lack one), until 2 s pass with no request.
+    if (done) {
+      const uint64_t served = updates_resent_or_refused;
+      if (served != last_served) {
+        last_served = served;
+        quiet_since = now();
+      }
+      if (now() - quiet_since >= 2.0) return Status::ok();
+    }
+    if (now() >= next_request) {
+      request_missing_updates(version);
+      next_request = now() + 0.5;
+    }
+  }
+  return Status::ok();
 }
 
 // Catch-up (anti-entropy): when a member is catch_up_lag versions ahead of
@@ -753,6 +913,18 @@ Status GossipRuntime::Impl::merge_arrivals() {
   while (!arrivals.empty()) {
     Arrival a = std::move(arrivals.front());
     arrivals.pop_front();
+    if (replicas) {
+      if (a.kind != gossip::GossipUpdateKind::kReplicaUpdate) continue;
+      Result<bool> taken = replicas->take(a.from, a.sender_version, a.values);
+      std::lock_guard lock(metrics_mutex);
+      if (!taken.is_ok()) {
+        ++refused;
+        emit({{"event", "refused"}, {"from", a.from}, {"code", "merge"}, {"reason", taken.status().message()}});
+      } else if (*taken) {
+        ++merges;
+      }
+      continue;
+    }
     if (a.kind != gossip::GossipUpdateKind::kShare) continue;  // a late catch-up slice
     const int64_t tau = a.base_version > version ? 0 : static_cast<int64_t>(version - a.base_version);
     const double distance = state->distance_to(a.values);
@@ -777,10 +949,10 @@ Status GossipRuntime::Impl::merge_arrivals() {
 }
 
 void GossipRuntime::Impl::load_worker() {
-  const std::vector<std::vector<float>>& model = state->model();
+  const std::vector<std::vector<float>>& held = model();
   std::vector<Parameter*> parameters = worker->parameters();
   for (size_t t = 0; t < parameters.size(); ++t) {
-    std::memcpy(parameters[t]->value.raw(), model[t].data(), model[t].size() * sizeof(float));
+    std::memcpy(parameters[t]->value.raw(), held[t].data(), held[t].size() * sizeof(float));
   }
   worker->refresh_compute();
 }
@@ -802,7 +974,11 @@ Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
   std::vector<std::vector<float>> trained;
   for (Parameter* p : worker->parameters()) trained.emplace_back(p->value.data<float>(), p->value.data<float>() + p->value.numel());
   if (config.dp_clip > 0.0) privatize(trained);
-  FEDMESH_RETURN_IF_ERROR(state->set_model(trained));
+  if (replicas) {
+    this->trained = std::move(trained);
+  } else {
+    FEDMESH_RETURN_IF_ERROR(state->set_model(trained));
+  }
   return static_cast<double>(summary.steps);
 }
 
@@ -811,7 +987,7 @@ void GossipRuntime::Impl::privatize(std::vector<std::vector<float>>& trained) {
   // discrete Gaussian on a grid of at most 2^-20 clip (crypto/dp_noise.h),
   // from the CSPRNG (the noise must not be predictable). The noised delta
   // lies on the grid; the model the peer shares is its post-processing.
-  const std::vector<std::vector<float>>& before = state->model();
+  const std::vector<std::vector<float>>& before = model();
   double squares = 0.0;
   for (size_t t = 0; t < trained.size(); ++t) {
     for (size_t i = 0; i < trained[t].size(); ++i) {
@@ -936,6 +1112,13 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       if (heard.heard() >= std::min(heard.others, static_cast<size_t>(s.config.catch_up_donors))) break;
     }
   }
+  // Replicas: our latest updates, committed before a crash, may not have
+  // reached everyone: send the newest again (those who have it drop the
+  // copy); members ask for the older ones they lack.
+  if (s.replicas) {
+    const std::vector<uint64_t> own = s.replicas->own_rounds();
+    if (!own.empty()) s.send_own_update_to_all(own.back());
+  }
   train::TrainOptions evaluation = s.config.site.local;
   evaluation.max_steps = 1;
   train::Trainer evaluator(*s.worker, evaluation);
@@ -950,24 +1133,51 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       break;
     }
     const auto began = Clock::now();
-    FEDMESH_RETURN_IF_ERROR(s.catch_up_if_behind(stop));
+    // Replicas never adopt another's model (that would break the exact
+    // sum): a peer that was down asks for the updates it missed instead.
+    if (!s.replicas) FEDMESH_RETURN_IF_ERROR(s.catch_up_if_behind(stop));
     double train_loss = 0.0;
     Result<double> steps = s.train_round(train_loss);
     if (!steps.is_ok()) return steps.status();
     if (stop.load()) break;
-    // Nothing heard since the last round: wait a little for a share, so a
-    // node that ran ahead mixes rather than drifts on its own shard.
-    const double wait_until = s.now() + s.config.wait_for_share_seconds;
-    while (s.arrivals.empty() && !stop.load() && s.now() < wait_until) s.pump(0.02);
-    FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());
-    s.set_version(s.version + 1);
-    FEDMESH_RETURN_IF_ERROR(s.share());
+    if (s.replicas) {
+      // Our update of this round: made and durable before it leaves, then
+      // sent to every member; then the members' updates of this round,
+      // asked for again when late, for up to wait_for_share_seconds.
+      const uint64_t round = s.version;
+      FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());  // (none: arrivals wait while we train)
+      FEDMESH_RETURN_IF_ERROR(s.replicas->make(round, s.trained));
+      s.set_version(s.version + 1);
+      s.replicas->advance(s.version);
+      FEDMESH_RETURN_IF_ERROR(s.commit({{"event", "update"}, {"round", s.version}}));
+      s.send_own_update_to_all(round);
+      const double wait_until = s.now() + s.config.wait_for_share_seconds;
+      double next_request = s.now() + std::min(0.5, s.config.wait_for_share_seconds / 4.0);
+      while (!stop.load() && s.now() < wait_until && !s.have_round_from_all(round)) {
+        s.pump(0.02);
+        FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());
+        if (s.now() >= next_request) {
+          s.request_missing_updates();
+          next_request = s.now() + 0.5;
+        }
+      }
+      FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());
+      s.request_missing_updates();  // what is still missing comes while we train
+    } else {
+      // Nothing heard since the last round: wait a little for a share, so a
+      // node that ran ahead mixes rather than drifts on its own shard.
+      const double wait_until = s.now() + s.config.wait_for_share_seconds;
+      while (s.arrivals.empty() && !stop.load() && s.now() < wait_until) s.pump(0.02);
+      FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());
+      s.set_version(s.version + 1);
+      FEDMESH_RETURN_IF_ERROR(s.share());
+    }
     // The model we now hold, evaluated.
     nlohmann::json event = {{"event", "round"}, {"round", s.version}, {"steps", *steps}, {"train_loss", train_loss}};
     const bool evaluate = s.version % static_cast<uint64_t>(s.config.eval_every) == 0 ||
                           (s.config.rounds > 0 && s.version == static_cast<uint64_t>(s.config.rounds));
     double norm = 0.0;
-    for (const std::vector<float>& t : s.state->model()) {
+    for (const std::vector<float>& t : s.model()) {
       for (const float v : t) norm += static_cast<double>(v) * v;
     }
     event["model_norm"] = std::sqrt(norm);
@@ -1000,7 +1210,12 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       event["alive"] = s.alive;
       event["suspect"] = s.suspect;
       event["dead"] = s.dead;
-      event["weight"] = s.state->weight();
+      if (s.state) event["weight"] = s.state->weight();
+      if (s.replicas) {
+        event["updates_applied"] = s.replicas->state().applied_ids().size();
+        event["updates_requested"] = s.updates_requested;
+        event["updates_resent"] = s.updates_resent;
+      }
     }
     uint64_t dropped = 0, transport_bytes = 0;
     for (const auto& [name, peer] : s.links) {
@@ -1021,6 +1236,21 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     FEDMESH_RETURN_IF_ERROR(s.commit(event, /*new_round=*/true));
     s.emit(event);
   }
+  if (s.replicas && !stop.load()) {
+    FEDMESH_RETURN_IF_ERROR(s.settle(stop));
+    // The settled model (the same at every peer that got every update), evaluated.
+    nlohmann::json settled = {{"event", "settled"}, {"round", s.version},
+                              {"updates_applied", s.replicas->state().applied_ids().size()}};
+    if (s.data.test->size() > 0) {
+      s.load_worker();
+      const double accuracy = evaluator.evaluate(*s.data.test).accuracy;
+      settled["test_accuracy"] = accuracy;
+      std::lock_guard lock(s.metrics_mutex);
+      s.last_test_accuracy = accuracy;
+    }
+    FEDMESH_RETURN_IF_ERROR(s.commit(settled));
+    s.emit(settled);
+  }
   // Done or stopped: say so to the members, keep the state.
   s.swim->leave(s.now());
   s.flush_swim();
@@ -1028,8 +1258,30 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
   // The links drain what is queued (the leave among it) side by side.
   for (auto& [name, peer] : s.links) peer->close();
   FEDMESH_RETURN_IF_ERROR(s.commit({{"event", "left"}, {"round", s.version}}));
-  s.emit({{"event", "finished"}, {"version", s.version}, {"test_accuracy", s.last_test_accuracy},
-          {"bytes_sent", s.bytes_sent}, {"stopped", stop.load()}});
+  nlohmann::json finished = {{"event", "finished"}, {"version", s.version}, {"test_accuracy", s.last_test_accuracy},
+                             {"bytes_sent", s.bytes_sent}, {"stopped", stop.load()}};
+  if (s.replicas) {
+    // What the peers compare: the exact sum's digest and the updates in it.
+    const crypto::Hash digest = s.replicas->state().digest();
+    static const char* const kHex = "0123456789abcdef";
+    std::string hex;
+    for (const uint8_t b : digest) {
+      hex += kHex[b >> 4];
+      hex += kHex[b & 15];
+    }
+    finished["replica_digest"] = hex;
+    finished["updates_applied"] = s.replicas->state().applied_ids().size();
+    finished["updates_floor"] = s.replicas->state().floor();
+    // Updates of members we know of that we still lack (those the members
+    // keep): empty when the run settled.
+    nlohmann::json missing = nlohmann::json::object();
+    for (const auto& [member, member_version] : s.peer_versions) {
+      const std::vector<uint64_t> rounds = s.replicas->missing(member, member_version);
+      if (!rounds.empty()) missing[member] = rounds;
+    }
+    finished["updates_missing"] = missing;
+  }
+  s.emit(finished);
   return s.store->settle();
 }
 

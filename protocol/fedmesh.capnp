@@ -172,6 +172,8 @@ struct UpdateHeader {
 enum PeerUpdateKind {
   share @0;          # a share of the sender's model
   catchUpSlice @1;   # a slice of its model that a member asked for
+  replicaUpdate @2;  # its compressed update of round `round` (merge rule replicas): every member
+                     # applies each (sender, round) once
 }
 
 struct PeerUpdate {
@@ -276,6 +278,13 @@ struct PingAck {
 struct CatchUpRequest {
   slice @0 :UInt32;
   slices @1 :UInt32;
+}
+
+# Gossip replicas: a member that lacks the recipient's update of `round`
+# (lost on the way, or sent while it was down) asks for it again; the
+# recipient answers with that update, signed anew, if it still keeps it.
+struct UpdateRequest {
+  round @0 :UInt64;
 }
 
 # Secure aggregation (crypto/secure_aggregation.h): a site's messages go up
@@ -407,5 +416,6 @@ struct Message {
     secAggDown @16 :SecAggDown;
     statsReport @17 :StatsReport;
     statsMerged @18 :StatsMerged;
+    updateRequest @19 :UpdateRequest;
   }
 }

@@ -190,8 +190,11 @@ SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const Tens
   header.setSampleCount(metadata.sample_count);
   if (metadata.peer) {
     auto peer = header.initPeer();
-    peer.setKind(metadata.peer->kind == crypto::PeerUpdateKind::kCatchUpSlice ? wire::PeerUpdateKind::CATCH_UP_SLICE
-                                                                              : wire::PeerUpdateKind::SHARE);
+    switch (metadata.peer->kind) {
+      case crypto::PeerUpdateKind::kShare: peer.setKind(wire::PeerUpdateKind::SHARE); break;
+      case crypto::PeerUpdateKind::kCatchUpSlice: peer.setKind(wire::PeerUpdateKind::CATCH_UP_SLICE); break;
+      case crypto::PeerUpdateKind::kReplicaUpdate: peer.setKind(wire::PeerUpdateKind::REPLICA_UPDATE); break;
+    }
     peer.setWeight(metadata.peer->weight);
     peer.setSlice(metadata.peer->slice);
     peer.setSlices(metadata.peer->slices);
@@ -369,6 +372,7 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
     switch (peer.getKind()) {
       case wire::PeerUpdateKind::SHARE: fields.kind = crypto::PeerUpdateKind::kShare; break;
       case wire::PeerUpdateKind::CATCH_UP_SLICE: fields.kind = crypto::PeerUpdateKind::kCatchUpSlice; break;
+      case wire::PeerUpdateKind::REPLICA_UPDATE: fields.kind = crypto::PeerUpdateKind::kReplicaUpdate; break;
       default: return fail(wire::RejectCode::MALFORMED, "an unknown kind of gossip update");
     }
     fields.weight = peer.getWeight();

@@ -273,7 +273,7 @@ class GossipSimulation {
         Result<bool> applied = peer.replica->apply(id, peer.held.at(id)->decoded);
         if (!applied.is_ok()) {
           ++record.messages_refused;
-        } else if (*applied) {
+        } else if (*applied && id.sender != peer.name) {
           ++record.messages_merged;
         }
       }

@@ -1,0 +1,88 @@
+// The merge rule `replicas` in a networked gossip peer (gossip/replicas.h):
+// what the peer keeps beside the replica so that every member ends up
+// holding every update, through crashes and lost messages.
+//
+//  - Its own update of a round is made, added to its own sum and committed
+//    to its store *before* it is sent (durable before it leaves: a peer
+//    killed mid-send restarts knowing that update, never making a second,
+//    different one for the same round), then sent to every alive member.
+//  - It keeps its own updates of the last kKeptRounds rounds (in its store
+//    too, sparse: the coordinates they move) and sends one again to a member
+//    that asks for it (UpdateRequest), before and after a restart.
+//  - It asks each member for the updates of that member's rounds it lacks,
+//    within the same window: a lost message, or updates sent while this
+//    peer was down. Updates older than the window are no longer taken
+//    (ReplicaState::forget_before), so peers agree only if each gets an
+//    update within kKeptRounds rounds of it being made.
+//
+// The exact sum is checkpointed losslessly: each 64-bit fixed-point value
+// as three float tensors of 22, 21 and 21 bits (every piece exact in fp32).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "gossip/replicas.h"
+#include "kernels/tensor.h"
+#include "protocol/update_transfer.h"
+#include "store/checkpoint_store.h"
+
+namespace fedmesh::node {
+
+class ReplicaSync {
+ public:
+  static constexpr uint64_t kKeptRounds = 16;
+
+  ReplicaSync(gossip::ReplicaState state, std::string self);
+
+  gossip::ReplicaState& state() { return state_; }
+  const gossip::ReplicaState& state() const { return state_; }
+
+  // Our update of `round` from the model local training reached: made with
+  // error feedback, added to our own sum, kept to send again.
+  Status make(uint64_t round, std::span<const std::vector<float>> trained);
+  // Our update of `round` as it travels; null once it is no longer kept.
+  const std::vector<protocol::EncodedTensor>* own(uint64_t round) const;
+  // A member's update: true when it was new and added, false for one we
+  // have (or of a round before the window); refused when it does not fit.
+  Result<bool> take(const std::string& sender, uint64_t round, std::span<const std::vector<float>> values);
+  // The rounds of `member` we lack among those it has made (its version
+  // tells how many) and that it still keeps.
+  std::vector<uint64_t> missing(const std::string& member, uint64_t member_version) const;
+  // The window moved on to `version`: forget older ids and own updates.
+  void advance(uint64_t version);
+
+  // Checkpoint: the exact sum (three float pieces) and our own updates kept
+  // (role "replica"; each as flat indices in two 22-bit float pieces and
+  // values), the ids applied and the floor (in `state`).
+  void save(std::deque<Tensor>& views, std::vector<store::TensorToCommit>& out, nlohmann::json& state) const;
+  Status restore(const store::LoadedCheckpoint& checkpoint, const nlohmann::json& state);
+  // The rounds of our own updates kept (after a restore: to send again).
+  std::vector<uint64_t> own_rounds() const;
+
+ private:
+  gossip::ReplicaState state_;
+  std::string self_;
+  struct Own {
+    std::vector<protocol::EncodedTensor> tensors;
+    std::vector<uint64_t> index;  // flat over the manifest's tensors
+    std::vector<float> value;
+  };
+  std::map<uint64_t, Own> own_;  // by round
+  mutable std::vector<float> pieces_[3];  // scratch for save()
+  mutable std::deque<std::vector<float>> own_pieces_;  // scratch for save()
+};
+
+// The three exact float pieces of a 64-bit fixed-point value, and back.
+void split_fixed_point(int64_t value, float pieces[3]);
+int64_t join_fixed_point(const float pieces[3]);
+
+}  // namespace fedmesh::node

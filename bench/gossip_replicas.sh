@@ -44,4 +44,4 @@ run replicas-topk1 "${COMMON[@]}" --mode gossip --loss 0.2 --eval-every 2 --comp
 run push-sum-old-defaults "${COMMON[@]}" --mode gossip --loss 0.2 --eval-every 2 --merge push-sum --topology random --compress identity
 args=("$OUT")
 [[ -n "$COPY_PNG" ]] && args+=(--copy-png "$COPY_PNG")
-python3 "$(dirname "$0")/plot_gossip.py" "${args[@]}"
+"${PYTHON:-python3}" "$(dirname "$0")/plot_gossip.py" "${args[@]}"

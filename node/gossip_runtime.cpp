@@ -1144,8 +1144,9 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       // Our update of this round: made and durable before it leaves, then
       // sent to every member; then the members' updates of this round,
       // asked for again when late, for up to wait_for_share_seconds.
+      // (Updates that arrived while we trained wait in `arrivals`: the
+      // pseudo-gradient is against the model training started from.)
       const uint64_t round = s.version;
-      FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());  // (none: arrivals wait while we train)
       FEDMESH_RETURN_IF_ERROR(s.replicas->make(round, s.trained));
       s.set_version(s.version + 1);
       s.replicas->advance(s.version);

@@ -268,8 +268,14 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   }
   uint64_t dense_bytes = 0;
   for (const protocol::TensorShape& t : manifest) dense_bytes += 4 * t.element_count();
-  if (dense_bytes > protocol::kDefaultChunkBytes * 64) {
-    return invalid_argument("the model (" + std::to_string(dense_bytes) + " bytes) is too large for gossip shares");
+  // Push-sum and pairwise send whole model states, never resumed: a share
+  // of more than 64 chunks would rarely arrive whole on a lossy link.
+  // Replicas send updates (sparse by default), each asked for again when
+  // it does not arrive: no cap.
+  if (!replicas && dense_bytes > protocol::kDefaultChunkBytes * 64) {
+    return invalid_argument("the model (" + std::to_string(dense_bytes) + " bytes) is too large for push-sum and "
+                            "pairwise shares (at most " + std::to_string(protocol::kDefaultChunkBytes * 64) +
+                            "): use gossip.merge = \"replicas\", whose updates have no such cap");
   }
 
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(site.store);

@@ -921,7 +921,14 @@ Status GossipRuntime::Impl::merge_arrivals() {
     arrivals.pop_front();
     if (replicas) {
       if (a.kind != gossip::GossipUpdateKind::kReplicaUpdate) continue;
-      Result<bool> taken = replicas->take(a.from, a.sender_version, a.values);
+      // Members are at most a few windows apart; an update from far ahead
+      // would sit in the ids until the window reached it.
+      Result<bool> taken =
+          a.sender_version > version + 4 * ReplicaSync::kKeptRounds
+              ? Result<bool>(invalid_argument("an update of round " + std::to_string(a.sender_version) +
+                                              ", more than " + std::to_string(4 * ReplicaSync::kKeptRounds) +
+                                              " rounds past ours (" + std::to_string(version) + ")"))
+              : replicas->take(a.from, a.sender_version, a.values);
       std::lock_guard lock(metrics_mutex);
       if (!taken.is_ok()) {
         ++refused;

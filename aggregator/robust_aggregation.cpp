@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "aggregator/exact_accumulator.h"
+#include "federation/exact_accumulator.h"
 
 namespace fedmesh::aggregator {
 
@@ -126,7 +126,7 @@ Status multi_krum(const std::vector<BufferedUpdate>& updates, int byzantine, int
   for (const BufferedUpdate& update : updates) {
     if (update.values.size() != out.size()) return invalid_argument("update " + update.key + " has the wrong size");
   }
-  ExactAccumulator accumulator(static_cast<int64_t>(out.size()));
+  federation::ExactAccumulator accumulator(static_cast<int64_t>(out.size()));
   for (size_t index : *chosen) FEDMESH_RETURN_IF_ERROR(accumulator.add(updates[index].values, 1.0));
   accumulator.mean(out);
   return Status::ok();

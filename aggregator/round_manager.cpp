@@ -156,7 +156,7 @@ Status RoundManager::check(SiteUpdate& update, double& norm) const {
   double squares = 0.0;
   for (float v : update.delta) {
     if (!std::isfinite(v)) return invalid_argument(who + ": holds a non-finite value");
-    if (std::fabs(v) >= kMaxTermMagnitude) {
+    if (std::fabs(v) >= federation::kMaxTermMagnitude) {
       return invalid_argument(who + ": holds a value of magnitude " + std::to_string(std::fabs(v)) +
                               ", beyond what an update may carry (2^22)");
     }
@@ -284,7 +284,7 @@ Result<RoundRecord> RoundManager::close_round_with_mean(std::vector<float> mean,
 Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
   std::vector<float> delta(static_cast<size_t>(parameter_count_), 0.0f);
   if (options_.rule == "mean" || options_.fedasync_mixing > 0.0) {
-    ExactAccumulator accumulator(parameter_count_);
+    federation::ExactAccumulator accumulator(parameter_count_);
     for (size_t i = 0; i < buffer_.size(); ++i) {
       FEDMESH_RETURN_IF_ERROR(accumulator.add(buffer_[i].delta, buffer_info_[i].weight));
     }
@@ -295,8 +295,8 @@ Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
       // ones: delta = sum(n s(tau) d) / sum(n). Both sums in fixed point.
       int64_t with_staleness = 0, without = 0;
       for (const AppliedUpdateRecord& info : buffer_info_) {
-        with_staleness += to_fixed_point(info.weight);
-        without += to_fixed_point(info.weight / options_.staleness.weight(info.staleness));
+        with_staleness += federation::to_fixed_point(info.weight);
+        without += federation::to_fixed_point(info.weight / options_.staleness.weight(info.staleness));
       }
       const double factor = without > 0 ? static_cast<double>(with_staleness) / static_cast<double>(without) : 0.0;
       for (float& value : delta) value = static_cast<float>(value * factor);

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "aggregator/exact_accumulator.h"
+#include "federation/exact_accumulator.h"
 #include "federation/model_chain.h"
 #include "aggregator/server_optimizer.h"
 #include "federation/staleness.h"

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "aggregator/exact_accumulator.h"
+#include "federation/exact_accumulator.h"
 #include "aggregator/robust_aggregation.h"
 #include "base/random.h"
 #include "kernels/parallel.h"
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   volatile float keep = plain[static_cast<size_t>(parameters / 2)];
   (void)keep;
 
-  fedmesh::aggregator::ExactAccumulator accumulator(parameters);
+  fedmesh::federation::ExactAccumulator accumulator(parameters);
   const double rss_before_exact = peak_rss_mb();
   start = Clock::now();
   for (int u = 0; u < updates; ++u) {

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "aggregator/exact_accumulator.h"
+#include "federation/exact_accumulator.h"
 #include "aggregator/secure_round.h"
 #include "base/random.h"
 #include "crypto/keys.h"
@@ -212,7 +212,7 @@ std::pair<double, double> time_trusted(int n, int64_t d) {
   policy.current_round = 1;
   policy.current_version = 0;
   fp::UpdateReceiver receiver(policy, roster, replay);
-  fedmesh::aggregator::ExactAccumulator accumulator(d);
+  fedmesh::federation::ExactAccumulator accumulator(d);
   double site = 0.0, server = 0.0;
   for (int i = 0; i < n; ++i) {
     fc::UpdateMetadata metadata;

@@ -106,7 +106,7 @@ void ReplicaState::forget_before(uint64_t round) {
   for (auto it = applied_.begin(); it != applied_.end();) it = it->round < floor_ ? applied_.erase(it) : std::next(it);
 }
 
-Status ReplicaState::restore(aggregator::ExactAccumulator::Saved sum, std::set<UpdateId> applied, uint64_t floor) {
+Status ReplicaState::restore(federation::ExactAccumulator::Saved sum, std::set<UpdateId> applied, uint64_t floor) {
   FEDMESH_RETURN_IF_ERROR(sum_->restore(std::move(sum)));
   applied_ = std::move(applied);
   floor_ = 0;

@@ -9,7 +9,7 @@
 // to every member (node/gossip_runtime: pushed to the peer's neighbours,
 // then pulled by whoever lacks it from whoever advertises it). Every peer
 // adds every update it holds, once, into an exact order-independent sum
-// (aggregator/exact_accumulator.h, 64-bit fixed point):
+// (federation/exact_accumulator.h, 64-bit fixed point):
 //
 //   z = x0 + sum over the updates held of (lr / members) * D(C(update))
 //
@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "aggregator/exact_accumulator.h"
+#include "federation/exact_accumulator.h"
 #include "base/status.h"
 #include "crypto/hash.h"
 #include "kernels/compression_kernels.h"
@@ -107,8 +107,8 @@ class ReplicaState {
 
   // Checkpoint state: the exact sum, the ids applied, and the compressor's
   // residual (protocol::UpdateCompressor::state_tensors).
-  aggregator::ExactAccumulator::Saved saved_sum() const { return sum_->save(); }
-  Status restore(aggregator::ExactAccumulator::Saved sum, std::set<UpdateId> applied, uint64_t floor = 0);
+  federation::ExactAccumulator::Saved saved_sum() const { return sum_->save(); }
+  Status restore(federation::ExactAccumulator::Saved sum, std::set<UpdateId> applied, uint64_t floor = 0);
   protocol::UpdateCompressor& compressor() { return *compressor_; }
 
  private:
@@ -118,7 +118,7 @@ class ReplicaState {
   std::vector<std::vector<float>> reference_;  // x0
   std::vector<std::vector<float>> model_;      // z
   double weight_ = 1.0;                        // lr / members
-  std::optional<aggregator::ExactAccumulator> sum_;
+  std::optional<federation::ExactAccumulator> sum_;
   std::set<UpdateId> applied_;
   uint64_t floor_ = 0;
   std::optional<protocol::UpdateCompressor> compressor_;

@@ -86,7 +86,7 @@ std::vector<uint64_t> ReplicaSync::own_rounds() const {
 }
 
 void ReplicaSync::save(std::deque<Tensor>& views, std::vector<store::TensorToCommit>& out, nlohmann::json& state) const {
-  const aggregator::ExactAccumulator::Saved sum = state_.saved_sum();
+  const federation::ExactAccumulator::Saved sum = state_.saved_sum();
   for (auto& piece : pieces_) piece.resize(sum.sum.size());
   float parts[3];
   for (size_t i = 0; i < sum.sum.size(); ++i) {
@@ -128,7 +128,7 @@ Status ReplicaSync::restore(const store::LoadedCheckpoint& checkpoint, const nlo
   if (!state.contains("replica")) return corrupt("the checkpoint has no replica state (written with another merge rule)");
   try {
     const nlohmann::json& replica = state.at("replica");
-    aggregator::ExactAccumulator::Saved sum;
+    federation::ExactAccumulator::Saved sum;
     sum.weight = replica.at("weight_raw").get<int64_t>();
     sum.bound_used = replica.at("bound_used").get<double>();
     sum.updates = replica.at("updates").get<int64_t>();

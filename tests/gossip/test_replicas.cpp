@@ -155,7 +155,7 @@ TEST(Replicas, ACheckpointRestoresTheExactSum) {
   EXPECT_EQ(restarted.digest(), peers[0].digest());
   EXPECT_EQ(restarted.model(), peers[0].model());
   EXPECT_FALSE(*restarted.apply(round.ids[2], round.decoded[2]));  // still applied once
-  aggregator::ExactAccumulator::Saved short_sum = peers[0].saved_sum();
+  federation::ExactAccumulator::Saved short_sum = peers[0].saved_sum();
   short_sum.sum.pop_back();
   EXPECT_FALSE(restarted.restore(short_sum, {}).is_ok());
 }

@@ -19,7 +19,7 @@
 
 #include "base/status.h"
 
-namespace fedmesh::aggregator {
+namespace fedmesh::federation {
 
 inline constexpr int kFractionBits = 40;
 inline constexpr double kMaxTermMagnitude = 4194304.0;         // 2^22
@@ -69,4 +69,4 @@ class ExactAccumulator {
   int64_t updates_ = 0;
 };
 
-}  // namespace fedmesh::aggregator
+}  // namespace fedmesh::federation

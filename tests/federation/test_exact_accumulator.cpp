@@ -8,9 +8,9 @@
 #include <cstring>
 #include <random>
 
-#include "aggregator/exact_accumulator.h"
+#include "federation/exact_accumulator.h"
 
-namespace fedmesh::aggregator {
+namespace fedmesh::federation {
 namespace {
 
 TEST(ExactAccumulator, ShuffledOrdersGiveBitIdenticalAggregates) {
@@ -93,4 +93,4 @@ TEST(ExactAccumulator, RefusesWhatItCannotSumExactlyAndChangesNothing) {
 }
 
 }  // namespace
-}  // namespace fedmesh::aggregator
+}  // namespace fedmesh::federation

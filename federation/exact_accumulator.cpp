@@ -1,4 +1,4 @@
-#include "aggregator/exact_accumulator.h"
+#include "federation/exact_accumulator.h"
 
 #include <emmintrin.h>
 
@@ -10,7 +10,7 @@
 
 #include "kernels/parallel.h"
 
-namespace fedmesh::aggregator {
+namespace fedmesh::federation {
 
 namespace {
 
@@ -108,4 +108,4 @@ void ExactAccumulator::clear() {
   updates_ = 0;
 }
 
-}  // namespace fedmesh::aggregator
+}  // namespace fedmesh::federation

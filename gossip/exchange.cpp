@@ -25,9 +25,7 @@ const char* merge_rule_name(MergeRule rule) {
 
 Status check_gossip_compression(const protocol::CompressionPlan& plan, MergeRule rule) {
   if (rule == MergeRule::kReplicas) return check_replica_compression(plan);
-  std::vector<std::pair<std::string, protocol::CompressionSpec>> specs = {{"the default", plan.default_spec}};
-  for (const protocol::TensorOverride& o : plan.overrides) specs.emplace_back("override " + o.pattern, o.spec);
-  for (const auto& [where, spec] : specs) {
+  for (const auto& [where, spec] : plan_specs(plan)) {
     switch (spec.method) {
       case protocol::CompressionMethod::kIdentity:
       case protocol::CompressionMethod::kHalf:

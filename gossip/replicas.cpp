@@ -5,10 +5,14 @@
 
 namespace fedmesh::gossip {
 
-Status check_replica_compression(const protocol::CompressionPlan& plan) {
+std::vector<std::pair<std::string, protocol::CompressionSpec>> plan_specs(const protocol::CompressionPlan& plan) {
   std::vector<std::pair<std::string, protocol::CompressionSpec>> specs = {{"the default", plan.default_spec}};
   for (const protocol::TensorOverride& o : plan.overrides) specs.emplace_back("override " + o.pattern, o.spec);
-  for (const auto& [where, spec] : specs) {
+  return specs;
+}
+
+Status check_replica_compression(const protocol::CompressionPlan& plan) {
+  for (const auto& [where, spec] : plan_specs(plan)) {
     if (spec.method == protocol::CompressionMethod::kPowerSgd) {
       return invalid_argument("gossip cannot carry '" + spec.to_string() + "' (" + where +
                               "): PowerSGD needs a factor shared by all senders of a round, which a server "

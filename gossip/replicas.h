@@ -33,6 +33,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "federation/exact_accumulator.h"
@@ -124,6 +125,10 @@ class ReplicaState {
   std::optional<protocol::UpdateCompressor> compressor_;
   std::vector<float> flat_;  // scratch
 };
+
+// Every spec of a plan with where it comes from ("the default",
+// "override GLOB"), for the checks that refuse a method by name.
+std::vector<std::pair<std::string, protocol::CompressionSpec>> plan_specs(const protocol::CompressionPlan& plan);
 
 // Ok for a plan replicas can carry: anything but PowerSGD (which needs a
 // factor shared by all senders of a round, computed by a server).

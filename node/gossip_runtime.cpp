@@ -22,6 +22,7 @@
 #include "base/prometheus.h"
 #include "base/random.h"
 #include "crypto/dp_noise.h"
+#include "crypto/keys.h"
 #include "crypto/roster.h"
 #include "gossip/catch_up.h"
 #include "gossip/exchange.h"
@@ -1276,14 +1277,7 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
                              {"bytes_sent", s.bytes_sent}, {"stopped", stop.load()}};
   if (s.replicas) {
     // What the peers compare: the exact sum's digest and the updates in it.
-    const crypto::Hash digest = s.replicas->state().digest();
-    static const char* const kHex = "0123456789abcdef";
-    std::string hex;
-    for (const uint8_t b : digest) {
-      hex += kHex[b >> 4];
-      hex += kHex[b & 15];
-    }
-    finished["replica_digest"] = hex;
+    finished["replica_digest"] = crypto::to_hex(s.replicas->state().digest());
     finished["updates_applied"] = s.replicas->state().applied_ids().size();
     finished["updates_floor"] = s.replicas->state().floor();
     // Updates of members we know of that we still lack (those the members

@@ -302,8 +302,11 @@ int run_sim(SimFlags& flags) {
   o.local.optimizer = flags.local_optimizer;
   o.local.schedule = *LrSchedule::parse("constant");
   o.local.weight_decay = 0.0f;
-  // Gossip's updates are sparse unless told otherwise.
-  if (flags.mode == "gossip" && flags.compress_option->count() == 0) flags.compress = gossip::kDefaultGossipCompression;
+  // Replicas' updates are compressed unless told otherwise (sparse after SGD,
+  // int4 after AdamW); push-sum and pairwise send model states, dense.
+  if (flags.mode == "gossip" && flags.compress_option->count() == 0) {
+    flags.compress = flags.merge == "replicas" ? gossip::default_gossip_compression(flags.local_optimizer) : "identity";
+  }
   Result<protocol::CompressionPlan> plan =
       protocol::make_compression_plan(flags.compress, flags.compress_tensor, flags.dense_below);
   if (!plan.is_ok()) return fail(flags, plan.status());
@@ -577,8 +580,9 @@ void add_sim_command(CLI::App& app, int& exit_code) {
                       std::string("How sites compress their updates, with error feedback: identity, fp16, bf16, "
                                   "int8|int4[:stochastic][:block=N], topk:F[+fp16|+int8|+fp32][:warmup=R][:momentum=M], "
                                   "powersgd:R, dct-sign:K (docs/compression.md); gossip's default is ") +
-                          gossip::kDefaultGossipCompression +
-                          ", and push-sum and pairwise take the dense ones only (identity, fp16, bf16, int8, int4)")
+                          gossip::kSgdGossipCompression + " after --optimizer sgd and " +
+                          gossip::kAdamGossipCompression +
+                          " after adamw, and push-sum and pairwise take the dense ones only (identity, fp16, bf16, int8, int4)")
           ->capture_default_str();
   cmd->add_option("--compress-tensor", flags->compress_tensor,
                   "GLOB=SPEC: another spec for the tensors whose name matches GLOB (repeatable; the first match "

@@ -12,7 +12,7 @@ std::pair<size_t, size_t> slice_range(size_t n, uint32_t slice, uint32_t slices)
 
 Result<std::vector<protocol::EncodedTensor>> encode_catch_up_slice(
     const std::vector<protocol::TensorShape>& manifest, const std::vector<std::vector<float>>& model,
-    const std::vector<std::vector<float>>& reference, uint32_t slice, uint32_t slices) {
+    const std::vector<std::vector<float>>& reference, uint32_t slice, uint32_t slices, size_t max_segment_bytes) {
   if (model.size() != manifest.size() || reference.size() != manifest.size() || slices == 0 || slice >= slices) {
     return invalid_argument("a catch-up slice of a model that does not match its manifest");
   }
@@ -28,7 +28,7 @@ Result<std::vector<protocol::EncodedTensor>> encode_catch_up_slice(
     const protocol::SparseIndexCost cost = protocol::sparse_index_cost(indices, model[t].size());
     const protocol::Encoding encoding = protocol::sparse_with_bitmap(protocol::Encoding::kSparseF32, cost.bitmap_smaller());
     Result<std::vector<protocol::EncodedSegment>> segments = protocol::encode_sparse(
-        static_cast<uint32_t>(t), model[t].size(), indices, values, encoding, protocol::kDefaultChunkBytes);
+        static_cast<uint32_t>(t), model[t].size(), indices, values, encoding, max_segment_bytes);
     if (!segments.is_ok()) return segments.status();
     protocol::EncodedTensor tensor;
     tensor.descriptor = {manifest[t].name, manifest[t].dims, encoding, 0};

@@ -25,7 +25,8 @@ std::pair<size_t, size_t> slice_range(size_t n, uint32_t slice, uint32_t slices)
 // smaller).
 Result<std::vector<protocol::EncodedTensor>> encode_catch_up_slice(
     const std::vector<protocol::TensorShape>& manifest, const std::vector<std::vector<float>>& model,
-    const std::vector<std::vector<float>>& reference, uint32_t slice, uint32_t slices);
+    const std::vector<std::vector<float>>& reference, uint32_t slice, uint32_t slices,
+    size_t max_segment_bytes = protocol::kDefaultChunkBytes);
 
 // The behind member's side of one catch-up.
 class CatchUp {

@@ -66,7 +66,7 @@ Status check_update_meta(const GossipUpdateMeta& meta) {
 Result<GossipState> GossipState::create(MergeRule rule, const protocol::CompressionPlan& plan,
                                         std::vector<protocol::TensorShape> manifest,
                                         std::vector<std::vector<float>> reference, uint64_t seed,
-                                        kernels::CompressionKernels& kernels) {
+                                        kernels::CompressionKernels& kernels, size_t max_segment_bytes) {
   if (rule == MergeRule::kReplicas) return invalid_argument("GossipState runs push-sum and pairwise; replicas is ReplicaState");
   FEDMESH_RETURN_IF_ERROR(check_gossip_compression(plan, rule));
   if (reference.size() != manifest.size()) return invalid_argument("the reference model does not match the manifest");
@@ -75,7 +75,7 @@ Result<GossipState> GossipState::create(MergeRule rule, const protocol::Compress
       return invalid_argument("reference tensor " + manifest[t].name + " has the wrong size");
     }
   }
-  Result<protocol::UpdateCompressor> compressor = protocol::UpdateCompressor::create(plan, manifest, seed, kernels);
+  Result<protocol::UpdateCompressor> compressor = protocol::UpdateCompressor::create(plan, manifest, seed, kernels, max_segment_bytes);
   if (!compressor.is_ok()) return compressor.status();
   GossipState state;
   state.rule_ = rule;

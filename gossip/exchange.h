@@ -91,7 +91,8 @@ class GossipState {
   static Result<GossipState> create(MergeRule rule, const protocol::CompressionPlan& plan,
                                     std::vector<protocol::TensorShape> manifest,
                                     std::vector<std::vector<float>> reference, uint64_t seed,
-                                    kernels::CompressionKernels& kernels);
+                                    kernels::CompressionKernels& kernels,
+                                    size_t max_segment_bytes = protocol::kDefaultChunkBytes);
   GossipState(GossipState&&) noexcept = default;
   GossipState& operator=(GossipState&&) noexcept = default;
 

@@ -5,6 +5,10 @@
 
 namespace fedmesh::gossip {
 
+const char* default_gossip_compression(std::string_view local_optimizer) {
+  return local_optimizer == "adamw" ? kAdamGossipCompression : kSgdGossipCompression;
+}
+
 std::vector<std::pair<std::string, protocol::CompressionSpec>> plan_specs(const protocol::CompressionPlan& plan) {
   std::vector<std::pair<std::string, protocol::CompressionSpec>> specs = {{"the default", plan.default_spec}};
   for (const protocol::TensorOverride& o : plan.overrides) specs.emplace_back("override " + o.pattern, o.spec);
@@ -25,7 +29,8 @@ Status check_replica_compression(const protocol::CompressionPlan& plan) {
 Result<ReplicaState> ReplicaState::create(const protocol::CompressionPlan& plan,
                                           std::vector<protocol::TensorShape> manifest,
                                           std::vector<std::vector<float>> reference, int members, double lr,
-                                          uint64_t seed, kernels::CompressionKernels& kernels) {
+                                          uint64_t seed, kernels::CompressionKernels& kernels,
+                                          size_t max_segment_bytes) {
   FEDMESH_RETURN_IF_ERROR(check_replica_compression(plan));
   if (members < 1) return invalid_argument("replicas need at least one member");
   if (!(lr > 0.0 && lr <= 1.0)) return invalid_argument("the outer learning rate must be in (0, 1]");
@@ -37,10 +42,11 @@ Result<ReplicaState> ReplicaState::create(const protocol::CompressionPlan& plan,
     }
     elements += static_cast<int64_t>(reference[t].size());
   }
-  Result<protocol::UpdateCompressor> compressor = protocol::UpdateCompressor::create(plan, manifest, seed, kernels);
+  Result<protocol::UpdateCompressor> compressor = protocol::UpdateCompressor::create(plan, manifest, seed, kernels, max_segment_bytes);
   if (!compressor.is_ok()) return compressor.status();
   ReplicaState state;
   state.manifest_ = std::move(manifest);
+  state.max_segment_bytes_ = max_segment_bytes;
   state.model_ = reference;
   state.reference_ = std::move(reference);
   state.weight_ = lr / static_cast<double>(members);

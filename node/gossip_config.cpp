@@ -10,6 +10,7 @@
 #include "privacy/dp_settings.h"
 #include "gossip/replicas.h"
 #include "protocol/compression_spec.h"
+#include "protocol/wire.h"
 
 namespace fedmesh::node {
 
@@ -41,6 +42,9 @@ Status GossipConfig::validate() const {
   }
   if (Status s = swim.validate(); !s.is_ok()) return invalid_argument("swim: " + s.message());
   if (fanout < 1 || fanout > 64) return invalid_argument("gossip.fanout must be in 1..64");
+  if (chunk_bytes < 4096 || chunk_bytes > protocol::kDefaultChunkBytes) {
+    return invalid_argument("gossip.chunk_bytes must be in 4096.." + std::to_string(protocol::kDefaultChunkBytes));
+  }
   if (local_steps < 1 || local_steps > 1'000'000) return invalid_argument("gossip.local_steps must be in 1..1000000");
   if (rounds < 0) return invalid_argument("gossip.rounds must be >= 0 (0: until stopped)");
   if (max_staleness < -1) return invalid_argument("gossip.max_staleness must be >= 0, or -1 for no cut-off");
@@ -77,6 +81,7 @@ Result<GossipConfig> read_gossip_config(const std::string& path) {
   r.read("gossip.fanout", c.fanout);
   r.read("gossip.merge", c.merge);
   r.read("gossip.local_steps", c.local_steps);
+  r.read("gossip.chunk_bytes", c.chunk_bytes);
   r.read("gossip.rounds", c.rounds);
   r.read("gossip.staleness", c.staleness);
   r.read("gossip.max_staleness", c.max_staleness);
@@ -101,8 +106,11 @@ Result<GossipConfig> read_gossip_config(const std::string& path) {
     return invalid_argument(path + ": gossip.topology and gossip.fanout choose whom push-sum and pairwise send their "
                             "model to; gossip.merge = \"replicas\" (the default) sends every update to every member");
   }
-  // Sparse updates are what replicas are for; model states go dense.
-  if (c.site.compress == unset) c.site.compress = c.merge == "replicas" ? gossip::kDefaultGossipCompression : "identity";
+  // Replicas send compressed updates (sparse after SGD, int4 after AdamW);
+  // model states go dense.
+  if (c.site.compress == unset) {
+    c.site.compress = c.merge == "replicas" ? gossip::default_gossip_compression(c.site.local.optimizer) : "identity";
+  }
   if (c.site.store.empty()) c.site.store = c.site.name + ".db";
   if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());
   return c;

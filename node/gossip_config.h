@@ -23,6 +23,9 @@ struct GossipConfig {
   // push-sum or pairwise (model states)
   std::string merge = "replicas";
   int64_t local_steps = 50;          // H
+  // The most payload bytes in one chunk of a share or update
+  // (4096..4 MiB); a lost chunk is asked for again alone (replicas).
+  size_t chunk_bytes = size_t{4} << 20;
   int64_t rounds = 0;                // 0: until stopped
   std::string staleness = "polynomial:0.5";
   int64_t max_staleness = 32;        // versions; -1: no cut-off

@@ -124,7 +124,19 @@ class GossipRuntime::Impl {
   std::map<std::string, uint64_t> peer_versions;  // the latest version each member told us
   std::deque<Arrival> arrivals;
   std::deque<std::pair<std::string, std::pair<uint32_t, uint32_t>>> catch_up_requests;  // requester, slice/slices
-  std::deque<std::pair<std::string, uint64_t>> update_requests;  // replicas: requester, round of ours it lacks
+  // Replicas: a member asked for our update of a round; if it holds part
+  // of a transfer of it, the transfer's sequence and the chunks it holds.
+  struct UpdateRequest {
+    std::string requester;
+    uint64_t round = 0;
+    uint64_t sequence = 0;  // 0: send it whole, signed anew
+    std::vector<bool> have;
+  };
+  std::deque<UpdateRequest> update_requests;
+  // Replicas: what each of our updates was last sent under, by (member,
+  // round), so that its very header and missing chunks can be sent again
+  // (signing is deterministic). Rounds below the window are forgotten.
+  std::map<std::pair<std::string, uint64_t>, protocol::UpdateMetadata> updates_sent;
   // A catch-up in progress: slice -> donor, and what has arrived.
 
   mutable std::mutex metrics_mutex;
@@ -133,6 +145,7 @@ class GossipRuntime::Impl {
   protocol::RefusalLog refusal_log;            // used by handle_frame only
   uint64_t catch_ups = 0;
   uint64_t updates_requested = 0, updates_resent = 0;  // replicas
+  uint64_t updates_resumed = 0, chunks_not_resent = 0;  // replicas: resends of missing chunks only
   uint64_t updates_resent_or_refused = 0;              // replicas: requests served (peer thread only)
   double last_consensus = -1.0, last_test_accuracy = -1.0, last_local_accuracy = -1.0;
   int alive = 0, suspect = 0, dead = 0;
@@ -172,7 +185,7 @@ class GossipRuntime::Impl {
   void serve_catch_up_requests();
   // Replicas: our update of `round` to `to` on its link (false: not kept, or
   // the link is full); to every alive member; the rounds we lack asked for.
-  bool send_own_update(const std::string& to, uint64_t round);
+  bool send_own_update(const std::string& to, uint64_t round, const UpdateRequest* resume = nullptr);
   void send_own_update_to_all(uint64_t round);
   void serve_update_requests();
   // `at_least`: the version every member is expected at (settle: ours).
@@ -258,12 +271,14 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   if (rule == gossip::MergeRule::kReplicas) {
     // Every update is weighed 1 / (the roster's gossip members): the same at every peer.
     Result<gossip::ReplicaState> made = gossip::ReplicaState::create(
-        *plan, manifest, std::move(reference), static_cast<int>(addresses.size()), 1.0, compression_seed, **backend);
+        *plan, manifest, std::move(reference), static_cast<int>(addresses.size()), 1.0, compression_seed, **backend,
+        config.chunk_bytes);
     if (!made.is_ok()) return made.status();
     replicas.emplace(std::move(*made), site.name);
   } else {
     Result<gossip::GossipState> made =
-        gossip::GossipState::create(rule, *plan, manifest, std::move(reference), compression_seed, **backend);
+        gossip::GossipState::create(rule, *plan, manifest, std::move(reference), compression_seed, **backend,
+                                    config.chunk_bytes);
     if (!made.is_ok()) return made.status();
     state.emplace(std::move(*made));
   }
@@ -273,10 +288,10 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   // of more than 64 chunks would rarely arrive whole on a lossy link.
   // Replicas send updates (sparse by default), each asked for again when
   // it does not arrive: no cap.
-  if (!replicas && dense_bytes > protocol::kDefaultChunkBytes * 64) {
+  if (!replicas && dense_bytes > config.chunk_bytes * 64) {
     return invalid_argument("the model (" + std::to_string(dense_bytes) + " bytes) is too large for push-sum and "
-                            "pairwise shares (at most " + std::to_string(protocol::kDefaultChunkBytes * 64) +
-                            "): use gossip.merge = \"replicas\", whose updates have no such cap");
+                            "pairwise shares (at most 64 chunks of gossip.chunk_bytes, " +
+                            std::to_string(config.chunk_bytes * 64) + "): use gossip.merge = \"replicas\", whose updates have no such cap");
   }
 
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(site.store);
@@ -321,8 +336,10 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   policy.current_round = std::numeric_limits<uint64_t>::max() / 2;
   policy.max_round_lag = std::numeric_limits<uint64_t>::max() / 2;
   policy.current_version = std::numeric_limits<uint64_t>::max() / 2;
-  // A share is never resumed: one missing a chunk (a lost message) is dropped soon.
-  policy.transfer_idle_timeout = std::chrono::milliseconds(1500);
+  // A share is never resumed: one missing a chunk (a lost message) is
+  // dropped soon. A replica update is: its missing chunks are asked for
+  // every 0.5 s while a peer waits for the round (request_missing_updates).
+  policy.transfer_idle_timeout = std::chrono::milliseconds(replicas ? 5000 : 1500);
   service = std::make_unique<protocol::UpdateService>(policy, roster, *replay, protocol::RateLimits{}, server->counters());
   service->set_other_handler([this](const protocol::Incoming& in, const protocol::ParsedMessage& message,
                                     std::optional<protocol::OutgoingMessage>&, protocol::Rejection& rejection) {
@@ -559,7 +576,17 @@ bool GossipRuntime::Impl::handle_other(const protocol::Incoming& in, const proto
       rejection = {wire::RejectCode::BUSY, "too many update requests waiting"};
       return false;
     }
-    update_requests.push_back({in.peer, message.root().getUpdateRequest().getRound()});
+    const auto request = message.root().getUpdateRequest();
+    UpdateRequest entry{in.peer, request.getRound(), request.getSequence(), {}};
+    const auto have = request.getHaveChunks();
+    if (have.size() > protocol::kMaxChunksPerUpdate / 8) {
+      rejection = {wire::RejectCode::MALFORMED, "an update request naming " + std::to_string(have.size() * 8) +
+                                                    " chunks, more than an update has"};
+      return false;
+    }
+    entry.have.resize(have.size() * 8);
+    for (size_t i = 0; i < entry.have.size(); ++i) entry.have[i] = (have[i / 8] >> (i % 8)) & 1;
+    update_requests.push_back(std::move(entry));
     return true;
   }
   rejection = {wire::RejectCode::MALFORMED, "a gossip node does not take this kind of message"};
@@ -718,7 +745,7 @@ Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string&
   metadata.sequence = next_sequence();
   metadata.sample_count = static_cast<uint64_t>(data.shard->size());
   metadata.peer = meta;
-  return protocol::prepare_encoded_update(metadata, std::move(tensors), keys);
+  return protocol::prepare_encoded_update(metadata, std::move(tensors), keys, config.chunk_bytes);
 }
 
 // Sends each waiting requester the slice it asked for: our model's values
@@ -729,7 +756,7 @@ void GossipRuntime::Impl::serve_catch_up_requests() {
     catch_up_requests.pop_front();
     Result<std::vector<protocol::EncodedTensor>> tensors =
         gossip::encode_catch_up_slice(manifest, model(), replicas ? replicas->state().reference() : state->reference(),
-                                      slicing.first, slicing.second);
+                                      slicing.first, slicing.second, config.chunk_bytes);
     if (!tensors.is_ok()) continue;
     Result<protocol::PreparedUpdate> prepared =
         prepare(requester, std::move(*tensors),
@@ -743,17 +770,38 @@ void GossipRuntime::Impl::serve_catch_up_requests() {
 }
 
 // Replicas: our update of `round` to one member, handed to its link (the
-// link reports later whether it left: drain_links counts the bytes).
-bool GossipRuntime::Impl::send_own_update(const std::string& to, uint64_t round) {
+// link reports later whether it left: drain_links counts the bytes). Asked
+// to resume a transfer we sent (its sequence, the chunks the member holds),
+// the same header and only the missing chunks go; otherwise the whole
+// update, signed anew.
+bool GossipRuntime::Impl::send_own_update(const std::string& to, uint64_t round, const UpdateRequest* resume) {
   const std::vector<protocol::EncodedTensor>* tensors = replicas->own(round);
   if (tensors == nullptr) return false;
+  const auto sent = updates_sent.find({to, round});
+  const bool resuming = resume != nullptr && resume->sequence != 0 && sent != updates_sent.end() &&
+                        sent->second.sequence == resume->sequence;
   Result<protocol::PreparedUpdate> prepared =
-      prepare(to, *tensors, {gossip::GossipUpdateKind::kReplicaUpdate, 0.0, 0, 0}, round);
+      resuming ? Result<protocol::PreparedUpdate>(protocol::prepare_encoded_update(sent->second, *tensors, keys,
+                                                                                   config.chunk_bytes))
+               : prepare(to, *tensors, {gossip::GossipUpdateKind::kReplicaUpdate, 0.0, 0, 0}, round);
   PeerLink* link_to = prepared.is_ok() ? link(to) : nullptr;
   if (link_to == nullptr) return false;
+  if (!resuming) updates_sent[{to, round}] = prepared->metadata;
   std::vector<protocol::SharedMessage> messages;
   messages.push_back(prepared->header);
-  messages.insert(messages.end(), prepared->chunks.begin(), prepared->chunks.end());
+  uint64_t skipped = 0;
+  for (size_t c = 0; c < prepared->chunks.size(); ++c) {
+    if (resuming && c < resume->have.size() && resume->have[c]) {
+      ++skipped;
+    } else {
+      messages.push_back(prepared->chunks[c]);
+    }
+  }
+  if (resuming) {
+    std::lock_guard lock(metrics_mutex);
+    ++updates_resumed;
+    chunks_not_resent += skipped;
+  }
   const uint64_t id = next_share++;
   if (!link_to->send_share(std::move(messages), id)) {
     std::lock_guard lock(metrics_mutex);
@@ -765,6 +813,7 @@ bool GossipRuntime::Impl::send_own_update(const std::string& to, uint64_t round)
 }
 
 void GossipRuntime::Impl::send_own_update_to_all(uint64_t round) {
+  std::erase_if(updates_sent, [&](const auto& sent) { return replicas->own(sent.first.second) == nullptr; });
   for (const std::string& member : alive_members()) {
     if (member != config.site.name) (void)send_own_update(member, round);
   }
@@ -774,10 +823,10 @@ void GossipRuntime::Impl::send_own_update_to_all(uint64_t round) {
 // are sent again (signed anew), the others are gone for good.
 void GossipRuntime::Impl::serve_update_requests() {
   while (!update_requests.empty()) {
-    const auto [requester, round] = update_requests.front();
+    const UpdateRequest request = std::move(update_requests.front());
     update_requests.pop_front();
     ++updates_resent_or_refused;
-    if (send_own_update(requester, round)) {
+    if (send_own_update(request.requester, request.round, &request)) {
       std::lock_guard lock(metrics_mutex);
       ++updates_resent;
     }
@@ -794,7 +843,16 @@ void GossipRuntime::Impl::request_missing_updates(uint64_t at_least) {
     const std::vector<uint64_t> rounds = replicas->missing(member, std::max(heard, at_least));
     for (size_t k = 0; k < rounds.size() && k < 4; ++k) {
       capnp::MallocMessageBuilder builder;
-      builder.initRoot<wire::Message>().initUpdateRequest().setRound(rounds[k]);
+      auto request = builder.initRoot<wire::Message>().initUpdateRequest();
+      request.setRound(rounds[k]);
+      // Part of it here already: name the transfer and the chunks held.
+      if (const std::optional<protocol::TransferProgress> partial = service->receiver().in_flight(member, rounds[k])) {
+        request.setSequence(partial->sequence);
+        auto have = request.initHaveChunks(static_cast<unsigned>((partial->received.size() + 7) / 8));
+        for (size_t c = 0; c < partial->received.size(); ++c) {
+          if (partial->received[c]) have[c / 8] |= static_cast<uint8_t>(1u << (c % 8));
+        }
+      }
       if (send_to(member, protocol::serialize(builder))) {
         std::lock_guard lock(metrics_mutex);
         ++updates_requested;
@@ -1230,6 +1288,8 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
         event["updates_applied"] = s.replicas->state().applied_ids().size();
         event["updates_requested"] = s.updates_requested;
         event["updates_resent"] = s.updates_resent;
+        event["updates_resumed"] = s.updates_resumed;
+        event["chunks_not_resent"] = s.chunks_not_resent;
       }
     }
     uint64_t dropped = 0, transport_bytes = 0;
@@ -1288,6 +1348,10 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       if (!rounds.empty()) missing[member] = rounds;
     }
     finished["updates_missing"] = missing;
+    std::lock_guard lock(s.metrics_mutex);
+    finished["updates_resent"] = s.updates_resent;
+    finished["updates_resumed"] = s.updates_resumed;
+    finished["chunks_not_resent"] = s.chunks_not_resent;
   }
   s.emit(finished);
   return s.store->settle();

@@ -193,7 +193,7 @@ Status ReplicaSync::restore(const store::LoadedCheckpoint& checkpoint, const nlo
       }
       // Sent again as its exact values, sparse (what every member adds).
       Result<std::vector<protocol::EncodedTensor>> encoded =
-          gossip::encode_catch_up_slice(state_.manifest(), dense, zeros, 0, 1);
+          gossip::encode_catch_up_slice(state_.manifest(), dense, zeros, 0, 1, state_.max_segment_bytes());
       if (!encoded.is_ok()) return encoded.status();
       own.tensors = std::move(*encoded);
       own_[round] = std::move(own);

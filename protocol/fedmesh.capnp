@@ -283,8 +283,13 @@ struct CatchUpRequest {
 # Gossip replicas: a member that lacks the recipient's update of `round`
 # (lost on the way, or sent while it was down) asks for it again; the
 # recipient answers with that update, signed anew, if it still keeps it.
+# A member that holds part of it names the transfer (`sequence`, 0: none)
+# and the chunks it holds (`haveChunks`, bit i of byte i/8 for chunk i):
+# the recipient resends that very header and only the chunks missing.
 struct UpdateRequest {
   round @0 :UInt64;
+  sequence @1 :UInt64;
+  haveChunks @2 :Data;
 }
 
 # Secure aggregation (crypto/secure_aggregation.h): a site's messages go up

@@ -329,7 +329,8 @@ OutgoingMessage UpdateReceiver::ack(const Transfer& transfer, bool complete) {
 }
 
 
-bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer) {
+bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer,
+                                  const Transfer* in_flight) {
   Rejection rejection;
   UpdateMetadata& m = transfer.metadata;
   m.sequence = header.getSequence();
@@ -443,8 +444,14 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
                     std::to_string(policy_.max_sample_count) + " per update");
   }
 
-  // Resume of a transfer in flight is handled by the caller; here a known
-  // sequence is a replay.
+  // The very header of a transfer in flight (signed, checked and admitted
+  // when it first came) resumes it, even if a later update of the sender's
+  // has completed since: the caller answers with the chunks it holds.
+  if (in_flight != nullptr && in_flight->header_hash == transfer.header_hash) {
+    transfer.resumes_in_flight = true;
+    return true;
+  }
+  // Otherwise a known sequence is a replay.
   if (const Status replay = replay_.check(transfer.replay_key, m.sequence); !replay.is_ok()) {
     const auto done = last_completed_.find(transfer.replay_key);
     if (done != last_completed_.end() && done->second.first == m.sequence && done->second.second == transfer.header_hash) {
@@ -495,10 +502,13 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
     sequence = header.getSequence();
     // A resent header of a transfer in flight resumes it.
     const TransferKey key{policy_.insecure ? std::string(header.getSender().cStr()) : peer, sequence};
+    const auto in_flight = transfers_.find(key);
     Transfer candidate;
-    if (!check_header(peer, header, candidate)) return make_reject(sequence, *last_rejection_);
+    if (!check_header(peer, header, candidate, in_flight == transfers_.end() ? nullptr : &in_flight->second)) {
+      return make_reject(sequence, *last_rejection_);
+    }
     if (candidate.already_complete) return ack(candidate, true);
-    if (auto found = transfers_.find(key); found != transfers_.end()) {
+    if (auto found = in_flight; found != transfers_.end()) {
       // A resent header resumes the transfer but is no progress: its idle
       // time keeps running.
       if (found->second.header_hash == candidate.header_hash) return ack(found->second, false);
@@ -654,6 +664,19 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
 }
 
 std::vector<ReceivedUpdate> UpdateReceiver::take_completed() { return std::exchange(completed_, {}); }
+
+std::optional<TransferProgress> UpdateReceiver::in_flight(const std::string& peer, uint64_t round) const {
+  std::optional<TransferProgress> newest;
+  for (const auto& [key, transfer] : transfers_) {
+    if (key.first != peer || transfer.metadata.round != round) continue;
+    // One that can no longer complete (a later update of the sender's did)
+    // is not worth resuming.
+    if (transfer.metadata.sequence <= replay_.last_accepted(transfer.replay_key)) continue;
+    if (newest && newest->sequence > transfer.metadata.sequence) continue;
+    newest = TransferProgress{transfer.metadata.sequence, transfer.received};
+  }
+  return newest;
+}
 
 size_t UpdateReceiver::transfer_capacity() const {
   return std::max(kMaxTransfersInFlight, policy_.max_transfers_per_peer * roster_.sites.size());

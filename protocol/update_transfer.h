@@ -12,7 +12,10 @@
 //
 // Resume: a sender that lost its connection resends the same header; the
 // receiver recognises the transfer in flight and answers Ack{nextChunk}, the
-// first chunk it does not hold, and the sender continues from there.
+// first chunk it does not hold, and the sender continues from there. A
+// gossip replica asks for its missing chunks by name instead (UpdateRequest
+// with the sequence and the chunks held, UpdateReceiver::in_flight); the
+// sender resends the same header and only those.
 #pragma once
 
 #include <atomic>
@@ -154,6 +157,12 @@ struct ReceiverPolicy {
   std::function<std::chrono::steady_clock::time_point()> clock = [] { return std::chrono::steady_clock::now(); };
 };
 
+// How far a transfer in flight has come (UpdateReceiver::in_flight).
+struct TransferProgress {
+  uint64_t sequence = 0;
+  std::vector<bool> received;  // per chunk
+};
+
 struct ReceivedUpdate {
   UpdateMetadata metadata;
   std::vector<std::vector<float>> tensors;  // decoded, one per manifest entry
@@ -188,6 +197,12 @@ class UpdateReceiver {
   void set_store_update(StoreUpdate store) { store_update_ = std::move(store); }
 
   std::vector<ReceivedUpdate> take_completed();
+  // The newest transfer in flight from `peer` (its transport name) for
+  // `round` that can still complete (no later update of the sender's has):
+  // its sequence and which chunks are held. A sender asked for the missing
+  // chunks resends its very header (resumed here, see handle_header) and
+  // only those.
+  std::optional<TransferProgress> in_flight(const std::string& peer, uint64_t round) const;
   const std::optional<Rejection>& last_rejection() const { return last_rejection_; }
   size_t transfers_in_flight() const { return transfers_.size(); }
   // max(kMaxTransfersInFlight, max_transfers_per_peer x roster members).
@@ -212,13 +227,16 @@ class UpdateReceiver {
     std::vector<std::vector<float>> staging;
     std::chrono::steady_clock::time_point last_progress;  // the header, or the last chunk that added bytes
     bool already_complete = false;  // the header of the sender's newest completed update, sent again
+    bool resumes_in_flight = false; // the header of a transfer in flight, sent again
     std::string replay_key;         // the sender's signing key (crypto::replay_key): what counters are kept by
   };
   using TransferKey = std::pair<std::string, uint64_t>;
 
   OutgoingMessage reject(uint64_t sequence, wire::RejectCode code, std::string reason);
   OutgoingMessage ack(const Transfer& transfer, bool complete);
-  bool check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer);
+  // in_flight: the transfer already held under this header's key, if any.
+  bool check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer,
+                    const Transfer* in_flight);
 
   ReceiverPolicy policy_;
   const crypto::Roster& roster_;

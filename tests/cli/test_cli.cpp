@@ -481,10 +481,21 @@ TEST(Cli, SimPrintsRoundsAndASummaryAndRefusesBadFlags) {
   const auto gossip_lines = json_lines(text_gossip.output);
   ASSERT_FALSE(gossip_lines.empty());
   EXPECT_EQ(gossip_lines.front()["partition"], "testament");
+  // After AdamW, replicas default to dense int4: top-k loses what Adam spreads
+  // over every coordinate (docs/gossip.md, "Which compression").
+  EXPECT_EQ(gossip_lines.front()["compression"], "int4");
   ASSERT_EQ(gossip_lines.back()["event"], "summary");
   EXPECT_GT(gossip_lines.back()["bits_per_byte"].get<double>(), 0.0);
   EXPECT_LE(gossip_lines.back()["bits_per_byte"].get<double>(), gossip_lines.back()["max_bits_per_byte"].get<double>());
   EXPECT_LT(gossip_lines.back()["max_bits_per_byte"].get<double>(), 9.0);
+  // After SGD they default to top-k; push-sum sends model states, dense.
+  for (const auto& [flags, compression] :
+       std::vector<std::pair<std::string, std::string>>{{"", "topk:0.015+int8"}, {"--merge push-sum", "identity"}}) {
+    const CommandRun sgd_gossip = run("sim --mode gossip --sites 2 --rounds 1 --local-steps 1 --json " + flags,
+                                      /*with_stderr=*/false);
+    ASSERT_EQ(sgd_gossip.exit_code, 0) << flags << ": " << sgd_gossip.output;
+    EXPECT_EQ(json_lines(sgd_gossip.output).front()["compression"], compression) << flags;
+  }
   const CommandRun text_partition = run("sim --model gpt-nano --partition dirichlet:0.5 --rounds 1");
   EXPECT_EQ(text_partition.exit_code, 2);
   EXPECT_NE(text_partition.output.find("unknown text partition"), std::string::npos) << text_partition.output;

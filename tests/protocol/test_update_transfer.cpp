@@ -375,6 +375,70 @@ TEST_F(UpdateTransfer, AResentHeaderResumesFromTheFirstMissingChunk) {
   EXPECT_EQ(done[0].tensors, values_);
 }
 
+// Gossip replicas ask for the chunks they lack by name: in_flight() reports
+// a transfer's sequence and the chunks held; the sender's very header
+// resumes it even after a later update of the sender's was taken, and the
+// missing chunks alone complete it. A transfer that can no longer complete
+// (a later update of the sender's was taken first) is not offered for
+// resuming.
+TEST_F(UpdateTransfer, AReplicaFetchesOnlyTheChunksItLacks) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  auto send_chunk = [&](const fp::PreparedUpdate& update, uint32_t c) {
+    fp::Envelope envelope;
+    fp::Rejection rejection;
+    EXPECT_TRUE(fp::read_envelope(update.chunks[c], fp::kDefaultMaxMessageBytes, envelope, rejection));
+    return parse(receiver.handle_chunk("site-a", envelope, update.chunks[c]).bytes());
+  };
+  fp::UpdateMetadata of_round_4 = metadata(10);
+  of_round_4.round = 4;
+  const auto update = prepare(of_round_4);
+  ASSERT_GE(update.chunks.size(), 4u);
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+  for (uint32_t c = 0; c < update.chunks.size(); c += 2) ASSERT_TRUE(send_chunk(update, c)->root().isAck());
+  EXPECT_FALSE(receiver.in_flight("site-a", 5).has_value());
+  EXPECT_FALSE(receiver.in_flight("site-b", 4).has_value());
+  std::optional<fp::TransferProgress> partial = receiver.in_flight("site-a", 4);
+  ASSERT_TRUE(partial.has_value());
+  EXPECT_EQ(partial->sequence, 10u);
+  ASSERT_EQ(partial->received.size(), update.chunks.size());
+  for (size_t c = 0; c < update.chunks.size(); ++c) EXPECT_EQ(partial->received[c], c % 2 == 0) << c;
+
+  // A later update of the sender's completes meanwhile; the first one's
+  // header, resent, still resumes it (not a replay), and the odd chunks
+  // alone would complete it, but its sequence is now below the counter:
+  // it is refused then, and in_flight() no longer offers it.
+  fp::UpdateMetadata of_round_5 = metadata(20);
+  const auto later = prepare(of_round_5);
+  ASSERT_TRUE(deliver(receiver, later)->root().getAck().getComplete());
+  EXPECT_FALSE(receiver.in_flight("site-a", 4).has_value());
+  EXPECT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+  EXPECT_EQ(code_of(*parse(receiver.handle_header("site-a", *parse(prepare(metadata(15)).header)).bytes())),
+            wire::RejectCode::REPLAYED);
+  std::unique_ptr<fp::ParsedMessage> last;
+  for (uint32_t c = 1; c < update.chunks.size(); c += 2) last = send_chunk(update, c);
+  EXPECT_EQ(code_of(*last), wire::RejectCode::REPLAYED);
+
+  // Without a later update in between, the missing chunks complete it.
+  fp::UpdateMetadata again = metadata(30);
+  again.round = 4;
+  const auto second = prepare(again);
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(second.header)).bytes())->root().isAck());
+  for (uint32_t c = 0; c < second.chunks.size(); c += 2) ASSERT_TRUE(send_chunk(second, c)->root().isAck());
+  partial = receiver.in_flight("site-a", 4);
+  ASSERT_TRUE(partial.has_value());
+  EXPECT_EQ(partial->sequence, 30u);
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(second.header)).bytes())->root().isAck());
+  for (uint32_t c = 1; c < second.chunks.size(); c += 2) last = send_chunk(second, c);
+  ASSERT_TRUE(last->root().isAck());
+  EXPECT_TRUE(last->root().getAck().getComplete());
+  std::vector<fp::ReceivedUpdate> done = receiver.take_completed();
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[1].metadata.sequence, 30u);
+  EXPECT_EQ(done[1].tensors, values_);
+  EXPECT_FALSE(receiver.in_flight("site-a", 4).has_value());
+}
+
 TEST_F(UpdateTransfer, TooManyChunksAreBounded) {
   auto replay = fc::ReplayGuard::in_memory();
   auto p = policy();

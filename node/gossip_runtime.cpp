@@ -407,7 +407,11 @@ Status GossipRuntime::Impl::restore() {
     }
     protocol::UpdateCompressor& compressor = replicas ? replicas->state().compressor() : state->compressor();
     if (replicas) {
-      if (Status s = replicas->restore(*latest, saved); !s.is_ok()) return corrupt(config.site.store + ": " + s.message());
+      std::vector<std::string> warnings;
+      if (Status s = replicas->restore(*latest, saved, *store, warnings); !s.is_ok()) {
+        return corrupt(config.site.store + ": " + s.message());
+      }
+      for (const std::string& warning : warnings) emit({{"event", "warning"}, {"message", warning}});
     }
     const double weight = saved.value("weight", 1.0);
     if (!std::isfinite(weight) || !(weight > 0.0)) return corrupt(config.site.store + ": the stored push-sum weight is not positive");
@@ -483,7 +487,7 @@ Status GossipRuntime::Impl::commit(const nlohmann::json& metrics, bool new_round
     round.tensors.push_back({"model", manifest[t].name, &views.back()});
   }
   federation::add_compression_tensors(compressor, "", views, round.tensors);
-  if (replicas) replicas->save(views, round.tensors, saved);
+  if (replicas) replicas->save(views, round.tensors, saved, round.applied_updates);
   round.state_json = saved.dump();
   // The membership as this peer sees it (`fedmesh checkpoint show` lists it).
   if (swim) {
@@ -494,7 +498,9 @@ Status GossipRuntime::Impl::commit(const nlohmann::json& metrics, bool new_round
     }
     round.peers = std::move(peers);
   }
-  return store->commit_round(round);
+  FEDMESH_RETURN_IF_ERROR(store->commit_round(round));
+  if (replicas) replicas->committed();
+  return Status::ok();
 }
 
 PeerLink* GossipRuntime::Impl::link(const std::string& name) {
@@ -1220,6 +1226,8 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       // pseudo-gradient is against the model training started from.)
       const uint64_t round = s.version;
       FEDMESH_RETURN_IF_ERROR(s.replicas->make(round, s.trained));
+      // Durable before it leaves: the update in the store, then the round.
+      FEDMESH_RETURN_IF_ERROR(s.replicas->persist(round, *s.store));
       s.set_version(s.version + 1);
       s.replicas->advance(s.version);
       FEDMESH_RETURN_IF_ERROR(s.commit({{"event", "update"}, {"round", s.version}}));

@@ -1,6 +1,10 @@
 #include "node/replica_sync.h"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <set>
 #include <utility>
 
 #include "gossip/catch_up.h"
@@ -12,6 +16,8 @@ namespace {
 constexpr const char* kRole = "replica";
 const char* const kPieceNames[3] = {"sum.high", "sum.middle", "sum.low"};
 constexpr int64_t kLow = int64_t{1} << 21;
+constexpr const char* kOwnIdPrefix = "replica.own.";
+constexpr char kOwnMagic[4] = {'F', 'M', 'R', 'O'};
 
 }  // namespace
 
@@ -76,7 +82,110 @@ void ReplicaSync::advance(uint64_t version) {
   if (version <= kKeptRounds) return;
   const uint64_t floor = version - kKeptRounds;
   state_.forget_before(floor);
-  while (!own_.empty() && own_.begin()->first < floor) own_.erase(own_.begin());
+  while (!own_.empty() && own_.begin()->first < floor) {
+    if (!own_.begin()->second.pending_id.empty()) retired_.push_back(own_.begin()->second.pending_id);
+    own_.erase(own_.begin());
+  }
+}
+
+Status ReplicaSync::persist(uint64_t round, store::CheckpointStore& store) {
+  const auto it = own_.find(round);
+  if (it == own_.end()) return invalid_argument("no own update of round " + std::to_string(round) + " to persist");
+  Own& own = it->second;
+  // Unique per making: a round made again after a crash before its commit
+  // gets a new id, and the stray one is retired at the next commit.
+  static std::atomic<uint64_t> made{0};
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string id = std::string(kOwnIdPrefix) + std::to_string(round) + "." + std::to_string(micros) + "." +
+                         std::to_string(made.fetch_add(1));
+  const std::vector<uint8_t> payload = encode_own_update(round, own.index, own.value);
+  store::PendingUpdate entry;
+  entry.update_id.assign(id.begin(), id.end());
+  entry.sender = self_;
+  entry.base_version = static_cast<int64_t>(round);
+  FEDMESH_RETURN_IF_ERROR(store.add_pending_update(entry, payload));
+  own.pending_id = id;
+  return Status::ok();
+}
+
+void ReplicaSync::committed() {
+  retired_.erase(retired_.begin(), retired_.begin() + static_cast<std::ptrdiff_t>(std::min(retiring_, retired_.size())));
+  retiring_ = 0;
+}
+
+std::vector<uint8_t> encode_own_update(uint64_t round, std::span<const uint64_t> index, std::span<const float> value) {
+  std::vector<uint8_t> out;
+  out.reserve(24 + index.size() * 12);
+  const auto put = [&out](const void* bytes, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(bytes);
+    out.insert(out.end(), p, p + n);
+  };
+  const uint32_t version = 1;
+  const uint64_t count = index.size();
+  put(kOwnMagic, 4);
+  put(&version, 4);
+  put(&round, 8);
+  put(&count, 8);
+  put(index.data(), index.size() * 8);
+  put(value.data(), value.size() * 4);
+  return out;
+}
+
+Status decode_own_update(std::span<const uint8_t> bytes, uint64_t round, uint64_t elements, std::vector<uint64_t>& index,
+                         std::vector<float>& value) {
+  if (bytes.size() < 24 || std::memcmp(bytes.data(), kOwnMagic, 4) != 0) return corrupt("not an own update (no FMRO header)");
+  uint32_t version = 0;
+  uint64_t stored_round = 0, count = 0;
+  std::memcpy(&version, bytes.data() + 4, 4);
+  std::memcpy(&stored_round, bytes.data() + 8, 8);
+  std::memcpy(&count, bytes.data() + 16, 8);
+  if (version != 1) return corrupt("own update format version " + std::to_string(version) + ", this build reads 1");
+  if (stored_round != round) {
+    return corrupt("the own update of round " + std::to_string(round) + " holds round " + std::to_string(stored_round));
+  }
+  if (count > elements || bytes.size() != 24 + count * 12) {
+    return corrupt("the own update of round " + std::to_string(round) + " is " + std::to_string(bytes.size()) +
+                   " bytes for " + std::to_string(count) + " coordinates of a model of " + std::to_string(elements));
+  }
+  index.resize(count);
+  value.resize(count);
+  std::memcpy(index.data(), bytes.data() + 24, count * 8);
+  std::memcpy(value.data(), bytes.data() + 24 + count * 8, count * 4);
+  for (uint64_t k = 0; k < count; ++k) {
+    if (index[k] >= elements || (k > 0 && index[k] <= index[k - 1]) || !std::isfinite(value[k])) {
+      return corrupt("the own update of round " + std::to_string(round) + " holds a bad entry at " + std::to_string(k));
+    }
+  }
+  return Status::ok();
+}
+
+Result<ReplicaSync::Own> ReplicaSync::own_from(uint64_t round, std::vector<uint64_t> index, std::vector<float> value) const {
+  uint64_t elements = 0;
+  for (const protocol::TensorShape& shape : state_.manifest()) elements += shape.element_count();
+  std::vector<std::vector<float>> dense, zeros;
+  for (const protocol::TensorShape& shape : state_.manifest()) {
+    dense.emplace_back(shape.element_count(), 0.0f);
+    zeros.emplace_back(shape.element_count(), 0.0f);
+  }
+  for (size_t k = 0; k < index.size(); ++k) {
+    if (index[k] >= elements || !std::isfinite(value[k])) {
+      return corrupt("the own update of round " + std::to_string(round) + " holds a bad entry");
+    }
+    uint64_t rest = index[k];
+    size_t t = 0;
+    while (rest >= dense[t].size()) rest -= dense[t++].size();
+    dense[t][rest] = value[k];
+  }
+  // Sent again as its exact values, sparse (what every member adds).
+  Result<std::vector<protocol::EncodedTensor>> encoded =
+      gossip::encode_catch_up_slice(state_.manifest(), dense, zeros, 0, 1, state_.max_segment_bytes());
+  if (!encoded.is_ok()) return encoded.status();
+  Own own;
+  own.tensors = std::move(*encoded);
+  own.index = std::move(index);
+  own.value = std::move(value);
+  return own;
 }
 
 std::vector<uint64_t> ReplicaSync::own_rounds() const {
@@ -85,7 +194,8 @@ std::vector<uint64_t> ReplicaSync::own_rounds() const {
   return rounds;
 }
 
-void ReplicaSync::save(std::deque<Tensor>& views, std::vector<store::TensorToCommit>& out, nlohmann::json& state) const {
+void ReplicaSync::save(std::deque<Tensor>& views, std::vector<store::TensorToCommit>& out, nlohmann::json& state,
+                       std::vector<store::AppliedUpdate>& retire) const {
   const federation::ExactAccumulator::Saved sum = state_.saved_sum();
   for (auto& piece : pieces_) piece.resize(sum.sum.size());
   float parts[3];
@@ -101,30 +211,20 @@ void ReplicaSync::save(std::deque<Tensor>& views, std::vector<store::TensorToCom
   for (const gossip::UpdateId& id : state_.applied_ids()) applied[id.sender].push_back(id.round);
   nlohmann::json replica = {{"floor", state_.floor()}, {"applied", applied}, {"weight_raw", sum.weight},
                             {"bound_used", sum.bound_used}, {"updates", sum.updates}};
-  own_pieces_.clear();
-  nlohmann::json rounds = nlohmann::json::array();
-  for (const auto& [round, own] : own_) {
-    rounds.push_back(round);
-    std::vector<float>& high = own_pieces_.emplace_back(own.index.size());
-    std::vector<float>& low = own_pieces_.emplace_back(own.index.size());
-    for (size_t k = 0; k < own.index.size(); ++k) {
-      high[k] = static_cast<float>(own.index[k] >> 22);
-      low[k] = static_cast<float>(own.index[k] & ((uint64_t{1} << 22) - 1));
-    }
-    const std::string prefix = "own." + std::to_string(round) + ".";
-    const auto n = static_cast<int64_t>(own.index.size());
-    views.push_back(Tensor::view_of(high.data(), Shape({n}), DType::kF32));
-    out.push_back({kRole, prefix + "index.high", &views.back()});
-    views.push_back(Tensor::view_of(low.data(), Shape({n}), DType::kF32));
-    out.push_back({kRole, prefix + "index.low", &views.back()});
-    views.push_back(Tensor::view_of(const_cast<float*>(own.value.data()), Shape({n}), DType::kF32));
-    out.push_back({kRole, prefix + "value", &views.back()});
+  // Own updates by their pending ids (one not yet persisted is not named:
+  // after a restart it cannot be sent again).
+  nlohmann::json own = nlohmann::json::object();
+  for (const auto& [round, kept] : own_) {
+    if (!kept.pending_id.empty()) own[std::to_string(round)] = kept.pending_id;
   }
-  replica["own_rounds"] = std::move(rounds);
+  replica["own_pending"] = std::move(own);
   state["replica"] = std::move(replica);
+  for (const std::string& id : retired_) retire.push_back({std::vector<uint8_t>(id.begin(), id.end()), self_, 0});
+  retiring_ = retired_.size();
 }
 
-Status ReplicaSync::restore(const store::LoadedCheckpoint& checkpoint, const nlohmann::json& state) {
+Status ReplicaSync::restore(const store::LoadedCheckpoint& checkpoint, const nlohmann::json& state,
+                            store::CheckpointStore& store, std::vector<std::string>& warnings) {
   if (!state.contains("replica")) return corrupt("the checkpoint has no replica state (written with another merge rule)");
   try {
     const nlohmann::json& replica = state.at("replica");
@@ -158,45 +258,65 @@ Status ReplicaSync::restore(const store::LoadedCheckpoint& checkpoint, const nlo
     }
     FEDMESH_RETURN_IF_ERROR(state_.restore(std::move(sum), std::move(applied), replica.at("floor").get<uint64_t>()));
     own_.clear();
+    retired_.clear();
     uint64_t elements = 0;
     for (const protocol::TensorShape& shape : state_.manifest()) elements += shape.element_count();
-    for (const nlohmann::json& r : replica.at("own_rounds")) {
-      const uint64_t round = r.get<uint64_t>();
-      const std::string prefix = "own." + std::to_string(round) + ".";
-      const store::StoredTensor* high = checkpoint.find(kRole, prefix + "index.high");
-      const store::StoredTensor* low = checkpoint.find(kRole, prefix + "index.low");
-      const store::StoredTensor* value = checkpoint.find(kRole, prefix + "value");
-      if (high == nullptr || low == nullptr || value == nullptr || high->value.numel() != low->value.numel() ||
-          high->value.numel() != value->value.numel()) {
-        return corrupt("the checkpoint's own update of round " + std::to_string(round) + " is incomplete");
-      }
-      Own own;
-      std::vector<std::vector<float>> dense, zeros;
-      for (const protocol::TensorShape& shape : state_.manifest()) {
-        dense.emplace_back(shape.element_count(), 0.0f);
-        zeros.emplace_back(shape.element_count(), 0.0f);
-      }
-      for (int64_t k = 0; k < value->value.numel(); ++k) {
-        const float h = high->value.data<float>()[k], l = low->value.data<float>()[k], v = value->value.data<float>()[k];
-        if (!(h >= 0.0f && h < 4194304.0f && h == std::floor(h) && l >= 0.0f && l < 4194304.0f && l == std::floor(l)) ||
-            !std::isfinite(v)) {
-          return corrupt("the checkpoint's own update of round " + std::to_string(round) + " holds a bad entry");
+    std::set<std::string> named;
+    if (replica.contains("own_pending")) {
+      for (const auto& [key, id_json] : replica.at("own_pending").items()) {
+        const uint64_t round = std::stoull(key);
+        const std::string id = id_json.get<std::string>();
+        named.insert(id);
+        Result<std::vector<uint8_t>> bytes = store.read_pending_update(std::vector<uint8_t>(id.begin(), id.end()));
+        std::vector<uint64_t> index;
+        std::vector<float> value;
+        Status decoded = bytes.is_ok() ? decode_own_update(*bytes, round, elements, index, value) : bytes.status();
+        Result<Own> own = decoded.is_ok() ? own_from(round, std::move(index), std::move(value)) : Result<Own>(decoded);
+        if (!own.is_ok()) {
+          warnings.push_back("our update of round " + std::to_string(round) + " cannot be sent again after this "
+                             "restart (it is in the sum): " + own.status().message());
+          continue;
         }
-        const uint64_t flat = (static_cast<uint64_t>(h) << 22) | static_cast<uint64_t>(l);
-        if (flat >= elements) return corrupt("the checkpoint's own update has an index past the model");
-        own.index.push_back(flat);
-        own.value.push_back(v);
-        uint64_t rest = flat;
-        size_t t = 0;
-        while (rest >= dense[t].size()) rest -= dense[t++].size();
-        dense[t][rest] = v;
+        own->pending_id = id;
+        own_[round] = std::move(*own);
       }
-      // Sent again as its exact values, sparse (what every member adds).
-      Result<std::vector<protocol::EncodedTensor>> encoded =
-          gossip::encode_catch_up_slice(state_.manifest(), dense, zeros, 0, 1, state_.max_segment_bytes());
-      if (!encoded.is_ok()) return encoded.status();
-      own.tensors = std::move(*encoded);
-      own_[round] = std::move(own);
+    } else {
+      // The earlier format: own updates as tensors of every checkpoint.
+      for (const nlohmann::json& r : replica.at("own_rounds")) {
+        const uint64_t round = r.get<uint64_t>();
+        const std::string prefix = "own." + std::to_string(round) + ".";
+        const store::StoredTensor* high = checkpoint.find(kRole, prefix + "index.high");
+        const store::StoredTensor* low = checkpoint.find(kRole, prefix + "index.low");
+        const store::StoredTensor* value = checkpoint.find(kRole, prefix + "value");
+        if (high == nullptr || low == nullptr || value == nullptr || high->value.numel() != low->value.numel() ||
+            high->value.numel() != value->value.numel()) {
+          return corrupt("the checkpoint's own update of round " + std::to_string(round) + " is incomplete");
+        }
+        std::vector<uint64_t> index;
+        std::vector<float> values;
+        for (int64_t k = 0; k < value->value.numel(); ++k) {
+          const float h = high->value.data<float>()[k], l = low->value.data<float>()[k];
+          if (!(h >= 0.0f && h < 4194304.0f && h == std::floor(h) && l >= 0.0f && l < 4194304.0f && l == std::floor(l))) {
+            return corrupt("the checkpoint's own update of round " + std::to_string(round) + " holds a bad entry");
+          }
+          index.push_back((static_cast<uint64_t>(h) << 22) | static_cast<uint64_t>(l));
+          values.push_back(value->value.data<float>()[k]);
+        }
+        Result<Own> own = own_from(round, std::move(index), std::move(values));
+        if (!own.is_ok()) return own.status();
+        own_[round] = std::move(*own);
+        // Into the store's pending updates, as this build keeps them.
+        FEDMESH_RETURN_IF_ERROR(persist(round, store));
+      }
+    }
+    // Own updates in the store that this checkpoint does not name (made
+    // before a crash that came before their round's commit, or retired by
+    // a commit that never happened): dropped at the next commit.
+    Result<std::vector<store::PendingUpdate>> pending = store.pending_updates();
+    if (!pending.is_ok()) return pending.status();
+    for (const store::PendingUpdate& p : *pending) {
+      const std::string id(p.update_id.begin(), p.update_id.end());
+      if (id.rfind(kOwnIdPrefix, 0) == 0 && !named.contains(id)) retired_.push_back(id);
     }
   } catch (const nlohmann::json::exception& error) {
     return corrupt(std::string("the replica state is malformed: ") + error.what());

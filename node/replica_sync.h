@@ -6,9 +6,14 @@
 //    to its store *before* it is sent (durable before it leaves: a peer
 //    killed mid-send restarts knowing that update, never making a second,
 //    different one for the same round), then sent to every alive member.
-//  - It keeps its own updates of the last kKeptRounds rounds (in its store
-//    too, sparse: the coordinates they move) and sends one again to a member
-//    that asks for it (UpdateRequest), before and after a restart.
+//  - It keeps its own updates of the last kKeptRounds rounds and sends one
+//    again to a member that asks for it (UpdateRequest), before and after a
+//    restart. Each is written to the store once, when made, as a pending
+//    update (the coordinates it moves and their values, checksummed), in
+//    its own transaction before the round's commit; the checkpoint names
+//    the ones kept, and the commit after one leaves the window removes it
+//    (as an applied update). A checkpoint thus costs the model, not 16
+//    updates more.
 //  - It asks each member for the updates of that member's rounds it lacks,
 //    within the same window: a lost message, or updates sent while this
 //    peer was down. Updates older than the window are no longer taken
@@ -60,11 +65,23 @@ class ReplicaSync {
   // The window moved on to `version`: forget older ids and own updates.
   void advance(uint64_t version);
 
-  // Checkpoint: the exact sum (three float pieces) and our own updates kept
-  // (role "replica"; each as flat indices in two 22-bit float pieces and
-  // values), the ids applied and the floor (in `state`).
-  void save(std::deque<Tensor>& views, std::vector<store::TensorToCommit>& out, nlohmann::json& state) const;
-  Status restore(const store::LoadedCheckpoint& checkpoint, const nlohmann::json& state);
+  // Our update of `round` (made) into the store's pending updates, durable
+  // when it returns ok; before the round's commit.
+  Status persist(uint64_t round, store::CheckpointStore& store);
+  // Checkpoint: the exact sum (three float pieces, role "replica"), the ids
+  // applied, the floor and the pending-update ids of our own updates kept
+  // (in `state`); `retire` gets the own updates to drop from the store in
+  // this commit (those that left the window, and strays of a crash).
+  void save(std::deque<Tensor>& views, std::vector<store::TensorToCommit>& out, nlohmann::json& state,
+            std::vector<store::AppliedUpdate>& retire) const;
+  // The commit that save() fed succeeded: what it retired is gone.
+  void committed();
+  // From a checkpoint and the store's pending updates (a checkpoint of the
+  // earlier format keeps its own updates as tensors: read as well). An own
+  // update that cannot be read is skipped, with a line in `warnings`: it
+  // is in the sum, only its resend is lost.
+  Status restore(const store::LoadedCheckpoint& checkpoint, const nlohmann::json& state, store::CheckpointStore& store,
+                 std::vector<std::string>& warnings);
   // The rounds of our own updates kept (after a restore: to send again).
   std::vector<uint64_t> own_rounds() const;
 
@@ -75,11 +92,25 @@ class ReplicaSync {
     std::vector<protocol::EncodedTensor> tensors;
     std::vector<uint64_t> index;  // flat over the manifest's tensors
     std::vector<float> value;
+    std::string pending_id;  // its pending update in the store; empty until persisted
   };
+  // The own update of `round` from its coordinates and values: checked
+  // against the model's size, and encoded to send again.
+  Result<Own> own_from(uint64_t round, std::vector<uint64_t> index, std::vector<float> value) const;
   std::map<uint64_t, Own> own_;  // by round
+  std::vector<std::string> retired_;  // pending ids to drop at the next commit
+  mutable size_t retiring_ = 0;       // how many of retired_ the last save() listed
   mutable std::vector<float> pieces_[3];  // scratch for save()
-  mutable std::deque<std::vector<float>> own_pieces_;  // scratch for save()
 };
+
+// An own update as a pending update's bytes: "FMRO", version 1, round,
+// count, then count flat indices (u64, ascending) and count values (f32),
+// little-endian.
+std::vector<uint8_t> encode_own_update(uint64_t round, std::span<const uint64_t> index, std::span<const float> value);
+// Refused (naming what is wrong) unless well formed, of `round`, with
+// indices ascending below `elements` and finite values.
+Status decode_own_update(std::span<const uint8_t> bytes, uint64_t round, uint64_t elements, std::vector<uint64_t>& index,
+                         std::vector<float>& value);
 
 // The three exact float pieces of a 64-bit fixed-point value, and back.
 void split_fixed_point(int64_t value, float pieces[3]);

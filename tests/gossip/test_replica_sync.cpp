@@ -7,6 +7,7 @@
 
 #include <deque>
 #include <filesystem>
+#include <cmath>
 #include <limits>
 
 #include "node/replica_sync.h"
@@ -46,48 +47,71 @@ TEST(ReplicaSync, FixedPointPiecesRoundTripEveryValue) {
 }
 
 TEST(ReplicaSync, ACheckpointRestoresTheSumTheIdsAndTheOwnUpdates) {
-  const Model x0 = gossip::testing::random_model(manifest(), 1, 1.0f);
-  ReplicaSync a = sync("a", x0);
-  for (uint64_t r = 0; r < 20; ++r) {
-    ASSERT_TRUE(a.make(r, plus(a.state().model(), gossip::testing::random_model(manifest(), 100 + r, 0.1f))).is_ok());
-    const Model theirs = gossip::testing::random_model(manifest(), 200 + r, 0.01f);
-    ASSERT_TRUE(*a.take("b", r, theirs));
-    EXPECT_FALSE(*a.take("b", r, theirs)) << "a second copy is not applied";
-    a.advance(r + 1);
-  }
-  // The window: 16 rounds kept, older ones forgotten and no longer taken.
-  EXPECT_EQ(a.state().floor(), 4u);
-  EXPECT_EQ(a.own(3), nullptr);
-  ASSERT_NE(a.own(4), nullptr);
-  EXPECT_FALSE(*a.take("c", 2, gossip::testing::random_model(manifest(), 9, 0.01f)));
-  EXPECT_EQ(a.missing("b", 20), std::vector<uint64_t>{});
-  EXPECT_EQ(a.missing("c", 6), (std::vector<uint64_t>{4, 5}));
-
   const std::filesystem::path path =
       std::filesystem::path(::testing::TempDir()) / ("replica-sync-" + std::to_string(::getpid()) + ".db");
   std::filesystem::remove(path);
+  const Model x0 = gossip::testing::random_model(manifest(), 1, 1.0f);
+  ReplicaSync a = sync("a", x0);
+  crypto::Hash committed_digest{};
+  Model committed_model;
+  std::set<gossip::UpdateId> committed_ids;
   {
     Result<store::CheckpointStore> db = store::CheckpointStore::open(path.string());
     ASSERT_TRUE(db.is_ok()) << db.status().message();
+    for (uint64_t r = 0; r < 20; ++r) {
+      ASSERT_TRUE(a.make(r, plus(a.state().model(), gossip::testing::random_model(manifest(), 100 + r, 0.1f))).is_ok());
+      ASSERT_TRUE(a.persist(r, *db).is_ok());
+      const Model theirs = gossip::testing::random_model(manifest(), 200 + r, 0.01f);
+      ASSERT_TRUE(*a.take("b", r, theirs));
+      EXPECT_FALSE(*a.take("b", r, theirs)) << "a second copy is not applied";
+      a.advance(r + 1);
+    }
+    // The window: 16 rounds kept, older ones forgotten and no longer taken.
+    EXPECT_EQ(a.state().floor(), 4u);
+    EXPECT_EQ(a.own(3), nullptr);
+    ASSERT_NE(a.own(4), nullptr);
+    EXPECT_FALSE(*a.take("c", 2, gossip::testing::random_model(manifest(), 9, 0.01f)));
+    EXPECT_EQ(a.missing("b", 20), std::vector<uint64_t>{});
+    EXPECT_EQ(a.missing("c", 6), (std::vector<uint64_t>{4, 5}));
+
+    // Each own update was written once; the commit names the 16 kept and
+    // retires the 4 that left the window.
     store::RoundToCommit round;
     round.round = 1;
     std::deque<Tensor> views;
     nlohmann::json state;
-    a.save(views, round.tensors, state);
+    a.save(views, round.tensors, state, round.applied_updates);
+    EXPECT_EQ(round.applied_updates.size(), 4u);
+    EXPECT_EQ(state["replica"]["own_pending"].size(), 16u);
+    for (const store::TensorToCommit& t : round.tensors) EXPECT_EQ(t.name.rfind("own.", 0), std::string::npos) << t.name;
     round.state_json = state.dump();
     ASSERT_TRUE(db->commit_round(round).is_ok());
+    a.committed();
+    ASSERT_EQ(db->pending_updates()->size(), 16u);
+    committed_digest = a.state().digest();
+    committed_model = a.state().model();
+    committed_ids = a.state().applied_ids();
+    // A round made again after a crash before its commit: a stray.
+    ASSERT_TRUE(a.make(20, plus(a.state().model(), gossip::testing::random_model(manifest(), 120, 0.1f))).is_ok());
+    ASSERT_TRUE(a.persist(20, *db).is_ok());
+    ASSERT_EQ(db->pending_updates()->size(), 17u);
   }
   Result<store::CheckpointStore> db = store::CheckpointStore::open(path.string());
   ASSERT_TRUE(db.is_ok());
   Result<store::LoadedCheckpoint> loaded = db->resume_latest({});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
   ReplicaSync b = sync("a", x0);
-  ASSERT_TRUE(b.restore(*loaded, nlohmann::json::parse(loaded->round.state_json)).is_ok());
-  EXPECT_EQ(b.state().digest(), a.state().digest());
-  EXPECT_EQ(b.state().model(), a.state().model());
-  EXPECT_EQ(b.state().floor(), a.state().floor());
-  EXPECT_EQ(b.state().applied_ids(), a.state().applied_ids());
-  EXPECT_EQ(b.own_rounds(), a.own_rounds());
+  std::vector<std::string> warnings;
+  ASSERT_TRUE(b.restore(*loaded, nlohmann::json::parse(loaded->round.state_json), *db, warnings).is_ok());
+  EXPECT_TRUE(warnings.empty());
+  EXPECT_EQ(b.state().digest(), committed_digest);
+  EXPECT_EQ(b.state().model(), committed_model);
+  EXPECT_EQ(b.state().applied_ids(), committed_ids);
+  EXPECT_EQ(b.state().floor(), 4u);
+  EXPECT_EQ(b.own(20), nullptr) << "round 20 was never committed";
+  std::vector<uint64_t> kept;
+  for (uint64_t r = 4; r < 20; ++r) kept.push_back(r);
+  EXPECT_EQ(b.own_rounds(), kept);
   // A restored own update, sent again, decodes to the values first sent.
   for (const uint64_t r : {uint64_t{4}, uint64_t{19}}) {
     const std::vector<protocol::EncodedTensor>* sent = a.own(r);
@@ -104,10 +128,46 @@ TEST(ReplicaSync, ACheckpointRestoresTheSumTheIdsAndTheOwnUpdates) {
       EXPECT_EQ(first, second) << "round " << r << " tensor " << t;
     }
   }
+  // The stray is retired by the next commit.
+  store::RoundToCommit next;
+  next.round = 2;
+  std::deque<Tensor> views;
+  nlohmann::json state;
+  b.save(views, next.tensors, state, next.applied_updates);
+  ASSERT_EQ(next.applied_updates.size(), 1u);
+  next.state_json = state.dump();
+  ASSERT_TRUE(db->commit_round(next).is_ok());
+  b.committed();
+  EXPECT_EQ(db->pending_updates()->size(), 16u);
   // A state from another merge rule is refused, not guessed at.
   ReplicaSync c = sync("a", x0);
-  EXPECT_FALSE(c.restore(*loaded, nlohmann::json::object()).is_ok());
+  EXPECT_FALSE(c.restore(*loaded, nlohmann::json::object(), *db, warnings).is_ok());
   std::filesystem::remove(path);
+}
+
+TEST(ReplicaSync, OwnUpdateBytesAreCheckedBeforeUse) {
+  const std::vector<uint64_t> index = {1, 5, 9};
+  const std::vector<float> value = {0.5f, -1.0f, 2.0f};
+  std::vector<uint64_t> i;
+  std::vector<float> v;
+  const std::vector<uint8_t> good = encode_own_update(7, index, value);
+  ASSERT_TRUE(decode_own_update(good, 7, 10, i, v).is_ok());
+  EXPECT_EQ(i, index);
+  EXPECT_EQ(v, value);
+  const auto refused = [&](std::vector<uint8_t> bytes, uint64_t round, uint64_t elements, const char* why) {
+    const Status s = decode_own_update(bytes, round, elements, i, v);
+    EXPECT_FALSE(s.is_ok()) << why;
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.message();
+  };
+  refused({}, 7, 10, "no FMRO header");
+  refused(good, 8, 10, "holds round 7");
+  refused(good, 7, 9, "holds a bad entry");
+  refused(std::vector<uint8_t>(good.begin(), good.end() - 1), 7, 10, "bytes for 3 coordinates");
+  refused(encode_own_update(7, std::vector<uint64_t>{5, 1, 9}, value), 7, 10, "holds a bad entry");
+  refused(encode_own_update(7, index, std::vector<float>{0.5f, std::nanf(""), 2.0f}), 7, 10, "holds a bad entry");
+  std::vector<uint8_t> versioned = good;
+  versioned[4] = 2;
+  refused(versioned, 7, 10, "format version 2");
 }
 
 }  // namespace

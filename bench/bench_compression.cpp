@@ -420,6 +420,34 @@ int main(int argc, char** argv) {
     std::printf("  %-17s %8.3f / %8.3f%s%s\n", row.method.c_str(), best(row.compress_s), best(row.decompress_s),
                 row.note.empty() ? "" : "   ", row.note.c_str());
   }
+  // Block quantization's error-feedback step on its own: the fused pass
+  // against the three passes it replaced (quantize, dequantize, subtract:
+  // the backend's default), same input, same run.
+  if (!o.no_error_feedback) {
+    std::printf("\nerror feedback's block step on %lld elements (quantize, D(q), residual = a - D(q)), best of %d:\n",
+                static_cast<long long>(o.elements), o.repeats);
+    fedmesh::kernels::CompressionKernels& cpu = fedmesh::kernels::cpu_compression_kernels();
+    std::vector<float> residual(main_delta.size()), scratch;
+    for (const int bits : {8, 4}) {
+      const fedmesh::kernels::BlockQuantization q{bits, 4096, fedmesh::kernels::Rounding::kNearest, 1};
+      std::vector<uint8_t> packed(bits == 4 ? (main_delta.size() + 1) / 2 : main_delta.size());
+      std::vector<float> scales((main_delta.size() + 4095) / 4096);
+      std::vector<double> passes, fused;
+      for (int r = 0; r < o.repeats; ++r) {
+        auto start = Clock::now();
+        cpu.CompressionKernels::quantize_blocks_with_residual(main_delta, q, packed, scales, residual, {}, scratch);
+        passes.push_back(seconds_since(start));
+        start = Clock::now();
+        cpu.quantize_blocks_with_residual(main_delta, q, packed, scales, residual, {}, scratch);
+        fused.push_back(seconds_since(start));
+      }
+      std::printf("  int%d: three passes %.3f s (%.2f GB/s, %.1f %% of memcpy), fused %.3f s (%.2f GB/s, %.1f %%): "
+                  "%.2fx\n",
+                  bits, best(passes), n_bytes / best(passes) / 1e9, 100.0 * n_bytes / best(passes) / 1e9 / baseline.one_thread_gbs,
+                  best(fused), n_bytes / best(fused) / 1e9, 100.0 * n_bytes / best(fused) / 1e9 / baseline.one_thread_gbs,
+                  best(passes) / best(fused));
+    }
+  }
   std::printf("peak RSS %.0f MB\n", peak_rss_mb());
 
   bool all_met = true, any = false;

@@ -81,6 +81,24 @@ void for_each_task(uint64_t blocks, uint64_t block, uint64_t n, Body body) {
   });
 }
 
+}  // namespace
+
+void CompressionKernels::quantize_blocks_with_residual(std::span<const float> a, const BlockQuantization& q,
+                                                       std::span<uint8_t> packed, std::span<float> scales,
+                                                       std::span<float> residual, std::span<float> decoded,
+                                                       std::vector<float>& scratch) {
+  quantize_blocks(a, q, packed, scales);
+  std::span<float> values = decoded;
+  if (values.empty()) {
+    scratch.resize(a.size());
+    values = scratch;
+  }
+  dequantize_blocks(packed, q, scales, values);
+  subtract(a, values, residual);
+}
+
+namespace {
+
 class CpuCompressionKernels final : public CompressionKernels {
  public:
   std::string device_name() const override { return "cpu"; }
@@ -107,6 +125,35 @@ class CpuCompressionKernels final : public CompressionKernels {
     for_each_task(blocks, block, n, [&](uint64_t first_block, uint64_t first, uint64_t count) {
       kernels::quantize_blocks(x.data() + first, count, q.bits, q.block_size, q.rounding, q.seed, first,
                                packed.data() + (q.bits == 4 ? first / 2 : first), scales.data() + first_block);
+    });
+  }
+
+  void quantize_blocks_with_residual(std::span<const float> a, const BlockQuantization& q, std::span<uint8_t> packed,
+                                     std::span<float> scales, std::span<float> residual, std::span<float> decoded,
+                                     std::vector<float>& scratch) override {
+    // Block starts must fall on whole int4 bytes.
+    if (q.bits == 4 && q.block_size % 2 != 0) {
+      CompressionKernels::quantize_blocks_with_residual(a, q, packed, scales, residual, decoded, scratch);
+      return;
+    }
+    const uint64_t n = a.size();
+    const uint64_t block = q.block_size;
+    const uint64_t blocks = (n + block - 1) / block;
+    for_each_task(blocks, block, n, [&](uint64_t first_block, uint64_t first, uint64_t count) {
+      thread_local std::vector<float> values;
+      if (decoded.empty()) values.resize(block);
+      for (uint64_t offset = 0; offset < count; offset += block) {
+        const uint64_t at = first + offset;
+        const uint64_t m = std::min(block, count - offset);
+        uint8_t* bytes = packed.data() + (q.bits == 4 ? at / 2 : at);
+        float* scale = scales.data() + first_block + offset / block;
+        kernels::quantize_blocks(a.data() + at, m, q.bits, q.block_size, q.rounding, q.seed, at, bytes, scale);
+        float* out = decoded.empty() ? values.data() : decoded.data() + at;
+        kernels::dequantize_blocks(bytes, m, q.bits, q.block_size, scale, out);
+        const float* x = a.data() + at;
+        float* e = residual.data() + at;
+        for (uint64_t i = 0; i < m; ++i) e[i] = x[i] - out[i];
+      }
     });
   }
 

@@ -64,6 +64,15 @@ class CompressionKernels {
                                std::span<float> scales) = 0;
   virtual void dequantize_blocks(std::span<const uint8_t> packed, const BlockQuantization& q,
                                  std::span<const float> scales, std::span<float> out) = 0;
+  // Error feedback's whole step for block quantization: quantize_blocks(a),
+  // then residual = a - D(q) and, when `decoded` is not empty, decoded =
+  // D(q), bit for bit what quantize + dequantize + subtract give. This
+  // default does exactly those three passes; the CPU backend fuses them per
+  // block, so a is read once and D(q) stays in cache.
+  virtual void quantize_blocks_with_residual(std::span<const float> a, const BlockQuantization& q,
+                                             std::span<uint8_t> packed, std::span<float> scales,
+                                             std::span<float> residual, std::span<float> decoded,
+                                             std::vector<float>& scratch);
 
   // Round to nearest even into fp16 / bf16 bits (kernels/half.h's to_fp16 /
   // to_bf16), and back.

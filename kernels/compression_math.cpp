@@ -89,7 +89,11 @@ void quantize_blocks(const float* x, uint64_t n, int bits, uint32_t block_size, 
   const bool int4 = bits == 4;
   const int q_max = int4 ? kInt4Max : kInt8Max;
   const uint64_t blocks = (n + block_size - 1) / block_size;
-  if (int4) std::fill(packed, packed + (n + 1) / 2, uint8_t{0});
+  // An even block size starts every block on a whole int4 byte: each block
+  // writes its own bytes. An odd one shares bytes between blocks: zero them
+  // all first and OR the nibbles in.
+  const bool whole_bytes = int4 && block_size % 2 == 0;
+  if (int4 && !whole_bytes) std::fill(packed, packed + (n + 1) / 2, uint8_t{0});
   for (uint64_t b = 0; b < blocks; ++b) {
     const uint64_t first = b * block_size;
     const uint64_t count = std::min<uint64_t>(block_size, n - first);
@@ -97,11 +101,28 @@ void quantize_blocks(const float* x, uint64_t n, int bits, uint32_t block_size, 
     for (uint64_t i = first; i < first + count; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));
     const float scale = quantization_scale(max_abs, q_max);
     scales[b] = scale;
+    if (whole_bytes) std::fill(packed + first / 2, packed + (first + count + 1) / 2, uint8_t{0});
     if (!(scale > 0.0f)) {
       if (!int4) std::fill(packed + first, packed + first + count, uint8_t{0});
       continue;
     }
-    if (int4) {
+    if (whole_bytes && rounding == Rounding::kNearest) {
+      // Two elements a byte, low nibble first: the same q as quantize_one,
+      // branch-free so that it vectorizes.
+      const float limit = static_cast<float>(q_max);
+      const uint64_t pairs = count / 2;
+      const float* xs = x + first;
+      uint8_t* bytes = packed + first / 2;
+      for (uint64_t p = 0; p < pairs; ++p) {
+        const auto low = static_cast<int>(std::clamp(round_small(xs[2 * p] / scale), -limit, limit));
+        const auto high = static_cast<int>(std::clamp(round_small(xs[2 * p + 1] / scale), -limit, limit));
+        bytes[p] = static_cast<uint8_t>((low & 0xf) | ((high & 0xf) << 4));
+      }
+      if (count % 2 != 0) {
+        const auto last = static_cast<int>(std::clamp(round_small(xs[count - 1] / scale), -limit, limit));
+        bytes[pairs] = static_cast<uint8_t>(last & 0xf);
+      }
+    } else if (int4) {
       for (uint64_t i = first; i < first + count; ++i) {
         const int q = quantize_one(x[i], scale, q_max, rounding, seed, first_index + i);
         packed[i / 2] |= static_cast<uint8_t>((q & 0xf) << (4 * (i & 1)));
@@ -128,7 +149,16 @@ void dequantize_blocks(const uint8_t* packed, uint64_t n, int bits, uint32_t blo
     const uint64_t first = b * block_size;
     const uint64_t count = std::min<uint64_t>(block_size, n - first);
     const float scale = scales[b];
-    if (bits == 4) {
+    if (bits == 4 && first % 2 == 0) {
+      // A byte at a time, low nibble first (vectorizes).
+      const uint8_t* bytes = packed + first / 2;
+      float* o = out + first;
+      for (uint64_t p = 0; p < count / 2; ++p) {
+        o[2 * p] = static_cast<float>(((bytes[p] & 0xf) ^ 8) - 8) * scale;
+        o[2 * p + 1] = static_cast<float>(((bytes[p] >> 4) ^ 8) - 8) * scale;
+      }
+      if (count % 2 != 0) o[count - 1] = static_cast<float>(((bytes[count / 2] & 0xf) ^ 8) - 8) * scale;
+    } else if (bits == 4) {
       for (uint64_t i = first; i < first + count; ++i) {
         const int nibble = (packed[i / 2] >> (4 * (i & 1))) & 0xf;
         out[i] = static_cast<float>((nibble ^ 8) - 8) * scale;

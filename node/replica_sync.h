@@ -90,7 +90,7 @@ class ReplicaSync {
   std::string self_;
   struct Own {
     std::vector<protocol::EncodedTensor> tensors;
-    std::vector<uint64_t> index;  // flat over the manifest's tensors
+    std::vector<uint64_t> index;  // flat over the manifest's tensors; freed once persisted
     std::vector<float> value;
     std::string pending_id;  // its pending update in the store; empty until persisted
   };

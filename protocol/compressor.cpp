@@ -61,15 +61,19 @@ class BlockCompressor final : public TensorCompressor {
       : shape_(std::move(shape)), spec_(spec), kernels_(kernels), max_segment_bytes_(max_segment_bytes) {}
   Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t, uint64_t seed) override {
     const kernels::BlockQuantization q{spec_.bits, spec_.block_size, spec_.rounding, seed};
-    packed_.resize(spec_.bits == 4 ? (a.size() + 1) / 2 : a.size());
-    scales_.resize((a.size() + spec_.block_size - 1) / spec_.block_size);
+    resize_for(a.size());
     kernels_.quantize_blocks(a, q, packed_, scales_);
-    const Encoding encoding = spec_.bits == 4 ? Encoding::kBlockInt4 : Encoding::kBlockInt8;
-    Result<std::vector<EncodedSegment>> segments =
-        encode_quantized_blocks(index, a.size(), packed_, scales_, encoding, spec_.block_size, max_segment_bytes_);
-    if (!segments.is_ok()) return segments.status();
-    last_seed_ = seed;
-    return EncodedTensor{descriptor_of(shape_, encoding, spec_.block_size), std::move(*segments)};
+    return encode(index, a.size(), seed);
+  }
+
+  Result<EncodedTensor> compress_with_residual(uint32_t index, std::span<const float> a, int64_t, uint64_t seed,
+                                               std::span<const TensorShape>, std::span<float> residual,
+                                               std::span<float> decoded, kernels::CompressionKernels& kernels,
+                                               std::vector<float>& scratch) override {
+    resize_for(a.size());
+    kernels.quantize_blocks_with_residual(a, kernels::BlockQuantization{spec_.bits, spec_.block_size, spec_.rounding, seed},
+                                          packed_, scales_, residual, decoded, scratch);
+    return encode(index, a.size(), seed);
   }
 
   // The receiver decodes element i as q_i * scale: dequantizing what compress
@@ -89,6 +93,20 @@ class BlockCompressor final : public TensorCompressor {
   }
 
  private:
+  void resize_for(size_t n) {
+    packed_.resize(spec_.bits == 4 ? (n + 1) / 2 : n);
+    scales_.resize((n + spec_.block_size - 1) / spec_.block_size);
+  }
+
+  Result<EncodedTensor> encode(uint32_t index, size_t n, uint64_t seed) {
+    const Encoding encoding = spec_.bits == 4 ? Encoding::kBlockInt4 : Encoding::kBlockInt8;
+    Result<std::vector<EncodedSegment>> segments =
+        encode_quantized_blocks(index, n, packed_, scales_, encoding, spec_.block_size, max_segment_bytes_);
+    if (!segments.is_ok()) return segments.status();
+    last_seed_ = seed;
+    return EncodedTensor{descriptor_of(shape_, encoding, spec_.block_size), std::move(*segments)};
+  }
+
   TensorShape shape_;
   CompressionSpec spec_;
   kernels::CompressionKernels& kernels_;
@@ -221,6 +239,17 @@ Status check_finite(std::span<const float> values, const std::string& name) {
 void TensorCompressor::form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a,
                                   kernels::CompressionKernels& kernels) {
   kernels.add(residual, delta, a);
+}
+
+Result<EncodedTensor> TensorCompressor::compress_with_residual(uint32_t index, std::span<const float> a, int64_t round,
+                                                               uint64_t seed, std::span<const TensorShape> manifest,
+                                                               std::span<float> residual, std::span<float> decoded,
+                                                               kernels::CompressionKernels& kernels,
+                                                               std::vector<float>& scratch) {
+  Result<EncodedTensor> encoded = compress(index, a, round, seed);
+  if (!encoded.is_ok()) return encoded;
+  FEDMESH_RETURN_IF_ERROR(update_residual(*encoded, manifest, a, residual, decoded, kernels, scratch));
+  return encoded;
 }
 
 Status TensorCompressor::update_residual(const EncodedTensor& sent, std::span<const TensorShape> manifest,
@@ -416,14 +445,14 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
                                           std::move(*segments)});
       continue;
     }
-    Result<EncodedTensor> encoded = s.compressors[t]->compress(index, a, s.rounds, seed);
+    Result<EncodedTensor> encoded =
+        s.residuals[t].empty()
+            ? s.compressors[t]->compress(index, a, s.rounds, seed)
+            : s.compressors[t]->compress_with_residual(index, a, s.rounds, seed, manifest, s.residuals[t], decoded,
+                                                       *s.kernels, s.scratch[t]);
     if (!encoded.is_ok()) return encoded.status();
-    if (s.residuals[t].empty()) {  // lossless (dense fp32): D(C(a)) = a
-      if (want_decoded) parallel_copy(a, decoded);
-    } else {
-      FEDMESH_RETURN_IF_ERROR(s.compressors[t]->update_residual(*encoded, manifest, a, s.residuals[t], decoded,
-                                                                *s.kernels, s.scratch[t]));
-    }
+    // Lossless (dense fp32): D(C(a)) = a.
+    if (s.residuals[t].empty() && want_decoded) parallel_copy(a, decoded);
     out.tensors.push_back(std::move(*encoded));
   }
   for (const EncodedTensor& tensor : out.tensors) {

@@ -50,6 +50,14 @@ class TensorCompressor {
   virtual Status update_residual(const EncodedTensor& sent, std::span<const TensorShape> manifest,
                                  std::span<const float> a, std::span<float> residual, std::span<float> decoded,
                                  kernels::CompressionKernels& kernels, std::vector<float>& scratch);
+  // compress() then update_residual(), as error feedback runs them; block
+  // quantization overrides it with one fused pass over a
+  // (CompressionKernels::quantize_blocks_with_residual).
+  virtual Result<EncodedTensor> compress_with_residual(uint32_t index, std::span<const float> a, int64_t round,
+                                                       uint64_t seed, std::span<const TensorShape> manifest,
+                                                       std::span<float> residual, std::span<float> decoded,
+                                                       kernels::CompressionKernels& kernels,
+                                                       std::vector<float>& scratch);
   // State other than the residual that a checkpoint must keep: momentum.
   virtual std::vector<float>* momentum() { return nullptr; }
 };

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "base/random.h"
@@ -140,6 +141,70 @@ TEST(BlockQuantization, DrawsDependOnTheSeedAndThePositionOnly) {
   quantize_blocks(x.data() + 40960, part.size(), 8, 4096, Rounding::kStochastic, 11, 40960, part.data(),
                   part_scales.data());
   EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + 40960));
+}
+
+// int4 with round-to-nearest, two elements a byte, against its definition
+// written out element by element: scale = max |x| / 7 per block, q =
+// clamp(nearest(x / scale), -7, 7) (ties to even) in the low nibble first;
+// decoding gives q * scale. Even and odd block sizes, a tensor ending on a
+// half byte, an all-zero block.
+TEST(BlockQuantization, Int4MatchesItsDefinitionElementByElement) {
+  std::vector<float> x = random_values(20'003, 31, 3.0f);
+  std::fill(x.begin() + 4096, x.begin() + 8192, 0.0f);
+  for (const uint32_t block : {4096u, 64u, 333u, 1u}) {
+    const size_t blocks = (x.size() + block - 1) / block;
+    std::vector<uint8_t> packed((x.size() + 1) / 2, 0xaa);
+    std::vector<float> scales(blocks), out(x.size());
+    quantize_blocks(x.data(), x.size(), 4, block, Rounding::kNearest, 0, 0, packed.data(), scales.data());
+    dequantize_blocks(packed.data(), x.size(), 4, block, scales.data(), out.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const size_t b = i / block;
+      float max_abs = 0.0f;
+      for (size_t j = b * block; j < std::min(x.size(), (b + 1) * block); ++j) max_abs = std::max(max_abs, std::fabs(x[j]));
+      const float scale = quantization_scale(max_abs, kInt4Max);
+      ASSERT_EQ(scales[b], scale) << "block " << b;
+      const int q = scale > 0.0f ? static_cast<int>(std::clamp(std::nearbyint(x[i] / scale), -7.0f, 7.0f)) : 0;
+      const int nibble = (packed[i / 2] >> (4 * (i % 2))) & 0xf;
+      ASSERT_EQ((nibble ^ 8) - 8, q) << "element " << i << " block size " << block;
+      ASSERT_EQ(out[i], static_cast<float>(q) * scale) << "element " << i;
+    }
+    EXPECT_EQ(packed.back() >> 4, 0) << "the last high nibble of an odd count stays 0";
+  }
+}
+
+// Error feedback's fused step gives the very bits of its three passes
+// (quantize, dequantize, subtract): packed values, scales, residual and the
+// decoded values, with and without decoded asked for, for int8 and int4,
+// both roundings, a length that ends mid-block, and an odd block size (int4
+// then takes the three passes).
+TEST(BlockQuantization, TheFusedResidualStepEqualsItsThreePasses) {
+  CompressionKernels& cpu = cpu_compression_kernels();
+  const std::vector<float> a = random_values(300'001, 21);
+  for (const int bits : {8, 4}) {
+    for (const Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+      for (const uint32_t block : {4096u, 1000u, 333u}) {
+        const BlockQuantization q{bits, block, rounding, 5};
+        const size_t bytes = bits == 4 ? (a.size() + 1) / 2 : a.size();
+        const size_t blocks = (a.size() + block - 1) / block;
+        std::vector<uint8_t> packed(bytes), fused_packed(bytes);
+        std::vector<float> scales(blocks), fused_scales(blocks), decoded(a.size()), residual(a.size());
+        cpu.quantize_blocks(a, q, packed, scales);
+        cpu.dequantize_blocks(packed, q, scales, decoded);
+        cpu.subtract(a, decoded, residual);
+        for (const bool want_decoded : {true, false}) {
+          std::vector<float> fused_residual(a.size()), fused_decoded(want_decoded ? a.size() : 0), scratch;
+          cpu.quantize_blocks_with_residual(a, q, fused_packed, fused_scales, fused_residual, fused_decoded, scratch);
+          const std::string what = "int" + std::to_string(bits) + " block " + std::to_string(block) +
+                                   (rounding == Rounding::kNearest ? " nearest" : " stochastic") +
+                                   (want_decoded ? " with decoded" : "");
+          EXPECT_EQ(fused_packed, packed) << what;
+          EXPECT_EQ(fused_scales, scales) << what;
+          EXPECT_EQ(fused_residual, residual) << what;
+          if (want_decoded) EXPECT_EQ(fused_decoded, decoded) << what;
+        }
+      }
+    }
+  }
 }
 
 TEST(Casts, MatchHalfConversions) {

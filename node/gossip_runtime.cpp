@@ -847,16 +847,28 @@ void GossipRuntime::Impl::request_missing_updates(uint64_t at_least) {
     const auto known = peer_versions.find(member);
     const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
     const std::vector<uint64_t> rounds = replicas->missing(member, std::max(heard, at_least));
-    for (size_t k = 0; k < rounds.size() && k < 4; ++k) {
+    // Part of one here already: only the transfer with the lowest sequence
+    // is asked to go on (its header and the chunks missing). A later one
+    // completing first would leave it a replay, dropped: one at a time, each
+    // completes. With none in flight, up to four are asked for whole.
+    std::optional<std::pair<uint64_t, protocol::TransferProgress>> resume;
+    for (const uint64_t round : rounds) {
+      std::optional<protocol::TransferProgress> partial = service->receiver().in_flight(member, round);
+      if (partial && (!resume || partial->sequence < resume->second.sequence)) resume.emplace(round, std::move(*partial));
+    }
+    const std::vector<uint64_t> asked =
+        resume ? std::vector<uint64_t>{resume->first}
+               : std::vector<uint64_t>(rounds.begin(), rounds.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(rounds.size(), 4)));
+    for (const uint64_t round : asked) {
       capnp::MallocMessageBuilder builder;
       auto request = builder.initRoot<wire::Message>().initUpdateRequest();
-      request.setRound(rounds[k]);
-      // Part of it here already: name the transfer and the chunks held.
-      if (const std::optional<protocol::TransferProgress> partial = service->receiver().in_flight(member, rounds[k])) {
-        request.setSequence(partial->sequence);
-        auto have = request.initHaveChunks(static_cast<unsigned>((partial->received.size() + 7) / 8));
-        for (size_t c = 0; c < partial->received.size(); ++c) {
-          if (partial->received[c]) have[c / 8] |= static_cast<uint8_t>(1u << (c % 8));
+      request.setRound(round);
+      if (resume) {
+        const std::vector<bool>& held = resume->second.received;
+        request.setSequence(resume->second.sequence);
+        auto have = request.initHaveChunks(static_cast<unsigned>((held.size() + 7) / 8));
+        for (size_t c = 0; c < held.size(); ++c) {
+          if (held[c]) have[c / 8] |= static_cast<uint8_t>(1u << (c % 8));
         }
       }
       if (send_to(member, protocol::serialize(builder))) {

@@ -649,6 +649,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
     }
     replay_.note_durable(key, sequence);
     last_completed_[key] = {sequence, header_hash};
+    drop_superseded(key, sequence);
     return reply;
   }
   if (const Status committed = replay_.commit(key, sequence); !committed.is_ok()) {
@@ -660,7 +661,18 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   last_completed_[key] = {sequence, header_hash};
   completed_.push_back(ReceivedUpdate{std::move(transfer.metadata), std::move(transfer.staging), key});
   transfers_.erase(found);
+  drop_superseded(key, sequence);
   return reply;
+}
+
+// The sender's counter is now at `sequence`: its transfers still in flight
+// with lower sequences would be refused as replays when complete, so they
+// are dropped now rather than hold a slot (and a staging copy) until idle.
+void UpdateReceiver::drop_superseded(const std::string& replay_key, uint64_t sequence) {
+  const size_t dropped = std::erase_if(transfers_, [&](const auto& item) {
+    return item.second.replay_key == replay_key && item.first.second < sequence;
+  });
+  transfers_superseded_ += dropped;
 }
 
 std::vector<ReceivedUpdate> UpdateReceiver::take_completed() { return std::exchange(completed_, {}); }

@@ -210,8 +210,12 @@ class UpdateReceiver {
   // Drops transfers that made no progress for longer than the policy's
   // transfer_idle_timeout.
   void expire(std::chrono::steady_clock::time_point now);
-  // Transfers dropped by expire() since this receiver was made.
+  // Transfers dropped unfinished since this receiver was made: by expire(),
+  // or superseded (a later update of the same sender completed first).
   uint64_t transfers_expired() const { return transfers_expired_.load(std::memory_order_relaxed); }
+  // Transfers dropped unfinished because a later update of the same sender
+  // completed first (they could only be refused as replays).
+  uint64_t transfers_superseded() const { return transfers_superseded_; }
   void set_round(uint64_t round, uint64_t version) { policy_.current_round = round; policy_.current_version = version; }
 
  private:
@@ -233,6 +237,7 @@ class UpdateReceiver {
   using TransferKey = std::pair<std::string, uint64_t>;
 
   OutgoingMessage reject(uint64_t sequence, wire::RejectCode code, std::string reason);
+  void drop_superseded(const std::string& replay_key, uint64_t sequence);
   OutgoingMessage ack(const Transfer& transfer, bool complete);
   // in_flight: the transfer already held under this header's key, if any.
   bool check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer,
@@ -251,6 +256,7 @@ class UpdateReceiver {
   // per roster key seen.
   std::map<std::string, std::pair<uint64_t, crypto::Hash>> last_completed_;
   std::atomic<uint64_t> transfers_expired_{0};  // read by metrics from other threads
+  uint64_t transfers_superseded_ = 0;
 };
 
 // Hello/Welcome: the highest version both speak, or a Reject naming both

@@ -377,10 +377,9 @@ TEST_F(UpdateTransfer, AResentHeaderResumesFromTheFirstMissingChunk) {
 
 // Gossip replicas ask for the chunks they lack by name: in_flight() reports
 // a transfer's sequence and the chunks held; the sender's very header
-// resumes it even after a later update of the sender's was taken, and the
-// missing chunks alone complete it. A transfer that can no longer complete
-// (a later update of the sender's was taken first) is not offered for
-// resuming.
+// resumes it and the missing chunks alone complete it. A transfer that can
+// no longer complete (a later update of the sender's was taken first) is
+// dropped at once.
 TEST_F(UpdateTransfer, AReplicaFetchesOnlyTheChunksItLacks) {
   auto replay = fc::ReplayGuard::in_memory();
   fp::UpdateReceiver receiver(policy(), roster_, replay);
@@ -404,20 +403,19 @@ TEST_F(UpdateTransfer, AReplicaFetchesOnlyTheChunksItLacks) {
   ASSERT_EQ(partial->received.size(), update.chunks.size());
   for (size_t c = 0; c < update.chunks.size(); ++c) EXPECT_EQ(partial->received[c], c % 2 == 0) << c;
 
-  // A later update of the sender's completes meanwhile; the first one's
-  // header, resent, still resumes it (not a replay), and the odd chunks
-  // alone would complete it, but its sequence is now below the counter:
-  // it is refused then, and in_flight() no longer offers it.
+  // A later update of the sender's completes meanwhile: the first one could
+  // only be refused as a replay now, so it is dropped at once (its slot and
+  // staging freed), in_flight() no longer offers it, and its header, resent,
+  // is a replay.
   fp::UpdateMetadata of_round_5 = metadata(20);
   const auto later = prepare(of_round_5);
   ASSERT_TRUE(deliver(receiver, later)->root().getAck().getComplete());
+  EXPECT_EQ(receiver.transfers_superseded(), 1u);
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);
   EXPECT_FALSE(receiver.in_flight("site-a", 4).has_value());
-  EXPECT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
-  EXPECT_EQ(code_of(*parse(receiver.handle_header("site-a", *parse(prepare(metadata(15)).header)).bytes())),
-            wire::RejectCode::REPLAYED);
-  std::unique_ptr<fp::ParsedMessage> last;
-  for (uint32_t c = 1; c < update.chunks.size(); c += 2) last = send_chunk(update, c);
-  EXPECT_EQ(code_of(*last), wire::RejectCode::REPLAYED);
+  EXPECT_EQ(code_of(*parse(receiver.handle_header("site-a", *parse(update.header)).bytes())), wire::RejectCode::REPLAYED);
+  std::unique_ptr<fp::ParsedMessage> last = send_chunk(update, 1);
+  EXPECT_EQ(code_of(*last), wire::RejectCode::UNKNOWN_TRANSFER);
 
   // Without a later update in between, the missing chunks complete it.
   fp::UpdateMetadata again = metadata(30);

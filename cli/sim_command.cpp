@@ -579,10 +579,11 @@ void add_sim_command(CLI::App& app, int& exit_code) {
       cmd->add_option("--compress", flags->compress,
                       std::string("How sites compress their updates, with error feedback: identity, fp16, bf16, "
                                   "int8|int4[:stochastic][:block=N], topk:F[+fp16|+int8|+fp32][:warmup=R][:momentum=M], "
-                                  "powersgd:R, dct-sign:K (docs/compression.md); gossip's default is ") +
-                          gossip::kSgdGossipCompression + " after --optimizer sgd and " +
+                                  "powersgd:R, dct-sign:K (docs/compression.md); gossip replicas default to ") +
+                          gossip::kSgdGossipCompression + " after --optimizer sgd and to " +
                           gossip::kAdamGossipCompression +
-                          " after adamw, and push-sum and pairwise take the dense ones only (identity, fp16, bf16, int8, int4)")
+                          " after adamw; push-sum and pairwise default to identity and take the dense ones only "
+                          "(identity, fp16, bf16, int8, int4)")
           ->capture_default_str();
   cmd->add_option("--compress-tensor", flags->compress_tensor,
                   "GLOB=SPEC: another spec for the tensors whose name matches GLOB (repeatable; the first match "

@@ -45,7 +45,10 @@ inline bool port_free(int port) {
 inline int free_ports(int count) {
   std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(std::time(nullptr)));
   for (int attempt = 0; attempt < 200; ++attempt) {
-    const int base = 20000 + static_cast<int>(rng() % 30000);
+    // Below Linux's ephemeral range (32768..60999 by default): a port free
+    // when checked could otherwise be taken by any outgoing connection (the
+    // tests' own ZeroMQ clients among them) before the process binds it.
+    const int base = 20000 + static_cast<int>(rng() % (32000 - 20000));
     bool all = true;
     for (int i = 0; i < count && all; ++i) all = port_free(base + i);
     if (all) return base;

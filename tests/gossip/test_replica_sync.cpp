@@ -37,6 +37,22 @@ Model plus(const Model& a, const Model& b) {
   return out;
 }
 
+// Saves `sync` as round `round` and commits it; the commit retires
+// `retired` own updates and holds no own-update tensors. Returns the state.
+nlohmann::json commit(ReplicaSync& sync, store::CheckpointStore& db, int64_t round, size_t retired) {
+  store::RoundToCommit entry;
+  entry.round = round;
+  std::deque<Tensor> views;
+  nlohmann::json state;
+  sync.save(views, entry.tensors, state, entry.applied_updates);
+  EXPECT_EQ(entry.applied_updates.size(), retired) << "round " << round;
+  for (const store::TensorToCommit& t : entry.tensors) EXPECT_EQ(t.name.rfind("own.", 0), std::string::npos) << t.name;
+  entry.state_json = state.dump();
+  EXPECT_TRUE(db.commit_round(entry).is_ok()) << "round " << round;
+  sync.committed();
+  return state;
+}
+
 TEST(ReplicaSync, FixedPointPiecesRoundTripEveryValue) {
   for (const int64_t v : {int64_t{0}, int64_t{1}, int64_t{-1}, int64_t{123456789012345}, int64_t{-98765432109876},
                           std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()}) {
@@ -76,17 +92,8 @@ TEST(ReplicaSync, ACheckpointRestoresTheSumTheIdsAndTheOwnUpdates) {
 
     // Each own update was written once; the commit names the 16 kept and
     // retires the 4 that left the window.
-    store::RoundToCommit round;
-    round.round = 1;
-    std::deque<Tensor> views;
-    nlohmann::json state;
-    a.save(views, round.tensors, state, round.applied_updates);
-    EXPECT_EQ(round.applied_updates.size(), 4u);
+    const nlohmann::json state = commit(a, *db, 1, 4);
     EXPECT_EQ(state["replica"]["own_pending"].size(), 16u);
-    for (const store::TensorToCommit& t : round.tensors) EXPECT_EQ(t.name.rfind("own.", 0), std::string::npos) << t.name;
-    round.state_json = state.dump();
-    ASSERT_TRUE(db->commit_round(round).is_ok());
-    a.committed();
     ASSERT_EQ(db->pending_updates()->size(), 16u);
     committed_digest = a.state().digest();
     committed_model = a.state().model();
@@ -129,15 +136,7 @@ TEST(ReplicaSync, ACheckpointRestoresTheSumTheIdsAndTheOwnUpdates) {
     }
   }
   // The stray is retired by the next commit.
-  store::RoundToCommit next;
-  next.round = 2;
-  std::deque<Tensor> views;
-  nlohmann::json state;
-  b.save(views, next.tensors, state, next.applied_updates);
-  ASSERT_EQ(next.applied_updates.size(), 1u);
-  next.state_json = state.dump();
-  ASSERT_TRUE(db->commit_round(next).is_ok());
-  b.committed();
+  commit(b, *db, 2, 1);
   EXPECT_EQ(db->pending_updates()->size(), 16u);
   // A state from another merge rule is refused, not guessed at.
   ReplicaSync c = sync("a", x0);

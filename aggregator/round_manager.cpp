@@ -170,6 +170,33 @@ Status RoundManager::check(SiteUpdate& update, double& norm) const {
   return Status::ok();
 }
 
+Status RoundManager::admissible(const SiteUpdate& update) const {
+  const int64_t tau = version_ - update.base_version;
+  const double staleness_weight = options_.staleness.weight(tau);
+  const std::string who = "update " + update.id + " from " + update.site;
+  if (staleness_weight <= 0.0) {
+    return invalid_argument(who + ": staleness " + std::to_string(tau) + " is beyond the cut-off");
+  }
+  if (!options_.asynchronous) {
+    const bool on_time = round_open_ && update.round == round_;
+    const bool late = update.round < round_ || (update.round == round_ && !round_open_);
+    if (!on_time && !(late && options_.fold_late_updates && round_open_)) {
+      return invalid_argument(who + " answers round " + std::to_string(update.round) + ", the open round is " +
+                              (round_open_ ? std::to_string(round_) : std::string("none")) +
+                              (late ? " (late updates are dropped)" : ""));
+    }
+    if (on_time && std::find(sampled_.begin(), sampled_.end(), update.site) == sampled_.end()) {
+      return invalid_argument(who + ": the site was not sampled for round " + std::to_string(round_));
+    }
+    for (const SiteUpdate& pending : buffer_) {
+      if (on_time && pending.site == update.site && pending.round == round_) {
+        return invalid_argument(who + ": the site already reported for round " + std::to_string(round_));
+      }
+    }
+  }
+  return Status::ok();
+}
+
 Result<std::optional<RoundRecord>> RoundManager::submit(SiteUpdate update, double now) {
   (void)now;
   double norm = 0.0;
@@ -177,33 +204,12 @@ Result<std::optional<RoundRecord>> RoundManager::submit(SiteUpdate update, doubl
     ++refused_;
     return s;
   }
+  if (Status s = admissible(update); !s.is_ok()) {
+    ++refused_;
+    return s;
+  }
   const int64_t tau = version_ - update.base_version;
   const double staleness_weight = options_.staleness.weight(tau);
-  const std::string who = "update " + update.id + " from " + update.site;
-  if (staleness_weight <= 0.0) {
-    ++refused_;
-    return invalid_argument(who + ": staleness " + std::to_string(tau) + " is beyond the cut-off");
-  }
-  if (!options_.asynchronous) {
-    const bool on_time = round_open_ && update.round == round_;
-    const bool late = update.round < round_ || (update.round == round_ && !round_open_);
-    if (!on_time && !(late && options_.fold_late_updates && round_open_)) {
-      ++refused_;
-      return invalid_argument(who + " answers round " + std::to_string(update.round) + ", the open round is " +
-                              (round_open_ ? std::to_string(round_) : std::string("none")) +
-                              (late ? " (late updates are dropped)" : ""));
-    }
-    if (on_time && std::find(sampled_.begin(), sampled_.end(), update.site) == sampled_.end()) {
-      ++refused_;
-      return invalid_argument(who + ": the site was not sampled for round " + std::to_string(round_));
-    }
-    for (const SiteUpdate& pending : buffer_) {
-      if (on_time && pending.site == update.site && pending.round == round_) {
-        ++refused_;
-        return invalid_argument(who + ": the site already reported for round " + std::to_string(round_));
-      }
-    }
-  }
   const double weight = static_cast<double>(update.sample_count) / static_cast<double>(options_.max_sample_count) *
                         staleness_weight;
   buffer_info_.push_back({update.id, update.site, tau, weight, norm});

@@ -136,6 +136,9 @@ class RoundManager {
   // this update completed an asynchronous buffer; nullopt otherwise. A
   // refused update leaves everything unchanged; the message says why.
   Result<std::optional<RoundRecord>> submit(SiteUpdate update, double now);
+  // What submit() checks of an update's round, base version and site, without
+  // its values: the aggregator asks before it stores and acknowledges one.
+  Status admissible(const SiteUpdate& update) const;
   // Sync: takes `site` out of the open round's sample (its key was revoked):
   // the round then waits only for the others. An update it sent before is
   // kept (it was signed by a member). False if it was not sampled.

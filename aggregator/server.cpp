@@ -42,11 +42,11 @@ namespace fedmesh::aggregator {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using TimePoint = fedmesh::Clock::time_point;
 
 struct SiteRecord {
   std::string routing_id;
-  Clock::time_point last_contact{};
+  TimePoint last_contact{};
   int64_t updates_accepted = 0;
   int64_t refused = 0;  // its updates and messages refused, for any reason
   double local_loss = 0.0, local_accuracy = 0.0, train_loss = 0.0;
@@ -106,16 +106,19 @@ class AggregatorServer::Impl {
   bool pretokenized_validation = false;  // validation = "tokens:FILE": ids with no bytes behind them
   std::vector<crypto::Hash> chain;  // hash of every version, by version
   std::vector<protocol::TensorShape> manifest;
-  std::unique_ptr<protocol::ServerSocket> socket;
+  std::unique_ptr<protocol::ServerChannel> socket;
   std::unique_ptr<protocol::UpdateService> service;
   protocol::ModelPublisher publisher;
   protocol::QueuedModelReplies queued_model_replies;
   std::unique_ptr<HttpEndpoint> http;
   std::atomic<const HttpEndpoint*> serving{nullptr};  // `http` once set, for the pages it renders
   std::map<std::string, SiteRecord> sites;
-  Clock::time_point started = Clock::now();
-  Clock::time_point round_started = Clock::now();
-  std::optional<Clock::time_point> finished_at;
+  // The clock, the network and the store's file system (production: the real ones).
+  protocol::RuntimeEnvironment env;
+  fedmesh::Clock& clock() const { return *env.clock; }
+  TimePoint started{};
+  TimePoint round_started{};
+  std::optional<TimePoint> finished_at;
   std::string metrics_address;
   // Private mode: the round's secure aggregation; with [dp], its accounting.
   std::unique_ptr<SecureRound> secure;
@@ -134,7 +137,7 @@ class AggregatorServer::Impl {
   std::atomic<uint64_t> refusal_log_lines_suppressed{0};
   void log_refusal(const protocol::Incoming& incoming, const std::string& code, const std::string& reason);
 
-  double now() const { return std::chrono::duration<double>(Clock::now() - started).count(); }
+  double now() const { return std::chrono::duration<double>(clock().now() - started).count(); }
 
   Status open(AggregatorConfig c, EventSink sink);
   Status restore();
@@ -187,7 +190,7 @@ class AggregatorServer::Impl {
   // handshakes and every message are held to it.
   void reload_roster_if_changed();
   std::filesystem::file_time_type roster_mtime{};
-  Clock::time_point last_roster_check{};
+  TimePoint last_roster_check{};
   // What the view needs from the process itself when it renders.
   OperatorContext operator_context() const;
   int64_t unauthorized_requests() const {
@@ -199,6 +202,7 @@ class AggregatorServer::Impl {
 Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   config = std::move(c);
   emit = std::move(sink);
+  started = round_started = clock().now();
   FEDMESH_RETURN_IF_ERROR(config.validate());
   Result<crypto::Membership> membership =
       crypto::load_membership(config.keys, config.name, config.roster, config.admin_public, config.federation);
@@ -286,7 +290,10 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
     validation = std::make_unique<train::data::ImageSet>(std::move(splits->test));
   }
 
-  Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store, config.store_options);
+  store::StoreOptions store_options = config.store_options;
+  store_options.vfs = env.store_vfs;
+  store_options.background_maintenance = store_options.background_maintenance && env.store_background_maintenance;
+  Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store, store_options);
   if (!opened.is_ok()) return opened.status();
   store.emplace(std::move(*opened));
   FEDMESH_RETURN_IF_ERROR(restore());
@@ -309,11 +316,13 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   Result<protocol::FaultPlan> faults = protocol::parse_fault_plan(config.faults);
   if (!faults.is_ok()) return faults.status();
   transport.faults = *faults;
-  Result<std::unique_ptr<protocol::ServerSocket>> bound = protocol::ServerSocket::bind(
+  Result<std::unique_ptr<protocol::ServerChannel>> bound = env.network->bind(
       config.listen, protocol::CurveKeys::from(keys), protocol::allowlist_from_roster(roster), transport);
   if (!bound.is_ok()) return bound.status();
   socket = std::move(*bound);
   protocol::ReceiverPolicy policy;
+  policy.clock = [clock = env.clock] { return clock->now(); };
+  policy.unix_micros = [clock = env.clock] { return clock->unix_micros(); };
   policy.federation = config.federation;
   policy.self = config.name;
   policy.manifest = manifest;
@@ -325,6 +334,18 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
                                                       socket->counters());
   service->receiver().set_store_update(
       [this](protocol::ReceivedUpdate received) { return store_update(std::move(received)); });
+  // An update the round manager would refuse (its site already reported for
+  // the round, a round not open) is refused before it is stored, never
+  // acknowledged and then dropped.
+  service->receiver().set_admit_update([this](const protocol::UpdateMetadata& m) -> std::optional<std::string> {
+    SiteUpdate probe;
+    probe.id = m.sender + "/" + std::to_string(m.sequence);
+    probe.site = m.sender;
+    probe.round = static_cast<int64_t>(m.round);
+    probe.base_version = static_cast<int64_t>(m.base_version);
+    if (Status s = manager->admissible(probe); !s.is_ok()) return s.message();
+    return std::nullopt;
+  });
   service->set_other_handler([this](const protocol::Incoming& in, const protocol::ParsedMessage& message,
                                     std::optional<protocol::OutgoingMessage>& reply, protocol::Rejection& rejection) {
     return handle_other(in, message, reply, rejection);
@@ -569,7 +590,7 @@ void AggregatorServer::Impl::drop_from_open_round(const std::vector<std::string>
 
 std::vector<std::string> AggregatorServer::Impl::available_sites() const {
   std::vector<std::string> names;
-  const auto cutoff = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+  const auto cutoff = clock().now() - std::chrono::duration_cast<fedmesh::Clock::duration>(
                                          std::chrono::duration<double>(config.site_timeout_seconds));
   for (const auto& [name, site] : sites) {
     if (site.last_contact >= cutoff) names.push_back(name);
@@ -599,8 +620,8 @@ protocol::OutgoingMessage AggregatorServer::Impl::announce(const std::string& si
   a.setSelected(open && (async || std::find(sampled.begin(), sampled.end(), site) != sampled.end()));
   if (!async && open) {
     const double left = std::max(0.0, config.rounds_options.round_deadline_seconds -
-                                          std::chrono::duration<double>(Clock::now() - round_started).count());
-    a.setDeadlineUnixMs(unix_time_ms() + static_cast<uint64_t>(left * 1000.0));
+                                          std::chrono::duration<double>(clock().now() - round_started).count());
+    a.setDeadlineUnixMs(clock().unix_ms() + static_cast<uint64_t>(left * 1000.0));
   }
   return protocol::serialize(builder);
 }
@@ -748,8 +769,8 @@ void AggregatorServer::Impl::take_completed() {
 }
 
 void AggregatorServer::Impl::reload_roster_if_changed() {
-  if (Clock::now() - last_roster_check < std::chrono::seconds(1)) return;
-  last_roster_check = Clock::now();
+  if (clock().now() - last_roster_check < std::chrono::seconds(1)) return;
+  last_roster_check = clock().now();
   std::error_code error;
   const auto mtime = std::filesystem::last_write_time(config.roster, error);
   if (error || mtime == roster_mtime) return;
@@ -789,7 +810,7 @@ void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
   if (roster.find(incoming.peer) == nullptr) {
     // Connected before its key was revoked: refused by name from now on.
     if (const auto revoked = revoked_sites.find(incoming.peer); revoked != revoked_sites.end()) {
-      revoked->second.last_contact = Clock::now();
+      revoked->second.last_contact = clock().now();
       ++revoked->second.refused;
     }
     const std::string reason = "the key of " + incoming.peer + " was taken off the roster of federation " +
@@ -805,7 +826,7 @@ void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
     return;
   }
   SiteRecord& site = sites[incoming.peer];
-  site.last_contact = Clock::now();
+  site.last_contact = clock().now();
   site.routing_id = incoming.routing_id;
   std::optional<protocol::OutgoingMessage> reply = service->handle(incoming);
   take_completed();  // before the reply: the Ack{complete} follows the durable write
@@ -826,7 +847,7 @@ void AggregatorServer::Impl::handle(const protocol::Incoming& incoming) {
 void AggregatorServer::Impl::log_refusal(const protocol::Incoming& incoming, const std::string& code,
                                         const std::string& reason) {
   const std::string& key = incoming.peer_key.empty() ? incoming.peer : incoming.peer_key;
-  const std::optional<uint64_t> suppressed = refusal_log.admit(key + " " + code, Clock::now());
+  const std::optional<uint64_t> suppressed = refusal_log.admit(key + " " + code, clock().now());
   if (!suppressed) {
     refusal_log_lines_suppressed.fetch_add(1);
     return;
@@ -850,7 +871,7 @@ Status AggregatorServer::Impl::maybe_start_round() {
   bool reopening = false;
   // When the round opened (wall clock): a reopened round keeps its deadline,
   // so restarts faster than the deadline cannot hold a round open for ever.
-  const uint64_t now_unix_ms = unix_time_ms();
+  const uint64_t now_unix_ms = clock().unix_ms();
   uint64_t opened_unix_ms = now_unix_ms;
   if (open_round->has_value()) {
     const nlohmann::json saved = nlohmann::json::parse(**open_round, nullptr, false);
@@ -886,8 +907,8 @@ Status AggregatorServer::Impl::maybe_start_round() {
     return Status::ok();
   }
   FEDMESH_RETURN_IF_ERROR(manager->start_round(candidates, now() - elapsed_seconds));
-  if (secure) secure->open(manager->round(), manager->version(), manager->sampled(), Clock::now());
-  round_started = Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(elapsed_seconds));
+  if (secure) secure->open(manager->round(), manager->version(), manager->sampled(), clock().now());
+  round_started = clock().now() - std::chrono::duration_cast<fedmesh::Clock::duration>(std::chrono::duration<double>(elapsed_seconds));
   round_opened_unix_ms = opened_unix_ms;
   FEDMESH_RETURN_IF_ERROR(save_open_round());
   set_service_round();
@@ -981,7 +1002,7 @@ train::EvalResult AggregatorServer::Impl::evaluate_held_model(nlohmann::json& me
 }
 
 Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optional<store::PrivacyEntry> privacy) {
-  const double seconds = std::chrono::duration<double>(Clock::now() - round_started).count();
+  const double seconds = std::chrono::duration<double>(clock().now() - round_started).count();
   nlohmann::json metrics = {{"closed_by_deadline", record.closed_by_deadline}, {"seconds", seconds}};
   double accuracy = -1.0, loss = -1.0;
   if (record.version != static_cast<int64_t>(chain.size()) - 1) {
@@ -1049,7 +1070,7 @@ Status AggregatorServer::Impl::finish_step(const RoundRecord& record, std::optio
   }
   view.round_closed(event);
   emit(event);
-  round_started = Clock::now();
+  round_started = clock().now();
   refresh_status();
   return Status::ok();
 }
@@ -1069,7 +1090,7 @@ void AggregatorServer::Impl::refresh_status() {
   }
   for (const auto& [name, site] : sites) names.insert(name);
   nlohmann::json list = nlohmann::json::array();
-  const auto now_point = Clock::now();
+  const auto now_point = clock().now();
   for (const std::string& name : names) {
     const auto known = sites.find(name);
     const auto revoked = revoked_sites.find(name);
@@ -1116,7 +1137,7 @@ void AggregatorServer::Impl::refresh_status() {
     if (open) {
       const double left = std::max(0.0, manager->deadline() - now());
       progress["deadline_seconds_left"] = left;
-      progress["deadline_unix_ms"] = unix_time_ms() + static_cast<uint64_t>(left * 1000.0);
+      progress["deadline_unix_ms"] = clock().unix_ms() + static_cast<uint64_t>(left * 1000.0);
     }
   }
   view.set_snapshot({std::move(list), std::move(progress), manager->round(), manager->version(), open, finished()});
@@ -1177,7 +1198,7 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
     if (!pending.is_ok()) return pending.status();
     for (SiteUpdate& update : *pending) submit(std::move(update), true);
   }
-  auto last_refresh = Clock::now();
+  auto last_refresh = clock().now();
   while (!stop.load()) {
     reload_roster_if_changed();
     FEDMESH_RETURN_IF_ERROR(maybe_start_round());
@@ -1185,7 +1206,7 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
     if (!incoming.is_ok()) return incoming.status();
     if (incoming->has_value()) handle(**incoming);
     if (secure && manager->round_open()) {
-      if (std::optional<SecureResult> result = secure->tick(Clock::now())) {
+      if (std::optional<SecureResult> result = secure->tick(clock().now())) {
         if (Status s = finish_secure_round(*result); !s.is_ok()) {
           emit({{"event", "error"}, {"message", "secure round " + std::to_string(result->round) + ": " + s.message()}});
           if (s.code() == StatusCode::kIoError) return s;
@@ -1201,16 +1222,16 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
       note_round_closed(delivered);
       FEDMESH_RETURN_IF_ERROR(finish_step(*record));
     }
-    if (Clock::now() - last_refresh > std::chrono::milliseconds(250)) {
+    if (clock().now() - last_refresh > std::chrono::milliseconds(250)) {
       refresh_status();
-      last_refresh = Clock::now();
+      last_refresh = clock().now();
     }
     if (finished()) {
       if (!finished_at) {
-        finished_at = Clock::now();
+        finished_at = clock().now();
         emit({{"event", "finished"}, {"round", manager->round()}, {"version", manager->version()},
               {"test_accuracy", view.last_accuracy()}, {"store", config.store}});
-      } else if (Clock::now() - *finished_at > std::chrono::duration<double>(config.linger_seconds)) {
+      } else if (clock().now() - *finished_at > std::chrono::duration<double>(config.linger_seconds)) {
         break;
       }
     }
@@ -1220,9 +1241,11 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
 
 AggregatorServer::~AggregatorServer() = default;
 
-Result<std::unique_ptr<AggregatorServer>> AggregatorServer::start(AggregatorConfig config, EventSink emit) {
+Result<std::unique_ptr<AggregatorServer>> AggregatorServer::start(AggregatorConfig config, EventSink emit,
+                                                                   protocol::RuntimeEnvironment environment) {
   std::unique_ptr<AggregatorServer> server(new AggregatorServer());
   server->impl_ = std::make_unique<Impl>();
+  server->impl_->env = std::move(environment);
   FEDMESH_RETURN_IF_ERROR(server->impl_->open(std::move(config), std::move(emit)));
   return server;
 }

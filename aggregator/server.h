@@ -36,6 +36,7 @@
 #include "aggregator/round_manager.h"
 #include "aggregator/server_config.h"
 #include "base/status.h"
+#include "protocol/environment.h"
 
 namespace fedmesh::aggregator {
 
@@ -46,7 +47,10 @@ class AggregatorServer {
   // Reads keys and roster (signature checked against the pinned admin key),
   // opens the store (one owner), restores its newest intact round, binds the
   // socket and the metrics endpoint. Events go to `emit`.
-  static Result<std::unique_ptr<AggregatorServer>> start(AggregatorConfig config, EventSink emit);
+  // `environment`: the clock, network and store file system it runs on
+  // (default: the real ones; sim/vopr passes simulated ones).
+  static Result<std::unique_ptr<AggregatorServer>> start(AggregatorConfig config, EventSink emit,
+                                                         protocol::RuntimeEnvironment environment = {});
   ~AggregatorServer();
 
   // Serves until the configured rounds are done (then lingers) or `stop`.

@@ -203,7 +203,7 @@ int run_send(StatsFlags flags) {
   const federation::StatsEventSink emit = stats_events(flags, config->name.c_str());
   if (config->privacy_mode == "private") {
     // The sums leave this site masked, in the aggregator's session.
-    options.masked = [emit](protocol::ClientSocket& socket, const crypto::Membership& member,
+    options.masked = [emit](protocol::ClientChannel& socket, const crypto::Membership& member,
                             std::span<const uint32_t> words) -> Result<bool> {
       Result<node::SecureUploadOutcome> outcome = node::secure_upload_words(
           socket, member.keys, member.roster, federation::stats_secagg_label(member.roster.federation), 0, 0, words,

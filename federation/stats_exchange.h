@@ -78,7 +78,7 @@ class MaskedStatsSum {
 // Private mode, a site's side: take part in the aggregator's session with
 // `words` over `socket` (the one the exchange holds). True when they are in
 // the sum, false when the session finished without them.
-using MaskedStatsContribution = std::function<Result<bool>(protocol::ClientSocket& socket,
+using MaskedStatsContribution = std::function<Result<bool>(protocol::ClientChannel& socket,
                                                            const crypto::Membership& member,
                                                            std::span<const uint32_t> words)>;
 

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <csignal>
 #include <functional>
-#include <thread>
 
 #include "base/file_io.h"
 #include "protocol/secagg_wire.h"
@@ -16,20 +15,19 @@ namespace fedmesh::node {
 using crypto::SecAggPhase;
 using protocol::SecAggDownMessage;
 using protocol::SecAggUpMessage;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
 class Exchange {
  public:
-  Exchange(protocol::ClientSocket& socket, const SecureUploadOptions& options) : socket_(socket), options_(options) {}
+  Exchange(protocol::ClientChannel& socket, const SecureUploadOptions& options) : socket_(socket), options_(options) {}
 
   // Sends one SecAggUp and waits for its SecAggDown (other replies, such as
   // a late RoundAnnounce, are skipped). A Reject comes back as an error.
   Result<SecAggDownMessage> request(const SecAggUpMessage& up, std::span<const uint32_t> words = {}) {
     FEDMESH_RETURN_IF_ERROR(socket_.send(protocol::encode_secagg_up(up, words), options_.reply_timeout));
-    const auto until = Clock::now() + options_.reply_timeout;
-    while (Clock::now() < until) {
+    const auto until = socket_.clock().now() + options_.reply_timeout;
+    while (socket_.clock().now() < until) {
       Result<std::optional<protocol::Incoming>> incoming = socket_.receive(std::chrono::milliseconds(100));
       if (!incoming.is_ok()) return incoming.status();
       if (!incoming->has_value()) continue;
@@ -57,7 +55,7 @@ class Exchange {
   }
 
  private:
-  protocol::ClientSocket& socket_;
+  protocol::ClientChannel& socket_;
   const SecureUploadOptions& options_;
 };
 
@@ -69,7 +67,7 @@ void exit_if_asked(const SecureUploadOptions& options, SecAggPhase phase) {
 // SecAggDown says of the session (the length is checked before).
 using InputFor = std::function<Result<std::vector<uint32_t>>(const SecAggDownMessage&)>;
 
-Result<SecureUploadOutcome> run_upload(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
+Result<SecureUploadOutcome> run_upload(protocol::ClientChannel& socket, const crypto::SiteKeys& keys,
                                        const crypto::Roster& roster, const std::string& label, uint64_t round,
                                        uint64_t base_version, uint64_t length, const InputFor& input_for,
                                        const SecureUploadOptions& options, const SecureEventSink& emit) {
@@ -77,7 +75,7 @@ Result<SecureUploadOutcome> run_upload(protocol::ClientSocket& socket, const cry
   SecureUploadOutcome outcome;
   std::optional<crypto::SecAggClient> client;
   std::vector<uint32_t> input, masked;
-  auto last_progress = Clock::now();
+  auto last_progress = socket.clock().now();
   const std::string self = keys.identity.name;
 
   const auto up = [&](SecAggUpMessage::Kind kind) {
@@ -105,7 +103,7 @@ Result<SecureUploadOutcome> run_upload(protocol::ClientSocket& socket, const cry
       return down.status();
     }
     const SecAggDownMessage d = std::move(*down);
-    if (Clock::now() - last_progress > options.give_up) {
+    if (socket.clock().now() - last_progress > options.give_up) {
       abort_session("no progress");
       return unavailable("secure aggregation made no progress for " +
                          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options.give_up).count()) + " s");
@@ -162,29 +160,29 @@ Result<SecureUploadOutcome> run_upload(protocol::ClientSocket& socket, const cry
         if (!ad.is_ok()) return ad.status();
         SecAggUpMessage m = up(SecAggUpMessage::Kind::kAdvertise);
         m.advertisement = *ad;
-        last_progress = Clock::now();
+        last_progress = socket.clock().now();
         down = exchange.request(m);
         continue;
       }
       // A session without us (it began before we came): wait for the next
       // one or for the round to end.
-      std::this_thread::sleep_for(options.poll);
+      socket.clock().sleep_for(options.poll);
       down = exchange.request(up(SecAggUpMessage::Kind::kJoin));
       continue;
     }
     if (!d.member) {
       abort_session("dropped from session " + d.session + ": " + d.reason);
       outcome.reason = "dropped from session " + d.session;
-      std::this_thread::sleep_for(options.poll);
+      socket.clock().sleep_for(options.poll);
       down = exchange.request(up(SecAggUpMessage::Kind::kJoin));
       continue;
     }
     if (d.answered) {
-      std::this_thread::sleep_for(options.poll);
+      socket.clock().sleep_for(options.poll);
       down = exchange.request(up(SecAggUpMessage::Kind::kPoll));
       continue;
     }
-    last_progress = Clock::now();
+    last_progress = socket.clock().now();
     SecAggUpMessage m;
     switch (d.phase) {
       case SecAggPhase::kShareKeys: {
@@ -204,7 +202,7 @@ Result<SecureUploadOutcome> run_upload(protocol::ClientSocket& socket, const cry
           masked = std::move(*y);
         }
         if (d.masked_next >= masked.size()) {
-          std::this_thread::sleep_for(options.poll);
+          socket.clock().sleep_for(options.poll);
           down = exchange.request(up(SecAggUpMessage::Kind::kPoll));
           continue;
         }
@@ -235,12 +233,12 @@ Result<SecureUploadOutcome> run_upload(protocol::ClientSocket& socket, const cry
       }
       case SecAggPhase::kAborted:
         abort_session(d.reason);
-        std::this_thread::sleep_for(options.poll);
+        socket.clock().sleep_for(options.poll);
         down = exchange.request(up(SecAggUpMessage::Kind::kJoin));
         continue;
       default:
         // Advertise with our session and not answered cannot happen: ask again.
-        std::this_thread::sleep_for(options.poll);
+        socket.clock().sleep_for(options.poll);
         down = exchange.request(up(SecAggUpMessage::Kind::kPoll));
         continue;
     }
@@ -249,7 +247,7 @@ Result<SecureUploadOutcome> run_upload(protocol::ClientSocket& socket, const cry
 
 }  // namespace
 
-Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
+Result<SecureUploadOutcome> secure_upload(protocol::ClientChannel& socket, const crypto::SiteKeys& keys,
                                           const crypto::Roster& roster, uint64_t round, uint64_t base_version,
                                           std::span<const float> delta, const SecureUploadOptions& options,
                                           const SecureEventSink& emit) {
@@ -265,7 +263,7 @@ Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const 
                     emit);
 }
 
-Result<SecureUploadOutcome> secure_upload_words(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
+Result<SecureUploadOutcome> secure_upload_words(protocol::ClientChannel& socket, const crypto::SiteKeys& keys,
                                                 const crypto::Roster& roster, const std::string& label, uint64_t round,
                                                 uint64_t base_version, std::span<const uint32_t> words,
                                                 const SecureUploadOptions& options, const SecureEventSink& emit) {

@@ -51,7 +51,7 @@ struct SecureUploadOutcome {
 
 using SecureEventSink = std::function<void(const nlohmann::json&)>;
 
-Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
+Result<SecureUploadOutcome> secure_upload(protocol::ClientChannel& socket, const crypto::SiteKeys& keys,
                                           const crypto::Roster& roster, uint64_t round, uint64_t base_version,
                                           std::span<const float> delta, const SecureUploadOptions& options,
                                           const SecureEventSink& emit);
@@ -60,7 +60,7 @@ Result<SecureUploadOutcome> secure_upload(protocol::ClientSocket& socket, const 
 // federation's statistics, federation/stats_fixed_point.h): `words` as they
 // are, the session's signatures bound to `label` instead of the federation's
 // name, so that nothing signed here stands for a training round.
-Result<SecureUploadOutcome> secure_upload_words(protocol::ClientSocket& socket, const crypto::SiteKeys& keys,
+Result<SecureUploadOutcome> secure_upload_words(protocol::ClientChannel& socket, const crypto::SiteKeys& keys,
                                                 const crypto::Roster& roster, const std::string& label, uint64_t round,
                                                 uint64_t base_version, std::span<const uint32_t> words,
                                                 const SecureUploadOptions& options, const SecureEventSink& emit);

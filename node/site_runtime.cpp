@@ -35,13 +35,7 @@ namespace fedmesh::node {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-uint64_t unix_now(bool micro) {
-  const auto since = std::chrono::system_clock::now().time_since_epoch();
-  return static_cast<uint64_t>(micro ? std::chrono::duration_cast<std::chrono::microseconds>(since).count()
-                                     : std::chrono::duration_cast<std::chrono::milliseconds>(since).count());
-}
+using TimePoint = fedmesh::Clock::time_point;
 
 struct Announcement {
   uint64_t round = 0, version = 0;
@@ -127,11 +121,14 @@ class SiteRuntime::Impl {
   };
   std::optional<TrainedUpdate> trained;
   bool mode_warned = false;
-  std::unique_ptr<protocol::ClientSocket> socket;
+  // The clock, the network and the store's file system (production: the real ones).
+  protocol::RuntimeEnvironment env;
+  fedmesh::Clock& clock() const { return *env.clock; }
+  std::unique_ptr<protocol::ClientChannel> socket;
   std::unique_ptr<HttpEndpoint> http;
   std::string metrics_address;
-  Clock::time_point last_heard = Clock::now();
-  Clock::time_point last_heartbeat{};
+  TimePoint last_heard{};
+  TimePoint last_heartbeat{};
   // How long to wait for the aggregator's answers, learnt from its round
   // trips, one timer per kind of exchange (an Ack{complete} waits for a
   // store commit, a RoundAnnounce for nothing): Heartbeat -> RoundAnnounce,
@@ -165,7 +162,7 @@ class SiteRuntime::Impl {
   Status check_initial_model(const Announcement& a) const;
   Status train_and_send(const Announcement& a);
   Status check_tokenizer(const Announcement& a) const;
-  Status send_secure(const Announcement& a, const TrainedUpdate& update, Clock::time_point started);
+  Status send_secure(const Announcement& a, const TrainedUpdate& update, TimePoint started);
   // What /metrics and /status show of the round's update.
   void note_update(bool accepted, double train_loss, double local_accuracy, uint64_t round) {
     std::lock_guard lock(metrics_mutex);
@@ -225,7 +222,10 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   // Version 0 is the seeded model (or `init`'s): its hash is the first one a site trusts.
   held_hash = federation::model_version_hash(0, crypto::Hash{}, names, global);
 
-  Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store);
+  store::StoreOptions store_options;
+  store_options.vfs = env.store_vfs;
+  store_options.background_maintenance = env.store_background_maintenance;
+  Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store, store_options);
   if (!opened.is_ok()) return opened.status();
   store.emplace(std::move(*opened));
   FEDMESH_RETURN_IF_ERROR(restore());
@@ -343,8 +343,8 @@ Status SiteRuntime::Impl::connect() {
   Result<protocol::FaultPlan> faults = protocol::parse_fault_plan(config.faults);
   if (!faults.is_ok()) return faults.status();
   transport.faults = *faults;
-  Result<std::unique_ptr<protocol::ClientSocket>> connected =
-      protocol::ClientSocket::connect(config.aggregator, protocol::CurveKeys::from(keys), aggregator_key, transport);
+  Result<std::unique_ptr<protocol::ClientChannel>> connected =
+      env.network->connect(config.aggregator, protocol::CurveKeys::from(keys), aggregator_key, transport);
   if (!connected.is_ok()) return connected.status();
   socket = std::move(*connected);
   return Status::ok();
@@ -363,14 +363,14 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
   }
   capnp::MallocMessageBuilder builder;
   auto heartbeat = builder.initRoot<wire::Message>().initHeartbeat();
-  heartbeat.setSentUnixMs(unix_now(false));
+  heartbeat.setSentUnixMs(clock().unix_ms());
   heartbeat.setModelVersion(held_version);
   if (!socket->send(protocol::serialize(builder), std::chrono::milliseconds(1000)).is_ok()) return std::nullopt;
-  last_heartbeat = Clock::now();
+  last_heartbeat = clock().now();
   poll_timer.sent(last_heartbeat);
   const auto until = last_heartbeat + poll_timer.timeout();
   while (true) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - clock().now());
     if (left.count() <= 0) break;
     Result<std::optional<protocol::Incoming>> incoming = socket->receive(left);
     if (!incoming.is_ok() || !incoming->has_value()) continue;
@@ -390,7 +390,7 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
         }
         emit({{"event", "warning"}, {"message", std::string("the aggregator refused a heartbeat: ") +
                                                     root.getReject().getText().cStr()}});
-        poll_timer.answered(Clock::now());
+        poll_timer.answered(clock().now());
         return std::nullopt;
       }
       if (!root.isRoundAnnounce()) continue;  // a late reply to something earlier
@@ -409,7 +409,7 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
       a.tokenizer = r.getTokenizer().cStr();
       a.data_schema = r.getDataSchema().cStr();
       a.model_spec = r.getModelSpec().cStr();
-      last_heard = Clock::now();
+      last_heard = clock().now();
       poll_timer.answered(last_heard);
       return a;
     } catch (const kj::Exception& e) {
@@ -473,13 +473,13 @@ Status SiteRuntime::Impl::check_tokenizer(const Announcement& a) const {
 // Keeps the aggregator aware of us during long local training; replies are
 // read and dropped by the next poll.
 void SiteRuntime::Impl::heartbeat_if_due() {
-  if (Clock::now() - last_heartbeat < std::chrono::seconds(1)) return;
+  if (clock().now() - last_heartbeat < std::chrono::seconds(1)) return;
   capnp::MallocMessageBuilder builder;
   auto heartbeat = builder.initRoot<wire::Message>().initHeartbeat();
-  heartbeat.setSentUnixMs(unix_now(false));
+  heartbeat.setSentUnixMs(clock().unix_ms());
   heartbeat.setModelVersion(held_version);
   (void)socket->send(protocol::serialize(builder), std::chrono::milliseconds(10));
-  last_heartbeat = Clock::now();
+  last_heartbeat = clock().now();
 }
 
 // Version 0 is built by every process from model, seed and init: another
@@ -549,7 +549,7 @@ Status SiteRuntime::Impl::adopt(const Announcement& a) {
 }
 
 Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
-  const auto started = Clock::now();
+  const auto started = clock().now();
   if (a.secure && trained && trained->round == a.round && trained->version == a.version) {
     return send_secure(a, *trained, started);  // a new session of the same round
   }
@@ -564,7 +564,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   train::Trainer trainer(*worker, local);
   train::TrainCallbacks callbacks;
   callbacks.on_step = [&](const train::StepProgress&) {
-    if (config.step_delay_seconds > 0.0) std::this_thread::sleep_for(std::chrono::duration<double>(config.step_delay_seconds));
+    if (config.step_delay_seconds > 0.0) clock().sleep_for(std::chrono::duration<double>(config.step_delay_seconds));
     heartbeat_if_due();
   };
   train::TrainSummary summary;
@@ -616,7 +616,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   metadata.base_version = a.version;
   metadata.sender = config.name;
   metadata.recipient = config.aggregator_name;
-  metadata.sequence = std::max(last_sequence + 1, unix_now(true));
+  metadata.sequence = std::max(last_sequence + 1, clock().unix_micros());
   metadata.sample_count = static_cast<uint64_t>(data.shard->size());
   std::vector<std::span<const float>> spans(delta.begin(), delta.end());
   Result<protocol::CompressedUpdate> compressed = compressor->compress(spans, /*want_decoded=*/false);
@@ -635,7 +635,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   // Not delivered: all of it stays in the error-feedback residual.
   if (!outcome.is_ok() || !outcome->accepted) compressor->rollback();
   if (!outcome.is_ok()) return outcome.status();
-  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  const double seconds = std::chrono::duration<double>(clock().now() - started).count();
   note_update(outcome->accepted, summary.final_train_loss, local_eval.accuracy, a.round);
   nlohmann::json event = {{"event", "update"}, {"round", a.round}, {"version", a.version},
                           {"sequence", metadata.sequence}, {"accepted", outcome->accepted}, {"train_loss", summary.final_train_loss},
@@ -666,7 +666,7 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
                  {"local_accuracy", local_eval.accuracy}, {"accepted", outcome->accepted}});
 }
 
-Status SiteRuntime::Impl::send_secure(const Announcement& a, const TrainedUpdate& update, Clock::time_point started) {
+Status SiteRuntime::Impl::send_secure(const Announcement& a, const TrainedUpdate& update, TimePoint started) {
   SecureUploadOptions options;
   options.exit_at = exit_phase(faults.exit_at, a.round);
   if (!faults.dump_dir.empty()) {
@@ -675,7 +675,7 @@ Status SiteRuntime::Impl::send_secure(const Announcement& a, const TrainedUpdate
   Result<SecureUploadOutcome> outcome =
       secure_upload(*socket, keys, roster, a.round, a.version, update.delta, options, emit);
   if (!outcome.is_ok()) return outcome.status();
-  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  const double seconds = std::chrono::duration<double>(clock().now() - started).count();
   note_update(outcome->contributed, update.train_loss, update.local_accuracy, a.round);
   nlohmann::json event = {{"event", "update"}, {"round", a.round}, {"version", a.version}, {"secure", true},
                           {"accepted", outcome->contributed}, {"session", outcome->session},
@@ -718,9 +718,11 @@ std::string SiteRuntime::Impl::render_status() const {
 SiteRuntime::~SiteRuntime() = default;
 
 Result<std::unique_ptr<SiteRuntime>> SiteRuntime::start(SiteConfig config, SiteEventSink emit,
-                                                        SecureUploadFaults faults) {
+                                                        SecureUploadFaults faults,
+                                                        protocol::RuntimeEnvironment environment) {
   std::unique_ptr<SiteRuntime> runtime(new SiteRuntime());
   runtime->impl_ = std::make_unique<Impl>();
+  runtime->impl_->env = std::move(environment);
   runtime->impl_->faults = std::move(faults);
   FEDMESH_RETURN_IF_ERROR(runtime->impl_->open(std::move(config), std::move(emit)));
   return runtime;
@@ -732,12 +734,12 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
   Impl& s = *impl_;
   FEDMESH_RETURN_IF_ERROR(s.connect());
   bool waiting_reported = false;
-  s.last_heard = Clock::now();
+  s.last_heard = s.clock().now();
   while (!stop.load()) {
     std::optional<Announcement> a = s.poll();
     if (!a) {
       if (!s.revoked_reason.empty()) return s.stop_revoked("says: " + s.revoked_reason);
-      const double silent = std::chrono::duration<double>(Clock::now() - s.last_heard).count();
+      const double silent = std::chrono::duration<double>(s.clock().now() - s.last_heard).count();
       // A key the aggregator refuses at every handshake: revoked while this
       // site was not connected (or never added). Not at once: a roster that
       // adds this site may be on its way to the aggregator.
@@ -755,7 +757,7 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
       }
       // A poll that waited its timer out asks again at once (the timer backs
       // off); one that could not even send waits the poll interval.
-      if (!s.poll_timed_out) std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
+      if (!s.poll_timed_out) s.clock().sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
       continue;
     }
     if (waiting_reported) s.emit({{"event", "connected"}, {"aggregator", s.config.aggregator}});
@@ -780,11 +782,11 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
                                         "rounds: refusing to send its update in the clear"}});
         s.mode_warned = true;
       }
-      std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
+      s.clock().sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
       continue;
     }
     if (!a->selected || !a->open || answered) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
+      s.clock().sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
       continue;
     }
     Status step = s.adopt(*a);
@@ -794,7 +796,7 @@ Status SiteRuntime::run(const std::atomic<bool>& stop) {
       if (s.ranks && !s.ranks->broken().is_ok()) return step;  // a rank is gone: restart the node
       if (step.code() == StatusCode::kRevoked) return step;
       s.emit({{"event", "warning"}, {"message", step.message()}});
-      std::this_thread::sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
+      s.clock().sleep_for(std::chrono::duration<double>(s.config.poll_seconds));
     }
   }
   return s.store->settle();

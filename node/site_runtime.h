@@ -22,6 +22,7 @@
 
 #include "base/status.h"
 #include "node/site_config.h"
+#include "protocol/environment.h"
 
 namespace fedmesh::node {
 
@@ -39,8 +40,11 @@ struct SecureUploadFaults {
 
 class SiteRuntime {
  public:
+  // `environment`: the clock, network and store file system it runs on
+  // (default: the real ones; sim/vopr passes simulated ones).
   static Result<std::unique_ptr<SiteRuntime>> start(SiteConfig config, SiteEventSink emit,
-                                                    SecureUploadFaults faults = {});
+                                                    SecureUploadFaults faults = {},
+                                                    protocol::RuntimeEnvironment environment = {});
   ~SiteRuntime();
   // Runs until the aggregator announces the federation finished, `stop`, or
   // (with give_up_seconds) a silent aggregator.

@@ -182,7 +182,7 @@ OutgoingMessage model_request(uint64_t version, uint32_t from, uint64_t trusted)
 
 }  // namespace
 
-Result<FetchedModel> fetch_model(ClientSocket& socket, uint64_t version, uint64_t trusted_version,
+Result<FetchedModel> fetch_model(ClientChannel& socket, uint64_t version, uint64_t trusted_version,
                                  std::span<const TensorShape> manifest, const FetchOptions& options) {
   if (trusted_version > version) {
     return invalid_argument("trusted version " + std::to_string(trusted_version) + " is above the version asked for");
@@ -208,14 +208,14 @@ Result<FetchedModel> fetch_model(ClientSocket& socket, uint64_t version, uint64_
   };
   while (count == 0 || next_missing < count) {
     FEDMESH_RETURN_IF_ERROR(socket.send(model_request(version, next_missing, trusted_version), options.reply_timeout));
-    auto wait_from = RetransmitClock::now();
+    auto wait_from = socket.clock().now();
     if (timer != nullptr) timer->sent(wait_from);
     ++model.requests;
     const uint32_t window_end = next_missing + std::max<uint32_t>(1, std::min(options.window, kMaxModelWindow));
     bool progressed = false;
     // Read this window's chunks (they may come in any order after a resend).
     while (true) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(wait_from + wait() - RetransmitClock::now());
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(wait_from + wait() - socket.clock().now());
       Result<std::optional<Incoming>> incoming = socket.receive(std::max(left, std::chrono::milliseconds(0)));
       if (!incoming.is_ok()) return incoming.status();
       if (!incoming->has_value()) {  // quiet: ask again from the first missing chunk
@@ -284,7 +284,7 @@ Result<FetchedModel> fetch_model(ClientSocket& socket, uint64_t version, uint64_
         }
         held[index] = true;
         progressed = true;
-        wait_from = RetransmitClock::now();
+        wait_from = socket.clock().now();
         if (timer != nullptr) timer->answered(wait_from);  // a sample from the request's first chunk only
         advance();
         if (next_missing >= count || next_missing >= window_end) break;

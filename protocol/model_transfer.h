@@ -119,7 +119,7 @@ struct FetchOptions {
 // kNotFound when it no longer serves that version (the caller asks for the
 // newer one), kCorrupt when a chunk does not match the manifest or
 // the version asked for.
-Result<FetchedModel> fetch_model(ClientSocket& socket, uint64_t version, uint64_t trusted_version,
+Result<FetchedModel> fetch_model(ClientChannel& socket, uint64_t version, uint64_t trusted_version,
                                  std::span<const TensorShape> manifest, const FetchOptions& options = {});
 
 }  // namespace fedmesh::protocol

@@ -589,3 +589,32 @@ Status ClientSocket::send(const SharedMessage& message, std::chrono::millisecond
 }
 
 }  // namespace fedmesh::protocol
+
+namespace fedmesh::protocol {
+namespace {
+
+class ZmqNetwork final : public Network {
+ public:
+  Result<std::unique_ptr<ServerChannel>> bind(const std::string& endpoint, const CurveKeys& keys, Allowlist allowlist,
+                                              const TransportOptions& options) override {
+    Result<std::unique_ptr<ServerSocket>> bound = ServerSocket::bind(endpoint, keys, std::move(allowlist), options);
+    if (!bound.is_ok()) return bound.status();
+    return std::unique_ptr<ServerChannel>(std::move(*bound));
+  }
+  Result<std::unique_ptr<ClientChannel>> connect(const std::string& endpoint, const CurveKeys& keys,
+                                                 const crypto::BoxPublicKey& server_public,
+                                                 const TransportOptions& options) override {
+    Result<std::unique_ptr<ClientSocket>> connected = ClientSocket::connect(endpoint, keys, server_public, options);
+    if (!connected.is_ok()) return connected.status();
+    return std::unique_ptr<ClientChannel>(std::move(*connected));
+  }
+};
+
+}  // namespace
+
+Network& zmq_network() {
+  static ZmqNetwork network;
+  return network;
+}
+
+}  // namespace fedmesh::protocol

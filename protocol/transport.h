@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/status.h"
 #include "crypto/keys.h"
 #include "crypto/roster.h"
@@ -105,7 +106,48 @@ struct Incoming {
   std::span<const uint8_t> bytes;
 };
 
-class ServerSocket {
+// What a runtime needs of its socket, as an interface: production binds the
+// CurveZMQ sockets below; the fault simulator (sim/vopr) binds in-process
+// channels on virtual time, so the aggregator and site runtimes run
+// unchanged there. clock() is the time the channel's waits are measured in:
+// code that waits on a channel (uploads, model fetches) reads and sleeps by it.
+class ServerChannel {
+ public:
+  virtual ~ServerChannel() = default;
+  virtual const std::string& endpoint() const = 0;
+  virtual Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) = 0;
+  virtual Status send(const std::string& routing_id, OutgoingMessage message) = 0;
+  virtual Status send(const std::string& routing_id, const SharedMessage& message) = 0;
+  virtual void set_allowlist(Allowlist allowlist) = 0;
+  virtual TransportCounters& counters() = 0;
+  virtual Clock& clock() = 0;
+};
+
+class ClientChannel {
+ public:
+  virtual ~ClientChannel() = default;
+  virtual Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) = 0;
+  virtual Status send(OutgoingMessage message, std::chrono::milliseconds timeout) = 0;
+  virtual Status send(const SharedMessage& message, std::chrono::milliseconds timeout) = 0;
+  virtual bool connected() = 0;
+  virtual bool handshake_refused() = 0;
+  virtual TransportCounters& counters() = 0;
+  virtual Clock& clock() = 0;
+};
+
+// How a runtime binds and dials: production is CurveZMQ (zmq_network()).
+class Network {
+ public:
+  virtual ~Network() = default;
+  virtual Result<std::unique_ptr<ServerChannel>> bind(const std::string& endpoint, const CurveKeys& keys,
+                                                      Allowlist allowlist, const TransportOptions& options) = 0;
+  virtual Result<std::unique_ptr<ClientChannel>> connect(const std::string& endpoint, const CurveKeys& keys,
+                                                         const crypto::BoxPublicKey& server_public,
+                                                         const TransportOptions& options) = 0;
+};
+Network& zmq_network();
+
+class ServerSocket final : public ServerChannel {
  public:
   // Binds `endpoint` (e.g. "tcp://127.0.0.1:*"), starts the ZAP handler
   // first, then runs the self-test. Errors: kUnavailable (address in use),
@@ -116,20 +158,21 @@ class ServerSocket {
   ServerSocket(const ServerSocket&) = delete;
   ServerSocket& operator=(const ServerSocket&) = delete;
 
-  const std::string& endpoint() const { return endpoint_; }  // resolved, e.g. tcp://127.0.0.1:41234
+  const std::string& endpoint() const override { return endpoint_; }  // resolved, e.g. tcp://127.0.0.1:41234
   // Waits up to timeout for one frame. nullopt on timeout. Frames over the
   // message limit come back too: the caller rejects them (read_envelope).
-  Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout);
-  Status send(const std::string& routing_id, OutgoingMessage message);
+  Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) override;
+  Status send(const std::string& routing_id, OutgoingMessage message) override;
   // Zero-copy: the queued message holds a reference to `message`'s bytes,
   // so replies that share one buffer (the published model's chunks) cost
   // one copy however many are queued.
-  Status send(const std::string& routing_id, const SharedMessage& message);
+  Status send(const std::string& routing_id, const SharedMessage& message) override;
   // Replaces who may connect (a re-signed roster): new handshakes are checked
   // against it. Connections already made stay up; the caller refuses their
   // messages by name.
-  void set_allowlist(Allowlist allowlist);
-  TransportCounters& counters() { return *counters_; }
+  void set_allowlist(Allowlist allowlist) override;
+  TransportCounters& counters() override { return *counters_; }
+  Clock& clock() override { return real_clock(); }
   const TransportOptions& options() const { return options_; }
 
  private:
@@ -142,7 +185,7 @@ class ServerSocket {
   std::unique_ptr<FaultInjector> faults_;
 };
 
-class ClientSocket {
+class ClientSocket final : public ClientChannel {
  public:
   // Dials out; ZeroMQ connects (and reconnects, with backoff) in the
   // background. server_public is the server's roster box key.
@@ -153,16 +196,17 @@ class ClientSocket {
   ClientSocket(const ClientSocket&) = delete;
   ClientSocket& operator=(const ClientSocket&) = delete;
 
-  Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout);
+  Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) override;
   // Waits up to timeout for room in the send queue; kUnavailable if none.
-  Status send(OutgoingMessage message, std::chrono::milliseconds timeout);
+  Status send(OutgoingMessage message, std::chrono::milliseconds timeout) override;
   // Zero-copy: ZeroMQ holds a reference until the bytes are on the wire.
-  Status send(const SharedMessage& message, std::chrono::milliseconds timeout);
+  Status send(const SharedMessage& message, std::chrono::milliseconds timeout) override;
   // True once a CURVE handshake completed; false after the server refused
   // our key (handshake_refused) or while disconnected.
-  bool connected();
-  bool handshake_refused();
-  TransportCounters& counters() { return *counters_; }
+  bool connected() override;
+  bool handshake_refused() override;
+  TransportCounters& counters() override { return *counters_; }
+  Clock& clock() override { return real_clock(); }
 
  private:
   ClientSocket() = default;

@@ -100,7 +100,7 @@ std::optional<OutgoingMessage> UpdateService::handle(const Incoming& incoming) {
   // One bucket per key, not per name: a revoked key still connected under a
   // site's name must not spend the budget of the site's new key.
   const std::string& bucket = incoming.peer_key.empty() ? incoming.peer : incoming.peer_key;
-  if (!limiter_.admit(bucket, incoming.bytes.size(), RateLimiter::Clock::now())) {
+  if (!limiter_.admit(bucket, incoming.bytes.size(), policy_.clock())) {
     return refuse({wire::RejectCode::RATE_LIMITED, "peer '" + incoming.peer + "' (key " + bucket.substr(0, 16) +
                                                        "…) is over its message or byte rate"});
   }

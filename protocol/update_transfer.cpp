@@ -488,6 +488,9 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
   if (chunk_count == 0 && !policy_.manifest.empty()) {
     return fail(wire::RejectCode::MALFORMED, "update has no chunks");
   }
+  if (admit_update_) {
+    if (std::optional<std::string> refused = admit_update_(m)) return fail(wire::RejectCode::WRONG_ROUND, *refused);
+  }
   return true;
 }
 
@@ -636,6 +639,12 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   if (const Status replay = replay_.check(key, sequence); !replay.is_ok()) {
     transfers_.erase(found);
     return reject(sequence, wire::RejectCode::REPLAYED, replayed_reason(sender, sequence, replay_.last_accepted(key)));
+  }
+  if (admit_update_) {
+    if (std::optional<std::string> refused = admit_update_(transfer.metadata)) {
+      transfers_.erase(found);
+      return reject(sequence, wire::RejectCode::WRONG_ROUND, *refused);
+    }
   }
   OutgoingMessage reply = ack(transfer, true);
   if (store_update_) {

@@ -195,6 +195,13 @@ class UpdateReceiver {
   // counter and the update is queued.
   using StoreUpdate = std::function<Status(ReceivedUpdate update)>;
   void set_store_update(StoreUpdate store) { store_update_ = std::move(store); }
+  // Whether the owner would take an update with this metadata (e.g. the
+  // aggregator: its site already reported for the round): asked at the
+  // header, before any chunk is taken, and again when the update is
+  // complete, before it is stored and acknowledged, so that an update is
+  // never acknowledged and then dropped. A rejection is final (wrongRound).
+  using AdmitUpdate = std::function<std::optional<std::string>(const UpdateMetadata& metadata)>;
+  void set_admit_update(AdmitUpdate admit) { admit_update_ = std::move(admit); }
 
   std::vector<ReceivedUpdate> take_completed();
   // The newest transfer in flight from `peer` (its transport name) for
@@ -250,6 +257,7 @@ class UpdateReceiver {
   std::vector<ReceivedUpdate> completed_;
   std::optional<Rejection> last_rejection_;
   StoreUpdate store_update_;
+  AdmitUpdate admit_update_;
   // Per sender key (crypto::replay_key), the newest update completed here
   // (sequence, header hash): its header sent again (the sender missed the
   // final Ack) is answered with that Ack, not refused as a replay. One entry

@@ -3,14 +3,13 @@
 #include <kj/exception.h>
 
 #include <algorithm>
-#include <thread>
 
 namespace fedmesh::protocol {
 namespace {
 
 // The next reply from the server, parsed. Anything unparseable is an error:
 // the server is trusted to speak the protocol.
-Result<std::unique_ptr<ParsedMessage>> next_reply(ClientSocket& socket, std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<ParsedMessage>> next_reply(ClientChannel& socket, std::chrono::milliseconds timeout) {
   auto received = socket.receive(timeout);
   if (!received.is_ok()) return received.status();
   if (!received->has_value()) {
@@ -31,17 +30,18 @@ Rejection rejection_of(wire::Reject::Reader reject) {
 
 }  // namespace
 
-Status wait_connected(ClientSocket& socket, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
+Status wait_connected(ClientChannel& socket, std::chrono::milliseconds timeout) {
+  Clock& clock = socket.clock();
+  const auto deadline = clock.now() + timeout;
+  while (clock.now() < deadline) {
     if (socket.connected()) return Status::ok();
     if (socket.handshake_refused()) return unavailable("the server refused our key (not on its roster)");
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    clock.sleep_for(std::chrono::milliseconds(10));
   }
   return unavailable("no CURVE handshake with the server within " + std::to_string(timeout.count()) + " ms");
 }
 
-Result<uint16_t> say_hello(ClientSocket& socket, const HelloFields& fields, std::chrono::milliseconds timeout) {
+Result<uint16_t> say_hello(ClientChannel& socket, const HelloFields& fields, std::chrono::milliseconds timeout) {
   capnp::MallocMessageBuilder builder;
   auto hello = builder.initRoot<wire::Message>().initHello();
   hello.setFederation(fields.federation);
@@ -89,9 +89,9 @@ std::chrono::milliseconds wait_of(const UploadOptions& options) {
   return std::chrono::ceil<std::chrono::milliseconds>(options.timer->timeout());
 }
 
-Result<UploadOutcome> attempt_upload(ClientSocket& socket, const PreparedUpdate& update, const UploadOptions& options,
+Result<UploadOutcome> attempt_upload(ClientChannel& socket, const PreparedUpdate& update, const UploadOptions& options,
                                      UploadState& state, AttemptReport& report) {
-  using Clock = RetransmitClock;
+  Clock& clock = socket.clock();
   UploadOutcome outcome;
   RetransmitTimer* timer = options.timer;
   const auto chunk_count = static_cast<uint32_t>(update.chunks.size());
@@ -99,7 +99,7 @@ Result<UploadOutcome> attempt_upload(ClientSocket& socket, const PreparedUpdate&
   // that names a later chunk) answers it.
   int64_t timed = -1;
   FEDMESH_RETURN_IF_ERROR(socket.send(update.header, options.reply_timeout));
-  auto wait_from = Clock::now();
+  auto wait_from = clock.now();
   if (timer != nullptr) timer->sent(wait_from, state.header_sent);
   state.header_sent = true;
   uint32_t next_to_send = 0;
@@ -111,7 +111,7 @@ Result<UploadOutcome> attempt_upload(ClientSocket& socket, const PreparedUpdate&
       if (options.stop_after_chunks && outcome.chunks_sent >= *options.stop_after_chunks) break;
       FEDMESH_RETURN_IF_ERROR(socket.send(update.chunks[next_to_send], options.reply_timeout));
       if (timer != nullptr && !timer->outstanding()) {
-        timer->sent(Clock::now(), next_to_send < state.chunks_sent_through);
+        timer->sent(clock.now(), next_to_send < state.chunks_sent_through);
         timed = next_to_send;
       }
       ++next_to_send;
@@ -124,7 +124,7 @@ Result<UploadOutcome> attempt_upload(ClientSocket& socket, const PreparedUpdate&
       return outcome;
     }
     const auto wait = wait_of(options);
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(wait_from + wait - Clock::now());
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(wait_from + wait - clock.now());
     auto reply = next_reply(socket, std::max(left, std::chrono::milliseconds(0)));
     if (!reply.is_ok()) {
       if (reply.status().code() == StatusCode::kUnavailable) {
@@ -142,14 +142,14 @@ Result<UploadOutcome> attempt_upload(ClientSocket& socket, const PreparedUpdate&
         // naming no update (sequence 0: over the rate, too large) is.
         const uint64_t refused = root.getReject().getSequence();
         if (refused != 0 && refused != update.metadata.sequence) continue;
-        if (timer != nullptr) timer->answered(Clock::now());
+        if (timer != nullptr) timer->answered(clock.now());
         outcome.rejection = rejection_of(root.getReject());
         return outcome;
       }
       if (!root.isAck()) continue;  // e.g. the answer to a Heartbeat: the wait goes on
       const auto ack = root.getAck();
       if (ack.getSequence() != update.metadata.sequence) continue;
-      const auto now = Clock::now();
+      const auto now = clock.now();
       const int64_t named = ack.getNextChunk();
       if (timer != nullptr) {
         if (timer->outstanding() && (ack.getComplete() || (timed < 0 ? !header_acked : named > timed))) {
@@ -181,7 +181,7 @@ Result<UploadOutcome> attempt_upload(ClientSocket& socket, const PreparedUpdate&
 
 }  // namespace
 
-Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& update, const UploadOptions& options) {
+Result<UploadOutcome> upload_update(ClientChannel& socket, const PreparedUpdate& update, const UploadOptions& options) {
   UploadState state;
   AttemptReport report;
   return attempt_upload(socket, update, options, state, report);
@@ -195,10 +195,10 @@ std::chrono::milliseconds backoff_delay(int attempt, const RetryPolicy& policy, 
   return std::chrono::milliseconds(low + static_cast<int64_t>(rng.below(static_cast<uint64_t>(delay - low) + 1)));
 }
 
-Result<UploadOutcome> upload_with_retries(ClientSocket& socket, const PreparedUpdate& update,
+Result<UploadOutcome> upload_with_retries(ClientChannel& socket, const PreparedUpdate& update,
                                           const UploadOptions& options, const RetryPolicy& retry, int* attempts) {
   Rng rng(retry.jitter_seed != 0 ? retry.jitter_seed
-                                 : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+                                 : static_cast<uint64_t>(socket.clock().unix_micros()));
   // An attempt is lost when its header, its first window of chunks or an
   // Ack of them is.
   const int messages = 1 + static_cast<int>(std::min<size_t>(update.chunks.size(), std::max(1u, options.window_chunks)));
@@ -221,12 +221,12 @@ Result<UploadOutcome> upload_with_retries(ClientSocket& socket, const PreparedUp
                          " in a row without an Ack): " + last.message());
     }
     if (options.timer == nullptr) {
-      std::this_thread::sleep_for(backoff_delay(std::max(1, quiet), retry, rng));
+      socket.clock().sleep_for(backoff_delay(std::max(1, quiet), retry, rng));
     } else if (!report.timed_out) {
       // It failed before waiting (no connection, a full queue): the timer's
       // wait spaces the attempts instead.
       options.timer->timed_out();
-      std::this_thread::sleep_for(options.timer->timeout());
+      socket.clock().sleep_for(options.timer->timeout());
     }
   }
 }

@@ -63,21 +63,21 @@ struct HelloFields {
 
 // Sends Hello and waits for Welcome. A Reject (e.g. no common version)
 // comes back as kInvalidArgument with the receiver's reason.
-Result<uint16_t> say_hello(ClientSocket& socket, const HelloFields& hello, std::chrono::milliseconds timeout);
+Result<uint16_t> say_hello(ClientChannel& socket, const HelloFields& hello, std::chrono::milliseconds timeout);
 
-Result<UploadOutcome> upload_update(ClientSocket& socket, const PreparedUpdate& update, const UploadOptions& options);
+Result<UploadOutcome> upload_update(ClientChannel& socket, const PreparedUpdate& update, const UploadOptions& options);
 
 // upload_update, retried under `retry` while the failure is kUnavailable (no
 // reply, no connection). A Reject or an accepted update ends it; so does any
 // other error. `attempts` (if given) receives how many uploads were made.
 // An attempt that got a new Ack from the receiver does not count against
 // max_attempts.
-Result<UploadOutcome> upload_with_retries(ClientSocket& socket, const PreparedUpdate& update,
+Result<UploadOutcome> upload_with_retries(ClientChannel& socket, const PreparedUpdate& update,
                                           const UploadOptions& options, const RetryPolicy& retry,
                                           int* attempts = nullptr);
 
 // Waits for the handshake: ok once connected; kUnavailable if the server
 // refused our key or nothing happened within timeout.
-Status wait_connected(ClientSocket& socket, std::chrono::milliseconds timeout);
+Status wait_connected(ClientChannel& socket, std::chrono::milliseconds timeout);
 
 }  // namespace fedmesh::protocol

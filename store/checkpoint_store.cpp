@@ -335,7 +335,7 @@ Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, Stor
                                                    Database::Mode mode) {
   FEDMESH_RETURN_IF_ERROR(options.validate());
   if (sodium_init() < 0) return unavailable("libsodium failed to initialize");
-  Result<Database> database = Database::open(path, mode);
+  Result<Database> database = Database::open(path, mode, options.vfs);
   if (!database.is_ok()) return database.status();
   // The first read tells an SQLite file from anything else.
   Result<int64_t> tables = database->query_int("SELECT count(*) FROM sqlite_master");
@@ -376,7 +376,7 @@ Result<CheckpointStore> CheckpointStore::open_with(const std::string& path, Stor
   if (options.background_maintenance) {
     // Commits only append to the log; the maintenance thread moves it into the database.
     FEDMESH_RETURN_IF_ERROR(database->execute("PRAGMA wal_autocheckpoint = 0"));
-    Result<Database> second = Database::open(path, Database::Mode::kReadWrite);
+    Result<Database> second = Database::open(path, Database::Mode::kReadWrite, options.vfs);
     if (!second.is_ok()) return second.status();
     FEDMESH_RETURN_IF_ERROR(second->execute("PRAGMA foreign_keys = ON"));
     FEDMESH_RETURN_IF_ERROR(second->execute("PRAGMA secure_delete = FAST"));

@@ -67,6 +67,10 @@ struct StoreOptions {
   // false: retention inside the commit's transaction, and SQLite copies the
   // log inside commits once it passes 1000 pages.
   bool background_maintenance = true;
+  // The SQLite VFS the store's files are read and written through; "" is
+  // SQLite's default. The fault simulator (sim/vopr) names one that can lose
+  // unsynced writes on a simulated power cut.
+  std::string vfs;
   Status validate() const;
 };
 

@@ -28,7 +28,7 @@ Database::~Database() {
   if (db_ != nullptr) sqlite3_close_v2(db_);
 }
 
-Result<Database> Database::open(const std::string& path, Mode mode) {
+Result<Database> Database::open(const std::string& path, Mode mode, const std::string& vfs) {
   int flags = SQLITE_OPEN_NOMUTEX;  // one connection is used by one thread at a time
   switch (mode) {
     case Mode::kReadWriteCreate: flags |= SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE; break;
@@ -54,7 +54,7 @@ Result<Database> Database::open(const std::string& path, Mode mode) {
     }
     name += "?immutable=1";
   }
-  const int code = sqlite3_open_v2(name.c_str(), &database.db_, flags, nullptr);
+  const int code = sqlite3_open_v2(name.c_str(), &database.db_, flags, vfs.empty() ? nullptr : vfs.c_str());
   if (code != SQLITE_OK) {
     const bool missing = code == SQLITE_CANTOPEN && mode != Mode::kReadWriteCreate;
     std::string message = path + ": cannot open database: " +

@@ -34,7 +34,8 @@ class Database {
   // Opens `path`; kNotFound when it must exist and does not. A busy timeout
   // lets a second reader (e.g. `fedmesh checkpoint list` on a live store)
   // wait for a writer instead of failing at once.
-  static Result<Database> open(const std::string& path, Mode mode);
+  // `vfs`: a registered SQLite VFS by name; "" is the default one.
+  static Result<Database> open(const std::string& path, Mode mode, const std::string& vfs = "");
 
   // Runs one or more statements that return no rows of interest.
   Status execute(std::string_view sql);

@@ -1,0 +1,459 @@
+#include "sim/vopr/federation_run.h"
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "aggregator/server.h"
+#include "aggregator/server_config.h"
+#include "crypto/keys.h"
+#include "crypto/roster.h"
+#include "node/site_config.h"
+#include "node/site_runtime.h"
+#include "protocol/environment.h"
+#include "protocol/wire.h"
+#include "sim/vopr/crash_vfs.h"
+#include "store/checkpoint_store.h"
+#include "store/sqlite.h"
+
+namespace fedmesh::sim::vopr {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kListen = "tcp://127.0.0.1:7400";  // a name on the simulated network
+constexpr int kTableRows = 120;                           // per site
+constexpr int kFeatures = 4;
+
+std::string site_name(int k) { return "site-" + std::to_string(k); }
+
+// Two classes, Gaussian clusters apart on every feature: a model learns it in
+// a few steps, so every round changes the model.
+void write_table(const fs::path& file, int rows, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> noise(0.0, 1.0);
+  std::ofstream out(file);
+  for (int f = 0; f < kFeatures; ++f) out << "x" << f << ",";
+  out << "label\n";
+  for (int r = 0; r < rows; ++r) {
+    const bool yes = (r % 2) == 0;
+    for (int f = 0; f < kFeatures; ++f) out << (yes ? 1.0 : -1.0) + noise(rng) << ",";
+    out << (yes ? "yes" : "no") << "\n";
+  }
+}
+
+Status write_text(const fs::path& file, const std::string& text) {
+  std::ofstream out(file);
+  out << text;
+  return out.good() ? Status::ok() : io_error(file.string() + ": cannot write");
+}
+
+std::string quoted(const fs::path& p) { return "\"" + p.string() + "\""; }
+
+fs::path run_dir(const RunOptions& o) { return fs::path(o.work_dir) / "run"; }
+fs::path store_of(const RunOptions& o, const std::string& name) { return run_dir(o) / name / (name + ".db"); }
+
+// The checker's view of one run.
+struct Checker {
+  std::string violation;
+  std::map<uint64_t, std::string> hash_of_version;  // every RoundAnnounce sent
+  std::set<std::string> acked;                      // "site/sequence" of every Ack{complete} sent
+  int64_t rounds_committed = 0;
+
+  void fail(const std::string& what) {
+    if (violation.empty()) violation = what;
+  }
+
+  void on_server_message(const std::string& to, std::span<const uint8_t> bytes) {
+    std::unique_ptr<protocol::ParsedMessage> parsed;
+    protocol::Rejection rejection;
+    if (!protocol::parse_message(bytes, protocol::kDefaultMaxMessageBytes, nullptr, parsed, rejection)) return;
+    const auto root = parsed->root();
+    if (root.which() == wire::Message::ROUND_ANNOUNCE) {
+      const auto a = root.getRoundAnnounce();
+      const auto hash = a.getModelHash();
+      const std::string text(reinterpret_cast<const char*>(hash.begin()), hash.size());
+      auto [it, added] = hash_of_version.emplace(a.getModelVersion(), text);
+      if (!added && it->second != text) {
+        fail("two different models announced for version " + std::to_string(a.getModelVersion()));
+      }
+    } else if (root.which() == wire::Message::ACK) {
+      const auto ack = root.getAck();
+      if (ack.getComplete()) acked.insert(to + "/" + std::to_string(ack.getSequence()));
+    }
+  }
+};
+
+// Invariant 5 for any store, and 1 and 2 for the aggregator's.
+void check_store(const fs::path& path, bool aggregator, Checker& checker, RunResult& result) {
+  if (!fs::exists(path)) return;
+  ++result.stores_checked;
+  store::StoreOptions options;
+  options.vfs = kCrashVfsName;
+  options.background_maintenance = false;
+  // Opened as the process opens it when it restarts (a store created but
+  // never initialized is initialized then).
+  Result<store::CheckpointStore> opened = store::CheckpointStore::open(path.string(), options);
+  if (!opened.is_ok()) {
+    checker.fail("store " + path.filename().string() + " does not open after a crash: " + opened.status().message());
+    return;
+  }
+  if (Status s = opened->integrity_check(); !s.is_ok()) {
+    checker.fail("store " + path.filename().string() + " fails its integrity check: " + s.message());
+    return;
+  }
+  Result<std::vector<store::RoundInfo>> rounds = opened->rounds();
+  if (!rounds.is_ok()) {
+    checker.fail("store " + path.filename().string() + ": rounds unreadable: " + rounds.status().message());
+    return;
+  }
+  if (!rounds->empty()) {
+    if (Status s = opened->verify_round(rounds->back().round); !s.is_ok()) {
+      checker.fail("store " + path.filename().string() + ": newest round " + std::to_string(rounds->back().round) +
+                   " does not verify: " + s.message());
+      return;
+    }
+    if (aggregator) checker.rounds_committed = std::max(checker.rounds_committed, rounds->back().round);
+  }
+  if (!aggregator) return;
+  Result<std::vector<store::PendingUpdate>> pending = opened->pending_updates();
+  if (!pending.is_ok()) {
+    checker.fail("aggregator store: pending updates unreadable: " + pending.status().message());
+    return;
+  }
+  std::set<std::string> pending_ids;
+  for (const store::PendingUpdate& p : *pending) pending_ids.emplace(p.update_id.begin(), p.update_id.end());
+  for (const std::string& id : checker.acked) {
+    ++result.acks_checked;
+    if (pending_ids.count(id) != 0) continue;
+    Result<std::optional<int64_t>> applied =
+        opened->applied_round(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(id.data()), id.size()));
+    if (!applied.is_ok() || !applied->has_value()) {
+      checker.fail("update " + id + " was acknowledged as complete but the aggregator's store holds it nowhere");
+      return;
+    }
+  }
+  Result<store::Database> raw = store::Database::open(path.string(), store::Database::Mode::kReadOnly, kCrashVfsName);
+  if (!raw.is_ok()) return;
+  Result<store::Statement> twice =
+      raw->prepare("SELECT round, sender, count(*) FROM applied_updates GROUP BY round, sender HAVING count(*) > 1");
+  if (twice.is_ok()) {
+    Result<bool> row = twice->step();
+    if (row.is_ok() && *row) {
+      checker.fail("site " + twice->column_text(1) + " has " + std::to_string(twice->column_int(2)) +
+                   " updates applied in round " + std::to_string(twice->column_int(0)));
+    }
+  }
+}
+
+}  // namespace
+
+Status prepare_federation(const RunOptions& o) {
+  const fs::path dir(o.work_dir);
+  if (fs::exists(dir / "ready")) return Status::ok();
+  std::error_code error;
+  fs::remove_all(dir, error);
+  fs::create_directories(dir / "keys");
+  Result<crypto::SiteKeys> admin = crypto::generate_site_keys("admin");
+  if (!admin.is_ok()) return admin.status();
+  crypto::Roster roster;
+  roster.federation = "vopr";
+  roster.admin_public = admin->identity.sign_public;
+  std::vector<std::string> names = {"aggregator"};
+  for (int k = 0; k < o.sites; ++k) names.push_back(site_name(k));
+  for (const std::string& name : names) {
+    Result<crypto::SiteKeys> keys = crypto::generate_site_keys(name);
+    if (!keys.is_ok()) return keys.status();
+    FEDMESH_RETURN_IF_ERROR(crypto::write_site_keys(*keys, dir / "keys"));
+    roster.sites.push_back({keys->identity, name == "aggregator" ? crypto::Role::kAggregator : crypto::Role::kSite, ""});
+  }
+  FEDMESH_RETURN_IF_ERROR(crypto::sign_roster(roster, *admin));
+  FEDMESH_RETURN_IF_ERROR(crypto::write_roster(roster, dir / "roster.toml"));
+  const std::string admin_hex = crypto::to_hex(admin->identity.sign_public);
+
+  write_table(dir / "test.csv", 200, 1000);
+  for (int k = 0; k < o.sites; ++k) write_table(dir / (site_name(k) + ".csv"), kTableRows, 2000 + k);
+  const std::string common = "federation = \"vopr\"\nroster = " + quoted(dir / "roster.toml") +
+                             "\nadmin_public = \"" + admin_hex + "\"\nmodel = \"mlp\"\nseed = 1\n" +
+                             "data.label = \"label\"\ndata.classes = [\"no\", \"yes\"]\n";
+  FEDMESH_RETURN_IF_ERROR(write_text(
+      dir / "agg.toml",
+      common + "name = \"aggregator\"\nlisten = \"" + kListen + "\"\nkeys = " + quoted(dir / "keys/aggregator.key") +
+          "\nstore = " + quoted(store_of(o, "aggregator")) + "\nrounds = " + std::to_string(o.rounds) +
+          "\nlocal_steps = " + std::to_string(o.local_steps) + "\nmin_sites = " + std::to_string(o.sites) +
+          "\nrounds_mode = \"sync\"\ndeadline_seconds = 20\nsite_timeout_seconds = 10\n" +
+          // It keeps answering until faults have stopped, so that a site cut
+          // off when the last round closed still learns it is over.
+          "linger_seconds = " + std::to_string(o.faults_until / kSecond + 15) + "\n" +
+          "validation = \"csv:" + (dir / "test.csv").string() + "\"\n"));
+  for (int k = 0; k < o.sites; ++k) {
+    const std::string name = site_name(k);
+    FEDMESH_RETURN_IF_ERROR(write_text(
+        dir / (name + ".toml"),
+        common + "name = \"" + name + "\"\naggregator = \"" + kListen + "\"\nkeys = " +
+            quoted(dir / ("keys/" + name + ".key")) + "\nstore = " + quoted(store_of(o, name)) +
+            "\ndata.source = \"csv:" + (dir / (name + ".csv")).string() + "\"\ntraining.threads = 1\n" +
+            "training.batch_size = 16\npoll_seconds = 0.2\n"));
+  }
+  return write_text(dir / "ready", "");
+}
+
+RunResult run_federation(const RunOptions& o) {
+  RunResult result;
+  if (Status s = prepare_federation(o); !s.is_ok()) {
+    result.ok = false;
+    result.violation = "cannot prepare the federation: " + s.message();
+    return result;
+  }
+  const fs::path dir(o.work_dir);
+  Result<aggregator::AggregatorConfig> agg_config = aggregator::read_aggregator_config((dir / "agg.toml").string());
+  if (!agg_config.is_ok()) {
+    result.ok = false;
+    result.violation = "aggregator config: " + agg_config.status().message();
+    return result;
+  }
+  std::vector<node::SiteConfig> site_configs;
+  for (int k = 0; k < o.sites; ++k) {
+    Result<node::SiteConfig> c = node::read_site_config((dir / (site_name(k) + ".toml")).string());
+    if (!c.is_ok()) {
+      result.ok = false;
+      result.violation = site_name(k) + " config: " + c.status().message();
+      return result;
+    }
+    site_configs.push_back(std::move(*c));
+  }
+
+  std::error_code error;
+  fs::remove_all(run_dir(o), error);
+  register_crash_vfs();
+  reset_crash_vfs();
+  World world(o.seed);
+  Checker checker;
+  bool faults_on = o.faults;
+  if (faults_on) {
+    world.faults.drop = o.rates.message_drop;
+    world.faults.duplicate = o.rates.message_duplicate;
+    world.faults.long_delay = o.rates.long_delay;
+  }
+  world.on_server_message = [&](const std::string& to, std::span<const uint8_t> bytes) {
+    checker.on_server_message(to, bytes);
+  };
+
+  // Processes: 0 is the aggregator, k + 1 site k. A process's store folder
+  // is watched under its id.
+  bool aggregator_finished = false;
+  std::vector<bool> exited_cleanly(static_cast<size_t>(o.sites) + 1, false);
+  const auto sink_for = [&](int id) {
+    return [&world, &aggregator_finished, id](const nlohmann::json& event) {
+      const std::string kind = event.value("event", "");
+      if (kind == "finished" && id == 0) aggregator_finished = true;
+      if (kind == "round_closed" || kind == "round" || kind == "update" || kind == "finished" || kind == "error" ||
+          kind == "restored" || kind == "resumed" || kind == "trained" || kind == "sent" || kind == "refused") {
+        world.trace(world.process(id).name + " " + event.dump().substr(0, 200));
+      }
+    };
+  };
+  const int aggregator_id = world.add_process("aggregator", [&, id = 0] {
+    SimClock clock(world);
+    SimNetwork network(world, clock, id, "aggregator");
+    protocol::RuntimeEnvironment env{&clock, &network, kCrashVfsName, false};
+    Result<std::unique_ptr<aggregator::AggregatorServer>> server =
+        aggregator::AggregatorServer::start(*agg_config, sink_for(id), env);
+    if (!server.is_ok()) {
+      world.trace("aggregator did not start: " + server.status().message());
+      return;
+    }
+    std::atomic<bool> stop{false};
+    const Status s = (*server)->run(stop);
+    world.trace("aggregator exited: " + (s.is_ok() ? std::string("ok") : s.message()));
+    exited_cleanly[0] = s.is_ok() && aggregator_finished;
+  });
+  for (int k = 0; k < o.sites; ++k) {
+    world.add_process(site_name(k), [&, k, id = k + 1] {
+      SimClock clock(world);
+      SimNetwork network(world, clock, id, site_name(k));
+      protocol::RuntimeEnvironment env{&clock, &network, kCrashVfsName, false};
+      Result<std::unique_ptr<node::SiteRuntime>> site =
+          node::SiteRuntime::start(site_configs[static_cast<size_t>(k)], sink_for(id), {}, env);
+      if (!site.is_ok()) {
+        world.trace(site_name(k) + " did not start: " + site.status().message());
+        return;
+      }
+      std::atomic<bool> stop{false};
+      const Status s = (*site)->run(stop);
+      world.trace(site_name(k) + " exited: " + (s.is_ok() ? std::string("ok") : s.message()));
+      exited_cleanly[static_cast<size_t>(id)] = s.is_ok();
+    });
+  }
+  for (size_t id = 0; id < world.process_count(); ++id) {
+    fs::create_directories(store_of(o, world.process(static_cast<int>(id)).name).parent_path());
+    watch_folder(store_of(o, world.process(static_cast<int>(id)).name).parent_path().string(), static_cast<int>(id));
+  }
+  set_fault_hook([&](int owner, FileOperation op, const std::string& path) {
+    if (!faults_on || world.running() != owner) return FileFault::kNone;  // the checker reads freely
+    if (op == FileOperation::kDelete) return FileFault::kNone;
+    const double r = world.uniform();
+    const std::string what = op == FileOperation::kSync ? "sync" : op == FileOperation::kWrite ? "write" : "truncate";
+    if (r < o.rates.crash_at_file_operation) {
+      world.trace("crash " + world.process(owner).name + " at a " + what + " of " + fs::path(path).filename().string());
+      world.kill(owner);
+      return FileFault::kCrash;
+    }
+    if (op == FileOperation::kSync && r < o.rates.crash_at_file_operation + o.rates.fsync_failure) {
+      world.trace("fsync fails for " + world.process(owner).name + " (" + fs::path(path).filename().string() + ")");
+      return FileFault::kFail;
+    }
+    if (op == FileOperation::kWrite && r < o.rates.crash_at_file_operation + o.rates.disk_full) {
+      world.trace("disk full for " + world.process(owner).name);
+      return FileFault::kDiskFull;
+    }
+    return FileFault::kNone;
+  });
+
+  std::vector<bool> was_alive(world.process_count(), false);
+  std::vector<Nanos> restart_at(world.process_count(), -1);
+  std::vector<Nanos> heal_at(world.process_count(), -1);
+  for (size_t id = 0; id < world.process_count(); ++id) {
+    world.start(static_cast<int>(id));
+    was_alive[id] = true;
+  }
+  const auto exponential = [&](Nanos mean) {
+    return static_cast<Nanos>(-std::log(1.0 - world.uniform() * 0.999999) * static_cast<double>(mean));
+  };
+  Nanos next_fault = faults_on ? exponential(o.rates.mean_between_faults) : -1;
+
+  // After a process is gone: what its disk keeps, then its store is checked.
+  const auto after_exit = [&](int id) {
+    Process& p = world.process(id);
+    const bool crashed = p.killed;
+    if (crashed) {
+      ++result.crashes;
+      if (world.chance(o.rates.power_cut)) {
+        world.trace("power cut for " + p.name);
+        power_cut(id, world.rng(), 0.5, 0.2);
+      } else {
+        keep_unsynced(id);
+      }
+    }
+    set_disk_dead(id, false);
+    check_store(store_of(o, p.name), id == aggregator_id, checker, result);
+    const bool done = id == aggregator_id ? exited_cleanly[0] : exited_cleanly[static_cast<size_t>(id)];
+    if (!done) {
+      // A supervisor restarts it (systemd's Restart=on-failure).
+      restart_at[static_cast<size_t>(id)] = world.now() + kSecond / 2 + exponential(2 * kSecond);
+    }
+  };
+
+  while (checker.violation.empty()) {
+    // The next thing the run itself does: a restart, a heal, a fault.
+    Nanos control = o.deadline;
+    for (size_t id = 0; id < world.process_count(); ++id) {
+      if (restart_at[id] >= 0) control = std::min(control, restart_at[id]);
+      if (heal_at[id] >= 0) control = std::min(control, heal_at[id]);
+    }
+    if (faults_on) control = std::min({control, next_fault, o.faults_until});
+    if (!world.step(control)) {
+      if (control >= o.deadline) break;
+      world.advance_to(control);
+    }
+    const Nanos now = world.now();
+    if (faults_on && now >= o.faults_until) {
+      faults_on = false;
+      world.faults = NetworkFaults{};
+      for (size_t id = 0; id < world.process_count(); ++id) {
+        world.set_partitioned(world.process(static_cast<int>(id)).name, false);
+        heal_at[id] = -1;
+      }
+      world.trace("faults stop");
+    }
+    for (size_t id = 0; id < world.process_count(); ++id) {
+      Process& p = world.process(static_cast<int>(id));
+      if (was_alive[id] && !p.alive) {
+        was_alive[id] = false;
+        if (p.thread.joinable()) p.thread.join();
+        after_exit(static_cast<int>(id));
+      }
+      if (!p.alive && restart_at[id] >= 0 && now >= restart_at[id]) {
+        restart_at[id] = -1;
+        ++result.restarts;
+        world.start(static_cast<int>(id));
+        was_alive[id] = true;
+      }
+      if (heal_at[id] >= 0 && now >= heal_at[id]) {
+        heal_at[id] = -1;
+        world.set_partitioned(p.name, false);
+        world.trace("heal " + p.name);
+      }
+    }
+    if (faults_on && now >= next_fault) {
+      next_fault = now + exponential(o.rates.mean_between_faults);
+      const int victim = static_cast<int>(world.rng()() % world.process_count());
+      Process& p = world.process(victim);
+      if (world.chance(0.6)) {
+        if (p.alive) {
+          set_disk_dead(victim, true);
+          world.kill(victim);
+          was_alive[static_cast<size_t>(victim)] = false;
+          after_exit(victim);
+        }
+      } else if (victim != aggregator_id && heal_at[static_cast<size_t>(victim)] < 0) {
+        ++result.partitions;
+        world.set_partitioned(p.name, true);
+        heal_at[static_cast<size_t>(victim)] = now + exponential(5 * kSecond);
+        world.trace("partition " + p.name);
+      }
+    }
+    bool all_done = true;
+    for (size_t id = 0; id < world.process_count(); ++id) {
+      if (world.process(static_cast<int>(id)).alive || restart_at[id] >= 0) all_done = false;
+    }
+    if (all_done) break;
+  }
+  if (checker.violation.empty()) {
+    for (size_t id = 0; id < world.process_count(); ++id) {
+      const Process& p = world.process(static_cast<int>(id));
+      if (p.alive) checker.fail("liveness: " + p.name + " still runs at " + std::to_string(o.deadline / kSecond) +
+                                " s (faults stopped at " + std::to_string(o.faults_until / kSecond) + " s)");
+    }
+  }
+  if (checker.violation.empty()) {
+    check_store(store_of(o, "aggregator"), true, checker, result);
+    for (int k = 0; k < o.sites; ++k) check_store(store_of(o, site_name(k)), false, checker, result);
+  }
+  if (checker.violation.empty()) {
+    if (!aggregator_finished || checker.rounds_committed < o.rounds) {
+      checker.fail("liveness: " + std::to_string(checker.rounds_committed) + " of " + std::to_string(o.rounds) +
+                   " rounds committed by " + std::to_string(o.deadline / kSecond) + " s (faults stopped at " +
+                   std::to_string(o.faults_until / kSecond) + " s)");
+    } else {
+      for (size_t id = 0; id < world.process_count(); ++id) {
+        if (!exited_cleanly[id]) checker.fail("liveness: " + world.process(static_cast<int>(id)).name + " did not finish");
+      }
+    }
+  }
+  result.ok = checker.violation.empty();
+  result.violation = checker.violation;
+  result.at = world.now();
+  result.steps = world.steps();
+  result.digest = world.trace_digest();
+  result.rounds_committed = checker.rounds_committed;
+  result.messages = world.messages_sent();
+  result.messages_dropped = world.messages_dropped();
+  result.recent.assign(world.recent().begin(), world.recent().end());
+  // Stop what still runs before the world goes.
+  for (size_t id = 0; id < world.process_count(); ++id) {
+    if (world.process(static_cast<int>(id)).alive) {
+      set_disk_dead(static_cast<int>(id), true);
+      world.kill(static_cast<int>(id));
+    }
+  }
+  set_fault_hook(nullptr);
+  return result;
+}
+
+}  // namespace fedmesh::sim::vopr

@@ -176,10 +176,15 @@ Status prepare_federation(const RunOptions& o) {
   FEDMESH_RETURN_IF_ERROR(crypto::write_roster(roster, dir / "roster.toml"));
   const std::string admin_hex = crypto::to_hex(admin->identity.sign_public);
 
+  // A small model: the simulator tests the protocol and the stores, and a
+  // model of a few hundred parameters keeps hashing and I/O from taking the
+  // time (an update is one chunk at any size below 4 MiB).
+  FEDMESH_RETURN_IF_ERROR(write_text(dir / "model.toml", "name = \"vopr\"\nlayers = [\n  { type = \"linear\", out = 32 },\n"
+                                                          "  { type = \"relu\" },\n  { type = \"linear\" },\n]\n"));
   write_table(dir / "test.csv", 200, 1000);
   for (int k = 0; k < o.sites; ++k) write_table(dir / (site_name(k) + ".csv"), kTableRows, 2000 + k);
   const std::string common = "federation = \"vopr\"\nroster = " + quoted(dir / "roster.toml") +
-                             "\nadmin_public = \"" + admin_hex + "\"\nmodel = \"mlp\"\nseed = 1\n" +
+                             "\nadmin_public = \"" + admin_hex + "\"\nmodel = " + quoted(dir / "model.toml") + "\nseed = 1\n" +
                              "data.label = \"label\"\ndata.classes = [\"no\", \"yes\"]\n";
   FEDMESH_RETURN_IF_ERROR(write_text(
       dir / "agg.toml",
@@ -394,7 +399,13 @@ RunResult run_federation(const RunOptions& o) {
       next_fault = now + exponential(o.rates.mean_between_faults);
       const int victim = static_cast<int>(world.rng()() % world.process_count());
       Process& p = world.process(victim);
-      if (world.chance(0.6)) {
+      const double kind = world.uniform();
+      if (kind < 0.15) {
+        // The wall clock jumps (NTP, a VM resumed): up to a minute either way.
+        const int64_t jump = static_cast<int64_t>((world.uniform() * 2.0 - 1.0) * 60e6);
+        p.wall_clock_offset_micros += jump;
+        world.trace("wall clock of " + p.name + " jumps " + std::to_string(jump / 1000) + " ms");
+      } else if (kind < 0.7) {
         if (p.alive) {
           set_disk_dead(victim, true);
           world.kill(victim);
@@ -408,11 +419,22 @@ RunResult run_federation(const RunOptions& o) {
         world.trace("partition " + p.name);
       }
     }
-    bool all_done = true;
-    for (size_t id = 0; id < world.process_count(); ++id) {
-      if (world.process(static_cast<int>(id)).alive || restart_at[id] >= 0) all_done = false;
+    // Done when every site has exited cleanly after the last round: the
+    // aggregator then only lingers for sites that have all left.
+    bool all_done = aggregator_finished;
+    for (size_t id = 1; id < world.process_count(); ++id) {
+      if (!exited_cleanly[id]) all_done = false;
     }
-    if (all_done) break;
+    if (all_done) {
+      if (world.process(aggregator_id).alive) {
+        set_disk_dead(aggregator_id, true);
+        world.kill(aggregator_id);
+        keep_unsynced(aggregator_id);
+        set_disk_dead(aggregator_id, false);
+        exited_cleanly[0] = true;
+      }
+      break;
+    }
   }
   if (checker.violation.empty()) {
     for (size_t id = 0; id < world.process_count(); ++id) {

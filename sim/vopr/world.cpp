@@ -53,7 +53,7 @@ void World::start(int id) {
 void World::run_body(Process& p) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    baton_.wait(lock, [&] { return running_ == p.id; });
+    p.turn.wait(lock, [&] { return running_ == p.id; });
   }
   std::string failure;
   try {
@@ -69,15 +69,15 @@ void World::run_body(Process& p) {
   p.alive = false;
   p.waiting = false;
   running_ = -1;
-  baton_.notify_all();
+  scheduler_turn_.notify_one();
 }
 
 void World::resume(Process& p) {
   std::unique_lock<std::mutex> lock(mutex_);
   p.waiting = false;
   running_ = p.id;
-  baton_.notify_all();
-  baton_.wait(lock, [&] { return running_ == -1; });
+  p.turn.notify_one();
+  scheduler_turn_.wait(lock, [&] { return running_ == -1; });
 }
 
 void World::wait(Nanos wake_at, bool receiving) {
@@ -95,8 +95,8 @@ void World::wait(Nanos wake_at, bool receiving) {
     p.wait_order = ++order_;
     const int self = p.id;
     running_ = -1;
-    baton_.notify_all();
-    baton_.wait(lock, [&] { return running_ == self; });
+    scheduler_turn_.notify_one();
+    p.turn.wait(lock, [&] { return running_ == self; });
     p.receiving = false;
   }
   if (p.killed && std::uncaught_exceptions() == 0) throw SimulatedCrash{};
@@ -237,7 +237,10 @@ void World::trace(const std::string& line) {
   while (recent_.size() > kRecentEvents) recent_.pop_front();
 }
 
-uint64_t SimClock::unix_micros() { return kUnixMicrosAtStart + static_cast<uint64_t>(world_.now() / 1000); }
+uint64_t SimClock::unix_micros() {
+  const int64_t offset = world_.running() >= 0 ? world_.process(world_.running()).wall_clock_offset_micros : 0;
+  return static_cast<uint64_t>(static_cast<int64_t>(kUnixMicrosAtStart) + world_.now() / 1000 + offset);
+}
 
 void SimClock::sleep_for(duration d) {
   world_.wait(world_.now() + std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(), false);

@@ -67,6 +67,8 @@ struct Process {
   Nanos wake_at = 0;
   uint64_t wait_order = 0;
   int incarnation = 0;
+  int64_t wall_clock_offset_micros = 0;  // its Unix clock against virtual time (clock jumps)
+  std::condition_variable turn;  // signalled when it is handed the baton
 };
 
 class World {
@@ -157,7 +159,7 @@ class World {
   std::map<std::string, bool> partitioned_;
 
   std::mutex mutex_;
-  std::condition_variable baton_;
+  std::condition_variable scheduler_turn_;  // signalled when a process hands the baton back
   int running_ = -1;
 
   std::deque<std::string> recent_;

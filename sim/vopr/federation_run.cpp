@@ -90,7 +90,7 @@ struct Checker {
 };
 
 // Invariant 5 for any store, and 1 and 2 for the aggregator's.
-void check_store(const fs::path& path, bool aggregator, Checker& checker, RunResult& result) {
+void check_store(const fs::path& path, bool aggregator, bool sync_rounds, Checker& checker, RunResult& result) {
   if (!fs::exists(path)) return;
   ++result.stores_checked;
   store::StoreOptions options;
@@ -138,6 +138,7 @@ void check_store(const fs::path& path, bool aggregator, Checker& checker, RunRes
       return;
     }
   }
+  if (!sync_rounds) return;
   Result<store::Database> raw = store::Database::open(path.string(), store::Database::Mode::kReadOnly, kCrashVfsName);
   if (!raw.is_ok()) return;
   Result<store::Statement> twice =
@@ -186,37 +187,56 @@ Status prepare_federation(const RunOptions& o) {
   const std::string common = "federation = \"vopr\"\nroster = " + quoted(dir / "roster.toml") +
                              "\nadmin_public = \"" + admin_hex + "\"\nmodel = " + quoted(dir / "model.toml") + "\nseed = 1\n" +
                              "data.label = \"label\"\ndata.classes = [\"no\", \"yes\"]\n";
-  FEDMESH_RETURN_IF_ERROR(write_text(
-      dir / "agg.toml",
+  const std::string aggregator_common =
       common + "name = \"aggregator\"\nlisten = \"" + kListen + "\"\nkeys = " + quoted(dir / "keys/aggregator.key") +
-          "\nstore = " + quoted(store_of(o, "aggregator")) + "\nrounds = " + std::to_string(o.rounds) +
-          "\nlocal_steps = " + std::to_string(o.local_steps) + "\nmin_sites = " + std::to_string(o.sites) +
-          "\nrounds_mode = \"sync\"\ndeadline_seconds = 20\nsite_timeout_seconds = 10\n" +
-          // It keeps answering until faults have stopped, so that a site cut
-          // off when the last round closed still learns it is over.
-          "linger_seconds = " + std::to_string(o.faults_until / kSecond + 15) + "\n" +
-          "validation = \"csv:" + (dir / "test.csv").string() + "\"\n"));
+      "\nstore = " + quoted(store_of(o, "aggregator")) + "\nrounds = " + std::to_string(o.rounds) +
+      "\nlocal_steps = " + std::to_string(o.local_steps) + "\nmin_sites = " + std::to_string(o.sites) +
+      "\ndeadline_seconds = 20\nsite_timeout_seconds = 10\n" +
+      // It keeps answering until faults have stopped, so that a site cut
+      // off when the last round closed still learns it is over.
+      "linger_seconds = " + std::to_string(o.faults_until / kSecond + 15) + "\n" +
+      "validation = \"csv:" + (dir / "test.csv").string() + "\"\n";
+  FEDMESH_RETURN_IF_ERROR(write_text(dir / "agg-sync.toml", aggregator_common + "rounds_mode = \"sync\"\n"));
+  FEDMESH_RETURN_IF_ERROR(
+      write_text(dir / "agg-async.toml", aggregator_common + "rounds_mode = \"fedbuff\"\nbuffer_size = 2\n"));
+  FEDMESH_RETURN_IF_ERROR(write_text(
+      dir / "agg-private.toml",
+      aggregator_common + "rounds_mode = \"sync\"\nprivacy.mode = \"private\"\nsecure_aggregation.phase_seconds = 5\n"));
   for (int k = 0; k < o.sites; ++k) {
     const std::string name = site_name(k);
-    FEDMESH_RETURN_IF_ERROR(write_text(
-        dir / (name + ".toml"),
+    const std::string site =
         common + "name = \"" + name + "\"\naggregator = \"" + kListen + "\"\nkeys = " +
-            quoted(dir / ("keys/" + name + ".key")) + "\nstore = " + quoted(store_of(o, name)) +
-            "\ndata.source = \"csv:" + (dir / (name + ".csv")).string() + "\"\ntraining.threads = 1\n" +
-            "training.batch_size = 16\npoll_seconds = 0.2\n"));
+        quoted(dir / ("keys/" + name + ".key")) + "\nstore = " + quoted(store_of(o, name)) +
+        "\ndata.source = \"csv:" + (dir / (name + ".csv")).string() + "\"\ntraining.threads = 1\n" +
+        "training.batch_size = 16\npoll_seconds = 0.2\n";
+    FEDMESH_RETURN_IF_ERROR(write_text(dir / (name + "-sync.toml"), site));
+    FEDMESH_RETURN_IF_ERROR(write_text(dir / (name + "-async.toml"), site));
+    FEDMESH_RETURN_IF_ERROR(write_text(dir / (name + "-private.toml"), site + "privacy.mode = \"private\"\n"));
   }
   return write_text(dir / "ready", "");
 }
 
+std::string run_mode(const RunOptions& o) {
+  if (o.mode != "mixed") return o.mode;
+  static const char* const kModes[] = {"sync", "async", "private"};
+  return kModes[o.seed % 3];
+}
+
 RunResult run_federation(const RunOptions& o) {
   RunResult result;
+  const std::string mode = run_mode(o);
+  if (mode != "sync" && mode != "async" && mode != "private") {
+    result.ok = false;
+    result.violation = "unknown mode '" + mode + "' (sync, async, private or mixed)";
+    return result;
+  }
   if (Status s = prepare_federation(o); !s.is_ok()) {
     result.ok = false;
     result.violation = "cannot prepare the federation: " + s.message();
     return result;
   }
   const fs::path dir(o.work_dir);
-  Result<aggregator::AggregatorConfig> agg_config = aggregator::read_aggregator_config((dir / "agg.toml").string());
+  Result<aggregator::AggregatorConfig> agg_config = aggregator::read_aggregator_config((dir / ("agg-" + mode + ".toml")).string());
   if (!agg_config.is_ok()) {
     result.ok = false;
     result.violation = "aggregator config: " + agg_config.status().message();
@@ -224,7 +244,7 @@ RunResult run_federation(const RunOptions& o) {
   }
   std::vector<node::SiteConfig> site_configs;
   for (int k = 0; k < o.sites; ++k) {
-    Result<node::SiteConfig> c = node::read_site_config((dir / (site_name(k) + ".toml")).string());
+    Result<node::SiteConfig> c = node::read_site_config((dir / (site_name(k) + "-" + mode + ".toml")).string());
     if (!c.is_ok()) {
       result.ok = false;
       result.violation = site_name(k) + " config: " + c.status().message();
@@ -346,7 +366,7 @@ RunResult run_federation(const RunOptions& o) {
       }
     }
     set_disk_dead(id, false);
-    check_store(store_of(o, p.name), id == aggregator_id, checker, result);
+    check_store(store_of(o, p.name), id == aggregator_id, mode != "async", checker, result);
     const bool done = id == aggregator_id ? exited_cleanly[0] : exited_cleanly[static_cast<size_t>(id)];
     if (!done) {
       // A supervisor restarts it (systemd's Restart=on-failure).
@@ -444,8 +464,8 @@ RunResult run_federation(const RunOptions& o) {
     }
   }
   if (checker.violation.empty()) {
-    check_store(store_of(o, "aggregator"), true, checker, result);
-    for (int k = 0; k < o.sites; ++k) check_store(store_of(o, site_name(k)), false, checker, result);
+    check_store(store_of(o, "aggregator"), true, mode != "async", checker, result);
+    for (int k = 0; k < o.sites; ++k) check_store(store_of(o, site_name(k)), false, false, checker, result);
   }
   if (checker.violation.empty()) {
     if (!aggregator_finished || checker.rounds_committed < o.rounds) {

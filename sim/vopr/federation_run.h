@@ -12,8 +12,8 @@
 // means"):
 //   1. an update the aggregator acknowledged as complete is, after any crash
 //      of the aggregator, in its store: pending or applied;
-//   2. no site has two updates applied in one round, and an update is
-//      applied once (the store's key);
+//   2. in sync rounds no site has two updates applied in one round, and an
+//      update is applied once (the store's key);
 //   4. one model per version: every RoundAnnounce ever sent for version v
 //      carries the same hash;
 //   5. after every crash the process's store opens, passes
@@ -52,8 +52,15 @@ struct RunOptions {
   Nanos faults_until = 90 * kSecond;
   Nanos deadline = 600 * kSecond; // liveness: everything done by then
   bool faults = true;
+  // How the aggregator runs rounds: "sync", "async" (FedBuff, 2 updates per
+  // step), "private" (sync rounds through secure aggregation), or "mixed":
+  // the seed picks (seed % 3: sync, async, private).
+  std::string mode = "mixed";
   FaultRates rates;
 };
+
+// The mode a run uses (RunOptions::mode, resolved for "mixed").
+std::string run_mode(const RunOptions& options);
 
 struct RunResult {
   bool ok = true;

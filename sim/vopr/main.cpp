@@ -41,6 +41,8 @@ void usage(FILE* out) {
                "  --sites N          sites per federation (default 3)\n"
                "  --rounds R         rounds per federation (default 3)\n"
                "  --faults-until S   virtual seconds of faults (default 90)\n"
+               "  --mode M           sync, async (FedBuff), private (secure aggregation), or\n"
+               "                     mixed: the seed picks (seed %% 3); default mixed\n"
                "  --no-faults        no faults at all (the baseline)\n"
                "  --replay-check     run every seed twice and require the same trace\n"
                "  --work DIR         scratch folder (default: a new one in /dev/shm when it has\n"
@@ -120,6 +122,12 @@ int main(int argc, char** argv) {
       options.rounds = static_cast<int>(number());
     } else if (a == "--faults-until") {
       options.faults_until = static_cast<int64_t>(number()) * kSecond;
+    } else if (a == "--mode") {
+      options.mode = value();
+      if (options.mode != "sync" && options.mode != "async" && options.mode != "private" && options.mode != "mixed") {
+        std::fprintf(stderr, "fedmesh-vopr: --mode must be sync, async, private or mixed\n");
+        return 2;
+      }
     } else if (a == "--no-faults") {
       options.faults = false;
     } else if (a == "--replay-check") {
@@ -172,9 +180,10 @@ int main(int argc, char** argv) {
     crashes += static_cast<uint64_t>(result.crashes);
     steps += result.steps;
     if (verbose || !result.ok) {
-      std::printf("seed %llu: %s, %lld rounds, %d crashes, %d restarts, %d partitions, %llu/%llu messages lost, "
+      std::printf("seed %llu (%s): %s, %lld rounds, %d crashes, %d restarts, %d partitions, %llu/%llu messages lost, "
                   "%d store checks, %d ack checks, %.1f virtual s, %llu steps, digest %016llx\n",
-                  static_cast<unsigned long long>(options.seed), result.ok ? "ok" : "VIOLATION",
+                  static_cast<unsigned long long>(options.seed), fedmesh::sim::vopr::run_mode(options).c_str(),
+                  result.ok ? "ok" : "VIOLATION",
                   static_cast<long long>(result.rounds_committed), result.crashes, result.restarts, result.partitions,
                   static_cast<unsigned long long>(result.messages_dropped),
                   static_cast<unsigned long long>(result.messages), result.stores_checked, result.acks_checked,
@@ -185,9 +194,9 @@ int main(int argc, char** argv) {
       std::printf("VIOLATION at %.3f virtual s: %s\nlast events:\n", static_cast<double>(result.at) / 1e9,
                   result.violation.c_str());
       for (const std::string& line : result.recent) std::printf("  %s\n", line.c_str());
-      std::printf("replay: fedmesh-vopr --seed %llu --sites %d --rounds %d%s\n",
+      std::printf("replay: fedmesh-vopr --seed %llu --sites %d --rounds %d --mode %s%s\n",
                   static_cast<unsigned long long>(options.seed), options.sites, options.rounds,
-                  options.faults ? "" : " --no-faults");
+                  fedmesh::sim::vopr::run_mode(options).c_str(), options.faults ? "" : " --no-faults");
       status = 1;
       break;
     }

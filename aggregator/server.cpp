@@ -153,6 +153,11 @@ class AggregatorServer::Impl {
   std::vector<SiteUpdate> stored_updates;
   void take_completed();
   void submit(SiteUpdate update, bool from_store);
+  // An asynchronous server step that could not be committed: the model in
+  // memory is then ahead of the store, so run() stops with this error (and
+  // a restart resumes from the store, the step's updates still pending)
+  // rather than serve, announce or finish on a step that is not durable.
+  Status failed_step;
   Status maybe_start_round();
   // Updates in the store's pending table not applied yet (after a restart).
   Result<std::vector<SiteUpdate>> unapplied_pending();
@@ -724,7 +729,11 @@ void AggregatorServer::Impl::submit(SiteUpdate update, bool from_store) {
   emit({{"event", "update"}, {"site", site}, {"id", id}, {"accepted", true}, {"staleness", tau},
         {"from_store", from_store}});
   if (submitted->has_value()) {
-    if (Status s = finish_step(**submitted); !s.is_ok()) emit({{"event", "error"}, {"message", s.message()}});
+    if (Status s = finish_step(**submitted); !s.is_ok()) {
+      emit({{"event", "error"}, {"message", "server step " + std::to_string((**submitted).version) +
+                                                 " not committed: " + s.message() + "; stopping"}});
+      if (failed_step.is_ok()) failed_step = s;
+    }
   }
 }
 
@@ -1197,6 +1206,7 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
     Result<std::vector<SiteUpdate>> pending = unapplied_pending();
     if (!pending.is_ok()) return pending.status();
     for (SiteUpdate& update : *pending) submit(std::move(update), true);
+    if (!failed_step.is_ok()) return failed_step;
   }
   auto last_refresh = clock().now();
   while (!stop.load()) {
@@ -1205,6 +1215,7 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
     Result<std::optional<protocol::Incoming>> incoming = socket->receive(std::chrono::milliseconds(50));
     if (!incoming.is_ok()) return incoming.status();
     if (incoming->has_value()) handle(**incoming);
+    if (!failed_step.is_ok()) return failed_step;
     if (secure && manager->round_open()) {
       if (std::optional<SecureResult> result = secure->tick(clock().now())) {
         if (Status s = finish_secure_round(*result); !s.is_ok()) {

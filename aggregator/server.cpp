@@ -56,6 +56,9 @@ struct SiteRecord {
   bool missed_round = false;    // late (aggregator/site_state.h)
 };
 
+// An update's id in the store and the round manager: "SENDER/SEQUENCE".
+std::string update_id(const protocol::UpdateMetadata& m) { return m.sender + "/" + std::to_string(m.sequence); }
+
 // A pending update's payload in the store (store/pending_payload.h).
 std::vector<uint8_t> pending_payload(const SiteUpdate& update) {
   const store::PendingHeader header{update.round, update.base_version, update.sample_count, update.local_loss,
@@ -347,7 +350,7 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   // acknowledged and then dropped.
   service->receiver().set_admit_update([this](const protocol::UpdateMetadata& m) -> std::optional<std::string> {
     SiteUpdate probe;
-    probe.id = m.sender + "/" + std::to_string(m.sequence);
+    probe.id = update_id(m);
     probe.site = m.sender;
     probe.round = static_cast<int64_t>(m.round);
     probe.base_version = static_cast<int64_t>(m.base_version);
@@ -742,7 +745,7 @@ void AggregatorServer::Impl::submit(SiteUpdate update, bool from_store) {
 
 Status AggregatorServer::Impl::store_update(protocol::ReceivedUpdate received) {
   SiteUpdate update;
-  update.id = received.metadata.sender + "/" + std::to_string(received.metadata.sequence);
+  update.id = update_id(received.metadata);
   update.site = received.metadata.sender;
   update.round = static_cast<int64_t>(received.metadata.round);
   update.base_version = static_cast<int64_t>(received.metadata.base_version);

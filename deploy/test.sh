@@ -6,7 +6,7 @@ DEPLOY=$(cd -- "$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")" && pwd -P
 
 usage() {
   cat <<'EOF'
-Usage: deploy/test.sh [--sanitize] [--no-fuzz] [-- MESON TEST ARGS...]
+Usage: deploy/test.sh [--sanitize] [--no-fuzz] [--no-tsan] [-- MESON TEST ARGS...]
 
 Runs deploy/setup.sh (installs missing packages, configures, builds), then
   meson test -C BUILD --print-errorlogs --num-processes 2 [MESON TEST ARGS...]
@@ -14,8 +14,14 @@ then (unless --no-fuzz, --sanitize or MESON TEST ARGS are given) builds the
 libFuzzer targets with clang (deploy/setup.sh --fuzz, in BUILD-fuzz/) and runs
   meson test -C BUILD-fuzz --suite fuzz --suite fuzz-run
 which replays every committed corpus and fuzzes each target for
-FEDMESH_FUZZ_SECONDS (default 30) seconds. It prints the wall time and, as
-its last line, counting both runs,
+FEDMESH_FUZZ_SECONDS (default 30) seconds; then (unless --no-tsan, --sanitize
+or MESON TEST ARGS are given) builds the tests of the `tsan` suite with
+ThreadSanitizer (deploy/setup.sh --tsan, in BUILD-tsan/) and runs
+  meson test -C BUILD-tsan --suite tsan
+(the transport, HTTP endpoint, worker pool, peer link and data-parallel
+tests, and two real federations, gossip and aggregator, while their HTTP
+endpoints are asked again and again; tests/meson.build lists them). It
+prints the wall time and, as its last line, counting every run,
   N passed, N failed, N skipped
 (OK and EXPECTEDFAIL count as passed; FAIL, TIMEOUT, ERROR, UNEXPECTEDPASS and
 INTERRUPT as failed). Exits nonzero when the build fails, a test fails, or no
@@ -24,6 +30,7 @@ test ran.
 Options:
   --sanitize   build and test with AddressSanitizer + UBSan (build-sanitize/)
   --no-fuzz    skip the libFuzzer build and runs
+  --no-tsan    skip the ThreadSanitizer build and runs
   -h, --help   show this help
   -- ARGS      the rest goes to meson test, e.g.
                  deploy/test.sh -- --suite kernels
@@ -67,14 +74,15 @@ PY
 
 main() {
   local start=$EPOCHREALTIME
-  local sanitize=0 fuzz=1
+  local sanitize=0 fuzz=1 tsan=1
   local -a setup_args=() test_args=()
   while [[ $# -gt 0 ]]; do
     case $1 in
-      --sanitize) sanitize=1 fuzz=0 setup_args+=(--sanitize) ;;
+      --sanitize) sanitize=1 fuzz=0 tsan=0 setup_args+=(--sanitize) ;;
       --no-fuzz) fuzz=0 ;;
+      --no-tsan) tsan=0 ;;
       -h|--help) usage; return 0 ;;
-      --) shift; test_args=("$@"); fuzz=0; break ;;
+      --) shift; test_args=("$@"); fuzz=0 tsan=0; break ;;
       *) printf 'fedmesh test: unknown argument: %s (meson test arguments go after --; see --help)\n' "$1" >&2
          return 2 ;;
     esac
@@ -116,6 +124,25 @@ main() {
         logs+=("$fuzz_dir"/meson-logs/testlog*.json)
         shopt -u nullglob
       fi
+    fi
+    if [[ $tsan == 1 ]]; then
+      local tsan_dir tsan_start=$EPOCHREALTIME
+      tsan_dir=$(bash "$DEPLOY/setup.sh" --print-build-dir --tsan)
+      rm -f -- "$tsan_dir"/meson-logs/testlog*.json
+      if ! bash "$DEPLOY/setup.sh" --tsan; then
+        why="${why:+$why; }the ThreadSanitizer build failed" status=1
+      else
+        # TSAN_OPTIONS (the suppressions file) come from the build's default
+        # test setup (tests/meson.build).
+        meson test -C "$tsan_dir" --no-rebuild --print-errorlogs --num-processes 2 \
+          --suite tsan || meson_rc=$?
+        shopt -s nullglob
+        logs+=("$tsan_dir"/meson-logs/testlog*.json)
+        shopt -u nullglob
+      fi
+      local tsan_us=$(( ${EPOCHREALTIME//[!0-9]/} - ${tsan_start//[!0-9]/} ))
+      printf 'fedmesh test: the ThreadSanitizer leg (build and run) took %d.%01d s\n' \
+        $((tsan_us / 1000000)) $((tsan_us % 1000000 / 100000))
     fi
     local -a lines=()
     if [[ ${#logs[@]} -gt 0 ]]; then

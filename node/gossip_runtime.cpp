@@ -34,6 +34,7 @@
 #include "train/model.h"
 #include "privacy/ledger.h"
 #include "privacy/rdp_accountant.h"
+#include "protocol/environment.h"
 #include "protocol/refusal_log.h"
 #include "protocol/transport.h"
 #include "protocol/update_service.h"
@@ -44,14 +45,7 @@ namespace fedmesh::node {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr auto kSendTimeout = std::chrono::milliseconds(20);
-
-uint64_t unix_micros() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-}
 
 // A received share or catch-up slice, decoded.
 struct Arrival {
@@ -69,6 +63,10 @@ class GossipRuntime::Impl {
  public:
   GossipConfig config;
   GossipEventSink emit;
+  // The clock, network, helper threads and store file system (production:
+  // the real ones; sim/vopr: its virtual world).
+  protocol::RuntimeEnvironment env;
+  fedmesh::Clock& clock() const { return *env.clock; }
   crypto::SiteKeys keys;
   crypto::Roster roster;
   std::map<std::string, std::string> addresses;  // gossip members on the roster (us included) -> address
@@ -83,7 +81,7 @@ class GossipRuntime::Impl {
   federation::StalenessFunction staleness;
   std::optional<store::CheckpointStore> store;
   std::optional<crypto::ReplayGuard> replay;
-  std::unique_ptr<protocol::ServerSocket> server;
+  std::unique_ptr<protocol::ServerChannel> server;
   std::unique_ptr<protocol::UpdateService> service;
   // One link per member we send to: its own thread and socket, so a slow
   // link holds back only its own messages (peer_link.h).
@@ -110,7 +108,7 @@ class GossipRuntime::Impl {
   std::string wire_federation;  // the federation name on this peer's shares (gossip_federation)
   std::unique_ptr<HttpEndpoint> http;
   std::string metrics_address;
-  Clock::time_point started = Clock::now();
+  fedmesh::Clock::time_point started{};  // set by open()
 
   // Written by the peer's thread only, through set_version (under
   // metrics_mutex: the HTTP thread reads it for /metrics and /status).
@@ -151,13 +149,13 @@ class GossipRuntime::Impl {
   int alive = 0, suspect = 0, dead = 0;
   std::vector<double> round_distances;
 
-  Status open(GossipConfig c, GossipEventSink sink);
+  Status open(GossipConfig c, GossipEventSink sink, protocol::RuntimeEnvironment environment);
   Status restore();
   Status restore_membership(uint64_t incarnation);
   Status commit(const nlohmann::json& metrics, bool new_round = false);
   void privatize(std::vector<std::vector<float>>& trained);
   std::optional<privacy::ConstantRateAccounting> dp;  // dp.noise_multiplier > 0
-  double now() const { return std::chrono::duration<double>(Clock::now() - started).count(); }
+  double now() const { return clock().seconds_since(started); }
   bool is_member(std::string_view name) const { return addresses.contains(std::string(name)); }
   PeerLink* link(const std::string& name);
   bool send_to(const std::string& name, const protocol::SharedMessage& message);
@@ -178,7 +176,7 @@ class GossipRuntime::Impl {
     size_t heard() const { return others - unknown; }
   };
   MembersHeard members_heard() const;
-  uint64_t next_sequence() { return last_sequence = std::max(last_sequence + 1, unix_micros()); }
+  uint64_t next_sequence() { return last_sequence = std::max(last_sequence + 1, clock().unix_micros()); }
   // `round`: the update's round (shares and slices: our version).
   Result<protocol::PreparedUpdate> prepare(const std::string& to, std::vector<protocol::EncodedTensor> tensors,
                                            const gossip::GossipUpdateMeta& meta, std::optional<uint64_t> round = {});
@@ -202,9 +200,11 @@ class GossipRuntime::Impl {
   std::string render_status() const;
 };
 
-Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
+Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink, protocol::RuntimeEnvironment environment) {
   config = std::move(c);
   emit = std::move(sink);
+  env = environment;
+  started = clock().now();
   FEDMESH_RETURN_IF_ERROR(config.validate());
   const SiteConfig& site = config.site;
   set_cpu_threads(site.threads);
@@ -274,7 +274,7 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
         *plan, manifest, std::move(reference), static_cast<int>(addresses.size()), 1.0, compression_seed, **backend,
         config.chunk_bytes);
     if (!made.is_ok()) return made.status();
-    replicas.emplace(std::move(*made), site.name);
+    replicas.emplace(std::move(*made), site.name, clock());
   } else {
     Result<gossip::GossipState> made =
         gossip::GossipState::create(rule, *plan, manifest, std::move(reference), compression_seed, **backend,
@@ -294,7 +294,10 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
                             std::to_string(config.chunk_bytes * 64) + "): use gossip.merge = \"replicas\", whose updates have no such cap");
   }
 
-  Result<store::CheckpointStore> opened = store::CheckpointStore::open(site.store);
+  store::StoreOptions store_options;
+  store_options.vfs = env.store_vfs;
+  store_options.background_maintenance = env.store_background_maintenance;
+  Result<store::CheckpointStore> opened = store::CheckpointStore::open(site.store, store_options);
   if (!opened.is_ok()) return opened.status();
   store.emplace(std::move(*opened));
   FEDMESH_RETURN_IF_ERROR(restore());
@@ -323,8 +326,8 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   }
   protocol::TransportOptions server_options = transport;
   server_options.faults = {};  // faults act on what we send: each link once
-  Result<std::unique_ptr<protocol::ServerSocket>> bound =
-      protocol::ServerSocket::bind(config.listen, protocol::CurveKeys::from(keys), std::move(allowlist), server_options);
+  Result<std::unique_ptr<protocol::ServerChannel>> bound =
+      env.network->bind(config.listen, protocol::CurveKeys::from(keys), std::move(allowlist), server_options);
   if (!bound.is_ok()) return bound.status();
   server = std::move(*bound);
   protocol::ReceiverPolicy policy;
@@ -340,6 +343,8 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink) {
   // dropped soon. A replica update is: its missing chunks are asked for
   // every 0.5 s while a peer waits for the round (request_missing_updates).
   policy.transfer_idle_timeout = std::chrono::milliseconds(replicas ? 5000 : 1500);
+  policy.clock = [clock = env.clock] { return clock->now(); };
+  policy.unix_micros = [clock = env.clock] { return clock->unix_micros(); };
   service = std::make_unique<protocol::UpdateService>(policy, roster, *replay, protocol::RateLimits{}, server->counters());
   service->set_other_handler([this](const protocol::Incoming& in, const protocol::ParsedMessage& message,
                                     std::optional<protocol::OutgoingMessage>&, protocol::Rejection& rejection) {
@@ -509,11 +514,11 @@ PeerLink* GossipRuntime::Impl::link(const std::string& name) {
   const auto address = addresses.find(name);
   if (entry == nullptr || address == addresses.end()) return nullptr;
   // The link's thread dials with copies of what it needs.
-  PeerLink::Dial dial = [endpoint = address->second, curve = protocol::CurveKeys::from(keys),
+  PeerLink::Dial dial = [network = env.network, endpoint = address->second, curve = protocol::CurveKeys::from(keys),
                          server = entry->identity.box_public, options = transport] {
-    return protocol::ClientSocket::connect(endpoint, curve, server, options);
+    return network->connect(endpoint, curve, server, options);
   };
-  return (links[name] = std::make_unique<PeerLink>(name, std::move(dial), kSendTimeout)).get();
+  return (links[name] = std::make_unique<PeerLink>(name, std::move(dial), kSendTimeout, clock(), *env.threads)).get();
 }
 
 // Queued on the member's link: false when the member has no address or its
@@ -605,7 +610,7 @@ void GossipRuntime::Impl::handle_frame(const protocol::Incoming& incoming) {
     const std::string code = protocol::reject_code_name(service->last_rejection()->code);
     // At most one line per peer key and code per interval; every one counted.
     const std::string& key = incoming.peer_key.empty() ? incoming.peer : incoming.peer_key;
-    const std::optional<uint64_t> suppressed = refusal_log.admit(key + " " + code, std::chrono::steady_clock::now());
+    const std::optional<uint64_t> suppressed = refusal_log.admit(key + " " + code, clock().now());
     {
       std::lock_guard lock(metrics_mutex);
       ++refused;
@@ -683,8 +688,13 @@ void GossipRuntime::Impl::drain_links() {
       }
       try {
         if (parsed->root().isReject()) {
-          emit({{"event", "warning"}, {"message", name + " refused our message: " +
-                                                      std::string(parsed->root().getReject().getText().cStr())}});
+          const auto reject = parsed->root().getReject();
+          emit({{"event", "warning"}, {"message", name + " refused our message: " + std::string(reject.getText().cStr())}});
+          // The member holds a later sequence of ours than we know (a crash
+          // lost the last we used, and our clock went back): what we sign
+          // next goes above it, or the member would refuse all of it
+          // (fedmesh-vopr found that).
+          if (reject.getCode() == wire::RejectCode::REPLAYED) last_sequence = std::max(last_sequence, reject.getLastAccepted());
         }
       } catch (const kj::Exception&) {
       }
@@ -693,12 +703,13 @@ void GossipRuntime::Impl::drain_links() {
 }
 
 void GossipRuntime::Impl::pump(double seconds) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const auto until =
+      clock().now() + std::chrono::duration_cast<fedmesh::Clock::duration>(std::chrono::duration<double>(seconds));
   do {
     swim->tick(now());
     flush_swim();
     for (int i = 0; i < 256; ++i) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock().now());
       const auto wait = i == 0 ? std::clamp(left, std::chrono::milliseconds(0), std::chrono::milliseconds(10))
                                : std::chrono::milliseconds(0);
       Result<std::optional<protocol::Incoming>> incoming = server->receive(wait);
@@ -710,7 +721,7 @@ void GossipRuntime::Impl::pump(double seconds) {
     note_events();
     serve_catch_up_requests();
     serve_update_requests();
-  } while (Clock::now() < until);
+  } while (clock().now() < until);
 }
 
 std::vector<std::string> GossipRuntime::Impl::alive_members() const {
@@ -889,13 +900,22 @@ bool GossipRuntime::Impl::have_round_from_all(uint64_t round) const {
 
 // Replicas, after the last round: go on serving the members' requests and
 // asking for what we lack until every alive member has done its rounds, we
-// hold all their updates and no member has asked us for one for 2 s (or
-// the settle time, 20 s or twenty waits for a share, is over), so the peers
-// end on one model.
+// hold all their updates and for 2 s no member has asked us for one, moved
+// on a version or sent us an update (or the settle time, 20 s or twenty
+// waits for a share, is over), so the peers end on one model. (A member
+// that has just made its last round asks for what it lacks only then: had
+// we counted the quiet time from before, while it trained, we would leave
+// before its first request; fedmesh-vopr found that.)
 Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop) {
   const double until = now() + std::max(20.0, 20.0 * config.wait_for_share_seconds);
   double next_request = 0.0;
   uint64_t last_served = updates_resent_or_refused;
+  const auto progress = [this] {
+    uint64_t sum = replicas->state().applied_ids().size();
+    for (const auto& [member, member_version] : peer_versions) sum += member_version;
+    return sum;
+  };
+  uint64_t last_progress = progress();
   double quiet_since = now();
   while (!stop.load() && now() < until) {
     pump(0.02);
@@ -913,9 +933,10 @@ Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop) {
     // Done: linger while members still ask us for updates (they ask every
     // half second while they lack one), until 2 s pass with no request.
     if (done) {
-      const uint64_t served = updates_resent_or_refused;
-      if (served != last_served) {
+      const uint64_t served = updates_resent_or_refused, moved = progress();
+      if (served != last_served || moved != last_progress) {
         last_served = served;
+        last_progress = moved;
         quiet_since = now();
       }
       if (now() - quiet_since >= 2.0) return Status::ok();
@@ -1175,10 +1196,11 @@ std::string GossipRuntime::Impl::render_status() const {
 
 GossipRuntime::~GossipRuntime() = default;
 
-Result<std::unique_ptr<GossipRuntime>> GossipRuntime::start(GossipConfig config, GossipEventSink emit) {
+Result<std::unique_ptr<GossipRuntime>> GossipRuntime::start(GossipConfig config, GossipEventSink emit,
+                                                            protocol::RuntimeEnvironment env) {
   std::unique_ptr<GossipRuntime> runtime(new GossipRuntime());
   runtime->impl_ = std::make_unique<Impl>();
-  FEDMESH_RETURN_IF_ERROR(runtime->impl_->open(std::move(config), std::move(emit)));
+  FEDMESH_RETURN_IF_ERROR(runtime->impl_->open(std::move(config), std::move(emit), env));
   return runtime;
 }
 
@@ -1222,7 +1244,7 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
               {"message", "the next round would exceed the privacy budget: this node stops"}});
       break;
     }
-    const auto began = Clock::now();
+    const auto began = s.clock().now();
     // Replicas never adopt another's model (that would break the exact
     // sum): a peer that was down asks for the updates it missed instead.
     if (!s.replicas) FEDMESH_RETURN_IF_ERROR(s.catch_up_if_behind(stop));
@@ -1323,7 +1345,7 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     // Everything this node handed to its sockets: shares, catch-up slices,
     // membership messages (bytes_sent counts shares and slices as framed).
     event["transport_bytes_sent"] = transport_bytes;
-    event["seconds"] = std::chrono::duration<double>(Clock::now() - began).count();
+    event["seconds"] = s.clock().seconds_since(began);
     if (s.dp) {
       event["epsilon"] = s.dp->after(static_cast<int64_t>(s.version)).epsilon;
       event["delta"] = s.dp->delta;

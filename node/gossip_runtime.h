@@ -39,6 +39,7 @@
 
 #include "base/status.h"
 #include "node/gossip_config.h"
+#include "protocol/environment.h"
 
 namespace fedmesh::node {
 
@@ -46,7 +47,10 @@ using GossipEventSink = std::function<void(const nlohmann::json& event)>;
 
 class GossipRuntime {
  public:
-  static Result<std::unique_ptr<GossipRuntime>> start(GossipConfig config, GossipEventSink emit);
+  // `env`: the clock, network, helper threads and store file system
+  // (production: the real ones; the fault simulator passes its own).
+  static Result<std::unique_ptr<GossipRuntime>> start(GossipConfig config, GossipEventSink emit,
+                                                      protocol::RuntimeEnvironment env = {});
   ~GossipRuntime();
   Status run(const std::atomic<bool>& stop);
   const std::string& metrics_address() const;

@@ -13,12 +13,18 @@ constexpr int kRepliesPerPass = 64;
 
 }  // namespace
 
-PeerLink::PeerLink(std::string member, Dial dial, std::chrono::milliseconds send_timeout)
-    : member_(std::move(member)), dial_(std::move(dial)), send_timeout_(send_timeout), thread_([this] { run(); }) {}
+PeerLink::PeerLink(std::string member, Dial dial, std::chrono::milliseconds send_timeout, Clock& clock,
+                   Threads& threads)
+    : member_(std::move(member)),
+      dial_(std::move(dial)),
+      send_timeout_(send_timeout),
+      clock_(clock),
+      threads_(threads),
+      thread_(threads_.start([this] { run(); })) {}
 
 PeerLink::~PeerLink() {
   close();
-  thread_.join();
+  thread_->join();
 }
 
 void PeerLink::close() {
@@ -26,7 +32,7 @@ void PeerLink::close() {
     std::lock_guard lock(mutex_);
     if (stopping_) return;
     stopping_ = true;
-    drain_until_ = std::chrono::steady_clock::now() + kDrainOnClose;
+    drain_until_ = clock_.now() + kDrainOnClose;
   }
   changed_.notify_all();
 }
@@ -67,8 +73,8 @@ void PeerLink::run() {
     bool have = false;
     {
       std::unique_lock lock(mutex_);
-      changed_.wait_for(lock, std::chrono::milliseconds(10), [&] { return stopping_ || !queue_.empty(); });
-      const bool out_of_time = stopping_ && std::chrono::steady_clock::now() > drain_until_;
+      if (!stopping_ && queue_.empty()) threads_.wait_for(changed_, lock, std::chrono::milliseconds(10));
+      const bool out_of_time = stopping_ && clock_.now() > drain_until_;
       if (!queue_.empty() && !out_of_time) {
         next = std::move(queue_.front());
         queue_.pop_front();
@@ -91,7 +97,7 @@ void PeerLink::run() {
       } else {
         Status sent = unavailable("not connected");
         if (!socket_) {
-          Result<std::unique_ptr<protocol::ClientSocket>> dialed = dial_();
+          Result<std::unique_ptr<protocol::ClientChannel>> dialed = dial_();
           if (dialed.is_ok()) {
             socket_ = std::move(*dialed);
             counters_.store(&socket_->counters(), std::memory_order_release);

@@ -23,19 +23,23 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/status.h"
+#include "base/threads.h"
 #include "protocol/transport.h"
 
 namespace fedmesh::node {
 
 class PeerLink {
  public:
-  using Dial = std::function<Result<std::unique_ptr<protocol::ClientSocket>>()>;
+  using Dial = std::function<Result<std::unique_ptr<protocol::ClientChannel>>()>;
   // Dials lazily (at the first message, and again after a failed dial).
-  PeerLink(std::string member, Dial dial, std::chrono::milliseconds send_timeout);
+  // The link's thread comes from `threads` and reads time from `clock`
+  // (the runtime's: protocol::RuntimeEnvironment).
+  PeerLink(std::string member, Dial dial, std::chrono::milliseconds send_timeout, Clock& clock = real_clock(),
+           Threads& threads = real_threads());
   // Sends what is queued first (for at most 2 s from close(), plus the
   // message being sent; what is left is reported undelivered), then stops.
   ~PeerLink();
@@ -86,17 +90,19 @@ class PeerLink {
   std::string member_;
   Dial dial_;
   std::chrono::milliseconds send_timeout_;
-  std::unique_ptr<protocol::ClientSocket> socket_;  // the link thread's only
+  std::unique_ptr<protocol::ClientChannel> socket_;  // the link thread's only
   std::atomic<const protocol::TransportCounters*> counters_{nullptr};
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Queued> queue_;
   Report report_;
   bool stopping_ = false;
-  std::chrono::steady_clock::time_point drain_until_;  // set with stopping_
+  Clock::time_point drain_until_;  // set with stopping_
   std::set<uint64_t> failed_;    // shares whose rest is dropped (link thread)
   std::map<uint64_t, uint64_t> share_bytes_;  // bytes of shares in progress (link thread)
-  std::thread thread_;
+  Clock& clock_;
+  Threads& threads_;
+  std::unique_ptr<Threads::Handle> thread_;  // last: started once the rest is set
 };
 
 }  // namespace fedmesh::node

@@ -34,8 +34,8 @@ int64_t join_fixed_point(const float pieces[3]) {
   return static_cast<int64_t>((high << 42) | (middle << 21) | low);
 }
 
-ReplicaSync::ReplicaSync(gossip::ReplicaState state, std::string self)
-    : state_(std::move(state)), self_(std::move(self)) {}
+ReplicaSync::ReplicaSync(gossip::ReplicaState state, std::string self, Clock& clock)
+    : state_(std::move(state)), self_(std::move(self)), clock_(&clock) {}
 
 Status ReplicaSync::make(uint64_t round, std::span<const std::vector<float>> trained) {
   Result<gossip::OwnUpdate> update = state_.make_update(trained);
@@ -95,9 +95,7 @@ Status ReplicaSync::persist(uint64_t round, store::CheckpointStore& store) {
   // Unique per making: a round made again after a crash before its commit
   // gets a new id, and the stray one is retired at the next commit.
   static std::atomic<uint64_t> made{0};
-  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
-                          std::chrono::system_clock::now().time_since_epoch()).count();
-  const std::string id = std::string(kOwnIdPrefix) + std::to_string(round) + "." + std::to_string(micros) + "." +
+  const std::string id = std::string(kOwnIdPrefix) + std::to_string(round) + "." + std::to_string(clock_->unix_micros()) + "." +
                          std::to_string(made.fetch_add(1));
   const std::vector<uint8_t> payload = encode_own_update(round, own.index, own.value);
   store::PendingUpdate entry;

@@ -34,6 +34,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/clock.h"
 #include "base/status.h"
 #include "gossip/replicas.h"
 #include "kernels/tensor.h"
@@ -46,7 +47,8 @@ class ReplicaSync {
  public:
   static constexpr uint64_t kKeptRounds = 16;
 
-  ReplicaSync(gossip::ReplicaState state, std::string self);
+  // `clock`: the runtime's (its Unix time names our own updates in the store).
+  ReplicaSync(gossip::ReplicaState state, std::string self, Clock& clock = real_clock());
 
   gossip::ReplicaState& state() { return state_; }
   const gossip::ReplicaState& state() const { return state_; }
@@ -88,6 +90,7 @@ class ReplicaSync {
  private:
   gossip::ReplicaState state_;
   std::string self_;
+  Clock* clock_;
   struct Own {
     std::vector<protocol::EncodedTensor> tensors;
     std::vector<uint64_t> index;  // flat over the manifest's tensors; freed once persisted

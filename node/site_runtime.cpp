@@ -654,6 +654,14 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   if (outcome->rejection && outcome->rejection->code == wire::RejectCode::REVOKED) {
     return stop_revoked("refused this site's update: " + outcome->rejection->reason);
   }
+  if (outcome->rejection && outcome->rejection->code == wire::RejectCode::REPLAYED &&
+      outcome->rejection->last_accepted >= metadata.sequence) {
+    // The aggregator holds a later sequence of ours than we knew (a crash
+    // lost the last we used, and our clock went back): sign it again above.
+    last_sequence = std::max(last_sequence, outcome->rejection->last_accepted);
+    return unavailable("the aggregator has accepted sequence " + std::to_string(outcome->rejection->last_accepted) +
+                       " of ours, above this update's " + std::to_string(metadata.sequence) + ": sending it again above");
+  }
   if (outcome->rejection && protocol::reject_is_retryable(outcome->rejection->code)) {
     // Nothing of it was kept (the residual holds it all again): the round
     // stays unanswered and the next poll trains and sends it again.

@@ -227,6 +227,10 @@ struct Reject {
   sequence @0 :UInt64;
   code @1 :RejectCode;
   text @2 :Text;
+  # replayed: the last sequence the receiver accepted from this sender (0:
+  # not said). A sender whose counter fell behind it (a crash lost the
+  # sequences it used last, and its clock went back) moves above it.
+  lastAccepted @3 :UInt64;
 }
 
 struct Heartbeat {

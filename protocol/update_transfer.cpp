@@ -311,6 +311,7 @@ OutgoingMessage make_reject(uint64_t sequence, const Rejection& rejection) {
   reject.setSequence(sequence);
   reject.setCode(rejection.code);
   reject.setText(rejection.reason.substr(0, kMaxTextBytes));
+  reject.setLastAccepted(rejection.last_accepted);
   return serialize(builder);
 }
 
@@ -459,8 +460,9 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
       transfer.next_chunk = chunk_count;
       return true;
     }
-    return fail(wire::RejectCode::REPLAYED,
-                replayed_reason(m.sender, m.sequence, replay_.last_accepted(transfer.replay_key)));
+    const uint64_t last = replay_.last_accepted(transfer.replay_key);
+    last_rejection_ = Rejection{wire::RejectCode::REPLAYED, replayed_reason(m.sender, m.sequence, last), last};
+    return false;
   }
   const uint64_t oldest_round = policy_.current_round > policy_.max_round_lag ? policy_.current_round - policy_.max_round_lag : 0;
   if (m.round > policy_.current_round || m.round < oldest_round || m.base_version > policy_.current_version) {
@@ -638,7 +640,9 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   const crypto::Hash header_hash = transfer.header_hash;
   if (const Status replay = replay_.check(key, sequence); !replay.is_ok()) {
     transfers_.erase(found);
-    return reject(sequence, wire::RejectCode::REPLAYED, replayed_reason(sender, sequence, replay_.last_accepted(key)));
+    const uint64_t last = replay_.last_accepted(key);
+    last_rejection_ = Rejection{wire::RejectCode::REPLAYED, replayed_reason(sender, sequence, last), last};
+    return make_reject(sequence, *last_rejection_);
   }
   if (admit_update_) {
     if (std::optional<std::string> refused = admit_update_(transfer.metadata)) {

@@ -25,7 +25,8 @@ Result<std::unique_ptr<ParsedMessage>> next_reply(ClientChannel& socket, std::ch
 }
 
 Rejection rejection_of(wire::Reject::Reader reject) {
-  return Rejection{reject.getCode(), std::string(reject.getText().cStr(), reject.getText().size())};
+  return Rejection{reject.getCode(), std::string(reject.getText().cStr(), reject.getText().size()),
+                   reject.getLastAccepted()};
 }
 
 }  // namespace

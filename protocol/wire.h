@@ -56,6 +56,7 @@ inline constexpr uint32_t kMaxTensorRank = 8;
 struct Rejection {
   wire::RejectCode code = wire::RejectCode::MALFORMED;
   std::string reason;
+  uint64_t last_accepted = 0;  // replayed: the receiver's last accepted sequence from the sender (Reject.lastAccepted)
 };
 const char* reject_code_name(wire::RejectCode code);  // "malformed", "too-large", ...
 // A refusal that says nothing about the update itself (the receiver was busy,

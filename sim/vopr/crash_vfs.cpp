@@ -32,6 +32,7 @@ struct State {
   std::map<int, bool> dead;
   std::map<std::string, WatchedFile> files;
   std::function<FileFault(int, FileOperation, const std::string&)> hook;
+  std::function<int64_t()> unix_ms;  // SQLite's clock ('now'); empty: the unix VFS's
   CrashVfsCounters counters;
   sqlite3_vfs* base = nullptr;
   sqlite3_vfs vfs{};
@@ -229,6 +230,27 @@ int x_delete(sqlite3_vfs* vfs, const char* name, int sync_dir) {
   return s.base->xDelete(s.base, name, sync_dir);
 }
 
+// SQLite's clock, in milliseconds since the Julian epoch (as xCurrentTimeInt64).
+int x_current_time_int64(sqlite3_vfs*, sqlite3_int64* out) {
+  State& s = state();
+  std::function<int64_t()> unix_ms;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    unix_ms = s.unix_ms;
+  }
+  if (!unix_ms) return s.base->xCurrentTimeInt64(s.base, out);
+  constexpr sqlite3_int64 kUnixEpochJulianMs = 210866760000000;
+  *out = kUnixEpochJulianMs + unix_ms();
+  return SQLITE_OK;
+}
+
+int x_current_time(sqlite3_vfs* vfs, double* out) {
+  sqlite3_int64 ms = 0;
+  const int rc = x_current_time_int64(vfs, &ms);
+  *out = static_cast<double>(ms) / 86400000.0;
+  return rc;
+}
+
 }  // namespace
 
 void register_crash_vfs() {
@@ -243,6 +265,8 @@ void register_crash_vfs() {
   s.vfs.pNext = nullptr;
   s.vfs.xOpen = x_open;
   s.vfs.xDelete = x_delete;
+  s.vfs.xCurrentTime = x_current_time;
+  s.vfs.xCurrentTimeInt64 = x_current_time_int64;
   // Version 2: shared memory (WAL) yes, memory-mapped reads no (they would
   // bypass what this VFS watches).
   s.methods.iVersion = 2;
@@ -277,6 +301,12 @@ void set_disk_dead(int owner, bool dead) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.dead[owner] = dead;
+}
+
+void set_time_source(std::function<int64_t()> unix_ms) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.unix_ms = std::move(unix_ms);
 }
 
 void set_fault_hook(std::function<FileFault(int, FileOperation, const std::string&)> hook) {

@@ -41,6 +41,12 @@ void set_disk_dead(int owner, bool dead);
 // the VFS's lock: the hook must not call back into this file's functions).
 void set_fault_hook(std::function<FileFault(int owner, FileOperation op, const std::string& path)> hook);
 
+// SQLite's clock for stores opened through this VFS (strftime('now'), the
+// stores' commit times): milliseconds since the Unix epoch; empty: the
+// real clock. The simulator sets virtual time, so a seed's stores and
+// events replay bit for bit.
+void set_time_source(std::function<int64_t()> unix_ms);
+
 // A power cut for `owner`: each file goes back to what it held at its last
 // sync, plus each unsynced write kept with probability `keep` (a kept one
 // torn at a 512-byte boundary with probability `tear`); the shared-memory

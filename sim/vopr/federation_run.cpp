@@ -14,11 +14,14 @@
 #include "aggregator/server_config.h"
 #include "crypto/keys.h"
 #include "crypto/roster.h"
+#include "node/gossip_config.h"
+#include "node/gossip_runtime.h"
 #include "node/site_config.h"
 #include "node/site_runtime.h"
 #include "protocol/environment.h"
 #include "protocol/wire.h"
 #include "sim/vopr/crash_vfs.h"
+#include "sim/vopr/seeded_randomness.h"
 #include "store/checkpoint_store.h"
 #include "store/sqlite.h"
 
@@ -31,6 +34,9 @@ constexpr int kTableRows = 120;                           // per site
 constexpr int kFeatures = 4;
 
 std::string site_name(int k) { return "site-" + std::to_string(k); }
+// A gossip peer's address: a name on the simulated network.
+std::string peer_address(int k) { return "tcp://10.0.0." + std::to_string(k + 1) + ":7500"; }
+constexpr const char* kReady = "ready-2";  // the work dir holds this version's files
 
 // Two classes, Gaussian clusters apart on every feature: a model learns it in
 // a few steps, so every round changes the model.
@@ -152,11 +158,52 @@ void check_store(const fs::path& path, bool aggregator, bool sync_rounds, Checke
   }
 }
 
+// Gossip (replicas), once every peer has exited: each finished its rounds,
+// lacks no update a member still keeps, and holds the same exact sum (its
+// digest) over as many updates as every other peer: an update applied
+// twice, or lost for good, at one peer would show here.
+void check_replicas(const RunOptions& o, const std::map<int, nlohmann::json>& finished, Checker& checker) {
+  std::string digest;
+  uint64_t applied = 0;
+  int64_t least_version = -1;
+  for (int k = 0; k < o.sites; ++k) {
+    const auto it = finished.find(k);
+    if (it == finished.end()) {
+      checker.fail("liveness: " + site_name(k) + " never finished");
+      return;
+    }
+    const nlohmann::json& f = it->second;
+    const int64_t version = f.value("version", int64_t{0});
+    least_version = least_version < 0 ? version : std::min(least_version, version);
+    if (version < o.rounds) {
+      checker.fail(site_name(k) + " finished at version " + std::to_string(version) + " of " + std::to_string(o.rounds));
+      return;
+    }
+    const nlohmann::json missing = f.value("updates_missing", nlohmann::json::object());
+    if (!missing.empty()) {
+      checker.fail(site_name(k) + " finished lacking updates: " + missing.dump());
+      return;
+    }
+    const std::string d = f.value("replica_digest", std::string());
+    const uint64_t n = f.value("updates_applied", uint64_t{0});
+    if (k == 0) {
+      digest = d;
+      applied = n;
+    } else if (d != digest || n != applied) {
+      checker.fail("replicas differ: " + site_name(0) + " holds " + digest.substr(0, 16) + " over " +
+                   std::to_string(applied) + " updates, " + site_name(k) + " " + d.substr(0, 16) + " over " +
+                   std::to_string(n));
+      return;
+    }
+  }
+  checker.rounds_committed = least_version;
+}
+
 }  // namespace
 
 Status prepare_federation(const RunOptions& o) {
   const fs::path dir(o.work_dir);
-  if (fs::exists(dir / "ready")) return Status::ok();
+  if (fs::exists(dir / kReady)) return Status::ok();
   std::error_code error;
   fs::remove_all(dir, error);
   fs::create_directories(dir / "keys");
@@ -175,6 +222,17 @@ Status prepare_federation(const RunOptions& o) {
   }
   FEDMESH_RETURN_IF_ERROR(crypto::sign_roster(roster, *admin));
   FEDMESH_RETURN_IF_ERROR(crypto::write_roster(roster, dir / "roster.toml"));
+  // Gossip: the same sites as peers with addresses, and no aggregator.
+  crypto::Roster peers = roster;
+  peers.sites.clear();
+  for (int k = 0; k < o.sites; ++k) {
+    crypto::RosterEntry entry = roster.sites[static_cast<size_t>(k) + 1];
+    entry.role = crypto::Role::kPeer;
+    entry.address = peer_address(k);
+    peers.sites.push_back(std::move(entry));
+  }
+  FEDMESH_RETURN_IF_ERROR(crypto::sign_roster(peers, *admin));
+  FEDMESH_RETURN_IF_ERROR(crypto::write_roster(peers, dir / "roster-gossip.toml"));
   const std::string admin_hex = crypto::to_hex(admin->identity.sign_public);
 
   // A small model: the simulator tests the protocol and the stores, and a
@@ -184,9 +242,10 @@ Status prepare_federation(const RunOptions& o) {
                                                           "  { type = \"relu\" },\n  { type = \"linear\" },\n]\n"));
   write_table(dir / "test.csv", 200, 1000);
   for (int k = 0; k < o.sites; ++k) write_table(dir / (site_name(k) + ".csv"), kTableRows, 2000 + k);
-  const std::string common = "federation = \"vopr\"\nroster = " + quoted(dir / "roster.toml") +
-                             "\nadmin_public = \"" + admin_hex + "\"\nmodel = " + quoted(dir / "model.toml") + "\nseed = 1\n" +
+  const std::string shared = "federation = \"vopr\"\nadmin_public = \"" + admin_hex + "\"\nmodel = " +
+                             quoted(dir / "model.toml") + "\nseed = 1\n" +
                              "data.label = \"label\"\ndata.classes = [\"no\", \"yes\"]\n";
+  const std::string common = shared + "roster = " + quoted(dir / "roster.toml") + "\n";
   const std::string aggregator_common =
       common + "name = \"aggregator\"\nlisten = \"" + kListen + "\"\nkeys = " + quoted(dir / "keys/aggregator.key") +
       "\nstore = " + quoted(store_of(o, "aggregator")) + "\nrounds = " + std::to_string(o.rounds) +
@@ -204,30 +263,37 @@ Status prepare_federation(const RunOptions& o) {
       aggregator_common + "rounds_mode = \"sync\"\nprivacy.mode = \"private\"\nsecure_aggregation.phase_seconds = 5\n"));
   for (int k = 0; k < o.sites; ++k) {
     const std::string name = site_name(k);
-    const std::string site =
-        common + "name = \"" + name + "\"\naggregator = \"" + kListen + "\"\nkeys = " +
-        quoted(dir / ("keys/" + name + ".key")) + "\nstore = " + quoted(store_of(o, name)) +
-        "\ndata.source = \"csv:" + (dir / (name + ".csv")).string() + "\"\ntraining.threads = 1\n" +
-        "training.batch_size = 16\npoll_seconds = 0.2\n";
+    const std::string own = "name = \"" + name + "\"\nkeys = " + quoted(dir / ("keys/" + name + ".key")) +
+                            "\nstore = " + quoted(store_of(o, name)) + "\ndata.source = \"csv:" +
+                            (dir / (name + ".csv")).string() + "\"\ntraining.threads = 1\ntraining.batch_size = 16\n";
+    const std::string site = common + own + "aggregator = \"" + kListen + "\"\npoll_seconds = 0.2\n";
     FEDMESH_RETURN_IF_ERROR(write_text(dir / (name + "-sync.toml"), site));
     FEDMESH_RETURN_IF_ERROR(write_text(dir / (name + "-async.toml"), site));
     FEDMESH_RETURN_IF_ERROR(write_text(dir / (name + "-private.toml"), site + "privacy.mode = \"private\"\n"));
+    // A gossip peer: replicas (the default merge), the rounds and local
+    // steps of the others; it evaluates only at the end.
+    const std::string peer = shared + "roster = " + quoted(dir / "roster-gossip.toml") + "\n" + own +
+                             "mode = \"gossip\"\ngossip.rounds = " + std::to_string(o.rounds) +
+                             "\ngossip.local_steps = " + std::to_string(o.local_steps) +
+                             "\ngossip.test_limit = 50\ngossip.eval_every = 1000\n";
+    FEDMESH_RETURN_IF_ERROR(write_text(dir / (name + "-gossip.toml"), peer));
   }
-  return write_text(dir / "ready", "");
+  return write_text(dir / kReady, "");
 }
 
 std::string run_mode(const RunOptions& o) {
   if (o.mode != "mixed") return o.mode;
-  static const char* const kModes[] = {"sync", "async", "private"};
-  return kModes[o.seed % 3];
+  static const char* const kModes[] = {"sync", "async", "private", "gossip"};
+  return kModes[o.seed % 4];
 }
 
 RunResult run_federation(const RunOptions& o) {
   RunResult result;
   const std::string mode = run_mode(o);
-  if (mode != "sync" && mode != "async" && mode != "private") {
+  const bool gossip = mode == "gossip";
+  if (mode != "sync" && mode != "async" && mode != "private" && !gossip) {
     result.ok = false;
-    result.violation = "unknown mode '" + mode + "' (sync, async, private or mixed)";
+    result.violation = "unknown mode '" + mode + "' (sync, async, private, gossip or mixed)";
     return result;
   }
   if (Status s = prepare_federation(o); !s.is_ok()) {
@@ -236,21 +302,43 @@ RunResult run_federation(const RunOptions& o) {
     return result;
   }
   const fs::path dir(o.work_dir);
-  Result<aggregator::AggregatorConfig> agg_config = aggregator::read_aggregator_config((dir / ("agg-" + mode + ".toml")).string());
-  if (!agg_config.is_ok()) {
-    result.ok = false;
-    result.violation = "aggregator config: " + agg_config.status().message();
-    return result;
-  }
-  std::vector<node::SiteConfig> site_configs;
-  for (int k = 0; k < o.sites; ++k) {
-    Result<node::SiteConfig> c = node::read_site_config((dir / (site_name(k) + "-" + mode + ".toml")).string());
+  std::optional<aggregator::AggregatorConfig> agg_config;
+  if (!gossip) {
+    Result<aggregator::AggregatorConfig> c = aggregator::read_aggregator_config((dir / ("agg-" + mode + ".toml")).string());
     if (!c.is_ok()) {
       result.ok = false;
-      result.violation = site_name(k) + " config: " + c.status().message();
+      result.violation = "aggregator config: " + c.status().message();
       return result;
     }
-    site_configs.push_back(std::move(*c));
+    agg_config = std::move(*c);
+    // The work dir's files were written for the first run's options.
+    agg_config->rounds = o.rounds;
+    agg_config->local_steps = o.local_steps;
+    agg_config->linger_seconds = static_cast<double>(o.faults_until / kSecond + 15);
+  }
+  std::vector<node::SiteConfig> site_configs;
+  std::vector<node::GossipConfig> peer_configs;
+  for (int k = 0; k < o.sites; ++k) {
+    const std::string file = (dir / (site_name(k) + "-" + mode + ".toml")).string();
+    Status read = Status::ok();
+    if (gossip) {
+      Result<node::GossipConfig> c = node::read_gossip_config(file);
+      if (c.is_ok()) {
+        c->rounds = o.rounds;
+        c->local_steps = o.local_steps;
+        peer_configs.push_back(std::move(*c));
+      }
+      read = c.status();
+    } else {
+      Result<node::SiteConfig> c = node::read_site_config(file);
+      if (c.is_ok()) site_configs.push_back(std::move(*c));
+      read = c.status();
+    }
+    if (!read.is_ok()) {
+      result.ok = false;
+      result.violation = site_name(k) + " config: " + read.message();
+      return result;
+    }
   }
 
   std::error_code error;
@@ -258,10 +346,14 @@ RunResult run_federation(const RunOptions& o) {
   register_crash_vfs();
   reset_crash_vfs();
   World world(o.seed);
+  seed_randomness(o.seed);
+  SimClock store_clock(world);  // the running process's Unix time (its clock jumps too)
+  set_time_source([&store_clock] { return static_cast<int64_t>(store_clock.unix_ms()); });
   Checker checker;
   // Slow sites: each training step of a site takes up to 0.3 virtual seconds
   // (a site with a slower GPU, or a busy one); half the sites are fast.
-  for (node::SiteConfig& c : site_configs) {
+  for (int k = 0; k < o.sites; ++k) {
+    node::SiteConfig& c = gossip ? peer_configs[static_cast<size_t>(k)].site : site_configs[static_cast<size_t>(k)];
     c.step_delay_seconds = world.chance(0.5) ? world.uniform() * 0.3 : 0.0;
   }
   bool faults_on = o.faults;
@@ -274,24 +366,35 @@ RunResult run_federation(const RunOptions& o) {
     checker.on_server_message(to, bytes);
   };
 
-  // Processes: 0 is the aggregator, k + 1 site k. A process's store folder
-  // is watched under its id.
-  bool aggregator_finished = false;
-  std::vector<bool> exited_cleanly(static_cast<size_t>(o.sites) + 1, false);
+  // Processes: 0 is the aggregator, k + 1 site k; in gossip mode k is peer
+  // k (site-k) and there is no aggregator. A process's store folder is
+  // watched under its id.
+  const int aggregator_id = gossip ? -1 : 0;
+  bool aggregator_finished = gossip;
+  std::vector<bool> exited_cleanly(static_cast<size_t>(o.sites) + (gossip ? 0 : 1), false);
+  std::map<int, nlohmann::json> peer_finished;  // gossip: each peer's last `finished` event
+  // Gossip: faults stop once a peer has made its second-to-last round. A
+  // peer that is down or cut off when the others finish cannot be waited
+  // for (they leave), so the replicas are compared after a fault-free end.
+  bool last_round_near = false;
   const auto sink_for = [&](int id) {
-    return [&world, &aggregator_finished, id](const nlohmann::json& event) {
+    return [&world, &aggregator_finished, &peer_finished, &last_round_near, &o, gossip, id](const nlohmann::json& event) {
       const std::string kind = event.value("event", "");
-      if (kind == "finished" && id == 0) aggregator_finished = true;
+      if (kind == "finished" && id == 0 && !gossip) aggregator_finished = true;
+      if (kind == "finished" && gossip) peer_finished[id] = event;
+      if (kind == "round" && gossip && event.value("round", int64_t{0}) >= o.rounds - 1) last_round_near = true;
       if (kind == "round_closed" || kind == "round" || kind == "update" || kind == "finished" || kind == "error" ||
-          kind == "restored" || kind == "resumed" || kind == "trained" || kind == "sent" || kind == "refused") {
+          kind == "restored" || kind == "resumed" || kind == "trained" || kind == "sent" || kind == "refused" ||
+          kind == "resume" || kind == "catch-up" || kind == "warning" || kind == "member") {
         world.trace(world.process(id).name + " " + event.dump().substr(0, 200));
       }
     };
   };
-  const int aggregator_id = world.add_process("aggregator", [&, id = 0] {
+  if (!gossip) world.add_process("aggregator", [&, id = 0] {
     SimClock clock(world);
     SimNetwork network(world, clock, id, "aggregator");
-    protocol::RuntimeEnvironment env{&clock, &network, kCrashVfsName, false};
+    SimThreads threads(world);
+    protocol::RuntimeEnvironment env{&clock, &network, &threads, kCrashVfsName, false};
     Result<std::unique_ptr<aggregator::AggregatorServer>> server =
         aggregator::AggregatorServer::start(*agg_config, sink_for(id), env);
     if (!server.is_ok()) {
@@ -303,11 +406,30 @@ RunResult run_federation(const RunOptions& o) {
     world.trace("aggregator exited: " + (s.is_ok() ? std::string("ok") : s.message()));
     exited_cleanly[0] = s.is_ok() && aggregator_finished;
   });
-  for (int k = 0; k < o.sites; ++k) {
+  for (int k = 0; k < o.sites && gossip; ++k) {
+    world.add_process(site_name(k), [&, k, id = k] {
+      SimClock clock(world);
+      SimNetwork network(world, clock, id, site_name(k));
+      SimThreads threads(world);
+      protocol::RuntimeEnvironment env{&clock, &network, &threads, kCrashVfsName, false};
+      Result<std::unique_ptr<node::GossipRuntime>> peer =
+          node::GossipRuntime::start(peer_configs[static_cast<size_t>(k)], sink_for(id), env);
+      if (!peer.is_ok()) {
+        world.trace(site_name(k) + " did not start: " + peer.status().message());
+        return;
+      }
+      std::atomic<bool> stop{false};
+      const Status s = (*peer)->run(stop);
+      world.trace(site_name(k) + " exited: " + (s.is_ok() ? std::string("ok") : s.message()));
+      exited_cleanly[static_cast<size_t>(id)] = s.is_ok();
+    });
+  }
+  for (int k = 0; k < o.sites && !gossip; ++k) {
     world.add_process(site_name(k), [&, k, id = k + 1] {
       SimClock clock(world);
       SimNetwork network(world, clock, id, site_name(k));
-      protocol::RuntimeEnvironment env{&clock, &network, kCrashVfsName, false};
+      SimThreads threads(world);
+      protocol::RuntimeEnvironment env{&clock, &network, &threads, kCrashVfsName, false};
       Result<std::unique_ptr<node::SiteRuntime>> site =
           node::SiteRuntime::start(site_configs[static_cast<size_t>(k)], sink_for(id), {}, env);
       if (!site.is_ok()) {
@@ -372,8 +494,7 @@ RunResult run_federation(const RunOptions& o) {
     }
     set_disk_dead(id, false);
     check_store(store_of(o, p.name), id == aggregator_id, mode != "async", checker, result);
-    const bool done = id == aggregator_id ? exited_cleanly[0] : exited_cleanly[static_cast<size_t>(id)];
-    if (!done) {
+    if (!exited_cleanly[static_cast<size_t>(id)]) {
       // A supervisor restarts it (systemd's Restart=on-failure).
       restart_at[static_cast<size_t>(id)] = world.now() + kSecond / 2 + exponential(2 * kSecond);
     }
@@ -392,12 +513,13 @@ RunResult run_federation(const RunOptions& o) {
       world.advance_to(control);
     }
     const Nanos now = world.now();
-    if (faults_on && now >= o.faults_until) {
+    if (faults_on && (now >= o.faults_until || last_round_near)) {
       faults_on = false;
       world.faults = NetworkFaults{};
       for (size_t id = 0; id < world.process_count(); ++id) {
         world.set_partitioned(world.process(static_cast<int>(id)).name, false);
         heal_at[id] = -1;
+        if (restart_at[id] > now) restart_at[id] = now;  // what is down comes back now
       }
       world.trace("faults stop");
     }
@@ -447,9 +569,13 @@ RunResult run_federation(const RunOptions& o) {
     // Done when every site has exited cleanly after the last round: the
     // aggregator then only lingers for sites that have all left.
     bool all_done = aggregator_finished;
-    for (size_t id = 1; id < world.process_count(); ++id) {
-      if (!exited_cleanly[id]) all_done = false;
+    for (size_t id = 0; id < world.process_count(); ++id) {
+      // (Its thread may still be joining its helpers.)
+      if (static_cast<int>(id) != aggregator_id && (!exited_cleanly[id] || world.process(static_cast<int>(id)).alive)) {
+        all_done = false;
+      }
     }
+    if (all_done && gossip) break;
     if (all_done) {
       if (world.process(aggregator_id).alive) {
         set_disk_dead(aggregator_id, true);
@@ -469,10 +595,15 @@ RunResult run_federation(const RunOptions& o) {
     }
   }
   if (checker.violation.empty()) {
-    check_store(store_of(o, "aggregator"), true, mode != "async", checker, result);
+    if (!gossip) check_store(store_of(o, "aggregator"), true, mode != "async", checker, result);
     for (int k = 0; k < o.sites; ++k) check_store(store_of(o, site_name(k)), false, false, checker, result);
   }
-  if (checker.violation.empty()) {
+  if (checker.violation.empty() && gossip) {
+    for (size_t id = 0; id < world.process_count(); ++id) {
+      if (!exited_cleanly[id]) checker.fail("liveness: " + world.process(static_cast<int>(id)).name + " did not finish");
+    }
+    check_replicas(o, peer_finished, checker);
+  } else if (checker.violation.empty()) {
     if (!aggregator_finished || checker.rounds_committed < o.rounds) {
       checker.fail("liveness: " + std::to_string(checker.rounds_committed) + " of " + std::to_string(o.rounds) +
                    " rounds committed by " + std::to_string(o.deadline / kSecond) + " s (faults stopped at " +
@@ -500,6 +631,7 @@ RunResult run_federation(const RunOptions& o) {
     }
   }
   set_fault_hook(nullptr);
+  set_time_source(nullptr);
   return result;
 }
 

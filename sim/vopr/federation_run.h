@@ -1,6 +1,7 @@
 // One seeded run of a federation under the fault simulator: the real
 // AggregatorServer and N real SiteRuntimes (aggregator/server.cpp,
-// node/site_runtime.cpp, unchanged) in one World on virtual time, their
+// node/site_runtime.cpp, unchanged), or N real GossipRuntimes
+// (node/gossip_runtime.cpp), in one World on virtual time, their
 // stores real SQLite files reached through the crash VFS. While faults are
 // on, the seed decides message loss, duplication and delay, partitions of a
 // site, crashes of any process while it waits or between any two writes or
@@ -19,7 +20,9 @@
 //   5. after every crash the process's store opens, passes
 //      PRAGMA integrity_check and its newest round verifies;
 //   8. liveness: once faults stop, every round is committed by the deadline
-//      and every process exits cleanly.
+//      and every process exits cleanly;
+//   9. gossip: every peer finishes its rounds lacking no update a member
+//      keeps, and all hold the same exact sum over as many updates.
 #pragma once
 
 #include <cstdint>
@@ -52,9 +55,10 @@ struct RunOptions {
   Nanos faults_until = 90 * kSecond;
   Nanos deadline = 600 * kSecond; // liveness: everything done by then
   bool faults = true;
-  // How the aggregator runs rounds: "sync", "async" (FedBuff, 2 updates per
-  // step), "private" (sync rounds through secure aggregation), or "mixed":
-  // the seed picks (seed % 3: sync, async, private).
+  // How the federation runs rounds: "sync", "async" (FedBuff, 2 updates per
+  // step), "private" (sync rounds through secure aggregation), "gossip" (the
+  // sites are peers, no aggregator), or "mixed": the seed picks (seed % 4:
+  // sync, async, private, gossip).
   std::string mode = "mixed";
   FaultRates rates;
 };

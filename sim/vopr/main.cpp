@@ -1,5 +1,6 @@
 // fedmesh-vopr: the fault simulator's driver. Runs seeded federations of the
-// real aggregator and site runtimes on virtual time (sim/vopr/) and checks
+// real aggregator and site runtimes, or of gossip peers, on virtual time
+// (sim/vopr/) and checks
 // the invariants of DESIGN.md after every step; a violation prints its seed,
 // the virtual time and the last events, and the same seed replays it.
 #include <sys/statvfs.h>
@@ -11,9 +12,11 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/vopr/federation_run.h"
+#include "sim/vopr/seeded_randomness.h"
 
 namespace {
 
@@ -25,24 +28,29 @@ void usage(FILE* out) {
   std::fprintf(out,
                "Usage: fedmesh-vopr [--seed N | --seeds-file FILE] [--seconds S] [--runs K] [options]\n"
                "\n"
-               "Runs a federation of the real aggregator and site runtimes in one process on\n"
-               "virtual time, with faults decided by a seed: message loss, duplication and\n"
+               "Runs a federation of the real aggregator and site runtimes, or of real gossip\n"
+               "peers, in one process on virtual time, with faults decided by a seed: message\n"
+               "loss, duplication and\n"
                "delay, partitions, crashes at any wait or between any two writes of a store,\n"
                "power cuts losing unsynced writes, failed fsyncs, a full disk. Faults stop at\n"
                "--faults-until; the federation must then finish. The invariants of DESIGN.md\n"
                "(acknowledged updates durable, each counted once, one model per version, stores\n"
-               "open and verify after every crash, liveness) are checked as it runs.\n"
+               "open and verify after every crash, liveness; gossip: every peer ends with the\n"
+               "same replica, no update missing) are checked as it runs.\n"
                "\n"
                "  --seed N           run this seed only (replays a failure exactly)\n"
-               "  --seeds-file FILE  run the seeds listed in FILE (one per line, # comments)\n"
+               "  --seeds-file FILE  run the seeds listed in FILE (one per line, SEED [MODE\n"
+               "                     [ROUNDS]], # comments; a line's mode and rounds override\n"
+               "                     --mode and --rounds)\n"
                "  --first-seed N     random seeds start here (default: from the clock)\n"
                "  --seconds S        keep running new seeds for S wall seconds (default 60)\n"
                "  --runs K           or stop after K seeds\n"
                "  --sites N          sites per federation (default 3)\n"
                "  --rounds R         rounds per federation (default 3)\n"
                "  --faults-until S   virtual seconds of faults (default 90)\n"
-               "  --mode M           sync, async (FedBuff), private (secure aggregation), or\n"
-               "                     mixed: the seed picks (seed %% 3); default mixed\n"
+               "  --mode M           sync, async (FedBuff), private (secure aggregation), gossip\n"
+               "                     (peers, no aggregator), or mixed: the seed picks (seed %% 4,\n"
+               "                     in that order); default mixed\n"
                "  --no-faults        no faults at all (the baseline)\n"
                "  --replay-check     run every seed twice and require the same trace\n"
                "  --work DIR         scratch folder (default: a new one in /dev/shm when it has\n"
@@ -60,8 +68,18 @@ bool parse_number(const char* text, uint64_t& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: libsodium's random bytes follow from each run's seed.
+  fedmesh::sim::vopr::install_seeded_randomness();
   RunOptions options;
-  std::vector<uint64_t> seeds;
+  struct Seed {
+    uint64_t seed = 0;
+    std::string mode;  // "": --mode
+    int rounds = 0;    // 0: --rounds
+  };
+  std::vector<Seed> seeds;
+  const auto known_mode = [](const std::string& m) {
+    return m == "sync" || m == "async" || m == "private" || m == "gossip" || m == "mixed";
+  };
   bool fixed = false, replay_check = false, verbose = false;
   uint64_t first_seed = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) % 1000000007;
   double seconds = 60.0;
@@ -88,7 +106,7 @@ int main(int argc, char** argv) {
       usage(stdout);
       return 0;
     } else if (a == "--seed") {
-      seeds.push_back(number());
+      seeds.push_back({number(), "", 0});
       fixed = true;
     } else if (a == "--seeds-file") {
       const char* file = value();
@@ -102,12 +120,23 @@ int main(int argc, char** argv) {
         if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
         while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r')) line.pop_back();
         if (line.empty()) continue;
-        uint64_t seed = 0;
-        if (!parse_number(line.c_str(), seed)) {
-          std::fprintf(stderr, "fedmesh-vopr: %s: not a seed: '%s'\n", file, line.c_str());
+        std::vector<std::string> words;
+        for (size_t at = line.find_first_not_of(" \t"); at != std::string::npos;) {
+          const size_t end = line.find_first_of(" \t", at);
+          words.push_back(line.substr(at, end == std::string::npos ? std::string::npos : end - at));
+          at = end == std::string::npos ? end : line.find_first_not_of(" \t", end);
+        }
+        Seed entry;
+        uint64_t rounds = 0;
+        if (words.size() > 3 || !parse_number(words[0].c_str(), entry.seed) ||
+            (words.size() > 1 && !known_mode(words[1])) ||
+            (words.size() > 2 && (!parse_number(words[2].c_str(), rounds) || rounds < 1 || rounds > 100))) {
+          std::fprintf(stderr, "fedmesh-vopr: %s: not SEED [MODE [ROUNDS]]: '%s'\n", file, line.c_str());
           return 2;
         }
-        seeds.push_back(seed);
+        if (words.size() > 1) entry.mode = words[1];
+        entry.rounds = static_cast<int>(rounds);
+        seeds.push_back(entry);
       }
       fixed = true;
     } else if (a == "--first-seed") {
@@ -124,8 +153,8 @@ int main(int argc, char** argv) {
       options.faults_until = static_cast<int64_t>(number()) * kSecond;
     } else if (a == "--mode") {
       options.mode = value();
-      if (options.mode != "sync" && options.mode != "async" && options.mode != "private" && options.mode != "mixed") {
-        std::fprintf(stderr, "fedmesh-vopr: --mode must be sync, async, private or mixed\n");
+      if (!known_mode(options.mode)) {
+        std::fprintf(stderr, "fedmesh-vopr: --mode must be sync, async, private, gossip or mixed\n");
         return 2;
       }
     } else if (a == "--no-faults") {
@@ -162,10 +191,14 @@ int main(int argc, char** argv) {
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(); };
   uint64_t done = 0, rounds = 0, crashes = 0, steps = 0;
   int status = 0;
+  const std::string default_mode = options.mode;
+  const int default_rounds = options.rounds;
   for (uint64_t index = 0;; ++index) {
     if (fixed && index >= seeds.size()) break;
     if (!fixed && ((runs > 0 && index >= runs) || (runs == 0 && elapsed() >= seconds))) break;
-    options.seed = fixed ? seeds[index] : first_seed + index;
+    options.seed = fixed ? seeds[index].seed : first_seed + index;
+    options.mode = fixed && !seeds[index].mode.empty() ? seeds[index].mode : default_mode;
+    options.rounds = fixed && seeds[index].rounds > 0 ? seeds[index].rounds : default_rounds;
     RunResult result = fedmesh::sim::vopr::run_federation(options);
     if (result.ok && replay_check) {
       RunResult again = fedmesh::sim::vopr::run_federation(options);
@@ -173,6 +206,13 @@ int main(int argc, char** argv) {
         result.ok = false;
         result.violation = "the seed did not replay: " + std::to_string(result.steps) + " then " +
                            std::to_string(again.steps) + " steps, digests differ";
+        // The first of the last events that differs (both keep the last 400).
+        for (size_t i = 0; i < std::min(result.recent.size(), again.recent.size()); ++i) {
+          if (result.recent[i] != again.recent[i]) {
+            result.violation += "; first difference in the last events:\n    " + result.recent[i] + "\n    " + again.recent[i];
+            break;
+          }
+        }
       }
     }
     ++done;

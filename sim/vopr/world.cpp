@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <stdexcept>
 #include <utility>
 
 namespace fedmesh::sim::vopr {
@@ -23,6 +24,32 @@ World::~World() {
     if (p->alive) kill(p->id);
     if (p->thread.joinable()) p->thread.join();
   }
+  for (auto& h : helpers_) {
+    if (h->thread.joinable()) h->thread.join();
+  }
+}
+
+int World::start_helper(std::function<void()> body) {
+  if (running_ < 0) throw std::logic_error("World::start_helper: called outside a simulated process");
+  auto h = std::make_unique<Process>();
+  h->id = kHelperBase + static_cast<int>(helpers_.size());
+  h->parent = root_of(running_);
+  h->name = process(h->parent).name;
+  h->body = std::move(body);
+  h->alive = true;
+  h->waiting = true;
+  h->wake_at = now_;
+  h->wait_order = ++order_;
+  Process& helper = *h;
+  helpers_.push_back(std::move(h));
+  helper.thread = std::thread([this, &helper] { run_body(helper); });
+  return helper.id;
+}
+
+void World::join_helper(int id) {
+  Process& h = entry(id);
+  while (h.alive) park(now_ + kMinimumWait, false, false);
+  if (h.thread.joinable()) h.thread.join();
 }
 
 int World::add_process(std::string name, std::function<void()> body) {
@@ -80,13 +107,16 @@ void World::resume(Process& p) {
   scheduler_turn_.wait(lock, [&] { return running_ == -1; });
 }
 
-void World::wait(Nanos wake_at, bool receiving) {
-  Process& p = process(running_);
-  if (p.killed) {
+void World::wait(Nanos wake_at, bool receiving) { park(wake_at, receiving, true); }
+
+void World::park(Nanos wake_at, bool receiving, bool interruptible) {
+  const Process& root = process(running_);
+  if (interruptible && root.killed) {
     // Unwinding after a crash: nothing waits any more.
     if (std::uncaught_exceptions() > 0) return;
     throw SimulatedCrash{};
   }
+  Process& p = entry(running_);
   {
     std::unique_lock<std::mutex> lock(mutex_);
     p.wake_at = std::max(wake_at, now_ + kMinimumWait);
@@ -99,7 +129,7 @@ void World::wait(Nanos wake_at, bool receiving) {
     p.turn.wait(lock, [&] { return running_ == self; });
     p.receiving = false;
   }
-  if (p.killed && std::uncaught_exceptions() == 0) throw SimulatedCrash{};
+  if (interruptible && root.killed && std::uncaught_exceptions() == 0) throw SimulatedCrash{};
 }
 
 void World::kill(int id) {
@@ -107,8 +137,13 @@ void World::kill(int id) {
   if (!p.alive) return;
   p.killed = true;
   p.disk_dead = true;
-  if (running_ == id) return;  // the process itself: it stops at its next wait
+  if (running() == id) return;  // the process itself: it stops at its next wait
   trace("crash " + p.name);
+  // Its helper threads unwind first (each ends at its wait), then the
+  // process, whose joins then find them ended.
+  for (auto& h : helpers_) {
+    if (h->parent == id && h->alive && h->waiting) resume(*h);
+  }
   if (p.waiting) resume(p);  // it unwinds and its thread ends
   if (p.thread.joinable()) p.thread.join();
 }
@@ -120,13 +155,14 @@ bool World::step(Nanos until) {
     if (first == nullptr || d.at < first->at || (d.at == first->at && d.order < first->order)) first = &d;
   }
   Process* next = nullptr;
-  for (auto& p : processes_) {
-    if (!p->alive || !p->waiting) continue;
-    if (next == nullptr || p->wake_at < next->wake_at ||
-        (p->wake_at == next->wake_at && p->wait_order < next->wait_order)) {
-      next = p.get();
+  const auto consider = [&](Process& p) {
+    if (!p.alive || !p.waiting) return;
+    if (next == nullptr || p.wake_at < next->wake_at || (p.wake_at == next->wake_at && p.wait_order < next->wait_order)) {
+      next = &p;
     }
-  }
+  };
+  for (auto& p : processes_) consider(*p);
+  for (auto& h : helpers_) consider(*h);
   if (first != nullptr && (next == nullptr || first->at <= next->wake_at)) {
     if (first->at > until) return false;
     now_ = std::max(now_, first->at);
@@ -244,6 +280,41 @@ uint64_t SimClock::unix_micros() {
 
 void SimClock::sleep_for(duration d) {
   world_.wait(world_.now() + std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(), false);
+}
+
+namespace {
+
+class SimThreadHandle final : public Threads::Handle {
+ public:
+  SimThreadHandle(World& world, int id) : world_(world), id_(id) {}
+  ~SimThreadHandle() override { join(); }
+  void join() override {
+    if (joined_) return;
+    joined_ = true;
+    world_.join_helper(id_);
+  }
+
+ private:
+  World& world_;
+  int id_;
+  bool joined_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Threads::Handle> SimThreads::start(std::function<void()> body) {
+  return std::make_unique<SimThreadHandle>(world_, world_.start_helper(std::move(body)));
+}
+
+void SimThreads::wait_for(std::condition_variable&, std::unique_lock<std::mutex>& lock, Clock::duration timeout) {
+  lock.unlock();
+  try {
+    world_.wait(world_.now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count(), false);
+  } catch (...) {
+    lock.lock();
+    throw;
+  }
+  lock.lock();
 }
 
 namespace {

@@ -1,8 +1,10 @@
 // The deterministic world the fault simulator runs the real runtimes in.
 //
-// Every simulated process (the aggregator, each site) is a thread running
-// the production runtime unchanged, but only one thread runs at a time: a
-// process runs until it waits (its clock's sleep, a channel's receive), and
+// Every simulated process (the aggregator, each site, each gossip peer) is a
+// thread running the production runtime unchanged, with the helper threads
+// it starts (SimThreads: a gossip peer's links), but only one thread runs at
+// a time: a thread runs until it waits (its clock's sleep, a channel's
+// receive, a helper's wait for work, a join), and
 // the scheduler then picks what happens next on virtual time: the earliest
 // message delivery or wake-up, ties in the order they were scheduled. The
 // seeded PRNG decides every drop, delay, duplication, partition and crash,
@@ -11,7 +13,7 @@
 // A crash marks the process killed and its disk dead (every later file
 // operation fails): it goes on only to its next wait, which throws
 // SimulatedCrash, and unwinds without writing anything more, as kill -9
-// would leave it. Its channels go with it.
+// would leave it. Its channels and its helper threads go with it.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/threads.h"
 #include "protocol/transport.h"
 
 namespace fedmesh::sim::vopr {
@@ -54,8 +57,11 @@ class World;
 class SimServerChannel;
 class SimClientChannel;
 
+// A simulated process, or a helper thread of one (`parent`: the process's
+// id; it shares the process's name, crash and clock).
 struct Process {
   int id = 0;
+  int parent = -1;
   std::string name;
   std::function<void()> body;  // the runtime: start, run, return (or throw SimulatedCrash)
   std::thread thread;
@@ -87,7 +93,8 @@ class World {
 
   // A process whose body runs on its own thread once started. Returns its id.
   int add_process(std::string name, std::function<void()> body);
-  Process& process(int id) { return *processes_.at(static_cast<size_t>(id)); }
+  // The process `id` names (a helper thread's id names its process).
+  Process& process(int id) { return *processes_.at(static_cast<size_t>(root_of(id))); }
   size_t process_count() const { return processes_.size(); }
   // Starts (or restarts) a process that is not alive; it first runs at the
   // current virtual time.
@@ -97,8 +104,15 @@ class World {
   // (when called by the scheduler) or marks it (when called by the process
   // itself, e.g. the VFS deciding a crash in the middle of a write).
   void kill(int id);
-  // The process whose thread holds the baton, or -1 (the scheduler).
-  int running() const { return running_; }
+  // The process whose thread (or helper thread) holds the baton, or -1
+  // (the scheduler).
+  int running() const { return running_ < 0 ? -1 : root_of(running_); }
+
+  // Helper threads, called by a process's thread: starts `body` as a helper
+  // of the running process (it first runs at the current virtual time) and
+  // returns its id; join waits (on virtual time) until it has ended.
+  int start_helper(std::function<void()> body);
+  void join_helper(int id);
 
   // One step: delivers the earliest due message or resumes the earliest
   // process. false when nothing is left to do before `until`.
@@ -146,12 +160,21 @@ class World {
   };
   void schedule(Delivery delivery, const std::string& sender, const std::string& receiver);
   void run_body(Process& p);
+  static constexpr int kHelperBase = 1 << 20;  // helper ids: kHelperBase + index
+  int root_of(int id) const { return id >= kHelperBase ? helpers_.at(static_cast<size_t>(id - kHelperBase))->parent : id; }
+  Process& entry(int id) {  // the thread's own record
+    return id >= kHelperBase ? *helpers_.at(static_cast<size_t>(id - kHelperBase)) : *processes_.at(static_cast<size_t>(id));
+  }
+  // Hands the baton back until `wake_at`; `interruptible`: a killed
+  // process's thread throws SimulatedCrash instead of waiting.
+  void park(Nanos wake_at, bool receiving, bool interruptible);
   void resume(Process& p);  // scheduler side: hand the baton and wait for it back
 
   std::mt19937_64 rng_;
   Nanos now_ = 0;
   uint64_t order_ = 0;
   std::vector<std::unique_ptr<Process>> processes_;
+  std::vector<std::unique_ptr<Process>> helpers_;
   std::vector<Delivery> deliveries_;  // unordered; the earliest is picked
   std::map<std::string, SimServerChannel*> servers_;
   std::map<uint64_t, SimClientChannel*> clients_;
@@ -174,6 +197,20 @@ class SimClock final : public Clock {
   time_point now() override { return time_point(std::chrono::nanoseconds(world_.now())); }
   uint64_t unix_micros() override;
   void sleep_for(duration d) override;
+
+ private:
+  World& world_;
+};
+
+// A process's helper threads: helpers in the world, and a wait for work is
+// a wait on virtual time (a notification does not shorten it: the waiter
+// looks again when its timeout is over, as after a spurious wake-up).
+class SimThreads final : public Threads {
+ public:
+  explicit SimThreads(World& world) : world_(world) {}
+  std::unique_ptr<Handle> start(std::function<void()> body) override;
+  void wait_for(std::condition_variable& changed, std::unique_lock<std::mutex>& lock,
+                Clock::duration timeout) override;
 
  private:
   World& world_;

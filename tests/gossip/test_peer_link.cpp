@@ -48,7 +48,7 @@ class PeerLinks : public ::testing::Test {
     if (!faults.empty()) options.faults = protocol::parse_fault_plan(faults).value();
     return [endpoint = server.endpoint(), keys = protocol::CurveKeys::from(client_keys_),
             server_public = server_keys_.identity.box_public, options] {
-      return protocol::ClientSocket::connect(endpoint, keys, server_public, options);
+      return protocol::zmq_network().connect(endpoint, keys, server_public, options);
     };
   }
 
@@ -127,7 +127,7 @@ TEST_F(PeerLinks, ASlowLinkDelaysOnlyItsOwnMessages) {
 }
 
 TEST_F(PeerLinks, ALinkThatCannotDialReportsItsShareUndelivered) {
-  PeerLink nowhere("nowhere", [] { return Result<std::unique_ptr<protocol::ClientSocket>>(unavailable("no route")); }, 20ms);
+  PeerLink nowhere("nowhere", [] { return Result<std::unique_ptr<protocol::ClientChannel>>(unavailable("no route")); }, 20ms);
   ASSERT_TRUE(nowhere.send_share({message(64), message(64)}, 3));
   ASSERT_TRUE(nowhere.send(message(64)));  // not a share: dropped quietly
   std::vector<std::string> warnings;

@@ -550,6 +550,19 @@ void causal_softmax_backward(Stream, void* probabilities, DType p_type, const fl
   count_op();
 }
 
+// The fused attention kernels are not emulated: the emulated device takes
+// the GEMM path (cuda::flash_attention_supported is false), and without
+// these definitions a CPU-only build (-Dcuda=disabled) links
+// kernels/cuda_ops_cpu_only.cpp's beside this file's (multiple definitions).
+bool flash_attention_supported(const AttentionShape&, DType) { return false; }
+void flash_attention_forward(Stream, const AttentionShape&, DType, const void*, void*, float*) {
+  FEDMESH_CHECK(false, "emulated cuda::flash_attention_forward: not emulated (flash_attention_supported is false)");
+}
+void flash_attention_backward(Stream, const AttentionShape&, DType, const void*, const void*, const float*, const void*,
+                              void*) {
+  FEDMESH_CHECK(false, "emulated cuda::flash_attention_backward: not emulated (flash_attention_supported is false)");
+}
+
 void token_ids(Stream, const float* x, int64_t n, int64_t vocabulary, int32_t* ids) {
   check_device(x, static_cast<size_t>(n) * sizeof(float), "token_ids x");
   check_device(ids, static_cast<size_t>(n) * sizeof(int32_t), "token_ids ids");

@@ -28,6 +28,7 @@ class RealThreads final : public Threads {
                 Clock::duration timeout) override {
     changed.wait_for(lock, timeout);
   }
+  void notify_all(std::condition_variable& changed) override { changed.notify_all(); }
 };
 
 }  // namespace

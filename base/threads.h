@@ -33,6 +33,8 @@ class Threads {
   // after any wake-up, which may come early or without a notification.
   virtual void wait_for(std::condition_variable& changed, std::unique_lock<std::mutex>& lock,
                         Clock::duration timeout) = 0;
+  // Wakes every thread waiting on `changed` (through wait_for).
+  virtual void notify_all(std::condition_variable& changed) = 0;
 };
 
 // std::thread and std::condition_variable::wait_for.

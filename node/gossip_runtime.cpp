@@ -1377,6 +1377,12 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
   FEDMESH_RETURN_IF_ERROR(s.commit({{"event", "left"}, {"round", s.version}}));
   nlohmann::json finished = {{"event", "finished"}, {"version", s.version}, {"test_accuracy", s.last_test_accuracy},
                              {"bytes_sent", s.bytes_sent}, {"stopped", stop.load()}};
+  // Our view of the membership as we leave: each member's state.
+  nlohmann::json members = nlohmann::json::object();
+  for (const auto& [name, member] : s.swim->members()) {
+    if (name != s.config.site.name) members[name] = gossip::member_state_name(member.state);
+  }
+  finished["members"] = members;
   if (s.replicas) {
     // What the peers compare: the exact sum's digest and the updates in it.
     finished["replica_digest"] = crypto::to_hex(s.replicas->state().digest());

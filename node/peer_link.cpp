@@ -10,6 +10,9 @@ namespace {
 // leaves says so to a few members; a dead link is not waited for longer).
 constexpr auto kDrainOnClose = std::chrono::seconds(2);
 constexpr int kRepliesPerPass = 64;
+// An idle link looks at its socket for replies this often (a message to
+// send wakes it at once).
+constexpr auto kIdleWait = std::chrono::milliseconds(50);
 
 }  // namespace
 
@@ -34,7 +37,7 @@ void PeerLink::close() {
     stopping_ = true;
     drain_until_ = clock_.now() + kDrainOnClose;
   }
-  changed_.notify_all();
+  threads_.notify_all(changed_);
 }
 
 bool PeerLink::send(protocol::SharedMessage message) {
@@ -48,7 +51,7 @@ bool PeerLink::send_share(std::vector<protocol::SharedMessage> messages, uint64_
     if (queue_.size() + messages.size() > kMaxQueued) return false;
     for (size_t i = 0; i < messages.size(); ++i) queue_.push_back({std::move(messages[i]), share, i + 1 == messages.size()});
   }
-  changed_.notify_all();
+  threads_.notify_all(changed_);
   return true;
 }
 
@@ -73,7 +76,7 @@ void PeerLink::run() {
     bool have = false;
     {
       std::unique_lock lock(mutex_);
-      if (!stopping_ && queue_.empty()) threads_.wait_for(changed_, lock, std::chrono::milliseconds(10));
+      if (!stopping_ && queue_.empty()) threads_.wait_for(changed_, lock, kIdleWait);
       const bool out_of_time = stopping_ && clock_.now() > drain_until_;
       if (!queue_.empty() && !out_of_time) {
         next = std::move(queue_.front());

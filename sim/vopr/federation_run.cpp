@@ -159,9 +159,11 @@ void check_store(const fs::path& path, bool aggregator, bool sync_rounds, Checke
 }
 
 // Gossip (replicas), once every peer has exited: each finished its rounds,
-// lacks no update a member still keeps, and holds the same exact sum (its
-// digest) over as many updates as every other peer: an update applied
-// twice, or lost for good, at one peer would show here.
+// knowing every other peer as alive or left (membership agrees: none
+// suspected, dead or unknown after a fault-free end), lacks no update a
+// member still keeps, and holds the same exact sum (its digest) over as
+// many updates as every other peer: an update applied twice, or lost for
+// good, at one peer would show here.
 void check_replicas(const RunOptions& o, const std::map<int, nlohmann::json>& finished, Checker& checker) {
   std::string digest;
   uint64_t applied = 0;
@@ -178,6 +180,15 @@ void check_replicas(const RunOptions& o, const std::map<int, nlohmann::json>& fi
     if (version < o.rounds) {
       checker.fail(site_name(k) + " finished at version " + std::to_string(version) + " of " + std::to_string(o.rounds));
       return;
+    }
+    const nlohmann::json members = f.value("members", nlohmann::json::object());
+    for (int m = 0; m < o.sites; ++m) {
+      if (m == k) continue;
+      const std::string state = members.value(site_name(m), std::string("unknown"));
+      if (state != "alive" && state != "left") {
+        checker.fail("membership: " + site_name(k) + " finished holding " + site_name(m) + " " + state);
+        return;
+      }
     }
     const nlohmann::json missing = f.value("updates_missing", nlohmann::json::object());
     if (!missing.empty()) {
@@ -390,56 +401,41 @@ RunResult run_federation(const RunOptions& o) {
       }
     };
   };
-  if (!gossip) world.add_process("aggregator", [&, id = 0] {
+  // A process's body: its runtime started with the simulated environment
+  // (`start(env)` returns the runtime or why it did not start), then run
+  // until it returns; true when it returned ok.
+  const auto run_runtime = [&world](const std::string& name, int id, const auto& start) {
     SimClock clock(world);
-    SimNetwork network(world, clock, id, "aggregator");
+    SimNetwork network(world, clock, id, name);
     SimThreads threads(world);
     protocol::RuntimeEnvironment env{&clock, &network, &threads, kCrashVfsName, false};
-    Result<std::unique_ptr<aggregator::AggregatorServer>> server =
-        aggregator::AggregatorServer::start(*agg_config, sink_for(id), env);
-    if (!server.is_ok()) {
-      world.trace("aggregator did not start: " + server.status().message());
-      return;
+    auto runtime = start(env);
+    if (!runtime.is_ok()) {
+      world.trace(name + " did not start: " + runtime.status().message());
+      return false;
     }
     std::atomic<bool> stop{false};
-    const Status s = (*server)->run(stop);
-    world.trace("aggregator exited: " + (s.is_ok() ? std::string("ok") : s.message()));
-    exited_cleanly[0] = s.is_ok() && aggregator_finished;
-  });
-  for (int k = 0; k < o.sites && gossip; ++k) {
-    world.add_process(site_name(k), [&, k, id = k] {
-      SimClock clock(world);
-      SimNetwork network(world, clock, id, site_name(k));
-      SimThreads threads(world);
-      protocol::RuntimeEnvironment env{&clock, &network, &threads, kCrashVfsName, false};
-      Result<std::unique_ptr<node::GossipRuntime>> peer =
-          node::GossipRuntime::start(peer_configs[static_cast<size_t>(k)], sink_for(id), env);
-      if (!peer.is_ok()) {
-        world.trace(site_name(k) + " did not start: " + peer.status().message());
-        return;
-      }
-      std::atomic<bool> stop{false};
-      const Status s = (*peer)->run(stop);
-      world.trace(site_name(k) + " exited: " + (s.is_ok() ? std::string("ok") : s.message()));
-      exited_cleanly[static_cast<size_t>(id)] = s.is_ok();
+    const Status s = (*runtime)->run(stop);
+    world.trace(name + " exited: " + (s.is_ok() ? std::string("ok") : s.message()));
+    return s.is_ok();
+  };
+  if (!gossip) world.add_process("aggregator", [&, id = 0] {
+    const bool ok = run_runtime("aggregator", id, [&](const protocol::RuntimeEnvironment& env) {
+      return aggregator::AggregatorServer::start(*agg_config, sink_for(id), env);
     });
-  }
-  for (int k = 0; k < o.sites && !gossip; ++k) {
-    world.add_process(site_name(k), [&, k, id = k + 1] {
-      SimClock clock(world);
-      SimNetwork network(world, clock, id, site_name(k));
-      SimThreads threads(world);
-      protocol::RuntimeEnvironment env{&clock, &network, &threads, kCrashVfsName, false};
-      Result<std::unique_ptr<node::SiteRuntime>> site =
-          node::SiteRuntime::start(site_configs[static_cast<size_t>(k)], sink_for(id), {}, env);
-      if (!site.is_ok()) {
-        world.trace(site_name(k) + " did not start: " + site.status().message());
-        return;
-      }
-      std::atomic<bool> stop{false};
-      const Status s = (*site)->run(stop);
-      world.trace(site_name(k) + " exited: " + (s.is_ok() ? std::string("ok") : s.message()));
-      exited_cleanly[static_cast<size_t>(id)] = s.is_ok();
+    exited_cleanly[0] = ok && aggregator_finished;
+  });
+  for (int k = 0; k < o.sites; ++k) {
+    const int id = gossip ? k : k + 1;
+    world.add_process(site_name(k), [&, k, id] {
+      const auto index = static_cast<size_t>(k);
+      exited_cleanly[static_cast<size_t>(id)] =
+          gossip ? run_runtime(site_name(k), id, [&](const protocol::RuntimeEnvironment& env) {
+                     return node::GossipRuntime::start(peer_configs[index], sink_for(id), env);
+                   })
+                 : run_runtime(site_name(k), id, [&](const protocol::RuntimeEnvironment& env) {
+                     return node::SiteRuntime::start(site_configs[index], sink_for(id), {}, env);
+                   });
     });
   }
   for (size_t id = 0; id < world.process_count(); ++id) {

@@ -107,9 +107,20 @@ void World::resume(Process& p) {
   scheduler_turn_.wait(lock, [&] { return running_ == -1; });
 }
 
-void World::wait(Nanos wake_at, bool receiving) { park(wake_at, receiving, true); }
+void World::wait(Nanos wake_at, bool receiving, const void* on) { park(wake_at, receiving, true, on); }
 
-void World::park(Nanos wake_at, bool receiving, bool interruptible) {
+void World::notify(const void* on) {
+  const auto wake = [&](Process& p) {
+    if (p.alive && p.waiting && p.waiting_on == on && p.wake_at > now_) {
+      p.wake_at = now_;
+      p.wait_order = ++order_;
+    }
+  };
+  for (auto& p : processes_) wake(*p);
+  for (auto& h : helpers_) wake(*h);
+}
+
+void World::park(Nanos wake_at, bool receiving, bool interruptible, const void* on) {
   const Process& root = process(running_);
   if (interruptible && root.killed) {
     // Unwinding after a crash: nothing waits any more.
@@ -121,6 +132,7 @@ void World::park(Nanos wake_at, bool receiving, bool interruptible) {
     std::unique_lock<std::mutex> lock(mutex_);
     p.wake_at = std::max(wake_at, now_ + kMinimumWait);
     p.receiving = receiving;
+    p.waiting_on = on;
     p.waiting = true;
     p.wait_order = ++order_;
     const int self = p.id;
@@ -128,6 +140,7 @@ void World::park(Nanos wake_at, bool receiving, bool interruptible) {
     scheduler_turn_.notify_one();
     p.turn.wait(lock, [&] { return running_ == self; });
     p.receiving = false;
+    p.waiting_on = nullptr;
   }
   if (interruptible && root.killed && std::uncaught_exceptions() == 0) throw SimulatedCrash{};
 }
@@ -306,10 +319,10 @@ std::unique_ptr<Threads::Handle> SimThreads::start(std::function<void()> body) {
   return std::make_unique<SimThreadHandle>(world_, world_.start_helper(std::move(body)));
 }
 
-void SimThreads::wait_for(std::condition_variable&, std::unique_lock<std::mutex>& lock, Clock::duration timeout) {
+void SimThreads::wait_for(std::condition_variable& changed, std::unique_lock<std::mutex>& lock, Clock::duration timeout) {
   lock.unlock();
   try {
-    world_.wait(world_.now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count(), false);
+    world_.wait(world_.now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count(), false, &changed);
   } catch (...) {
     lock.lock();
     throw;

@@ -70,6 +70,7 @@ struct Process {
   bool disk_dead = false;   // its file operations fail (it has crashed)
   bool waiting = false;     // blocked in a wait, resumable
   bool receiving = false;   // a delivery to one of its channels wakes it at once
+  const void* waiting_on = nullptr;  // SimThreads: the condition it waits for (a notification wakes it)
   Nanos wake_at = 0;
   uint64_t wait_order = 0;
   int incarnation = 0;
@@ -120,8 +121,11 @@ class World {
   // Moves virtual time to `t` when nothing happens before it.
   void advance_to(Nanos t) { now_ = std::max(now_, t); }
 
-  // Called by processes (their clock and channels).
-  void wait(Nanos wake_at, bool receiving);
+  // Called by processes (their clock and channels). `on`: a condition
+  // (SimThreads) whose notify() wakes the waiter at once.
+  void wait(Nanos wake_at, bool receiving, const void* on = nullptr);
+  // Wakes every thread waiting on `on`, at the current time.
+  void notify(const void* on);
 
   // The network: channels register here; sends go through deliver().
   void bind(const std::string& endpoint, SimServerChannel* channel);
@@ -167,7 +171,7 @@ class World {
   }
   // Hands the baton back until `wake_at`; `interruptible`: a killed
   // process's thread throws SimulatedCrash instead of waiting.
-  void park(Nanos wake_at, bool receiving, bool interruptible);
+  void park(Nanos wake_at, bool receiving, bool interruptible, const void* on = nullptr);
   void resume(Process& p);  // scheduler side: hand the baton and wait for it back
 
   std::mt19937_64 rng_;
@@ -202,15 +206,15 @@ class SimClock final : public Clock {
   World& world_;
 };
 
-// A process's helper threads: helpers in the world, and a wait for work is
-// a wait on virtual time (a notification does not shorten it: the waiter
-// looks again when its timeout is over, as after a spurious wake-up).
+// A process's helper threads: helpers in the world; a wait for work is a
+// wait on virtual time that a notification ends at once.
 class SimThreads final : public Threads {
  public:
   explicit SimThreads(World& world) : world_(world) {}
   std::unique_ptr<Handle> start(std::function<void()> body) override;
   void wait_for(std::condition_variable& changed, std::unique_lock<std::mutex>& lock,
                 Clock::duration timeout) override;
+  void notify_all(std::condition_variable& changed) override { world_.notify(&changed); }
 
  private:
   World& world_;

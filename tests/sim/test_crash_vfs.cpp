@@ -145,7 +145,8 @@ TEST(VirtualWorld, AKilledProcessUnwindsAtItsWait) {
 }
 
 // A helper thread (SimThreads: a gossip peer's link) runs on virtual time
-// beside its process, one at a time, and a kill unwinds both.
+// beside its process, one at a time; a notification ends its wait at once;
+// a kill unwinds both.
 TEST(VirtualWorld, HelperThreadsRunOnVirtualTimeAndDieWithTheirProcess) {
   World world(7);
   std::vector<std::string> order;
@@ -169,13 +170,14 @@ TEST(VirtualWorld, HelperThreadsRunOnVirtualTimeAndDieWithTheirProcess) {
     });
     clock.sleep_for(std::chrono::milliseconds(25));
     order.push_back("process " + std::to_string(world.now() / kMillisecond));
+    threads.notify_all(changed);  // the helper's third wait ends now, not at 30 ms
     clock.sleep_for(std::chrono::seconds(100));  // killed here; the join unwinds the helper first
     helper->join();
   });
   world.start(0);
   while (world.step(kSecond)) {
   }
-  EXPECT_EQ(order, (std::vector<std::string>{"helper 10", "helper 20", "process 25", "helper 30"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"helper 10", "helper 20", "process 25", "helper 25"}));
   world.kill(0);
   EXPECT_TRUE(helper_unwound);
   EXPECT_FALSE(world.process(0).alive);
@@ -199,7 +201,7 @@ RunResult run_twice(uint64_t seed, const std::string& mode) {
 }
 
 TEST(FaultSimulator, AGossipSeedKeepsReplicasIdenticalAndReplaysExactly) {
-  // A peer restarts late (tests/sim/vopr_seeds.txt).
+  // A peer crashes and restarts from its store.
   EXPECT_GT(run_twice(7, "gossip").restarts, 0) << "the seed restarted no peer";
 }
 

@@ -212,8 +212,11 @@ Result<std::optional<RoundRecord>> RoundManager::submit(SiteUpdate update, doubl
   const double staleness_weight = options_.staleness.weight(tau);
   const double weight = static_cast<double>(update.sample_count) / static_cast<double>(options_.max_sample_count) *
                         staleness_weight;
-  buffer_info_.push_back({update.id, update.site, tau, weight, norm});
-  buffer_.push_back(std::move(update));
+  AppliedUpdateRecord info{update.id, update.site, tau, weight, norm};
+  if (Status s = take(std::move(update), std::move(info)); !s.is_ok()) {
+    ++refused_;
+    return s;
+  }
   ++accepted_;
   if (options_.asynchronous &&
       (options_.fedasync_mixing > 0.0 || static_cast<int64_t>(buffer_.size()) >= options_.buffer_size)) {
@@ -252,8 +255,7 @@ Result<RoundRecord> RoundManager::close_round(double now) {
     abandoned.version = version_;
     abandoned.link = link_;
     abandoned.closed_by_deadline = by_deadline;
-    buffer_.clear();
-    buffer_info_.clear();
+    clear_buffer();
     return abandoned;
   }
   return apply_buffer(by_deadline);
@@ -273,9 +275,9 @@ Result<RoundRecord> RoundManager::close_round_with_mean(std::vector<float> mean,
   aggregate.delta = std::move(mean);
   double norm = 0.0;
   FEDMESH_RETURN_IF_ERROR(check(aggregate, norm));
+  AppliedUpdateRecord info{aggregate.id, aggregate.site, 0, 1.0, norm};
+  FEDMESH_RETURN_IF_ERROR(take(std::move(aggregate), std::move(info)));
   round_open_ = false;
-  buffer_info_.push_back({aggregate.id, aggregate.site, 0, 1.0, norm});
-  buffer_.push_back(std::move(aggregate));
   Result<RoundRecord> record = apply_buffer(false);
   if (!record.is_ok()) return record.status();
   record->applied.clear();
@@ -289,12 +291,8 @@ Result<RoundRecord> RoundManager::close_round_with_mean(std::vector<float> mean,
 
 Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
   std::vector<float> delta(static_cast<size_t>(parameter_count_), 0.0f);
-  if (options_.rule == "mean" || options_.fedasync_mixing > 0.0) {
-    federation::ExactAccumulator accumulator(parameter_count_);
-    for (size_t i = 0; i < buffer_.size(); ++i) {
-      FEDMESH_RETURN_IF_ERROR(accumulator.add(buffer_[i].delta, buffer_info_[i].weight));
-    }
-    accumulator.mean(delta);
+  if (streaming()) {
+    accumulator_->mean(delta);
     if (options_.asynchronous && options_.fedasync_mixing == 0.0) {
       // FedBuff divides by the sample weights without staleness, so stale
       // updates shrink the step instead of only trading places with fresh
@@ -354,9 +352,38 @@ Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
     record.mean_local_accuracy += update.local_accuracy / static_cast<double>(buffer_.size());
     applied_ids_.push_back(update.id);
   }
+  clear_buffer();
+  return record;
+}
+
+bool RoundManager::streaming() const { return options_.rule == "mean" || options_.fedasync_mixing > 0.0; }
+
+Status RoundManager::take(SiteUpdate update, AppliedUpdateRecord info) {
+  if (streaming()) {
+    // Folded in now and its values dropped: the manager's memory is the
+    // model and one sum, however many updates the round takes. The sum is
+    // exact and order-independent, so folding on arrival gives the same
+    // bits as folding at the close. An update the sum cannot take (it could
+    // overflow) is refused here, alone, instead of failing the whole step.
+    if (!accumulator_) accumulator_ = std::make_unique<federation::ExactAccumulator>(parameter_count_);
+    FEDMESH_RETURN_IF_ERROR(accumulator_->add(update.delta, info.weight));
+    std::vector<float>().swap(update.delta);
+  }
+  buffer_info_.push_back(std::move(info));
+  buffer_.push_back(std::move(update));
+  return Status::ok();
+}
+
+void RoundManager::clear_buffer() {
   buffer_.clear();
   buffer_info_.clear();
-  return record;
+  if (accumulator_) accumulator_->clear();
+}
+
+int64_t RoundManager::held_update_values() const {
+  int64_t held = 0;
+  for (const SiteUpdate& update : buffer_) held += static_cast<int64_t>(update.delta.size());
+  return held;
 }
 
 }  // namespace fedmesh::aggregator

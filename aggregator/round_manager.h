@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -164,6 +165,12 @@ class RoundManager {
   Status restore(const RoundManagerState& state);
   std::vector<Tensor>& mutable_model() { return model_; }
 
+  // Update values (floats) the manager holds for the open round or buffer:
+  // none for the mean family, which folds each update into one exact sum as
+  // it arrives; every buffered update's for median, trimmed mean and Krum,
+  // which must see the round's updates together.
+  int64_t held_update_values() const;
+
   // Counters for metrics.
   int64_t accepted() const { return accepted_; }
   int64_t refused() const { return refused_; }
@@ -172,6 +179,12 @@ class RoundManager {
   RoundManager(RoundOptions options, std::vector<std::string> names, std::vector<Tensor> model);
   Status check(SiteUpdate& update, double& norm) const;
   Result<RoundRecord> apply_buffer(bool closed_by_deadline);
+  // Whether the rule folds updates into accumulator_ as they arrive.
+  bool streaming() const;
+  // Takes an accepted update into the round (or async buffer); refused, with
+  // nothing changed, when the exact sum cannot take it.
+  Status take(SiteUpdate update, AppliedUpdateRecord info);
+  void clear_buffer();
 
   RoundOptions options_;
   std::vector<std::string> names_;
@@ -183,7 +196,8 @@ class RoundManager {
   bool round_open_ = false;
   double deadline_ = 0.0;
   std::vector<std::string> sampled_;
-  std::vector<SiteUpdate> buffer_;               // updates of the round (or async buffer)
+  std::vector<SiteUpdate> buffer_;               // updates of the round (or async buffer); values dropped when streaming
+  std::unique_ptr<federation::ExactAccumulator> accumulator_;  // streaming rules: their sum, made at the first update
   std::vector<AppliedUpdateRecord> buffer_info_;  // their weights and norms
   std::vector<std::string> applied_ids_;          // ids ever applied (the store keeps them durably)
   federation::ChainLink link_;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -165,8 +166,10 @@ class AggregatorServer::Impl {
   // rather than serve, announce or finish on a step that is not durable.
   Status failed_step;
   Status maybe_start_round();
-  // Updates in the store's pending table not applied yet (after a restart).
-  Result<std::vector<SiteUpdate>> unapplied_pending();
+  // Submits the updates in the store's pending table not applied yet (after
+  // a restart), one decoded at a time, those `wanted` picks: at most one
+  // update's values are in memory beside the round's sum.
+  Status submit_unapplied_pending(const std::function<bool(const SiteUpdate&)>& wanted);
   Status finish_step(const RoundRecord& record, std::optional<store::PrivacyEntry> privacy = std::nullopt);
   train::EvalResult evaluate_held_model(nlohmann::json& metrics);
   Status finish_secure_round(const SecureResult& result);
@@ -337,6 +340,13 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   policy.federation = config.federation;
   policy.self = config.name;
   policy.manifest = manifest;
+  // Updates in flight are staged whole: a bounded number at once, so that
+  // memory stays flat however many sites send (received ones are folded
+  // into the round's sum, see RoundManager::held_update_values).
+  uint64_t model_bytes = 0;
+  for (const protocol::TensorShape& shape : manifest) model_bytes += shape.element_count() * sizeof(float);
+  policy.staging_budget_bytes = config.staging_mb > 0 ? static_cast<uint64_t>(config.staging_mb) << 20
+                                                      : std::max<uint64_t>(uint64_t{1} << 30, 2 * model_bytes);
   // Refused at the header, before any chunk is taken or acknowledged.
   policy.max_sample_count = static_cast<uint64_t>(config.rounds_options.max_sample_count);
   policy.max_round_lag = config.rounds_options.asynchronous ? std::numeric_limits<uint64_t>::max() / 2
@@ -934,18 +944,14 @@ Status AggregatorServer::Impl::maybe_start_round() {
         {"deadline_unix_ms", opened_unix_ms + static_cast<uint64_t>(deadline_seconds * 1000.0)},
         {"reopened", reopening}});
   // Updates for this round that arrived before a restart.
-  Result<std::vector<SiteUpdate>> pending = unapplied_pending();
-  if (!pending.is_ok()) return pending.status();
-  for (SiteUpdate& update : *pending) {
-    if (update.round == manager->round()) submit(std::move(update), true);
-  }
-  return Status::ok();
+  const int64_t round = manager->round();
+  return submit_unapplied_pending([round](const SiteUpdate& update) { return update.round == round; });
 }
 
-Result<std::vector<SiteUpdate>> AggregatorServer::Impl::unapplied_pending() {
+Status AggregatorServer::Impl::submit_unapplied_pending(
+    const std::function<bool(const SiteUpdate&)>& wanted) {
   Result<std::vector<store::PendingUpdate>> pending = store->pending_updates();
   if (!pending.is_ok()) return pending.status();
-  std::vector<SiteUpdate> updates;
   for (const store::PendingUpdate& p : *pending) {
     Result<std::optional<int64_t>> applied = store->applied_round(p.update_id);
     if (!applied.is_ok()) return applied.status();
@@ -963,9 +969,10 @@ Result<std::vector<SiteUpdate>> AggregatorServer::Impl::unapplied_pending() {
     if (!bytes.is_ok()) return bytes.status();
     Result<SiteUpdate> update = update_from_pending(p, *bytes, manager->parameter_count());
     if (!update.is_ok()) return update.status();
-    updates.push_back(std::move(*update));
+    std::vector<uint8_t>().swap(*bytes);
+    if (wanted(*update)) submit(std::move(*update), true);
   }
-  return updates;
+  return Status::ok();
 }
 
 Status AggregatorServer::Impl::finish_secure_round(const SecureResult& result) {
@@ -1209,9 +1216,7 @@ Status AggregatorServer::Impl::run(const std::atomic<bool>& stop) {
   }
   if (config.rounds_options.asynchronous) {
     // Updates received but not applied before a restart rejoin the buffer.
-    Result<std::vector<SiteUpdate>> pending = unapplied_pending();
-    if (!pending.is_ok()) return pending.status();
-    for (SiteUpdate& update : *pending) submit(std::move(update), true);
+    FEDMESH_RETURN_IF_ERROR(submit_unapplied_pending([](const SiteUpdate&) { return true; }));
     if (!failed_step.is_ok()) return failed_step;
   }
   auto last_refresh = clock().now();

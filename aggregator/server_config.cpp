@@ -23,6 +23,9 @@ Status AggregatorConfig::validate() const {
   if (min_sites < 1) return invalid_argument("min_sites must be >= 1");
   if (!(site_timeout_seconds > 0.0)) return invalid_argument("site_timeout_seconds must be > 0");
   if (!(linger_seconds >= 0.0)) return invalid_argument("linger_seconds must be >= 0");
+  if (staging_mb < 0 || staging_mb > (int64_t{1} << 30)) {
+    return invalid_argument("staging_mb must be in [0, 2^30] (0: the larger of 1 GiB and two models)");
+  }
   if (validation_limit < 0) return invalid_argument("validation_limit must be >= 0");
   if (data.source != train::data::DataSource().source) {
     return invalid_argument("data.source: the aggregator trains on nothing; it evaluates on `validation` (csv:FILE or "
@@ -105,6 +108,7 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path, const A
   r.read("min_sites", c.min_sites);
   r.read("site_timeout_seconds", c.site_timeout_seconds);
   r.read("linger_seconds", c.linger_seconds);
+  r.read("staging_mb", c.staging_mb);
   r.read("transport.faults", c.faults);
   r.read("validation", c.validation);
   r.read("validation_limit", c.validation_limit);

@@ -153,6 +153,12 @@ struct ReceiverPolicy {
   // sampleCount above this is refused as tooManySamples.
   uint64_t max_sample_count = kDefaultMaxSampleCount;
   size_t max_transfers_per_peer = kMaxTransfersPerPeer;
+  // Bytes all transfers in flight may stage (each stages the whole model in
+  // fp32); 0: no bound beyond the transfer caps. When it binds, fewer
+  // transfers are taken at once (never fewer than one), each sender gets one
+  // at a time, and the others are answered BUSY and come back: the
+  // receiver's memory then stays flat however many senders there are.
+  uint64_t staging_budget_bytes = 0;
   // The time idle transfers are measured by (tests drive it).
   std::function<std::chrono::steady_clock::time_point()> clock = [] { return std::chrono::steady_clock::now(); };
 };
@@ -212,8 +218,12 @@ class UpdateReceiver {
   std::optional<TransferProgress> in_flight(const std::string& peer, uint64_t round) const;
   const std::optional<Rejection>& last_rejection() const { return last_rejection_; }
   size_t transfers_in_flight() const { return transfers_.size(); }
-  // max(kMaxTransfersInFlight, max_transfers_per_peer x roster members).
+  // max(kMaxTransfersInFlight, max_transfers_per_peer x roster members),
+  // lowered to what the staging budget holds (at least one).
   size_t transfer_capacity() const;
+  // Transfers one sender may have in flight: max_transfers_per_peer, or one
+  // when the staging budget binds.
+  size_t per_peer_capacity() const;
   // Drops transfers that made no progress for longer than the policy's
   // transfer_idle_timeout.
   void expire(std::chrono::steady_clock::time_point now);

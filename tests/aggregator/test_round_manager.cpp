@@ -9,6 +9,7 @@
 #include <random>
 
 #include "aggregator/round_manager.h"
+#include "federation/exact_accumulator.h"
 
 namespace fedmesh::aggregator {
 namespace {
@@ -250,6 +251,85 @@ TEST(RoundManager, NormBoundScalesLongUpdates) {
   EXPECT_DOUBLE_EQ(record->applied[0].norm, 50.0);
   EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[0], 0.6f);
   EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[1], 0.8f);
+}
+
+// The mean family folds each update into one exact sum as it arrives and
+// keeps none of its values, so the manager's memory does not grow with the
+// round's size; the result is the exact mean, bit for bit. Median, trimmed
+// mean and Krum must see the round's updates together and keep them.
+TEST(RoundManager, TheMeanFamilyHoldsNoUpdateValuesWhateverTheRoundSize) {
+  constexpr int64_t kElements = 1000;
+  std::mt19937 random(5);
+  std::normal_distribution<float> noise(0.0f, 0.1f);
+  std::vector<SiteUpdate> updates;
+  std::vector<std::string> sites;
+  for (int s = 0; s < 24; ++s) {
+    std::vector<float> delta(kElements);
+    for (float& v : delta) v = noise(random);
+    sites.push_back("site-" + std::to_string(s));
+    updates.push_back(update(sites.back(), 1, 0, delta, 10 + s));
+  }
+  // The expected step: the exact weighted mean, folded apart in reverse order.
+  federation::ExactAccumulator expected_sum(kElements);
+  for (auto u = updates.rbegin(); u != updates.rend(); ++u) {
+    ASSERT_TRUE(expected_sum.add(u->delta, static_cast<double>(u->sample_count) / 1'000'000.0).is_ok());
+  }
+  std::vector<float> expected(kElements);
+  expected_sum.mean(expected);
+
+  RoundManager manager = make_manager({}, 0.0f, kElements);
+  ASSERT_TRUE(manager.start_round(sites, 0).is_ok());
+  for (const SiteUpdate& u : updates) {
+    ASSERT_TRUE(manager.submit(u, 1).is_ok());
+    EXPECT_EQ(manager.held_update_values(), 0) << "after " << u.site;
+  }
+  EXPECT_EQ(manager.buffered().size(), updates.size());
+  ASSERT_TRUE(manager.ready_to_close(1));
+  ASSERT_TRUE(manager.close_round(2).is_ok());
+  EXPECT_EQ(std::memcmp(manager.model()[0].data<float>(), expected.data(), kElements * sizeof(float)), 0)
+      << "the model after one FedAvg step (lr 1) from zero is the exact mean";
+
+  RoundOptions buffered;
+  buffered.asynchronous = true;
+  buffered.buffer_size = 24;
+  RoundManager fedbuff = make_manager(buffered, 0.0f, kElements);
+  for (size_t i = 0; i + 1 < updates.size(); ++i) {
+    ASSERT_TRUE(fedbuff.submit(updates[i], 1).is_ok());
+    EXPECT_EQ(fedbuff.held_update_values(), 0);
+  }
+  auto step = fedbuff.submit(updates.back(), 1);
+  ASSERT_TRUE(step.is_ok());
+  ASSERT_TRUE(step->has_value()) << "the 24th update completes the buffer";
+  EXPECT_EQ(std::memcmp(fedbuff.model()[0].data<float>(), expected.data(), kElements * sizeof(float)), 0)
+      << "fresh updates: FedBuff's step is the same exact mean";
+
+  RoundOptions median;
+  median.rule = "median";
+  RoundManager robust = make_manager(median, 0.0f, kElements);
+  ASSERT_TRUE(robust.start_round(sites, 0).is_ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(robust.submit(updates[i], 1).is_ok());
+  EXPECT_EQ(robust.held_update_values(), 5 * kElements) << "a median keeps every update of the round";
+}
+
+// An update the exact sum cannot take without risking overflow is refused on
+// its own, when it arrives; the round keeps what it took and closes.
+TEST(RoundManager, AnUpdateTheSumCannotTakeIsRefusedAloneAndTheRoundCloses) {
+  RoundManager manager = make_manager({}, 0.0f, 2);
+  ASSERT_TRUE(manager.start_round({"a", "b", "c"}, 0).is_ok());
+  // Weight 1 (a million samples) times 3e6: three such terms pass 2^23.
+  ASSERT_TRUE(manager.submit(update("a", 1, 0, {3e6f, 0}, 1'000'000), 1).is_ok());
+  ASSERT_TRUE(manager.submit(update("b", 1, 0, {-3e6f, 1}, 1'000'000), 1).is_ok());
+  auto third = manager.submit(update("c", 1, 0, {3e6f, 0}, 1'000'000), 1);
+  ASSERT_FALSE(third.is_ok());
+  EXPECT_NE(third.status().message().find("exact accumulator is full"), std::string::npos)
+      << third.status().to_string();
+  EXPECT_EQ(manager.refused(), 1);
+  EXPECT_EQ(manager.buffered().size(), 2u);
+  auto record = manager.close_round(120);  // the deadline: c never reported
+  ASSERT_TRUE(record.is_ok()) << record.status().to_string();
+  EXPECT_EQ(record->applied.size(), 2u);
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[0], 0.0f);
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[1], 0.5f);
 }
 
 }  // namespace

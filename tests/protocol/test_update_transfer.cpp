@@ -467,6 +467,47 @@ TEST_F(UpdateTransfer, TransfersInFlightAreBoundedPerSender) {
   EXPECT_EQ(receiver.transfers_in_flight(), fp::kMaxTransfersPerPeer);
 }
 
+// A staging budget of one model: one transfer in flight in all, whatever the
+// roster. Another sender is answered BUSY until it completes; a newer update
+// from the sender in flight (a site restarted mid-upload) replaces its older
+// one at once rather than waiting out the idle timeout.
+TEST_F(UpdateTransfer, AStagingBudgetBoundsTransfersInFlightWhateverTheRoster) {
+  auto replay = fc::ReplayGuard::in_memory();
+  auto p = policy();
+  uint64_t model_bytes = 0;
+  for (const auto& shape : manifest_) model_bytes += shape.element_count() * sizeof(float);
+  p.staging_budget_bytes = model_bytes + model_bytes / 2;
+  fp::UpdateReceiver receiver(p, roster_, replay);
+  EXPECT_EQ(receiver.transfer_capacity(), 1u);
+  EXPECT_EQ(receiver.per_peer_capacity(), 1u);
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(prepare(metadata(10)).header)).bytes())->root().isAck());
+  fp::UpdateMetadata from_b = metadata(1);
+  from_b.sender = "site-b";
+  const auto update_b = prepare(from_b, fp::Encoding::kDenseF32, 256, other_.get());
+  EXPECT_EQ(code_of(*deliver(receiver, update_b, "site-b")), wire::RejectCode::BUSY);
+  // site-a's newer update replaces its older one; the older is not taken back.
+  const auto newer = prepare(metadata(11));
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(newer.header)).bytes())->root().isAck());
+  EXPECT_EQ(receiver.transfers_in_flight(), 1u);
+  EXPECT_EQ(receiver.transfers_superseded(), 1u);
+  EXPECT_EQ(code_of(*parse(receiver.handle_header("site-a", *parse(prepare(metadata(10)).header)).bytes())),
+            wire::RejectCode::BUSY);
+  auto done = deliver(receiver, newer);
+  ASSERT_TRUE(done->root().isAck());
+  EXPECT_TRUE(done->root().getAck().getComplete());
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+  auto reply = deliver(receiver, update_b, "site-b");
+  ASSERT_TRUE(reply->root().isAck()) << reply->root().getReject().getText().cStr();
+  EXPECT_TRUE(reply->root().getAck().getComplete());
+  EXPECT_EQ(receiver.take_completed().size(), 2u);
+
+  // Without a budget (or one it does not bind), the roster's caps hold.
+  p.staging_budget_bytes = 1000 * model_bytes;
+  fp::UpdateReceiver roomy(p, roster_, replay);
+  EXPECT_EQ(roomy.transfer_capacity(), std::max(fp::kMaxTransfersInFlight, fp::kMaxTransfersPerPeer * 2));
+  EXPECT_EQ(roomy.per_peer_capacity(), fp::kMaxTransfersPerPeer);
+}
+
 // Only a chunk that adds bytes counts as progress: a transfer whose chunk 0
 // and header are sent again and again is still dropped once the idle
 // timeout has passed since its last new chunk, and the drop is counted.

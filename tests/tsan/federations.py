@@ -15,9 +15,7 @@ Usage: federations.py FEDMESH_BINARY LOCAL_FEDERATION_SCRIPT
 (meson test sets TSAN_OPTIONS, with the suppressions, for the TSan build).
 """
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,22 +26,8 @@ import urllib.request
 TIMEOUT_S = 300  # per federation; each takes about 20 s under TSan
 
 
-def port_free(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def free_ports(count):
-    rng = random.Random(os.getpid() ^ int(time.time()))
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - count)
-        if all(port_free(base + i) for i in range(count)):
-            return base
-    sys.exit("federations.py: no free ports")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from loopback_ports import free_ports  # noqa: E402
 
 
 class Poller(threading.Thread):

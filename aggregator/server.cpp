@@ -96,8 +96,10 @@ class AggregatorServer::Impl {
   crypto::Roster roster;
   std::optional<store::CheckpointStore> store;
   std::optional<crypto::ReplayGuard> replay;
-  std::optional<RoundManager> manager;
+  // The evaluator's parameter values are the round manager's model (views),
+  // so it is declared first and outlives the manager.
   std::unique_ptr<train::Sequential> evaluator_model;
+  std::optional<RoundManager> manager;
   std::unique_ptr<train::data::Dataset> validation;  // null: no validation
   bool language_model = false;
   // `tokenizer`: the BPE tokenizer (none: bytes), its fingerprint as
@@ -260,11 +262,15 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   // LoRA: the frozen weights and A factors are announced by fingerprint
   // (node/site_runtime.cpp compares them); the rounds hold the B factors.
   if (evaluator_model->lora().enabled()) model_spec_fingerprint += " lora " + evaluator_model->frozen_fingerprint();
+  // One copy of the model: the round manager steps the evaluator's own
+  // parameter values (views of them), and the evaluator, which never trains
+  // here, keeps no gradients.
   std::vector<std::string> names;
   std::vector<Tensor> tensors;
   for (Parameter* p : evaluator_model->parameters()) {
     names.push_back(p->name);
-    tensors.push_back(p->value.clone());
+    p->grad = Tensor();
+    tensors.push_back(Tensor::view_of(p->value.raw(), p->value.shape(), DType::kF32));
     manifest.push_back({p->name, std::vector<int64_t>(p->value.shape().begin(), p->value.shape().end())});
   }
   Result<RoundManager> created = RoundManager::create(config.rounds_options, std::move(names), std::move(tensors));
@@ -346,7 +352,7 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   uint64_t model_bytes = 0;
   for (const protocol::TensorShape& shape : manifest) model_bytes += shape.element_count() * sizeof(float);
   policy.staging_budget_bytes = config.staging_mb > 0 ? static_cast<uint64_t>(config.staging_mb) << 20
-                                                      : std::max<uint64_t>(uint64_t{1} << 30, 2 * model_bytes);
+                                                      : std::max<uint64_t>(uint64_t{256} << 20, 2 * model_bytes);
   // Refused at the header, before any chunk is taken or acknowledged.
   policy.max_sample_count = static_cast<uint64_t>(config.rounds_options.max_sample_count);
   policy.max_round_lag = config.rounds_options.asynchronous ? std::numeric_limits<uint64_t>::max() / 2
@@ -1001,10 +1007,8 @@ Status AggregatorServer::Impl::finish_secure_round(const SecureResult& result) {
 // The held model (manager->model()) on the validation data, its metrics
 // added to `metrics`.
 train::EvalResult AggregatorServer::Impl::evaluate_held_model(nlohmann::json& metrics) {
-  std::vector<Parameter*> parameters = evaluator_model->parameters();
-  for (size_t t = 0; t < parameters.size(); ++t) {
-    std::memcpy(parameters[t]->value.raw(), manager->model()[t].raw(), parameters[t]->value.nbytes());
-  }
+  // The manager's model is the evaluator's parameter values (see start):
+  // only the compute copies (mixed precision) need refreshing.
   evaluator_model->refresh_compute();
   train::Trainer evaluator(*evaluator_model, train::TrainOptions{});
   const train::EvalResult result = evaluator.evaluate(*validation);

@@ -24,7 +24,7 @@ Status AggregatorConfig::validate() const {
   if (!(site_timeout_seconds > 0.0)) return invalid_argument("site_timeout_seconds must be > 0");
   if (!(linger_seconds >= 0.0)) return invalid_argument("linger_seconds must be >= 0");
   if (staging_mb < 0 || staging_mb > (int64_t{1} << 30)) {
-    return invalid_argument("staging_mb must be in [0, 2^30] (0: the larger of 1 GiB and two models)");
+    return invalid_argument("staging_mb must be in [0, 2^30] (0: the larger of 256 MB and two models)");
   }
   if (validation_limit < 0) return invalid_argument("validation_limit must be >= 0");
   if (data.source != train::data::DataSource().source) {

@@ -37,7 +37,7 @@ struct AggregatorConfig {
   double site_timeout_seconds = 10.0;  // no message for this long: a site counts as gone
   double linger_seconds = 5.0;         // after the last round: keep answering so sites learn it
   // Memory for updates being received, each staged whole in fp32 (MB);
-  // 0: the larger of 1 GiB and two models. Sites past it are answered BUSY
+  // 0: the larger of 256 MB and two models. Sites past it are answered BUSY
   // and come back, so the aggregator's memory does not grow with the sites.
   int64_t staging_mb = 0;
   std::string faults;                  // transport.faults: experiments only (protocol/fault_injection.h)

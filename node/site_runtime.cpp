@@ -53,6 +53,10 @@ constexpr size_t kMaxShownFingerprint = 80;
 // How long a site whose key the aggregator refuses at every handshake keeps
 // trying before it stops (exit 3, as when told it is revoked).
 constexpr double kRefusedHandshakeSeconds = 60.0;
+// An update refused as BUSY is offered again this many times, the waits
+// growing from 250 ms to 2 s (about two minutes in all), before the round
+// is left to the next poll.
+constexpr int kBusyRetries = 64;
 
 // A tokenizer as the refusal below names it: the aggregator's, or this
 // site's (`ours`, read from `path`).
@@ -630,6 +634,22 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   retry.max_attempts = 4;
   int attempts = 0;
   Result<protocol::UploadOutcome> outcome = protocol::upload_with_retries(*socket, *prepared, upload, retry, &attempts);
+  // BUSY: the aggregator stages a bounded number of updates at once (its
+  // staging_mb, for large models). The same update is offered again after
+  // a short wait (each try a message, so the site stays connected) rather
+  // than trained again at the next poll.
+  protocol::RetryPolicy busy_wait;
+  busy_wait.first_backoff = std::chrono::milliseconds(250);
+  busy_wait.max_backoff = std::chrono::milliseconds(2000);
+  Rng busy_jitter(metadata.sequence);
+  for (int busy = 1; busy <= kBusyRetries && outcome.is_ok() && outcome->rejection &&
+                     outcome->rejection->code == wire::RejectCode::BUSY;
+       ++busy) {
+    clock().sleep_for(protocol::backoff_delay(busy, busy_wait, busy_jitter));
+    int more = 0;
+    outcome = protocol::upload_with_retries(*socket, *prepared, upload, retry, &more);
+    attempts += more;
+  }
   // The sequence is spent whatever happened: never reuse it.
   last_sequence = metadata.sequence;
   // Not delivered: all of it stays in the error-feedback residual.

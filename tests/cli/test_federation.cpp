@@ -23,6 +23,8 @@
 // 10-round federation finishes with every site's update applied in every
 // round, none closed by its deadline: lost messages are sent again (a
 // duplicate of an accepted update may be refused as replayed).
+// With the aggregator's staging bound at one update (staging_mb), sites
+// refused as busy offer the same update again and every round takes all.
 // And a site with in-site data parallelism (`fedmesh node --ranks 2`), or
 // with a GPT's blocks split over tensor-parallel ranks, sends
 // the update a one-process site sends: the global model after its rounds
@@ -252,6 +254,67 @@ TEST(Federation, EveryUpdateIsAppliedUnderThirtyPercentLoss) {
   EXPECT_EQ(aggregator->wait(), 0);
   // The loss was real: some uploads took more than one attempt.
   EXPECT_GT(attempts, updates) << "no upload was retried: the faults did not apply";
+}
+
+// The aggregator stages a bounded number of updates at once (staging_mb):
+// with 1 MB and a 1.3 MB model it takes one at a time, four sites that
+// finish training together are answered BUSY, offer the same update again
+// and every round still takes all four, none closed by its deadline.
+TEST(Federation, FourSitesThroughAStagingBoundOfOneUpdateEachRoundTakesAll) {
+  ASSERT_FALSE(binary().empty()) << "FEDMESH_BINARY is not set";
+  ASSERT_FALSE(script().empty()) << "FEDMESH_LOCAL_FEDERATION is not set";
+  constexpr int kSites = 4, kRounds = 6;
+  const fs::path spec = fs::path(::testing::TempDir()) / ("fedmesh-wide-" + std::to_string(::getpid()) + ".toml");
+  {
+    std::ofstream out(spec);
+    out << "name = \"wide\"\nlayers = [\n  { type = \"linear\", out = 400 },\n  { type = \"relu\" },\n"
+           "  { type = \"linear\" },\n]\n";  // 318,010 parameters: 1.27 MB
+  }
+  Federation federation(kSites, {"--rounds", std::to_string(kRounds), "--local-steps", "5", "--deadline", "120",
+                                 "--model", spec.string(), "--agg", "validation_limit = 200", "--agg",
+                                 "staging_mb = 1", "--site", "data.train_limit = 500", "--site", "poll_seconds = 0.05"},
+                        "staging");
+  ASSERT_TRUE(federation.made()) << "deploy/local_federation.sh failed";
+  std::vector<json> events;
+  std::unique_ptr<ChildProcess> aggregator = federation.aggregator();
+  ASSERT_TRUE(wait_for(*aggregator, events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
+  std::vector<std::unique_ptr<ChildProcess>> sites;
+  for (int k = 0; k < kSites; ++k) sites.push_back(federation.site(k));
+  ASSERT_TRUE(wait_for(*aggregator, events, [](const json& e) { return e.value("event", "") == "finished"; }, 300s))
+      << "the federation did not finish";
+  int rounds = 0;
+  for (const json& e : events) {
+    if (e.value("event", "") == "rejected") {
+      EXPECT_EQ(e.value("code", ""), "busy") << "only the staging bound refuses here: " << e.dump();
+    }
+    if (!is_round(e)) continue;
+    ++rounds;
+    EXPECT_EQ(e["updates"].get<int>(), kSites) << e.dump();
+    EXPECT_FALSE(e["closed_by_deadline"].get<bool>()) << e.dump();
+  }
+  EXPECT_EQ(rounds, kRounds);
+  int trained = 0, attempts = 0;
+  for (int k = 0; k < kSites; ++k) {
+    std::vector<json> site_events;
+    EXPECT_TRUE(wait_for(*sites[static_cast<size_t>(k)], site_events,
+                         [](const json& e) { return e.value("event", "") == "finished"; }, 60s))
+        << "site-" << k << " did not hear the end";
+    EXPECT_EQ(sites[static_cast<size_t>(k)]->wait(), 0) << "site-" << k;
+    for (const json& e : site_events) {
+      if (e.value("event", "") != "update") continue;
+      ++trained;
+      attempts += e.value("attempts", 0);
+    }
+  }
+  const int busy = attempts - trained;  // no loss here: every attempt past the first was refused as busy
+  EXPECT_EQ(aggregator->wait(), 0);
+  // A BUSY update is offered again, not trained again: one update per round.
+  EXPECT_EQ(trained, kSites * kRounds);
+  // Four sites that hear of each round within 50 ms and train alike collide
+  // on one staging slot (without the bound nothing is refused at all).
+  EXPECT_GT(busy, 0) << "no update was refused as busy: the staging bound did not apply";
+  std::printf("staging bound of one update: %d uploads offered again after busy over %d rounds\n", busy, kRounds);
+  fs::remove(spec);
 }
 
 // Compressed updates cross the real wire: top-k with int8 values through the

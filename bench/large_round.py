@@ -3,7 +3,7 @@
 
 Runs a real `fedmesh aggregator` and N real `fedmesh node` sites on loopback
 (deploy/local_federation.sh) with a large model, a one-hidden-layer MLP spec
-whose width sets its size (default 60000: 47.7M parameters, 191 MB in fp32),
+whose width sets its size (default 40000: 31.8M parameters, 127 MB in fp32),
 for each N given, one federation after the other. Sites train one step on 64
 images a round, so the round is the updates' transfer and aggregation.
 Prints, per N, the aggregator's peak resident set (VmHWM of
@@ -11,11 +11,11 @@ Prints, per N, the aggregator's peak resident set (VmHWM of
 and the time its rounds took, then how much the peak moved from the smallest
 N to the largest (the bar: flat within 10 %).
 
-Not in CI: 12 sites of a 191 MB model need about 12 GB of memory and some
+Not in CI: 12 sites of a 127 MB model need about 10 GB of memory and some
 minutes on a 2-core machine.
 
 Usage: bench/large_round.py [--fedmesh build/cli/fedmesh] [--sites 2,6,12]
-                            [--hidden 60000] [--rounds 2] [--agg 'KEY = VALUE']...
+                            [--hidden 40000] [--rounds 2] [--agg 'KEY = VALUE']...
 """
 import argparse
 import os
@@ -91,7 +91,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fedmesh", default=os.path.join(ROOT, "build", "cli", "fedmesh"))
     parser.add_argument("--sites", default="2,6,12")
-    parser.add_argument("--hidden", type=int, default=60000)
+    parser.add_argument("--hidden", type=int, default=40000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--agg", action="append", default=[], help="one more line of agg.toml")
     args = parser.parse_args()

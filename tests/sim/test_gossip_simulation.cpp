@@ -104,7 +104,8 @@ TEST(GossipSimulation, NonIidPeersLearnAndAgree) {
 // of the messages lost, every peer applying every peer's top-k update (1.5 %
 // of the coordinates, int8 values): the peers hold the same bits at the end,
 // a model within 3 points of the dense run's on this small subset (seed 1:
-// 83.0 % against 85.4 %; 0.3 points apart on all 60,000 images, see
+// 83.0 % against 85.4 % on an AMD EPYC, 83.6 % against 85.2 % on an Intel
+// Xeon, whose BLAS kernels round differently; 0.3 points apart on all 60,000 images, see
 // docs/gossip.md), no update is missed for good, and the run moves at least
 // 80x fewer bytes than the same run with dense fp32 updates (seed 1: 119x).
 TEST(GossipSimulation, SparseReplicasAreIdenticalAndAsGoodAsDense) {
@@ -117,7 +118,10 @@ TEST(GossipSimulation, SparseReplicasAreIdenticalAndAsGoodAsDense) {
   const GossipSimulationSummary dense = simulate(options);
   for (const GossipSimulationSummary* run : {&sparse, &dense}) {
     EXPECT_EQ(run->last().max_model_distance, 0.0);  // bit-identical replicas
-    EXPECT_EQ(run->last().min_test_accuracy, run->last().mean_test_accuracy);
+    // Identical replicas score identically. (Not min against mean: the mean
+    // of eight equal doubles, summed then divided, need not be that double;
+    // with 0.836 it is not.)
+    EXPECT_EQ(run->last().min_test_accuracy, run->last().max_test_accuracy);
     EXPECT_EQ(run->updates_missed, 0);
     EXPECT_EQ(run->messages_refused, 0);
     EXPECT_GT(run->messages_lost, 0);

@@ -349,10 +349,9 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   // Updates in flight are staged whole: a bounded number at once, so that
   // memory stays flat however many sites send (received ones are folded
   // into the round's sum, see RoundManager::held_update_values).
-  uint64_t model_bytes = 0;
-  for (const protocol::TensorShape& shape : manifest) model_bytes += shape.element_count() * sizeof(float);
-  policy.staging_budget_bytes = config.staging_mb > 0 ? static_cast<uint64_t>(config.staging_mb) << 20
-                                                      : std::max<uint64_t>(uint64_t{256} << 20, 2 * model_bytes);
+  policy.staging_budget_bytes = config.staging_mb > 0
+                                    ? static_cast<uint64_t>(config.staging_mb) << 20
+                                    : std::max<uint64_t>(uint64_t{256} << 20, 2 * protocol::staged_bytes(manifest));
   // Refused at the header, before any chunk is taken or acknowledged.
   policy.max_sample_count = static_cast<uint64_t>(config.rounds_options.max_sample_count);
   policy.max_round_lag = config.rounds_options.asynchronous ? std::numeric_limits<uint64_t>::max() / 2

@@ -839,6 +839,12 @@ uint64_t TensorShape::element_count() const {
   return product;
 }
 
+uint64_t staged_bytes(std::span<const TensorShape> manifest) {
+  uint64_t bytes = 0;
+  for (const TensorShape& shape : manifest) bytes += shape.element_count() * sizeof(float);
+  return bytes;
+}
+
 SegmentView EncodedSegment::view() const {
   SegmentView view;
   view.tensor = tensor;

@@ -101,6 +101,9 @@ struct TensorShape {
   uint64_t element_count() const;  // product of dims (1 for a scalar)
 };
 
+// The bytes a whole update of `manifest` takes in fp32, as a receiver stages it.
+uint64_t staged_bytes(std::span<const TensorShape> manifest);
+
 // A segment as read from the wire: borrowed spans, nothing owned. The codec
 // checks every field against the manifest before it reads a value.
 struct SegmentView {

@@ -522,7 +522,8 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
     }
     size_t from_peer = static_cast<size_t>(
         std::count_if(transfers_.begin(), transfers_.end(), [&](const auto& item) { return item.first.first == key.first; }));
-    if (from_peer >= per_peer_capacity() && per_peer_capacity() < policy_.max_transfers_per_peer) {
+    const size_t per_peer = per_peer_capacity();
+    if (from_peer >= per_peer && per_peer < policy_.max_transfers_per_peer) {
       // The staging budget binds and allows a sender one transfer: a newer
       // update from it (a site restarted mid-upload) replaces its older,
       // abandoned one instead of waiting out the idle timeout.
@@ -535,7 +536,7 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
         from_peer = 0;
       }
     }
-    if (from_peer >= per_peer_capacity()) {
+    if (from_peer >= per_peer) {
       return reject(sequence, wire::RejectCode::BUSY,
                     "'" + key.first + "' has " + std::to_string(from_peer) +
                         " transfers in flight, its most; finish or abandon one (idle ones are dropped after " +
@@ -716,18 +717,19 @@ std::optional<TransferProgress> UpdateReceiver::in_flight(const std::string& pee
   return newest;
 }
 
+size_t UpdateReceiver::roster_capacity() const {
+  return std::max(kMaxTransfersInFlight, policy_.max_transfers_per_peer * roster_.sites.size());
+}
+
 size_t UpdateReceiver::transfer_capacity() const {
-  const size_t by_roster = std::max(kMaxTransfersInFlight, policy_.max_transfers_per_peer * roster_.sites.size());
-  if (policy_.staging_budget_bytes == 0) return by_roster;
-  uint64_t model_bytes = 0;
-  for (const TensorShape& shape : policy_.manifest) model_bytes += shape.element_count() * sizeof(float);
-  if (model_bytes == 0) return by_roster;
+  const size_t by_roster = roster_capacity();
+  const uint64_t model_bytes = staged_bytes(policy_.manifest);
+  if (policy_.staging_budget_bytes == 0 || model_bytes == 0) return by_roster;
   return std::clamp<size_t>(static_cast<size_t>(policy_.staging_budget_bytes / model_bytes), 1, by_roster);
 }
 
 size_t UpdateReceiver::per_peer_capacity() const {
-  const size_t by_roster = std::max(kMaxTransfersInFlight, policy_.max_transfers_per_peer * roster_.sites.size());
-  return transfer_capacity() < by_roster ? 1 : policy_.max_transfers_per_peer;
+  return transfer_capacity() < roster_capacity() ? 1 : policy_.max_transfers_per_peer;
 }
 
 void UpdateReceiver::expire(std::chrono::steady_clock::time_point now) {

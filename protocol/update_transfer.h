@@ -253,6 +253,8 @@ class UpdateReceiver {
   };
   using TransferKey = std::pair<std::string, uint64_t>;
 
+  // max(kMaxTransfersInFlight, max_transfers_per_peer x roster members).
+  size_t roster_capacity() const;
   OutgoingMessage reject(uint64_t sequence, wire::RejectCode code, std::string reason);
   void drop_superseded(const std::string& replay_key, uint64_t sequence);
   OutgoingMessage ack(const Transfer& transfer, bool complete);

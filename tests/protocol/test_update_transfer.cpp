@@ -474,8 +474,7 @@ TEST_F(UpdateTransfer, TransfersInFlightAreBoundedPerSender) {
 TEST_F(UpdateTransfer, AStagingBudgetBoundsTransfersInFlightWhateverTheRoster) {
   auto replay = fc::ReplayGuard::in_memory();
   auto p = policy();
-  uint64_t model_bytes = 0;
-  for (const auto& shape : manifest_) model_bytes += shape.element_count() * sizeof(float);
+  const uint64_t model_bytes = fp::staged_bytes(manifest_);
   p.staging_budget_bytes = model_bytes + model_bytes / 2;
   fp::UpdateReceiver receiver(p, roster_, replay);
   EXPECT_EQ(receiver.transfer_capacity(), 1u);

@@ -1,12 +1,11 @@
 #include "cli/aggregator_command.h"
 
-#include <malloc.h>
-
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "aggregator/server.h"
+#include "base/large_buffers.h"
 #include "cli/output.h"
 
 namespace fedmesh::cli {
@@ -91,12 +90,7 @@ int run_aggregator(const AggregatorFlags& flags) {
     if (flags.json) emit_json(event);
     else print_event(event);
   };
-  // Buffers of a megabyte or more (model-sized: updates being received,
-  // their decoded values, store blobs) are mapped apart and go back to the
-  // system when freed. glibc's default threshold rises to 32 MB after the
-  // first large free, and what the heap frees it keeps: a large model's
-  // round then left the aggregator holding its transient buffers.
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  return_large_buffers_to_system();
   const std::atomic<bool>& stop = stop_on_signals();
   Result<std::unique_ptr<aggregator::AggregatorServer>> server = aggregator::AggregatorServer::start(*config, sink);
   if (!server.is_ok()) return fail(server.status());

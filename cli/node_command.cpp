@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "base/large_buffers.h"
 #include "base/text.h"
 #include "cli/output.h"
 #include "node/gossip_runtime.h"
@@ -137,6 +138,7 @@ int run_runtime(const NodeFlags& flags, Result<Config> config, const std::string
 
 int run_node(const NodeFlags& given, const node::SecureUploadFaults& faults) {
   NodeFlags flags = given;
+  return_large_buffers_to_system();
   if (flags.gpus != 0) {
     // --gpus N: --device cuda --ranks N.
     if (flags.gpus < 1) return fail(flags, invalid_argument("--gpus must be at least 1"), true);

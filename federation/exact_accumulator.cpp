@@ -31,25 +31,40 @@ ExactAccumulator::ExactAccumulator(int64_t elements) : sum_(static_cast<size_t>(
 double ExactAccumulator::total_weight() const { return static_cast<double>(weight_sum_) / kScale; }
 
 Status ExactAccumulator::add(std::span<const float> values, double weight) {
-  if (values.size() != sum_.size()) {
-    return invalid_argument("update has " + std::to_string(values.size()) + " values, the accumulator " +
+  const std::span<const float> pieces[] = {values};
+  return add(pieces, weight);
+}
+
+Status ExactAccumulator::add(std::span<const std::span<const float>> pieces, double weight) {
+  size_t total = 0;
+  for (const std::span<const float> piece : pieces) total += piece.size();
+  if (total != sum_.size()) {
+    return invalid_argument("update has " + std::to_string(total) + " values, the accumulator " +
                             std::to_string(sum_.size()));
   }
   if (!(weight >= 0.0 && weight <= 1.0)) return invalid_argument("update weight must be in [0, 1]");
   // One vectorizable pass: the largest magnitude as bits; an exponent of all
   // ones (Inf or NaN) sorts above every finite magnitude.
   std::atomic<uint32_t> largest_bits{0};
-  parallel_for(static_cast<int64_t>(values.size()), kGrain, [&](int64_t begin, int64_t end) {
-    uint32_t local = 0;
-    const float* v = values.data();
-    for (int64_t i = begin; i < end; ++i) local = std::max(local, std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu);
-    uint32_t seen = largest_bits.load();
-    while (local > seen && !largest_bits.compare_exchange_weak(seen, local)) {
-    }
-  });
+  for (const std::span<const float> piece : pieces) {
+    parallel_for(static_cast<int64_t>(piece.size()), kGrain, [&](int64_t begin, int64_t end) {
+      uint32_t local = 0;
+      const float* v = piece.data();
+      for (int64_t i = begin; i < end; ++i) local = std::max(local, std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu);
+      uint32_t seen = largest_bits.load();
+      while (local > seen && !largest_bits.compare_exchange_weak(seen, local)) {
+      }
+    });
+  }
   if (largest_bits.load() >= 0x7f800000u) {
-    for (size_t i = 0; i < values.size(); ++i) {
-      if (!std::isfinite(values[i])) return invalid_argument("update value " + std::to_string(i) + " is not finite");
+    size_t position = 0;
+    for (const std::span<const float> piece : pieces) {
+      for (size_t i = 0; i < piece.size(); ++i) {
+        if (!std::isfinite(piece[i])) {
+          return invalid_argument("update value " + std::to_string(position + i) + " is not finite");
+        }
+      }
+      position += piece.size();
     }
   }
   const float largest = std::bit_cast<float>(largest_bits.load());
@@ -62,11 +77,15 @@ Status ExactAccumulator::add(std::span<const float> values, double weight) {
     return invalid_argument("the exact accumulator is full: its sum could overflow with this update; "
                             "apply the aggregate and start a new one");
   }
-  parallel_for(static_cast<int64_t>(values.size()), kGrain, [&](int64_t begin, int64_t end) {
-    int64_t* __restrict sum = sum_.data();
-    const float* __restrict v = values.data();
-    for (int64_t i = begin; i < end; ++i) sum[i] += fixed(weight * static_cast<double>(v[i]));
-  });
+  int64_t* first = sum_.data();  // where the piece's values land
+  for (const std::span<const float> piece : pieces) {
+    parallel_for(static_cast<int64_t>(piece.size()), kGrain, [&](int64_t begin, int64_t end) {
+      int64_t* __restrict sum = first;
+      const float* __restrict v = piece.data();
+      for (int64_t i = begin; i < end; ++i) sum[i] += fixed(weight * static_cast<double>(v[i]));
+    });
+    first += piece.size();
+  }
   weight_sum_ += fixed(weight);
   bound_used_ += largest_term;
   ++updates_;
@@ -81,9 +100,17 @@ void ExactAccumulator::mean(std::span<float> out) const {
 }
 
 void ExactAccumulator::sum(std::span<float> out) const {
-  for (size_t i = 0; i < sum_.size() && i < out.size(); ++i) {
-    out[i] = static_cast<float>(static_cast<double>(sum_[i]) / kScale);
-  }
+  sum(0, out.first(std::min(out.size(), sum_.size())));
+}
+
+void ExactAccumulator::sum(int64_t first, std::span<float> out) const {
+  const auto offset = static_cast<size_t>(std::clamp<int64_t>(first, 0, elements()));
+  const int64_t n = static_cast<int64_t>(std::min(out.size(), sum_.size() - offset));
+  parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    const int64_t* __restrict s = sum_.data() + offset;
+    float* __restrict o = out.data();
+    for (int64_t i = begin; i < end; ++i) o[i] = static_cast<float>(static_cast<double>(s[i]) / kScale);
+  });
 }
 
 Status ExactAccumulator::restore(Saved saved) {

@@ -42,10 +42,15 @@ class ExactAccumulator {
   // finite, the weight is outside [0, 1], the length differs, or the bounds
   // above could be broken; the message says which.
   Status add(std::span<const float> values, double weight);
+  // The same for one update given in pieces laid end to end (a model's
+  // tensors, without copying them into one vector): added or refused whole.
+  Status add(std::span<const std::span<const float>> pieces, double weight);
   // out = sum / total weight (zeros when nothing was added).
   void mean(std::span<float> out) const;
   // out = sum.
   void sum(std::span<float> out) const;
+  // out = sum[first, first + out.size()) (one tensor of a model laid end to end).
+  void sum(int64_t first, std::span<float> out) const;
   // The raw fixed-point sums, for hashing and for tests of exactness.
   std::span<const int64_t> raw() const { return sum_; }
   void clear();
@@ -59,6 +64,8 @@ class ExactAccumulator {
     int64_t updates = 0;
   };
   Saved save() const { return {sum_, weight_sum_, bound_used_, updates_}; }
+  // The same without the sums (a caller that writes raw() out itself).
+  Saved save_counters() const { return {{}, weight_sum_, bound_used_, updates_}; }
   // Refuses a saved sum of another length, or whose bound is out of range.
   Status restore(Saved saved);
 

@@ -55,21 +55,23 @@ Result<ReplicaState> ReplicaState::create(const protocol::CompressionPlan& plan,
   return state;
 }
 
-Result<OwnUpdate> ReplicaState::make_update(std::span<const std::vector<float>> trained) {
+Result<OwnUpdate> ReplicaState::make_update(std::vector<std::vector<float>> trained) {
   if (trained.size() != model_.size()) return invalid_argument("make_update: wrong number of tensors");
-  std::vector<std::vector<float>> delta(model_.size());
   for (size_t t = 0; t < model_.size(); ++t) {
     if (trained[t].size() != model_[t].size()) {
       return invalid_argument("make_update: tensor " + manifest_[t].name + " has the wrong size");
     }
-    delta[t].resize(model_[t].size());
-    for (size_t i = 0; i < model_[t].size(); ++i) {
-      if (!std::isfinite(trained[t][i])) return invalid_argument("make_update: tensor " + manifest_[t].name + " is not finite");
-      delta[t][i] = trained[t][i] - model_[t][i];
+    for (const float v : trained[t]) {
+      if (!std::isfinite(v)) return invalid_argument("make_update: tensor " + manifest_[t].name + " is not finite");
     }
   }
-  std::vector<std::span<const float>> spans(delta.begin(), delta.end());
-  Result<protocol::CompressedUpdate> compressed = compressor_->compress(spans, /*want_decoded=*/true);
+  // The pseudo-gradient, in place.
+  for (size_t t = 0; t < model_.size(); ++t) {
+    float* __restrict delta = trained[t].data();
+    const float* __restrict held = model_[t].data();
+    for (size_t i = 0; i < trained[t].size(); ++i) delta[i] -= held[i];
+  }
+  Result<protocol::CompressedUpdate> compressed = compressor_->compress(std::move(trained), /*want_decoded=*/true);
   if (!compressed.is_ok()) return compressed.status();
   OwnUpdate update;
   update.tensors = std::move(compressed->tensors);
@@ -83,25 +85,28 @@ void ReplicaState::take_back() { compressor_->rollback(); }
 Result<bool> ReplicaState::apply(const UpdateId& id, std::span<const std::vector<float>> decoded) {
   if (applied(id)) return false;
   if (decoded.size() != model_.size()) return invalid_argument("an update with the wrong number of tensors");
-  flat_.clear();
+  std::vector<std::span<const float>> pieces;
   for (size_t t = 0; t < model_.size(); ++t) {
     if (decoded[t].size() != model_[t].size()) {
       return invalid_argument("an update whose tensor " + manifest_[t].name + " has the wrong size");
     }
-    flat_.insert(flat_.end(), decoded[t].begin(), decoded[t].end());
+    pieces.emplace_back(decoded[t]);
   }
-  FEDMESH_RETURN_IF_ERROR(sum_->add(flat_, weight_));
+  FEDMESH_RETURN_IF_ERROR(sum_->add(pieces, weight_));
   applied_.insert(id);
   refresh_model();
   return true;
 }
 
 void ReplicaState::refresh_model() {
-  flat_.resize(static_cast<size_t>(sum_->elements()));
-  sum_->sum(flat_);
-  size_t k = 0;
+  int64_t first = 0;
   for (size_t t = 0; t < model_.size(); ++t) {
-    for (size_t i = 0; i < model_[t].size(); ++i, ++k) model_[t][i] = reference_[t][i] + flat_[k];
+    std::vector<float>& z = model_[t];
+    sum_->sum(first, z);
+    first += static_cast<int64_t>(z.size());
+    const float* __restrict x0 = reference_[t].data();
+    float* __restrict out = z.data();
+    for (size_t i = 0; i < z.size(); ++i) out[i] = x0[i] + out[i];
   }
 }
 

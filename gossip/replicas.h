@@ -94,8 +94,12 @@ class ReplicaState {
 
   // Local training took model() to `trained`: the compressed pseudo-gradient,
   // with error feedback (the residual keeps what was not sent). The caller
-  // spreads it and applies it to its own model with apply().
-  Result<OwnUpdate> make_update(std::span<const std::vector<float>> trained);
+  // spreads it and applies it to its own model with apply(). `trained`'s
+  // buffers become the pseudo-gradient and then the compressor's input (no
+  // copy of the model's size is made for either); after a successful apply
+  // the caller may release the compressor's buffers (take_back then has
+  // nothing to restore).
+  Result<OwnUpdate> make_update(std::vector<std::vector<float>> trained);
   // The last update could not be spread at all: its input goes back into
   // the residual.
   void take_back();
@@ -120,6 +124,9 @@ class ReplicaState {
   // Checkpoint state: the exact sum, the ids applied, and the compressor's
   // residual (protocol::UpdateCompressor::state_tensors).
   federation::ExactAccumulator::Saved saved_sum() const { return sum_->save(); }
+  // The same without a copy: the counters, and the raw sums to write out.
+  federation::ExactAccumulator::Saved saved_counters() const { return sum_->save_counters(); }
+  std::span<const int64_t> raw_sum() const { return sum_->raw(); }
   Status restore(federation::ExactAccumulator::Saved sum, std::set<UpdateId> applied, uint64_t floor = 0);
   protocol::UpdateCompressor& compressor() { return *compressor_; }
 
@@ -135,7 +142,6 @@ class ReplicaState {
   std::set<UpdateId> applied_;
   uint64_t floor_ = 0;
   std::optional<protocol::UpdateCompressor> compressor_;
-  std::vector<float> flat_;  // scratch
 };
 
 // Every spec of a plan with where it comes from ("the default",

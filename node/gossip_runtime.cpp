@@ -1070,6 +1070,11 @@ void GossipRuntime::Impl::load_worker() {
 
 Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
   load_worker();
+  // Gradients live for the round's training only (between rounds the peer
+  // holds a model's size less: it matters for a model of gigabytes).
+  for (Parameter* p : worker->parameters()) {
+    if (!p->grad.defined()) p->grad = Tensor::zeros(p->value.shape(), DType::kF32, p->value.device());
+  }
   train::TrainOptions local = config.site.local;
   local.max_steps = config.local_steps;
   local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, data.shard->size());
@@ -1083,7 +1088,10 @@ Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
   const train::TrainSummary summary = trainer.fit(*data.shard, nullptr, callbacks);
   train_loss = summary.final_train_loss;
   std::vector<std::vector<float>> trained;
-  for (Parameter* p : worker->parameters()) trained.emplace_back(p->value.data<float>(), p->value.data<float>() + p->value.numel());
+  for (Parameter* p : worker->parameters()) {
+    trained.emplace_back(p->value.data<float>(), p->value.data<float>() + p->value.numel());
+    p->grad = Tensor();
+  }
   if (config.dp_clip > 0.0) privatize(trained);
   if (replicas) {
     this->trained = std::move(trained);
@@ -1259,7 +1267,7 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       // (Updates that arrived while we trained wait in `arrivals`: the
       // pseudo-gradient is against the model training started from.)
       const uint64_t round = s.version;
-      FEDMESH_RETURN_IF_ERROR(s.replicas->make(round, s.trained));
+      FEDMESH_RETURN_IF_ERROR(s.replicas->make(round, std::move(s.trained)));
       // Durable before it leaves: the update in the store, then the round.
       FEDMESH_RETURN_IF_ERROR(s.replicas->persist(round, *s.store));
       s.set_version(s.version + 1);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "gossip/catch_up.h"
+#include "kernels/parallel.h"
 
 namespace fedmesh::node {
 
@@ -37,14 +38,17 @@ int64_t join_fixed_point(const float pieces[3]) {
 ReplicaSync::ReplicaSync(gossip::ReplicaState state, std::string self, Clock& clock)
     : state_(std::move(state)), self_(std::move(self)), clock_(&clock) {}
 
-Status ReplicaSync::make(uint64_t round, std::span<const std::vector<float>> trained) {
-  Result<gossip::OwnUpdate> update = state_.make_update(trained);
+Status ReplicaSync::make(uint64_t round, std::vector<std::vector<float>> trained) {
+  Result<gossip::OwnUpdate> update = state_.make_update(std::move(trained));
   if (!update.is_ok()) return update.status();
   Result<bool> applied = state_.apply({self_, round}, update->decoded);
   if (!applied.is_ok()) {
     state_.take_back();
     return applied.status();
   }
+  // In the sum now: nothing will be taken back, so the compressor's input
+  // (a model's size) is not kept until the next round.
+  state_.compressor().release_buffers();
   Own own;
   own.tensors = std::move(update->tensors);
   uint64_t flat = 0;
@@ -198,17 +202,23 @@ std::vector<uint64_t> ReplicaSync::own_rounds() const {
 
 void ReplicaSync::save(std::deque<Tensor>& views, std::vector<store::TensorToCommit>& out, nlohmann::json& state,
                        std::vector<store::AppliedUpdate>& retire) const {
-  const federation::ExactAccumulator::Saved sum = state_.saved_sum();
-  for (auto& piece : pieces_) piece.resize(sum.sum.size());
-  float parts[3];
-  for (size_t i = 0; i < sum.sum.size(); ++i) {
-    split_fixed_point(sum.sum[i], parts);
-    for (int k = 0; k < 3; ++k) pieces_[k][i] = parts[k];
-  }
+  // The pieces are tensors of their own in `views`, alive for the commit
+  // only: split straight from the live sum, no copy of it kept between rounds.
+  const federation::ExactAccumulator::Saved sum = state_.saved_counters();
+  const std::span<const int64_t> raw = state_.raw_sum();
+  float* pieces[3];
   for (int k = 0; k < 3; ++k) {
-    views.push_back(Tensor::view_of(pieces_[k].data(), Shape({static_cast<int64_t>(pieces_[k].size())}), DType::kF32));
+    views.push_back(Tensor::empty(Shape({static_cast<int64_t>(raw.size())}), DType::kF32));
+    pieces[k] = views.back().data<float>();
     out.push_back({kRole, kPieceNames[k], &views.back()});
   }
+  parallel_for(static_cast<int64_t>(raw.size()), int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+    float parts[3];
+    for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
+      split_fixed_point(raw[i], parts);
+      for (int k = 0; k < 3; ++k) pieces[k][i] = parts[k];
+    }
+  });
   nlohmann::json applied = nlohmann::json::object();
   for (const gossip::UpdateId& id : state_.applied_ids()) applied[id.sender].push_back(id.round);
   nlohmann::json replica = {{"floor", state_.floor()}, {"applied", applied}, {"weight_raw", sum.weight},

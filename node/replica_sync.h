@@ -55,7 +55,8 @@ class ReplicaSync {
 
   // Our update of `round` from the model local training reached: made with
   // error feedback, added to our own sum, kept to send again.
-  Status make(uint64_t round, std::span<const std::vector<float>> trained);
+  // `trained`'s buffers are reused for the pseudo-gradient.
+  Status make(uint64_t round, std::vector<std::vector<float>> trained);
   // Our update of `round` as it travels; null once it is no longer kept.
   const std::vector<protocol::EncodedTensor>* own(uint64_t round) const;
   // A member's update: true when it was new and added, false for one we
@@ -103,7 +104,6 @@ class ReplicaSync {
   std::map<uint64_t, Own> own_;  // by round
   std::vector<std::string> retired_;  // pending ids to drop at the next commit
   mutable size_t retiring_ = 0;       // how many of retired_ the last save() listed
-  mutable std::vector<float> pieces_[3];  // scratch for save()
 };
 
 // An own update as a pending update's bytes: "FMRO", version 1, round,

@@ -354,19 +354,28 @@ const std::vector<size_t>& UpdateCompressor::powersgd_tensors() const { return s
 int64_t UpdateCompressor::rounds() const { return state_->rounds; }
 void UpdateCompressor::set_rounds(int64_t rounds) { state_->rounds = rounds; }
 
-Status UpdateCompressor::begin(std::span<const std::span<const float>> delta) {
-  State& s = *state_;
-  if (delta.size() != s.manifest.size()) {
+namespace {
+
+Status check_delta(std::span<const std::span<const float>> delta, const std::vector<TensorShape>& manifest) {
+  if (delta.size() != manifest.size()) {
     return invalid_argument("the update has " + std::to_string(delta.size()) + " tensors, the manifest " +
-                            std::to_string(s.manifest.size()));
+                            std::to_string(manifest.size()));
   }
   for (size_t t = 0; t < delta.size(); ++t) {
-    if (delta[t].size() != s.manifest[t].element_count()) {
-      return invalid_argument("tensor '" + s.manifest[t].name + "' has " + std::to_string(delta[t].size()) +
-                              " values, its shape " + std::to_string(s.manifest[t].element_count()));
+    if (delta[t].size() != manifest[t].element_count()) {
+      return invalid_argument("tensor '" + manifest[t].name + "' has " + std::to_string(delta[t].size()) +
+                              " values, its shape " + std::to_string(manifest[t].element_count()));
     }
-    FEDMESH_RETURN_IF_ERROR(check_finite(delta[t], s.manifest[t].name));
+    FEDMESH_RETURN_IF_ERROR(check_finite(delta[t], manifest[t].name));
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status UpdateCompressor::begin(std::span<const std::span<const float>> delta) {
+  State& s = *state_;
+  FEDMESH_RETURN_IF_ERROR(check_delta(delta, s.manifest));
   for (size_t t = 0; t < delta.size(); ++t) {
     std::vector<float>& a = s.inputs[t];
     a.resize(delta[t].size());
@@ -377,6 +386,27 @@ Status UpdateCompressor::begin(std::span<const std::span<const float>> delta) {
     } else {
       s.kernels->add(s.residuals[t], delta[t], a);
     }
+  }
+  s.begun = true;
+  return Status::ok();
+}
+
+Status UpdateCompressor::begin(std::vector<std::vector<float>>&& delta) {
+  State& s = *state_;
+  {
+    const std::vector<std::span<const float>> spans(delta.begin(), delta.end());
+    FEDMESH_RETURN_IF_ERROR(check_delta(spans, s.manifest));
+  }
+  for (size_t t = 0; t < delta.size(); ++t) {
+    std::vector<float>& a = delta[t];
+    if (s.residuals[t].empty()) {
+      // a = delta as it is.
+    } else if (s.compressors[t]) {
+      s.compressors[t]->form_input(s.residuals[t], a, a, *s.kernels);
+    } else {
+      s.kernels->add(s.residuals[t], a, a);
+    }
+    s.inputs[t] = std::move(a);
   }
   s.begun = true;
   return Status::ok();
@@ -481,6 +511,14 @@ Result<CompressedUpdate> UpdateCompressor::compress(std::span<const std::span<co
     return invalid_argument("powersgd needs the shared P of the aggregator path: use begin / powersgd_p / finish");
   }
   FEDMESH_RETURN_IF_ERROR(begin(delta));
+  return finish({}, want_decoded);
+}
+
+Result<CompressedUpdate> UpdateCompressor::compress(std::vector<std::vector<float>>&& delta, bool want_decoded) {
+  if (!state_->powersgd.empty()) {
+    return invalid_argument("powersgd needs the shared P of the aggregator path: use begin / powersgd_p / finish");
+  }
+  FEDMESH_RETURN_IF_ERROR(begin(std::move(delta)));
   return finish({}, want_decoded);
 }
 

@@ -37,6 +37,7 @@ class TensorCompressor {
  public:
   virtual ~TensorCompressor() = default;
   // a = e + delta; top-k with momentum first folds delta into its momentum.
+  // a may be delta itself (each element is read before it is written).
   virtual void form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a,
                           kernels::CompressionKernels& kernels);
   // Encodes a as tensor `index`; `round` counts this site's compressions
@@ -95,6 +96,10 @@ class UpdateCompressor {
 
   // Forms a = e + delta for every tensor (delta: one flattened span each).
   Status begin(std::span<const std::span<const float>> delta);
+  // The same, a formed in delta's own buffers (taken over: no buffer of the
+  // update's size is allocated), for a caller that has no further use for
+  // its delta.
+  Status begin(std::vector<std::vector<float>>&& delta);
   // PowerSGD phase 1: P_i = a Q (rows x r) per PowerSGD tensor, given the
   // shared Q (cols x r) of each.
   Result<std::vector<std::vector<float>>> powersgd_p(std::span<const std::vector<float>> shared_q) const;
@@ -108,6 +113,7 @@ class UpdateCompressor {
   void rollback();
   // begin + finish, for plans without PowerSGD.
   Result<CompressedUpdate> compress(std::span<const std::span<const float>> delta, bool want_decoded = true);
+  Result<CompressedUpdate> compress(std::vector<std::vector<float>>&& delta, bool want_decoded = true);
   // Frees the buffers kept between updates (the input a, scratch), leaving
   // the residuals: for simulations that hold many sites' compressors. After
   // it, rollback() has nothing to restore.

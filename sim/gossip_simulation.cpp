@@ -232,7 +232,7 @@ class GossipSimulation {
   Status spread(int64_t round, GossipSimulationRound& record, GossipSimulationSummary& summary) {
     for (size_t i = 0; i < peers_.size(); ++i) {
       VirtualPeer& peer = peers_[i];
-      Result<gossip::OwnUpdate> update = peer.replica->make_update(peer.trained);
+      Result<gossip::OwnUpdate> update = peer.replica->make_update(std::move(peer.trained));
       if (!update.is_ok()) return update.status();
       auto held = std::make_shared<HeldUpdate>();
       held->decoded = std::move(update->decoded);

@@ -92,5 +92,45 @@ TEST(ExactAccumulator, RefusesWhatItCannotSumExactlyAndChangesNothing) {
   EXPECT_FLOAT_EQ(sum[1], 1.0f - 8e6f);
 }
 
+TEST(ExactAccumulator, AnUpdateInPiecesIsTheUpdateLaidEndToEnd) {
+  std::mt19937_64 random(3);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  // Pieces of uneven sizes, one larger than a parallel grain.
+  const std::vector<size_t> sizes = {3, 70000, 1, 129};
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  ExactAccumulator whole(static_cast<int64_t>(total)), pieces(static_cast<int64_t>(total));
+  for (int u = 0; u < 3; ++u) {
+    std::vector<std::vector<float>> parts;
+    std::vector<float> flat;
+    for (size_t n : sizes) {
+      parts.emplace_back(n);
+      for (float& v : parts.back()) v = normal(random);
+      flat.insert(flat.end(), parts.back().begin(), parts.back().end());
+    }
+    const std::vector<std::span<const float>> views(parts.begin(), parts.end());
+    ASSERT_TRUE(whole.add(flat, 0.25 + 0.25 * u).is_ok());
+    ASSERT_TRUE(pieces.add(views, 0.25 + 0.25 * u).is_ok());
+  }
+  EXPECT_TRUE(std::equal(whole.raw().begin(), whole.raw().end(), pieces.raw().begin()));
+  EXPECT_EQ(whole.total_weight(), pieces.total_weight());
+  // A piece that is not finite refuses the whole update and names its place.
+  std::vector<float> good(sizes[0], 1.0f), bad(sizes[1], 0.0f), rest(sizes[2] + sizes[3], 0.0f);
+  bad[5] = NAN;
+  const std::vector<int64_t> before(pieces.raw().begin(), pieces.raw().end());
+  const std::span<const float> refused[] = {good, bad, rest};
+  const Status status = pieces.add(refused, 1.0);
+  EXPECT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("value 8 "), std::string::npos) << status.message();
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), pieces.raw().begin()));
+  const std::span<const float> short_by_one[] = {good, bad};
+  EXPECT_FALSE(pieces.add(short_by_one, 1.0).is_ok());
+  // A range of the sum is that range of the whole sum.
+  std::vector<float> all(total), range(sizes[1]);
+  pieces.sum(all);
+  pieces.sum(static_cast<int64_t>(sizes[0]), range);
+  EXPECT_TRUE(std::equal(range.begin(), range.end(), all.begin() + static_cast<std::ptrdiff_t>(sizes[0])));
+}
+
 }  // namespace
 }  // namespace fedmesh::federation

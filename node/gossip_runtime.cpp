@@ -297,6 +297,7 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink, protocol:
   store::StoreOptions store_options;
   store_options.vfs = env.store_vfs;
   store_options.background_maintenance = env.store_background_maintenance;
+  store_options.keep_last = site.keep_last;
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(site.store, store_options);
   if (!opened.is_ok()) return opened.status();
   store.emplace(std::move(*opened));
@@ -1079,18 +1080,23 @@ Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
   local.max_steps = config.local_steps;
   local.epochs = 1 + local.max_steps * local.batch_size / std::max<int64_t>(1, data.shard->size());
   local.seed = mix_seed(mix_seed(config.site.data_seed, static_cast<uint64_t>(config.site.index)), version * 1000003ull + 17);
-  train::Trainer trainer(*worker, local);
-  train::TrainCallbacks callbacks;
-  callbacks.on_step = [&](const train::StepProgress&) {
-    if (config.site.step_delay_seconds > 0.0) pump(config.site.step_delay_seconds);
-    else pump(0.0);
-  };
-  const train::TrainSummary summary = trainer.fit(*data.shard, nullptr, callbacks);
+  train::TrainSummary summary;
+  {
+    // The trainer (its optimizer state) and the gradients are gone before
+    // the trained copy is made.
+    train::Trainer trainer(*worker, local);
+    train::TrainCallbacks callbacks;
+    callbacks.on_step = [&](const train::StepProgress&) {
+      if (config.site.step_delay_seconds > 0.0) pump(config.site.step_delay_seconds);
+      else pump(0.0);
+    };
+    summary = trainer.fit(*data.shard, nullptr, callbacks);
+  }
   train_loss = summary.final_train_loss;
+  for (Parameter* p : worker->parameters()) p->grad = Tensor();
   std::vector<std::vector<float>> trained;
   for (Parameter* p : worker->parameters()) {
     trained.emplace_back(p->value.data<float>(), p->value.data<float>() + p->value.numel());
-    p->grad = Tensor();
   }
   if (config.dp_clip > 0.0) privatize(trained);
   if (replicas) {

@@ -8,13 +8,17 @@
 #include <utility>
 
 #include "gossip/catch_up.h"
-#include "kernels/parallel.h"
 
 namespace fedmesh::node {
 
 namespace {
 
 constexpr const char* kRole = "replica";
+// The exact sum: since this format, its raw 64-bit values as they lie in
+// memory (little-endian), viewed as twice as many fp32 words (the store
+// keeps bits, not numbers: these are not floats). Before it, three fp32
+// tensors of 22, 21 and 21 bits each, still read.
+constexpr const char* kRawSumName = "sum.fixed64";
 const char* const kPieceNames[3] = {"sum.high", "sum.middle", "sum.low"};
 constexpr int64_t kLow = int64_t{1} << 21;
 constexpr const char* kOwnIdPrefix = "replica.own.";
@@ -202,23 +206,13 @@ std::vector<uint64_t> ReplicaSync::own_rounds() const {
 
 void ReplicaSync::save(std::deque<Tensor>& views, std::vector<store::TensorToCommit>& out, nlohmann::json& state,
                        std::vector<store::AppliedUpdate>& retire) const {
-  // The pieces are tensors of their own in `views`, alive for the commit
-  // only: split straight from the live sum, no copy of it kept between rounds.
+  // The sum's own memory, viewed (no copy): the commit reads it while the
+  // peer waits for the commit, so it does not change under the store.
   const federation::ExactAccumulator::Saved sum = state_.saved_counters();
   const std::span<const int64_t> raw = state_.raw_sum();
-  float* pieces[3];
-  for (int k = 0; k < 3; ++k) {
-    views.push_back(Tensor::empty(Shape({static_cast<int64_t>(raw.size())}), DType::kF32));
-    pieces[k] = views.back().data<float>();
-    out.push_back({kRole, kPieceNames[k], &views.back()});
-  }
-  parallel_for(static_cast<int64_t>(raw.size()), int64_t{1} << 16, [&](int64_t begin, int64_t end) {
-    float parts[3];
-    for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
-      split_fixed_point(raw[i], parts);
-      for (int k = 0; k < 3; ++k) pieces[k][i] = parts[k];
-    }
-  });
+  views.push_back(Tensor::view_of(const_cast<int64_t*>(raw.data()), Shape({static_cast<int64_t>(raw.size() * 2)}),
+                                  DType::kF32));
+  out.push_back({kRole, kRawSumName, &views.back()});
   nlohmann::json applied = nlohmann::json::object();
   for (const gossip::UpdateId& id : state_.applied_ids()) applied[id.sender].push_back(id.round);
   nlohmann::json replica = {{"floor", state_.floor()}, {"applied", applied}, {"weight_raw", sum.weight},
@@ -235,26 +229,32 @@ void ReplicaSync::save(std::deque<Tensor>& views, std::vector<store::TensorToCom
   retiring_ = retired_.size();
 }
 
-Status ReplicaSync::restore(const store::LoadedCheckpoint& checkpoint, const nlohmann::json& state,
-                            store::CheckpointStore& store, std::vector<std::string>& warnings) {
-  if (!state.contains("replica")) return corrupt("the checkpoint has no replica state (written with another merge rule)");
-  try {
-    const nlohmann::json& replica = state.at("replica");
-    federation::ExactAccumulator::Saved sum;
-    sum.weight = replica.at("weight_raw").get<int64_t>();
-    sum.bound_used = replica.at("bound_used").get<double>();
-    sum.updates = replica.at("updates").get<int64_t>();
+namespace {
+
+// The checkpoint's exact sum (either format) into sum.sum, checked: n
+// values, each within the bound the sum says it used.
+Status read_sum(const store::LoadedCheckpoint& checkpoint, size_t n, federation::ExactAccumulator::Saved& sum) {
+  if (const store::StoredTensor* raw = checkpoint.find(kRole, kRawSumName); raw != nullptr) {
+    if (raw->value.dtype() != DType::kF32 || raw->value.numel() % 2 != 0) {
+      return corrupt(std::string("the checkpoint's replica tensor ") + kRawSumName + " is not 64-bit words");
+    }
+    sum.sum.resize(static_cast<size_t>(raw->value.numel() / 2));
+    std::memcpy(sum.sum.data(), raw->value.raw(), sum.sum.size() * sizeof(int64_t));
+  } else {
     const store::StoredTensor* pieces[3];
     for (int k = 0; k < 3; ++k) {
       pieces[k] = checkpoint.find(kRole, kPieceNames[k]);
       if (pieces[k] == nullptr || pieces[k]->value.dtype() != DType::kF32) {
-        return corrupt(std::string("the checkpoint has no replica tensor ") + kPieceNames[k]);
+        return corrupt(std::string("the checkpoint has no replica tensor ") + kRawSumName + " (nor " + kPieceNames[k] +
+                       " of the earlier format)");
       }
     }
-    const int64_t n = pieces[0]->value.numel();
-    if (pieces[1]->value.numel() != n || pieces[2]->value.numel() != n) return corrupt("the replica sum's pieces differ in length");
-    sum.sum.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
+    const int64_t count = pieces[0]->value.numel();
+    if (pieces[1]->value.numel() != count || pieces[2]->value.numel() != count) {
+      return corrupt("the replica sum's pieces differ in length");
+    }
+    sum.sum.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
       float parts[3];
       for (int k = 0; k < 3; ++k) {
         parts[k] = pieces[k]->value.data<float>()[i];
@@ -264,6 +264,34 @@ Status ReplicaSync::restore(const store::LoadedCheckpoint& checkpoint, const nlo
       }
       sum.sum[static_cast<size_t>(i)] = join_fixed_point(parts);
     }
+  }
+  if (sum.sum.size() != n) {
+    return corrupt("the checkpoint's replica sum has " + std::to_string(sum.sum.size()) + " values, the model " +
+                   std::to_string(n));
+  }
+  // Every value of a sum is within the largest terms it added (plus their
+  // rounding): a value past that was not made by adding updates.
+  const double limit = std::ldexp(std::max(sum.bound_used, 0.0), federation::kFractionBits) + static_cast<double>(sum.updates) + 1.0;
+  for (size_t i = 0; i < sum.sum.size(); ++i) {
+    if (std::fabs(static_cast<double>(sum.sum[i])) > limit) {
+      return corrupt("the checkpoint's replica sum holds value " + std::to_string(i) + " beyond the bound it used");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status ReplicaSync::restore(const store::LoadedCheckpoint& checkpoint, const nlohmann::json& state,
+                            store::CheckpointStore& store, std::vector<std::string>& warnings) {
+  if (!state.contains("replica")) return corrupt("the checkpoint has no replica state (written with another merge rule)");
+  try {
+    const nlohmann::json& replica = state.at("replica");
+    federation::ExactAccumulator::Saved sum;
+    sum.weight = replica.at("weight_raw").get<int64_t>();
+    sum.bound_used = replica.at("bound_used").get<double>();
+    sum.updates = replica.at("updates").get<int64_t>();
+    FEDMESH_RETURN_IF_ERROR(read_sum(checkpoint, state_.raw_sum().size(), sum));
     std::set<gossip::UpdateId> applied;
     for (const auto& [sender, rounds] : replica.at("applied").items()) {
       for (const nlohmann::json& r : rounds) applied.insert({sender, r.get<uint64_t>()});

@@ -20,8 +20,11 @@
 //    (ReplicaState::forget_before), so peers agree only if each gets an
 //    update within kKeptRounds rounds of it being made.
 //
-// The exact sum is checkpointed losslessly: each 64-bit fixed-point value
-// as three float tensors of 22, 21 and 21 bits (every piece exact in fp32).
+// The exact sum is checkpointed losslessly, as its own memory: the raw
+// 64-bit fixed-point values viewed as twice as many fp32 words (bits, not
+// numbers; no copy of the sum is made to commit it). Checkpoints of the
+// earlier format, three exact float tensors of 22, 21 and 21 bits per
+// value, are still read.
 #pragma once
 
 #include <cstdint>

@@ -113,6 +113,7 @@ void read_site_keys(ConfigReader& r, SiteConfig& c, bool with_aggregator) {
   r.require("roster", c.roster);
   r.require("admin_public", c.admin_public);
   r.read("store", c.store);
+  r.read("keep_last", c.keep_last);
   r.read("metrics", c.metrics);
   r.read("model", c.model);
   r.read("seed", c.seed);

@@ -31,6 +31,7 @@ struct SiteConfig {
   std::string aggregator_name = "aggregator";
   std::string keys, roster, admin_public;
   std::string store;                      // default: NAME.db
+  int64_t keep_last = 3;                  // rounds the store keeps (each holds the model and its state)
   std::string metrics;                    // HOST:PORT ("" = off)
   std::string model = "mlp";
   uint64_t seed = 1;                      // the federation's model seed (version 0)

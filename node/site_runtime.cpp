@@ -229,6 +229,7 @@ Status SiteRuntime::Impl::open(SiteConfig c, SiteEventSink sink) {
   store::StoreOptions store_options;
   store_options.vfs = env.store_vfs;
   store_options.background_maintenance = env.store_background_maintenance;
+  store_options.keep_last = config.keep_last;
   Result<store::CheckpointStore> opened = store::CheckpointStore::open(config.store, store_options);
   if (!opened.is_ok()) return opened.status();
   store.emplace(std::move(*opened));

@@ -144,6 +144,75 @@ TEST(ReplicaSync, ACheckpointRestoresTheSumTheIdsAndTheOwnUpdates) {
   std::filesystem::remove(path);
 }
 
+// The sum is checkpointed as its raw 64-bit words; a checkpoint of the
+// earlier format (three exact float pieces per value) still restores, and a
+// sum holding a value no sequence of updates could make is refused.
+TEST(ReplicaSync, TheSumRestoresFromEitherFormatAndOutOfBoundValuesAreRefused) {
+  const std::filesystem::path path =
+      std::filesystem::path(::testing::TempDir()) / ("replica-sum-" + std::to_string(::getpid()) + ".db");
+  std::filesystem::remove(path);
+  const Model x0 = gossip::testing::random_model(manifest(), 2, 1.0f);
+  ReplicaSync a = sync("a", x0);
+  for (uint64_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(a.make(r, plus(a.state().model(), gossip::testing::random_model(manifest(), 300 + r, 0.1f))).is_ok());
+    ASSERT_TRUE(*a.take("b", r, gossip::testing::random_model(manifest(), 400 + r, 0.01f)));
+  }
+  Result<store::CheckpointStore> db = store::CheckpointStore::open(path.string());
+  ASSERT_TRUE(db.is_ok()) << db.status().message();
+  // This format: one tensor, the sum's own bytes (8 per value).
+  store::RoundToCommit entry;
+  entry.round = 1;
+  std::deque<Tensor> views;
+  nlohmann::json state;
+  a.save(views, entry.tensors, state, entry.applied_updates);
+  ASSERT_EQ(entry.tensors.size(), 1u);
+  EXPECT_EQ(entry.tensors[0].tensor->nbytes(), a.state().raw_sum().size_bytes());
+  entry.state_json = state.dump();
+  ASSERT_TRUE(db->commit_round(entry).is_ok());
+  a.committed();
+  // The earlier format, written by hand: three pieces.
+  const std::span<const int64_t> raw = a.state().raw_sum();
+  const auto n = static_cast<int64_t>(raw.size());
+  std::vector<Tensor> pieces;
+  for (int k = 0; k < 3; ++k) pieces.push_back(Tensor::empty(Shape({n}), DType::kF32));
+  for (int64_t i = 0; i < n; ++i) {
+    float parts[3];
+    split_fixed_point(raw[static_cast<size_t>(i)], parts);
+    for (int k = 0; k < 3; ++k) pieces[static_cast<size_t>(k)].data<float>()[i] = parts[k];
+  }
+  store::RoundToCommit earlier;
+  earlier.round = 2;
+  earlier.state_json = entry.state_json;
+  const char* names[3] = {"sum.high", "sum.middle", "sum.low"};
+  for (int k = 0; k < 3; ++k) earlier.tensors.push_back({"replica", names[k], &pieces[static_cast<size_t>(k)]});
+  ASSERT_TRUE(db->commit_round(earlier).is_ok());
+  // A raw sum with one value far past what its updates could make.
+  std::vector<int64_t> forged(raw.begin(), raw.end());
+  forged[5] = int64_t{1} << 62;
+  Tensor forged_view = Tensor::view_of(forged.data(), Shape({2 * n}), DType::kF32);
+  store::RoundToCommit bad;
+  bad.round = 3;
+  bad.state_json = entry.state_json;
+  bad.tensors.push_back({"replica", "sum.fixed64", &forged_view});
+  ASSERT_TRUE(db->commit_round(bad).is_ok());
+  std::vector<std::string> warnings;
+  for (const int64_t round : {int64_t{1}, int64_t{2}, int64_t{3}}) {
+    Result<store::LoadedCheckpoint> loaded = db->load_round(round);
+    ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+    ReplicaSync b = sync("a", x0);
+    const Status restored = b.restore(*loaded, nlohmann::json::parse(loaded->round.state_json), *db, warnings);
+    if (round == 3) {
+      EXPECT_FALSE(restored.is_ok());
+      EXPECT_NE(restored.message().find("beyond the bound"), std::string::npos) << restored.message();
+    } else {
+      ASSERT_TRUE(restored.is_ok()) << "round " << round << ": " << restored.message();
+      EXPECT_EQ(b.state().digest(), a.state().digest()) << "round " << round;
+      EXPECT_EQ(b.state().model(), a.state().model()) << "round " << round;
+    }
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(ReplicaSync, OwnUpdateBytesAreCheckedBeforeUse) {
   const std::vector<uint64_t> index = {1, 5, 9};
   const std::vector<float> value = {0.5f, -1.0f, 2.0f};

@@ -147,9 +147,16 @@ def main():
         print(f"{args.rounds} rounds in {seconds:.1f} s; replicas identical: {'yes' if agree else 'NO'}"
               f"{' (digest ' + next(iter(digests))[:16] + ')' if agree else ''}", flush=True)
         if not agree:
+            # The peers' logs stay for a look; their stores (gigabytes) go.
+            for name in os.listdir(directory):
+                if ".db" in name:
+                    os.remove(os.path.join(directory, name))
+            print(f"the peers' output is kept in {directory}", flush=True)
+            work = None
             sys.exit(1)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if work:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

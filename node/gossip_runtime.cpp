@@ -168,6 +168,12 @@ class GossipRuntime::Impl {
   void flush_swim();
   void note_events();
   std::vector<std::string> alive_members() const;
+  // Alive and suspect members (us included): a suspect is only late to
+  // answer, often busy with a long step (a commit of a large model), and
+  // replicas still send it their updates and wait for its own.
+  std::vector<std::string> reachable_members() const;
+  // The longest round so far (seconds): how long a member may be busy.
+  double longest_round_seconds = 0.0;
   // The alive members other than us, as far as their versions go: those
   // catch_up_lag or more versions ahead of ours, and those not heard yet.
   struct MembersHeard {
@@ -734,6 +740,16 @@ std::vector<std::string> GossipRuntime::Impl::alive_members() const {
   return names;
 }
 
+std::vector<std::string> GossipRuntime::Impl::reachable_members() const {
+  std::vector<std::string> names = {config.site.name};
+  for (const auto& [name, member] : swim->members()) {
+    const bool reachable = member.state == gossip::MemberState::kAlive || member.state == gossip::MemberState::kSuspect;
+    if (reachable && addresses.contains(name)) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 GossipRuntime::Impl::MembersHeard GossipRuntime::Impl::members_heard() const {
   MembersHeard out;
   for (const std::string& name : alive_members()) {
@@ -832,7 +848,7 @@ bool GossipRuntime::Impl::send_own_update(const std::string& to, uint64_t round,
 
 void GossipRuntime::Impl::send_own_update_to_all(uint64_t round) {
   std::erase_if(updates_sent, [&](const auto& sent) { return replicas->own(sent.first.second) == nullptr; });
-  for (const std::string& member : alive_members()) {
+  for (const std::string& member : reachable_members()) {
     if (member != config.site.name) (void)send_own_update(member, round);
   }
 }
@@ -851,10 +867,10 @@ void GossipRuntime::Impl::serve_update_requests() {
   }
 }
 
-// Replicas: asks each alive member for its updates we lack (within the
+// Replicas: asks each reachable member for its updates we lack (within the
 // window it keeps), a few rounds per member at a time.
 void GossipRuntime::Impl::request_missing_updates(uint64_t at_least) {
-  for (const std::string& member : alive_members()) {
+  for (const std::string& member : reachable_members()) {
     if (member == config.site.name) continue;
     const auto known = peer_versions.find(member);
     const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
@@ -891,24 +907,27 @@ void GossipRuntime::Impl::request_missing_updates(uint64_t at_least) {
   }
 }
 
-// Replicas: every alive member's update of `round` is applied.
+// Replicas: every reachable member's update of `round` is applied.
 bool GossipRuntime::Impl::have_round_from_all(uint64_t round) const {
-  for (const std::string& member : alive_members()) {
+  for (const std::string& member : reachable_members()) {
     if (!replicas->state().applied({member, round})) return false;
   }
   return true;
 }
 
 // Replicas, after the last round: go on serving the members' requests and
-// asking for what we lack until every alive member has done its rounds, we
-// hold all their updates and for 2 s no member has asked us for one, moved
-// on a version or sent us an update (or the settle time, 20 s or twenty
-// waits for a share, is over), so the peers end on one model. (A member
+// asking for what we lack until every reachable (alive or suspect) member
+// has done its rounds, we hold all their updates and for 2 s no member has
+// asked us for one, moved on a version or sent us an update (or the settle
+// time, the longest of 20 s, twenty waits for a share and two of our longest
+// rounds, is over), so the peers end on one model. (A member
 // that has just made its last round asks for what it lacks only then: had
 // we counted the quiet time from before, while it trained, we would leave
 // before its first request; fedmesh-vopr found that.)
 Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop) {
-  const double until = now() + std::max(20.0, 20.0 * config.wait_for_share_seconds);
+  // A member busy with a long step (a large model's commit) is waited for
+  // about as long as two of our longest rounds.
+  const double until = now() + std::max({20.0, 20.0 * config.wait_for_share_seconds, 2.0 * longest_round_seconds});
   double next_request = 0.0;
   uint64_t last_served = updates_resent_or_refused;
   const auto progress = [this] {
@@ -925,7 +944,7 @@ Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop) {
     // ours, whatever version we last heard from it (a message saying it
     // moved on may have been lost).
     bool done = true;
-    for (const std::string& member : alive_members()) {
+    for (const std::string& member : reachable_members()) {
       if (member == config.site.name) continue;
       const auto known = peer_versions.find(member);
       const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
@@ -1360,6 +1379,7 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     // membership messages (bytes_sent counts shares and slices as framed).
     event["transport_bytes_sent"] = transport_bytes;
     event["seconds"] = s.clock().seconds_since(began);
+    s.longest_round_seconds = std::max(s.longest_round_seconds, s.clock().seconds_since(began));
     if (s.dp) {
       event["epsilon"] = s.dp->after(static_cast<int64_t>(s.version)).epsilon;
       event["delta"] = s.dp->delta;

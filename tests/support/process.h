@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,9 +82,11 @@ class ChildProcess {
   std::optional<int> poll_exit() {
     if (exited_) return exit_code_;
     int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
+    rusage usage{};
+    if (wait4(pid_, &status, WNOHANG, &usage) != pid_) return std::nullopt;
     exited_ = true;
     exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    peak_rss_kb_ = usage.ru_maxrss;
     return exit_code_;
   }
 
@@ -91,11 +94,16 @@ class ChildProcess {
   int wait() {
     if (exited_) return exit_code_;
     int status = 0;
-    waitpid(pid_, &status, 0);
+    rusage usage{};
+    wait4(pid_, &status, 0, &usage);
     exited_ = true;
     exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    peak_rss_kb_ = usage.ru_maxrss;
     return exit_code_;
   }
+  // The process's peak resident set in KiB once wait() or poll_exit() reaped
+  // it (0 before).
+  long peak_rss_kb() const { return peak_rss_kb_; }
 
  private:
   pid_t pid_ = -1;
@@ -103,6 +111,7 @@ class ChildProcess {
   std::string buffer_;
   bool exited_ = false;
   int exit_code_ = -1;
+  long peak_rss_kb_ = 0;
 };
 
 }  // namespace fedmesh::testing

@@ -179,6 +179,16 @@ class GossipCluster {
   }
 
   // The round number of peer k's last round event (0: none).
+  // Reads events until every peer has its `finished` event (true) or the
+  // time is up (false).
+  bool every_peer_finishes(std::chrono::seconds timeout) {
+    return pump_until([&] {
+      for (int k = 0; k < static_cast<int>(peers_.size()); ++k) {
+        if (!find_event(k, "finished")) return false;
+      }
+      return true;
+    }, timeout);
+  }
   int64_t last_round(int k) {
     const std::vector<json>& events = peer(k).events;
     for (auto it = events.rbegin(); it != events.rend(); ++it) {
@@ -426,12 +436,7 @@ TEST(Gossip, SparseReplicasAreIdenticalAfterLossAndTwoRestarts) {
     cluster.peer(k).rounds = 0;
     cluster.start(k);
   }
-  ASSERT_TRUE(cluster.pump_until([&] {
-    for (int k = 0; k < kPeers; ++k) {
-      if (!cluster.find_event(k, "finished")) return false;
-    }
-    return true;
-  }, 300s)) << "every peer should finish its rounds";
+  ASSERT_TRUE(cluster.every_peer_finishes(300s)) << "every peer should finish its rounds";
   std::set<std::string> digests;
   uint64_t bytes = 0;
   double worst = 1.0;
@@ -496,12 +501,7 @@ TEST(Gossip, ReplicaPeersOfALargeModelHoldABoundedMultipleOfIt) {
                         {"--rounds", std::to_string(kRounds), "--local-steps", "1", "--model", spec.string()});
   ASSERT_TRUE(cluster.made());
   for (int k = 0; k < kPeers2; ++k) cluster.start(k);
-  ASSERT_TRUE(cluster.pump_until([&] {
-    for (int k = 0; k < kPeers2; ++k) {
-      if (!cluster.find_event(k, "finished")) return false;
-    }
-    return true;
-  }, 300s)) << "both peers should finish their rounds";
+  ASSERT_TRUE(cluster.every_peer_finishes(300s)) << "both peers should finish their rounds";
   std::set<std::string> digests;
   for (int k = 0; k < kPeers2; ++k) {
     EXPECT_EQ(cluster.peer(k).process->wait(), 0) << "site-" << k;
@@ -538,12 +538,7 @@ TEST(Gossip, DenseReplicaUpdatesResumeChunkByChunkUnderLoss) {
                         kReplicaPeers, /*fashion=*/false, {"--rounds", std::to_string(kRounds)});
   ASSERT_TRUE(cluster.made());
   for (int k = 0; k < kReplicaPeers; ++k) cluster.start(k);
-  ASSERT_TRUE(cluster.pump_until([&] {
-    for (int k = 0; k < kReplicaPeers; ++k) {
-      if (!cluster.find_event(k, "finished")) return false;
-    }
-    return true;
-  }, 240s)) << "every peer should finish its rounds";
+  ASSERT_TRUE(cluster.every_peer_finishes(240s)) << "every peer should finish its rounds";
   std::set<std::string> digests;
   uint64_t resumed = 0, not_resent = 0;
   for (int k = 0; k < kReplicaPeers; ++k) {

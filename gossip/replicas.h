@@ -90,6 +90,12 @@ class ReplicaState {
   const std::vector<std::vector<float>>& reference() const { return reference_; }
   // z: x0 plus the sum of the updates held.
   const std::vector<std::vector<float>>& model() const { return model_; }
+  // z's own buffers, for a worker that trains in them (its parameters
+  // viewing them: no second copy of the model). They are never reallocated.
+  // Training overwrites z there: restore_model() writes it back before
+  // anything else reads model() or makes an update.
+  std::vector<std::vector<float>>& model_storage() { return model_; }
+  void restore_model() { refresh_model(); }
   double weight() const { return weight_; }
 
   // Local training took model() to `trained`: the compressed pseudo-gradient,

@@ -281,6 +281,15 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink, protocol:
         config.chunk_bytes);
     if (!made.is_ok()) return made.status();
     replicas.emplace(std::move(*made), site.name, clock());
+    // The worker's parameters are views of the held model z: one copy of
+    // the model, not two (train_round writes z back after training).
+    std::vector<std::vector<float>>& held = replicas->state().model_storage();
+    std::vector<Parameter*> parameters = worker->parameters();
+    for (size_t t = 0; t < parameters.size(); ++t) {
+      Parameter& p = *parameters[t];
+      p.value = Tensor::view_of(held[t].data(), p.value.shape(), DType::kF32);
+      p.set_compute_dtype(p.compute.dtype());
+    }
   } else {
     Result<gossip::GossipState> made =
         gossip::GossipState::create(rule, *plan, manifest, std::move(reference), compression_seed, **backend,
@@ -1083,6 +1092,8 @@ void GossipRuntime::Impl::load_worker() {
   const std::vector<std::vector<float>>& held = model();
   std::vector<Parameter*> parameters = worker->parameters();
   for (size_t t = 0; t < parameters.size(); ++t) {
+    // (Replicas: the parameters are views of the held model already.)
+    if (parameters[t]->value.raw() == held[t].data()) continue;
     std::memcpy(parameters[t]->value.raw(), held[t].data(), held[t].size() * sizeof(float));
   }
   worker->refresh_compute();
@@ -1117,6 +1128,8 @@ Result<double> GossipRuntime::Impl::train_round(double& train_loss) {
   for (Parameter* p : worker->parameters()) {
     trained.emplace_back(p->value.data<float>(), p->value.data<float>() + p->value.numel());
   }
+  // Replicas trained in the held model's own buffers: z back in them.
+  if (replicas) replicas->state().restore_model();
   if (config.dp_clip > 0.0) privatize(trained);
   if (replicas) {
     this->trained = std::move(trained);

@@ -201,8 +201,11 @@ RunResult run_twice(uint64_t seed, const std::string& mode) {
 }
 
 TEST(FaultSimulator, AGossipSeedKeepsReplicasIdenticalAndReplaysExactly) {
-  // A peer crashes and restarts from its store.
-  EXPECT_GT(run_twice(7, "gossip").restarts, 0) << "the seed restarted no peer";
+  // Peers crash and restart from their stores, and a partition falls (seed 4:
+  // 3 crashes, 3 restarts; seed 7, used before, no longer crashes anyone
+  // since replicas also send to and wait for suspect members: its run goes
+  // another way and ends, all invariants held, before a crash is drawn).
+  EXPECT_GT(run_twice(4, "gossip").restarts, 0) << "the seed restarted no peer";
 }
 
 TEST(FaultSimulator, ASeedReplaysExactlyAndHoldsTheInvariants) {

@@ -359,6 +359,10 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink, protocol:
   // dropped soon. A replica update is: its missing chunks are asked for
   // every 0.5 s while a peer waits for the round (request_missing_updates).
   policy.transfer_idle_timeout = std::chrono::milliseconds(replicas ? 5000 : 1500);
+  // Each transfer in flight stages the whole model in fp32: for a model of
+  // gigabytes, one at a time (the others answered BUSY; a replica update
+  // missing is asked for again every 0.5 s). Small models are not bound.
+  policy.staging_budget_bytes = std::max<uint64_t>(uint64_t{256} << 20, protocol::staged_bytes(manifest));
   policy.clock = [clock = env.clock] { return clock->now(); };
   policy.unix_micros = [clock = env.clock] { return clock->unix_micros(); };
   service = std::make_unique<protocol::UpdateService>(policy, roster, *replay, protocol::RateLimits{}, server->counters());
@@ -671,6 +675,15 @@ void GossipRuntime::Impl::take_completed() {
     uint64_t& known = peer_versions[a.from];
     // A replica update of round r comes from a member at version r + 1 or later.
     known = std::max(known, a.sender_version + (a.kind == gossip::GossipUpdateKind::kReplicaUpdate ? 1 : 0));
+    // A replica update we hold already, or one waiting in arrivals (a
+    // resend that crossed the first copy while we were busy), is dropped
+    // now: each waiting one holds the model's size of decoded values.
+    if (replicas && a.kind == gossip::GossipUpdateKind::kReplicaUpdate) {
+      const bool waiting = std::any_of(arrivals.begin(), arrivals.end(), [&](const Arrival& other) {
+        return other.kind == a.kind && other.from == a.from && other.sender_version == a.sender_version;
+      });
+      if (waiting || replicas->state().applied({a.from, a.sender_version})) continue;
+    }
     arrivals.push_back(std::move(a));
   }
 }

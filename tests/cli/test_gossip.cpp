@@ -478,9 +478,10 @@ TEST(Gossip, SparseReplicasAreIdenticalAfterLossAndTwoRestarts) {
 }
 
 // Replica peers of a model of 127 MB (a one-hidden-layer MLP 40000 wide):
-// each holds a bounded multiple of the model at its peak (measured 10.1x
+// each holds a bounded multiple of the model at its peak (measured 9.1x
 // with ~200 MB of libraries; 19.8x before the pseudo-gradient was made in
-// place, the sum checkpointed as a view and gradients freed between rounds),
+// place, the sum checkpointed as a view, gradients freed between rounds and
+// the worker's parameters made views of the held model),
 // and the two end with identical replicas, every update applied. The
 // scaled-down check of bench/large_gossip.py, where a 1 GB model runs.
 TEST(Gossip, ReplicaPeersOfALargeModelHoldABoundedMultipleOfIt) {

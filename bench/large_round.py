@@ -28,17 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
 from loopback_ports import free_ports  # noqa: E402
-
-
-def peak_kb(pid):
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+from peak_memory import peak_kb  # noqa: E402
 
 
 def run(fedmesh, work, sites, hidden, rounds, agg_lines):

@@ -8,10 +8,13 @@
 //   compress     UpdateCompressor::compress on one tensor {"w", {N}}: check
 //                finite, a = e + delta, encode, decode the bytes again with
 //                the codec and e <- a - D(C(a)) (error feedback included)
-//   decompress   the receiver: accumulate_segment of every segment, weight 1,
-//                into a zeroed fp32 target (zeroed outside the timing), one
-//                segment after another as chunks arrive (--parallel-decode
-//                splits the segments over --threads instead)
+//   decompress   the receiver: decode_segment of every segment into its
+//                staging buffer (zeroed outside the timing), one segment after
+//                another as chunks arrive, as UpdateReceiver does
+//                (--parallel-decode splits the segments over --threads
+//                instead; --accumulate adds each segment with weight 1 into
+//                the buffer with accumulate_segment, as the simulator folds
+//                PowerSGD's factors)
 //
 // GB/s = 4N bytes / seconds (1 GB = 1e9 bytes) whatever the method sends, so
 // the columns compare directly; compress+decompress = 4N / (t_c + t_d).
@@ -82,6 +85,7 @@ struct Options {
   int threads = 0;  // 0: every core
   bool skip_slow = false;
   bool parallel_decode = false;
+  bool accumulate = false;
   bool no_error_feedback = false;
   std::vector<std::string> methods;
 };
@@ -105,6 +109,8 @@ void print_usage(std::FILE* out) {
                "                      forming a = e + delta and the new residual (not for powersgd)\n"
                "  --parallel-decode   decompress the segments on --threads threads instead of\n"
                "                      one after another as the receiver does\n"
+               "  --accumulate        decompress adds into the target (accumulate_segment, weight 1)\n"
+               "                      instead of decoding into it (decode_segment, the receiver's)\n"
                "  --help\n",
                kProgram, kDefaultMethods);
 }
@@ -147,6 +153,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       o.no_error_feedback = true;
     } else if (arg == "--parallel-decode") {
       o.parallel_decode = true;
+    } else if (arg == "--accumulate") {
+      o.accumulate = true;
     } else {
       std::fprintf(stderr, "%s: unknown or incomplete option '%s'\n", kProgram, arg.c_str());
       print_usage(stderr);
@@ -206,11 +214,18 @@ struct Row {
 };
 
 // The receiver: every segment accumulated, weight 1, into target (zeroed by the caller).
-fedmesh::Status accumulate_all(const std::vector<const EncodedSegment*>& segments,
-                               std::span<const TensorShape> manifest, std::span<float> target, bool parallel) {
-  if (!parallel) {
+// One segment into the target: the receiver's decode, or an accumulation.
+fedmesh::Status apply_one(const EncodedSegment& segment, std::span<const TensorShape> manifest,
+                          std::span<float> target, bool accumulate) {
+  return accumulate ? fedmesh::protocol::accumulate_segment(segment.view(), manifest, 1.0f, target)
+                    : fedmesh::protocol::decode_segment(segment.view(), manifest, target);
+}
+
+fedmesh::Status decompress_all(const std::vector<const EncodedSegment*>& segments,
+                               std::span<const TensorShape> manifest, std::span<float> target, const Options& o) {
+  if (!o.parallel_decode) {
     for (const EncodedSegment* segment : segments) {
-      FEDMESH_RETURN_IF_ERROR(fedmesh::protocol::accumulate_segment(segment->view(), manifest, 1.0f, target));
+      FEDMESH_RETURN_IF_ERROR(apply_one(*segment, manifest, target, o.accumulate));
     }
     return fedmesh::Status::ok();
   }
@@ -218,8 +233,7 @@ fedmesh::Status accumulate_all(const std::vector<const EncodedSegment*>& segment
   std::vector<fedmesh::Status> failures(segments.size(), fedmesh::Status::ok());
   fedmesh::parallel_for(static_cast<int64_t>(segments.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      failures[static_cast<size_t>(i)] =
-          fedmesh::protocol::accumulate_segment(segments[static_cast<size_t>(i)]->view(), manifest, 1.0f, target);
+      failures[static_cast<size_t>(i)] = apply_one(*segments[static_cast<size_t>(i)], manifest, target, o.accumulate);
     }
   });
   for (const fedmesh::Status& status : failures) FEDMESH_RETURN_IF_ERROR(status);
@@ -279,7 +293,7 @@ fedmesh::Result<Row> run_method(const std::string& method, std::span<const float
     zero(target);
     const std::vector<const EncodedSegment*> segments = segments_of(*compressed);
     start = Clock::now();
-    FEDMESH_RETURN_IF_ERROR(accumulate_all(segments, manifest, target, o.parallel_decode));
+    FEDMESH_RETURN_IF_ERROR(decompress_all(segments, manifest, target, o));
     const double t_d = seconds_since(start);
     row.compress_s.push_back(t_c);
     row.decompress_s.push_back(t_d);
@@ -371,6 +385,8 @@ int main(int argc, char** argv) {
               "runs, decompress %s\n",
               static_cast<long long>(o.elements), n_bytes / 1e6, generate_s, fedmesh::cpu_threads(), o.repeats,
               o.parallel_decode ? "with the segments split over the threads" : "one segment after another");
+  std::printf("decompress: %s\n", o.accumulate ? "accumulate_segment into the target, weight 1 (--accumulate)"
+                                                : "decode_segment into the receiver's staging buffer");
   std::printf("compress: %s\n", o.no_error_feedback ? "C(a) alone (--no-error-feedback)"
                                                      : "UpdateCompressor::compress: a = e + delta, C(a), the new residual");
   std::printf("memcpy of %.0f MB: %.2f GB/s on 1 thread (the baseline), %.2f GB/s on %d threads\n\n", n_bytes / 1e6,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 
 namespace fedmesh::kernels {
@@ -63,6 +64,19 @@ void transform(const float* in, float* out, bool inverse) {
 
 }  // namespace
 
+float block_max_abs(const float* x, uint64_t n) {
+  // On the magnitudes' bit patterns: for non-negative floats the integer order
+  // is the numeric order, and an integer maximum vectorizes (a float one is
+  // not reassociated by the compiler: it ran as one dependent chain). A NaN
+  // is the largest pattern, so it comes out as the result.
+  uint32_t m = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint32_t bits = std::bit_cast<uint32_t>(x[i]) & 0x7fffffffu;
+    m = bits > m ? bits : m;
+  }
+  return std::bit_cast<float>(m);
+}
+
 const std::array<float, kDctChunk>& dct_basis() {
   static const std::array<float, kDctChunk> basis = [] {
     std::array<float, kDctChunk> c{};
@@ -97,9 +111,7 @@ void quantize_blocks(const float* x, uint64_t n, int bits, uint32_t block_size, 
   for (uint64_t b = 0; b < blocks; ++b) {
     const uint64_t first = b * block_size;
     const uint64_t count = std::min<uint64_t>(block_size, n - first);
-    float max_abs = 0.0f;
-    for (uint64_t i = first; i < first + count; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));
-    const float scale = quantization_scale(max_abs, q_max);
+    const float scale = quantization_scale(block_max_abs(x + first, count), q_max);
     scales[b] = scale;
     if (whole_bytes) std::fill(packed + first / 2, packed + (first + count + 1) / 2, uint8_t{0});
     if (!(scale > 0.0f)) {

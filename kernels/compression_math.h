@@ -35,6 +35,9 @@ constexpr float uniform_at(uint64_t seed, uint64_t index) {
   return static_cast<float>(splitmix64(seed ^ splitmix64(index)) >> 40) * 0x1p-24f;
 }
 
+// The largest |x_i| of n values (0 for none); NaN if one is NaN.
+float block_max_abs(const float* x, uint64_t n);
+
 // max_abs / q_max, nudged down where q_max * scale would round to Inf (max_abs
 // near FLT_MAX), so that every q * scale decodes to a finite value. 0 for an
 // all-zero block: its values stay 0.

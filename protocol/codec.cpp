@@ -484,8 +484,13 @@ Status apply_blocks(const SegmentView& s, std::span<const TensorShape> manifest,
   float decoded[kInt4ChunkElements];
   auto from_decoded = [&decoded](uint64_t i) { return decoded[i]; };
 
+  // Decoded values are q * scale with |q| <= 128: finite whatever q is when
+  // the scale is at most FLT_MAX / 128, so such a block needs no scan unless
+  // it is added to a target.
+  constexpr float kScaleFiniteForAnyQ = std::numeric_limits<float>::max() / 128.0f;
   Status failure;
   const bool all_good = for_each_block([&](uint64_t first, uint64_t n, float scale) {
+    if (!sink.accumulate && scale <= kScaleFiniteForAnyQ) return true;
     const float* out = sink.out + first;
     if (!int4) {
       if (scan_range(sink, out, n, int8_loader(first, scale)) == 0) return true;
@@ -911,8 +916,20 @@ Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorSh
   return Status::ok();
 }
 
+namespace {
+
+void run_segments(const SegmentRunner& runner, size_t count, const std::function<void(size_t)>& fill) {
+  if (runner) {
+    runner(count, fill);
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) fill(i);
+}
+
+}  // namespace
+
 Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values, Encoding encoding,
-                                                 size_t max_segment_bytes) {
+                                                 size_t max_segment_bytes, const SegmentRunner& runner) {
   if (!encoding_known(encoding) || encoding_is_sparse(encoding) || encoding_is_block(encoding)) {
     return invalid_argument(std::string("encode_dense: ") + encoding_name(encoding) + " is not a dense encoding");
   }
@@ -934,6 +951,10 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
     segment.encoding = encoding;
     segment.offset = offset;
     segment.count = std::min<uint64_t>(per_segment, values.size() - offset);
+  }
+  run_segments(runner, segments.size(), [&](size_t i) {
+    EncodedSegment& segment = segments[i];
+    const uint64_t offset = segment.offset;
     segment.values.resize(segment.count * vb);
     const float* in = values.data() + offset;
     uint8_t* out = segment.values.data();
@@ -956,7 +977,7 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
         }
         break;
     }
-  }
+  });
   return segments;
 }
 
@@ -1114,7 +1135,8 @@ Result<std::vector<EncodedSegment>> encode_blocks(uint32_t tensor, std::span<con
 Result<std::vector<EncodedSegment>> encode_quantized_blocks(uint32_t tensor, uint64_t element_count,
                                                             std::span<const uint8_t> packed,
                                                             std::span<const float> scales, Encoding encoding,
-                                                            uint32_t block_size, size_t max_segment_bytes) {
+                                                            uint32_t block_size, size_t max_segment_bytes,
+                                                            const SegmentRunner& runner) {
   if (!encoding_is_block(encoding) || block_size == 0 || block_size > kMaxBlockSize) {
     return invalid_argument(std::string("encode_quantized_blocks: ") + encoding_name(encoding) +
                             " with block_size " + std::to_string(block_size) + " is not a block encoding");
@@ -1146,6 +1168,10 @@ Result<std::vector<EncodedSegment>> encode_quantized_blocks(uint32_t tensor, uin
     segment.offset = offset;
     segment.count = std::min<uint64_t>(per_segment, element_count - offset);
     segment.block_size = block_size;
+  }
+  run_segments(runner, segments.size(), [&](size_t i) {
+    EncodedSegment& segment = segments[i];
+    const uint64_t offset = segment.offset;
     const uint64_t first_block = offset / block_size;
     const uint64_t segment_blocks = (segment.count + block_size - 1) / block_size;
     segment.scales.resize(segment_blocks * kScaleBytes);
@@ -1165,7 +1191,7 @@ Result<std::vector<EncodedSegment>> encode_quantized_blocks(uint32_t tensor, uin
         segment.values[i / 2] |= static_cast<uint8_t>(nibble << (4 * (i & 1)));
       }
     }
-  }
+  });
   return segments;
 }
 

@@ -166,12 +166,19 @@ Status decode_segment(const SegmentView& segment, std::span<const TensorShape> m
 Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,
                             const std::function<void(uint64_t index, float value)>& visit);
 
+// Runs fill(i) for every i in [0, count), in any order and on any threads:
+// how a dense or block encoder fills its segments' bytes (each segment its
+// own). Empty: one after the other on the calling thread (the codec itself
+// starts no threads); UpdateCompressor passes its parallel_for.
+using SegmentRunner = std::function<void(size_t count, const std::function<void(size_t)>& fill)>;
+
 // Encoders. Each cuts the tensor into segments whose payload_bytes() is at
 // most max_segment_bytes (and at least one element per segment), so the
 // caller can pack them into chunks of a bounded size. They fail
 // (kInvalidArgument) on a non-finite input value.
 Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values,
-                                                 Encoding encoding, size_t max_segment_bytes);
+                                                 Encoding encoding, size_t max_segment_bytes,
+                                                 const SegmentRunner& runner = {});
 // indices: strictly increasing positions in [0, element_count); values: one each.
 // A bitmap encoding stores the positions as bitmaps, a varint one as gaps.
 Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t element_count,
@@ -190,7 +197,8 @@ Result<std::vector<EncodedSegment>> encode_blocks(uint32_t tensor, std::span<con
 Result<std::vector<EncodedSegment>> encode_quantized_blocks(uint32_t tensor, uint64_t element_count,
                                                             std::span<const uint8_t> packed,
                                                             std::span<const float> scales, Encoding encoding,
-                                                            uint32_t block_size, size_t max_segment_bytes);
+                                                            uint32_t block_size, size_t max_segment_bytes,
+                                                            const SegmentRunner& runner = {});
 
 // The bytes the index forms of a sparse selection would take in one segment:
 // delta varints, or a bitmap over element_count elements.

@@ -21,6 +21,13 @@ void parallel_copy(std::span<const float> in, std::span<float> out) {
   });
 }
 
+// The encoders fill their segments on every core (segments are independent).
+void fill_segments_in_parallel(size_t count, const std::function<void(size_t)>& fill) {
+  parallel_for(static_cast<int64_t>(count), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fill(static_cast<size_t>(i));
+  });
+}
+
 // Whether every value is finite: a branch-free scan over every core.
 bool all_finite(std::span<const float> values) {
   std::atomic<bool> bad{false};
@@ -43,7 +50,7 @@ class IdentityCompressor final : public TensorCompressor {
   IdentityCompressor(TensorShape shape, Encoding encoding, size_t max_segment_bytes)
       : shape_(std::move(shape)), encoding_(encoding), max_segment_bytes_(max_segment_bytes) {}
   Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t, uint64_t) override {
-    Result<std::vector<EncodedSegment>> segments = encode_dense(index, a, encoding_, max_segment_bytes_);
+    Result<std::vector<EncodedSegment>> segments = encode_dense(index, a, encoding_, max_segment_bytes_, fill_segments_in_parallel);
     if (!segments.is_ok()) return segments.status();
     return EncodedTensor{descriptor_of(shape_, encoding_), std::move(*segments)};
   }
@@ -92,6 +99,23 @@ class BlockCompressor final : public TensorCompressor {
     return Status::ok();
   }
 
+  Status take_back(std::span<float> residual, std::span<const TensorShape>, kernels::CompressionKernels& kernels,
+                   std::vector<float>& scratch) override {
+    if (packed_.size() != (spec_.bits == 4 ? (residual.size() + 1) / 2 : residual.size())) {
+      return invalid_argument("tensor '" + shape_.name + "': no quantized update kept to give back");
+    }
+    scratch.resize(residual.size());
+    kernels.dequantize_blocks(packed_, kernels::BlockQuantization{spec_.bits, spec_.block_size, spec_.rounding, last_seed_},
+                              scales_, scratch);
+    kernels.add(residual, scratch, residual);
+    return Status::ok();
+  }
+
+  void release() override {
+    std::vector<uint8_t>().swap(packed_);
+    std::vector<float>().swap(scales_);
+  }
+
  private:
   void resize_for(size_t n) {
     packed_.resize(spec_.bits == 4 ? (n + 1) / 2 : n);
@@ -101,7 +125,8 @@ class BlockCompressor final : public TensorCompressor {
   Result<EncodedTensor> encode(uint32_t index, size_t n, uint64_t seed) {
     const Encoding encoding = spec_.bits == 4 ? Encoding::kBlockInt4 : Encoding::kBlockInt8;
     Result<std::vector<EncodedSegment>> segments =
-        encode_quantized_blocks(index, n, packed_, scales_, encoding, spec_.block_size, max_segment_bytes_);
+        encode_quantized_blocks(index, n, packed_, scales_, encoding, spec_.block_size, max_segment_bytes_,
+                                fill_segments_in_parallel);
     if (!segments.is_ok()) return segments.status();
     last_seed_ = seed;
     return EncodedTensor{descriptor_of(shape_, encoding, spec_.block_size), std::move(*segments)};
@@ -154,23 +179,41 @@ class TopKCompressor final : public TensorCompressor {
     return EncodedTensor{descriptor_of(shape_, encoding), std::move(*segments)};
   }
 
-  // The residual is a except at the k positions sent: copy a, then subtract
-  // what the receiver decodes there (read back from the segments' bytes).
-  // The positions sent are also cleared from the momentum (DGC's masking).
+  // The residual is a except at the k positions sent (in place when the
+  // residual is a: nothing to copy), where the receiver's decoding (read back
+  // from the segments' bytes) is subtracted; those k positions and values are
+  // kept for take_back. The positions sent are also cleared from the momentum
+  // (DGC's masking).
   Status update_residual(const EncodedTensor& sent, std::span<const TensorShape> manifest, std::span<const float> a,
                          std::span<float> residual, std::span<float> decoded, kernels::CompressionKernels&,
                          std::vector<float>&) override {
-    parallel_copy(a, residual);
+    if (residual.data() != a.data()) parallel_copy(a, residual);
     if (!decoded.empty()) std::fill(decoded.begin(), decoded.end(), 0.0f);
+    kept_indices_.clear();
+    kept_values_.clear();
     for (const EncodedSegment& segment : sent.segments) {
       FEDMESH_RETURN_IF_ERROR(visit_sparse_entries(segment.view(), manifest, [&](uint64_t i, float value) {
         residual[i] = a[i] - value;
+        kept_indices_.push_back(i);
+        kept_values_.push_back(value);
         if (!decoded.empty()) decoded[i] = value;
         if (!momentum_.empty()) momentum_[i] = 0.0f;
       }));
     }
     return Status::ok();
   }
+
+  Status take_back(std::span<float> residual, std::span<const TensorShape>, kernels::CompressionKernels&,
+                   std::vector<float>&) override {
+    for (size_t j = 0; j < kept_indices_.size(); ++j) residual[kept_indices_[j]] += kept_values_[j];
+    return Status::ok();
+  }
+
+  void release() override {
+    std::vector<uint64_t>().swap(kept_indices_);
+    std::vector<float>().swap(kept_values_);
+  }
+
   std::vector<float>* momentum() override { return momentum_.empty() ? nullptr : &momentum_; }
 
  private:
@@ -179,6 +222,8 @@ class TopKCompressor final : public TensorCompressor {
   kernels::CompressionKernels& kernels_;
   size_t max_segment_bytes_;
   std::vector<float> momentum_;
+  std::vector<uint64_t> kept_indices_;  // the last update's positions and decoded values, for take_back
+  std::vector<float> kept_values_;
 };
 
 // DeMo-style: per 64 x 64 chunk, the K largest DCT coefficients as signs with
@@ -264,8 +309,21 @@ Status TensorCompressor::update_residual(const EncodedTensor& sent, std::span<co
     FEDMESH_RETURN_IF_ERROR(decode_segment(segment.view(), manifest, values));
   }
   if (!residual.empty()) kernels.subtract(a, values, residual);
+  kept_ = sent.segments;
   return Status::ok();
 }
+
+Status TensorCompressor::take_back(std::span<float> residual, std::span<const TensorShape> manifest,
+                                   kernels::CompressionKernels& kernels, std::vector<float>& scratch) {
+  scratch.assign(residual.size(), 0.0f);
+  for (const EncodedSegment& segment : kept_) {
+    FEDMESH_RETURN_IF_ERROR(decode_segment(segment.view(), manifest, scratch));
+  }
+  kernels.add(residual, scratch, residual);
+  return Status::ok();
+}
+
+void TensorCompressor::release() { std::vector<EncodedSegment>().swap(kept_); }
 
 double topk_density(const CompressionSpec& spec, int64_t round) {
   if (round >= spec.warmup_rounds) return spec.density;
@@ -304,9 +362,11 @@ struct UpdateCompressor::State {
   std::vector<TensorShape> manifest;
   std::vector<CompressionSpec> specs;
   std::vector<std::unique_ptr<TensorCompressor>> compressors;  // null for PowerSGD tensors
-  std::vector<std::vector<float>> residuals;                   // empty for lossless tensors
-  std::vector<std::vector<float>> inputs;                      // a = e + delta, from begin to the next begin
+  std::vector<std::vector<float>> residuals;                   // empty for lossless tensors; a from begin to finish
+  std::vector<std::vector<float>> inputs;                      // a lossless tensor's a (= delta), from begin on
   std::vector<std::vector<float>> scratch;                     // decoding buffers kept between updates
+  std::vector<uint8_t> given;  // per tensor: finish() took D(C(a)) out of its residual, rollback() may give it back
+  std::vector<std::vector<float>> powersgd_kept;  // per tensor: P then Q_i of the last finish (take_back)
   std::vector<size_t> powersgd;
   kernels::CompressionKernels* kernels = nullptr;
   size_t max_segment_bytes = 0;
@@ -345,6 +405,8 @@ Result<UpdateCompressor> UpdateCompressor::create(const CompressionPlan& plan, s
   s.manifest = std::move(manifest);
   s.inputs.resize(s.manifest.size());
   s.scratch.resize(s.manifest.size());
+  s.given.assign(s.manifest.size(), 0);
+  s.powersgd_kept.resize(s.manifest.size());
   return compressor;
 }
 
@@ -373,18 +435,29 @@ Status check_delta(std::span<const std::span<const float>> delta, const std::vec
 
 }  // namespace
 
+// e <- a = e + delta for a lossy tensor, in the residual's buffer. From here
+// until finish() the residual holds all of the update: a begin not followed
+// by a finish loses nothing.
+void UpdateCompressor::form_in_residual(size_t t, std::span<const float> delta) {
+  State& s = *state_;
+  std::vector<float>& e = s.residuals[t];
+  if (s.compressors[t]) {
+    s.compressors[t]->form_input(e, delta, e, *s.kernels);
+  } else {
+    s.kernels->add(e, delta, e);
+  }
+  s.given[t] = 0;
+}
+
 Status UpdateCompressor::begin(std::span<const std::span<const float>> delta) {
   State& s = *state_;
   FEDMESH_RETURN_IF_ERROR(check_delta(delta, s.manifest));
   for (size_t t = 0; t < delta.size(); ++t) {
-    std::vector<float>& a = s.inputs[t];
-    a.resize(delta[t].size());
     if (s.residuals[t].empty()) {
-      parallel_copy(delta[t], a);
-    } else if (s.compressors[t]) {
-      s.compressors[t]->form_input(s.residuals[t], delta[t], a, *s.kernels);
+      s.inputs[t].resize(delta[t].size());
+      parallel_copy(delta[t], s.inputs[t]);
     } else {
-      s.kernels->add(s.residuals[t], delta[t], a);
+      form_in_residual(t, delta[t]);
     }
   }
   s.begun = true;
@@ -398,15 +471,12 @@ Status UpdateCompressor::begin(std::vector<std::vector<float>>&& delta) {
     FEDMESH_RETURN_IF_ERROR(check_delta(spans, s.manifest));
   }
   for (size_t t = 0; t < delta.size(); ++t) {
-    std::vector<float>& a = delta[t];
     if (s.residuals[t].empty()) {
-      // a = delta as it is.
-    } else if (s.compressors[t]) {
-      s.compressors[t]->form_input(s.residuals[t], a, a, *s.kernels);
+      s.inputs[t] = std::move(delta[t]);  // a = delta as it is
     } else {
-      s.kernels->add(s.residuals[t], a, a);
+      form_in_residual(t, delta[t]);
+      std::vector<float>().swap(delta[t]);
     }
-    s.inputs[t] = std::move(a);
   }
   s.begun = true;
   return Status::ok();
@@ -428,7 +498,7 @@ Result<std::vector<std::vector<float>>> UpdateCompressor::powersgd_p(std::span<c
                               " values, " + std::to_string(cols * r) + " expected");
     }
     p[i].resize(static_cast<size_t>(rows * r));
-    s.kernels->matmul(false, false, rows, r, cols, s.inputs[t], shared_q[i], p[i]);
+    s.kernels->matmul(false, false, rows, r, cols, s.residuals[t], shared_q[i], p[i]);
   }
   return p;
 }
@@ -443,10 +513,19 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
   CompressedUpdate out;
   if (want_decoded) out.decoded.resize(s.manifest.size());
   const std::span<const TensorShape> manifest(s.manifest);
+  // A tensor that fails gives back the ones compressed before it: the caller
+  // sends nothing, and nothing is lost.
+  auto fail = [&](Status status) -> Result<CompressedUpdate> {
+    rollback();
+    return status;
+  };
   size_t powersgd_index = 0;
   for (size_t t = 0; t < s.manifest.size(); ++t) {
     const auto index = static_cast<uint32_t>(t);
-    const std::vector<float>& a = s.inputs[t];
+    const bool lossless = s.residuals[t].empty();
+    // A lossy tensor's a is its residual's buffer, written in place with a - D(C(a)).
+    std::span<float> residual = s.residuals[t];
+    const std::span<const float> a = lossless ? std::span<const float>(s.inputs[t]) : std::span<const float>(residual);
     std::span<float> decoded;
     if (want_decoded) {
       out.decoded[t].resize(a.size());
@@ -458,8 +537,8 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
       const TensorShape& shape = s.manifest[t];
       const int64_t rows = shape.dims[0], cols = shape.dims[1], r = s.specs[t].rank;
       if (p.size() != static_cast<size_t>(rows * r)) {
-        return invalid_argument("shared P of '" + shape.name + "' has " + std::to_string(p.size()) + " values, " +
-                                std::to_string(rows * r) + " expected");
+        return fail(invalid_argument("shared P of '" + shape.name + "' has " + std::to_string(p.size()) + " values, " +
+                                     std::to_string(rows * r) + " expected"));
       }
       std::vector<float> q(static_cast<size_t>(cols * r));
       s.kernels->matmul(true, false, cols, r, rows, a, p, q);
@@ -468,21 +547,24 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
         decoded = s.scratch[t];
       }
       s.kernels->matmul(false, true, rows, cols, r, p, q, decoded);
-      s.kernels->subtract(a, decoded, s.residuals[t]);
+      s.kernels->subtract(a, decoded, residual);
+      s.powersgd_kept[t] = p;
+      s.powersgd_kept[t].insert(s.powersgd_kept[t].end(), q.begin(), q.end());
+      s.given[t] = 1;
       Result<std::vector<EncodedSegment>> segments = encode_dense(index, q, Encoding::kDenseF32, s.max_segment_bytes);
-      if (!segments.is_ok()) return segments.status();
+      if (!segments.is_ok()) return fail(segments.status());
       out.tensors.push_back(EncodedTensor{{powersgd_factor_name(shape.name, 'q'), {cols, r}, Encoding::kDenseF32, 0},
                                           std::move(*segments)});
       continue;
     }
     Result<EncodedTensor> encoded =
-        s.residuals[t].empty()
-            ? s.compressors[t]->compress(index, a, s.rounds, seed)
-            : s.compressors[t]->compress_with_residual(index, a, s.rounds, seed, manifest, s.residuals[t], decoded,
-                                                       *s.kernels, s.scratch[t]);
-    if (!encoded.is_ok()) return encoded.status();
+        lossless ? s.compressors[t]->compress(index, a, s.rounds, seed)
+                 : s.compressors[t]->compress_with_residual(index, a, s.rounds, seed, manifest, residual, decoded,
+                                                            *s.kernels, s.scratch[t]);
+    if (!encoded.is_ok()) return fail(encoded.status());
+    if (!lossless) s.given[t] = 1;
     // Lossless (dense fp32): D(C(a)) = a.
-    if (s.residuals[t].empty() && want_decoded) parallel_copy(a, decoded);
+    if (lossless && want_decoded) parallel_copy(a, decoded);
     out.tensors.push_back(std::move(*encoded));
   }
   for (const EncodedTensor& tensor : out.tensors) {
@@ -493,10 +575,31 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
   return out;
 }
 
+Status UpdateCompressor::give_back(size_t t) {
+  State& s = *state_;
+  std::vector<float>& e = s.residuals[t];
+  if (s.compressors[t]) return s.compressors[t]->take_back(e, s.manifest, *s.kernels, s.scratch[t]);
+  // PowerSGD: D = P Q_i^T again from the P and Q_i kept.
+  const TensorShape& shape = s.manifest[t];
+  const int64_t rows = shape.dims[0], cols = shape.dims[1], r = s.specs[t].rank;
+  const std::vector<float>& kept = s.powersgd_kept[t];
+  const auto p_size = static_cast<size_t>(rows * r);
+  s.scratch[t].resize(e.size());
+  s.kernels->matmul(false, true, rows, cols, r, std::span<const float>(kept).first(p_size),
+                    std::span<const float>(kept).subspan(p_size), s.scratch[t]);
+  s.kernels->add(e, s.scratch[t], e);
+  return Status::ok();
+}
+
 void UpdateCompressor::rollback() {
   State& s = *state_;
   for (size_t t = 0; t < s.manifest.size(); ++t) {
-    if (!s.residuals[t].empty() && s.inputs[t].size() == s.residuals[t].size()) parallel_copy(s.inputs[t], s.residuals[t]);
+    if (!s.given[t]) continue;
+    s.given[t] = 0;
+    // What was kept was made by this compressor from its own update: giving
+    // it back cannot fail short of a bug.
+    const Status back = give_back(t);
+    FEDMESH_CHECK(back.is_ok(), "rollback of tensor '" + s.manifest[t].name + "': " + back.message());
   }
 }
 
@@ -504,6 +607,11 @@ void UpdateCompressor::release_buffers() {
   State& s = *state_;
   for (std::vector<float>& a : s.inputs) std::vector<float>().swap(a);
   for (std::vector<float>& b : s.scratch) std::vector<float>().swap(b);
+  for (std::vector<float>& kept : s.powersgd_kept) std::vector<float>().swap(kept);
+  for (const std::unique_ptr<TensorCompressor>& c : s.compressors) {
+    if (c) c->release();
+  }
+  std::fill(s.given.begin(), s.given.end(), uint8_t{0});
 }
 
 Result<CompressedUpdate> UpdateCompressor::compress(std::span<const std::span<const float>> delta, bool want_decoded) {

@@ -4,6 +4,14 @@
 // only delayed (sum over rounds of what was sent, plus the final residual,
 // equals the sum of the deltas: tests/protocol/test_compressor.cpp).
 //
+// a is formed in the residual's own buffer (e <- e + delta, then
+// e <- e - D(C(e))), so a lossy tensor costs one model-sized buffer between
+// updates, not two, and its step reads and writes it in place. An update not
+// delivered is given back by adding D(C(a)) to e again: for round-to-nearest
+// quantization, top-k and half casts e - D and then + D are exact (D is within
+// a factor of 2 of a, or 0), so e returns to a bit for bit; stochastic
+// rounding, dct-sign and PowerSGD return to within a rounding of it.
+//
 // The heavy numerics run on a kernels::CompressionKernels backend (CPU or
 // CUDA); the bytes are the codec's (protocol/codec.h), and D(C(a)) is
 // computed by decoding those very bytes with the codec, so the residual
@@ -37,14 +45,16 @@ class TensorCompressor {
  public:
   virtual ~TensorCompressor() = default;
   // a = e + delta; top-k with momentum first folds delta into its momentum.
-  // a may be delta itself (each element is read before it is written).
+  // a may be delta or the residual itself (each element is read before it is
+  // written).
   virtual void form_input(std::span<const float> residual, std::span<const float> delta, std::span<float> a,
                           kernels::CompressionKernels& kernels);
   // Encodes a as tensor `index`; `round` counts this site's compressions
   // (0-based: top-k's warm-up), `seed` drives sampling and stochastic rounding.
   virtual Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t round, uint64_t seed) = 0;
   // After compress(): residual = a - D(C(a)), and decoded = D(C(a)) unless
-  // decoded is empty. D is the receiver's decoding of `sent`: by default the
+  // decoded is empty. residual may be a itself (UpdateCompressor passes the
+  // same buffer), so every element of a is read before it is written. D is the receiver's decoding of `sent`: by default the
   // codec decodes the bytes into `scratch`; methods with a cheaper exact path
   // override it (block quantization dequantizes its own q * scale, top-k
   // touches only the k positions it sent), held to the codec by the tests.
@@ -59,8 +69,19 @@ class TensorCompressor {
                                                        std::span<float> residual, std::span<float> decoded,
                                                        kernels::CompressionKernels& kernels,
                                                        std::vector<float>& scratch);
+  // An update not delivered: residual += D(C(a)) of the last
+  // compress_with_residual, from what this compressor kept of it (by default
+  // a copy of the segments sent; block quantization its q and scales, top-k
+  // its k positions and values).
+  virtual Status take_back(std::span<float> residual, std::span<const TensorShape> manifest,
+                           kernels::CompressionKernels& kernels, std::vector<float>& scratch);
+  // Frees what take_back would read and the buffers kept between updates.
+  virtual void release();
   // State other than the residual that a checkpoint must keep: momentum.
   virtual std::vector<float>* momentum() { return nullptr; }
+
+ private:
+  std::vector<EncodedSegment> kept_;  // the default take_back's copy of what was sent
 };
 
 Result<std::unique_ptr<TensorCompressor>> make_tensor_compressor(const CompressionSpec& spec, const TensorShape& shape,
@@ -94,11 +115,12 @@ class UpdateCompressor {
   // Manifest indices of the PowerSGD tensors (2-D, rows x cols), in order.
   const std::vector<size_t>& powersgd_tensors() const;
 
-  // Forms a = e + delta for every tensor (delta: one flattened span each).
+  // Forms a = e + delta for every tensor (delta: one flattened span each), a
+  // lossy tensor's in its residual (e <- e + delta), a lossless one's in a copy.
   Status begin(std::span<const std::span<const float>> delta);
-  // The same, a formed in delta's own buffers (taken over: no buffer of the
-  // update's size is allocated), for a caller that has no further use for
-  // its delta.
+  // The same, delta taken over (a lossy tensor's buffer is freed once it is
+  // in the residual, a lossless one's becomes its a): for a caller that has no
+  // further use for its delta.
   Status begin(std::vector<std::vector<float>>&& delta);
   // PowerSGD phase 1: P_i = a Q (rows x r) per PowerSGD tensor, given the
   // shared Q (cols x r) of each.
@@ -108,15 +130,18 @@ class UpdateCompressor {
   // want_decoded, CompressedUpdate::decoded holds D(C(a)) per tensor.
   Result<CompressedUpdate> finish(std::span<const std::vector<float>> shared_p = {}, bool want_decoded = true);
   // The last finish()'s update was not delivered (refused, or the upload
-  // failed): keep all of its input, e <- a, so nothing is lost. (Top-k's
-  // momentum masking of that send is not undone.)
+  // failed): keep all of its input, e <- a (e + D(C(a))), so nothing is lost.
+  // A second call, or one after release_buffers(), does nothing. (Top-k's
+  // momentum masking of that send is not undone.) A finish() that fails
+  // gives back what it had compressed itself.
   void rollback();
   // begin + finish, for plans without PowerSGD.
   Result<CompressedUpdate> compress(std::span<const std::span<const float>> delta, bool want_decoded = true);
   Result<CompressedUpdate> compress(std::vector<std::vector<float>>&& delta, bool want_decoded = true);
-  // Frees the buffers kept between updates (the input a, scratch), leaving
-  // the residuals: for simulations that hold many sites' compressors. After
-  // it, rollback() has nothing to restore.
+  // Frees the buffers kept between updates (a lossless tensor's input,
+  // scratch, what rollback() would read), leaving the residuals: for
+  // simulations that hold many sites' compressors, and a replica's update
+  // once it is in the sum. After it, rollback() has nothing to restore.
   void release_buffers();
 
   // What a checkpoint keeps: role "residual" for every lossy tensor, role
@@ -132,6 +157,8 @@ class UpdateCompressor {
 
  private:
   UpdateCompressor();
+  void form_in_residual(size_t t, std::span<const float> delta);
+  Status give_back(size_t t);
   struct State;
   std::unique_ptr<State> state_;
 };

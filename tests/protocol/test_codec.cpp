@@ -12,6 +12,8 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "base/random.h"
@@ -179,6 +181,49 @@ TEST(CodecRoundTrip, DenseF32IsBitExact) {
     for (const auto& s : *segments) EXPECT_EQ(s.tensor, 2u);
     const std::vector<float> decoded = decode_all(*segments, manifest, n);
     for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(bits_of(decoded[i]), bits_of(values[i])) << "element " << i;
+  }
+}
+
+// A SegmentRunner may fill the segments in any order on any threads: the
+// bytes are those of the codec's own one-after-the-other loop.
+TEST(CodecRoundTrip, SegmentsFilledOnThreadsInAnyOrderAreTheSameBytes) {
+  const SegmentRunner backwards_on_threads = [](size_t count, const std::function<void(size_t)>& fill) {
+    std::vector<std::thread> threads;
+    for (size_t i = count; i-- > 0;) threads.emplace_back([&fill, i] { fill(i); });
+    for (std::thread& thread : threads) thread.join();
+  };
+  auto same = [](const std::vector<EncodedSegment>& a, const std::vector<EncodedSegment>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].offset, b[i].offset) << i;
+      EXPECT_EQ(a[i].count, b[i].count) << i;
+      EXPECT_EQ(a[i].values, b[i].values) << i;
+      EXPECT_EQ(a[i].scales, b[i].scales) << i;
+    }
+  };
+  Rng rng(kSeed + 40);
+  const uint64_t n = 50001;  // odd: the last int4 byte holds one element
+  const std::vector<float> values = random_values(rng, n, 3.0);
+  for (Encoding e : {Encoding::kDenseF32, Encoding::kDenseF16, Encoding::kDenseBf16}) {
+    SCOPED_TRACE(encoding_name(e));
+    auto serial = encode_dense(0, values, e, 4096);
+    auto threaded = encode_dense(0, values, e, 4096, backwards_on_threads);
+    ASSERT_TRUE(serial.is_ok() && threaded.is_ok());
+    ASSERT_GT(serial->size(), 10u);
+    same(*serial, *threaded);
+  }
+  for (const auto& [e, bits, block] : {std::tuple{Encoding::kBlockInt8, 8, 256u}, std::tuple{Encoding::kBlockInt4, 4, 256u},
+                                       std::tuple{Encoding::kBlockInt4, 4, 255u}}) {
+    SCOPED_TRACE(std::string(encoding_name(e)) + " block " + std::to_string(block));
+    std::vector<uint8_t> packed(bits == 4 ? (n + 1) / 2 : n);
+    std::vector<float> scales((n + block - 1) / block);
+    kernels::quantize_blocks(values.data(), n, bits, block, kernels::Rounding::kNearest, 0, 0, packed.data(),
+                             scales.data());
+    auto serial = encode_quantized_blocks(0, n, packed, scales, e, block, 2048);
+    auto threaded = encode_quantized_blocks(0, n, packed, scales, e, block, 2048, backwards_on_threads);
+    ASSERT_TRUE(serial.is_ok() && threaded.is_ok()) << serial.status().message();
+    ASSERT_GT(serial->size(), 10u);
+    same(*serial, *threaded);
   }
 }
 

@@ -8,7 +8,9 @@
 //  - specs parse, print back, and bad ones are refused by name.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -227,6 +229,72 @@ TEST(Compressor, AnUndeliveredUpdateGoesBackIntoTheResidual) {
   const std::vector<float>& residual = *residual_of(c, "fc1.weight");
   for (size_t i = 0; i < residual.size(); ++i) {
     ASSERT_NEAR(residual[i], residual_before[i] + second[0][i], 1e-7) << i;
+  }
+}
+
+// The residual holds a = e + delta while an update is compressed, and
+// e <- a - D(C(a)) after; giving an update back adds D(C(a)) again. For
+// round-to-nearest quantization, top-k and half casts D is within a factor of
+// 2 of a (or 0), so a - D is exact and e returns to a bit for bit.
+class ExactGiveBack : public testing::TestWithParam<const char*> {};
+
+TEST_P(ExactGiveBack, AnUndeliveredUpdateRestoresTheResidualBitForBit) {
+  UpdateCompressor c = make(GetParam());
+  const std::vector<std::vector<float>> first = random_update(test_manifest(), 40),
+                                        second = random_update(test_manifest(), 41);
+  ASSERT_TRUE(c.compress(spans(first)).is_ok());
+  std::vector<std::vector<float>> expected;  // a = e + delta, as begin forms it
+  for (size_t t = 0; t < test_manifest().size(); ++t) {
+    const std::vector<float>& e = *residual_of(c, test_manifest()[t].name);
+    std::vector<float>& a = expected.emplace_back(e.size());
+    for (size_t i = 0; i < e.size(); ++i) a[i] = e[i] + second[t][i];
+  }
+  ASSERT_TRUE(c.compress(spans(second)).is_ok());
+  auto expect_residuals = [&](const std::vector<std::vector<float>>& want) {
+    for (size_t t = 0; t < want.size(); ++t) {
+      const std::vector<float>& e = *residual_of(c, test_manifest()[t].name);
+      for (size_t i = 0; i < e.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(e[i]), std::bit_cast<uint32_t>(want[t][i]))
+            << test_manifest()[t].name << " element " << i << ": " << e[i] << " vs " << want[t][i];
+      }
+    }
+  };
+  c.rollback();
+  expect_residuals(expected);
+  c.rollback();  // given back once only
+  expect_residuals(expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(Methods, ExactGiveBack,
+                         testing::Values("int8", "int4", "topk:0.01+int8", "topk:0.05+fp16", "fp16", "bf16"));
+
+TEST(Compressor, AfterReleaseNothingIsGivenBack) {
+  for (const char* method : {"int8", "topk:0.01+int8", "fp16", "int8:stochastic"}) {
+    SCOPED_TRACE(method);
+    UpdateCompressor c = make(method);
+    ASSERT_TRUE(c.compress(spans(random_update(test_manifest(), 50))).is_ok());
+    const std::vector<float> after = *residual_of(c, "fc1.weight");
+    c.release_buffers();
+    c.rollback();
+    EXPECT_EQ(*residual_of(c, "fc1.weight"), after);
+    // And the next update compresses as usual from the residual kept.
+    ASSERT_TRUE(c.compress(spans(random_update(test_manifest(), 51))).is_ok());
+  }
+}
+
+// Stochastic rounding can round a small value to a whole step away from it:
+// there e - D then + D is within a rounding of a, not always a itself.
+TEST(Compressor, AStochasticUpdateGivenBackIsWithinARoundingOfItsInput) {
+  UpdateCompressor c = make("int8:stochastic");
+  const std::vector<std::vector<float>> second = random_update(test_manifest(), 61);
+  ASSERT_TRUE(c.compress(spans(random_update(test_manifest(), 60))).is_ok());
+  const std::vector<float> before = *residual_of(c, "fc1.weight");
+  ASSERT_TRUE(c.compress(spans(second)).is_ok());
+  c.rollback();
+  const std::vector<float>& e = *residual_of(c, "fc1.weight");
+  for (size_t i = 0; i < e.size(); ++i) {
+    const float a = before[i] + second[0][i];
+    ASSERT_LE(std::fabs(e[i] - a), 2.0f * std::numeric_limits<float>::epsilon() * 0.05f) << i;
   }
 }
 

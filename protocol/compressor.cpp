@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/random.h"
+#include "kernels/half.h"
 #include "kernels/parallel.h"
 
 namespace fedmesh::protocol {
@@ -55,10 +56,60 @@ class IdentityCompressor final : public TensorCompressor {
     return EncodedTensor{descriptor_of(shape_, encoding_), std::move(*segments)};
   }
 
+  // A half cast's D(C(a)) is its half bits widened, element by element: read
+  // from the segments just encoded (the codec's own conversion, so bit for
+  // bit its decoding) in one parallel pass, the bits kept for take_back.
+  Status update_residual(const EncodedTensor& sent, std::span<const TensorShape> manifest, std::span<const float> a,
+                         std::span<float> residual, std::span<float> decoded, kernels::CompressionKernels& kernels,
+                         std::vector<float>& scratch) override {
+    if (encoding_ == Encoding::kDenseF32) {
+      return TensorCompressor::update_residual(sent, manifest, a, residual, decoded, kernels, scratch);
+    }
+    kept_half_.resize(a.size());
+    const bool brain = encoding_ == Encoding::kDenseBf16;
+    parallel_for(static_cast<int64_t>(sent.segments.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s) {
+        const EncodedSegment& segment = sent.segments[static_cast<size_t>(s)];
+        const uint8_t* bytes = segment.values.data();
+        uint16_t* kept = kept_half_.data() + segment.offset;
+        const float* x = a.data() + segment.offset;
+        float* e = residual.data() + segment.offset;
+        float* out = decoded.empty() ? nullptr : decoded.data() + segment.offset;
+        const uint64_t count = segment.count;
+        std::memcpy(kept, bytes, count * sizeof(uint16_t));  // little-endian on the wire and here
+        for (uint64_t i = 0; i < count; ++i) {
+          const float d = brain ? to_float(bf16{kept[i]}) : to_float(fp16{kept[i]});
+          if (out != nullptr) out[i] = d;
+          e[i] = x[i] - d;
+        }
+      }
+    });
+    return Status::ok();
+  }
+
+  Status take_back(std::span<float> residual, std::span<const TensorShape> manifest, kernels::CompressionKernels& kernels,
+                   std::vector<float>& scratch) override {
+    if (encoding_ == Encoding::kDenseF32) return TensorCompressor::take_back(residual, manifest, kernels, scratch);
+    const bool brain = encoding_ == Encoding::kDenseBf16;
+    parallel_for(static_cast<int64_t>(residual.size()), kGrain, [&](int64_t begin, int64_t end) {
+      for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
+        const uint16_t bits = kept_half_[i];
+        residual[i] += brain ? to_float(bf16{bits}) : to_float(fp16{bits});
+      }
+    });
+    return Status::ok();
+  }
+
+  void release() override {
+    TensorCompressor::release();
+    std::vector<uint16_t>().swap(kept_half_);
+  }
+
  private:
   TensorShape shape_;
   Encoding encoding_;
   size_t max_segment_bytes_;
+  std::vector<uint16_t> kept_half_;  // the last half-cast update, for take_back
 };
 
 class BlockCompressor final : public TensorCompressor {

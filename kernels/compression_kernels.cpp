@@ -97,7 +97,46 @@ void CompressionKernels::quantize_blocks_with_residual(std::span<const float> a,
   subtract(a, values, residual);
 }
 
+void CompressionKernels::add_quantize_blocks_with_residual(std::span<float> residual, std::span<const float> delta,
+                                                           const BlockQuantization& q, std::span<uint8_t> packed,
+                                                           std::span<float> scales, std::span<float> decoded,
+                                                           std::vector<float>& scratch) {
+  add(residual, delta, residual);
+  quantize_blocks_with_residual(residual, q, packed, scales, residual, decoded, scratch);
+}
+
 namespace {
+
+// Error feedback's block step, a block at a time over every core: with
+// `delta`, first a = x + delta in place (x is then the residual itself);
+// quantize a, D(q) into `decoded` or a block of scratch, residual = a - D(q).
+// Each block is read from memory once and stepped while it is in cache.
+void fused_block_step(const float* x, const float* delta, const BlockQuantization& q, std::span<uint8_t> packed,
+                      std::span<float> scales, std::span<float> residual, std::span<float> decoded) {
+  const uint64_t n = residual.size();
+  const uint64_t block = q.block_size;
+  const uint64_t blocks = (n + block - 1) / block;
+  for_each_task(blocks, block, n, [&](uint64_t first_block, uint64_t first, uint64_t count) {
+    thread_local std::vector<float> values;
+    if (decoded.empty()) values.resize(block);
+    for (uint64_t offset = 0; offset < count; offset += block) {
+      const uint64_t at = first + offset;
+      const uint64_t m = std::min(block, count - offset);
+      float* e = residual.data() + at;
+      if (delta != nullptr) {
+        const float* d = delta + at;
+        for (uint64_t i = 0; i < m; ++i) e[i] += d[i];
+      }
+      uint8_t* bytes = packed.data() + (q.bits == 4 ? at / 2 : at);
+      float* scale = scales.data() + first_block + offset / block;
+      const float* a = x + at;
+      kernels::quantize_blocks(a, m, q.bits, q.block_size, q.rounding, q.seed, at, bytes, scale);
+      float* out = decoded.empty() ? values.data() : decoded.data() + at;
+      kernels::dequantize_blocks(bytes, m, q.bits, q.block_size, scale, out);
+      for (uint64_t i = 0; i < m; ++i) e[i] = a[i] - out[i];
+    }
+  });
+}
 
 class CpuCompressionKernels final : public CompressionKernels {
  public:
@@ -136,25 +175,17 @@ class CpuCompressionKernels final : public CompressionKernels {
       CompressionKernels::quantize_blocks_with_residual(a, q, packed, scales, residual, decoded, scratch);
       return;
     }
-    const uint64_t n = a.size();
-    const uint64_t block = q.block_size;
-    const uint64_t blocks = (n + block - 1) / block;
-    for_each_task(blocks, block, n, [&](uint64_t first_block, uint64_t first, uint64_t count) {
-      thread_local std::vector<float> values;
-      if (decoded.empty()) values.resize(block);
-      for (uint64_t offset = 0; offset < count; offset += block) {
-        const uint64_t at = first + offset;
-        const uint64_t m = std::min(block, count - offset);
-        uint8_t* bytes = packed.data() + (q.bits == 4 ? at / 2 : at);
-        float* scale = scales.data() + first_block + offset / block;
-        kernels::quantize_blocks(a.data() + at, m, q.bits, q.block_size, q.rounding, q.seed, at, bytes, scale);
-        float* out = decoded.empty() ? values.data() : decoded.data() + at;
-        kernels::dequantize_blocks(bytes, m, q.bits, q.block_size, scale, out);
-        const float* x = a.data() + at;
-        float* e = residual.data() + at;
-        for (uint64_t i = 0; i < m; ++i) e[i] = x[i] - out[i];
-      }
-    });
+    fused_block_step(a.data(), nullptr, q, packed, scales, residual, decoded);
+  }
+
+  void add_quantize_blocks_with_residual(std::span<float> residual, std::span<const float> delta,
+                                         const BlockQuantization& q, std::span<uint8_t> packed, std::span<float> scales,
+                                         std::span<float> decoded, std::vector<float>& scratch) override {
+    if (q.bits == 4 && q.block_size % 2 != 0) {
+      CompressionKernels::add_quantize_blocks_with_residual(residual, delta, q, packed, scales, decoded, scratch);
+      return;
+    }
+    fused_block_step(residual.data(), delta.data(), q, packed, scales, residual, decoded);
   }
 
   void dequantize_blocks(std::span<const uint8_t> packed, const BlockQuantization& q, std::span<const float> scales,

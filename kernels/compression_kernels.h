@@ -73,6 +73,15 @@ class CompressionKernels {
                                              std::span<uint8_t> packed, std::span<float> scales,
                                              std::span<float> residual, std::span<float> decoded,
                                              std::vector<float>& scratch);
+  // The same step with a delta folded in: a = residual + delta is formed in
+  // the residual, quantized, and the residual becomes a - D(q); bit for bit
+  // add() then quantize_blocks_with_residual(residual, ..., residual, ...),
+  // which this default runs. The CPU backend adds a block and steps it while
+  // it is in cache: one pass over the residual and the delta.
+  virtual void add_quantize_blocks_with_residual(std::span<float> residual, std::span<const float> delta,
+                                                 const BlockQuantization& q, std::span<uint8_t> packed,
+                                                 std::span<float> scales, std::span<float> decoded,
+                                                 std::vector<float>& scratch);
 
   // Round to nearest even into fp16 / bf16 bits (kernels/half.h's to_fp16 /
   // to_bf16), and back.

@@ -134,6 +134,23 @@ class BlockCompressor final : public TensorCompressor {
     return encode(index, a.size(), seed);
   }
 
+  Result<EncodedTensor> compress_folding(uint32_t index, std::span<const float> delta, int64_t, uint64_t seed,
+                                         std::span<const TensorShape> manifest, std::span<float> residual,
+                                         std::span<float> decoded, kernels::CompressionKernels& kernels,
+                                         std::vector<float>& scratch) override {
+    resize_for(residual.size());
+    kernels.add_quantize_blocks_with_residual(
+        residual, delta, kernels::BlockQuantization{spec_.bits, spec_.block_size, spec_.rounding, seed}, packed_,
+        scales_, decoded, scratch);
+    last_seed_ = seed;
+    Result<EncodedTensor> encoded = encode(index, residual.size(), seed);
+    if (!encoded.is_ok()) {
+      // The residual back to a, as promised.
+      FEDMESH_RETURN_IF_ERROR(take_back(residual, manifest, kernels, scratch));
+    }
+    return encoded;
+  }
+
   // The receiver decodes element i as q_i * scale: dequantizing what compress
   // kept is that, bit for bit, without parsing the segments again.
   Status update_residual(const EncodedTensor&, std::span<const TensorShape>, std::span<const float> a,
@@ -348,6 +365,15 @@ Result<EncodedTensor> TensorCompressor::compress_with_residual(uint32_t index, s
   return encoded;
 }
 
+Result<EncodedTensor> TensorCompressor::compress_folding(uint32_t index, std::span<const float> delta, int64_t round,
+                                                         uint64_t seed, std::span<const TensorShape> manifest,
+                                                         std::span<float> residual, std::span<float> decoded,
+                                                         kernels::CompressionKernels& kernels,
+                                                         std::vector<float>& scratch) {
+  form_input(residual, delta, residual, kernels);
+  return compress_with_residual(index, residual, round, seed, manifest, residual, decoded, kernels, scratch);
+}
+
 Status TensorCompressor::update_residual(const EncodedTensor& sent, std::span<const TensorShape> manifest,
                                          std::span<const float> a, std::span<float> residual, std::span<float> decoded,
                                          kernels::CompressionKernels& kernels, std::vector<float>& scratch) {
@@ -555,6 +581,12 @@ Result<std::vector<std::vector<float>>> UpdateCompressor::powersgd_p(std::span<c
 }
 
 Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<float>> shared_p, bool want_decoded) {
+  return finish_folding(shared_p, want_decoded, {});
+}
+
+Result<CompressedUpdate> UpdateCompressor::finish_folding(std::span<const std::vector<float>> shared_p,
+                                                          bool want_decoded,
+                                                          std::span<const std::span<const float>> fold) {
   State& s = *state_;
   if (!s.begun) return invalid_argument("finish before begin");
   if (shared_p.size() != s.powersgd.size()) {
@@ -564,14 +596,22 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
   CompressedUpdate out;
   if (want_decoded) out.decoded.resize(s.manifest.size());
   const std::span<const TensorShape> manifest(s.manifest);
-  // A tensor that fails gives back the ones compressed before it: the caller
-  // sends nothing, and nothing is lost.
+  // A tensor that fails gives back the ones compressed before it, and the
+  // deltas not yet folded go into their residuals: the caller sends
+  // nothing, and nothing is lost.
+  size_t t = 0;
   auto fail = [&](Status status) -> Result<CompressedUpdate> {
     rollback();
+    if (!fold.empty()) {
+      for (size_t u = t + 1; u < s.manifest.size(); ++u) {
+        if (!s.residuals[u].empty()) form_in_residual(u, fold[u]);
+      }
+    }
+    s.begun = fold.empty();  // begin()'s a is still there to finish; compress()'s is folded back
     return status;
   };
   size_t powersgd_index = 0;
-  for (size_t t = 0; t < s.manifest.size(); ++t) {
+  for (; t < s.manifest.size(); ++t) {
     const auto index = static_cast<uint32_t>(t);
     const bool lossless = s.residuals[t].empty();
     // A lossy tensor's a is its residual's buffer, written in place with a - D(C(a)).
@@ -609,9 +649,11 @@ Result<CompressedUpdate> UpdateCompressor::finish(std::span<const std::vector<fl
       continue;
     }
     Result<EncodedTensor> encoded =
-        lossless ? s.compressors[t]->compress(index, a, s.rounds, seed)
-                 : s.compressors[t]->compress_with_residual(index, a, s.rounds, seed, manifest, residual, decoded,
-                                                            *s.kernels, s.scratch[t]);
+        lossless         ? s.compressors[t]->compress(index, a, s.rounds, seed)
+        : fold.empty()   ? s.compressors[t]->compress_with_residual(index, a, s.rounds, seed, manifest, residual,
+                                                                    decoded, *s.kernels, s.scratch[t])
+                         : s.compressors[t]->compress_folding(index, fold[t], s.rounds, seed, manifest, residual,
+                                                              decoded, *s.kernels, s.scratch[t]);
     if (!encoded.is_ok()) return fail(encoded.status());
     if (!lossless) s.given[t] = 1;
     // Lossless (dense fp32): D(C(a)) = a.
@@ -665,20 +707,42 @@ void UpdateCompressor::release_buffers() {
   std::fill(s.given.begin(), s.given.end(), uint8_t{0});
 }
 
-Result<CompressedUpdate> UpdateCompressor::compress(std::span<const std::span<const float>> delta, bool want_decoded) {
-  if (!state_->powersgd.empty()) {
+// compress(): the delta is checked, a lossless tensor's taken as its a, and a
+// lossy tensor's folded into its residual by finish_folding, in the same pass
+// that steps it (one read of e and delta instead of two of e).
+Status UpdateCompressor::begin_folding(std::span<const std::span<const float>> delta,
+                                       std::vector<std::vector<float>>* owned) {
+  State& s = *state_;
+  if (!s.powersgd.empty()) {
     return invalid_argument("powersgd needs the shared P of the aggregator path: use begin / powersgd_p / finish");
   }
-  FEDMESH_RETURN_IF_ERROR(begin(delta));
-  return finish({}, want_decoded);
+  FEDMESH_RETURN_IF_ERROR(check_delta(delta, s.manifest));
+  for (size_t t = 0; t < delta.size(); ++t) {
+    if (!s.residuals[t].empty()) {
+      s.given[t] = 0;
+    } else if (owned != nullptr) {
+      s.inputs[t] = std::move((*owned)[t]);  // a = delta as it is
+    } else {
+      s.inputs[t].resize(delta[t].size());
+      parallel_copy(delta[t], s.inputs[t]);
+    }
+  }
+  s.begun = true;
+  return Status::ok();
+}
+
+Result<CompressedUpdate> UpdateCompressor::compress(std::span<const std::span<const float>> delta, bool want_decoded) {
+  FEDMESH_RETURN_IF_ERROR(begin_folding(delta, nullptr));
+  return finish_folding({}, want_decoded, delta);
 }
 
 Result<CompressedUpdate> UpdateCompressor::compress(std::vector<std::vector<float>>&& delta, bool want_decoded) {
-  if (!state_->powersgd.empty()) {
-    return invalid_argument("powersgd needs the shared P of the aggregator path: use begin / powersgd_p / finish");
-  }
-  FEDMESH_RETURN_IF_ERROR(begin(std::move(delta)));
-  return finish({}, want_decoded);
+  // The lossy tensors' spans stay valid: only lossless tensors' buffers move.
+  const std::vector<std::span<const float>> spans(delta.begin(), delta.end());
+  FEDMESH_RETURN_IF_ERROR(begin_folding(spans, &delta));
+  Result<CompressedUpdate> out = finish_folding({}, want_decoded, spans);
+  for (std::vector<float>& d : delta) std::vector<float>().swap(d);
+  return out;
 }
 
 std::vector<UpdateCompressor::StateTensor> UpdateCompressor::state_tensors() {

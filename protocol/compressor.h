@@ -69,6 +69,15 @@ class TensorCompressor {
                                                        std::span<float> residual, std::span<float> decoded,
                                                        kernels::CompressionKernels& kernels,
                                                        std::vector<float>& scratch);
+  // form_input(residual, delta, residual) then compress_with_residual on the
+  // residual: a = e + delta formed and stepped. Block quantization overrides
+  // it with one pass over e and delta
+  // (CompressionKernels::add_quantize_blocks_with_residual). On an error the
+  // residual holds a (nothing lost) and nothing is kept to give back.
+  virtual Result<EncodedTensor> compress_folding(uint32_t index, std::span<const float> delta, int64_t round,
+                                                 uint64_t seed, std::span<const TensorShape> manifest,
+                                                 std::span<float> residual, std::span<float> decoded,
+                                                 kernels::CompressionKernels& kernels, std::vector<float>& scratch);
   // An update not delivered: residual += D(C(a)) of the last
   // compress_with_residual, from what this compressor kept of it (by default
   // a copy of the segments sent; block quantization its q and scales, top-k
@@ -159,6 +168,11 @@ class UpdateCompressor {
   UpdateCompressor();
   void form_in_residual(size_t t, std::span<const float> delta);
   Status give_back(size_t t);
+  // finish(), with the deltas of compress() folded into the lossy tensors'
+  // steps (empty: begin() formed them already).
+  Result<CompressedUpdate> finish_folding(std::span<const std::vector<float>> shared_p, bool want_decoded,
+                                          std::span<const std::span<const float>> fold);
+  Status begin_folding(std::span<const std::span<const float>> delta, std::vector<std::vector<float>>* owned);
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -110,33 +110,46 @@ TEST_P(EveryMethod, DecodedIsWhatTheCodecDecodesAndTheSameSeedGivesTheSameBytes)
   }
 }
 
-// A delta handed over (its buffers become a) compresses to the same bytes
-// and leaves the same residuals as one lent by spans, round after round.
-TEST_P(EveryMethod, ADeltaHandedOverGivesWhatALentOneGives) {
-  UpdateCompressor lent = make(GetParam(), 5), handed = make(GetParam(), 5);
-  for (uint64_t round = 0; round < 3; ++round) {
-    std::vector<std::vector<float>> delta = random_update(test_manifest(), 40 + round);
-    Result<CompressedUpdate> a = lent.compress(spans(delta));
-    Result<CompressedUpdate> b = handed.compress(std::move(delta));
-    ASSERT_TRUE(a.is_ok() && b.is_ok());
-    ASSERT_EQ(a->tensors.size(), b->tensors.size());
-    for (size_t t = 0; t < a->tensors.size(); ++t) {
-      ASSERT_EQ(a->tensors[t].segments.size(), b->tensors[t].segments.size());
-      for (size_t k = 0; k < a->tensors[t].segments.size(); ++k) {
-        EXPECT_EQ(a->tensors[t].segments[k].values, b->tensors[t].segments[k].values);
-        EXPECT_EQ(a->tensors[t].segments[k].indices, b->tensors[t].segments[k].indices);
-        EXPECT_EQ(a->tensors[t].segments[k].scales, b->tensors[t].segments[k].scales);
+// compress() folds a lent delta into the residual in the pass that steps it;
+// a delta handed over does the same from its own buffers; begin() + finish()
+// forms a first, then steps it. All three compress to the same bytes and
+// leave the same residuals, bit for bit, round after round.
+TEST_P(EveryMethod, FoldedHandedOverAndBegunDeltasGiveTheSameBytes) {
+  UpdateCompressor lent = make(GetParam(), 5), handed = make(GetParam(), 5), begun = make(GetParam(), 5);
+  auto same = [](const CompressedUpdate& a, const CompressedUpdate& b) {
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (size_t t = 0; t < a.tensors.size(); ++t) {
+      ASSERT_EQ(a.tensors[t].segments.size(), b.tensors[t].segments.size());
+      for (size_t k = 0; k < a.tensors[t].segments.size(); ++k) {
+        EXPECT_EQ(a.tensors[t].segments[k].values, b.tensors[t].segments[k].values);
+        EXPECT_EQ(a.tensors[t].segments[k].indices, b.tensors[t].segments[k].indices);
+        EXPECT_EQ(a.tensors[t].segments[k].scales, b.tensors[t].segments[k].scales);
       }
     }
-    EXPECT_EQ(a->decoded, b->decoded);
-    const std::vector<UpdateCompressor::StateTensor> x = lent.state_tensors(), y = handed.state_tensors();
+    EXPECT_EQ(a.decoded, b.decoded);
+  };
+  auto same_state = [](UpdateCompressor& a, UpdateCompressor& b) {
+    const std::vector<UpdateCompressor::StateTensor> x = a.state_tensors(), y = b.state_tensors();
     ASSERT_EQ(x.size(), y.size());
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(*x[i].values, *y[i].values) << x[i].role << " " << x[i].name;
+  };
+  for (uint64_t round = 0; round < 3; ++round) {
+    std::vector<std::vector<float>> delta = random_update(test_manifest(), 40 + round);
+    ASSERT_TRUE(begun.begin(spans(delta)).is_ok());
+    Result<CompressedUpdate> c = begun.finish();
+    Result<CompressedUpdate> a = lent.compress(spans(delta));
+    Result<CompressedUpdate> b = handed.compress(std::move(delta));
+    ASSERT_TRUE(a.is_ok() && b.is_ok() && c.is_ok());
+    same(*a, *b);
+    same(*a, *c);
+    same_state(lent, handed);
+    same_state(lent, begun);
   }
-  // A bad delta handed over is refused like a lent one.
+  // A bad delta handed over is refused like a lent one, the state untouched.
   std::vector<std::vector<float>> bad = random_update(test_manifest(), 60);
   bad[0][1] = NAN;
   EXPECT_FALSE(handed.compress(std::move(bad)).is_ok());
+  same_state(lent, handed);
 }
 
 INSTANTIATE_TEST_SUITE_P(Compressors, EveryMethod,

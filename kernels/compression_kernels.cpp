@@ -3,7 +3,9 @@
 #include "kernels/compression_kernels.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 
 #include "kernels/gemm.h"
@@ -41,6 +43,24 @@ std::vector<uint64_t> keep_best(const std::vector<Candidate>& candidates, uint64
   return indices;
 }
 
+// Whether one of the 16 values at v has a magnitude whose bits are at least
+// `bits` (the bits of a threshold >= 0; for finite values the same as
+// |v| >= threshold). Written with GCC's vector extensions so that it runs
+// on vector registers with the baseline SSE2 (the compiler turned the plain
+// loop into a scalar chain).
+inline bool any_at_least16(const float* v, int32_t bits) {
+  using Lanes = int32_t __attribute__((vector_size(16)));
+  const Lanes magnitude = {0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff};
+  const Lanes below = {bits - 1, bits - 1, bits - 1, bits - 1};  // bits >= 0, so bits - 1 does not wrap
+  Lanes hit = {0, 0, 0, 0};
+  for (int g = 0; g < 4; ++g) {
+    Lanes a;
+    std::memcpy(&a, v + 4 * g, sizeof(a));
+    hit |= (a & magnitude) > below;
+  }
+  return (hit[0] | hit[1] | hit[2] | hit[3]) != 0;
+}
+
 // Elements with |x| >= threshold, in index order, gathered by all cores.
 std::vector<Candidate> gather_at_least(std::span<const float> x, float threshold) {
   const int64_t n = static_cast<int64_t>(x.size());
@@ -50,9 +70,27 @@ std::vector<Candidate> gather_at_least(std::span<const float> x, float threshold
     for (int64_t p = begin; p < end; ++p) {
       const int64_t first = n * p / parts, last = n * (p + 1) / parts;
       std::vector<Candidate>& out = found[static_cast<size_t>(p)];
-      for (int64_t i = first; i < last; ++i) {
-        const float m = std::fabs(x[static_cast<size_t>(i)]);
-        if (m >= threshold) out.push_back({m, static_cast<uint64_t>(i)});
+      // Locals, not the captured span and threshold: push_back's stores may
+      // alias anything, and would make the loop reload them every element.
+      const float* values = x.data();
+      const float at_least = threshold;
+      // Groups of kGroup values none of which reaches the threshold (most,
+      // for a small k) are passed over after one vectorized test on the
+      // magnitudes' bits (for a threshold >= 0, |v| >= threshold exactly when
+      // bits(|v|) >= bits(threshold); values are finite here).
+      constexpr int64_t kGroup = 16;
+      const auto at_least_bits = static_cast<int32_t>(std::bit_cast<uint32_t>(at_least));
+      int64_t i = first;
+      for (; i + kGroup <= last; i += kGroup) {
+        if (!any_at_least16(values + i, at_least_bits)) continue;
+        for (int64_t j = i; j < i + kGroup; ++j) {
+          const float m = std::fabs(values[j]);
+          if (m >= at_least) out.push_back({m, static_cast<uint64_t>(j)});
+        }
+      }
+      for (; i < last; ++i) {
+        const float m = std::fabs(values[i]);
+        if (m >= at_least) out.push_back({m, static_cast<uint64_t>(i)});
       }
     }
   });

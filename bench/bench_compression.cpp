@@ -10,7 +10,8 @@
 //                the codec and e <- a - D(C(a)) (error feedback included)
 //   decompress   the receiver: decode_segment of every segment into its
 //                staging buffer (zeroed outside the timing), one segment after
-//                another as chunks arrive, as UpdateReceiver does
+//                another as chunks arrive, each written on every core, as
+//                UpdateReceiver does
 //                (--parallel-decode splits the segments over --threads
 //                instead; --accumulate adds each segment with weight 1 into
 //                the buffer with accumulate_segment, as the simulator folds
@@ -214,11 +215,12 @@ struct Row {
 };
 
 // The receiver: every segment accumulated, weight 1, into target (zeroed by the caller).
-// One segment into the target: the receiver's decode, or an accumulation.
+// One segment into the target: the receiver's decode (its parts written on
+// every core, as UpdateReceiver passes parallel_each), or an accumulation.
 fedmesh::Status apply_one(const EncodedSegment& segment, std::span<const TensorShape> manifest,
                           std::span<float> target, bool accumulate) {
   return accumulate ? fedmesh::protocol::accumulate_segment(segment.view(), manifest, 1.0f, target)
-                    : fedmesh::protocol::decode_segment(segment.view(), manifest, target);
+                    : fedmesh::protocol::decode_segment(segment.view(), manifest, target, fedmesh::parallel_each);
 }
 
 fedmesh::Status decompress_all(const std::vector<const EncodedSegment*>& segments,

@@ -138,6 +138,12 @@ int cpu_threads() { return worker_pool().threads(); }
 
 bool inside_parallel_region() { return tls_inside_parallel_region; }
 
+void parallel_each(size_t count, const std::function<void(size_t)>& work) {
+  parallel_for(static_cast<int64_t>(count), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) work(static_cast<size_t>(i));
+  });
+}
+
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);

@@ -18,6 +18,9 @@ int cpu_threads();
 // at least `grain` items each. Runs inline when the work is too small or when
 // called from inside another parallel_for.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
+// Runs work(i) for every i in [0, count), one item per task, over every core
+// (inline inside another parallel_for): the codec's SegmentRunner.
+void parallel_each(size_t count, const std::function<void(size_t)>& work);
 // Whether the calling thread is running a parallel_for body (a worker's, or
 // the caller's own share).
 bool inside_parallel_region();

@@ -360,7 +360,27 @@ struct Sink {
   float* out;
   float weight;
   bool accumulate;
+  const SegmentRunner* runner;  // writes the validated parts on its threads when set
 };
+
+// Runs write(first, count) over [0, n) in parts of `part` elements: on the
+// sink's runner when it has one and there is more than one part.
+void write_in_parts(const Sink& sink, uint64_t n, uint64_t part, const std::function<void(uint64_t, uint64_t)>& write) {
+  const uint64_t parts = (n + part - 1) / part;
+  auto one = [&](size_t p) {
+    const uint64_t first = p * part;
+    write(first, std::min(part, n - first));
+  };
+  if (sink.runner != nullptr && *sink.runner && parts > 1) {
+    (*sink.runner)(parts, one);
+    return;
+  }
+  for (uint64_t p = 0; p < parts; ++p) one(p);
+}
+
+// Parts of a segment written on separate threads: large enough that each
+// is worth a task, small enough that a 4 MB chunk's segment splits.
+constexpr uint64_t kWritePart = uint64_t{1} << 16;
 
 // Validation pass over n values: 1 if a decoded value, or what accumulating it
 // would store, is not finite. Branch-free so that it vectorizes.
@@ -417,7 +437,9 @@ Status apply_dense(const SegmentView& s, std::span<const TensorShape> manifest, 
   if (scan_range(sink, sink.out, s.count, load) != 0) {
     return find_bad(where(s, manifest), sink, sink.out, s.offset, s.count, load, "value");
   }
-  write_range(sink, sink.out, s.count, load);
+  write_in_parts(sink, s.count, kWritePart, [&](uint64_t first, uint64_t n) {
+    write_range(sink, sink.out + first, n, [&load, first](uint64_t i) { return load(first + i); });
+  });
   return Status::ok();
 }
 
@@ -508,18 +530,26 @@ Status apply_blocks(const SegmentView& s, std::span<const TensorShape> manifest,
   });
   if (!all_good) return failure;
 
-  for_each_block([&](uint64_t first, uint64_t n, float scale) {
-    float* out = sink.out + first;
-    if (!int4) {
-      write_range(sink, out, n, int8_loader(first, scale));
-      return true;
+  // Validated: written in groups of whole blocks, on the runner's threads
+  // when there is one (each group its own int4 scratch).
+  write_in_parts(sink, blocks, std::max<uint64_t>(1, kWritePart / block_size), [&](uint64_t first_block, uint64_t count) {
+    float unpacked[kInt4ChunkElements];
+    auto from_unpacked = [&unpacked](uint64_t i) { return unpacked[i]; };
+    for (uint64_t b = first_block; b < first_block + count; ++b) {
+      const uint64_t first = b * block_size;
+      const uint64_t n = std::min(block_size, s.count - first);
+      const float scale = load_f32(s.scales.data() + b * kScaleBytes);
+      float* out = sink.out + first;
+      if (!int4) {
+        write_range(sink, out, n, int8_loader(first, scale));
+        continue;
+      }
+      for (uint64_t done = 0; done < n; done += kInt4ChunkElements) {
+        const uint64_t m = std::min<uint64_t>(kInt4ChunkElements, n - done);
+        unpack_int4(values, first + done, m, scale, unpacked);
+        write_range(sink, out + done, m, from_unpacked);
+      }
     }
-    for (uint64_t done = 0; done < n; done += kInt4ChunkElements) {
-      const uint64_t m = std::min<uint64_t>(kInt4ChunkElements, n - done);
-      unpack_int4(values, first + done, m, scale, decoded);
-      write_range(sink, out + done, m, from_decoded);
-    }
-    return true;
   });
   return Status::ok();
 }
@@ -616,7 +646,10 @@ Status apply_sparse_with(const SegmentView& s, std::span<const TensorShape> mani
     if (prefix.empty()) prefix = where(s, manifest);
     return describe_value(prefix, sink, index, current, value, "value");
   }));
-  if (!sink.accumulate) std::fill(target, target + s.count, 0.0f);
+  if (!sink.accumulate) {
+    write_in_parts(sink, s.count, kWritePart,
+                   [target](uint64_t first, uint64_t n) { std::fill(target + first, target + first + n, 0.0f); });
+  }
   return walk_sparse(s, manifest, [&](uint64_t k, uint64_t index) -> Status {
     float& slot = target[index - s.offset];
     slot = sink.accumulate ? accumulated(slot, sink.weight, load(k)) : load(k);
@@ -687,7 +720,7 @@ Status apply_dct(const SegmentView& s, std::span<const TensorShape> manifest, co
 }
 
 Status apply_segment(const SegmentView& s, std::span<const TensorShape> manifest, std::span<float> target,
-                     float weight, bool accumulate) {
+                     float weight, bool accumulate, const SegmentRunner& runner) {
   uint64_t element_count = 0;
   FEDMESH_RETURN_IF_ERROR(check_lengths(s, manifest, element_count));
   if (target.size() != element_count) {
@@ -698,7 +731,7 @@ Status apply_segment(const SegmentView& s, std::span<const TensorShape> manifest
   if (accumulate && !is_finite(weight)) {
     return invalid_argument("accumulate weight is " + format_float(weight) + ", a finite value expected");
   }
-  const Sink sink{target.data() + s.offset, weight, accumulate};
+  const Sink sink{target.data() + s.offset, weight, accumulate, &runner};
   const uint8_t* values = s.values.data();
   switch (s.encoding) {
     case Encoding::kDenseF32:
@@ -870,12 +903,13 @@ Status check_segment(const SegmentView& segment, std::span<const TensorShape> ma
 }
 
 Status accumulate_segment(const SegmentView& segment, std::span<const TensorShape> manifest, float weight,
-                          std::span<float> target) {
-  return apply_segment(segment, manifest, target, weight, /*accumulate=*/true);
+                          std::span<float> target, const SegmentRunner& runner) {
+  return apply_segment(segment, manifest, target, weight, /*accumulate=*/true, runner);
 }
 
-Status decode_segment(const SegmentView& segment, std::span<const TensorShape> manifest, std::span<float> target) {
-  return apply_segment(segment, manifest, target, 1.0f, /*accumulate=*/false);
+Status decode_segment(const SegmentView& segment, std::span<const TensorShape> manifest, std::span<float> target,
+                      const SegmentRunner& runner) {
+  return apply_segment(segment, manifest, target, 1.0f, /*accumulate=*/false, runner);
 }
 
 Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,

@@ -145,6 +145,14 @@ bool is_non_finite_error(const Status& status);
 // value finiteness are checked while decoding (one pass).
 Status check_segment(const SegmentView& segment, std::span<const TensorShape> manifest);
 
+// Runs fill(i) for every i in [0, count), in any order and on any threads:
+// how a dense or block encoder fills its segments' bytes (each segment its
+// own), and how a decoder writes the disjoint parts of a segment it has
+// validated. Empty: one after the other on the calling thread (the codec
+// itself starts no threads); the compressor and the receivers pass
+// fedmesh::parallel_each.
+using SegmentRunner = std::function<void(size_t count, const std::function<void(size_t)>& fill)>;
+
 // Decodes the segment and adds weight * value to target[offset + i]
 // (target is the whole flattened tensor, target.size() == element_count).
 // Rejects (kCorrupt, naming what was wrong) anything check_segment rejects,
@@ -152,12 +160,12 @@ Status check_segment(const SegmentView& segment, std::span<const TensorShape> ma
 // and any non-finite decoded value. It validates the whole segment before it
 // writes, so on error target is left unchanged (never half-applied).
 Status accumulate_segment(const SegmentView& segment, std::span<const TensorShape> manifest,
-                          float weight, std::span<float> target);
+                          float weight, std::span<float> target, const SegmentRunner& runner = {});
 
 // Same, but writes the decoded values into target[offset, offset+count)
 // (zeros where a sparse segment stores nothing).
 Status decode_segment(const SegmentView& segment, std::span<const TensorShape> manifest,
-                      std::span<float> target);
+                      std::span<float> target, const SegmentRunner& runner = {});
 
 // For a sparse segment (varint or bitmap indices): calls visit(index, value)
 // for every stored entry, in order, after validating the whole segment as
@@ -165,12 +173,6 @@ Status decode_segment(const SegmentView& segment, std::span<const TensorShape> m
 // element's position in the tensor. Costs O(nnz), not O(count).
 Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,
                             const std::function<void(uint64_t index, float value)>& visit);
-
-// Runs fill(i) for every i in [0, count), in any order and on any threads:
-// how a dense or block encoder fills its segments' bytes (each segment its
-// own). Empty: one after the other on the calling thread (the codec itself
-// starts no threads); UpdateCompressor passes its parallel_for.
-using SegmentRunner = std::function<void(size_t count, const std::function<void(size_t)>& fill)>;
 
 // Encoders. Each cuts the tensor into segments whose payload_bytes() is at
 // most max_segment_bytes (and at least one element per segment), so the

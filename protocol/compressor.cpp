@@ -22,13 +22,6 @@ void parallel_copy(std::span<const float> in, std::span<float> out) {
   });
 }
 
-// The encoders fill their segments on every core (segments are independent).
-void fill_segments_in_parallel(size_t count, const std::function<void(size_t)>& fill) {
-  parallel_for(static_cast<int64_t>(count), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) fill(static_cast<size_t>(i));
-  });
-}
-
 // Whether every value is finite: a branch-free scan over every core.
 bool all_finite(std::span<const float> values) {
   std::atomic<bool> bad{false};
@@ -51,7 +44,7 @@ class IdentityCompressor final : public TensorCompressor {
   IdentityCompressor(TensorShape shape, Encoding encoding, size_t max_segment_bytes)
       : shape_(std::move(shape)), encoding_(encoding), max_segment_bytes_(max_segment_bytes) {}
   Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t, uint64_t) override {
-    Result<std::vector<EncodedSegment>> segments = encode_dense(index, a, encoding_, max_segment_bytes_, fill_segments_in_parallel);
+    Result<std::vector<EncodedSegment>> segments = encode_dense(index, a, encoding_, max_segment_bytes_, parallel_each);
     if (!segments.is_ok()) return segments.status();
     return EncodedTensor{descriptor_of(shape_, encoding_), std::move(*segments)};
   }
@@ -194,7 +187,7 @@ class BlockCompressor final : public TensorCompressor {
     const Encoding encoding = spec_.bits == 4 ? Encoding::kBlockInt4 : Encoding::kBlockInt8;
     Result<std::vector<EncodedSegment>> segments =
         encode_quantized_blocks(index, n, packed_, scales_, encoding, spec_.block_size, max_segment_bytes_,
-                                fill_segments_in_parallel);
+                                parallel_each);
     if (!segments.is_ok()) return segments.status();
     last_seed_ = seed;
     return EncodedTensor{descriptor_of(shape_, encoding, spec_.block_size), std::move(*segments)};

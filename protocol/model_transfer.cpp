@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "kernels/parallel.h"
 #include "protocol/update_transfer.h"
 
 namespace fedmesh::protocol {
@@ -278,7 +279,7 @@ Result<FetchedModel> fetch_model(ClientChannel& socket, uint64_t version, uint64
             SegmentView view;
             if (!read_segment(segment, view, rejection)) return bad(rejection.reason);
             if (view.tensor >= manifest.size()) return bad("segment names tensor " + std::to_string(view.tensor));
-            const Status decoded = decode_segment(view, manifest, model.tensors[view.tensor]);
+            const Status decoded = decode_segment(view, manifest, model.tensors[view.tensor], parallel_each);
             if (!decoded.is_ok()) return bad(decoded.message());
           }
         }

@@ -227,6 +227,59 @@ TEST(CodecRoundTrip, SegmentsFilledOnThreadsInAnyOrderAreTheSameBytes) {
   }
 }
 
+// A decoder given a runner writes a validated segment's parts on its
+// threads, in any order: the same floats as one thread, added or written;
+// and a segment that fails validation still leaves the target untouched.
+TEST(CodecRoundTrip, SegmentsDecodedInPartsOnThreadsGiveTheSameFloats) {
+  const SegmentRunner backwards_on_threads = [](size_t count, const std::function<void(size_t)>& fill) {
+    std::vector<std::thread> threads;
+    for (size_t i = count; i-- > 0;) threads.emplace_back([&fill, i] { fill(i); });
+    for (std::thread& thread : threads) thread.join();
+  };
+  Rng rng(kSeed + 41);
+  const uint64_t n = 300001;  // several write parts per segment, an odd tail
+  const std::vector<float> values = random_values(rng, n, 3.0);
+  std::vector<uint64_t> picked;
+  std::vector<float> picked_values;
+  for (uint64_t i = 0; i < n; i += 1 + rng.below(40)) {
+    picked.push_back(i);
+    picked_values.push_back(values[i]);
+  }
+  std::vector<std::vector<EncodedSegment>> encoded;
+  for (Encoding e : {Encoding::kDenseF32, Encoding::kDenseF16, Encoding::kDenseBf16}) {
+    encoded.push_back(*encode_dense(0, values, e, 1 << 20));
+  }
+  for (Encoding e : {Encoding::kBlockInt8, Encoding::kBlockInt4}) {
+    for (uint32_t block : {256u, 4096u, 777u}) encoded.push_back(*encode_blocks(0, values, e, block, 1 << 20));
+  }
+  for (Encoding e : {Encoding::kSparseF32, Encoding::kSparseInt8, Encoding::kSparseBitmapF16}) {
+    encoded.push_back(*encode_sparse(0, n, picked, picked_values, e, 1 << 20));
+  }
+  const auto manifest = one_tensor(n);
+  for (const std::vector<EncodedSegment>& segments : encoded) {
+    SCOPED_TRACE(std::string(encoding_name(segments[0].encoding)) + " block " + std::to_string(segments[0].block_size));
+    std::vector<float> serial(n, 0.5f), threaded(n, 0.5f), added(n, 0.5f), added_threaded(n, 0.5f);
+    for (const EncodedSegment& segment : segments) {
+      ASSERT_TRUE(decode_segment(segment.view(), manifest, serial).is_ok());
+      ASSERT_TRUE(decode_segment(segment.view(), manifest, threaded, backwards_on_threads).is_ok());
+      ASSERT_TRUE(accumulate_segment(segment.view(), manifest, 0.25f, added).is_ok());
+      ASSERT_TRUE(accumulate_segment(segment.view(), manifest, 0.25f, added_threaded, backwards_on_threads).is_ok());
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bits_of(serial[i]), bits_of(threaded[i])) << "element " << i;
+      ASSERT_EQ(bits_of(added[i]), bits_of(added_threaded[i])) << "element " << i;
+    }
+  }
+  // A block scale so large that q * scale overflows: refused, nothing written.
+  EncodedSegment bad = encoded[3][0];  // int8, block 256
+  const float huge = kFloatMax;
+  std::memcpy(bad.scales.data() + 4 * 5, &huge, 4);
+  bad.values[5 * 256 + 3] = 100;
+  std::vector<float> target(n, 0.5f);
+  EXPECT_EQ(decode_segment(bad.view(), manifest, target, backwards_on_threads).code(), StatusCode::kCorrupt);
+  for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(target[i], 0.5f) << "element " << i;
+}
+
 TEST(CodecRoundTrip, DenseHalvesWithinBound) {
   Rng rng(kSeed + 1);
   for (Encoding e : {Encoding::kDenseBf16, Encoding::kDenseF16}) {

@@ -22,6 +22,7 @@
 #include "base/prometheus.h"
 #include "crypto/keys.h"
 #include "crypto/roster.h"
+#include "kernels/parallel.h"
 #include "train/data/fashion_mnist.h"
 #include "train/data/text_corpus.h"
 #include "train/data/token_shards.h"
@@ -346,6 +347,7 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   policy.federation = config.federation;
   policy.self = config.name;
   policy.manifest = manifest;
+  policy.decode_runner = parallel_each;
   // Updates in flight are staged whole: a bounded number at once, so that
   // memory stays flat however many sites send (received ones are folded
   // into the round's sum, see RoundManager::held_update_values).

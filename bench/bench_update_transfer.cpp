@@ -41,6 +41,7 @@
 #include "crypto/keys.h"
 #include "crypto/replay_guard.h"
 #include "crypto/roster.h"
+#include "kernels/parallel.h"
 #include "protocol/transport.h"
 #include "protocol/update_service.h"
 #include "protocol/update_transfer.h"
@@ -749,6 +750,7 @@ EndToEndTimes end_to_end_run(const Options& o, const fedmesh::crypto::Roster& ro
   policy.federation = roster.federation;
   policy.self = server_keys.identity.name;
   policy.manifest = manifest;
+  policy.decode_runner = fedmesh::parallel_each;  // as fedmesh's processes do
   fp::TransportOptions transport;
   auto server = fp::ServerSocket::bind("tcp://127.0.0.1:*", fp::CurveKeys::from(server_keys),
                                        fp::allowlist_from_roster(roster), transport);

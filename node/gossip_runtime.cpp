@@ -350,6 +350,7 @@ Status GossipRuntime::Impl::open(GossipConfig c, GossipEventSink sink, protocol:
   policy.federation = wire_federation;
   policy.self = site.name;
   policy.manifest = manifest;
+  policy.decode_runner = parallel_each;
   policy.peer_updates = true;
   // Any sender version; staleness is ours to weigh, not a refusal.
   policy.current_round = std::numeric_limits<uint64_t>::max() / 2;

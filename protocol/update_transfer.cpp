@@ -10,8 +10,6 @@
 #include <mutex>
 #include <thread>
 
-#include "kernels/parallel.h"
-
 namespace fedmesh::protocol {
 namespace {
 
@@ -631,7 +629,8 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
                       "segment " + std::to_string(s) + " of chunk " + std::to_string(index) +
                           " does not match its tensor's declared encoding");
       }
-      const Status decoded = decode_segment(view, policy_.manifest, transfer.staging[view.tensor], parallel_each);
+      const Status decoded = decode_segment(view, policy_.manifest, transfer.staging[view.tensor],
+                                            policy_.decode_runner);
       if (!decoded.is_ok()) {
         const bool non_finite = is_non_finite_error(decoded);
         const std::string reason = "chunk " + std::to_string(index) + ": " + decoded.message();

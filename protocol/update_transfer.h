@@ -150,6 +150,10 @@ struct ReceiverPolicy {
   // refused as sequenceAhead. UINT64_MAX: no bound (simulations, tests).
   uint64_t max_sequence_ahead_micros = kMaxSequenceAheadMicros;
   std::function<uint64_t()> unix_micros;  // the clock; empty: the system clock
+  // Writes each verified chunk's decoded parts on these threads (the codec's
+  // SegmentRunner); empty: on the receiving thread. fedmesh's processes pass
+  // fedmesh::parallel_each.
+  SegmentRunner decode_runner;
   // sampleCount above this is refused as tooManySamples.
   uint64_t max_sample_count = kDefaultMaxSampleCount;
   size_t max_transfers_per_peer = kMaxTransfersPerPeer;

@@ -80,18 +80,17 @@ std::vector<Candidate> gather_at_least(std::span<const float> x, float threshold
       // bits(|v|) >= bits(threshold); values are finite here).
       constexpr int64_t kGroup = 16;
       const auto at_least_bits = static_cast<int32_t>(std::bit_cast<uint32_t>(at_least));
-      int64_t i = first;
-      for (; i + kGroup <= last; i += kGroup) {
-        if (!any_at_least16(values + i, at_least_bits)) continue;
-        for (int64_t j = i; j < i + kGroup; ++j) {
+      auto gather = [&out, values, at_least](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) {
           const float m = std::fabs(values[j]);
           if (m >= at_least) out.push_back({m, static_cast<uint64_t>(j)});
         }
+      };
+      int64_t i = first;
+      for (; i + kGroup <= last; i += kGroup) {
+        if (any_at_least16(values + i, at_least_bits)) gather(i, i + kGroup);
       }
-      for (; i < last; ++i) {
-        const float m = std::fabs(values[i]);
-        if (m >= at_least) out.push_back({m, static_cast<uint64_t>(i)});
-      }
+      gather(i, last);
     }
   });
   std::vector<Candidate> all;

@@ -363,19 +363,23 @@ struct Sink {
   const SegmentRunner* runner;  // writes the validated parts on its threads when set
 };
 
-// Runs write(first, count) over [0, n) in parts of `part` elements: on the
-// sink's runner when it has one and there is more than one part.
-void write_in_parts(const Sink& sink, uint64_t n, uint64_t part, const std::function<void(uint64_t, uint64_t)>& write) {
-  const uint64_t parts = (n + part - 1) / part;
-  auto one = [&](size_t p) {
-    const uint64_t first = p * part;
-    write(first, std::min(part, n - first));
-  };
-  if (sink.runner != nullptr && *sink.runner && parts > 1) {
-    (*sink.runner)(parts, one);
+// fill(i) for i in [0, count): on the runner when there is one, else in
+// order on this thread.
+void run_segments(const SegmentRunner& runner, size_t count, const std::function<void(size_t)>& fill) {
+  if (runner && count > 1) {
+    runner(count, fill);
     return;
   }
-  for (uint64_t p = 0; p < parts; ++p) one(p);
+  for (size_t i = 0; i < count; ++i) fill(i);
+}
+
+// Runs write(first, count) over [0, n) in parts of `part` elements, on the
+// sink's runner.
+void write_in_parts(const Sink& sink, uint64_t n, uint64_t part, const std::function<void(uint64_t, uint64_t)>& write) {
+  run_segments(*sink.runner, (n + part - 1) / part, [&](size_t p) {
+    const uint64_t first = p * part;
+    write(first, std::min(part, n - first));
+  });
 }
 
 // Parts of a segment written on separate threads: large enough that each
@@ -949,18 +953,6 @@ Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorSh
   for (const auto& [index, value] : entries) visit(index, value);
   return Status::ok();
 }
-
-namespace {
-
-void run_segments(const SegmentRunner& runner, size_t count, const std::function<void(size_t)>& fill) {
-  if (runner) {
-    runner(count, fill);
-    return;
-  }
-  for (size_t i = 0; i < count; ++i) fill(i);
-}
-
-}  // namespace
 
 Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values, Encoding encoding,
                                                  size_t max_segment_bytes, const SegmentRunner& runner) {

@@ -35,6 +35,9 @@ bool all_finite(std::span<const float> values) {
   return !bad.load();
 }
 
+// Half bits back to fp32, as the codec decodes them.
+inline float widen(uint16_t bits, bool brain) { return brain ? to_float(bf16{bits}) : to_float(fp16{bits}); }
+
 TensorDescriptorFields descriptor_of(const TensorShape& shape, Encoding encoding, uint32_t block_size = 0) {
   return {shape.name, shape.dims, encoding, block_size};
 }
@@ -71,7 +74,7 @@ class IdentityCompressor final : public TensorCompressor {
         const uint64_t count = segment.count;
         std::memcpy(kept, bytes, count * sizeof(uint16_t));  // little-endian on the wire and here
         for (uint64_t i = 0; i < count; ++i) {
-          const float d = brain ? to_float(bf16{kept[i]}) : to_float(fp16{kept[i]});
+          const float d = widen(kept[i], brain);
           if (out != nullptr) out[i] = d;
           e[i] = x[i] - d;
         }
@@ -86,8 +89,7 @@ class IdentityCompressor final : public TensorCompressor {
     const bool brain = encoding_ == Encoding::kDenseBf16;
     parallel_for(static_cast<int64_t>(residual.size()), kGrain, [&](int64_t begin, int64_t end) {
       for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
-        const uint16_t bits = kept_half_[i];
-        residual[i] += brain ? to_float(bf16{bits}) : to_float(fp16{bits});
+        residual[i] += widen(kept_half_[i], brain);
       }
     });
     return Status::ok();
@@ -520,35 +522,21 @@ void UpdateCompressor::form_in_residual(size_t t, std::span<const float> delta) 
 }
 
 Status UpdateCompressor::begin(std::span<const std::span<const float>> delta) {
-  State& s = *state_;
-  FEDMESH_RETURN_IF_ERROR(check_delta(delta, s.manifest));
+  FEDMESH_RETURN_IF_ERROR(take_delta(delta, nullptr));
   for (size_t t = 0; t < delta.size(); ++t) {
-    if (s.residuals[t].empty()) {
-      s.inputs[t].resize(delta[t].size());
-      parallel_copy(delta[t], s.inputs[t]);
-    } else {
-      form_in_residual(t, delta[t]);
-    }
+    if (!state_->residuals[t].empty()) form_in_residual(t, delta[t]);
   }
-  s.begun = true;
   return Status::ok();
 }
 
 Status UpdateCompressor::begin(std::vector<std::vector<float>>&& delta) {
-  State& s = *state_;
-  {
-    const std::vector<std::span<const float>> spans(delta.begin(), delta.end());
-    FEDMESH_RETURN_IF_ERROR(check_delta(spans, s.manifest));
-  }
+  const std::vector<std::span<const float>> spans(delta.begin(), delta.end());
+  FEDMESH_RETURN_IF_ERROR(take_delta(spans, &delta));
   for (size_t t = 0; t < delta.size(); ++t) {
-    if (s.residuals[t].empty()) {
-      s.inputs[t] = std::move(delta[t]);  // a = delta as it is
-    } else {
-      form_in_residual(t, delta[t]);
-      std::vector<float>().swap(delta[t]);
-    }
+    if (state_->residuals[t].empty()) continue;
+    form_in_residual(t, spans[t]);
+    std::vector<float>().swap(delta[t]);
   }
-  s.begun = true;
   return Status::ok();
 }
 
@@ -700,15 +688,12 @@ void UpdateCompressor::release_buffers() {
   std::fill(s.given.begin(), s.given.end(), uint8_t{0});
 }
 
-// compress(): the delta is checked, a lossless tensor's taken as its a, and a
-// lossy tensor's folded into its residual by finish_folding, in the same pass
-// that steps it (one read of e and delta instead of two of e).
-Status UpdateCompressor::begin_folding(std::span<const std::span<const float>> delta,
-                                       std::vector<std::vector<float>>* owned) {
+// The delta checked, a lossless tensor's taken as its a (copied, or moved
+// from `owned`); a lossy tensor's is left for begin() to form in its residual
+// or for compress() to fold in the pass that steps it.
+Status UpdateCompressor::take_delta(std::span<const std::span<const float>> delta,
+                                    std::vector<std::vector<float>>* owned) {
   State& s = *state_;
-  if (!s.powersgd.empty()) {
-    return invalid_argument("powersgd needs the shared P of the aggregator path: use begin / powersgd_p / finish");
-  }
   FEDMESH_RETURN_IF_ERROR(check_delta(delta, s.manifest));
   for (size_t t = 0; t < delta.size(); ++t) {
     if (!s.residuals[t].empty()) {
@@ -724,15 +709,26 @@ Status UpdateCompressor::begin_folding(std::span<const std::span<const float>> d
   return Status::ok();
 }
 
+namespace {
+
+Status refuse_powersgd_without_p(bool has_powersgd) {
+  if (!has_powersgd) return Status::ok();
+  return invalid_argument("powersgd needs the shared P of the aggregator path: use begin / powersgd_p / finish");
+}
+
+}  // namespace
+
 Result<CompressedUpdate> UpdateCompressor::compress(std::span<const std::span<const float>> delta, bool want_decoded) {
-  FEDMESH_RETURN_IF_ERROR(begin_folding(delta, nullptr));
+  FEDMESH_RETURN_IF_ERROR(refuse_powersgd_without_p(!state_->powersgd.empty()));
+  FEDMESH_RETURN_IF_ERROR(take_delta(delta, nullptr));
   return finish_folding({}, want_decoded, delta);
 }
 
 Result<CompressedUpdate> UpdateCompressor::compress(std::vector<std::vector<float>>&& delta, bool want_decoded) {
   // The lossy tensors' spans stay valid: only lossless tensors' buffers move.
   const std::vector<std::span<const float>> spans(delta.begin(), delta.end());
-  FEDMESH_RETURN_IF_ERROR(begin_folding(spans, &delta));
+  FEDMESH_RETURN_IF_ERROR(refuse_powersgd_without_p(!state_->powersgd.empty()));
+  FEDMESH_RETURN_IF_ERROR(take_delta(spans, &delta));
   Result<CompressedUpdate> out = finish_folding({}, want_decoded, spans);
   for (std::vector<float>& d : delta) std::vector<float>().swap(d);
   return out;

@@ -172,7 +172,7 @@ class UpdateCompressor {
   // steps (empty: begin() formed them already).
   Result<CompressedUpdate> finish_folding(std::span<const std::vector<float>> shared_p, bool want_decoded,
                                           std::span<const std::span<const float>> fold);
-  Status begin_folding(std::span<const std::span<const float>> delta, std::vector<std::vector<float>>* owned);
+  Status take_delta(std::span<const std::span<const float>> delta, std::vector<std::vector<float>>* owned);
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -112,6 +112,7 @@ Status parse_rule(std::string_view text_view, RoundOptions& options) {
 }
 
 Status RoundManager::start_round(const std::vector<std::string>& available, double now) {
+  if (!failed_step_.is_ok()) return failed_step_;
   if (options_.asynchronous) return invalid_argument("asynchronous mode has no rounds to start");
   if (round_open_) return invalid_argument("round " + std::to_string(round_) + " is still open");
   if (available.empty()) return unavailable("no site is available for a round");
@@ -130,10 +131,23 @@ Status RoundManager::start_round(const std::vector<std::string>& available, doub
   return Status::ok();
 }
 
-Status RoundManager::check(SiteUpdate& update, double& norm) const {
+namespace {
+
+// Values the manager reads of a stored update at a time: its memory for a
+// stored update, whatever the model's size.
+constexpr int64_t kSliceValues = int64_t{1} << 20;
+
+}  // namespace
+
+double RoundManager::norm_factor(double norm) const {
+  return options_.norm_bound > 0.0 && norm > options_.norm_bound ? options_.norm_bound / norm : 1.0;
+}
+
+Status RoundManager::check(SiteUpdate& update, double& norm, float& largest) const {
   const std::string who = "update " + update.id + " from " + update.site;
   if (update.id.empty()) return invalid_argument("an update needs an id");
-  if (static_cast<int64_t>(update.delta.size()) != parameter_count_) {
+  const bool stored = update.delta.empty() && update.stored;
+  if (!stored && static_cast<int64_t>(update.delta.size()) != parameter_count_) {
     return invalid_argument(who + ": " + std::to_string(update.delta.size()) + " values, the model has " +
                             std::to_string(parameter_count_));
   }
@@ -153,19 +167,42 @@ Status RoundManager::check(SiteUpdate& update, double& norm) const {
   }
   // One pass: finite and in range first (a NaN passes any norm comparison,
   // and the exact accumulator takes terms below 2^22 only), and the norm.
+  // A stored update is read a slice at a time, in the same order.
   double squares = 0.0;
-  for (float v : update.delta) {
-    if (!std::isfinite(v)) return invalid_argument(who + ": holds a non-finite value");
-    if (std::fabs(v) >= federation::kMaxTermMagnitude) {
-      return invalid_argument(who + ": holds a value of magnitude " + std::to_string(std::fabs(v)) +
-                              ", beyond what an update may carry (2^22)");
+  largest = 0.0f;
+  const auto scan = [&](std::span<const float> values) -> Status {
+    for (float v : values) {
+      if (!std::isfinite(v)) return invalid_argument(who + ": holds a non-finite value");
+      if (std::fabs(v) >= federation::kMaxTermMagnitude) {
+        return invalid_argument(who + ": holds a value of magnitude " + std::to_string(std::fabs(v)) +
+                                ", beyond what an update may carry (2^22)");
+      }
+      squares += static_cast<double>(v) * v;
+      largest = std::max(largest, std::fabs(v));
     }
-    squares += static_cast<double>(v) * v;
+    return Status::ok();
+  };
+  if (stored) {
+    std::vector<float> slice(static_cast<size_t>(std::min(kSliceValues, parameter_count_)));
+    Status status;
+    for (int64_t first = 0; first < parameter_count_ && status.is_ok(); first += kSliceValues) {
+      const std::span<float> part = std::span<float>(slice).first(static_cast<size_t>(std::min(kSliceValues, parameter_count_ - first)));
+      status = update.stored->read(part);
+      if (status.is_ok()) status = scan(part);
+    }
+    const Status finished = update.stored->finish();  // ends the pass whatever happened
+    if (!status.is_ok()) return status.code() == StatusCode::kInvalidArgument ? status : Status(status.code(), who + ": " + status.message());
+    if (!finished.is_ok()) return Status(finished.code(), who + ": " + finished.message());
+  } else {
+    FEDMESH_RETURN_IF_ERROR(scan(update.delta));
   }
   norm = std::sqrt(squares);
-  if (options_.norm_bound > 0.0 && norm > options_.norm_bound) {
-    const double factor = options_.norm_bound / norm;  // as bound_norm() scales
-    for (float& v : update.delta) v = static_cast<float>(static_cast<double>(v) * factor);
+  if (const double factor = norm_factor(norm); factor != 1.0) {
+    // As bound_norm() scales; scaling is monotone, so the largest stays the largest.
+    largest = static_cast<float>(static_cast<double>(largest) * factor);
+    if (!stored) {
+      for (float& v : update.delta) v = static_cast<float>(static_cast<double>(v) * factor);
+    }
   }
   return Status::ok();
 }
@@ -199,8 +236,21 @@ Status RoundManager::admissible(const SiteUpdate& update) const {
 
 Result<std::optional<RoundRecord>> RoundManager::submit(SiteUpdate update, double now) {
   (void)now;
+  if (!failed_step_.is_ok()) return failed_step_;
+  if (!streaming() && update.delta.empty() && update.stored) {
+    // Median, trimmed mean and Krum see the round's updates together: read it in.
+    update.delta.resize(static_cast<size_t>(parameter_count_));
+    Status read = update.stored->read(update.delta);
+    const Status finished = update.stored->finish();
+    if (read.is_ok()) read = finished;
+    if (!read.is_ok()) {
+      ++refused_;
+      return Status(read.code(), "update " + update.id + " from " + update.site + ": " + read.message());
+    }
+  }
   double norm = 0.0;
-  if (Status s = check(update, norm); !s.is_ok()) {
+  float largest = 0.0f;
+  if (Status s = check(update, norm, largest); !s.is_ok()) {
     ++refused_;
     return s;
   }
@@ -213,7 +263,7 @@ Result<std::optional<RoundRecord>> RoundManager::submit(SiteUpdate update, doubl
   const double weight = static_cast<double>(update.sample_count) / static_cast<double>(options_.max_sample_count) *
                         staleness_weight;
   AppliedUpdateRecord info{update.id, update.site, tau, weight, norm};
-  if (Status s = take(std::move(update), std::move(info)); !s.is_ok()) {
+  if (Status s = take(std::move(update), std::move(info), largest); !s.is_ok()) {
     ++refused_;
     return s;
   }
@@ -246,6 +296,7 @@ bool RoundManager::ready_to_close(double now) const {
 }
 
 Result<RoundRecord> RoundManager::close_round(double now) {
+  if (!failed_step_.is_ok()) return failed_step_;
   if (options_.asynchronous || !round_open_) return invalid_argument("no open round to close");
   const bool by_deadline = now >= deadline_;
   round_open_ = false;
@@ -263,6 +314,7 @@ Result<RoundRecord> RoundManager::close_round(double now) {
 
 Result<RoundRecord> RoundManager::close_round_with_mean(std::vector<float> mean,
                                                       const std::vector<std::string>& contributors) {
+  if (!failed_step_.is_ok()) return failed_step_;
   if (options_.asynchronous || !round_open_) return invalid_argument("no open round to close");
   if (!buffer_.empty()) return invalid_argument("round " + std::to_string(round_) + " already holds individual updates");
   if (contributors.empty()) return invalid_argument("an aggregate of no site");
@@ -274,9 +326,10 @@ Result<RoundRecord> RoundManager::close_round_with_mean(std::vector<float> mean,
   aggregate.sample_count = 1;
   aggregate.delta = std::move(mean);
   double norm = 0.0;
-  FEDMESH_RETURN_IF_ERROR(check(aggregate, norm));
+  float largest = 0.0f;
+  FEDMESH_RETURN_IF_ERROR(check(aggregate, norm, largest));
   AppliedUpdateRecord info{aggregate.id, aggregate.site, 0, 1.0, norm};
-  FEDMESH_RETURN_IF_ERROR(take(std::move(aggregate), std::move(info)));
+  FEDMESH_RETURN_IF_ERROR(take(std::move(aggregate), std::move(info), largest));
   round_open_ = false;
   Result<RoundRecord> record = apply_buffer(false);
   if (!record.is_ok()) return record.status();
@@ -289,29 +342,85 @@ Result<RoundRecord> RoundManager::close_round_with_mean(std::vector<float> mean,
   return record;
 }
 
-Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
-  std::vector<float> delta(static_cast<size_t>(parameter_count_), 0.0f);
-  if (streaming()) {
-    accumulator_->mean(delta);
-    if (options_.asynchronous && options_.fedasync_mixing == 0.0) {
-      // FedBuff divides by the sample weights without staleness, so stale
-      // updates shrink the step instead of only trading places with fresh
-      // ones: delta = sum(n s(tau) d) / sum(n). Both sums in fixed point.
-      int64_t with_staleness = 0, without = 0;
-      for (const AppliedUpdateRecord& info : buffer_info_) {
-        with_staleness += federation::to_fixed_point(info.weight);
-        without += federation::to_fixed_point(info.weight / options_.staleness.weight(info.staleness));
+Status RoundManager::step_in_slices() {
+  // FedBuff divides by the sample weights without staleness, so stale
+  // updates shrink the step instead of only trading places with fresh ones:
+  // delta = sum(n s(tau) d) / sum(n), both sums in fixed point. FedAsync:
+  // x <- x + a s(tau) (x_site - x), with x_site - x taken as the site's delta
+  // (exact when the update is based on the current version).
+  double factor = 1.0;
+  if (options_.asynchronous && options_.fedasync_mixing == 0.0) {
+    int64_t with_staleness = 0, without = 0;
+    for (const AppliedUpdateRecord& info : buffer_info_) {
+      with_staleness += federation::to_fixed_point(info.weight);
+      without += federation::to_fixed_point(info.weight / options_.staleness.weight(info.staleness));
+    }
+    factor = without > 0 ? static_cast<double>(with_staleness) / static_cast<double>(without) : 0.0;
+  }
+  if (options_.fedasync_mixing > 0.0) {
+    factor = options_.fedasync_mixing * options_.staleness.weight(buffer_info_.front().staleness);
+  }
+  const bool scaled = (options_.asynchronous && options_.fedasync_mixing == 0.0) || options_.fedasync_mixing > 0.0;
+  const size_t slice_values = static_cast<size_t>(std::min(kSliceValues, parameter_count_));
+  std::vector<float> values, delta(slice_values);
+  for (const SiteUpdate& update : buffer_) {
+    if (update.stored && update.delta.empty()) values.resize(slice_values);
+  }
+  // Once a stored update's slice was read, the model may change: a failure
+  // from there on leaves it between versions (failed_step_).
+  Status status;
+  int64_t offset = 0;  // of tensor i in the model laid end to end
+  for (size_t i = 0; i < model_.size() && status.is_ok(); offset += model_[i].numel(), ++i) {
+    const int64_t numel = model_[i].numel();
+    for (int64_t first = 0; first < numel && status.is_ok(); first += kSliceValues) {
+      const int64_t n = std::min(kSliceValues, numel - first);
+      federation::ExactAccumulator part =
+          accumulator_ ? accumulator_->slice(offset + first, n) : federation::ExactAccumulator(n);
+      for (size_t u = 0; u < buffer_.size() && status.is_ok(); ++u) {
+        const SiteUpdate& update = buffer_[u];
+        if (!update.stored || !update.delta.empty()) continue;
+        const std::span<float> read = std::span<float>(values).first(static_cast<size_t>(n));
+        status = update.stored->read(read);
+        if (!status.is_ok()) {
+          status = Status(status.code(), "update " + update.id + " from " + update.site + ": " + status.message());
+          break;
+        }
+        if (const double f = norm_factor(buffer_info_[u].norm); f != 1.0) {
+          for (float& v : read) v = static_cast<float>(static_cast<double>(v) * f);
+        }
+        status = part.add(read, buffer_info_[u].weight);
       }
-      const double factor = without > 0 ? static_cast<double>(with_staleness) / static_cast<double>(without) : 0.0;
-      for (float& value : delta) value = static_cast<float>(value * factor);
+      if (!status.is_ok()) break;
+      const std::span<float> mean = std::span<float>(delta).first(static_cast<size_t>(n));
+      part.mean(mean);
+      if (scaled) {
+        for (float& value : mean) value = static_cast<float>(value * factor);
+      }
+      status = server_->step_range(names_[i], model_[i], first, mean);
     }
-    if (options_.fedasync_mixing > 0.0) {
-      // FedAsync: x <- x + a s(tau) (x_site - x), with x_site - x taken as the
-      // site's delta (exact when the update is based on the current version).
-      const double mix = options_.fedasync_mixing * options_.staleness.weight(buffer_info_.front().staleness);
-      for (float& value : delta) value = static_cast<float>(value * mix);
+  }
+  for (const SiteUpdate& update : buffer_) {
+    if (!update.stored || !update.delta.empty()) continue;
+    const Status finished = update.stored->finish();  // every pass ends, and checks what it read
+    if (status.is_ok() && !finished.is_ok()) {
+      status = Status(finished.code(), "update " + update.id + " from " + update.site + ": " + finished.message());
     }
+  }
+  if (!status.is_ok()) {
+    failed_step_ = Status(status.code(), "the server step to version " + std::to_string(version_ + 1) +
+                                             " failed part way, the model in memory is between versions: " +
+                                             status.message() + "; restart from the store");
+    return failed_step_;
+  }
+  server_->end_step();
+  return Status::ok();
+}
+
+Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
+  if (streaming()) {
+    FEDMESH_RETURN_IF_ERROR(step_in_slices());
   } else {
+    std::vector<float> delta(static_cast<size_t>(parameter_count_), 0.0f);
     std::vector<BufferedUpdate> updates;
     for (const SiteUpdate& update : buffer_) updates.push_back({update.id, update.delta});
     Status s;
@@ -323,17 +432,17 @@ Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
       s = multi_krum(updates, options_.krum_byzantine, keep, delta);
     }
     FEDMESH_RETURN_IF_ERROR(s);
+    std::vector<Tensor> delta_views;
+    std::vector<ServerStepTensor> step;
+    delta_views.reserve(model_.size());
+    int64_t offset = 0;
+    for (size_t i = 0; i < model_.size(); ++i) {
+      delta_views.push_back(Tensor::view_of(delta.data() + offset, model_[i].shape(), DType::kF32));
+      offset += model_[i].numel();
+    }
+    for (size_t i = 0; i < model_.size(); ++i) step.push_back({names_[i], &model_[i], &delta_views[i]});
+    FEDMESH_RETURN_IF_ERROR(server_->step(step));
   }
-  std::vector<Tensor> delta_views;
-  std::vector<ServerStepTensor> step;
-  delta_views.reserve(model_.size());
-  int64_t offset = 0;
-  for (size_t i = 0; i < model_.size(); ++i) {
-    delta_views.push_back(Tensor::view_of(delta.data() + offset, model_[i].shape(), DType::kF32));
-    offset += model_[i].numel();
-  }
-  for (size_t i = 0; i < model_.size(); ++i) step.push_back({names_[i], &model_[i], &delta_views[i]});
-  FEDMESH_RETURN_IF_ERROR(server_->step(step));
   ++version_;
   federation::ChainLink next;
   next.version = version_;
@@ -358,15 +467,30 @@ Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
 
 bool RoundManager::streaming() const { return options_.rule == "mean" || options_.fedasync_mixing > 0.0; }
 
-Status RoundManager::take(SiteUpdate update, AppliedUpdateRecord info) {
-  if (streaming()) {
-    // Folded in now and its values dropped: the manager's memory is the
-    // model and one sum, however many updates the round takes. The sum is
-    // exact and order-independent, so folding on arrival gives the same
-    // bits as folding at the close. An update the sum cannot take (it could
-    // overflow) is refused here, alone, instead of failing the whole step.
+Status RoundManager::take(SiteUpdate update, AppliedUpdateRecord info, float largest) {
+  if (streaming() && update.delta.empty() && update.stored) {
+    // Left where it is stored and folded at the step, slice by slice: the
+    // manager's memory is the model, whatever the round's size and the
+    // model's. The sum is exact and order-independent, so the bits are
+    // those of folding it whole. Whether the sum can take it (it could
+    // overflow) is decided now, as ExactAccumulator::add decides, so that
+    // it is refused here, alone, never at the step.
+    const double largest_term = info.weight * static_cast<double>(largest);
+    if (largest_term >= federation::kMaxTermMagnitude) {
+      return invalid_argument("update has a weighted value of magnitude " + std::to_string(largest_term) +
+                              ", beyond the exact accumulator's range (2^22)");
+    }
+    if ((accumulator_ ? accumulator_->bound_used() : 0.0) + stored_bound_ + largest_term >=
+        federation::kMaxSumOfLargestTerms) {
+      return invalid_argument("the exact accumulator is full: its sum could overflow with this update; "
+                              "apply the aggregate and start a new one");
+    }
+    stored_bound_ += largest_term;
+  } else if (streaming()) {
+    // Given in memory: folded in now and its values dropped, so the manager
+    // holds the model and one sum however many updates the round takes.
     if (!accumulator_) accumulator_ = std::make_unique<federation::ExactAccumulator>(parameter_count_);
-    FEDMESH_RETURN_IF_ERROR(accumulator_->add(update.delta, info.weight));
+    FEDMESH_RETURN_IF_ERROR(accumulator_->add(update.delta, info.weight, stored_bound_));
     std::vector<float>().swap(update.delta);
   }
   buffer_info_.push_back(std::move(info));
@@ -378,6 +502,7 @@ void RoundManager::clear_buffer() {
   buffer_.clear();
   buffer_info_.clear();
   if (accumulator_) accumulator_->clear();
+  stored_bound_ = 0.0;
 }
 
 int64_t RoundManager::held_update_values() const {

@@ -69,6 +69,21 @@ struct RoundOptions {
 // "krum[:F[:M]]"; kInvalidArgument naming the text otherwise.
 Status parse_rule(std::string_view text, RoundOptions& options);
 
+// An update's values kept outside the manager (the aggregator's store),
+// read front to back in passes: once to check the update when it is
+// submitted, and once more at the server step, slice by slice beside the
+// other updates of the round, so the mean family never holds an update or a
+// model-sized sum. A pass is reads of consecutive values from the first,
+// then finish().
+class StoredValues {
+ public:
+  virtual ~StoredValues() = default;
+  // The next out.size() values of the pass.
+  virtual Status read(std::span<float> out) = 0;
+  // Ends the pass; kCorrupt when what was read is not what was stored.
+  virtual Status finish() = 0;
+};
+
 struct SiteUpdate {
   std::string id;                  // unique per update
   std::string site;
@@ -76,6 +91,7 @@ struct SiteUpdate {
   int64_t base_version = 0;        // the global version the site trained from
   int64_t sample_count = 0;
   std::vector<float> delta;        // x_site - x_base, the model's tensors back to back
+  std::shared_ptr<StoredValues> stored;  // with delta empty: where the delta's values are
   double local_loss = 0.0;         // reported metrics
   double local_accuracy = 0.0;
 };
@@ -165,6 +181,12 @@ class RoundManager {
   Status restore(const RoundManagerState& state);
   std::vector<Tensor>& mutable_model() { return model_; }
 
+  // A server step that failed after it began to change the model (a stored
+  // update that could not be read back, or read back damaged): the model in
+  // memory is then neither the old version nor the new one, so every later
+  // call is refused with this error, and the owner restarts from its store.
+  const Status& failed_step() const { return failed_step_; }
+
   // Update values (floats) the manager holds for the open round or buffer:
   // none for the mean family, which folds each update into one exact sum as
   // it arrives; every buffered update's for median, trimmed mean and Krum,
@@ -177,13 +199,20 @@ class RoundManager {
 
  private:
   RoundManager(RoundOptions options, std::vector<std::string> names, std::vector<Tensor> model);
-  Status check(SiteUpdate& update, double& norm) const;
+  // Checks an update's values (read from `stored` when delta is empty):
+  // its norm, and its largest magnitude after the norm bound's scaling.
+  Status check(SiteUpdate& update, double& norm, float& largest) const;
   Result<RoundRecord> apply_buffer(bool closed_by_deadline);
   // Whether the rule folds updates into accumulator_ as they arrive.
   bool streaming() const;
   // Takes an accepted update into the round (or async buffer); refused, with
   // nothing changed, when the exact sum cannot take it.
-  Status take(SiteUpdate update, AppliedUpdateRecord info);
+  Status take(SiteUpdate update, AppliedUpdateRecord info, float largest);
+  // The factor the norm bound scales an update of this norm by (1: none).
+  double norm_factor(double norm) const;
+  // The mean family's server step, slice by slice: the folded sum's slice
+  // plus each stored update's, their mean, and the step on that range.
+  Status step_in_slices();
   void clear_buffer();
 
   RoundOptions options_;
@@ -197,7 +226,9 @@ class RoundManager {
   double deadline_ = 0.0;
   std::vector<std::string> sampled_;
   std::vector<SiteUpdate> buffer_;               // updates of the round (or async buffer); values dropped when streaming
-  std::unique_ptr<federation::ExactAccumulator> accumulator_;  // streaming rules: their sum, made at the first update
+  std::unique_ptr<federation::ExactAccumulator> accumulator_;  // streaming rules: the sum of updates given in memory
+  double stored_bound_ = 0.0;  // the exact sum's bound the buffered stored updates will take
+  Status failed_step_;
   std::vector<AppliedUpdateRecord> buffer_info_;  // their weights and norms
   std::vector<std::string> applied_ids_;          // ids ever applied (the store keeps them durably)
   federation::ChainLink link_;

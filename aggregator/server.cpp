@@ -1,5 +1,7 @@
 #include "aggregator/server.h"
 
+#include "aggregator/pending_values.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "aggregator/dashboard_page.h"
 #include "aggregator/manager_checkpoint.h"
 #include "aggregator/operator_view.h"
+#include "aggregator/pending_values.h"
 #include "aggregator/site_report.h"
 #include "aggregator/site_state.h"
 #include "base/http_endpoint.h"
@@ -60,29 +63,6 @@ struct SiteRecord {
 
 // An update's id in the store and the round manager: "SENDER/SEQUENCE".
 std::string update_id(const protocol::UpdateMetadata& m) { return m.sender + "/" + std::to_string(m.sequence); }
-
-// A pending update's payload in the store (store/pending_payload.h).
-std::vector<uint8_t> pending_payload(const SiteUpdate& update) {
-  const store::PendingHeader header{update.round, update.base_version, update.sample_count, update.local_loss,
-                                    update.local_accuracy};
-  return store::encode_pending_payload(header, update.delta);
-}
-
-Result<SiteUpdate> update_from_pending(const store::PendingUpdate& pending, std::span<const uint8_t> bytes,
-                                       int64_t parameters) {
-  Result<store::PendingPayload> payload = store::decode_pending_payload(bytes, static_cast<size_t>(parameters));
-  if (!payload.is_ok()) return corrupt("pending update from " + pending.sender + ": " + payload.status().message());
-  SiteUpdate update;
-  update.id.assign(pending.update_id.begin(), pending.update_id.end());
-  update.site = pending.sender;
-  update.round = payload->header.round;
-  update.base_version = payload->header.base_version;
-  update.sample_count = payload->header.sample_count;
-  update.local_loss = payload->header.local_loss;
-  update.local_accuracy = payload->header.local_accuracy;
-  update.delta = std::move(payload->delta);
-  return update;
-}
 
 }  // namespace
 
@@ -738,6 +718,12 @@ void AggregatorServer::Impl::submit(SiteUpdate update, bool from_store) {
   const int64_t tau = manager->version() - update.base_version;
   Result<std::optional<RoundRecord>> submitted = manager->submit(std::move(update), now());
   SiteRecord& state = sites[site];
+  if (!manager->failed_step().is_ok()) {
+    // The model in memory is between versions: stop, and resume from the store.
+    emit({{"event", "error"}, {"message", manager->failed_step().message() + "; stopping"}});
+    if (failed_step.is_ok()) failed_step = manager->failed_step();
+    return;
+  }
   if (!submitted.is_ok()) {
     ++state.refused;
     view.rejection(site, "round-manager", submitted.status().message());
@@ -770,16 +756,12 @@ Status AggregatorServer::Impl::store_update(protocol::ReceivedUpdate received) {
   const SiteRecord& site = sites[update.site];
   update.local_loss = site.local_loss;
   update.local_accuracy = site.local_accuracy;
-  size_t total = 0;
-  for (const auto& t : received.tensors) total += t.size();
-  update.delta.reserve(total);
-  for (auto& t : received.tensors) {
-    update.delta.insert(update.delta.end(), t.begin(), t.end());
-    std::vector<float>().swap(t);  // freed as it is copied
-  }
   // Durable with its replay counter, in one transaction, before its Ack
   // leaves: a crash from here on cannot lose it, and a failure refuses it
-  // (notStored) so that the site sends it again.
+  // (notStored) so that the site sends it again. The payload is written
+  // from the decoded tensors where they lie, and the round manager reads it
+  // back from the store a slice at a time: once the tensors are freed here,
+  // the aggregator holds none of this update's values.
   store::PendingUpdate pending;
   pending.update_id.assign(update.id.begin(), update.id.end());
   pending.sender = update.site;
@@ -787,11 +769,23 @@ Status AggregatorServer::Impl::store_update(protocol::ReceivedUpdate received) {
   pending.sample_count = update.sample_count;
   pending.replay_sequence = received.metadata.sequence;
   pending.replay_key = received.replay_key;
-  if (Status s = store->add_pending_update(pending, pending_payload(update)); !s.is_ok()) {
-    emit({{"event", "error"}, {"message", "cannot record update " + update.id + ": " + s.message() +
+  uint64_t values = 0;
+  for (const std::vector<float>& t : received.tensors) values += t.size();
+  const std::vector<uint8_t> header = store::encode_pending_header(
+      {update.round, update.base_version, update.sample_count, update.local_loss, update.local_accuracy}, values);
+  std::vector<std::span<const uint8_t>> pieces{header};
+  for (const std::vector<float>& t : received.tensors) pieces.push_back(store::pending_value_bytes(t));
+  Status stored = store->add_pending_update_in_pieces(pending, pieces);
+  received.tensors.clear();
+  Result<std::shared_ptr<PendingValues>> reader =
+      stored.is_ok() ? PendingValues::open(*store, pending.update_id, manager->parameter_count())
+                     : Result<std::shared_ptr<PendingValues>>(stored);
+  if (!reader.is_ok()) {
+    emit({{"event", "error"}, {"message", "cannot record update " + update.id + ": " + reader.status().message() +
                                               "; refused as not stored, the site sends it again"}});
-    return s;
+    return reader.status();
   }
+  update.stored = std::move(*reader);
   stored_updates.push_back(std::move(update));
   return Status::ok();
 }
@@ -963,21 +957,31 @@ Status AggregatorServer::Impl::submit_unapplied_pending(
     Result<std::optional<int64_t>> applied = store->applied_round(p.update_id);
     if (!applied.is_ok()) return applied.status();
     if (applied->has_value()) continue;
-    Result<std::vector<uint8_t>> bytes = store->read_pending_update(p.update_id);
-    if (!bytes.is_ok() && bytes.status().code() == StatusCode::kCorrupt) {
+    // Read through once to check it (a chunk row at a time), then left in
+    // the store for the round manager to read.
+    Result<std::shared_ptr<PendingValues>> values = PendingValues::open(*store, p.update_id, manager->parameter_count());
+    const Status checked = values.is_ok() ? (*values)->finish() : values.status();
+    if (checked.code() == StatusCode::kCorrupt) {
       // Damaged since the store was opened: moved aside, never applied.
-      FEDMESH_RETURN_IF_ERROR(store->quarantine_pending_update(p.update_id, bytes.status().message()));
+      FEDMESH_RETURN_IF_ERROR(store->quarantine_pending_update(p.update_id, checked.message()));
       emit({{"event", "warning"},
             {"message", "quarantined pending update " + store::update_id_text(p.update_id) + " from " + p.sender +
-                            " (it fails its checks: " + bytes.status().message() + "); it is not applied"},
-            {"quarantined_update", store::update_id_text(p.update_id)}, {"reason", bytes.status().message()}});
+                            " (it fails its checks: " + checked.message() + "); it is not applied"},
+            {"quarantined_update", store::update_id_text(p.update_id)}, {"reason", checked.message()}});
       continue;
     }
-    if (!bytes.is_ok()) return bytes.status();
-    Result<SiteUpdate> update = update_from_pending(p, *bytes, manager->parameter_count());
-    if (!update.is_ok()) return update.status();
-    std::vector<uint8_t>().swap(*bytes);
-    if (wanted(*update)) submit(std::move(*update), true);
+    if (!checked.is_ok()) return checked;
+    SiteUpdate update;
+    update.id.assign(p.update_id.begin(), p.update_id.end());
+    update.site = p.sender;
+    const store::PendingHeader& header = (*values)->header();
+    update.round = header.round;
+    update.base_version = header.base_version;
+    update.sample_count = header.sample_count;
+    update.local_loss = header.local_loss;
+    update.local_accuracy = header.local_accuracy;
+    update.stored = std::move(*values);
+    if (wanted(update)) submit(std::move(update), true);
   }
   return Status::ok();
 }

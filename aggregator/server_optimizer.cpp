@@ -119,13 +119,24 @@ Status ServerOptimizer::step(const std::vector<ServerStepTensor>& tensors) {
       return invalid_argument("server step: tensor " + t.name + " and its update must be fp32 of the same shape");
     }
   }
-  const float initial_v = options_.tau * options_.tau;
   for (const ServerStepTensor& t : tensors) {
-    float* m = uses_first_moment() ? state(t.name, ".server_m", t.model->shape(), 0.0f).data<float>() : nullptr;
-    float* v = uses_second_moment() ? state(t.name, ".server_v", t.model->shape(), initial_v).data<float>() : nullptr;
-    apply(t.model->data<float>(), t.delta->data<float>(), m, v, t.model->numel());
+    FEDMESH_RETURN_IF_ERROR(
+        step_range(t.name, *t.model, 0, {t.delta->data<float>(), static_cast<size_t>(t.delta->numel())}));
   }
-  ++steps_;
+  end_step();
+  return Status::ok();
+}
+
+Status ServerOptimizer::step_range(const std::string& name, Tensor& model, int64_t first,
+                                   std::span<const float> delta) {
+  if (model.dtype() != DType::kF32 || first < 0 || first > model.numel() ||
+      static_cast<int64_t>(delta.size()) > model.numel() - first) {
+    return invalid_argument("server step: a range of tensor " + name + " outside it, or the tensor not fp32");
+  }
+  const float initial_v = options_.tau * options_.tau;
+  float* m = uses_first_moment() ? state(name, ".server_m", model.shape(), 0.0f).data<float>() + first : nullptr;
+  float* v = uses_second_moment() ? state(name, ".server_v", model.shape(), initial_v).data<float>() + first : nullptr;
+  apply(model.data<float>() + first, delta.data(), m, v, static_cast<int64_t>(delta.size()));
   return Status::ok();
 }
 

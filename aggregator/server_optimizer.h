@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,12 @@ class ServerOptimizer {
   // One server step over every tensor. kInvalidArgument for a shape or dtype
   // mismatch (nothing is changed then).
   Status step(const std::vector<ServerStepTensor>& tensors);
+  // The same step taken a range at a time (an aggregate made slice by slice
+  // never whole): elements [first, first + delta.size()) of `model`, an fp32
+  // tensor named `name`, then end_step() once every range is done. The rule
+  // is per element, so the ranges give the bits step() gives.
+  Status step_range(const std::string& name, Tensor& model, int64_t first, std::span<const float> delta);
+  void end_step() { ++steps_; }
   const std::string& name() const { return options_.name; }
   int64_t steps_taken() const { return steps_; }
   void set_steps_taken(int64_t steps) { steps_ = steps; }

@@ -30,12 +30,12 @@ ExactAccumulator::ExactAccumulator(int64_t elements) : sum_(static_cast<size_t>(
 
 double ExactAccumulator::total_weight() const { return static_cast<double>(weight_sum_) / kScale; }
 
-Status ExactAccumulator::add(std::span<const float> values, double weight) {
+Status ExactAccumulator::add(std::span<const float> values, double weight, double reserved) {
   const std::span<const float> pieces[] = {values};
-  return add(pieces, weight);
+  return add(pieces, weight, reserved);
 }
 
-Status ExactAccumulator::add(std::span<const std::span<const float>> pieces, double weight) {
+Status ExactAccumulator::add(std::span<const std::span<const float>> pieces, double weight, double reserved) {
   size_t total = 0;
   for (const std::span<const float> piece : pieces) total += piece.size();
   if (total != sum_.size()) {
@@ -73,7 +73,7 @@ Status ExactAccumulator::add(std::span<const std::span<const float>> pieces, dou
     return invalid_argument("update has a weighted value of magnitude " + std::to_string(largest_term) +
                             ", beyond the exact accumulator's range (2^22)");
   }
-  if (bound_used_ + largest_term >= kMaxSumOfLargestTerms) {
+  if (bound_used_ + reserved + largest_term >= kMaxSumOfLargestTerms) {
     return invalid_argument("the exact accumulator is full: its sum could overflow with this update; "
                             "apply the aggregate and start a new one");
   }
@@ -111,6 +111,16 @@ void ExactAccumulator::sum(int64_t first, std::span<float> out) const {
     float* __restrict o = out.data();
     for (int64_t i = begin; i < end; ++i) o[i] = static_cast<float>(static_cast<double>(s[i]) / kScale);
   });
+}
+
+ExactAccumulator ExactAccumulator::slice(int64_t first, int64_t elements) const {
+  ExactAccumulator part(0);
+  const auto begin = sum_.begin() + std::clamp<int64_t>(first, 0, this->elements());
+  part.sum_.assign(begin, begin + std::clamp<int64_t>(elements, 0, sum_.end() - begin));
+  part.weight_sum_ = weight_sum_;
+  part.bound_used_ = bound_used_;
+  part.updates_ = updates_;
+  return part;
 }
 
 Status ExactAccumulator::restore(Saved saved) {

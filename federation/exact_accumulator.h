@@ -41,10 +41,20 @@ class ExactAccumulator {
   // sum += weight * values. Refuses (and changes nothing) when a value is not
   // finite, the weight is outside [0, 1], the length differs, or the bounds
   // above could be broken; the message says which.
-  Status add(std::span<const float> values, double weight);
+  Status add(std::span<const float> values, double weight, double reserved = 0.0);
   // The same for one update given in pieces laid end to end (a model's
   // tensors, without copying them into one vector): added or refused whole.
-  Status add(std::span<const std::span<const float>> pieces, double weight);
+  // `reserved`: bound taken by terms the caller adds elsewhere (a round's
+  // updates folded later, slice by slice): the update is refused when the
+  // bound could be broken with them.
+  Status add(std::span<const std::span<const float>> pieces, double weight, double reserved = 0.0);
+  // Sum of the largest weighted terms added so far (the overflow bound's use).
+  double bound_used() const { return bound_used_; }
+  // Values [first, first + elements) of this sum as an accumulator of their
+  // own, with this one's total weight, bound and count: more updates' values
+  // for those elements added to it give the slice of the sum this one would
+  // hold with them added whole.
+  ExactAccumulator slice(int64_t first, int64_t elements) const;
   // out = sum / total weight (zeros when nothing was added).
   void mean(std::span<float> out) const;
   // out = sum.

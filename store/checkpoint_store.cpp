@@ -120,21 +120,43 @@ Status check_json_array(Database& database, std::string_view what, const std::st
   return check_json_of_type(database, what, json, "array");
 }
 
-// Inserts `bytes` as rows of at most kTensorChunkBytes of `table` through
-// `insert` (parameters: 1 = owner key, bound by the caller; 2 = chunk index;
-// 3 = data). Each row is inserted with a zeroblob and its bytes written
-// through incremental blob I/O, straight into the pages.
+// Inserts `pieces`, laid end to end, as rows of at most kTensorChunkBytes
+// of `table` through `insert` (parameters: 1 = owner key, bound by the
+// caller; 2 = chunk index; 3 = data). Each row is inserted with a zeroblob
+// and its bytes written through incremental blob I/O, straight into the
+// pages, from the pieces where they lie (a row may take parts of several).
 Status insert_chunks(Database& database, const char* table, Statement& insert,
-                     const std::function<void(Statement&)>& bind_owner, std::span<const uint8_t> bytes) {
+                     const std::function<void(Statement&)>& bind_owner,
+                     std::span<const std::span<const uint8_t>> pieces) {
+  size_t total = 0;
+  for (const std::span<const uint8_t> piece : pieces) total += piece.size();
+  size_t piece = 0, within = 0;  // where the next row's bytes begin
+  std::vector<std::span<const uint8_t>> parts;
   int64_t chunk = 0;
-  for (size_t offset = 0; offset < bytes.size(); offset += static_cast<size_t>(kTensorChunkBytes), ++chunk) {
-    const size_t size = std::min(bytes.size() - offset, static_cast<size_t>(kTensorChunkBytes));
+  for (size_t offset = 0; offset < total; ++chunk) {
+    const size_t size = std::min(total - offset, static_cast<size_t>(kTensorChunkBytes));
+    parts.clear();
+    for (size_t left = size; left > 0;) {
+      const std::span<const uint8_t> from = pieces[piece].subspan(within);
+      const size_t take = std::min(left, from.size());
+      if (take > 0) parts.push_back(from.first(take));
+      left -= take;
+      within += take;
+      if (within == pieces[piece].size()) ++piece, within = 0;
+    }
     bind_owner(insert);
     insert.bind(2, chunk).bind_zeroblob(3, static_cast<int64_t>(size));
     FEDMESH_RETURN_IF_ERROR(insert.run());
-    FEDMESH_RETURN_IF_ERROR(database.write_blob(table, "data", database.last_insert_rowid(), bytes.subspan(offset, size)));
+    FEDMESH_RETURN_IF_ERROR(database.write_blob(table, "data", database.last_insert_rowid(), parts));
+    offset += size;
   }
   return Status::ok();
+}
+
+Status insert_chunks(Database& database, const char* table, Statement& insert,
+                     const std::function<void(Statement&)>& bind_owner, std::span<const uint8_t> bytes) {
+  const std::span<const uint8_t> pieces[] = {bytes};
+  return insert_chunks(database, table, insert, bind_owner, pieces);
 }
 
 // Deletes the rounds retention does not keep (their tensors and chunks go
@@ -899,12 +921,20 @@ Result<std::optional<std::string>> CheckpointStore::meta(const std::string& key)
 }
 
 Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::span<const uint8_t> payload) {
+  const std::span<const uint8_t> pieces[] = {payload};
+  return add_pending_update_in_pieces(update, pieces);
+}
+
+Status CheckpointStore::add_pending_update_in_pieces(const PendingUpdate& update,
+                                                     std::span<const std::span<const uint8_t>> pieces) {
+  size_t payload_size = 0;
+  for (const std::span<const uint8_t> piece : pieces) payload_size += piece.size();
   if (update.update_id.empty() || update.update_id.size() > kMaxNameBytes || !valid_name(update.sender)) {
     return invalid_argument("a pending update needs an id and a sender of 1.." + std::to_string(kMaxNameBytes) +
                             " bytes");
   }
-  if (static_cast<int64_t>(payload.size()) > kMaxUpdateBytes) {
-    return invalid_argument("update " + hex(update.update_id) + " is " + std::to_string(payload.size()) +
+  if (static_cast<int64_t>(payload_size) > kMaxUpdateBytes) {
+    return invalid_argument("update " + hex(update.update_id) + " is " + std::to_string(payload_size) +
                             " bytes, above the limit of " + std::to_string(kMaxUpdateBytes));
   }
   Result<Transaction> transaction = Transaction::begin(database_);
@@ -915,7 +945,9 @@ Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::spa
     return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
                             " was already applied in round " + std::to_string(**applied));
   }
-  const crypto::Hash checksum = crypto::hash_bytes(payload);
+  crypto::Hasher hasher;
+  for (const std::span<const uint8_t> piece : pieces) hasher.update(piece);
+  const crypto::Hash checksum = hasher.finish();
   Result<Statement> existing = database_.prepare("SELECT checksum FROM pending_updates WHERE update_id = ?1");
   if (!existing.is_ok()) return existing.status();
   existing->bind_blob(1, update.update_id);
@@ -948,8 +980,8 @@ Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::spa
       .bind(2, std::string_view(update.sender))
       .bind(3, update.base_version)
       .bind(4, update.sample_count)
-      .bind(5, static_cast<int64_t>(payload.size()))
-      .bind(6, chunks_for(static_cast<int64_t>(payload.size())))
+      .bind(5, static_cast<int64_t>(payload_size))
+      .bind(6, chunks_for(static_cast<int64_t>(payload_size)))
       .bind_blob(7, checksum);
   FEDMESH_RETURN_IF_ERROR(insert->run());
   Result<Statement> insert_chunk =
@@ -957,7 +989,7 @@ Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::spa
   if (!insert_chunk.is_ok()) return insert_chunk.status();
   const std::span<const uint8_t> id = update.update_id;
   FEDMESH_RETURN_IF_ERROR(
-      insert_chunks(database_, "pending_update_chunks", *insert_chunk, [id](Statement& s) { s.bind_blob(1, id); }, payload));
+      insert_chunks(database_, "pending_update_chunks", *insert_chunk, [id](Statement& s) { s.bind_blob(1, id); }, pieces));
   return transaction->commit();
 }
 
@@ -990,44 +1022,90 @@ Result<std::vector<PendingUpdate>> CheckpointStore::pending_updates() {
   return result;
 }
 
-Result<std::vector<uint8_t>> CheckpointStore::read_pending_update(std::span<const uint8_t> update_id) {
-  const std::string what = "pending update " + hex(update_id);
+Result<PendingStream> CheckpointStore::open_pending_stream(std::span<const uint8_t> update_id) {
+  PendingStream stream;
+  stream.update_id_.assign(update_id.begin(), update_id.end());
+  stream.what_ = "pending update " + hex(update_id);
   Result<Statement> header =
       database_.prepare("SELECT byte_size, chunk_count, checksum FROM pending_updates WHERE update_id = ?1");
   if (!header.is_ok()) return header.status();
   header->bind_blob(1, update_id);
   Result<bool> row = header->step();
   if (!row.is_ok()) return row.status();
-  if (!*row) return not_found(what + " is not in the store");
-  const int64_t byte_size = header->column_int(0);
-  const int64_t chunk_count = header->column_int(1);
-  const std::span<const uint8_t> stored_checksum = header->column_blob(2);
-  if (byte_size < 0 || byte_size > kMaxUpdateBytes || chunk_count != chunks_for(byte_size) ||
-      stored_checksum.size() != crypto::kHashBytes) {
-    return corrupt(what + ": its record is out of bounds");
+  if (!*row) return not_found(stream.what_ + " is not in the store");
+  stream.size_ = header->column_int(0);
+  const std::span<const uint8_t> checksum = header->column_blob(2);
+  if (stream.size_ < 0 || stream.size_ > kMaxUpdateBytes || header->column_int(1) != chunks_for(stream.size_) ||
+      checksum.size() != crypto::kHashBytes) {
+    return corrupt(stream.what_ + ": its record is out of bounds");
   }
-  crypto::Hash expected;
-  std::memcpy(expected.data(), stored_checksum.data(), expected.size());
-  Result<Statement> chunks =
+  std::memcpy(stream.expected_.data(), checksum.data(), stream.expected_.size());
+  Result<Statement> rows =
       database_.prepare("SELECT chunk, data FROM pending_update_chunks WHERE update_id = ?1 ORDER BY chunk");
-  if (!chunks.is_ok()) return chunks.status();
-  chunks->bind_blob(1, update_id);
-  std::vector<uint8_t> payload;
-  payload.reserve(static_cast<size_t>(byte_size));
-  for (int64_t expected_chunk = 0;; ++expected_chunk) {
-    Result<bool> chunk_row = chunks->step();
-    if (!chunk_row.is_ok()) return chunk_row.status();
-    if (!*chunk_row) break;
-    const std::span<const uint8_t> data = chunks->column_blob(1);
-    if (chunks->column_int(0) != expected_chunk || static_cast<int64_t>(data.size()) > kTensorChunkBytes ||
-        static_cast<int64_t>(payload.size() + data.size()) > byte_size) {
-      return corrupt(what + ": chunk " + std::to_string(expected_chunk) + " is missing or oversized");
-    }
-    payload.insert(payload.end(), data.begin(), data.end());
+  if (!rows.is_ok()) return rows.status();
+  stream.rows_ = std::move(*rows);
+  stream.rows_.bind_blob(1, stream.update_id_);
+  return stream;
+}
+
+Status PendingStream::next_row() {
+  if (!hasher_) hasher_ = std::make_unique<crypto::Hasher>();
+  Result<bool> row = rows_.step();
+  if (!row.is_ok()) return row.status();
+  if (!*row) {
+    return corrupt(what_ + ": it ends after " + std::to_string(fetched_) + " bytes, its record says " +
+                   std::to_string(size_));
   }
-  if (static_cast<int64_t>(payload.size()) != byte_size || crypto::hash_bytes(payload) != expected) {
-    return corrupt(what + ": its bytes do not match the recorded size and checksum");
+  row_ = rows_.column_blob(1);
+  if (rows_.column_int(0) != next_chunk_ || static_cast<int64_t>(row_.size()) > kTensorChunkBytes ||
+      fetched_ + static_cast<int64_t>(row_.size()) > size_) {
+    return corrupt(what_ + ": chunk " + std::to_string(next_chunk_) + " is missing or oversized");
   }
+  hasher_->update(row_);
+  fetched_ += static_cast<int64_t>(row_.size());
+  ++next_chunk_;
+  return Status::ok();
+}
+
+Status PendingStream::read(std::span<uint8_t> out) {
+  while (!out.empty()) {
+    if (row_.empty()) FEDMESH_RETURN_IF_ERROR(next_row());
+    const size_t take = std::min(out.size(), row_.size());
+    std::memcpy(out.data(), row_.data(), take);
+    out = out.subspan(take);
+    row_ = row_.subspan(take);
+  }
+  return Status::ok();
+}
+
+Status PendingStream::finish() {
+  Status status;
+  while (status.is_ok() && fetched_ < size_) status = next_row();
+  if (status.is_ok()) {
+    Result<bool> extra = rows_.step();  // nothing past the recorded size
+    if (!extra.is_ok()) status = extra.status();
+    else if (*extra) status = corrupt(what_ + ": it holds more rows than its record says");
+  }
+  if (status.is_ok()) {
+    if (!hasher_) hasher_ = std::make_unique<crypto::Hasher>();  // an empty payload
+    if (hasher_->finish() != expected_) status = corrupt(what_ + ": its bytes do not match the recorded size and checksum");
+  }
+  rows_.reset();
+  rows_.bind_blob(1, update_id_);
+  hasher_.reset();
+  row_ = {};
+  next_chunk_ = fetched_ = 0;
+  return status;
+}
+
+Result<std::vector<uint8_t>> CheckpointStore::read_pending_update(std::span<const uint8_t> update_id) {
+  Result<PendingStream> stream = open_pending_stream(update_id);
+  if (!stream.is_ok()) return stream.status();
+  std::vector<uint8_t> payload(static_cast<size_t>(stream->size()));
+  Status read = stream->read(payload);
+  const Status finished = stream->finish();
+  if (!read.is_ok()) return read;
+  if (!finished.is_ok()) return finished;
   return payload;
 }
 

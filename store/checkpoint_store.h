@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "crypto/hash.h"
 #include "crypto/update_signature.h"
 #include "kernels/tensor.h"
 #include "store/quarantine.h"
@@ -187,6 +188,36 @@ struct PendingUpdate {
   std::string replay_key;
 };
 
+// One pending update's payload read front to back, a chunk row at a time,
+// so that an update of any size is read with the memory of one row (the
+// aggregator folds a round's updates slice by slice from here). Valid while
+// its store is open and not moved. Between the first read of a pass and
+// finish() it holds a read of the database.
+class PendingStream {
+ public:
+  int64_t size() const { return size_; }
+  // The next out.size() bytes of the pass; kCorrupt when a row is missing,
+  // out of order or oversized, or when the payload ends first.
+  Status read(std::span<uint8_t> out);
+  // Ends the pass (the next read starts again at the first byte): reads
+  // what is left, then kCorrupt unless the payload has its recorded size
+  // and checksum.
+  Status finish();
+
+ private:
+  friend class CheckpointStore;
+  PendingStream() = default;
+  Status next_row();
+  std::vector<uint8_t> update_id_;  // bound in rows_
+  std::string what_;
+  int64_t size_ = 0;
+  crypto::Hash expected_{};
+  Statement rows_;
+  std::unique_ptr<crypto::Hasher> hasher_;  // the pass's, once begun
+  std::span<const uint8_t> row_;            // the current row's bytes not read yet
+  int64_t next_chunk_ = 0, fetched_ = 0;    // rows and bytes taken so far in the pass
+};
+
 class CheckpointStore {
  public:
   // Opens or creates `path` as its owner: the process that commits its
@@ -235,6 +266,12 @@ class CheckpointStore {
   Status add_pending_update(const PendingUpdate& update, std::span<const uint8_t> payload);
   Result<std::vector<PendingUpdate>> pending_updates();  // by arrival
   Result<std::vector<uint8_t>> read_pending_update(std::span<const uint8_t> update_id);
+  // The same payload given in pieces laid end to end (a header and a model's
+  // tensors where they lie), stored and hashed without joining them.
+  Status add_pending_update_in_pieces(const PendingUpdate& update, std::span<const std::span<const uint8_t>> pieces);
+  // The payload read as a stream (kNotFound when it is not pending; kCorrupt
+  // when its record is out of bounds).
+  Result<PendingStream> open_pending_stream(std::span<const uint8_t> update_id);
   // Drops every pending update. The aggregator calls it after each
   // committed step, when its buffer is empty: what is still pending then was
   // refused and never will be applied (the commit removed the applied ones).

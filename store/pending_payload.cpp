@@ -1,6 +1,7 @@
 #include "store/pending_payload.h"
 
 #include <bit>
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -11,6 +12,7 @@ namespace {
 constexpr uint8_t kMagic[4] = {'F', 'M', 'P', 'U'};
 constexpr size_t kFieldsBytes = 5 * 8;                       // round .. local_accuracy
 constexpr size_t kHeaderBytes = 4 + 4 + kFieldsBytes + 8;  // magic, version, fields, value count
+static_assert(kHeaderBytes == kPendingHeaderBytes);
 
 void put_u64(uint8_t* out, uint64_t value) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
@@ -62,47 +64,69 @@ void get_floats(const uint8_t* in, std::vector<float>& values) {
 
 }  // namespace
 
-std::vector<uint8_t> encode_pending_payload(const PendingHeader& header, std::span<const float> delta) {
-  std::vector<uint8_t> bytes(kHeaderBytes + delta.size() * sizeof(float));
+std::vector<uint8_t> encode_pending_header(const PendingHeader& header, uint64_t values) {
+  std::vector<uint8_t> bytes(kHeaderBytes);
   std::memcpy(bytes.data(), kMagic, sizeof kMagic);
   for (int i = 0; i < 4; ++i) bytes[4 + i] = static_cast<uint8_t>(kPendingPayloadVersion >> (8 * i));
   put_fields(bytes.data() + 8, header);
-  put_u64(bytes.data() + 8 + kFieldsBytes, delta.size());
+  put_u64(bytes.data() + 8 + kFieldsBytes, values);
+  return bytes;
+}
+
+std::span<const uint8_t> pending_value_bytes(std::span<const float> values) {
+  // fedmesh runs on little-endian machines only (x86-64, aarch64); a
+  // big-endian build would have to stream converted copies instead.
+  static_assert(std::endian::native == std::endian::little, "pending payloads stream f32 in native byte order");
+  return {reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(float)};
+}
+
+std::vector<uint8_t> encode_pending_payload(const PendingHeader& header, std::span<const float> delta) {
+  std::vector<uint8_t> bytes = encode_pending_header(header, delta.size());
+  bytes.resize(kHeaderBytes + delta.size() * sizeof(float));
   put_floats(bytes.data() + kHeaderBytes, delta);
   return bytes;
 }
 
-Result<PendingPayload> decode_pending_payload(std::span<const uint8_t> bytes, size_t expected_values) {
-  PendingPayload payload;
-  const size_t delta_bytes = expected_values * sizeof(float);
-  if (bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0) {
-    if (bytes.size() < kHeaderBytes) {
-      return corrupt("pending update payload: " + std::to_string(bytes.size()) + " bytes, shorter than its header");
+Result<PendingLayout> read_pending_layout(std::span<const uint8_t> front, uint64_t total_bytes, size_t expected_values) {
+  PendingLayout layout;
+  const uint64_t delta_bytes = uint64_t{expected_values} * sizeof(float);
+  if (front.size() >= sizeof kMagic && std::memcmp(front.data(), kMagic, sizeof kMagic) == 0) {
+    if (front.size() < kHeaderBytes || total_bytes < kHeaderBytes) {
+      return corrupt("pending update payload: " + std::to_string(total_bytes) + " bytes, shorter than its header");
     }
-    const uint32_t version = get_u32(bytes.data() + 4);
+    const uint32_t version = get_u32(front.data() + 4);
     if (version != kPendingPayloadVersion) {
       return corrupt("pending update payload: version " + std::to_string(version) + ", this build reads version " +
                      std::to_string(kPendingPayloadVersion));
     }
-    const uint64_t values = get_u64(bytes.data() + 8 + kFieldsBytes);
-    if (values != expected_values || bytes.size() != kHeaderBytes + delta_bytes) {
+    const uint64_t values = get_u64(front.data() + 8 + kFieldsBytes);
+    if (values != expected_values || total_bytes != kHeaderBytes + delta_bytes) {
       return corrupt("pending update payload: a delta of " + std::to_string(values) + " values in " +
-                     std::to_string(bytes.size()) + " bytes, not the model's " + std::to_string(expected_values));
+                     std::to_string(total_bytes) + " bytes, not the model's " + std::to_string(expected_values));
     }
-    get_fields(bytes.data() + 8, payload.header);
-    payload.delta.resize(expected_values);
-    get_floats(bytes.data() + kHeaderBytes, payload.delta);
-    return payload;
+    get_fields(front.data() + 8, layout.header);
+    layout.values_offset = kHeaderBytes;
+    return layout;
   }
   // Written before the format had a version: the five fields, then the delta.
-  if (bytes.size() != kFieldsBytes + delta_bytes) {
-    return corrupt("pending update payload: " + std::to_string(bytes.size()) +
+  if (total_bytes != kFieldsBytes + delta_bytes || front.size() < kFieldsBytes) {
+    return corrupt("pending update payload: " + std::to_string(total_bytes) +
                    " bytes, neither this format nor the earlier one for a delta of " +
                    std::to_string(expected_values) + " values");
   }
-  get_fields(bytes.data(), payload.header);
+  get_fields(front.data(), layout.header);
+  layout.values_offset = kFieldsBytes;
+  return layout;
+}
+
+Result<PendingPayload> decode_pending_payload(std::span<const uint8_t> bytes, size_t expected_values) {
+  Result<PendingLayout> layout =
+      read_pending_layout(bytes.first(std::min(bytes.size(), kHeaderBytes)), bytes.size(), expected_values);
+  if (!layout.is_ok()) return layout.status();
+  PendingPayload payload;
+  payload.header = layout->header;
   payload.delta.resize(expected_values);
-  get_floats(bytes.data() + kFieldsBytes, payload.delta);
+  get_floats(bytes.data() + layout->values_offset, payload.delta);
   return payload;
 }
 

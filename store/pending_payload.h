@@ -38,6 +38,24 @@ struct PendingPayload {
 // The delta is read where it lies (an update's may be hundreds of MB).
 std::vector<uint8_t> encode_pending_payload(const PendingHeader& header, std::span<const float> delta);
 
+// The bytes a payload of `values` values begins with; the values follow as
+// f32 little-endian. For a writer that streams the values from its own
+// memory (pending_value_bytes) instead of joining them into one payload.
+std::vector<uint8_t> encode_pending_header(const PendingHeader& header, uint64_t values);
+// Values as the payload lays them out (f32 little-endian): their own bytes.
+std::span<const uint8_t> pending_value_bytes(std::span<const float> values);
+
+// The most bytes read_pending_layout needs from a payload's front.
+inline constexpr size_t kPendingHeaderBytes = 56;
+struct PendingLayout {
+  PendingHeader header;
+  size_t values_offset = 0;  // where the delta's values begin
+};
+// A payload of `total_bytes` whose first min(total_bytes, kPendingHeaderBytes)
+// bytes are `front`: its header and where its values begin, refused as
+// decode_pending_payload refuses it (for a reader that streams the values).
+Result<PendingLayout> read_pending_layout(std::span<const uint8_t> front, uint64_t total_bytes, size_t expected_values);
+
 // Refuses, as corrupt and saying why, a payload that is cut short, of an
 // unknown version, or whose delta does not have `expected_values` values.
 Result<PendingPayload> decode_pending_payload(std::span<const uint8_t> bytes, size_t expected_values);

@@ -130,10 +130,22 @@ Result<std::string> Database::query_text(std::string_view sql) {
 }
 
 Status Database::write_blob(const char* table, const char* column, int64_t rowid, std::span<const uint8_t> bytes) {
+  const std::span<const uint8_t> parts[] = {bytes};
+  return write_blob(table, column, rowid, parts);
+}
+
+Status Database::write_blob(const char* table, const char* column, int64_t rowid,
+                            std::span<const std::span<const uint8_t>> parts) {
   sqlite3_blob* blob = nullptr;
   int code = sqlite3_blob_open(db_, "main", table, column, rowid, /*writable=*/1, &blob);
   if (code != SQLITE_OK) return error(std::string("opening blob ") + table + "." + column, code);
-  code = sqlite3_blob_write(blob, bytes.data(), static_cast<int>(bytes.size()), 0);
+  int offset = 0;
+  for (const std::span<const uint8_t> part : parts) {
+    if (code != SQLITE_OK) break;
+    if (part.empty()) continue;
+    code = sqlite3_blob_write(blob, part.data(), static_cast<int>(part.size()), offset);
+    offset += static_cast<int>(part.size());
+  }
   const int closed = sqlite3_blob_close(blob);
   if (code == SQLITE_OK) code = closed;
   if (code != SQLITE_OK) return error(std::string("writing blob ") + table + "." + column, code);

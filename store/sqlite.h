@@ -48,6 +48,9 @@ class Database {
   // (created with a zeroblob of at least that size): straight into SQLite's
   // pages, without the copy a bound blob takes through a record.
   Status write_blob(const char* table, const char* column, int64_t rowid, std::span<const uint8_t> bytes);
+  // The same for bytes given in parts, written one after another from offset 0.
+  Status write_blob(const char* table, const char* column, int64_t rowid,
+                    std::span<const std::span<const uint8_t>> parts);
   int64_t last_insert_rowid() const;
   int64_t changes() const;
   const std::string& path() const { return path_; }

@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "aggregator/manager_checkpoint.h"
+#include "aggregator/pending_values.h"
 #include "federation/model_chain.h"
+#include "store/pending_payload.h"
 #include "store/sqlite.h"
 
 namespace fedmesh::aggregator {
@@ -160,6 +162,99 @@ TEST(StepPastQuarantine, ALostHashIsReplacedAndSaidSo) {
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("no readable hash"), std::string::npos) << warnings[0];
   EXPECT_TRUE(federation::verify_model((*step)->link, r.manager.names(), r.manager.model()).is_ok());
+}
+
+// The aggregator's path for large models (issue 30): each update's payload
+// written into the store from its tensors where they lie, then read back by
+// the round manager through PendingValues a slice at a time. The step equals
+// the one with the updates in memory, bit for bit; a payload of the format
+// before versions is read too; the commit that applies the updates removes
+// them from the store while their readers are still held; damage is found.
+TEST(PendingValues, TheManagerStepsFromUpdatesLeftInTheStore) {
+  const auto db = fresh_db();
+  auto store = store::CheckpointStore::open(db.string());
+  ASSERT_TRUE(store.is_ok());
+  constexpr int64_t kValues = (int64_t{3} << 19) + 5;  // 1.5 slices of the manager's reads
+  const auto make = [] {
+    Tensor w = Tensor::zeros({kValues});
+    auto manager = RoundManager::create(RoundOptions{}, {"w"}, {w});
+    EXPECT_TRUE(manager.is_ok());
+    return std::move(manager).value();
+  };
+  RoundManager in_memory = make(), from_store = make();
+  ASSERT_TRUE(in_memory.start_round({"a", "b"}, 0).is_ok());
+  ASSERT_TRUE(from_store.start_round({"a", "b"}, 0).is_ok());
+  for (int s = 0; s < 2; ++s) {
+    const std::string site = s == 0 ? "a" : "b";
+    SiteUpdate u;
+    u.id = site + "/1";
+    u.site = site;
+    u.round = 1;
+    u.sample_count = 10 + s;
+    u.local_loss = 0.5 + s;
+    u.delta.resize(kValues);
+    for (int64_t i = 0; i < kValues; ++i) u.delta[i] = static_cast<float>((i * (s + 3)) % 1001) * 1e-4f - 0.05f;
+    const std::vector<uint8_t> id(u.id.begin(), u.id.end());
+    const store::PendingHeader header{u.round, u.base_version, u.sample_count, u.local_loss, u.local_accuracy};
+    if (s == 0) {
+      // As the aggregator writes it: the header, then two tensors' values where they lie.
+      const std::vector<uint8_t> head = store::encode_pending_header(header, kValues);
+      const std::span<const float> values(u.delta);
+      const std::vector<std::span<const uint8_t>> pieces = {head, store::pending_value_bytes(values.first(1000)),
+                                                            store::pending_value_bytes(values.subspan(1000))};
+      ASSERT_TRUE(store->add_pending_update_in_pieces({id, site, 0, u.sample_count, "", 0}, pieces).is_ok());
+    } else {
+      // The format before versions: the five fields (40 bytes), then the values.
+      std::vector<uint8_t> payload = store::encode_pending_payload(header, u.delta);
+      payload.erase(payload.begin(), payload.begin() + 8);
+      payload.erase(payload.begin() + 40, payload.begin() + 48);
+      ASSERT_TRUE(store->add_pending_update({id, site, 0, u.sample_count, "", 0}, payload).is_ok());
+    }
+    auto values = PendingValues::open(*store, id, kValues);
+    ASSERT_TRUE(values.is_ok()) << values.status().to_string();
+    EXPECT_EQ((*values)->header().sample_count, u.sample_count);
+    EXPECT_EQ((*values)->header().local_loss, u.local_loss);
+    ASSERT_TRUE(in_memory.submit(u, 1).is_ok());
+    SiteUpdate stored = u;
+    stored.delta.clear();
+    stored.stored = *values;
+    auto submitted = from_store.submit(std::move(stored), 1);
+    ASSERT_TRUE(submitted.is_ok()) << submitted.status().to_string();
+  }
+  auto expected = in_memory.close_round(2);
+  auto record = from_store.close_round(2);
+  ASSERT_TRUE(expected.is_ok());
+  ASSERT_TRUE(record.is_ok()) << record.status().to_string();
+  EXPECT_EQ(record->link.hash, expected->link.hash) << "the same model, bit for bit";
+  EXPECT_DOUBLE_EQ(record->mean_local_loss, 1.0);
+  std::vector<crypto::Hash> chain = {in_memory.link().hash};
+  ASSERT_TRUE(commit_manager_round(*store, from_store, *record, nlohmann::json::object(), chain_state(chain)).is_ok());
+  EXPECT_TRUE(store->pending_updates().value().empty()) << "the commit took the applied updates out of pending";
+
+  // Damage after the check: found at the step, which fails and stops the manager.
+  const std::vector<uint8_t> id = {'a', '/', '2'};
+  const std::vector<float> delta(kValues, 0.01f);
+  const std::vector<uint8_t> payload = store::encode_pending_payload({2, 1, 10, 0, 0}, delta);
+  ASSERT_TRUE(store->add_pending_update({id, "a", 1, 10, "", 0}, payload).is_ok());
+  ASSERT_TRUE(from_store.start_round({"a"}, 3).is_ok());
+  SiteUpdate u;
+  u.id = "a/2";
+  u.site = "a";
+  u.round = 2;
+  u.base_version = 1;
+  u.sample_count = 10;
+  u.stored = PendingValues::open(*store, id, kValues).value();
+  ASSERT_TRUE(from_store.submit(std::move(u), 3).is_ok());
+  {
+    auto raw = store::Database::open(db.string(), store::Database::Mode::kReadWrite);
+    ASSERT_TRUE(raw.is_ok());
+    ASSERT_TRUE(raw->execute("UPDATE pending_update_chunks SET data = zeroblob(length(data)) "
+                             "WHERE update_id = x'612f32' AND chunk = 1").is_ok());
+  }
+  auto failed = from_store.close_round(4);
+  ASSERT_FALSE(failed.is_ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kCorrupt) << failed.status().to_string();
+  EXPECT_FALSE(from_store.failed_step().is_ok());
 }
 
 }  // namespace

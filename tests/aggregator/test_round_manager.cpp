@@ -332,5 +332,195 @@ TEST(RoundManager, AnUpdateTheSumCannotTakeIsRefusedAloneAndTheRoundCloses) {
   EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[1], 0.5f);
 }
 
+// Values kept elsewhere, as the aggregator's store keeps them (a fake of
+// PendingValues over a vector): passes must read the values in order from
+// the first, and a pass can be made to end damaged.
+class VectorValues final : public StoredValues {
+ public:
+  explicit VectorValues(std::vector<float> values) : values_(std::move(values)) {}
+  Status read(std::span<float> out) override {
+    if (at_ + out.size() > values_.size()) return corrupt("read past the end");
+    std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(at_), out.size(), out.begin());
+    at_ += out.size();
+    largest_read = std::max(largest_read, out.size());
+    return Status::ok();
+  }
+  Status finish() override {
+    const bool whole = at_ == values_.size();
+    at_ = 0;
+    ++passes;
+    if (damaged_from_pass > 0 && passes >= damaged_from_pass) return corrupt("checksum mismatch");
+    return whole ? Status::ok() : corrupt("a pass that did not read every value");
+  }
+  int passes = 0;
+  int damaged_from_pass = 0;  // > 0: this pass and later ones end damaged
+  size_t largest_read = 0;
+
+ private:
+  std::vector<float> values_;
+  size_t at_ = 0;
+};
+
+SiteUpdate stored_update(const SiteUpdate& in_memory, std::shared_ptr<VectorValues>* values = nullptr) {
+  SiteUpdate u = in_memory;
+  auto stored = std::make_shared<VectorValues>(u.delta);
+  u.delta.clear();
+  u.stored = stored;
+  if (values != nullptr) *values = stored;
+  return u;
+}
+
+// A model of two tensors, one of 2.5 slices (the manager reads 2^20 values
+// of a stored update at a time), so the step runs over ranges that do not
+// line up with the tensors.
+RoundManager make_two_tensor_manager(RoundOptions options) {
+  Tensor big = Tensor::empty({(int64_t{5} << 19) + 3});
+  Tensor small = Tensor::empty({7, 3});
+  std::fill(big.data<float>(), big.data<float>() + big.numel(), 0.25f);
+  std::fill(small.data<float>(), small.data<float>() + small.numel(), -0.5f);
+  auto manager = RoundManager::create(std::move(options), {"big", "small"}, {big, small});
+  EXPECT_TRUE(manager.is_ok()) << manager.status().to_string();
+  return std::move(manager).value();
+}
+
+// The aggregator leaves each update in its store and the manager folds the
+// round from there slice by slice (issue 30): the model must come out bit
+// for bit as with the updates given in memory, for every streaming mode,
+// with the norm bound scaling some, with stored and in-memory updates mixed,
+// and for a robust rule that reads stored updates in; the manager holds no
+// update's values and reads each stored one twice (the check, the step), a
+// slice at a time.
+TEST(RoundManager, UpdatesLeftInTheStoreGiveTheBitsOfUpdatesInMemory) {
+  const int64_t elements = (int64_t{5} << 19) + 3 + 21;
+  std::mt19937 random(31);
+  std::normal_distribution<float> noise(0.0f, 0.02f);
+  std::vector<SiteUpdate> updates;
+  std::vector<std::string> sites;
+  for (int s = 0; s < 5; ++s) {
+    std::vector<float> delta(static_cast<size_t>(elements));
+    for (float& v : delta) v = noise(random) * static_cast<float>(1 + 2 * s);
+    sites.push_back("site-" + std::to_string(s));
+    updates.push_back(update(sites.back(), 1, 0, delta, 40 + 13 * s));
+  }
+  struct Mode {
+    const char* name;
+    RoundOptions options;
+  };
+  std::vector<Mode> modes;
+  {
+    RoundOptions sync;
+    sync.server = *ServerOptimizerOptions::defaults_for("fedadam");
+    sync.norm_bound = 50.0;  // scales all but the first (norms about 32, 97, 161, ...)
+    modes.push_back({"sync fedadam with a norm bound", sync});
+    RoundOptions fedbuff;
+    fedbuff.asynchronous = true;
+    fedbuff.buffer_size = 5;
+    fedbuff.staleness = *federation::StalenessFunction::parse("polynomial:0.5");
+    modes.push_back({"fedbuff", fedbuff});
+    RoundOptions fedasync = fedbuff;
+    fedasync.fedasync_mixing = 0.6;
+    modes.push_back({"fedasync", fedasync});
+    RoundOptions trimmed;
+    trimmed.rule = "trimmed_mean";
+    modes.push_back({"trimmed mean", trimmed});
+  }
+  for (const Mode& mode : modes) {
+    SCOPED_TRACE(mode.name);
+    RoundManager in_memory = make_two_tensor_manager(mode.options);
+    RoundManager from_store = make_two_tensor_manager(mode.options);
+    RoundManager mixed = make_two_tensor_manager(mode.options);
+    if (!mode.options.asynchronous) {
+      for (RoundManager* m : {&in_memory, &from_store, &mixed}) ASSERT_TRUE(m->start_round(sites, 0).is_ok());
+    }
+    std::vector<std::shared_ptr<VectorValues>> readers;
+    for (size_t i = 0; i < updates.size(); ++i) {
+      ASSERT_TRUE(in_memory.submit(updates[i], 1).is_ok());
+      std::shared_ptr<VectorValues> values;
+      auto submitted = from_store.submit(stored_update(updates[i], &values), 1);
+      ASSERT_TRUE(submitted.is_ok()) << submitted.status().to_string();
+      readers.push_back(values);
+      if (mode.options.rule == "mean") EXPECT_EQ(from_store.held_update_values(), 0);
+      ASSERT_TRUE(mixed.submit(i % 2 == 0 ? stored_update(updates[i]) : updates[i], 1).is_ok());
+    }
+    if (!mode.options.asynchronous) {
+      for (RoundManager* m : {&in_memory, &from_store, &mixed}) {
+        auto record = m->close_round(2);
+        ASSERT_TRUE(record.is_ok()) << record.status().to_string();
+      }
+    }
+    ASSERT_EQ(from_store.version(), in_memory.version());
+    EXPECT_EQ(from_store.link().hash, in_memory.link().hash) << "the model's bits, by its hash chain";
+    EXPECT_EQ(mixed.link().hash, in_memory.link().hash);
+    for (size_t t = 0; t < 2; ++t) {
+      EXPECT_EQ(std::memcmp(from_store.model()[t].raw(), in_memory.model()[t].raw(),
+                            static_cast<size_t>(in_memory.model()[t].numel()) * sizeof(float)), 0) << "tensor " << t;
+    }
+    for (const auto& values : readers) {
+      if (mode.options.rule == "mean") {
+        EXPECT_EQ(values->passes, 2) << "read once to check, once at the step";
+        EXPECT_LE(values->largest_read, size_t{1} << 20) << "a slice at a time";
+      } else {
+        EXPECT_EQ(values->passes, 1) << "read in once, as the robust rules hold their updates";
+      }
+    }
+  }
+}
+
+// A stored update is checked like one in memory when it is submitted: a
+// non-finite value or a damaged read is refused, and nothing changes.
+TEST(RoundManager, AStoredUpdateIsCheckedWhenSubmitted) {
+  RoundManager manager = make_manager({}, 0.0f, 4);
+  ASSERT_TRUE(manager.start_round({"a", "b"}, 0).is_ok());
+  auto nan = manager.submit(stored_update(update("a", 1, 0, {1, NAN, 1, 1})), 1);
+  ASSERT_FALSE(nan.is_ok());
+  EXPECT_NE(nan.status().message().find("non-finite"), std::string::npos) << nan.status().to_string();
+  std::shared_ptr<VectorValues> values;
+  SiteUpdate damaged = stored_update(update("b", 1, 0, {1, 1, 1, 1}), &values);
+  values->damaged_from_pass = 1;
+  auto refused = manager.submit(damaged, 1);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kCorrupt) << refused.status().to_string();
+  EXPECT_EQ(manager.refused(), 2);
+  EXPECT_TRUE(manager.buffered().empty());
+  EXPECT_TRUE(manager.failed_step().is_ok()) << "nothing had changed";
+}
+
+// Damage found while the step runs (a stored update read back different from
+// what was checked) leaves the model between versions: the step fails, and
+// the manager refuses everything after, so its owner restarts from its store.
+TEST(RoundManager, AStoredUpdateDamagedAtTheStepFailsItAndTheManagerStops) {
+  RoundManager manager = make_manager({}, 0.0f, 4);
+  ASSERT_TRUE(manager.start_round({"a", "b"}, 0).is_ok());
+  std::shared_ptr<VectorValues> values;
+  ASSERT_TRUE(manager.submit(stored_update(update("a", 1, 0, {1, 1, 1, 1}), &values), 1).is_ok());
+  ASSERT_TRUE(manager.submit(update("b", 1, 0, {2, 2, 2, 2}), 1).is_ok());
+  values->damaged_from_pass = 2;
+  auto record = manager.close_round(2);
+  ASSERT_FALSE(record.is_ok());
+  EXPECT_EQ(record.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(record.status().message().find("restart from the store"), std::string::npos) << record.status().to_string();
+  EXPECT_FALSE(manager.failed_step().is_ok());
+  EXPECT_EQ(manager.version(), 0);
+  EXPECT_FALSE(manager.start_round({"a", "b"}, 3).is_ok());
+  EXPECT_FALSE(manager.submit(update("a", 2, 0, {1, 1, 1, 1}), 3).is_ok());
+}
+
+// The overflow bound counts stored updates as ExactAccumulator::add counts
+// those in memory: the update that could overflow the sum is refused alone.
+TEST(RoundManager, TheSumsBoundCountsStoredUpdates) {
+  RoundManager manager = make_manager({}, 0.0f, 2);
+  ASSERT_TRUE(manager.start_round({"a", "b", "c"}, 0).is_ok());
+  ASSERT_TRUE(manager.submit(stored_update(update("a", 1, 0, {3e6f, 0}, 1'000'000)), 1).is_ok());
+  ASSERT_TRUE(manager.submit(update("b", 1, 0, {-3e6f, 1}, 1'000'000), 1).is_ok());
+  auto third = manager.submit(stored_update(update("c", 1, 0, {3e6f, 0}, 1'000'000)), 1);
+  ASSERT_FALSE(third.is_ok());
+  EXPECT_NE(third.status().message().find("exact accumulator is full"), std::string::npos)
+      << third.status().to_string();
+  auto record = manager.close_round(120);
+  ASSERT_TRUE(record.is_ok()) << record.status().to_string();
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[0], 0.0f);
+  EXPECT_FLOAT_EQ(manager.model()[0].data<float>()[1], 0.5f);
+}
+
 }  // namespace
 }  // namespace fedmesh::aggregator

@@ -1137,6 +1137,67 @@ TEST(CheckpointStoreUpdates, ADamagedPendingUpdateIsFoundByVerification) {
   EXPECT_NE(damaged[0].reason.find("checksum"), std::string::npos) << damaged[0].reason;
 }
 
+// The aggregator writes an update's payload from its tensors where they lie
+// (pieces that cross the 1 MiB rows anywhere) and reads it back as a stream
+// in slices: the same rows, bytes and checksum as the payload given whole,
+// any number of passes, and damage found at the end of a pass.
+TEST(CheckpointStoreUpdates, APendingUpdateWrittenInPiecesIsReadBackAsAStream) {
+  const auto db = fresh_directory() / "store.db";
+  const std::vector<uint8_t> payload = random_bytes(3 * kMiB + 777, 90);
+  const std::vector<uint8_t> whole_id = {'w', '/', '1'}, pieces_id = {'p', '/', '1'};
+  CheckpointStore store = open_store(db);
+  ASSERT_TRUE(store.add_pending_update({whole_id, "site-a", 0, 10, "", 0}, payload).is_ok());
+  const std::span<const uint8_t> all(payload);
+  const std::vector<std::span<const uint8_t>> pieces = {all.first(56), all.subspan(56, 0),
+                                                        all.subspan(56, kMiB - 100), all.subspan(56 + kMiB - 100)};
+  ASSERT_TRUE(store.add_pending_update_in_pieces({pieces_id, "site-b", 0, 10, "", 0}, pieces).is_ok());
+  EXPECT_EQ(store.read_pending_update(pieces_id).value(), payload);
+  {
+    Database raw = raw_connection(db);
+    EXPECT_EQ(count_rows(raw, "pending_update_chunks"), 2 * 4);
+  }
+  auto stream = store.open_pending_stream(pieces_id);
+  ASSERT_TRUE(stream.is_ok()) << stream.status().to_string();
+  EXPECT_EQ(stream->size(), static_cast<int64_t>(payload.size()));
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<uint8_t> read(payload.size());
+    size_t at = 0;
+    for (size_t step = 1; at < read.size(); step = step * 3 + 1) {  // slices of every size, across rows
+      const size_t n = std::min(step, read.size() - at);
+      ASSERT_TRUE(stream->read(std::span<uint8_t>(read).subspan(at, n)).is_ok());
+      at += n;
+    }
+    EXPECT_EQ(read, payload) << "pass " << pass;
+    EXPECT_TRUE(stream->finish().is_ok());
+  }
+  uint8_t past_end[1];
+  std::vector<uint8_t> everything(payload.size());
+  ASSERT_TRUE(stream->read(everything).is_ok());
+  EXPECT_EQ(stream->read(past_end).code(), StatusCode::kCorrupt) << "nothing past the recorded size";
+  (void)stream->finish();
+  std::vector<uint8_t> front(10);
+  ASSERT_TRUE(stream->read(front).is_ok());
+  EXPECT_TRUE(stream->finish().is_ok()) << "finish reads what is left and checks it";
+  EXPECT_EQ(store.open_pending_stream(std::vector<uint8_t>{'x'}).status().code(), StatusCode::kNotFound);
+  {
+    Database raw = raw_connection(db);
+    ASSERT_TRUE(raw.execute("UPDATE pending_update_chunks SET data = zeroblob(length(data)) "
+                            "WHERE update_id = x'702f31' AND chunk = 2").is_ok());
+  }
+  std::vector<uint8_t> read(payload.size());
+  ASSERT_TRUE(stream->read(read).is_ok()) << "the rows are all there";
+  const Status damaged = stream->finish();
+  EXPECT_EQ(damaged.code(), StatusCode::kCorrupt) << damaged.to_string();
+  EXPECT_NE(damaged.message().find("checksum"), std::string::npos) << damaged.to_string();
+  {
+    Database raw = raw_connection(db);
+    ASSERT_TRUE(raw.execute("DELETE FROM pending_update_chunks WHERE update_id = x'702f31' AND chunk = 1").is_ok());
+  }
+  const Status missing = stream->read(read);
+  EXPECT_EQ(missing.code(), StatusCode::kCorrupt) << missing.to_string();
+  (void)stream->finish();
+}
+
 TEST(CheckpointStoreUpdates, RetransmissionIsAcceptedOnceAndDifferentBytesAreRefused) {
   const auto db = fresh_directory() / "store.db";
   const std::vector<uint8_t> payload = random_bytes(kMiB + 7, 72);

@@ -777,6 +777,8 @@ Status check_input_value(float x, uint64_t position, Encoding encoding) {
   return Status::ok();
 }
 
+}  // namespace
+
 // All of values at once: a branch-free scan (finite in fp32, and for the
 // half types once rounded), then the slow path only to name the culprit.
 Status check_input_values(std::span<const float> values, Encoding encoding) {
@@ -796,6 +798,8 @@ Status check_input_values(std::span<const float> values, Encoding encoding) {
   for (size_t i = 0; i < values.size(); ++i) FEDMESH_RETURN_IF_ERROR(check_input_value(values[i], i, encoding));
   return Status::ok();
 }
+
+namespace {
 
 // Callers skip a sparse int8 segment whose scale is 0: its values stay 0.
 inline int quantize(float x, float scale, int q_max) {

@@ -178,6 +178,10 @@ Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorSh
 // most max_segment_bytes (and at least one element per segment), so the
 // caller can pack them into chunks of a bounded size. They fail
 // (kInvalidArgument) on a non-finite input value.
+// What every encoder checks of its input: each value finite, and finite
+// once cast for the half encodings (kCorrupt naming the first that is not).
+Status check_input_values(std::span<const float> values, Encoding encoding);
+
 Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values,
                                                  Encoding encoding, size_t max_segment_bytes,
                                                  const SegmentRunner& runner = {});

@@ -48,42 +48,51 @@ Status ModelPublisher::publish(uint64_t version, std::vector<crypto::Hash> chain
                             " chain hashes, got " + std::to_string(chain.size()));
   }
   if (tensors.size() != manifest.size()) return invalid_argument("model tensors do not match the manifest");
-  std::vector<std::vector<EncodedSegment>> encoded(manifest.size());
+  const uint64_t per_chunk = std::max<size_t>(chunk_bytes_ / sizeof(float), 1);
+  std::vector<std::vector<Range>> chunks(1);
+  uint64_t filled = 0;  // values in the last chunk
   for (size_t t = 0; t < manifest.size(); ++t) {
     if (tensors[t].size() != manifest[t].element_count()) {
       return invalid_argument("model tensor " + manifest[t].name + " has the wrong number of values");
     }
-    Result<std::vector<EncodedSegment>> segments =
-        encode_dense(static_cast<uint32_t>(t), tensors[t], Encoding::kDenseF32, chunk_bytes_);
-    if (!segments.is_ok()) return segments.status();
-    encoded[t] = std::move(*segments);
-  }
-  std::vector<std::vector<const EncodedSegment*>> groups(1);
-  size_t pending = 0;
-  for (const auto& tensor : encoded) {
-    for (const auto& segment : tensor) {
-      if (!groups.back().empty() && pending + segment.payload_bytes() > chunk_bytes_) {
-        groups.emplace_back();
-        pending = 0;
+    FEDMESH_RETURN_IF_ERROR(check_input_values(tensors[t], Encoding::kDenseF32));
+    // Segments of at most a chunk, packed into chunks in order, as many
+    // whole segments to a chunk as fit.
+    for (uint64_t first = 0; first < tensors[t].size(); first += per_chunk) {
+      const uint64_t count = std::min<uint64_t>(per_chunk, tensors[t].size() - first);
+      if (!chunks.back().empty() && filled + count > per_chunk) {
+        chunks.emplace_back();
+        filled = 0;
       }
-      groups.back().push_back(&segment);
-      pending += segment.payload_bytes();
+      chunks.back().push_back({static_cast<uint32_t>(t), first, count});
+      filled += count;
     }
   }
-  if (groups.back().empty()) groups.pop_back();
-  const crypto::Hash hash = chain.back();
-  const crypto::Hash parent = version == 0 ? crypto::Hash{} : chain[version - 1];
-  const auto count = static_cast<uint32_t>(groups.size() + 1);
-  std::vector<SharedMessage> chunks;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    chunks.emplace_back(serialize_model_chunk(version, hash, parent, static_cast<uint32_t>(g + 1), count, groups[g]));
-  }
+  if (chunks.back().empty()) chunks.pop_back();
   chunks_ = std::move(chunks);
+  tensors_.assign(tensors.begin(), tensors.end());
   chain_ = std::move(chain);
   manifest_.assign(manifest.begin(), manifest.end());
   version_ = version;
   published_ = true;
   return Status::ok();
+}
+
+OutgoingMessage ModelPublisher::value_chunk(uint32_t index) const {
+  std::vector<EncodedSegment> segments;
+  for (const Range& range : chunks_[index - 1]) {
+    Result<std::vector<EncodedSegment>> encoded = encode_dense(
+        range.tensor, tensors_[range.tensor].subspan(range.first, range.count), Encoding::kDenseF32, chunk_bytes_);
+    FEDMESH_CHECK(encoded.is_ok());  // finite, as publish() checked
+    for (EncodedSegment& segment : *encoded) {
+      segment.offset += range.first;
+      segments.push_back(std::move(segment));
+    }
+  }
+  std::vector<const EncodedSegment*> pointers;
+  for (const EncodedSegment& segment : segments) pointers.push_back(&segment);
+  const crypto::Hash parent = version_ == 0 ? crypto::Hash{} : chain_[version_ - 1];
+  return serialize_model_chunk(version_, chain_.back(), parent, index, chunk_count(), pointers);
 }
 
 OutgoingMessage ModelPublisher::manifest_chunk(uint64_t trusted_version) const {
@@ -132,7 +141,7 @@ bool ModelPublisher::answer(wire::ModelRequest::Reader request, uint32_t window,
   }
   window = std::clamp<uint32_t>(window, 1, kMaxModelWindow);
   for (uint32_t i = from; i < chunk_count() && i < from + window; ++i) {
-    replies.push_back(i == 0 ? SharedMessage(manifest_chunk(trusted)) : chunks_[i - 1]);
+    replies.push_back(SharedMessage(i == 0 ? manifest_chunk(trusted) : value_chunk(i)));
   }
   return true;
 }

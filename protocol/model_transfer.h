@@ -1,5 +1,5 @@
 // Moving the global model from the aggregator to a site, as data: the
-// aggregator's ModelPublisher holds the current version cut into ModelChunk
+// aggregator's ModelPublisher serves the current version cut into ModelChunk
 // messages; a site's fetch_model() asks for them a window at a time
 // (ModelRequest{version, fromChunk, trustedVersion}) and decodes each chunk
 // as it arrives, so a transfer cut off midway resumes at the first chunk
@@ -43,7 +43,11 @@ class ModelPublisher {
  public:
   explicit ModelPublisher(size_t chunk_bytes = kDefaultChunkBytes) : chunk_bytes_(chunk_bytes) {}
 
-  // Makes `version` the one served: encodes the tensors into chunks.
+  // Makes `version` the one served, from `tensors` where they lie: each
+  // chunk is encoded when it is asked for, so the publisher holds no copy of
+  // the model (a large model's aggregator would otherwise hold two). The
+  // tensors must stay alive and unchanged until the next publish: the owner
+  // publishes after every change. Refuses non-finite values.
   // `chain[v]` is the hash of version v for every v <= version (chain.back()
   // is this version's hash, chain[version - 1] its parent's).
   Status publish(uint64_t version, std::vector<crypto::Hash> chain, std::span<const TensorShape> manifest,
@@ -61,13 +65,21 @@ class ModelPublisher {
 
  private:
   OutgoingMessage manifest_chunk(uint64_t trusted_version) const;
+  // Chunk `index` (1..) encoded from the tensors.
+  OutgoingMessage value_chunk(uint32_t index) const;
 
+  // Values [first, first + count) of one tensor.
+  struct Range {
+    uint32_t tensor = 0;
+    uint64_t first = 0, count = 0;
+  };
   size_t chunk_bytes_;
   bool published_ = false;
   uint64_t version_ = 0;
   std::vector<crypto::Hash> chain_;
   std::vector<TensorShape> manifest_;
-  std::vector<SharedMessage> chunks_;  // chunk i + 1
+  std::vector<std::span<const float>> tensors_;
+  std::vector<std::vector<Range>> chunks_;  // what chunk i + 1 carries
 };
 
 // Counts, per peer, the model replies queued for sending: a reply counts

@@ -6,6 +6,8 @@
 // a retransmission timer arrive whole.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -372,6 +374,61 @@ TEST_F(Transport, AModelFetchedOverALossyLinkArrivesWhole) {
   EXPECT_GT(client->counters().dropped_by_faults.load(), 0u) << "the link lost nothing: the test tested nothing";
   EXPECT_TRUE(timer.estimator().has_sample());
   EXPECT_GT(requests, 3u * ((publisher.chunk_count() + 3) / 4));  // more requests than windows: some were asked again
+}
+
+// The publisher serves the model from the tensors where they lie (it keeps
+// no copy: a large model's aggregator would otherwise hold it twice): each
+// chunk is encoded when asked for, segments of at most a chunk packed in
+// order, and together they carry every value exactly once. A model with a
+// non-finite value is not published.
+TEST(ModelPublisher, ServesTheTensorsWhereTheyLieChunkByChunk) {
+  const std::vector<fp::TensorShape> manifest = {{"w", {3000}}, {"b", {7}}};
+  std::vector<float> w(3000), b(7);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.25f - 100.0f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i);
+  const std::vector<std::span<const float>> tensors = {w, b};
+  fc::Hash v0{}, v1{};
+  v1.fill(3);
+  fp::ModelPublisher publisher(1024);  // 256 values a chunk
+  ASSERT_TRUE(publisher.publish(1, {v0, v1}, manifest, tensors).is_ok());
+  EXPECT_EQ(publisher.chunk_count(), 1u + 12u) << "11 full chunks of w, then w's last 184 values with b's 7";
+  capnp::MallocMessageBuilder builder;
+  auto request = builder.initRoot<fedmesh::wire::Message>().initModelRequest();
+  request.setVersion(1);
+  request.setTrustedVersion(1);
+  std::vector<std::vector<float>> rebuilt = {std::vector<float>(w.size(), NAN), std::vector<float>(b.size(), NAN)};
+  size_t values_seen = 0;
+  for (uint32_t from = 1; from < publisher.chunk_count(); from += 4) {
+    request.setFromChunk(from);
+    std::vector<fp::SharedMessage> replies;
+    fp::Rejection rejection;
+    ASSERT_TRUE(publisher.answer(request.asReader(), 4, replies, rejection)) << rejection.reason;
+    for (const fp::SharedMessage& reply : replies) {
+      std::unique_ptr<fp::ParsedMessage> parsed;
+      ASSERT_TRUE(fp::parse_message(reply.bytes(), fp::kDefaultMaxMessageBytes, {}, parsed, rejection)) << rejection.reason;
+      const auto chunk = parsed->root().getModelChunk();
+      EXPECT_EQ(chunk.getVersion(), 1u);
+      size_t bytes = 0;
+      for (const auto segment : chunk.getSegments()) {
+        const auto values = segment.getValues();
+        ASSERT_EQ(values.size(), segment.getCount() * sizeof(float));
+        std::vector<float>& into = rebuilt[segment.getTensor()];
+        ASSERT_LE(segment.getOffset() + segment.getCount(), into.size());
+        std::memcpy(into.data() + segment.getOffset(), values.begin(), values.size());
+        values_seen += segment.getCount();
+        bytes += values.size();
+      }
+      EXPECT_LE(bytes, 1024u);
+    }
+  }
+  EXPECT_EQ(values_seen, w.size() + b.size()) << "every value once";
+  EXPECT_EQ(rebuilt[0], w);
+  EXPECT_EQ(rebuilt[1], b);
+
+  b[3] = INFINITY;
+  fp::ModelPublisher refusing(1024);
+  EXPECT_FALSE(refusing.publish(1, {v0, v1}, manifest, tensors).is_ok());
+  EXPECT_FALSE(refusing.published());
 }
 
 // A peer's model replies count from the moment they are queued until the

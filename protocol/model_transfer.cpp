@@ -70,6 +70,7 @@ Status ModelPublisher::publish(uint64_t version, std::vector<crypto::Hash> chain
   }
   if (chunks.back().empty()) chunks.pop_back();
   chunks_ = std::move(chunks);
+  served_.assign(chunks_.size(), {});
   tensors_.assign(tensors.begin(), tensors.end());
   chain_ = std::move(chain);
   manifest_.assign(manifest.begin(), manifest.end());
@@ -78,7 +79,8 @@ Status ModelPublisher::publish(uint64_t version, std::vector<crypto::Hash> chain
   return Status::ok();
 }
 
-OutgoingMessage ModelPublisher::value_chunk(uint32_t index) const {
+SharedMessage ModelPublisher::value_chunk(uint32_t index) const {
+  if (std::shared_ptr<const OutgoingMessage> alive = served_[index - 1].lock()) return SharedMessage(std::move(alive));
   std::vector<EncodedSegment> segments;
   for (const Range& range : chunks_[index - 1]) {
     Result<std::vector<EncodedSegment>> encoded = encode_dense(
@@ -92,7 +94,9 @@ OutgoingMessage ModelPublisher::value_chunk(uint32_t index) const {
   std::vector<const EncodedSegment*> pointers;
   for (const EncodedSegment& segment : segments) pointers.push_back(&segment);
   const crypto::Hash parent = version_ == 0 ? crypto::Hash{} : chain_[version_ - 1];
-  return serialize_model_chunk(version_, chain_.back(), parent, index, chunk_count(), pointers);
+  SharedMessage chunk(serialize_model_chunk(version_, chain_.back(), parent, index, chunk_count(), pointers));
+  served_[index - 1] = chunk.shared();
+  return chunk;
 }
 
 OutgoingMessage ModelPublisher::manifest_chunk(uint64_t trusted_version) const {
@@ -141,7 +145,7 @@ bool ModelPublisher::answer(wire::ModelRequest::Reader request, uint32_t window,
   }
   window = std::clamp<uint32_t>(window, 1, kMaxModelWindow);
   for (uint32_t i = from; i < chunk_count() && i < from + window; ++i) {
-    replies.push_back(SharedMessage(i == 0 ? manifest_chunk(trusted) : value_chunk(i)));
+    replies.push_back(i == 0 ? SharedMessage(manifest_chunk(trusted)) : value_chunk(i));
   }
   return true;
 }

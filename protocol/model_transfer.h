@@ -44,8 +44,10 @@ class ModelPublisher {
   explicit ModelPublisher(size_t chunk_bytes = kDefaultChunkBytes) : chunk_bytes_(chunk_bytes) {}
 
   // Makes `version` the one served, from `tensors` where they lie: each
-  // chunk is encoded when it is asked for, so the publisher holds no copy of
-  // the model (a large model's aggregator would otherwise hold two). The
+  // chunk is encoded when it is asked for and shared by every request for it
+  // while a copy lives, so the publisher holds no copy of the model (a large
+  // model's aggregator would otherwise hold two), and the copies in flight
+  // are at most one per chunk whatever the number of peers. The
   // tensors must stay alive and unchanged until the next publish: the owner
   // publishes after every change. Refuses non-finite values.
   // `chain[v]` is the hash of version v for every v <= version (chain.back()
@@ -65,8 +67,10 @@ class ModelPublisher {
 
  private:
   OutgoingMessage manifest_chunk(uint64_t trusted_version) const;
-  // Chunk `index` (1..) encoded from the tensors.
-  OutgoingMessage value_chunk(uint32_t index) const;
+  // Chunk `index` (1..) encoded from the tensors, or the copy of it still
+  // held for another peer (queued or being sent): one copy per chunk at
+  // most, however many peers download at once.
+  SharedMessage value_chunk(uint32_t index) const;
 
   // Values [first, first + count) of one tensor.
   struct Range {
@@ -80,6 +84,7 @@ class ModelPublisher {
   std::vector<TensorShape> manifest_;
   std::vector<std::span<const float>> tensors_;
   std::vector<std::vector<Range>> chunks_;  // what chunk i + 1 carries
+  mutable std::vector<std::weak_ptr<const OutgoingMessage>> served_;  // chunk i + 1 while a copy lives
 };
 
 // Counts, per peer, the model replies queued for sending: a reply counts

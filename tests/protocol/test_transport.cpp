@@ -379,8 +379,9 @@ TEST_F(Transport, AModelFetchedOverALossyLinkArrivesWhole) {
 // The publisher serves the model from the tensors where they lie (it keeps
 // no copy: a large model's aggregator would otherwise hold it twice): each
 // chunk is encoded when asked for, segments of at most a chunk packed in
-// order, and together they carry every value exactly once. A model with a
-// non-finite value is not published.
+// order, and together they carry every value exactly once; requests for a
+// chunk while a copy of it lives share that copy. A model with a non-finite
+// value is not published.
 TEST(ModelPublisher, ServesTheTensorsWhereTheyLieChunkByChunk) {
   const std::vector<fp::TensorShape> manifest = {{"w", {3000}}, {"b", {7}}};
   std::vector<float> w(3000), b(7);
@@ -422,6 +423,15 @@ TEST(ModelPublisher, ServesTheTensorsWhereTheyLieChunkByChunk) {
     }
   }
   EXPECT_EQ(values_seen, w.size() + b.size()) << "every value once";
+  // Peers downloading together share one copy of each chunk while it lives.
+  request.setFromChunk(2);
+  std::vector<fp::SharedMessage> one, other;
+  fp::Rejection rejection;
+  ASSERT_TRUE(publisher.answer(request.asReader(), 2, one, rejection));
+  ASSERT_TRUE(publisher.answer(request.asReader(), 2, other, rejection));
+  ASSERT_EQ(one.size(), 2u);
+  EXPECT_EQ(one[0].shared().get(), other[0].shared().get());
+  EXPECT_EQ(one[1].shared().get(), other[1].shared().get());
   EXPECT_EQ(rebuilt[0], w);
   EXPECT_EQ(rebuilt[1], b);
 

@@ -30,7 +30,26 @@ Status PendingValues::begin_pass() {
   return Status::ok();
 }
 
+void PendingValues::read_first_pass_from(std::vector<std::vector<float>> values) {
+  stream_.rewind();  // the store's pass, begun by open(), waits for the next one
+  in_pass_ = false;
+  in_memory_ = std::move(values);
+  piece_ = within_ = 0;
+}
+
 Status PendingValues::read(std::span<float> out) {
+  if (!in_memory_.empty()) {
+    while (!out.empty()) {
+      if (piece_ == in_memory_.size()) return corrupt("the update's values in memory end before the model's");
+      const std::vector<float>& piece = in_memory_[piece_];
+      const size_t take = std::min(out.size(), piece.size() - within_);
+      std::copy_n(piece.begin() + static_cast<std::ptrdiff_t>(within_), take, out.begin());
+      out = out.subspan(take);
+      within_ += take;
+      if (within_ == piece.size()) ++piece_, within_ = 0;
+    }
+    return Status::ok();
+  }
   if (!in_pass_) FEDMESH_RETURN_IF_ERROR(begin_pass());
   // f32 little-endian in the payload, as in memory (store::pending_value_bytes).
   std::span<uint8_t> bytes(reinterpret_cast<uint8_t*>(out.data()), out.size_bytes());
@@ -41,6 +60,10 @@ Status PendingValues::read(std::span<float> out) {
 }
 
 Status PendingValues::finish() {
+  if (!in_memory_.empty()) {
+    std::vector<std::vector<float>>().swap(in_memory_);
+    return Status::ok();
+  }
   in_pass_ = false;
   return stream_.finish();
 }

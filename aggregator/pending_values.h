@@ -25,6 +25,11 @@ class PendingValues final : public StoredValues {
   static Result<std::shared_ptr<PendingValues>> open(store::CheckpointStore& store, std::span<const uint8_t> update_id,
                                                      int64_t values);
   const store::PendingHeader& header() const { return header_; }
+  // The values just stored, still in memory (a model's tensors back to
+  // back): the first pass reads them instead of the store, and ends by
+  // dropping them (the aggregator checks an update it has just written
+  // without reading it back).
+  void read_first_pass_from(std::vector<std::vector<float>> values);
 
   Status read(std::span<float> out) override;
   // Ends the pass: reads what is left and checks the payload's size and
@@ -42,6 +47,8 @@ class PendingValues final : public StoredValues {
   bool in_pass_ = false;
   std::vector<uint8_t> front_;  // the front read past the header: the first values' bytes
   size_t front_at_ = 0;         // how much of them was handed out
+  std::vector<std::vector<float>> in_memory_;  // read_first_pass_from's, until that pass ends
+  size_t piece_ = 0, within_ = 0;              // where its pass is
 };
 
 }  // namespace fedmesh::aggregator

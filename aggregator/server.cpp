@@ -776,7 +776,6 @@ Status AggregatorServer::Impl::store_update(protocol::ReceivedUpdate received) {
   std::vector<std::span<const uint8_t>> pieces{header};
   for (const std::vector<float>& t : received.tensors) pieces.push_back(store::pending_value_bytes(t));
   Status stored = store->add_pending_update_in_pieces(pending, pieces);
-  received.tensors.clear();
   Result<std::shared_ptr<PendingValues>> reader =
       stored.is_ok() ? PendingValues::open(*store, pending.update_id, manager->parameter_count())
                      : Result<std::shared_ptr<PendingValues>>(stored);
@@ -785,6 +784,9 @@ Status AggregatorServer::Impl::store_update(protocol::ReceivedUpdate received) {
                                               "; refused as not stored, the site sends it again"}});
     return reader.status();
   }
+  // The manager checks it at once (take_completed) from these tensors, then
+  // they are freed; the step reads it back from the store.
+  (*reader)->read_first_pass_from(std::move(received.tensors));
   update.stored = std::move(*reader);
   stored_updates.push_back(std::move(update));
   return Status::ok();

@@ -1090,12 +1090,16 @@ Status PendingStream::finish() {
     if (!hasher_) hasher_ = std::make_unique<crypto::Hasher>();  // an empty payload
     if (hasher_->finish() != expected_) status = corrupt(what_ + ": its bytes do not match the recorded size and checksum");
   }
+  rewind();
+  return status;
+}
+
+void PendingStream::rewind() {
   rows_.reset();
   rows_.bind_blob(1, update_id_);
   hasher_.reset();
   row_ = {};
   next_chunk_ = fetched_ = 0;
-  return status;
 }
 
 Result<std::vector<uint8_t>> CheckpointStore::read_pending_update(std::span<const uint8_t> update_id) {

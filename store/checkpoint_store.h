@@ -203,6 +203,8 @@ class PendingStream {
   // what is left, then kCorrupt unless the payload has its recorded size
   // and checksum.
   Status finish();
+  // Ends the pass without reading the rest or checking it.
+  void rewind();
 
  private:
   friend class CheckpointStore;

@@ -257,5 +257,35 @@ TEST(PendingValues, TheManagerStepsFromUpdatesLeftInTheStore) {
   EXPECT_FALSE(from_store.failed_step().is_ok());
 }
 
+// The aggregator checks an update it has just written from the tensors it
+// wrote it from (no read back); the passes after read the store, and the
+// memory is dropped when the first pass ends.
+TEST(PendingValues, TheFirstPassCanReadTheValuesJustStored) {
+  const auto db = fresh_db();
+  auto store = store::CheckpointStore::open(db.string());
+  ASSERT_TRUE(store.is_ok());
+  const std::vector<float> a = {1, 2, 3}, b = {4, 5};
+  const std::vector<uint8_t> head = store::encode_pending_header({1, 0, 10, 0, 0}, 5);
+  const std::vector<std::span<const uint8_t>> pieces = {head, store::pending_value_bytes(a),
+                                                        store::pending_value_bytes(b)};
+  const std::vector<uint8_t> id = {'a', '/', '1'};
+  ASSERT_TRUE(store->add_pending_update_in_pieces({id, "a", 0, 10, "", 0}, pieces).is_ok());
+  auto values = PendingValues::open(*store, id, 5);
+  ASSERT_TRUE(values.is_ok()) << values.status().to_string();
+  {
+    auto raw = store::Database::open(db.string(), store::Database::Mode::kReadWrite);
+    ASSERT_TRUE(raw.is_ok());
+    ASSERT_TRUE(raw->execute("UPDATE pending_update_chunks SET data = zeroblob(length(data)) WHERE update_id = x'612f31'").is_ok());
+  }
+  (*values)->read_first_pass_from({a, b});
+  std::vector<float> read(5);
+  ASSERT_TRUE((*values)->read(std::span<float>(read).first(2)).is_ok());
+  ASSERT_TRUE((*values)->read(std::span<float>(read).subspan(2)).is_ok());
+  EXPECT_EQ(read, (std::vector<float>{1, 2, 3, 4, 5})) << "across the pieces";
+  EXPECT_TRUE((*values)->finish().is_ok());
+  EXPECT_EQ((*values)->read(read).code(), StatusCode::kCorrupt) << "the second pass reads the store, header and all";
+  (void)(*values)->finish();
+}
+
 }  // namespace
 }  // namespace fedmesh::aggregator

@@ -333,8 +333,9 @@ double resident_kb(int pid) {
 // folded from there slice by slice, and the model is served from where it
 // lies, so the aggregator holds the model and the uploads in flight (two at
 // most by default), not the round's updates or a model-sized sum. Measured
-// 4.7x with ~180 MB of libraries; before those changes, 9.5x. Bit-exactness
-// of the folded sum is the round manager's and the store's tests' to show.
+// 4.7-4.9x, 368 MB of it when listening (the rounds added 2.9x); before
+// those changes, 8.9x. Bit-exactness of the folded sum is the round
+// manager's and the store's tests' to show.
 TEST(Federation, ALargeModelsAggregatorHoldsABoundedMultipleOfIt) {
   ASSERT_FALSE(binary().empty()) << "FEDMESH_BINARY is not set";
   ASSERT_FALSE(script().empty()) << "FEDMESH_LOCAL_FEDERATION is not set";
@@ -342,7 +343,10 @@ TEST(Federation, ALargeModelsAggregatorHoldsABoundedMultipleOfIt) {
   constexpr int64_t kHidden = 63000;
   constexpr double kModelBytes = 4.0 * (784 * kHidden + kHidden + kHidden * 10 + 10);
   constexpr double kBound = 6.0;       // x the model, libraries included
-  constexpr double kRoundBound = 3.5;  // x the model, added by the rounds to the aggregator listening
+  // x the model, added by the rounds to the aggregator listening: two
+  // uploads staged at once (the default staging bound), at most one copy of
+  // each model chunk being downloaded, and what SQLite and the decoder hold.
+  constexpr double kRoundBound = 4.0;
   const fs::path spec = fs::path(::testing::TempDir()) / ("fedmesh-large-" + std::to_string(::getpid()) + ".toml");
   {
     std::ofstream out(spec);

@@ -146,7 +146,7 @@ double RoundManager::norm_factor(double norm) const {
 Status RoundManager::check(SiteUpdate& update, double& norm, float& largest) const {
   const std::string who = "update " + update.id + " from " + update.site;
   if (update.id.empty()) return invalid_argument("an update needs an id");
-  const bool stored = update.delta.empty() && update.stored;
+  const bool stored = update.is_stored();
   if (!stored && static_cast<int64_t>(update.delta.size()) != parameter_count_) {
     return invalid_argument(who + ": " + std::to_string(update.delta.size()) + " values, the model has " +
                             std::to_string(parameter_count_));
@@ -237,7 +237,7 @@ Status RoundManager::admissible(const SiteUpdate& update) const {
 Result<std::optional<RoundRecord>> RoundManager::submit(SiteUpdate update, double now) {
   (void)now;
   if (!failed_step_.is_ok()) return failed_step_;
-  if (!streaming() && update.delta.empty() && update.stored) {
+  if (!streaming() && update.is_stored()) {
     // Median, trimmed mean and Krum see the round's updates together: read it in.
     update.delta.resize(static_cast<size_t>(parameter_count_));
     Status read = update.stored->read(update.delta);
@@ -360,11 +360,10 @@ Status RoundManager::step_in_slices() {
   if (options_.fedasync_mixing > 0.0) {
     factor = options_.fedasync_mixing * options_.staleness.weight(buffer_info_.front().staleness);
   }
-  const bool scaled = (options_.asynchronous && options_.fedasync_mixing == 0.0) || options_.fedasync_mixing > 0.0;
   const size_t slice_values = static_cast<size_t>(std::min(kSliceValues, parameter_count_));
   std::vector<float> values, delta(slice_values);
   for (const SiteUpdate& update : buffer_) {
-    if (update.stored && update.delta.empty()) values.resize(slice_values);
+    if (update.is_stored()) values.resize(slice_values);
   }
   // Once a stored update's slice was read, the model may change: a failure
   // from there on leaves it between versions (failed_step_).
@@ -378,7 +377,7 @@ Status RoundManager::step_in_slices() {
           accumulator_ ? accumulator_->slice(offset + first, n) : federation::ExactAccumulator(n);
       for (size_t u = 0; u < buffer_.size() && status.is_ok(); ++u) {
         const SiteUpdate& update = buffer_[u];
-        if (!update.stored || !update.delta.empty()) continue;
+        if (!update.is_stored()) continue;
         const std::span<float> read = std::span<float>(values).first(static_cast<size_t>(n));
         status = update.stored->read(read);
         if (!status.is_ok()) {
@@ -393,14 +392,14 @@ Status RoundManager::step_in_slices() {
       if (!status.is_ok()) break;
       const std::span<float> mean = std::span<float>(delta).first(static_cast<size_t>(n));
       part.mean(mean);
-      if (scaled) {
+      if (factor != 1.0) {  // x 1.0 would give the same bits
         for (float& value : mean) value = static_cast<float>(value * factor);
       }
       status = server_->step_range(names_[i], model_[i], first, mean);
     }
   }
   for (const SiteUpdate& update : buffer_) {
-    if (!update.stored || !update.delta.empty()) continue;
+    if (!update.is_stored()) continue;
     const Status finished = update.stored->finish();  // every pass ends, and checks what it read
     if (status.is_ok() && !finished.is_ok()) {
       status = Status(finished.code(), "update " + update.id + " from " + update.site + ": " + finished.message());
@@ -468,7 +467,7 @@ Result<RoundRecord> RoundManager::apply_buffer(bool closed_by_deadline) {
 bool RoundManager::streaming() const { return options_.rule == "mean" || options_.fedasync_mixing > 0.0; }
 
 Status RoundManager::take(SiteUpdate update, AppliedUpdateRecord info, float largest) {
-  if (streaming() && update.delta.empty() && update.stored) {
+  if (streaming() && update.is_stored()) {
     // Left where it is stored and folded at the step, slice by slice: the
     // manager's memory is the model, whatever the round's size and the
     // model's. The sum is exact and order-independent, so the bits are
@@ -476,15 +475,8 @@ Status RoundManager::take(SiteUpdate update, AppliedUpdateRecord info, float lar
     // overflow) is decided now, as ExactAccumulator::add decides, so that
     // it is refused here, alone, never at the step.
     const double largest_term = info.weight * static_cast<double>(largest);
-    if (largest_term >= federation::kMaxTermMagnitude) {
-      return invalid_argument("update has a weighted value of magnitude " + std::to_string(largest_term) +
-                              ", beyond the exact accumulator's range (2^22)");
-    }
-    if ((accumulator_ ? accumulator_->bound_used() : 0.0) + stored_bound_ + largest_term >=
-        federation::kMaxSumOfLargestTerms) {
-      return invalid_argument("the exact accumulator is full: its sum could overflow with this update; "
-                              "apply the aggregate and start a new one");
-    }
+    FEDMESH_RETURN_IF_ERROR(federation::ExactAccumulator::check_bound(
+        (accumulator_ ? accumulator_->bound_used() : 0.0) + stored_bound_, largest_term));
     stored_bound_ += largest_term;
   } else if (streaming()) {
     // Given in memory: folded in now and its values dropped, so the manager

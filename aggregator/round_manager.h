@@ -92,6 +92,7 @@ struct SiteUpdate {
   int64_t sample_count = 0;
   std::vector<float> delta;        // x_site - x_base, the model's tensors back to back
   std::shared_ptr<StoredValues> stored;  // with delta empty: where the delta's values are
+  bool is_stored() const { return stored && delta.empty(); }
   double local_loss = 0.0;         // reported metrics
   double local_accuracy = 0.0;
 };

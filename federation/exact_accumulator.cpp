@@ -30,6 +30,18 @@ ExactAccumulator::ExactAccumulator(int64_t elements) : sum_(static_cast<size_t>(
 
 double ExactAccumulator::total_weight() const { return static_cast<double>(weight_sum_) / kScale; }
 
+Status ExactAccumulator::check_bound(double used, double largest_term) {
+  if (largest_term >= kMaxTermMagnitude) {
+    return invalid_argument("update has a weighted value of magnitude " + std::to_string(largest_term) +
+                            ", beyond the exact accumulator's range (2^22)");
+  }
+  if (used + largest_term >= kMaxSumOfLargestTerms) {
+    return invalid_argument("the exact accumulator is full: its sum could overflow with this update; "
+                            "apply the aggregate and start a new one");
+  }
+  return Status::ok();
+}
+
 Status ExactAccumulator::add(std::span<const float> values, double weight, double reserved) {
   const std::span<const float> pieces[] = {values};
   return add(pieces, weight, reserved);
@@ -69,14 +81,7 @@ Status ExactAccumulator::add(std::span<const std::span<const float>> pieces, dou
   }
   const float largest = std::bit_cast<float>(largest_bits.load());
   const double largest_term = weight * static_cast<double>(largest);
-  if (largest_term >= kMaxTermMagnitude) {
-    return invalid_argument("update has a weighted value of magnitude " + std::to_string(largest_term) +
-                            ", beyond the exact accumulator's range (2^22)");
-  }
-  if (bound_used_ + reserved + largest_term >= kMaxSumOfLargestTerms) {
-    return invalid_argument("the exact accumulator is full: its sum could overflow with this update; "
-                            "apply the aggregate and start a new one");
-  }
+  FEDMESH_RETURN_IF_ERROR(check_bound(bound_used_ + reserved, largest_term));
   int64_t* first = sum_.data();  // where the piece's values land
   for (const std::span<const float> piece : pieces) {
     parallel_for(static_cast<int64_t>(piece.size()), kGrain, [&](int64_t begin, int64_t end) {

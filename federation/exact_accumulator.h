@@ -50,6 +50,10 @@ class ExactAccumulator {
   Status add(std::span<const std::span<const float>> pieces, double weight, double reserved = 0.0);
   // Sum of the largest weighted terms added so far (the overflow bound's use).
   double bound_used() const { return bound_used_; }
+  // Whether an update whose largest weighted term is `largest_term` may join
+  // a sum whose bound is `used` already: the checks add() makes, for a caller
+  // that adds the update later, slice by slice.
+  static Status check_bound(double used, double largest_term);
   // Values [first, first + elements) of this sum as an accumulator of their
   // own, with this one's total weight, bound and count: more updates' values
   // for those elements added to it give the slice of the sum this one would

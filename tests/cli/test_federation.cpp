@@ -256,6 +256,16 @@ TEST(Federation, EveryUpdateIsAppliedUnderThirtyPercentLoss) {
   EXPECT_GT(attempts, updates) << "no upload was retried: the faults did not apply";
 }
 
+// A model spec file: a one-hidden-layer MLP `hidden` wide (784 * hidden +
+// hidden * 10 + hidden + 10 parameters on Fashion-MNIST).
+fs::path write_wide_spec(const std::string& name, int64_t hidden) {
+  const fs::path spec = fs::path(::testing::TempDir()) / ("fedmesh-" + name + "-" + std::to_string(::getpid()) + ".toml");
+  std::ofstream out(spec);
+  out << "name = \"wide\"\nlayers = [\n  { type = \"linear\", out = " << hidden
+      << " },\n  { type = \"relu\" },\n  { type = \"linear\" },\n]\n";
+  return spec;
+}
+
 // The aggregator stages a bounded number of updates at once (staging_mb):
 // with 1 MB and a 1.3 MB model it takes one at a time, four sites that
 // finish training together are answered BUSY, offer the same update again
@@ -264,12 +274,7 @@ TEST(Federation, FourSitesThroughAStagingBoundOfOneUpdateEachRoundTakesAll) {
   ASSERT_FALSE(binary().empty()) << "FEDMESH_BINARY is not set";
   ASSERT_FALSE(script().empty()) << "FEDMESH_LOCAL_FEDERATION is not set";
   constexpr int kSites = 4, kRounds = 6;
-  const fs::path spec = fs::path(::testing::TempDir()) / ("fedmesh-wide-" + std::to_string(::getpid()) + ".toml");
-  {
-    std::ofstream out(spec);
-    out << "name = \"wide\"\nlayers = [\n  { type = \"linear\", out = 400 },\n  { type = \"relu\" },\n"
-           "  { type = \"linear\" },\n]\n";  // 318,010 parameters: 1.27 MB
-  }
+  const fs::path spec = write_wide_spec("wide", 400);  // 318,010 parameters: 1.27 MB
   Federation federation(kSites, {"--rounds", std::to_string(kRounds), "--local-steps", "5", "--deadline", "120",
                                  "--model", spec.string(), "--agg", "validation_limit = 200", "--agg",
                                  "staging_mb = 1", "--site", "data.train_limit = 500", "--site", "poll_seconds = 0.05"},
@@ -347,12 +352,7 @@ TEST(Federation, ALargeModelsAggregatorHoldsABoundedMultipleOfIt) {
   // uploads staged at once (the default staging bound), at most one copy of
   // each model chunk being downloaded, and what SQLite and the decoder hold.
   constexpr double kRoundBound = 4.0;
-  const fs::path spec = fs::path(::testing::TempDir()) / ("fedmesh-large-" + std::to_string(::getpid()) + ".toml");
-  {
-    std::ofstream out(spec);
-    out << "name = \"wide\"\nlayers = [\n  { type = \"linear\", out = " << kHidden
-        << " },\n  { type = \"relu\" },\n  { type = \"linear\" },\n]\n";
-  }
+  const fs::path spec = write_wide_spec("large", kHidden);
   Federation federation(kSites, {"--rounds", std::to_string(kRounds), "--local-steps", "1", "--deadline", "600",
                                  "--model", spec.string(), "--agg", "validation_limit = 100", "--site",
                                  "data.train_limit = 64"},

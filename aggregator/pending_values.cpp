@@ -37,7 +37,21 @@ void PendingValues::read_first_pass_from(std::vector<std::vector<float>> values)
   piece_ = within_ = 0;
 }
 
+void PendingValues::read_first_pass_from(std::shared_ptr<const SpillFile> values) {
+  stream_.rewind();
+  in_pass_ = false;
+  spilled_ = std::move(values);
+  spilled_at_ = 0;
+}
+
 Status PendingValues::read(std::span<float> out) {
+  if (spilled_) {
+    const std::span<uint8_t> bytes(reinterpret_cast<uint8_t*>(out.data()), out.size_bytes());
+    if (spilled_at_ + bytes.size() > spilled_->size()) return corrupt("the update's staged values end before the model's");
+    FEDMESH_RETURN_IF_ERROR(spilled_->read(spilled_at_, bytes));
+    spilled_at_ += bytes.size();
+    return Status::ok();
+  }
   if (!in_memory_.empty()) {
     while (!out.empty()) {
       if (piece_ == in_memory_.size()) return corrupt("the update's values in memory end before the model's");
@@ -60,6 +74,10 @@ Status PendingValues::read(std::span<float> out) {
 }
 
 Status PendingValues::finish() {
+  if (spilled_) {
+    spilled_.reset();
+    return Status::ok();
+  }
   if (!in_memory_.empty()) {
     std::vector<std::vector<float>>().swap(in_memory_);
     return Status::ok();

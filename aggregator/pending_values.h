@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "aggregator/round_manager.h"
+#include "base/spill_file.h"
 #include "base/status.h"
 #include "store/checkpoint_store.h"
 #include "store/pending_payload.h"
@@ -30,6 +31,10 @@ class PendingValues final : public StoredValues {
   // dropping them (the aggregator checks an update it has just written
   // without reading it back).
   void read_first_pass_from(std::vector<std::vector<float>> values);
+  // The same for values staged on disk as they arrived (fp32 back to back,
+  // as protocol::ReceivedUpdate::spilled): read from there a slice at a time,
+  // and the file is let go when the pass ends.
+  void read_first_pass_from(std::shared_ptr<const SpillFile> values);
 
   Status read(std::span<float> out) override;
   // Ends the pass: reads what is left and checks the payload's size and
@@ -49,6 +54,8 @@ class PendingValues final : public StoredValues {
   size_t front_at_ = 0;         // how much of them was handed out
   std::vector<std::vector<float>> in_memory_;  // read_first_pass_from's, until that pass ends
   size_t piece_ = 0, within_ = 0;              // where its pass is
+  std::shared_ptr<const SpillFile> spilled_;   // or the values on disk, until that pass ends
+  uint64_t spilled_at_ = 0;                    // the next byte of them
 };
 
 }  // namespace fedmesh::aggregator

@@ -328,9 +328,21 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   policy.self = config.name;
   policy.manifest = manifest;
   policy.decode_runner = parallel_each;
-  // Updates in flight are staged whole: a bounded number at once, so that
-  // memory stays flat however many sites send (received ones are folded
-  // into the round's sum, see RoundManager::held_update_values).
+  // Updates in flight are staged whole, on disk unless told otherwise (the
+  // aggregator then holds one chunk's decode, whatever the model's size),
+  // and a bounded number at once, so that the staged bytes stay flat however
+  // many sites send.
+  if (config.staging_dir != "memory") {
+    policy.spill_dir = config.staging_dir.empty() ? std::filesystem::path(config.store).parent_path()
+                                                   : std::filesystem::path(config.staging_dir);
+    if (policy.spill_dir.empty()) policy.spill_dir = ".";
+    std::error_code error;
+    if (!std::filesystem::is_directory(policy.spill_dir, error)) {
+      return invalid_argument("staging_dir " + policy.spill_dir.string() +
+                              " is not a directory (updates being received are staged there; \"memory\" stages them "
+                              "in memory)");
+    }
+  }
   policy.staging_budget_bytes = config.staging_mb > 0
                                     ? static_cast<uint64_t>(config.staging_mb) << 20
                                     : std::max<uint64_t>(uint64_t{256} << 20, 2 * protocol::staged_bytes(manifest));
@@ -769,13 +781,21 @@ Status AggregatorServer::Impl::store_update(protocol::ReceivedUpdate received) {
   pending.sample_count = update.sample_count;
   pending.replay_sequence = received.metadata.sequence;
   pending.replay_key = received.replay_key;
-  uint64_t values = 0;
+  uint64_t values = received.spilled ? received.spilled->size() / sizeof(float) : 0;
   for (const std::vector<float>& t : received.tensors) values += t.size();
   const std::vector<uint8_t> header = store::encode_pending_header(
       {update.round, update.base_version, update.sample_count, update.local_loss, update.local_accuracy}, values);
-  std::vector<std::span<const uint8_t>> pieces{header};
-  for (const std::vector<float>& t : received.tensors) pieces.push_back(store::pending_value_bytes(t));
-  Status stored = store->add_pending_update_in_pieces(pending, pieces);
+  Status stored;
+  if (received.spilled) {
+    // Staged on disk as it arrived (fp32 in this machine's order, which the
+    // payload's little-endian values are: store::pending_value_bytes).
+    store::SpillSource source(header, *received.spilled);
+    stored = store->add_pending_update_from(pending, source);
+  } else {
+    std::vector<std::span<const uint8_t>> pieces{header};
+    for (const std::vector<float>& t : received.tensors) pieces.push_back(store::pending_value_bytes(t));
+    stored = store->add_pending_update_in_pieces(pending, pieces);
+  }
   Result<std::shared_ptr<PendingValues>> reader =
       stored.is_ok() ? PendingValues::open(*store, pending.update_id, manager->parameter_count())
                      : Result<std::shared_ptr<PendingValues>>(stored);
@@ -784,9 +804,14 @@ Status AggregatorServer::Impl::store_update(protocol::ReceivedUpdate received) {
                                               "; refused as not stored, the site sends it again"}});
     return reader.status();
   }
-  // The manager checks it at once (take_completed) from these tensors, then
-  // they are freed; the step reads it back from the store.
-  (*reader)->read_first_pass_from(std::move(received.tensors));
+  // The manager checks it at once (take_completed) from these tensors (or
+  // the file they were staged in), then they are freed; the step reads it
+  // back from the store.
+  if (received.spilled) {
+    (*reader)->read_first_pass_from(std::shared_ptr<const SpillFile>(std::move(received.spilled)));
+  } else {
+    (*reader)->read_first_pass_from(std::move(received.tensors));
+  }
   update.stored = std::move(*reader);
   stored_updates.push_back(std::move(update));
   return Status::ok();

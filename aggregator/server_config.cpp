@@ -109,6 +109,7 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path, const A
   r.read("site_timeout_seconds", c.site_timeout_seconds);
   r.read("linger_seconds", c.linger_seconds);
   r.read("staging_mb", c.staging_mb);
+  r.read("staging_dir", c.staging_dir);
   r.read("transport.faults", c.faults);
   r.read("validation", c.validation);
   r.read("validation_limit", c.validation_limit);

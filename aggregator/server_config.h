@@ -36,9 +36,14 @@ struct AggregatorConfig {
   int64_t min_sites = 1;               // sync: connected sites needed to open a round
   double site_timeout_seconds = 10.0;  // no message for this long: a site counts as gone
   double linger_seconds = 5.0;         // after the last round: keep answering so sites learn it
-  // Memory for updates being received, each staged whole in fp32 (MB);
-  // 0: the larger of 256 MB and two models. Sites past it are answered BUSY
-  // and come back, so the aggregator's memory does not grow with the sites.
+  // Updates being received are staged, each whole in fp32, on disk in
+  // staging_dir as their chunks verify (the aggregator holds one chunk's
+  // decode at a time, not the update), or in memory when staging_dir is
+  // "memory". "" = the store's directory.
+  std::string staging_dir;
+  // What they may stage at once (MB); 0: the larger of 256 MB and two
+  // models. Sites past it are answered BUSY and come back, so the staged
+  // bytes do not grow with the sites.
   int64_t staging_mb = 0;
   std::string faults;                  // transport.faults: experiments only (protocol/fault_injection.h)
   // What the global model is evaluated on after every step ("" = nothing):

@@ -723,19 +723,21 @@ Status apply_dct(const SegmentView& s, std::span<const TensorShape> manifest, co
   return Status::ok();
 }
 
+// target is the whole tensor (whole_tensor) or the segment's range alone.
 Status apply_segment(const SegmentView& s, std::span<const TensorShape> manifest, std::span<float> target,
-                     float weight, bool accumulate, const SegmentRunner& runner) {
+                     float weight, bool accumulate, const SegmentRunner& runner, bool whole_tensor = true) {
   uint64_t element_count = 0;
   FEDMESH_RETURN_IF_ERROR(check_lengths(s, manifest, element_count));
-  if (target.size() != element_count) {
-    return invalid_argument("target has " + std::to_string(target.size()) + " elements, tensor " +
-                            std::to_string(s.tensor) + " ('" + manifest[s.tensor].name + "') has " +
-                            std::to_string(element_count));
+  const uint64_t expected = whole_tensor ? element_count : s.count;
+  if (target.size() != expected) {
+    return invalid_argument("target has " + std::to_string(target.size()) + " elements, " +
+                            (whole_tensor ? "tensor " : "the segment's range in tensor ") + std::to_string(s.tensor) +
+                            " ('" + manifest[s.tensor].name + "') has " + std::to_string(expected));
   }
   if (accumulate && !is_finite(weight)) {
     return invalid_argument("accumulate weight is " + format_float(weight) + ", a finite value expected");
   }
-  const Sink sink{target.data() + s.offset, weight, accumulate, &runner};
+  const Sink sink{target.data() + (whole_tensor ? s.offset : 0), weight, accumulate, &runner};
   const uint8_t* values = s.values.data();
   switch (s.encoding) {
     case Encoding::kDenseF32:
@@ -918,6 +920,11 @@ Status accumulate_segment(const SegmentView& segment, std::span<const TensorShap
 Status decode_segment(const SegmentView& segment, std::span<const TensorShape> manifest, std::span<float> target,
                       const SegmentRunner& runner) {
   return apply_segment(segment, manifest, target, 1.0f, /*accumulate=*/false, runner);
+}
+
+Status decode_segment_range(const SegmentView& segment, std::span<const TensorShape> manifest,
+                            std::span<float> range, const SegmentRunner& runner) {
+  return apply_segment(segment, manifest, range, 1.0f, /*accumulate=*/false, runner, /*whole_tensor=*/false);
 }
 
 Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,

@@ -166,6 +166,10 @@ Status accumulate_segment(const SegmentView& segment, std::span<const TensorShap
 // (zeros where a sparse segment stores nothing).
 Status decode_segment(const SegmentView& segment, std::span<const TensorShape> manifest,
                       std::span<float> target, const SegmentRunner& runner = {});
+// Same, into the segment's range alone: range[i] is element offset + i
+// (range.size() == segment.count), for a receiver that stages elsewhere.
+Status decode_segment_range(const SegmentView& segment, std::span<const TensorShape> manifest,
+                            std::span<float> range, const SegmentRunner& runner = {});
 
 // For a sparse segment (varint or bitmap indices): calls visit(index, value)
 // for every stored entry, in order, after validating the whole segment as

@@ -303,7 +303,13 @@ Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<
 // ---- receiver -------------------------------------------------------------------
 
 UpdateReceiver::UpdateReceiver(ReceiverPolicy policy, const crypto::Roster& roster, crypto::ReplayGuard& replay)
-    : policy_(std::move(policy)), roster_(roster), replay_(replay) {}
+    : policy_(std::move(policy)), roster_(roster), replay_(replay) {
+  uint64_t start = 0;
+  for (const TensorShape& shape : policy_.manifest) {
+    tensor_starts_.push_back(start);
+    start += shape.element_count();
+  }
+}
 
 OutgoingMessage make_reject(uint64_t sequence, const Rejection& rejection) {
   capnp::MallocMessageBuilder builder;
@@ -546,9 +552,17 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
       return reject(sequence, wire::RejectCode::BUSY, std::to_string(transfers_.size()) + " transfers in flight");
     }
     candidate.received.assign(candidate.chunk_hashes.size(), false);
-    candidate.staging.resize(policy_.manifest.size());
-    for (size_t t = 0; t < policy_.manifest.size(); ++t) {
-      candidate.staging[t].assign(policy_.manifest[t].element_count(), 0.0f);
+    if (!policy_.spill_dir.empty()) {
+      Result<std::unique_ptr<SpillFile>> spill = SpillFile::create(policy_.spill_dir, staged_bytes(policy_.manifest));
+      if (!spill.is_ok()) {
+        return reject(sequence, wire::RejectCode::BUSY, "cannot stage the update: " + spill.status().message());
+      }
+      candidate.spill = std::move(*spill);
+    } else {
+      candidate.staging.resize(policy_.manifest.size());
+      for (size_t t = 0; t < policy_.manifest.size(); ++t) {
+        candidate.staging[t].assign(policy_.manifest[t].element_count(), 0.0f);
+      }
     }
     candidate.last_progress = policy_.clock();
     auto [slot, inserted] = transfers_.emplace(key, std::move(candidate));
@@ -629,12 +643,15 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
                       "segment " + std::to_string(s) + " of chunk " + std::to_string(index) +
                           " does not match its tensor's declared encoding");
       }
-      const Status decoded = decode_segment(view, policy_.manifest, transfer.staging[view.tensor],
-                                            policy_.decode_runner);
+      const Status decoded = stage_segment(transfer, view);
       if (!decoded.is_ok()) {
-        const bool non_finite = is_non_finite_error(decoded);
         const std::string reason = "chunk " + std::to_string(index) + ": " + decoded.message();
         transfers_.erase(found);
+        if (decoded.code() == StatusCode::kIoError) {
+          // Our disk, not the sender's bytes: it may send the update again.
+          return reject(sequence, wire::RejectCode::NOT_STORED, reason + "; transfer dropped, send it again later");
+        }
+        const bool non_finite = is_non_finite_error(decoded);
         return reject(sequence, non_finite ? wire::RejectCode::NON_FINITE : wire::RejectCode::MALFORMED, reason);
       }
     }
@@ -668,7 +685,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   OutgoingMessage reply = ack(transfer, true);
   if (store_update_) {
     // The update and its counter are durable together, or neither is.
-    ReceivedUpdate update{std::move(transfer.metadata), std::move(transfer.staging), key};
+    ReceivedUpdate update{std::move(transfer.metadata), std::move(transfer.staging), std::move(transfer.spill), key};
     transfers_.erase(found);
     if (const Status stored = store_update_(std::move(update)); !stored.is_ok()) {
       return reject(sequence, wire::RejectCode::NOT_STORED,
@@ -687,10 +704,50 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
                       "' was not stored (send it again later): " + committed.message());
   }
   last_completed_[key] = {sequence, header_hash};
-  completed_.push_back(ReceivedUpdate{std::move(transfer.metadata), std::move(transfer.staging), key});
+  completed_.push_back(
+      ReceivedUpdate{std::move(transfer.metadata), std::move(transfer.staging), std::move(transfer.spill), key});
   transfers_.erase(found);
   drop_superseded(key, sequence);
   return reply;
+}
+
+Status UpdateReceiver::stage_segment(Transfer& transfer, const SegmentView& view) {
+  if (!transfer.spill) {
+    return decode_segment(view, policy_.manifest, transfer.staging[view.tensor], policy_.decode_runner);
+  }
+  // Segments stay in their tensor (check_lengths): the range is in the file.
+  const auto write = [&](uint64_t element, std::span<const float> values) {
+    const uint64_t at = (tensor_starts_[view.tensor] + element) * sizeof(float);
+    return transfer.spill->write(at, {reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()});
+  };
+  constexpr uint64_t kWindow = uint64_t{1} << 20;  // values written at once for a wide sparse range
+  Status status;
+  if (encoding_is_sparse(view.encoding) && view.count > kWindow) {
+    // A few values over a wide range: the range is written a window at a
+    // time, zeros where nothing is stored, as decode_segment would.
+    std::vector<std::pair<uint64_t, float>> entries;
+    status = visit_sparse_entries(view, policy_.manifest, [&](uint64_t index, float value) {
+      entries.emplace_back(index, value);
+    });
+    if (!status.is_ok()) return status;
+    scratch_.resize(kWindow);
+    size_t next = 0;
+    for (uint64_t first = view.offset; first < view.offset + view.count && status.is_ok(); first += kWindow) {
+      const uint64_t n = std::min(kWindow, view.offset + view.count - first);
+      std::fill_n(scratch_.begin(), n, 0.0f);
+      for (; next < entries.size() && entries[next].first < first + n; ++next) {
+        scratch_[entries[next].first - first] = entries[next].second;
+      }
+      status = write(first, std::span<const float>(scratch_).first(n));
+    }
+  } else {
+    // Dense and block segments are no wider than their bytes allow.
+    scratch_.resize(view.count);
+    status = decode_segment_range(view, policy_.manifest, scratch_, policy_.decode_runner);
+    if (status.is_ok()) status = write(view.offset, scratch_);
+  }
+  if (scratch_.capacity() > 4 * kWindow) std::vector<float>().swap(scratch_);  // not kept past one large segment
+  return status;
 }
 
 // The sender's counter is now at `sequence`: its transfers still in flight

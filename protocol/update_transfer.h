@@ -3,7 +3,9 @@
 // UpdateReceiver checks each message in order (who sent it, the signature,
 // the replay counter, the round, the shapes; then each chunk's hash before
 // it is parsed, then every value) and decodes chunks into a per-transfer
-// staging copy as they arrive. Only a transfer whose every chunk verified is
+// staging copy as they arrive: in memory, or, for a receiver given a spill
+// directory (the aggregator), into an unnamed file there, so that a large
+// model's uploads in flight cost disk, not memory. Only a transfer whose every chunk verified is
 // made durable and handed on: nothing half-received reaches an aggregate.
 // Durable means either the owner's store hook saved the update and its replay
 // counter in one commit, or (no hook) the replay guard persisted the counter.
@@ -22,13 +24,16 @@
 #include <chrono>
 #include <functional>
 #include <cstdint>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "base/spill_file.h"
 #include "base/status.h"
 #include "crypto/keys.h"
 #include "crypto/replay_guard.h"
@@ -158,11 +163,16 @@ struct ReceiverPolicy {
   uint64_t max_sample_count = kDefaultMaxSampleCount;
   size_t max_transfers_per_peer = kMaxTransfersPerPeer;
   // Bytes all transfers in flight may stage (each stages the whole model in
-  // fp32); 0: no bound beyond the transfer caps. When it binds, fewer
+  // fp32, in memory or in spill_dir); 0: no bound beyond the transfer caps. When it binds, fewer
   // transfers are taken at once (never fewer than one), each sender gets one
   // at a time, and the others are answered BUSY and come back: the
   // receiver's memory then stays flat however many senders there are.
   uint64_t staging_budget_bytes = 0;
+  // Where transfers are staged: empty, in memory; else each transfer's
+  // decoded values go, as each chunk verifies, into an unnamed file in this
+  // directory (SpillFile), and the receiver itself holds one segment's
+  // decode at a time. A completed update then comes with `spilled`.
+  std::filesystem::path spill_dir;
   // The time idle transfers are measured by (tests drive it).
   std::function<std::chrono::steady_clock::time_point()> clock = [] { return std::chrono::steady_clock::now(); };
 };
@@ -175,7 +185,10 @@ struct TransferProgress {
 
 struct ReceivedUpdate {
   UpdateMetadata metadata;
-  std::vector<std::vector<float>> tensors;  // decoded, one per manifest entry
+  std::vector<std::vector<float>> tensors;  // decoded, one per manifest entry (staged in memory)
+  // Or, staged in the policy's spill_dir: the decoded values, fp32 in this
+  // machine's byte order, tensor after tensor in the manifest's order.
+  std::shared_ptr<SpillFile> spilled;
   std::string replay_key;                   // the sender's signing key (crypto::replay_key)
 };
 
@@ -249,7 +262,8 @@ class UpdateReceiver {
     std::vector<bool> received;
     uint32_t next_chunk = 0;
     uint32_t chunks_held = 0;
-    std::vector<std::vector<float>> staging;
+    std::vector<std::vector<float>> staging;  // in memory, or
+    std::shared_ptr<SpillFile> spill;         // in the policy's spill_dir
     std::chrono::steady_clock::time_point last_progress;  // the header, or the last chunk that added bytes
     bool already_complete = false;  // the header of the sender's newest completed update, sent again
     bool resumes_in_flight = false; // the header of a transfer in flight, sent again
@@ -266,7 +280,14 @@ class UpdateReceiver {
   bool check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer,
                     const Transfer* in_flight);
 
+  // Writes a checked segment's decoded values into the transfer's staging.
+  // A failure to write them to disk is kIoError; anything else is the
+  // segment's fault (decode_segment's kCorrupt).
+  Status stage_segment(Transfer& transfer, const SegmentView& view);
+
   ReceiverPolicy policy_;
+  std::vector<uint64_t> tensor_starts_;  // each manifest tensor's first value in a spill file
+  std::vector<float> scratch_;           // one segment's decode, on its way to a spill file
   const crypto::Roster& roster_;
   crypto::ReplayGuard& replay_;
   std::map<TransferKey, Transfer> transfers_;

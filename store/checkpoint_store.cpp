@@ -120,29 +120,23 @@ Status check_json_array(Database& database, std::string_view what, const std::st
   return check_json_of_type(database, what, json, "array");
 }
 
-// Inserts `pieces`, laid end to end, as rows of at most kTensorChunkBytes
-// of `table` through `insert` (parameters: 1 = owner key, bound by the
-// caller; 2 = chunk index; 3 = data). Each row is inserted with a zeroblob
-// and its bytes written through incremental blob I/O, straight into the
-// pages, from the pieces where they lie (a row may take parts of several).
+// Inserts the bytes of `source`, front to back, as rows of at most
+// kTensorChunkBytes of `table` through `insert` (parameters: 1 = owner key,
+// bound by the caller; 2 = chunk index; 3 = data). Each row is inserted with
+// a zeroblob and its bytes written through incremental blob I/O, straight
+// into the pages, from the parts where they lie (a row may take parts of
+// several pieces). `hasher`, if given, is fed every byte on the way.
 Status insert_chunks(Database& database, const char* table, Statement& insert,
-                     const std::function<void(Statement&)>& bind_owner,
-                     std::span<const std::span<const uint8_t>> pieces) {
-  size_t total = 0;
-  for (const std::span<const uint8_t> piece : pieces) total += piece.size();
-  size_t piece = 0, within = 0;  // where the next row's bytes begin
+                     const std::function<void(Statement&)>& bind_owner, PayloadSource& source,
+                     crypto::Hasher* hasher = nullptr) {
+  const uint64_t total = source.size();
   std::vector<std::span<const uint8_t>> parts;
   int64_t chunk = 0;
-  for (size_t offset = 0; offset < total; ++chunk) {
-    const size_t size = std::min(total - offset, static_cast<size_t>(kTensorChunkBytes));
-    parts.clear();
-    for (size_t left = size; left > 0;) {
-      const std::span<const uint8_t> from = pieces[piece].subspan(within);
-      const size_t take = std::min(left, from.size());
-      if (take > 0) parts.push_back(from.first(take));
-      left -= take;
-      within += take;
-      if (within == pieces[piece].size()) ++piece, within = 0;
+  for (uint64_t offset = 0; offset < total; ++chunk) {
+    const size_t size = static_cast<size_t>(std::min<uint64_t>(total - offset, kTensorChunkBytes));
+    FEDMESH_RETURN_IF_ERROR(source.next(size, parts));
+    if (hasher != nullptr) {
+      for (const std::span<const uint8_t> part : parts) hasher->update(part);
     }
     bind_owner(insert);
     insert.bind(2, chunk).bind_zeroblob(3, static_cast<int64_t>(size));
@@ -156,7 +150,8 @@ Status insert_chunks(Database& database, const char* table, Statement& insert,
 Status insert_chunks(Database& database, const char* table, Statement& insert,
                      const std::function<void(Statement&)>& bind_owner, std::span<const uint8_t> bytes) {
   const std::span<const uint8_t> pieces[] = {bytes};
-  return insert_chunks(database, table, insert, bind_owner, pieces);
+  PiecesSource source(pieces);
+  return insert_chunks(database, table, insert, bind_owner, source);
 }
 
 // Deletes the rounds retention does not keep (their tensors and chunks go
@@ -927,13 +922,17 @@ Status CheckpointStore::add_pending_update(const PendingUpdate& update, std::spa
 
 Status CheckpointStore::add_pending_update_in_pieces(const PendingUpdate& update,
                                                      std::span<const std::span<const uint8_t>> pieces) {
-  size_t payload_size = 0;
-  for (const std::span<const uint8_t> piece : pieces) payload_size += piece.size();
+  PiecesSource source(pieces);
+  return add_pending_update_from(update, source);
+}
+
+Status CheckpointStore::add_pending_update_from(const PendingUpdate& update, PayloadSource& source) {
+  const uint64_t payload_size = source.size();
   if (update.update_id.empty() || update.update_id.size() > kMaxNameBytes || !valid_name(update.sender)) {
     return invalid_argument("a pending update needs an id and a sender of 1.." + std::to_string(kMaxNameBytes) +
                             " bytes");
   }
-  if (static_cast<int64_t>(payload_size) > kMaxUpdateBytes) {
+  if (payload_size > static_cast<uint64_t>(kMaxUpdateBytes)) {
     return invalid_argument("update " + hex(update.update_id) + " is " + std::to_string(payload_size) +
                             " bytes, above the limit of " + std::to_string(kMaxUpdateBytes));
   }
@@ -945,9 +944,6 @@ Status CheckpointStore::add_pending_update_in_pieces(const PendingUpdate& update
     return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
                             " was already applied in round " + std::to_string(**applied));
   }
-  crypto::Hasher hasher;
-  for (const std::span<const uint8_t> piece : pieces) hasher.update(piece);
-  const crypto::Hash checksum = hasher.finish();
   Result<Statement> existing = database_.prepare("SELECT checksum FROM pending_updates WHERE update_id = ?1");
   if (!existing.is_ok()) return existing.status();
   existing->bind_blob(1, update.update_id);
@@ -955,8 +951,21 @@ Status CheckpointStore::add_pending_update_in_pieces(const PendingUpdate& update
   if (!row.is_ok()) return row.status();
   const bool already_pending = *row;
   if (already_pending) {
-    // A retransmission after a crash or a lost acknowledgement: same id, same bytes.
-    const std::span<const uint8_t> stored = existing->column_blob(0);
+    // A retransmission after a crash or a lost acknowledgement: same id, same
+    // bytes (hashed here in a pass of their own; a new update is hashed as
+    // it is written).
+    const std::span<const uint8_t> column = existing->column_blob(0);
+    const std::vector<uint8_t> stored(column.begin(), column.end());
+    crypto::Hasher hasher;
+    std::vector<std::span<const uint8_t>> parts;
+    source.rewind();
+    for (uint64_t at = 0; at < payload_size;) {
+      const size_t size = static_cast<size_t>(std::min<uint64_t>(payload_size - at, kTensorChunkBytes));
+      FEDMESH_RETURN_IF_ERROR(source.next(size, parts));
+      for (const std::span<const uint8_t> part : parts) hasher.update(part);
+      at += size;
+    }
+    const crypto::Hash checksum = hasher.finish();
     if (stored.size() != checksum.size() || std::memcmp(stored.data(), checksum.data(), checksum.size()) != 0) {
       return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
                               " is already pending with different bytes");
@@ -972,24 +981,34 @@ Status CheckpointStore::add_pending_update_in_pieces(const PendingUpdate& update
     FEDMESH_RETURN_IF_ERROR(raise->run());
   }
   if (already_pending) return transaction->commit();
+  // The checksum is known once the rows are written: the record holds a
+  // placeholder until then, inside the same transaction.
   Result<Statement> insert = database_.prepare(
       "INSERT INTO pending_updates(update_id, sender, base_version, sample_count, received_at, byte_size, "
       "chunk_count, checksum) VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?5, ?6, ?7)");
   if (!insert.is_ok()) return insert.status();
+  const crypto::Hash placeholder{};
   insert->bind_blob(1, update.update_id)
       .bind(2, std::string_view(update.sender))
       .bind(3, update.base_version)
       .bind(4, update.sample_count)
       .bind(5, static_cast<int64_t>(payload_size))
       .bind(6, chunks_for(static_cast<int64_t>(payload_size)))
-      .bind_blob(7, checksum);
+      .bind_blob(7, placeholder);
   FEDMESH_RETURN_IF_ERROR(insert->run());
   Result<Statement> insert_chunk =
       database_.prepare("INSERT INTO pending_update_chunks(update_id, chunk, data) VALUES (?1, ?2, ?3)");
   if (!insert_chunk.is_ok()) return insert_chunk.status();
   const std::span<const uint8_t> id = update.update_id;
-  FEDMESH_RETURN_IF_ERROR(
-      insert_chunks(database_, "pending_update_chunks", *insert_chunk, [id](Statement& s) { s.bind_blob(1, id); }, pieces));
+  crypto::Hasher hasher;
+  source.rewind();
+  FEDMESH_RETURN_IF_ERROR(insert_chunks(database_, "pending_update_chunks", *insert_chunk,
+                                        [id](Statement& s) { s.bind_blob(1, id); }, source, &hasher));
+  const crypto::Hash checksum = hasher.finish();
+  Result<Statement> set_checksum = database_.prepare("UPDATE pending_updates SET checksum = ?1 WHERE update_id = ?2");
+  if (!set_checksum.is_ok()) return set_checksum.status();
+  set_checksum->bind_blob(1, checksum).bind_blob(2, update.update_id);
+  FEDMESH_RETURN_IF_ERROR(set_checksum->run());
   return transaction->commit();
 }
 

@@ -44,6 +44,7 @@
 #include "crypto/hash.h"
 #include "crypto/update_signature.h"
 #include "kernels/tensor.h"
+#include "store/payload_source.h"
 #include "store/quarantine.h"
 #include "store/sqlite.h"
 
@@ -271,6 +272,10 @@ class CheckpointStore {
   // The same payload given in pieces laid end to end (a header and a model's
   // tensors where they lie), stored and hashed without joining them.
   Status add_pending_update_in_pieces(const PendingUpdate& update, std::span<const std::span<const uint8_t>> pieces);
+  // The same payload read from `source` (e.g. an upload staged on disk),
+  // written and hashed in one pass (a retransmission of one already pending
+  // is hashed in a pass of its own and compared).
+  Status add_pending_update_from(const PendingUpdate& update, PayloadSource& source);
   // The payload read as a stream (kNotFound when it is not pending; kCorrupt
   // when its record is out of bounds).
   Result<PendingStream> open_pending_stream(std::span<const uint8_t> update_id);

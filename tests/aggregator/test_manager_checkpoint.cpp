@@ -287,5 +287,42 @@ TEST(PendingValues, TheFirstPassCanReadTheValuesJustStored) {
   (void)(*values)->finish();
 }
 
+// The same when the values were staged on disk as they arrived: the first
+// pass reads them from that file (which ends too early is corrupt, not
+// garbage), and lets the file go when it ends.
+TEST(PendingValues, TheFirstPassCanReadTheValuesFromTheFileTheyWereStagedIn) {
+  const auto db = fresh_db();
+  auto store = store::CheckpointStore::open(db.string());
+  ASSERT_TRUE(store.is_ok());
+  const std::vector<float> all = {1, 2, 3, 4, 5};
+  const std::vector<uint8_t> head = store::encode_pending_header({1, 0, 10, 0, 0}, 5);
+  const std::vector<std::span<const uint8_t>> pieces = {head, store::pending_value_bytes(all)};
+  const std::vector<uint8_t> id = {'a', '/', '2'};
+  ASSERT_TRUE(store->add_pending_update_in_pieces({id, "a", 0, 10, "", 0}, pieces).is_ok());
+  auto values = PendingValues::open(*store, id, 5);
+  ASSERT_TRUE(values.is_ok()) << values.status().to_string();
+  auto file = SpillFile::create(db.parent_path(), 5 * sizeof(float));
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  const std::vector<float> staged = {6, 7, 8, 9, 10};  // not what the store holds: this pass reads the file
+  ASSERT_TRUE((*file)->write(0, store::pending_value_bytes(staged)).is_ok());
+  std::weak_ptr<SpillFile> watch;
+  {
+    std::shared_ptr<SpillFile> shared = std::move(*file);
+    watch = shared;
+    (*values)->read_first_pass_from(std::shared_ptr<const SpillFile>(std::move(shared)));
+  }
+  std::vector<float> read(5);
+  ASSERT_TRUE((*values)->read(std::span<float>(read).first(3)).is_ok());
+  ASSERT_TRUE((*values)->read(std::span<float>(read).subspan(3)).is_ok());
+  EXPECT_EQ(read, staged);
+  float past[1];
+  EXPECT_EQ((*values)->read(past).code(), StatusCode::kCorrupt);
+  EXPECT_TRUE((*values)->finish().is_ok());
+  EXPECT_TRUE(watch.expired()) << "the file is let go when the pass ends";
+  ASSERT_TRUE((*values)->read(read).is_ok());
+  EXPECT_EQ(read, all) << "the next pass reads the store";
+  EXPECT_TRUE((*values)->finish().is_ok());
+}
+
 }  // namespace
 }  // namespace fedmesh::aggregator

@@ -1,5 +1,5 @@
 // libFuzzer target for the update codec's receive side (protocol/codec.h):
-// check_segment, decode_segment and accumulate_segment on a segment built
+// check_segment, decode_segment(_range) and accumulate_segment on a segment built
 // from the input. How to build and run it: tests/fuzz/README.md.
 //
 // Input layout (every byte string is a valid input; missing bytes read as 0):
@@ -25,7 +25,10 @@
 //     not empty;
 //   - on success every target element is finite, and elements outside
 //     [offset, offset + count) are unchanged; a successful dense-f32 decode
-//     stores the value bytes exactly.
+//     stores the value bytes exactly;
+//   - decode_segment_range (into the segment's range alone) accepts what
+//     decode_segment accepts (given a whole target) and decodes the same
+//     values, bit for bit.
 // A violation prints what was wrong and traps, which libFuzzer reports as a
 // crash and saves the input.
 #include <algorithm>
@@ -164,6 +167,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (decode_status.is_ok() && segment.encoding == Encoding::kDenseF32 &&
       std::memcmp(decoded.data() + segment.offset, segment.values.data(), segment.values.size()) != 0) {
     violated("dense-f32 decode did not store the value bytes exactly");
+  }
+
+  // Into the segment's range alone (a receiver staging on disk): the same
+  // answer, and on success the same values as the whole-tensor decode.
+  if (checked.is_ok() && segment.count <= (uint64_t{1} << 24)) {
+    std::vector<float> range(static_cast<size_t>(segment.count), 0.0f);
+    const Status range_status = fedmesh::protocol::decode_segment_range(segment, manifest, range);
+    if (decode_status.is_ok() != range_status.is_ok() && (flags & kShortTargetFlag) == 0) {
+      violated("decode_segment_range answered '" + range_status.to_string() + "' where decode_segment answered '" +
+               decode_status.to_string() + "'");
+    }
+    if (decode_status.is_ok() && range_status.is_ok() &&
+        std::memcmp(range.data(), decoded.data() + segment.offset, range.size() * sizeof(float)) != 0) {
+      violated("decode_segment_range decoded other values than decode_segment");
+    }
   }
 
   // FUZZ_CODEC_VERBOSE=1 prints what each input came to (to check seeds).

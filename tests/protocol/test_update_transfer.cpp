@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "base/random.h"
@@ -191,6 +192,99 @@ TEST_F(UpdateTransfer, EveryEncodingDecodesWithinItsBound) {
       }
     }
   }
+}
+
+// A receiver given a spill directory stages each transfer in an unnamed file
+// there as its chunks verify, and hands over exactly what a receiver that
+// stages in memory does, for every encoding; nothing is left in the
+// directory. A sparse tensor wider than the receiver's write window (2^20
+// values) is written in windows, zeros where nothing is stored.
+TEST_F(UpdateTransfer, AReceiverWithASpillDirectoryStagesOnDiskAndHandsOverTheSameValues) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "fedmesh-spill-test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto spilled_values = [](const fp::ReceivedUpdate& update, const std::vector<fp::TensorShape>& manifest) {
+    std::vector<std::vector<float>> tensors;
+    uint64_t at = 0;
+    for (const auto& shape : manifest) {
+      std::vector<float> values(shape.element_count());
+      EXPECT_TRUE(update.spilled->read(at, {reinterpret_cast<uint8_t*>(values.data()), values.size() * 4}).is_ok());
+      at += values.size() * 4;
+      tensors.push_back(std::move(values));
+    }
+    EXPECT_EQ(at, update.spilled->size());
+    return tensors;
+  };
+  // The wide sparse tensor: a few values over 2^21 + 5 elements.
+  const std::vector<fp::TensorShape> wide_manifest = {{"wide", {(int64_t{1} << 21) + 5}}, {"b", {37}}};
+  std::vector<std::vector<float>> wide_values = {std::vector<float>((size_t{1} << 21) + 5, 0.0f), values_[1]};
+  for (size_t i = 3; i < wide_values[0].size(); i += 65537) wide_values[0][i] = 0.25f * static_cast<float>(i % 7 + 1);
+  wide_values[0].back() = -1.5f;
+  {
+    std::vector<uint64_t> indices;
+    std::vector<float> stored;
+    for (size_t i = 0; i < wide_values[0].size(); ++i) {
+      if (wide_values[0][i] != 0.0f) indices.push_back(i), stored.push_back(wide_values[0][i]);
+    }
+    auto segments = fp::encode_sparse(0, wide_values[0].size(), indices, stored, fp::Encoding::kSparseF32, 1 << 16);
+    ASSERT_TRUE(segments.is_ok());
+    ASSERT_GT(segments->front().count, uint64_t{1} << 20) << "the wide case must pass the receiver's window";
+  }
+
+  uint64_t sequence = 1;
+  for (const fp::Encoding encoding :
+       {fp::Encoding::kDenseF32, fp::Encoding::kDenseBf16, fp::Encoding::kDenseF16, fp::Encoding::kBlockInt8,
+        fp::Encoding::kBlockInt4, fp::Encoding::kSparseF32, fp::Encoding::kSparseF16, fp::Encoding::kSparseInt8}) {
+    for (const bool wide : {false, true}) {
+      if (wide && !fp::encoding_is_sparse(encoding)) continue;
+      fp::ReceiverPolicy in_memory = policy();
+      if (wide) in_memory.manifest = wide_manifest;
+      fp::ReceiverPolicy on_disk = in_memory;
+      on_disk.spill_dir = dir;
+      const std::vector<std::vector<float>>& sent = wide ? wide_values : values_;
+      std::vector<std::span<const float>> spans(sent.begin(), sent.end());
+      std::vector<fp::TensorPlan> plans(sent.size(), fp::TensorPlan{encoding, 32});
+      auto prepared = fp::prepare_update(metadata(sequence++), in_memory.manifest, spans, plans, *site_,
+                                         wide ? 1 << 16 : 256);
+      ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+
+      auto replay_a = fc::ReplayGuard::in_memory();
+      auto replay_b = fc::ReplayGuard::in_memory();
+      fp::UpdateReceiver memory_receiver(in_memory, roster_, replay_a);
+      fp::UpdateReceiver disk_receiver(on_disk, roster_, replay_b);
+      ASSERT_TRUE(deliver(memory_receiver, *prepared)->root().isAck()) << fp::encoding_name(encoding);
+      // Half-way, the transfer is staged and the directory still lists nothing.
+      auto header = parse(prepared->header);
+      ASSERT_TRUE(parse(disk_receiver.handle_header("site-a", *header).bytes())->root().isAck());
+      EXPECT_TRUE(std::filesystem::is_empty(dir));
+      auto reply = deliver(disk_receiver, *prepared);
+      ASSERT_TRUE(reply->root().isAck() && reply->root().getAck().getComplete()) << fp::encoding_name(encoding);
+      auto from_memory = memory_receiver.take_completed();
+      auto from_disk = disk_receiver.take_completed();
+      ASSERT_EQ(from_memory.size(), 1u);
+      ASSERT_EQ(from_disk.size(), 1u);
+      ASSERT_TRUE(from_disk[0].spilled);
+      EXPECT_TRUE(from_disk[0].tensors.empty());
+      EXPECT_EQ(spilled_values(from_disk[0], in_memory.manifest), from_memory[0].tensors)
+          << fp::encoding_name(encoding) << (wide ? " (wide)" : "");
+      if (encoding == fp::Encoding::kDenseF32 || encoding == fp::Encoding::kSparseF32) {
+        EXPECT_EQ(from_memory[0].tensors, sent) << fp::encoding_name(encoding);
+      }
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+
+  // A directory that cannot take the file: the header is answered BUSY,
+  // naming it, and nothing is taken.
+  fp::ReceiverPolicy missing = policy();
+  missing.spill_dir = dir / "not-there";
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(missing, roster_, replay);
+  auto refused = deliver(receiver, prepare(metadata(sequence++)));
+  EXPECT_EQ(code_of(*refused), wire::RejectCode::BUSY);
+  EXPECT_NE(std::string(refused->root().getReject().getText().cStr()).find("not-there"), std::string::npos);
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(UpdateTransfer, EachHeaderDefectIsRefusedForItsReason) {

@@ -1137,6 +1137,46 @@ TEST(CheckpointStoreUpdates, ADamagedPendingUpdateIsFoundByVerification) {
   EXPECT_NE(damaged[0].reason.find("checksum"), std::string::npos) << damaged[0].reason;
 }
 
+// An upload staged on disk (a SpillFile) is stored from there, a header in
+// front, hashed as it is written: the same bytes and checksum as the
+// payload given whole (so verification passes); the same update sent again
+// is taken (its counter raised), one with other bytes refused; and a
+// SpillFile keeps to its bounds and leaves nothing in its directory.
+TEST(CheckpointStoreUpdates, AnUploadStagedOnDiskIsStoredFromThereWithTheWholePayloadsChecksum) {
+  const auto dir = fresh_directory();
+  const std::vector<uint8_t> payload = random_bytes(2 * kMiB + 4099, 91);
+  const std::span<const uint8_t> all(payload);
+  auto file = fedmesh::SpillFile::create(dir, payload.size() - 56);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  // Written out of order, as chunks may arrive.
+  ASSERT_TRUE((*file)->write(kMiB, all.subspan(56 + kMiB)).is_ok());
+  ASSERT_TRUE((*file)->write(0, all.subspan(56, kMiB)).is_ok());
+  EXPECT_EQ((*file)->write((*file)->size() - 1, all.first(2)).code(), StatusCode::kInvalidArgument);
+  std::vector<uint8_t> past(2);
+  EXPECT_EQ((*file)->read((*file)->size() - 1, past).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 0) << "the file has no name";
+
+  CheckpointStore store = open_store(dir / "store.db");
+  const std::vector<uint8_t> whole_id = {'w', '/', '2'}, spilled_id = {'s', '/', '2'};
+  ASSERT_TRUE(store.add_pending_update({whole_id, "site-a", 0, 10, "", 0}, payload).is_ok());
+  fedmesh::store::SpillSource source(all.first(56), **file);
+  EXPECT_EQ(source.size(), payload.size());
+  ASSERT_TRUE(store.add_pending_update_from({spilled_id, "site-b", 0, 10, "", 0, 7, "site-b-key"}, source).is_ok());
+  EXPECT_EQ(store.read_pending_update(spilled_id).value(), payload);
+  EXPECT_TRUE(store.verify_pending_updates().is_ok());
+  EXPECT_EQ(store.replay_counters().value().at("site-b-key"), 7u);
+  // Sent again (a lost acknowledgement): taken, its counter raised.
+  ASSERT_TRUE(store.add_pending_update_from({spilled_id, "site-b", 0, 10, "", 0, 8, "site-b-key"}, source).is_ok());
+  EXPECT_EQ(store.replay_counters().value().at("site-b-key"), 8u);
+  const uint8_t flipped[] = {static_cast<uint8_t>(payload[56 + 5] ^ 0xff)};
+  ASSERT_TRUE((*file)->write(5, flipped).is_ok());
+  const Status other = store.add_pending_update_from({spilled_id, "site-b", 0, 10, "", 0, 9, "site-b-key"}, source);
+  EXPECT_EQ(other.code(), StatusCode::kInvalidArgument) << other.to_string();
+  EXPECT_NE(other.message().find("different bytes"), std::string::npos) << other.to_string();
+  EXPECT_EQ(store.replay_counters().value().at("site-b-key"), 8u) << "nothing of a refused update is kept";
+  EXPECT_EQ(fedmesh::SpillFile::create(dir / "missing", 10).status().code(), StatusCode::kIoError);
+}
+
 // The aggregator writes an update's payload from its tensors where they lie
 // (pieces that cross the 1 MiB rows anywhere) and reads it back as a stream
 // in slices: the same rows, bytes and checksum as the payload given whole,

@@ -332,7 +332,8 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   // aggregator then holds one chunk's decode, whatever the model's size),
   // and a bounded number at once, so that the staged bytes stay flat however
   // many sites send.
-  if (config.staging_dir != "memory") {
+  const bool large_model = protocol::staged_bytes(manifest) >= kStageOnDiskFromBytes;
+  if (!config.staging_dir.empty() ? config.staging_dir != "memory" : large_model) {
     policy.spill_dir = config.staging_dir.empty() ? std::filesystem::path(config.store).parent_path()
                                                    : std::filesystem::path(config.staging_dir);
     if (policy.spill_dir.empty()) policy.spill_dir = ".";

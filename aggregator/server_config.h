@@ -16,6 +16,10 @@
 
 namespace fedmesh::aggregator {
 
+// A model this large (fp32 bytes) or larger has its uploads in flight staged
+// on disk unless the config says otherwise (staging_dir).
+inline constexpr uint64_t kStageOnDiskFromBytes = uint64_t{64} << 20;
+
 struct AggregatorConfig {
   std::string federation;
   std::string name = "aggregator";     // our roster name
@@ -36,10 +40,11 @@ struct AggregatorConfig {
   int64_t min_sites = 1;               // sync: connected sites needed to open a round
   double site_timeout_seconds = 10.0;  // no message for this long: a site counts as gone
   double linger_seconds = 5.0;         // after the last round: keep answering so sites learn it
-  // Updates being received are staged, each whole in fp32, on disk in
+  // Updates being received are staged, each whole in fp32: on disk in
   // staging_dir as their chunks verify (the aggregator holds one chunk's
   // decode at a time, not the update), or in memory when staging_dir is
-  // "memory". "" = the store's directory.
+  // "memory". "" = on disk in the store's directory for a model of
+  // kStageOnDiskFromBytes or more in fp32, in memory for a smaller one.
   std::string staging_dir;
   // What they may stage at once (MB); 0: the larger of 256 MB and two
   // models. Sites past it are answered BUSY and come back, so the staged

@@ -269,17 +269,38 @@ fs::path write_wide_spec(const std::string& name, int64_t hidden) {
 // The aggregator stages a bounded number of updates at once (staging_mb):
 // with 1 MB and a 1.3 MB model it takes one at a time, four sites that
 // finish training together are answered BUSY, offer the same update again
-// and every round still takes all four, none closed by its deadline.
+// and every round still takes all four, none closed by its deadline. The
+// uploads are staged on disk (staging_dir named), which leaves nothing
+// there; a staging_dir that is not a directory is refused at start, named.
 TEST(Federation, FourSitesThroughAStagingBoundOfOneUpdateEachRoundTakesAll) {
   ASSERT_FALSE(binary().empty()) << "FEDMESH_BINARY is not set";
   ASSERT_FALSE(script().empty()) << "FEDMESH_LOCAL_FEDERATION is not set";
   constexpr int kSites = 4, kRounds = 6;
   const fs::path spec = write_wide_spec("wide", 400);  // 318,010 parameters: 1.27 MB
+  const fs::path staging = fs::path(::testing::TempDir()) / ("fedmesh-staging-" + std::to_string(::getpid()));
+  fs::remove_all(staging);
+  fs::create_directories(staging);
   Federation federation(kSites, {"--rounds", std::to_string(kRounds), "--local-steps", "5", "--deadline", "120",
                                  "--model", spec.string(), "--agg", "validation_limit = 200", "--agg",
-                                 "staging_mb = 1", "--site", "data.train_limit = 500", "--site", "poll_seconds = 0.05"},
+                                 "staging_mb = 1", "--agg", "staging_dir = \"" + staging.string() + "\"", "--site",
+                                 "data.train_limit = 500", "--site", "poll_seconds = 0.05"},
                         "staging");
   ASSERT_TRUE(federation.made()) << "deploy/local_federation.sh failed";
+  {
+    std::ifstream in(federation.aggregator_config());
+    std::string config, line;
+    while (std::getline(in, line)) {
+      config += (line.rfind("staging_dir", 0) == 0 ? "staging_dir = \"" + (staging / "absent").string() + "\"" : line) + "\n";
+    }
+    const fs::path bad = federation.dir() / "bad-staging.toml";
+    std::ofstream(bad) << config;
+    int code = 0;
+    const std::string out = run_fedmesh({"aggregator", "--config", bad.string(), "--json"}, &code);
+    EXPECT_NE(code, 0) << out;
+    EXPECT_NE(out.find("staging_dir " + (staging / "absent").string() + " is not a directory"), std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("\"listening\""), std::string::npos) << out;
+  }
   std::vector<json> events;
   std::unique_ptr<ChildProcess> aggregator = federation.aggregator();
   ASSERT_TRUE(wait_for(*aggregator, events, [](const json& e) { return e.value("event", "") == "listening"; }, 60s));
@@ -319,6 +340,8 @@ TEST(Federation, FourSitesThroughAStagingBoundOfOneUpdateEachRoundTakesAll) {
   // on one staging slot (without the bound nothing is refused at all).
   EXPECT_GT(busy, 0) << "no update was refused as busy: the staging bound did not apply";
   std::printf("staging bound of one update: %d uploads offered again after busy over %d rounds\n", busy, kRounds);
+  EXPECT_TRUE(fs::is_empty(staging)) << "the staged uploads have no names and go with their transfers";
+  fs::remove_all(staging);
   fs::remove(spec);
 }
 

@@ -220,6 +220,7 @@ Result<FetchedModel> fetch_model(ClientChannel& socket, uint64_t version, uint64
   const auto wait = [&] {
     return timer == nullptr ? options.reply_timeout : std::chrono::ceil<std::chrono::milliseconds>(timer->timeout());
   };
+  uint32_t busy_in_a_row = 0;  // BUSY answers since the last chunk
   while (count == 0 || next_missing < count) {
     FEDMESH_RETURN_IF_ERROR(socket.send(model_request(version, next_missing, trusted_version), options.reply_timeout));
     auto wait_from = socket.clock().now();
@@ -227,13 +228,20 @@ Result<FetchedModel> fetch_model(ClientChannel& socket, uint64_t version, uint64
     ++model.requests;
     const uint32_t window_end = next_missing + std::max<uint32_t>(1, std::min(options.window, kMaxModelWindow));
     bool progressed = false;
+    // Told BUSY (the aggregator still has as many model chunks queued for us
+    // as it allows, e.g. a window asked for again after a timeout on a slow
+    // link): chunks already on their way are still read, and the request is
+    // made again from the first missing chunk after this pause, which
+    // doubles with each BUSY in a row.
+    std::optional<std::chrono::steady_clock::time_point> busy_until;
     // Read this window's chunks (they may come in any order after a resend).
     while (true) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(wait_from + wait() - socket.clock().now());
+      const auto until = busy_until ? *busy_until : wait_from + wait();
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - socket.clock().now());
       Result<std::optional<Incoming>> incoming = socket.receive(std::max(left, std::chrono::milliseconds(0)));
       if (!incoming.is_ok()) return incoming.status();
       if (!incoming->has_value()) {  // quiet: ask again from the first missing chunk
-        if (timer != nullptr) timer->timed_out();
+        if (timer != nullptr && !busy_until) timer->timed_out();
         break;
       }
       const Incoming& frame = **incoming;
@@ -248,7 +256,15 @@ Result<FetchedModel> fetch_model(ClientChannel& socket, uint64_t version, uint64
           const auto reject = root.getReject();
           const std::string text = reject.getText().cStr();
           if (reject.getCode() == wire::RejectCode::WRONG_ROUND) return Status(StatusCode::kNotFound, text);
-          return unavailable("the aggregator refused the model request: " + text);
+          if (reject.getCode() == wire::RejectCode::BUSY && busy_in_a_row < options.max_busy_answers) {
+            ++busy_in_a_row;
+            const auto pause = std::min<std::chrono::milliseconds>(
+                options.busy_pause * (uint64_t{1} << std::min<uint32_t>(busy_in_a_row - 1, 16)), options.reply_timeout);
+            busy_until = socket.clock().now() + pause;
+            continue;
+          }
+          return unavailable("the aggregator refused the model request: " + text +
+                             (busy_in_a_row > 0 ? " (busy " + std::to_string(busy_in_a_row) + " times in a row)" : ""));
         }
         if (!root.isModelChunk()) continue;  // an answer to something earlier (e.g. a heartbeat)
         const auto chunk = root.getModelChunk();
@@ -298,6 +314,7 @@ Result<FetchedModel> fetch_model(ClientChannel& socket, uint64_t version, uint64
         }
         held[index] = true;
         progressed = true;
+        busy_in_a_row = 0;
         wait_from = socket.clock().now();
         if (timer != nullptr) timer->answered(wait_from);  // a sample from the request's first chunk only
         advance();
@@ -306,7 +323,12 @@ Result<FetchedModel> fetch_model(ClientChannel& socket, uint64_t version, uint64
         return bad(std::string("a chunk does not parse: ") + e.getDescription().cStr());
       }
     }
-    quiet = progressed ? 0 : quiet + 1;
+    // A pause after BUSY is not a silence.
+    if (progressed) {
+      quiet = 0;
+    } else if (!busy_until) {
+      ++quiet;
+    }
     const int allowed = timer == nullptr ? options.max_attempts
                                          : timer->attempts_for(1, kRetransmitGiveUpProbability, options.max_attempts);
     if (quiet >= allowed) {

@@ -130,6 +130,13 @@ struct FetchOptions {
   // keeps it across fetches.
   RetransmitTimer* timer = nullptr;
   size_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Answered BUSY (the aggregator still has as many chunks queued for this
+  // site as it allows): what is held is kept, and the request is made again
+  // from the first missing chunk after busy_pause, doubled with each BUSY in
+  // a row (at most reply_timeout); past max_busy_answers in a row,
+  // kUnavailable.
+  std::chrono::milliseconds busy_pause{20};
+  uint32_t max_busy_answers = 64;
 };
 
 // Fetches `version` over `socket`. kUnavailable when the server stays quiet,

@@ -376,6 +376,86 @@ TEST_F(Transport, AModelFetchedOverALossyLinkArrivesWhole) {
   EXPECT_GT(requests, 3u * ((publisher.chunk_count() + 3) / 4));  // more requests than windows: some were asked again
 }
 
+// An aggregator whose queue of model chunks for a site is full answers BUSY
+// (a window asked for again after a timeout on a slow link): the site
+// keeps what it holds, pauses, and asks again from its first missing chunk
+// (never from the start), and the model arrives whole; one that says BUSY
+// past FetchOptions::max_busy_answers in a row is given up on, and says so.
+TEST_F(Transport, AModelFetchToldBusyKeepsItsProgressAndAsksAgain) {
+  auto server = bind();
+  ASSERT_TRUE(server);
+  const std::vector<fp::TensorShape> manifest = {{"w", {64, 64}}};
+  std::vector<float> w(64 * 64);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.25f - 3.0f;
+  const std::vector<std::span<const float>> tensors = {w};
+  fc::Hash v0{}, v1{};
+  v1.fill(2);
+  fp::ModelPublisher publisher(1024);
+  ASSERT_TRUE(publisher.publish(1, {v0, v1}, manifest, tensors).is_ok());
+  ASSERT_GE(publisher.chunk_count(), 12u);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> busy_left{0};       // BUSY answers still to give in a row
+  std::atomic<bool> every_other{true};  // then BUSY to every other request
+  std::vector<uint32_t> asked_from;     // fromChunk of every request answered with chunks
+  std::mutex asked_mutex;
+  std::thread answering([&] {
+    int requests = 0;
+    while (!stop.load()) {
+      auto frame = server->receive(20ms);
+      if (!frame.is_ok() || !frame->has_value()) continue;
+      std::unique_ptr<fp::ParsedMessage> parsed;
+      fp::Rejection rejection;
+      if (!fp::parse_message((**frame).bytes, fp::kDefaultMaxMessageBytes, (**frame).frame, parsed, rejection)) continue;
+      const auto root = parsed->root();
+      if (!root.isModelRequest()) continue;
+      ++requests;
+      if (busy_left.load() > 0 || (every_other.load() && requests % 2 == 0)) {
+        if (busy_left.load() > 0) busy_left.fetch_sub(1);
+        (void)server->send((**frame).routing_id,
+                           fp::make_reject(0, {fedmesh::wire::RejectCode::BUSY, "model chunks queued"}));
+        continue;
+      }
+      {
+        std::lock_guard lock(asked_mutex);
+        asked_from.push_back(root.getModelRequest().getFromChunk());
+      }
+      std::vector<fp::SharedMessage> chunks;
+      if (!publisher.answer(root.getModelRequest(), 3, chunks, rejection)) continue;
+      for (const fp::SharedMessage& chunk : chunks) {
+        (void)server->send((**frame).routing_id, fp::OutgoingMessage::from_bytes(chunk.bytes()));
+      }
+    }
+  });
+  auto client = dial(*server, *site_keys_);
+  ASSERT_TRUE(client != nullptr);
+  ASSERT_TRUE(fp::wait_connected(*client, 10s).is_ok());
+  fp::FetchOptions options;
+  options.window = 3;
+  options.busy_pause = 5ms;
+  auto fetched = fp::fetch_model(*client, 1, 0, manifest, options);
+  ASSERT_TRUE(fetched.is_ok()) << fetched.status().to_string();
+  EXPECT_EQ(fetched->tensors[0], w);
+  {
+    std::lock_guard lock(asked_mutex);
+    ASSERT_FALSE(asked_from.empty());
+    for (size_t i = 1; i < asked_from.size(); ++i) {
+      EXPECT_GT(asked_from[i], asked_from[i - 1]) << "a request after BUSY starts again from the first missing chunk";
+    }
+  }
+  EXPECT_GT(fetched->requests, (publisher.chunk_count() + 2) / 3) << "no request was answered BUSY";
+
+  every_other.store(false);
+  busy_left.store(1000);
+  options.max_busy_answers = 3;
+  auto given_up = fp::fetch_model(*client, 1, 0, manifest, options);
+  stop.store(true);
+  answering.join();
+  ASSERT_FALSE(given_up.is_ok());
+  EXPECT_EQ(given_up.status().code(), fedmesh::StatusCode::kUnavailable);
+  EXPECT_NE(given_up.status().message().find("busy 3 times in a row"), std::string::npos) << given_up.status().to_string();
+}
+
 // The publisher serves the model from the tensors where they lie (it keeps
 // no copy: a large model's aggregator would otherwise hold it twice): each
 // chunk is encoded when asked for, segments of at most a chunk packed in

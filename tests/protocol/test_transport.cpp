@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -311,6 +312,34 @@ TEST_F(Transport, ALossySenderWithARetransmitTimerDeliversEveryUpdate) {
   EXPECT_GT(timer.loss(), 0.0);
 }
 
+using ModelRequest = fedmesh::wire::ModelRequest::Reader;
+
+// A thread that passes every ModelRequest `server` receives to
+// answer(routing id, request) until `stop`.
+std::thread answer_model_requests(fp::ServerSocket& server, std::atomic<bool>& stop,
+                                  std::function<void(const std::string&, ModelRequest)> answer) {
+  return std::thread([&server, &stop, answer = std::move(answer)] {
+    while (!stop.load()) {
+      auto frame = server.receive(20ms);
+      if (!frame.is_ok() || !frame->has_value()) continue;
+      std::unique_ptr<fp::ParsedMessage> parsed;
+      fp::Rejection rejection;
+      if (!fp::parse_message((**frame).bytes, fp::kDefaultMaxMessageBytes, (**frame).frame, parsed, rejection)) continue;
+      const auto root = parsed->root();
+      if (root.isModelRequest()) answer((**frame).routing_id, root.getModelRequest());
+    }
+  });
+}
+
+// The publisher's answer to `request`: up to `window` chunks, sent to `to`.
+void send_window(fp::ServerSocket& server, const fp::ModelPublisher& publisher, const std::string& to,
+                 ModelRequest request, uint32_t window) {
+  std::vector<fp::SharedMessage> chunks;
+  fp::Rejection rejection;
+  if (!publisher.answer(request, window, chunks, rejection)) return;
+  for (const fp::SharedMessage& chunk : chunks) (void)server.send(to, fp::OutgoingMessage::from_bytes(chunk.bytes()));
+}
+
 // The model download over a lossy link with a retransmission timer: the
 // requests and windows lost on the way are asked for again from the first
 // missing chunk, and the model arrives whole.
@@ -330,21 +359,8 @@ TEST_F(Transport, AModelFetchedOverALossyLinkArrivesWhole) {
   ASSERT_GE(publisher.chunk_count(), 10u);
 
   std::atomic<bool> stop{false};
-  std::thread answering([&] {
-    while (!stop.load()) {
-      auto frame = server->receive(20ms);
-      if (!frame.is_ok() || !frame->has_value()) continue;
-      std::unique_ptr<fp::ParsedMessage> parsed;
-      fp::Rejection rejection;
-      if (!fp::parse_message((**frame).bytes, fp::kDefaultMaxMessageBytes, (**frame).frame, parsed, rejection)) continue;
-      const auto root = parsed->root();
-      if (!root.isModelRequest()) continue;
-      std::vector<fp::SharedMessage> chunks;
-      if (!publisher.answer(root.getModelRequest(), 4, chunks, rejection)) continue;
-      for (const fp::SharedMessage& chunk : chunks) {
-        (void)server->send((**frame).routing_id, fp::OutgoingMessage::from_bytes(chunk.bytes()));
-      }
-    }
+  std::thread answering = answer_model_requests(*server, stop, [&](const std::string& to, ModelRequest request) {
+    send_window(*server, publisher, to, request, 4);
   });
 
   fp::TransportOptions lossy;
@@ -399,33 +415,19 @@ TEST_F(Transport, AModelFetchToldBusyKeepsItsProgressAndAsksAgain) {
   std::atomic<bool> every_other{true};  // then BUSY to every other request
   std::vector<uint32_t> asked_from;     // fromChunk of every request answered with chunks
   std::mutex asked_mutex;
-  std::thread answering([&] {
-    int requests = 0;
-    while (!stop.load()) {
-      auto frame = server->receive(20ms);
-      if (!frame.is_ok() || !frame->has_value()) continue;
-      std::unique_ptr<fp::ParsedMessage> parsed;
-      fp::Rejection rejection;
-      if (!fp::parse_message((**frame).bytes, fp::kDefaultMaxMessageBytes, (**frame).frame, parsed, rejection)) continue;
-      const auto root = parsed->root();
-      if (!root.isModelRequest()) continue;
-      ++requests;
-      if (busy_left.load() > 0 || (every_other.load() && requests % 2 == 0)) {
-        if (busy_left.load() > 0) busy_left.fetch_sub(1);
-        (void)server->send((**frame).routing_id,
-                           fp::make_reject(0, {fedmesh::wire::RejectCode::BUSY, "model chunks queued"}));
-        continue;
-      }
-      {
-        std::lock_guard lock(asked_mutex);
-        asked_from.push_back(root.getModelRequest().getFromChunk());
-      }
-      std::vector<fp::SharedMessage> chunks;
-      if (!publisher.answer(root.getModelRequest(), 3, chunks, rejection)) continue;
-      for (const fp::SharedMessage& chunk : chunks) {
-        (void)server->send((**frame).routing_id, fp::OutgoingMessage::from_bytes(chunk.bytes()));
-      }
+  int requests = 0;
+  std::thread answering = answer_model_requests(*server, stop, [&](const std::string& to, ModelRequest request) {
+    ++requests;
+    if (busy_left.load() > 0 || (every_other.load() && requests % 2 == 0)) {
+      if (busy_left.load() > 0) busy_left.fetch_sub(1);
+      (void)server->send(to, fp::make_reject(0, {fedmesh::wire::RejectCode::BUSY, "model chunks queued"}));
+      return;
     }
+    {
+      std::lock_guard lock(asked_mutex);
+      asked_from.push_back(request.getFromChunk());
+    }
+    send_window(*server, publisher, to, request, 3);
   });
   auto client = dial(*server, *site_keys_);
   ASSERT_TRUE(client != nullptr);

@@ -28,7 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
 from loopback_ports import free_ports  # noqa: E402
-from peak_memory import peak_kb  # noqa: E402
+from peak_memory import peak_kb, status_kb  # noqa: E402
 
 
 def run(fedmesh, work, sites, hidden, rounds, agg_lines):
@@ -52,6 +52,17 @@ def run(fedmesh, work, sites, hidden, rounds, agg_lines):
     started = time.monotonic()
     aggregator = subprocess.Popen([fedmesh, "aggregator", "--config", os.path.join(directory, "agg.toml"), "--json"],
                                   stdout=out, stderr=err)
+    # Its resident set once listening (libraries, the model, the evaluator),
+    # before any site: what the rounds add is measured from there.
+    listening = 0
+    for _ in range(600):
+        with open(out.name, encoding="utf-8", errors="replace") as f:
+            if any('"listening"' in line for line in f):
+                listening = status_kb(aggregator.pid, "VmRSS") or 0
+                break
+        if aggregator.poll() is not None:
+            break
+        time.sleep(0.1)
     nodes = []
     for k in range(sites):
         log = open(os.path.join(directory, f"site-{k}.out"), "w")
@@ -74,7 +85,7 @@ def run(fedmesh, work, sites, hidden, rounds, agg_lines):
             sys.exit(f"the aggregator of {sites} sites exited {aggregator.returncode}:\n{f.read()[-4000:]}")
     with open(out.name, encoding="utf-8", errors="replace") as f:
         steps = sum(1 for line in f if line.replace(" ", "").startswith('{"event":"round",'))
-    return peak, seconds, steps
+    return peak, listening, seconds, steps
 
 
 def main():
@@ -92,10 +103,13 @@ def main():
     peaks = []
     try:
         for sites in [int(s) for s in args.sites.split(",")]:
-            peak, seconds, steps = run(os.path.abspath(args.fedmesh), work, sites, args.hidden, args.rounds, args.agg)
+            peak, listening, seconds, steps = run(os.path.abspath(args.fedmesh), work, sites, args.hidden, args.rounds,
+                                                  args.agg)
             peaks.append(peak)
-            print(f"sites {sites:3d}: aggregator peak RSS {peak / 1024:.0f} MB = {peak * 1.024e-3 / model_mb:.2f}x "
-                  f"the model; {seconds:.1f} s for {args.rounds} rounds", flush=True)
+            print(f"sites {sites:3d}: aggregator peak RSS {peak * 1.024e-3:.0f} MB = {peak * 1.024e-3 / model_mb:.2f}x "
+                  f"the model ({listening * 1.024e-3:.0f} MB when listening; the rounds added "
+                  f"{(peak - listening) * 1.024e-3 / model_mb:.2f}x); {seconds:.1f} s for {args.rounds} rounds",
+                  flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if len(peaks) > 1:

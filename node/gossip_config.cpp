@@ -58,6 +58,9 @@ Status GossipConfig::validate() const {
   if (!(wait_for_share_seconds >= 0.0) || wait_for_share_seconds > 600.0) {
     return invalid_argument("gossip.wait_for_share_seconds must be in [0, 600]");
   }
+  if (!(wait_for_updates_seconds >= 0.0) || wait_for_updates_seconds > 600.0) {
+    return invalid_argument("gossip.wait_for_updates_seconds must be in [0, 600]");
+  }
   return privacy::check_dp_settings({dp_clip, dp_noise_multiplier, dp_delta, dp_target_epsilon},
                                     privacy::kDpConfigKeys);
 }
@@ -91,6 +94,7 @@ Result<GossipConfig> read_gossip_config(const std::string& path) {
   r.read("gossip.test_limit", c.test_limit);
   r.read("gossip.eval_every", c.eval_every);
   r.read("gossip.wait_for_share_seconds", c.wait_for_share_seconds);
+  r.read("gossip.wait_for_updates_seconds", c.wait_for_updates_seconds);
   r.read("dp.clip", c.dp_clip);
   r.read("dp.noise_multiplier", c.dp_noise_multiplier);
   r.read("dp.delta", c.dp_delta);

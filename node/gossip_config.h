@@ -34,9 +34,13 @@ struct GossipConfig {
   double catch_up_timeout_seconds = 10.0;
   int64_t test_limit = 2000;         // test images evaluated (0: all)
   int64_t eval_every = 1;            // rounds
-  // After training, wait up to this long for a share if none came
-  // (replicas: for every alive member's update of the round).
+  // push-sum and pairwise: after training, wait up to this long for a
+  // share if none came.
   double wait_for_share_seconds = 1.0;
+  // replicas: after making its update of a round, wait up to this long for
+  // the update of that round of every reachable member that has reached
+  // it (members further behind are not waited for).
+  double wait_for_updates_seconds = 10.0;
   // [dp] Local differential privacy of what this node sends: each round's
   // training delta is clipped to dp.clip (L2) and gets N(0, (sigma clip)^2)
   // noise before it enters the model the node shares, so every share is a

@@ -135,6 +135,9 @@ class GossipRuntime::Impl {
   // round), so that its very header and missing chunks can be sent again
   // (signing is deterministic). Rounds below the window are forgotten.
   std::map<std::pair<std::string, uint64_t>, protocol::UpdateMetadata> updates_sent;
+  // Replicas: each member's latest ReplicaHolds, the round below which it
+  // holds all of our updates (what settling waits for before we leave).
+  std::map<std::string, uint64_t> held_by;
   // A catch-up in progress: slice -> donor, and what has arrived.
 
   mutable std::mutex metrics_mutex;
@@ -194,8 +197,16 @@ class GossipRuntime::Impl {
   void serve_update_requests();
   // `at_least`: the version every member is expected at (settle: ours).
   void request_missing_updates(uint64_t at_least = 0);
-  bool have_round_from_all(uint64_t round) const;
-  Status settle(const std::atomic<bool>& stop);
+  // Replicas, after our update of `round`: the reachable members that
+  // have reached `round` (their version says so) and whose update of it we
+  // lack; `behind` gets how many others were further behind.
+  std::vector<std::string> late_for(uint64_t round, size_t* behind = nullptr) const;
+  // Replicas: tell every reachable member below which of its rounds we hold
+  // all its updates (ReplicaHolds).
+  void send_holds();
+  // `unacknowledged`: the members that had not said they hold all our
+  // updates when settling ended (empty unless it timed out).
+  Status settle(const std::atomic<bool>& stop, std::vector<std::string>& unacknowledged);
   Status catch_up_if_behind(const std::atomic<bool>& stop);
   Status merge_arrivals();
   // Copies the model we hold into the worker (to train or evaluate it).
@@ -599,6 +610,15 @@ bool GossipRuntime::Impl::handle_other(const protocol::Incoming& in, const proto
     catch_up_requests.push_back({in.peer, {request.getSlice(), request.getSlices()}});
     return true;
   }
+  if (kind == wire::Message::REPLICA_HOLDS) {
+    if (!replicas) {
+      rejection = {wire::RejectCode::MALFORMED, "a replica acknowledgement to a peer that does not merge by replicas"};
+      return false;
+    }
+    uint64_t& below = held_by[in.peer];
+    below = std::max(below, message.root().getReplicaHolds().getBelow());
+    return true;
+  }
   if (kind == wire::Message::UPDATE_REQUEST) {
     if (!replicas) {
       rejection = {wire::RejectCode::MALFORMED, "an update request to a peer that does not merge by replicas"};
@@ -930,27 +950,54 @@ void GossipRuntime::Impl::request_missing_updates(uint64_t at_least) {
   }
 }
 
-// Replicas: every reachable member's update of `round` is applied.
-bool GossipRuntime::Impl::have_round_from_all(uint64_t round) const {
+std::vector<std::string> GossipRuntime::Impl::late_for(uint64_t round, size_t* behind) const {
+  std::vector<std::string> late;
+  if (behind != nullptr) *behind = 0;
   for (const std::string& member : reachable_members()) {
-    if (!replicas->state().applied({member, round})) return false;
+    if (member == config.site.name) continue;
+    const auto known = peer_versions.find(member);
+    const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
+    if (heard < round) {
+      if (behind != nullptr) ++*behind;
+      continue;
+    }
+    if (!replicas->state().applied({member, round})) late.push_back(member);
   }
-  return true;
+  return late;
+}
+
+void GossipRuntime::Impl::send_holds() {
+  for (const std::string& member : reachable_members()) {
+    if (member == config.site.name) continue;
+    const auto known = peer_versions.find(member);
+    const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
+    const uint64_t upto = std::max(heard, version);
+    const std::vector<uint64_t> lacking = replicas->missing(member, upto);
+    capnp::MallocMessageBuilder builder;
+    builder.initRoot<wire::Message>().initReplicaHolds().setBelow(lacking.empty() ? upto : lacking.front());
+    (void)send_to(member, protocol::serialize(builder));
+  }
 }
 
 // Replicas, after the last round: go on serving the members' requests and
 // asking for what we lack until every reachable (alive or suspect) member
-// has done its rounds, we hold all their updates and for 2 s no member has
-// asked us for one, moved on a version or sent us an update (or the settle
-// time, the longest of 20 s, twenty waits for a share and two of our longest
-// rounds, is over), so the peers end on one model. (A member
-// that has just made its last round asks for what it lacks only then: had
-// we counted the quiet time from before, while it trained, we would leave
-// before its first request; fedmesh-vopr found that.)
-Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop) {
+// has done its rounds, we hold all their updates, each of them has told us
+// it holds all of ours (ReplicaHolds, which we send them every half second
+// as well), and for 2 s no member has asked us for one, moved on a version
+// or sent us an update (or the settle time, the longest of 20 s, two waits
+// for updates and two of our longest rounds, is over), so the peers end on
+// one model. (A member that has just made its last round asks for what it
+// lacks only then: had we counted the quiet time from before, while it
+// trained, we would leave before its first request; fedmesh-vopr found
+// that. A member that never learnt of our last update asks for nothing:
+// the quiet time alone let us leave without it, which is why we wait for
+// each member's word that it holds ours.) What we acknowledge is committed
+// first, so a crash after cannot take back what a member left on.
+Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop, std::vector<std::string>& unacknowledged) {
   // A member busy with a long step (a large model's commit) is waited for
   // about as long as two of our longest rounds.
-  const double until = now() + std::max({20.0, 20.0 * config.wait_for_share_seconds, 2.0 * longest_round_seconds});
+  const double until = now() + std::max({20.0, 2.0 * config.wait_for_updates_seconds, 2.0 * longest_round_seconds});
+  size_t committed_applied = replicas->state().applied_ids().size();
   double next_request = 0.0;
   uint64_t last_served = updates_resent_or_refused;
   const auto progress = [this] {
@@ -967,11 +1014,17 @@ Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop) {
     // ours, whatever version we last heard from it (a message saying it
     // moved on may have been lost).
     bool done = true;
+    unacknowledged.clear();
     for (const std::string& member : reachable_members()) {
       if (member == config.site.name) continue;
       const auto known = peer_versions.find(member);
       const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
       if (heard < version || !replicas->missing(member, std::max(heard, version)).empty()) done = false;
+      const auto holds = held_by.find(member);
+      if (holds == held_by.end() || holds->second < version) {
+        unacknowledged.push_back(member);
+        done = false;
+      }
     }
     // Done: linger while members still ask us for updates (they ask every
     // half second while they lack one), until 2 s pass with no request.
@@ -986,6 +1039,11 @@ Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop) {
     }
     if (now() >= next_request) {
       request_missing_updates(version);
+      if (const size_t applied = replicas->state().applied_ids().size(); applied != committed_applied) {
+        FEDMESH_RETURN_IF_ERROR(commit({{"event", "settling"}, {"round", version}, {"updates_applied", applied}}));
+        committed_applied = applied;
+      }
+      send_holds();
       next_request = now() + 0.5;
     }
   }
@@ -1305,6 +1363,8 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       break;
     }
     const auto began = s.clock().now();
+    size_t replica_round_late = 0, replica_round_behind = 0;
+    double replica_round_waited = 0.0;
     // Replicas never adopt another's model (that would break the exact
     // sum): a peer that was down asks for the updates it missed instead.
     if (!s.replicas) FEDMESH_RETURN_IF_ERROR(s.catch_up_if_behind(stop));
@@ -1314,8 +1374,11 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     if (stop.load()) break;
     if (s.replicas) {
       // Our update of this round: made and durable before it leaves, then
-      // sent to every member; then the members' updates of this round,
-      // asked for again when late, for up to wait_for_share_seconds.
+      // sent to every member; then the updates of this round of the members
+      // that have reached it, asked for again when late, for up to
+      // wait_for_updates_seconds (so every round starts from the same sum,
+      // as in FedAvg, unless a member is slow; members a round or more
+      // behind are not waited for).
       // (Updates that arrived while we trained wait in `arrivals`: the
       // pseudo-gradient is against the model training started from.)
       const uint64_t round = s.version;
@@ -1326,18 +1389,25 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       s.replicas->advance(s.version);
       FEDMESH_RETURN_IF_ERROR(s.commit({{"event", "update"}, {"round", s.version}}));
       s.send_own_update_to_all(round);
-      const double wait_until = s.now() + s.config.wait_for_share_seconds;
-      double next_request = s.now() + std::min(0.5, s.config.wait_for_share_seconds / 4.0);
-      while (!stop.load() && s.now() < wait_until && !s.have_round_from_all(round)) {
+      const double wait_began = s.now();
+      const double wait_until = wait_began + s.config.wait_for_updates_seconds;
+      double next_request = s.now() + std::min(0.5, s.config.wait_for_updates_seconds / 4.0);
+      while (!stop.load() && s.now() < wait_until && !s.late_for(round).empty()) {
         s.pump(0.02);
         FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());
         if (s.now() >= next_request) {
-          s.request_missing_updates();
+          // This round's too, from members we have not yet heard have
+          // made it: its first copy, or the word that it was made, may be
+          // what was lost (a member ignores a request for a round it has
+          // not made).
+          s.request_missing_updates(round + 1);
           next_request = s.now() + 0.5;
         }
       }
       FEDMESH_RETURN_IF_ERROR(s.merge_arrivals());
       s.request_missing_updates();  // what is still missing comes while we train
+      replica_round_late = s.late_for(round, &replica_round_behind).size();
+      replica_round_waited = s.now() - wait_began;
     } else {
       // Nothing heard since the last round: wait a little for a share, so a
       // node that ran ahead mixes rather than drifts on its own shard.
@@ -1388,6 +1458,11 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
       if (s.state) event["weight"] = s.state->weight();
       if (s.replicas) {
         event["updates_applied"] = s.replicas->state().applied_ids().size();
+        // Of this round: members' updates not in when we went on (waited
+        // for, but late), and members a round or more behind (not waited for).
+        event["updates_late"] = replica_round_late;
+        event["members_behind"] = replica_round_behind;
+        event["waited_seconds"] = replica_round_waited;
         event["updates_requested"] = s.updates_requested;
         event["updates_resent"] = s.updates_resent;
         event["updates_resumed"] = s.updates_resumed;
@@ -1415,10 +1490,12 @@ Status GossipRuntime::run(const std::atomic<bool>& stop) {
     s.emit(event);
   }
   if (s.replicas && !stop.load()) {
-    FEDMESH_RETURN_IF_ERROR(s.settle(stop));
+    std::vector<std::string> unacknowledged;
+    FEDMESH_RETURN_IF_ERROR(s.settle(stop, unacknowledged));
     // The settled model (the same at every peer that got every update), evaluated.
     nlohmann::json settled = {{"event", "settled"}, {"round", s.version},
-                              {"updates_applied", s.replicas->state().applied_ids().size()}};
+                              {"updates_applied", s.replicas->state().applied_ids().size()},
+                              {"unacknowledged", unacknowledged}};
     if (s.data.test->size() > 0) {
       s.load_worker();
       const double accuracy = evaluator.evaluate(*s.data.test).accuracy;

@@ -7,7 +7,7 @@
 #include <set>
 #include <utility>
 
-#include "gossip/catch_up.h"
+#include "protocol/codec.h"
 
 namespace fedmesh::node {
 
@@ -173,26 +173,36 @@ Status decode_own_update(std::span<const uint8_t> bytes, uint64_t round, uint64_
 Result<ReplicaSync::Own> ReplicaSync::own_from(uint64_t round, std::vector<uint64_t> index, std::vector<float> value) const {
   uint64_t elements = 0;
   for (const protocol::TensorShape& shape : state_.manifest()) elements += shape.element_count();
-  std::vector<std::vector<float>> dense, zeros;
-  for (const protocol::TensorShape& shape : state_.manifest()) {
-    dense.emplace_back(shape.element_count(), 0.0f);
-    zeros.emplace_back(shape.element_count(), 0.0f);
-  }
+  if (index.size() != value.size()) return corrupt("the own update of round " + std::to_string(round) + " is ragged");
   for (size_t k = 0; k < index.size(); ++k) {
-    if (index[k] >= elements || !std::isfinite(value[k])) {
+    if (index[k] >= elements || !std::isfinite(value[k]) || (k > 0 && index[k] <= index[k - 1])) {
       return corrupt("the own update of round " + std::to_string(round) + " holds a bad entry");
     }
-    uint64_t rest = index[k];
-    size_t t = 0;
-    while (rest >= dense[t].size()) rest -= dense[t++].size();
-    dense[t][rest] = value[k];
   }
-  // Sent again as its exact values, sparse (what every member adds).
-  Result<std::vector<protocol::EncodedTensor>> encoded =
-      gossip::encode_catch_up_slice(state_.manifest(), dense, zeros, 0, 1, state_.max_segment_bytes());
-  if (!encoded.is_ok()) return encoded.status();
+  // Sent again as its exact values, sparse (what every member adds): each
+  // tensor's coordinates and values, nothing else (not a model-sized
+  // slice of mostly zeros).
   Own own;
-  own.tensors = std::move(*encoded);
+  size_t k = 0;
+  uint64_t offset = 0;
+  for (size_t t = 0; t < state_.manifest().size(); ++t) {
+    const protocol::TensorShape& shape = state_.manifest()[t];
+    const uint64_t count = shape.element_count();
+    std::vector<uint64_t> local;
+    const size_t first = k;
+    for (; k < index.size() && index[k] < offset + count; ++k) local.push_back(index[k] - offset);
+    const std::span<const float> values(value.data() + first, k - first);
+    const protocol::SparseIndexCost cost = protocol::sparse_index_cost(local, count);
+    const protocol::Encoding encoding = protocol::sparse_with_bitmap(protocol::Encoding::kSparseF32, cost.bitmap_smaller());
+    Result<std::vector<protocol::EncodedSegment>> segments =
+        protocol::encode_sparse(static_cast<uint32_t>(t), count, local, values, encoding, state_.max_segment_bytes());
+    if (!segments.is_ok()) return segments.status();
+    protocol::EncodedTensor tensor;
+    tensor.descriptor = {shape.name, shape.dims, encoding, 0};
+    tensor.segments = std::move(*segments);
+    own.tensors.push_back(std::move(tensor));
+    offset += count;
+  }
   own.index = std::move(index);
   own.value = std::move(value);
   return own;

@@ -296,6 +296,15 @@ struct UpdateRequest {
   haveChunks @2 :Data;
 }
 
+# Gossip replicas: the sender holds every update of the recipient's rounds
+# below `below` that it can still take (its 16-round window). A peer that
+# has done its rounds leaves only once every reachable member has said so
+# for all of its rounds: a lost update is never left behind by a sender
+# that left.
+struct ReplicaHolds {
+  below @0 :UInt64;
+}
+
 # Secure aggregation (crypto/secure_aggregation.h): a site's messages go up
 # to the aggregator, each answered by a SecAggDown with the session as that
 # site sees it. Sites never talk to each other directly: what one site has
@@ -426,5 +435,6 @@ struct Message {
     statsReport @17 :StatsReport;
     statsMerged @18 :StatsMerged;
     updateRequest @19 :UpdateRequest;
+    replicaHolds @20 :ReplicaHolds;
   }
 }

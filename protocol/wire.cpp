@@ -26,7 +26,7 @@ void store_le(uint8_t* p, T value) {
 static_assert(static_cast<int>(wire::RejectCode::REVOKED) == kRejectCodeCount - 1,
               "kRejectCodeCount counts every RejectCode");
 
-constexpr uint16_t kLastKind = static_cast<uint16_t>(wire::Message::UPDATE_REQUEST);
+constexpr uint16_t kLastKind = static_cast<uint16_t>(wire::Message::REPLICA_HOLDS);
 
 }  // namespace
 

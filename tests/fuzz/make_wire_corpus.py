@@ -18,7 +18,8 @@ OUT = os.path.join(ROOT, "tests", "fuzz", "corpus", "wire")
 
 KINDS = ["hello", "welcome", "roundAnnounce", "modelRequest", "modelChunk", "updateHeader",
          "updateChunk", "ack", "reject", "heartbeat", "ping", "pingReq", "pingAck", "siteReport",
-         "catchUpRequest", "secAggUp", "secAggDown", "statsReport", "statsMerged", "updateRequest"]
+         "catchUpRequest", "secAggUp", "secAggDown", "statsReport", "statsMerged", "updateRequest",
+         "replicaHolds"]
 
 
 def encode(text):
@@ -58,6 +59,7 @@ def main():
         "catch_up_request": b"\x00" + frame("catchUpRequest", encode('(catchUpRequest = (slice = 1, slices = 3))')),
         "update_request": b"\x00" + frame("updateRequest", encode(
             '(updateRequest = (round = 4, sequence = 1700000000000000, haveChunks = 0x"ff7f01"))')),
+        "replica_holds": b"\x00" + frame("replicaHolds", encode('(replicaHolds = (below = 30))')),
         "secagg_up_advertise": b"\x00" + frame("secAggUp", encode(
             '(secAggUp = (round = 1, session = "s", advertise = (site = "site-a", cipherPublic = 0x"%s", '
             'maskPublic = 0x"%s", signature = 0x"%s")))' % ("01" * 32, "02" * 32, "03" * 64))),

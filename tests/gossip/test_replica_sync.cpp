@@ -134,6 +134,21 @@ TEST(ReplicaSync, ACheckpointRestoresTheSumTheIdsAndTheOwnUpdates) {
       }
       EXPECT_EQ(first, second) << "round " << r << " tensor " << t;
     }
+    // Only the coordinates sent, with fp32 values: at most 8 bytes an
+    // entry and a segment header per tensor, not a model-sized slice (a
+    // restored peer once resent every update of its window as one).
+    size_t entries = 0, bytes = 0, model = 0;
+    for (size_t t = 0; t < manifest().size(); ++t) {
+      model += manifest()[t].element_count();
+      for (const protocol::EncodedSegment& segment : (*again)[t].segments) bytes += segment.payload_bytes();
+      std::vector<float> values(manifest()[t].element_count());
+      for (const protocol::EncodedSegment& segment : (*again)[t].segments) {
+        ASSERT_TRUE(protocol::decode_segment(segment.view(), manifest(), values).is_ok());
+      }
+      for (const float v : values) entries += v != 0.0f;
+    }
+    EXPECT_LT(entries, model / 4) << "top-k 5 % keeps few coordinates";
+    EXPECT_LE(bytes, 8 * entries + 64 * manifest().size()) << "round " << r;
   }
   // The stray is retired by the next commit.
   commit(b, *db, 2, 1);

@@ -46,6 +46,7 @@ for data in text images; do
 done
 run text-adamw-replicas-identity "${TEXT[@]}" ${OPT[adamw-text]} --mode gossip --compress identity
 run text-adamw-replicas-default-loss0.2 "${TEXT[@]}" ${OPT[adamw-text]} --mode gossip --loss 0.2
+run text-sgd-replicas-default-loss0.2 "${TEXT[@]}" ${OPT[sgd]} --mode gossip --loss 0.2
 "${PYTHON:-python3}" - "$OUT" "${rows[@]}" <<'PY'
 import json, sys
 out, rows = sys.argv[1], sys.argv[2:]

@@ -303,9 +303,12 @@ int run_sim(SimFlags& flags) {
   o.local.schedule = *LrSchedule::parse("constant");
   o.local.weight_decay = 0.0f;
   // Replicas' updates are compressed unless told otherwise (sparse after SGD,
-  // int4 after AdamW); push-sum and pairwise send model states, dense.
+  // less so for a language model; int4 after AdamW); push-sum and pairwise
+  // send model states, dense.
   if (flags.mode == "gossip" && flags.compress_option->count() == 0) {
-    flags.compress = flags.merge == "replicas" ? gossip::default_gossip_compression(flags.local_optimizer) : "identity";
+    flags.compress = flags.merge == "replicas" ? gossip::default_gossip_compression(
+                                                     flags.local_optimizer, train::language_model_config(o.model).has_value())
+                                               : "identity";
   }
   Result<protocol::CompressionPlan> plan =
       protocol::make_compression_plan(flags.compress, flags.compress_tensor, flags.dense_below);

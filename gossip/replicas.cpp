@@ -5,8 +5,9 @@
 
 namespace fedmesh::gossip {
 
-const char* default_gossip_compression(std::string_view local_optimizer) {
-  return local_optimizer == "adamw" ? kAdamGossipCompression : kSgdGossipCompression;
+const char* default_gossip_compression(std::string_view local_optimizer, bool language_model) {
+  if (local_optimizer == "adamw") return kAdamGossipCompression;
+  return language_model ? kSgdLanguageModelGossipCompression : kSgdGossipCompression;
 }
 
 std::vector<std::pair<std::string, protocol::CompressionSpec>> plan_specs(const protocol::CompressionPlan& plan) {

@@ -11,6 +11,7 @@
 #include "gossip/replicas.h"
 #include "protocol/compression_spec.h"
 #include "protocol/wire.h"
+#include "train/model.h"
 
 namespace fedmesh::node {
 
@@ -110,10 +111,12 @@ Result<GossipConfig> read_gossip_config(const std::string& path) {
     return invalid_argument(path + ": gossip.topology and gossip.fanout choose whom push-sum and pairwise send their "
                             "model to; gossip.merge = \"replicas\" (the default) sends every update to every member");
   }
-  // Replicas send compressed updates (sparse after SGD, int4 after AdamW);
-  // model states go dense.
+  // Replicas send compressed updates (sparse after SGD, less so for a
+  // language model; int4 after AdamW); model states go dense.
   if (c.site.compress == unset) {
-    c.site.compress = c.merge == "replicas" ? gossip::default_gossip_compression(c.site.local.optimizer) : "identity";
+    c.site.compress = c.merge == "replicas" ? gossip::default_gossip_compression(
+                                                  c.site.local.optimizer, train::language_model_config(c.site.model).has_value())
+                                            : "identity";
   }
   if (c.site.store.empty()) c.site.store = c.site.name + ".db";
   if (Status s = c.validate(); !s.is_ok()) return invalid_argument(path + ": " + s.message());

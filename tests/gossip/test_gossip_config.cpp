@@ -1,6 +1,7 @@
 // A gossip peer's config file (node/gossip_config.h): what it compresses
 // with when the file does not say. Replicas after SGD send top-k 1.5 % with
-// int8 values, after AdamW dense int4 (gossip/replicas.h says why); push-sum
+// int8 values (5 % for a language model), after AdamW dense int4
+// (gossip/replicas.h says why); push-sum
 // and pairwise send model states, dense; a spec the file names wins. The
 // chunk size is bounded.
 #include <gtest/gtest.h>
@@ -32,6 +33,8 @@ TEST(GossipConfig, CompressionFollowsTheMergeRuleAndTheLocalOptimizer) {
       {"", "topk:0.015+int8"},
       {"training.optimizer = \"sgd\"\n", "topk:0.015+int8"},
       {"training.optimizer = \"adamw\"\n", "int4"},
+      {"model = \"gpt-nano\"\n", "topk:0.05+int8"},
+      {"model = \"gpt-nano\"\ntraining.optimizer = \"adamw\"\n", "int4"},
       {"gossip.merge = \"push-sum\"\n", "identity"},
       {"gossip.merge = \"pairwise\"\ntraining.optimizer = \"adamw\"\n", "identity"},
       {"training.optimizer = \"adamw\"\ncompression.default = \"topk:0.05+int8\"\n", "topk:0.05+int8"},

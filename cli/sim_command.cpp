@@ -583,7 +583,8 @@ void add_sim_command(CLI::App& app, int& exit_code) {
                       std::string("How sites compress their updates, with error feedback: identity, fp16, bf16, "
                                   "int8|int4[:stochastic][:block=N], topk:F[+fp16|+int8|+fp32][:warmup=R][:momentum=M], "
                                   "powersgd:R, dct-sign:K (docs/compression.md); gossip replicas default to ") +
-                          gossip::kSgdGossipCompression + " after --optimizer sgd and to " +
+                          gossip::kSgdGossipCompression + " after --optimizer sgd (" +
+                          gossip::kSgdLanguageModelGossipCompression + " for a language model) and to " +
                           gossip::kAdamGossipCompression +
                           " after adamw; push-sum and pairwise default to identity and take the dense ones only "
                           "(identity, fp16, bf16, int8, int4)")

@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "node/own_update_bytes.h"
 #include "protocol/codec.h"
 
 namespace fedmesh::node {
@@ -22,7 +23,6 @@ constexpr const char* kRawSumName = "sum.fixed64";
 const char* const kPieceNames[3] = {"sum.high", "sum.middle", "sum.low"};
 constexpr int64_t kLow = int64_t{1} << 21;
 constexpr const char* kOwnIdPrefix = "replica.own.";
-constexpr char kOwnMagic[4] = {'F', 'M', 'R', 'O'};
 
 }  // namespace
 
@@ -55,15 +55,6 @@ Status ReplicaSync::make(uint64_t round, std::vector<std::vector<float>> trained
   state_.compressor().release_buffers();
   Own own;
   own.tensors = std::move(update->tensors);
-  uint64_t flat = 0;
-  for (const std::vector<float>& tensor : update->decoded) {
-    for (size_t i = 0; i < tensor.size(); ++i, ++flat) {
-      if (tensor[i] != 0.0f) {
-        own.index.push_back(flat);
-        own.value.push_back(tensor[i]);
-      }
-    }
-  }
   own_[round] = std::move(own);
   return Status::ok();
 }
@@ -105,69 +96,21 @@ Status ReplicaSync::persist(uint64_t round, store::CheckpointStore& store) {
   static std::atomic<uint64_t> made{0};
   const std::string id = std::string(kOwnIdPrefix) + std::to_string(round) + "." + std::to_string(clock_->unix_micros()) + "." +
                          std::to_string(made.fetch_add(1));
-  const std::vector<uint8_t> payload = encode_own_update(round, own.index, own.value);
+  // As it was sent (its encoded segments): what a restarted peer sends
+  // again, byte for byte, and no more bytes than the update itself.
+  const std::vector<uint8_t> payload = encode_own_segments(round, own.tensors);
   store::PendingUpdate entry;
   entry.update_id.assign(id.begin(), id.end());
   entry.sender = self_;
   entry.base_version = static_cast<int64_t>(round);
   FEDMESH_RETURN_IF_ERROR(store.add_pending_update(entry, payload));
   own.pending_id = id;
-  // In the store now: memory keeps only what is sent (12 bytes per moved
-  // coordinate less, for each of the rounds kept).
-  own.index = {};
-  own.value = {};
   return Status::ok();
 }
 
 void ReplicaSync::committed() {
   retired_.erase(retired_.begin(), retired_.begin() + static_cast<std::ptrdiff_t>(std::min(retiring_, retired_.size())));
   retiring_ = 0;
-}
-
-std::vector<uint8_t> encode_own_update(uint64_t round, std::span<const uint64_t> index, std::span<const float> value) {
-  std::vector<uint8_t> out;
-  out.reserve(24 + index.size() * 12);
-  const auto put = [&out](const void* bytes, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(bytes);
-    out.insert(out.end(), p, p + n);
-  };
-  const uint32_t version = 1;
-  const uint64_t count = index.size();
-  put(kOwnMagic, 4);
-  put(&version, 4);
-  put(&round, 8);
-  put(&count, 8);
-  put(index.data(), index.size() * 8);
-  put(value.data(), value.size() * 4);
-  return out;
-}
-
-Status decode_own_update(std::span<const uint8_t> bytes, uint64_t round, uint64_t elements, std::vector<uint64_t>& index,
-                         std::vector<float>& value) {
-  if (bytes.size() < 24 || std::memcmp(bytes.data(), kOwnMagic, 4) != 0) return corrupt("not an own update (no FMRO header)");
-  uint32_t version = 0;
-  uint64_t stored_round = 0, count = 0;
-  std::memcpy(&version, bytes.data() + 4, 4);
-  std::memcpy(&stored_round, bytes.data() + 8, 8);
-  std::memcpy(&count, bytes.data() + 16, 8);
-  if (version != 1) return corrupt("own update format version " + std::to_string(version) + ", this build reads 1");
-  if (stored_round != round) {
-    return corrupt("the own update of round " + std::to_string(round) + " holds round " + std::to_string(stored_round));
-  }
-  if (count > elements || bytes.size() != 24 + count * 12) {
-    return corrupt("the own update of round " + std::to_string(round) + " is " + std::to_string(bytes.size()) +
-                   " bytes for " + std::to_string(count) + " coordinates of a model of " + std::to_string(elements));
-  }
-  index.resize(count);
-  value.resize(count);
-  std::memcpy(index.data(), bytes.data() + 24, count * 8);
-  std::memcpy(value.data(), bytes.data() + 24 + count * 8, count * 4);
-  for (uint64_t k = 0; k < count; ++k) {
-    if (index[k] >= elements || (k > 0 && index[k] <= index[k - 1]) || !std::isfinite(value[k])) {
-      return corrupt("the own update of round " + std::to_string(round) + " holds a bad entry at " + std::to_string(k));
-    }
-  }
-  return Status::ok();
 }
 
 Result<ReplicaSync::Own> ReplicaSync::own_from(uint64_t round, std::vector<uint64_t> index, std::vector<float> value) const {
@@ -203,8 +146,6 @@ Result<ReplicaSync::Own> ReplicaSync::own_from(uint64_t round, std::vector<uint6
     own.tensors.push_back(std::move(tensor));
     offset += count;
   }
-  own.index = std::move(index);
-  own.value = std::move(value);
   return own;
 }
 
@@ -318,10 +259,21 @@ Status ReplicaSync::restore(const store::LoadedCheckpoint& checkpoint, const nlo
         const std::string id = id_json.get<std::string>();
         named.insert(id);
         Result<std::vector<uint8_t>> bytes = store.read_pending_update(std::vector<uint8_t>(id.begin(), id.end()));
-        std::vector<uint64_t> index;
-        std::vector<float> value;
-        Status decoded = bytes.is_ok() ? decode_own_update(*bytes, round, elements, index, value) : bytes.status();
-        Result<Own> own = decoded.is_ok() ? own_from(round, std::move(index), std::move(value)) : Result<Own>(decoded);
+        Result<Own> own = [&]() -> Result<Own> {
+          if (!bytes.is_ok()) return bytes.status();
+          if (own_update_format(*bytes) == 2) {
+            Result<std::vector<protocol::EncodedTensor>> tensors = decode_own_segments(*bytes, round, state_.manifest());
+            if (!tensors.is_ok()) return tensors.status();
+            Own restored;
+            restored.tensors = std::move(*tensors);
+            return restored;
+          }
+          // Format 1 (before 2026-12-07): the coordinates it moved and their values.
+          std::vector<uint64_t> index;
+          std::vector<float> value;
+          FEDMESH_RETURN_IF_ERROR(decode_own_update(*bytes, round, elements, index, value));
+          return own_from(round, std::move(index), std::move(value));
+        }();
         if (!own.is_ok()) {
           warnings.push_back("our update of round " + std::to_string(round) + " cannot be sent again after this "
                              "restart (it is in the sum): " + own.status().message());

@@ -9,7 +9,7 @@
 //  - It keeps its own updates of the last kKeptRounds rounds and sends one
 //    again to a member that asks for it (UpdateRequest), before and after a
 //    restart. Each is written to the store once, when made, as a pending
-//    update (the coordinates it moves and their values, checksummed), in
+//    update (its encoded segments as sent, checksummed; node/own_update_bytes.h), in
 //    its own transaction before the round's commit; the checkpoint names
 //    the ones kept, and the commit after one leaves the window removes it
 //    (as an applied update). A checkpoint thus costs the model, not 16
@@ -41,6 +41,7 @@
 #include "base/status.h"
 #include "gossip/replicas.h"
 #include "kernels/tensor.h"
+#include "node/own_update_bytes.h"
 #include "protocol/update_transfer.h"
 #include "store/checkpoint_store.h"
 
@@ -96,27 +97,16 @@ class ReplicaSync {
   std::string self_;
   Clock* clock_;
   struct Own {
-    std::vector<protocol::EncodedTensor> tensors;
-    std::vector<uint64_t> index;  // flat over the manifest's tensors; freed once persisted
-    std::vector<float> value;
+    std::vector<protocol::EncodedTensor> tensors;  // as sent
     std::string pending_id;  // its pending update in the store; empty until persisted
   };
-  // The own update of `round` from its coordinates and values: checked
-  // against the model's size, and encoded to send again.
+  // The own update of `round` from its coordinates and values (format 1):
+  // checked against the model's size, and encoded to send again.
   Result<Own> own_from(uint64_t round, std::vector<uint64_t> index, std::vector<float> value) const;
   std::map<uint64_t, Own> own_;  // by round
   std::vector<std::string> retired_;  // pending ids to drop at the next commit
   mutable size_t retiring_ = 0;       // how many of retired_ the last save() listed
 };
-
-// An own update as a pending update's bytes: "FMRO", version 1, round,
-// count, then count flat indices (u64, ascending) and count values (f32),
-// little-endian.
-std::vector<uint8_t> encode_own_update(uint64_t round, std::span<const uint64_t> index, std::span<const float> value);
-// Refused (naming what is wrong) unless well formed, of `round`, with
-// indices ascending below `elements` and finite values.
-Status decode_own_update(std::span<const uint8_t> bytes, uint64_t round, uint64_t elements, std::vector<uint64_t>& index,
-                         std::vector<float>& value);
 
 // The three exact float pieces of a 64-bit fixed-point value, and back.
 void split_fixed_point(int64_t value, float pieces[3]);

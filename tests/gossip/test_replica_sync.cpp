@@ -37,6 +37,26 @@ Model plus(const Model& a, const Model& b) {
   return out;
 }
 
+// A store file of its own for one test, none there yet.
+std::filesystem::path fresh_store(const std::string& name) {
+  const std::filesystem::path path =
+      std::filesystem::path(::testing::TempDir()) / (name + "-" + std::to_string(::getpid()) + ".db");
+  std::filesystem::remove(path);
+  return path;
+}
+
+// An update as it travels, decoded: one dense tensor per manifest entry.
+Model decoded(const std::vector<protocol::EncodedTensor>& update) {
+  Model out;
+  for (size_t t = 0; t < manifest().size(); ++t) {
+    out.emplace_back(manifest()[t].element_count(), 0.0f);
+    for (const protocol::EncodedSegment& segment : update[t].segments) {
+      EXPECT_TRUE(protocol::decode_segment(segment.view(), manifest(), out[t]).is_ok());
+    }
+  }
+  return out;
+}
+
 // Saves `sync` as round `round` and commits it; the commit retires
 // `retired` own updates and holds no own-update tensors. Returns the state.
 nlohmann::json commit(ReplicaSync& sync, store::CheckpointStore& db, int64_t round, size_t retired) {
@@ -63,9 +83,7 @@ TEST(ReplicaSync, FixedPointPiecesRoundTripEveryValue) {
 }
 
 TEST(ReplicaSync, ACheckpointRestoresTheSumTheIdsAndTheOwnUpdates) {
-  const std::filesystem::path path =
-      std::filesystem::path(::testing::TempDir()) / ("replica-sync-" + std::to_string(::getpid()) + ".db");
-  std::filesystem::remove(path);
+  const std::filesystem::path path = fresh_store("replica-sync");
   const Model x0 = gossip::testing::random_model(manifest(), 1, 1.0f);
   ReplicaSync a = sync("a", x0);
   crypto::Hash committed_digest{};
@@ -124,31 +142,30 @@ TEST(ReplicaSync, ACheckpointRestoresTheSumTheIdsAndTheOwnUpdates) {
     const std::vector<protocol::EncodedTensor>* sent = a.own(r);
     const std::vector<protocol::EncodedTensor>* again = b.own(r);
     ASSERT_TRUE(sent && again);
-    for (size_t t = 0; t < manifest().size(); ++t) {
-      std::vector<float> first(manifest()[t].element_count()), second(manifest()[t].element_count());
-      for (const protocol::EncodedSegment& segment : (*sent)[t].segments) {
-        ASSERT_TRUE(protocol::decode_segment(segment.view(), manifest(), first).is_ok());
-      }
-      for (const protocol::EncodedSegment& segment : (*again)[t].segments) {
-        ASSERT_TRUE(protocol::decode_segment(segment.view(), manifest(), second).is_ok());
-      }
-      EXPECT_EQ(first, second) << "round " << r << " tensor " << t;
-    }
-    // Only the coordinates sent, with fp32 values: at most 8 bytes an
-    // entry and a segment header per tensor, not a model-sized slice (a
-    // restored peer once resent every update of its window as one).
+    const Model values = decoded(*again);
+    EXPECT_EQ(decoded(*sent), values) << "round " << r;
+    // Only the coordinates sent: at most 8 bytes an entry and a segment
+    // header per tensor, not a model-sized slice (a restored peer once
+    // resent every update of its window as one).
     size_t entries = 0, bytes = 0, model = 0;
     for (size_t t = 0; t < manifest().size(); ++t) {
       model += manifest()[t].element_count();
       for (const protocol::EncodedSegment& segment : (*again)[t].segments) bytes += segment.payload_bytes();
-      std::vector<float> values(manifest()[t].element_count());
-      for (const protocol::EncodedSegment& segment : (*again)[t].segments) {
-        ASSERT_TRUE(protocol::decode_segment(segment.view(), manifest(), values).is_ok());
-      }
-      for (const float v : values) entries += v != 0.0f;
+      for (const float v : values[t]) entries += v != 0.0f;
     }
     EXPECT_LT(entries, model / 4) << "top-k 5 % keeps few coordinates";
     EXPECT_LE(bytes, 8 * entries + 64 * manifest().size()) << "round " << r;
+    // Kept as sent (format 2): the very segments, byte for byte.
+    for (size_t t = 0; t < manifest().size(); ++t) {
+      ASSERT_EQ((*sent)[t].segments.size(), (*again)[t].segments.size());
+      EXPECT_EQ((*sent)[t].descriptor.encoding, (*again)[t].descriptor.encoding);
+      for (size_t k = 0; k < (*sent)[t].segments.size(); ++k) {
+        const protocol::EncodedSegment &x = (*sent)[t].segments[k], &y = (*again)[t].segments[k];
+        EXPECT_TRUE(x.encoding == y.encoding && x.offset == y.offset && x.count == y.count && x.nnz == y.nnz &&
+                    x.indices == y.indices && x.values == y.values && x.scales == y.scales)
+            << "round " << r << " tensor " << t << " segment " << k;
+      }
+    }
   }
   // The stray is retired by the next commit.
   commit(b, *db, 2, 1);
@@ -251,6 +268,111 @@ TEST(ReplicaSync, OwnUpdateBytesAreCheckedBeforeUse) {
   std::vector<uint8_t> versioned = good;
   versioned[4] = 2;
   refused(versioned, 7, 10, "format version 2");
+}
+
+// Stores written before format 2 keep own updates as coordinates and
+// values (format 1): a checkpoint naming such updates still restores them,
+// re-encoded sparse, decoding to the values first sent.
+TEST(ReplicaSync, OwnUpdatesOfTheFirstFormatStillRestore) {
+  const std::filesystem::path path = fresh_store("replica-sync-v1");
+  const Model x0 = gossip::testing::random_model(manifest(), 1, 1.0f);
+  ReplicaSync a = sync("a", x0);
+  Result<store::CheckpointStore> db = store::CheckpointStore::open(path.string());
+  ASSERT_TRUE(db.is_ok()) << db.status().message();
+  for (uint64_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(a.make(r, plus(a.state().model(), gossip::testing::random_model(manifest(), 100 + r, 0.1f))).is_ok());
+    ASSERT_TRUE(a.persist(r, *db).is_ok());
+    a.advance(r + 1);
+  }
+  nlohmann::json state = commit(a, *db, 1, 0);
+  // Each own update again as format 1, under an id of its own, named by the state.
+  for (uint64_t r = 0; r < 3; ++r) {
+    std::vector<uint64_t> index;
+    std::vector<float> value;
+    uint64_t flat = 0;
+    for (const std::vector<float>& dense : decoded(*a.own(r))) {
+      for (size_t i = 0; i < dense.size(); ++i, ++flat) {
+        if (dense[i] != 0.0f) {
+          index.push_back(flat);
+          value.push_back(dense[i]);
+        }
+      }
+    }
+    const std::string id = "replica.own.v1." + std::to_string(r);
+    store::PendingUpdate entry;
+    entry.update_id.assign(id.begin(), id.end());
+    entry.sender = "a";
+    entry.base_version = static_cast<int64_t>(r);
+    ASSERT_TRUE(db->add_pending_update(entry, encode_own_update(r, index, value)).is_ok());
+    state["replica"]["own_pending"][std::to_string(r)] = id;
+  }
+  Result<store::LoadedCheckpoint> loaded = db->resume_latest({});
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  ReplicaSync b = sync("a", x0);
+  std::vector<std::string> warnings;
+  ASSERT_TRUE(b.restore(*loaded, state, *db, warnings).is_ok());
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+  for (uint64_t r = 0; r < 3; ++r) {
+    ASSERT_NE(b.own(r), nullptr) << "round " << r;
+    EXPECT_EQ(decoded(*a.own(r)), decoded(*b.own(r))) << "round " << r;
+  }
+  std::filesystem::remove(path);
+}
+
+// Format 2 (an own update as it was sent) round-trips, and bytes that are
+// cut, of another round or model, or hold a segment a receiver would refuse
+// are refused with what is wrong, never read past their end.
+TEST(ReplicaSync, OwnSegmentsRoundTripAndBadBytesAreRefused) {
+  const Model x0 = gossip::testing::random_model(manifest(), 1, 1.0f);
+  ReplicaSync a = sync("a", x0);
+  ASSERT_TRUE(a.make(4, plus(x0, gossip::testing::random_model(manifest(), 5, 0.1f))).is_ok());
+  const std::vector<protocol::EncodedTensor>& sent = *a.own(4);
+  const std::vector<uint8_t> good = encode_own_segments(4, sent);
+  EXPECT_EQ(own_update_format(good), 2u);
+  Result<std::vector<protocol::EncodedTensor>> back = decode_own_segments(good, 4, manifest());
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  ASSERT_EQ(back->size(), sent.size());
+  for (size_t t = 0; t < sent.size(); ++t) {
+    ASSERT_EQ((*back)[t].segments.size(), sent[t].segments.size());
+    for (size_t k = 0; k < sent[t].segments.size(); ++k) {
+      EXPECT_EQ((*back)[t].segments[k].indices, sent[t].segments[k].indices);
+      EXPECT_EQ((*back)[t].segments[k].values, sent[t].segments[k].values);
+      EXPECT_EQ((*back)[t].segments[k].scales, sent[t].segments[k].scales);
+    }
+  }
+  const auto refused = [&](const std::vector<uint8_t>& bytes, uint64_t round, const char* why) {
+    Result<std::vector<protocol::EncodedTensor>> r = decode_own_segments(bytes, round, manifest());
+    ASSERT_FALSE(r.is_ok()) << why;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
+  };
+  refused({}, 4, "not an own update");
+  refused(good, 5, "holds round 4");
+  for (const size_t cut : {size_t{12}, size_t{30}, good.size() / 2, good.size() - 1}) {
+    refused(std::vector<uint8_t>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(cut)), 4, "cut short");
+  }
+  std::vector<uint8_t> longer = good;
+  longer.push_back(0);
+  refused(longer, 4, "past its end");
+  std::vector<uint8_t> tensors = good;
+  tensors[16] = 3;
+  refused(tensors, 4, "3 tensors for a model of 2");
+  std::vector<uint8_t> encoding = good;
+  encoding[24] = 200;  // after magic, version, round and tensor count (24 bytes)
+  refused(encoding, 4, "no encoding 200");
+  // The first segment's offset (after the 24-byte header, the tensor's 16
+  // bytes and the segment's tensor and encoding) pushed past its tensor:
+  // refused as a receiver refuses it.
+  std::vector<uint8_t> offset = good;
+  offset[24 + 16 + 8 + 7] = 0x7f;
+  Result<std::vector<protocol::EncodedTensor>> r = decode_own_segments(offset, 4, manifest());
+  EXPECT_FALSE(r.is_ok());
+  // A segment count no bytes could hold is refused before anything is made for it.
+  std::vector<uint8_t> segments = good;
+  segments[24 + 8 + 7] = 0x7f;
+  refused(segments, 4, "tensor 0 is cut short");
+  // Format 1 bytes are not format 2.
+  refused(encode_own_update(4, std::vector<uint64_t>{1}, std::vector<float>{1.0f}), 4, "not an own update of format 2");
+  EXPECT_EQ(own_update_format(encode_own_update(4, std::vector<uint64_t>{1}, std::vector<float>{1.0f})), 1u);
 }
 
 }  // namespace

@@ -120,6 +120,11 @@ class GossipRuntime::Impl {
   uint64_t last_sequence = 0;
   int64_t commits = 0;
   std::map<std::string, uint64_t> peer_versions;  // the latest version each member told us
+  // The latest version `member` told us, 0 when none.
+  uint64_t heard_version(const std::string& member) const {
+    const auto known = peer_versions.find(member);
+    return known == peer_versions.end() ? 0 : known->second;
+  }
   std::deque<Arrival> arrivals;
   std::deque<std::pair<std::string, std::pair<uint32_t, uint32_t>>> catch_up_requests;  // requester, slice/slices
   // Replicas: a member asked for our update of a round; if it holds part
@@ -815,8 +820,7 @@ Result<protocol::PreparedUpdate> GossipRuntime::Impl::prepare(const std::string&
   protocol::UpdateMetadata metadata;
   metadata.federation = wire_federation;
   metadata.round = round.value_or(version);
-  const auto known = peer_versions.find(to);
-  metadata.base_version = known == peer_versions.end() ? 0 : known->second;
+  metadata.base_version = heard_version(to);
   metadata.sender = config.site.name;
   metadata.recipient = to;
   metadata.sequence = next_sequence();
@@ -915,8 +919,7 @@ void GossipRuntime::Impl::serve_update_requests() {
 void GossipRuntime::Impl::request_missing_updates(uint64_t at_least) {
   for (const std::string& member : reachable_members()) {
     if (member == config.site.name) continue;
-    const auto known = peer_versions.find(member);
-    const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
+    const uint64_t heard = heard_version(member);
     const std::vector<uint64_t> rounds = replicas->missing(member, std::max(heard, at_least));
     // Part of one here already: only the transfer with the lowest sequence
     // is asked to go on (its header and the chunks missing). A later one
@@ -955,8 +958,7 @@ std::vector<std::string> GossipRuntime::Impl::late_for(uint64_t round, size_t* b
   if (behind != nullptr) *behind = 0;
   for (const std::string& member : reachable_members()) {
     if (member == config.site.name) continue;
-    const auto known = peer_versions.find(member);
-    const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
+    const uint64_t heard = heard_version(member);
     if (heard < round) {
       if (behind != nullptr) ++*behind;
       continue;
@@ -969,8 +971,7 @@ std::vector<std::string> GossipRuntime::Impl::late_for(uint64_t round, size_t* b
 void GossipRuntime::Impl::send_holds() {
   for (const std::string& member : reachable_members()) {
     if (member == config.site.name) continue;
-    const auto known = peer_versions.find(member);
-    const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
+    const uint64_t heard = heard_version(member);
     const uint64_t upto = std::max(heard, version);
     const std::vector<uint64_t> lacking = replicas->missing(member, upto);
     capnp::MallocMessageBuilder builder;
@@ -1017,8 +1018,7 @@ Status GossipRuntime::Impl::settle(const std::atomic<bool>& stop, std::vector<st
     unacknowledged.clear();
     for (const std::string& member : reachable_members()) {
       if (member == config.site.name) continue;
-      const auto known = peer_versions.find(member);
-      const uint64_t heard = known == peer_versions.end() ? 0 : known->second;
+      const uint64_t heard = heard_version(member);
       if (heard < version || !replicas->missing(member, std::max(heard, version)).empty()) done = false;
       const auto holds = held_by.find(member);
       if (holds == held_by.end() || holds->second < version) {

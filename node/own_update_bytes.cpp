@@ -10,59 +10,7 @@ namespace {
 
 constexpr char kOwnMagic[4] = {'F', 'M', 'R', 'O'};
 
-}  // namespace
-
-std::vector<uint8_t> encode_own_update(uint64_t round, std::span<const uint64_t> index, std::span<const float> value) {
-  std::vector<uint8_t> out;
-  out.reserve(24 + index.size() * 12);
-  const auto put = [&out](const void* bytes, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(bytes);
-    out.insert(out.end(), p, p + n);
-  };
-  const uint32_t version = 1;
-  const uint64_t count = index.size();
-  put(kOwnMagic, 4);
-  put(&version, 4);
-  put(&round, 8);
-  put(&count, 8);
-  put(index.data(), index.size() * 8);
-  put(value.data(), value.size() * 4);
-  return out;
-}
-
-Status decode_own_update(std::span<const uint8_t> bytes, uint64_t round, uint64_t elements, std::vector<uint64_t>& index,
-                         std::vector<float>& value) {
-  if (bytes.size() < 24 || std::memcmp(bytes.data(), kOwnMagic, 4) != 0) return corrupt("not an own update (no FMRO header)");
-  uint32_t version = 0;
-  uint64_t stored_round = 0, count = 0;
-  std::memcpy(&version, bytes.data() + 4, 4);
-  std::memcpy(&stored_round, bytes.data() + 8, 8);
-  std::memcpy(&count, bytes.data() + 16, 8);
-  if (version != 1) return corrupt("own update format version " + std::to_string(version) + ", this build reads 1");
-  if (stored_round != round) {
-    return corrupt("the own update of round " + std::to_string(round) + " holds round " + std::to_string(stored_round));
-  }
-  if (count > elements || bytes.size() != 24 + count * 12) {
-    return corrupt("the own update of round " + std::to_string(round) + " is " + std::to_string(bytes.size()) +
-                   " bytes for " + std::to_string(count) + " coordinates of a model of " + std::to_string(elements));
-  }
-  index.resize(count);
-  value.resize(count);
-  if (count > 0) {  // (an empty vector's data() may be null, which memcpy must not get)
-    std::memcpy(index.data(), bytes.data() + 24, count * 8);
-    std::memcpy(value.data(), bytes.data() + 24 + count * 8, count * 4);
-  }
-  for (uint64_t k = 0; k < count; ++k) {
-    if (index[k] >= elements || (k > 0 && index[k] <= index[k - 1]) || !std::isfinite(value[k])) {
-      return corrupt("the own update of round " + std::to_string(round) + " holds a bad entry at " + std::to_string(k));
-    }
-  }
-  return Status::ok();
-}
-
-namespace {
-
-// Appends and reads the little-endian fields of an own update (format 2).
+// Appends and reads the little-endian fields of an own update.
 struct OwnWriter {
   std::vector<uint8_t>& out;
   void bytes(const void* p, size_t n) {
@@ -102,6 +50,49 @@ struct OwnReader {
 };
 
 }  // namespace
+
+std::vector<uint8_t> encode_own_update(uint64_t round, std::span<const uint64_t> index, std::span<const float> value) {
+  std::vector<uint8_t> out;
+  out.reserve(24 + index.size() * 12);
+  OwnWriter w{out};
+  w.bytes(kOwnMagic, 4);
+  w.put<uint32_t>(1);
+  w.put<uint64_t>(round);
+  w.put<uint64_t>(index.size());
+  w.bytes(index.data(), index.size() * 8);
+  w.bytes(value.data(), value.size() * 4);
+  return out;
+}
+
+Status decode_own_update(std::span<const uint8_t> bytes, uint64_t round, uint64_t elements, std::vector<uint64_t>& index,
+                         std::vector<float>& value) {
+  if (bytes.size() < 24 || std::memcmp(bytes.data(), kOwnMagic, 4) != 0) return corrupt("not an own update (no FMRO header)");
+  uint32_t version = 0;
+  uint64_t stored_round = 0, count = 0;
+  std::memcpy(&version, bytes.data() + 4, 4);
+  std::memcpy(&stored_round, bytes.data() + 8, 8);
+  std::memcpy(&count, bytes.data() + 16, 8);
+  if (version != 1) return corrupt("own update format version " + std::to_string(version) + ", this build reads 1");
+  if (stored_round != round) {
+    return corrupt("the own update of round " + std::to_string(round) + " holds round " + std::to_string(stored_round));
+  }
+  if (count > elements || bytes.size() != 24 + count * 12) {
+    return corrupt("the own update of round " + std::to_string(round) + " is " + std::to_string(bytes.size()) +
+                   " bytes for " + std::to_string(count) + " coordinates of a model of " + std::to_string(elements));
+  }
+  index.resize(count);
+  value.resize(count);
+  if (count > 0) {  // (an empty vector's data() may be null, which memcpy must not get)
+    std::memcpy(index.data(), bytes.data() + 24, count * 8);
+    std::memcpy(value.data(), bytes.data() + 24 + count * 8, count * 4);
+  }
+  for (uint64_t k = 0; k < count; ++k) {
+    if (index[k] >= elements || (k > 0 && index[k] <= index[k - 1]) || !std::isfinite(value[k])) {
+      return corrupt("the own update of round " + std::to_string(round) + " holds a bad entry at " + std::to_string(k));
+    }
+  }
+  return Status::ok();
+}
 
 std::vector<uint8_t> encode_own_segments(uint64_t round, std::span<const protocol::EncodedTensor> tensors) {
   std::vector<uint8_t> out;

@@ -1090,6 +1090,7 @@ Status PendingStream::read(std::span<uint8_t> out) {
   while (!out.empty()) {
     if (row_.empty()) FEDMESH_RETURN_IF_ERROR(next_row());
     const size_t take = std::min(out.size(), row_.size());
+    if (take == 0) continue;  // an empty row (its data() may be null, which memcpy must not get): the next
     std::memcpy(out.data(), row_.data(), take);
     out = out.subspan(take);
     row_ = row_.subspan(take);

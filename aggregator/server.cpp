@@ -100,6 +100,7 @@ class AggregatorServer::Impl {
   std::unique_ptr<protocol::UpdateService> service;
   protocol::ModelPublisher publisher;
   protocol::QueuedModelReplies queued_model_replies;
+  protocol::ModelServingBudget serving_budget;
   std::unique_ptr<HttpEndpoint> http;
   std::atomic<const HttpEndpoint*> serving{nullptr};  // `http` once set, for the pages it renders
   std::map<std::string, SiteRecord> sites;
@@ -347,6 +348,8 @@ Status AggregatorServer::Impl::open(AggregatorConfig c, EventSink sink) {
   policy.staging_budget_bytes = config.staging_mb > 0
                                     ? static_cast<uint64_t>(config.staging_mb) << 20
                                     : std::max<uint64_t>(uint64_t{256} << 20, 2 * protocol::staged_bytes(manifest));
+  serving_budget = protocol::ModelServingBudget(config.serving_mb > 0 ? static_cast<uint64_t>(config.serving_mb) << 20
+                                                                       : protocol::kDefaultModelServingBytes);
   // Refused at the header, before any chunk is taken or acknowledged.
   policy.max_sample_count = static_cast<uint64_t>(config.rounds_options.max_sample_count);
   policy.max_round_lag = config.rounds_options.asynchronous ? std::numeric_limits<uint64_t>::max() / 2
@@ -656,19 +659,34 @@ bool AggregatorServer::Impl::handle_other(const protocol::Incoming& incoming, co
       reply = announce(incoming.peer);
       return true;
     case wire::Message::MODEL_REQUEST: {
-      std::vector<protocol::SharedMessage> chunks;
-      if (!publisher.answer(root.getModelRequest(), protocol::kDefaultModelWindow, chunks, rejection)) return false;
       // Sent here, in order, without a copy (every queued reply shares the
-      // published chunks), and at most two windows queued per peer: one
-      // that does not read its replies is refused, not queued for
-      // (docs/security-model.md).
+      // published chunks), at most two windows queued per peer (one that
+      // does not read its replies is refused, not queued for:
+      // docs/security-model.md), and at most serving_mb of chunk copies for
+      // all downloads together (protocol/model_serving.h), whatever the
+      // number of sites.
       // (Insecure: no transport identity; each connection is its own peer.)
       const std::string& peer = incoming.peer.empty() ? incoming.routing_id : incoming.peer;
-      if (!queued_model_replies.has_room(peer, chunks.size())) {
-        rejection = {wire::RejectCode::BUSY,
-                     std::to_string(queued_model_replies.queued(peer)) + " model chunks to '" + incoming.peer +
+      const auto admit = [&](size_t replies, uint64_t new_bytes, protocol::Rejection& refused) {
+        if (!queued_model_replies.has_room(peer, replies)) {
+          refused = {wire::RejectCode::BUSY,
+                     std::to_string(queued_model_replies.queued(peer)) + " model chunks to '" + peer +
                          "' are still queued (at most " + std::to_string(queued_model_replies.max_per_peer()) +
                          "); ask again once they are read"};
+          return false;
+        }
+        if (!serving_budget.admit(peer, publisher.live_bytes(), new_bytes, clock().now())) {
+          refused = {wire::RejectCode::BUSY,
+                     "the model's downloads hold " + std::to_string(publisher.live_bytes() >> 20) + " MB of chunks (at most " +
+                         std::to_string(serving_budget.max_bytes() >> 20) + " MB, serving_mb); '" + peer + "' is " +
+                         std::to_string(serving_budget.position(peer) + 1) + " of " +
+                         std::to_string(serving_budget.waiting()) + " in line: ask again shortly"};
+          return false;
+        }
+        return true;
+      };
+      std::vector<protocol::SharedMessage> chunks;
+      if (!publisher.answer(root.getModelRequest(), protocol::kDefaultModelWindow, chunks, rejection, admit)) {
         return false;
       }
       for (const protocol::SharedMessage& chunk : chunks) {

@@ -26,6 +26,9 @@ Status AggregatorConfig::validate() const {
   if (staging_mb < 0 || staging_mb > (int64_t{1} << 30)) {
     return invalid_argument("staging_mb must be in [0, 2^30] (0: the larger of 256 MB and two models)");
   }
+  if (serving_mb < 0 || serving_mb > (int64_t{1} << 30)) {
+    return invalid_argument("serving_mb must be in [0, 2^30] (0: 128 MB of model chunks for all downloads at once)");
+  }
   if (validation_limit < 0) return invalid_argument("validation_limit must be >= 0");
   if (data.source != train::data::DataSource().source) {
     return invalid_argument("data.source: the aggregator trains on nothing; it evaluates on `validation` (csv:FILE or "
@@ -110,6 +113,7 @@ Result<AggregatorConfig> read_aggregator_config(const std::string& path, const A
   r.read("linger_seconds", c.linger_seconds);
   r.read("staging_mb", c.staging_mb);
   r.read("staging_dir", c.staging_dir);
+  r.read("serving_mb", c.serving_mb);
   r.read("transport.faults", c.faults);
   r.read("validation", c.validation);
   r.read("validation_limit", c.validation_limit);

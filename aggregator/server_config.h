@@ -50,6 +50,10 @@ struct AggregatorConfig {
   // models. Sites past it are answered BUSY and come back, so the staged
   // bytes do not grow with the sites.
   int64_t staging_mb = 0;
+  // The model chunks all downloads may hold at once (MB; 0: 128 MB). A site
+  // whose next chunks do not fit is answered BUSY and asks again; the copies
+  // freed go to the sites in the order they were refused.
+  int64_t serving_mb = 0;
   std::string faults;                  // transport.faults: experiments only (protocol/fault_injection.h)
   // What the global model is evaluated on after every step ("" = nothing):
   // the Fashion-MNIST test split for the image models; for language models

@@ -18,6 +18,7 @@ Usage: bench/large_round.py [--fedmesh build/cli/fedmesh] [--sites 2,6,12]
                             [--hidden 40000] [--rounds 2] [--agg 'KEY = VALUE']...
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -85,7 +86,29 @@ def run(fedmesh, work, sites, hidden, rounds, agg_lines):
             sys.exit(f"the aggregator of {sites} sites exited {aggregator.returncode}:\n{f.read()[-4000:]}")
     with open(out.name, encoding="utf-8", errors="replace") as f:
         steps = sum(1 for line in f if line.replace(" ", "").startswith('{"event":"round",'))
-    return peak, listening, seconds, steps
+    return peak, listening, seconds, steps, traffic(directory, sites)
+
+
+def traffic(directory, sites):
+    """What the sites' logs say of the uploads: accepted, answered busy, and
+    the attempts of the accepted ones past their first (a timed-out attempt
+    resends its window)."""
+    accepted = busy = extra_attempts = 0
+    for k in range(sites):
+        with open(os.path.join(directory, f"site-{k}.out"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("event") != "update":
+                    continue
+                if event.get("accepted"):
+                    accepted += 1
+                    extra_attempts += max(0, int(event.get("attempts", 1)) - 1)
+                elif event.get("code") == "busy":
+                    busy += 1
+    return f"uploads: {accepted} accepted ({extra_attempts} attempts past the first), {busy} answered busy"
 
 
 def main():
@@ -103,13 +126,13 @@ def main():
     peaks = []
     try:
         for sites in [int(s) for s in args.sites.split(",")]:
-            peak, listening, seconds, steps = run(os.path.abspath(args.fedmesh), work, sites, args.hidden, args.rounds,
-                                                  args.agg)
+            peak, listening, seconds, steps, uploads = run(os.path.abspath(args.fedmesh), work, sites, args.hidden,
+                                                           args.rounds, args.agg)
             peaks.append(peak)
             print(f"sites {sites:3d}: aggregator peak RSS {peak * 1.024e-3:.0f} MB = {peak * 1.024e-3 / model_mb:.2f}x "
                   f"the model ({listening * 1.024e-3:.0f} MB when listening; the rounds added "
-                  f"{(peak - listening) * 1.024e-3 / model_mb:.2f}x); {seconds:.1f} s for {args.rounds} rounds",
-                  flush=True)
+                  f"{(peak - listening) * 1.024e-3 / model_mb:.2f}x); {seconds:.1f} s for {args.rounds} rounds; "
+                  f"{uploads}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if len(peaks) > 1:

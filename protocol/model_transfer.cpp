@@ -71,6 +71,10 @@ Status ModelPublisher::publish(uint64_t version, std::vector<crypto::Hash> chain
   if (chunks.back().empty()) chunks.pop_back();
   chunks_ = std::move(chunks);
   served_.assign(chunks_.size(), {});
+  value_bytes_.assign(chunks_.size(), 0);
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    for (const Range& range : chunks_[i]) value_bytes_[i] += range.count * sizeof(float);
+  }
   tensors_.assign(tensors.begin(), tensors.end());
   chain_ = std::move(chain);
   manifest_.assign(manifest.begin(), manifest.end());
@@ -94,7 +98,23 @@ SharedMessage ModelPublisher::value_chunk(uint32_t index) const {
   std::vector<const EncodedSegment*> pointers;
   for (const EncodedSegment& segment : segments) pointers.push_back(&segment);
   const crypto::Hash parent = version_ == 0 ? crypto::Hash{} : chain_[version_ - 1];
-  SharedMessage chunk(serialize_model_chunk(version_, chain_.back(), parent, index, chunk_count(), pointers));
+  // Counted in live_bytes_ while any reference to it lives.
+  struct Counted {
+    Counted(OutgoingMessage m, uint64_t b, std::shared_ptr<std::atomic<uint64_t>> l)
+        : message(std::move(m)), bytes(b), live(std::move(l)) {
+      live->fetch_add(bytes);
+    }
+    ~Counted() { live->fetch_sub(bytes); }
+    Counted(const Counted&) = delete;
+    Counted& operator=(const Counted&) = delete;
+    OutgoingMessage message;
+    uint64_t bytes;
+    std::shared_ptr<std::atomic<uint64_t>> live;
+  };
+  auto counted = std::make_shared<Counted>(
+      serialize_model_chunk(version_, chain_.back(), parent, index, chunk_count(), pointers), value_bytes_[index - 1],
+      live_bytes_);
+  SharedMessage chunk(std::shared_ptr<const OutgoingMessage>(counted, &counted->message));
   served_[index - 1] = chunk.shared();
   return chunk;
 }
@@ -118,7 +138,7 @@ OutgoingMessage ModelPublisher::manifest_chunk(uint64_t trusted_version) const {
 }
 
 bool ModelPublisher::answer(wire::ModelRequest::Reader request, uint32_t window, std::vector<SharedMessage>& replies,
-                            Rejection& rejection) const {
+                            Rejection& rejection, const Admit& admit) const {
   replies.clear();
   if (!published_) {
     rejection = {wire::RejectCode::BUSY, "no model is published yet"};
@@ -144,43 +164,20 @@ bool ModelPublisher::answer(wire::ModelRequest::Reader request, uint32_t window,
     return false;
   }
   window = std::clamp<uint32_t>(window, 1, kMaxModelWindow);
-  for (uint32_t i = from; i < chunk_count() && i < from + window; ++i) {
+  const uint32_t end = static_cast<uint32_t>(std::min<uint64_t>(chunk_count(), uint64_t{from} + window));
+  if (admit) {
+    // A copy alive now may be released before it is shared below, so a
+    // request can add up to its own window past what it was admitted for.
+    uint64_t new_bytes = 0;
+    for (uint32_t i = std::max<uint32_t>(from, 1); i < end; ++i) {
+      if (served_[i - 1].expired()) new_bytes += value_bytes_[i - 1];
+    }
+    if (!admit(end - from, new_bytes, rejection)) return false;
+  }
+  for (uint32_t i = from; i < end; ++i) {
     replies.push_back(i == 0 ? SharedMessage(manifest_chunk(trusted)) : value_chunk(i));
   }
   return true;
-}
-
-bool QueuedModelReplies::has_room(const std::string& peer, size_t count) const {
-  return queued(peer) + count <= max_per_peer_;
-}
-
-size_t QueuedModelReplies::queued(const std::string& peer) const {
-  const auto found = counts_.find(peer);
-  return found == counts_.end() ? 0 : found->second->load();
-}
-
-SharedMessage QueuedModelReplies::track(const std::string& peer, const SharedMessage& message) {
-  // Peers are roster names; a table grown past that (insecure mode names
-  // each connection) forgets the peers with nothing queued.
-  if (counts_.size() >= kMaxTrackedModelReplyPeers) {
-    std::erase_if(counts_, [](const auto& entry) { return entry.second->load() == 0; });
-  }
-  auto& count = counts_[peer];
-  if (!count) count = std::make_shared<std::atomic<size_t>>(0);
-  // Released on ZeroMQ's I/O thread, hence the atomic count.
-  struct Counted {
-    Counted(std::shared_ptr<const OutgoingMessage> m, std::shared_ptr<std::atomic<size_t>> c)
-        : message(std::move(m)), count(std::move(c)) {
-      count->fetch_add(1);
-    }
-    ~Counted() { count->fetch_sub(1); }
-    Counted(const Counted&) = delete;
-    Counted& operator=(const Counted&) = delete;
-    std::shared_ptr<const OutgoingMessage> message;
-    std::shared_ptr<std::atomic<size_t>> count;
-  };
-  auto counted = std::make_shared<Counted>(message.shared(), count);
-  return SharedMessage(std::shared_ptr<const OutgoingMessage>(counted, counted->message.get()));
 }
 
 namespace {
@@ -259,7 +256,8 @@ Result<FetchedModel> fetch_model(ClientChannel& socket, uint64_t version, uint64
           if (reject.getCode() == wire::RejectCode::BUSY && busy_in_a_row < options.max_busy_answers) {
             ++busy_in_a_row;
             const auto pause = std::min<std::chrono::milliseconds>(
-                options.busy_pause * (uint64_t{1} << std::min<uint32_t>(busy_in_a_row - 1, 16)), options.reply_timeout);
+                options.busy_pause * (uint64_t{1} << std::min<uint32_t>(busy_in_a_row - 1, 16)),
+                std::min(options.busy_max_pause, options.reply_timeout));
             busy_until = socket.clock().now() + pause;
             continue;
           }

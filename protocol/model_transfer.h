@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,19 +26,14 @@
 #include "base/status.h"
 #include "crypto/update_signature.h"
 #include "protocol/codec.h"
+#include "protocol/model_serving.h"
 #include "protocol/retransmit_timer.h"
 #include "protocol/transport.h"
 #include "protocol/wire.h"
 
 namespace fedmesh::protocol {
 
-inline constexpr uint32_t kDefaultModelWindow = 8;           // chunks sent per ModelRequest
-inline constexpr uint32_t kMaxModelWindow = 64;
 inline constexpr uint64_t kMaxChainHashesPerChunk = 1u << 16;  // versions a requester may be behind
-// Model replies to one peer (all its connections together) handed to the
-// transport and not yet taken off its queue: two windows.
-inline constexpr size_t kMaxQueuedModelRepliesPerPeer = 2 * kDefaultModelWindow;
-inline constexpr size_t kMaxTrackedModelReplyPeers = 4096;
 
 class ModelPublisher {
  public:
@@ -59,11 +55,22 @@ class ModelPublisher {
   uint32_t chunk_count() const { return static_cast<uint32_t>(chunks_.size() + 1); }
   bool published() const { return published_; }
 
+  // Asked once a request is valid and before any chunk of it is encoded:
+  // whether it may be answered now, given how many replies it takes and the
+  // bytes of the chunk copies it would add (those not alive now); a refusal
+  // sets the rejection.
+  using Admit = std::function<bool(size_t replies, uint64_t new_bytes, Rejection& rejection)>;
+
   // The answer to a ModelRequest: up to `window` chunks from fromChunk on, or
   // a rejection (a version no longer served: wrongRound; a chunk past the
-  // end or a trusted version above the requested one: malformed).
+  // end or a trusted version above the requested one: malformed; refused by
+  // `admit`: its rejection).
   bool answer(wire::ModelRequest::Reader request, uint32_t window, std::vector<SharedMessage>& replies,
-              Rejection& rejection) const;
+              Rejection& rejection, const Admit& admit = {}) const;
+
+  // Bytes of model values in chunk copies alive now, of any version served
+  // (queued for a peer or being sent; released on ZeroMQ's I/O thread).
+  uint64_t live_bytes() const { return live_bytes_->load(); }
 
  private:
   OutgoingMessage manifest_chunk(uint64_t trusted_version) const;
@@ -85,28 +92,8 @@ class ModelPublisher {
   std::vector<std::span<const float>> tensors_;
   std::vector<std::vector<Range>> chunks_;  // what chunk i + 1 carries
   mutable std::vector<std::weak_ptr<const OutgoingMessage>> served_;  // chunk i + 1 while a copy lives
-};
-
-// Counts, per peer, the model replies queued for sending: a reply counts
-// from track() until the transport drops its last reference to it, which
-// ZeroMQ does once the message is encrypted onto the connection or the
-// connection closes. A peer that does not read its replies thus holds at
-// most max_per_peer of them; further requests are refused (busy) instead of
-// queued. Peers are roster names, so the table is bounded by the roster
-// (kMaxTrackedModelReplyPeers where they are not).
-class QueuedModelReplies {
- public:
-  explicit QueuedModelReplies(size_t max_per_peer = kMaxQueuedModelRepliesPerPeer) : max_per_peer_(max_per_peer) {}
-  // Room for `count` more replies to `peer`.
-  bool has_room(const std::string& peer, size_t count) const;
-  // `message` as a reply to `peer`, counted while any copy of the result lives.
-  SharedMessage track(const std::string& peer, const SharedMessage& message);
-  size_t queued(const std::string& peer) const;
-  size_t max_per_peer() const { return max_per_peer_; }
-
- private:
-  size_t max_per_peer_;
-  std::map<std::string, std::shared_ptr<std::atomic<size_t>>> counts_;
+  std::vector<uint64_t> value_bytes_;                                  // chunk i + 1's values, in bytes
+  std::shared_ptr<std::atomic<uint64_t>> live_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 struct FetchedModel {
@@ -131,12 +118,16 @@ struct FetchOptions {
   RetransmitTimer* timer = nullptr;
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   // Answered BUSY (the aggregator still has as many chunks queued for this
-  // site as it allows): what is held is kept, and the request is made again
-  // from the first missing chunk after busy_pause, doubled with each BUSY in
-  // a row (at most reply_timeout); past max_busy_answers in a row,
-  // kUnavailable.
+  // site as it allows, or holds as many for all downloads as it allows):
+  // what is held is kept, and the request is made again from the first
+  // missing chunk after busy_pause, doubled with each BUSY in a row (at most
+  // busy_max_pause and reply_timeout: a site waiting its turn for the
+  // aggregator's serving budget asks again soon after room is freed, and
+  // well within kModelServingHoldPlace, which keeps its place in line);
+  // past max_busy_answers in a row, kUnavailable.
   std::chrono::milliseconds busy_pause{20};
-  uint32_t max_busy_answers = 64;
+  std::chrono::milliseconds busy_max_pause{200};
+  uint32_t max_busy_answers = 128;
 };
 
 // Fetches `version` over `socket`. kUnavailable when the server stays quiet,

@@ -152,6 +152,24 @@ Result<UploadOutcome> attempt_upload(ClientChannel& socket, const PreparedUpdate
       if (ack.getSequence() != update.metadata.sequence) continue;
       const auto now = clock.now();
       const int64_t named = ack.getNextChunk();
+      // Resuming while chunks of the last attempt are still unacknowledged:
+      // the receiver may still be working through them (it was busy, not
+      // the link lossy), and takes the messages in order, so their Acks come
+      // before the header's. Each of them advances; the header's does not
+      // (it names the first chunk still missing, as the last of them did).
+      // Taken for the header's answer, one of them would open the window at
+      // chunks still queued at the receiver, and send them all again (a
+      // window of chunks the receiver holds twice). They are progress; the
+      // window opens at the header's answer.
+      if (!header_acked && !ack.getComplete() && named > state.acknowledged &&
+          state.acknowledged < static_cast<int64_t>(state.chunks_sent_through) &&
+          named < static_cast<int64_t>(state.chunks_sent_through)) {
+        if (timer != nullptr) timer->progressed();
+        report.progressed = true;
+        state.acknowledged = named;
+        wait_from = now;
+        continue;
+      }
       if (timer != nullptr) {
         if (timer->outstanding() && (ack.getComplete() || (timed < 0 ? !header_acked : named > timed))) {
           timer->answered(now);

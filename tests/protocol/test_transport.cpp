@@ -51,6 +51,20 @@ class Transport : public ::testing::Test {
     return policy;
   }
 
+  // The 64x64 update `values` from site-a, in 1 KiB chunks.
+  fedmesh::Result<fp::PreparedUpdate> small_update(const std::vector<float>& values) const {
+    const std::vector<std::span<const float>> spans = {values};
+    const std::vector<fp::TensorPlan> plans(1);
+    return fp::prepare_update({"fed", 0, 0, "site-a", "aggregator", 1, 10}, aggregator_policy().manifest, spans, plans,
+                              *site_keys_, 1024);
+  }
+  static bool is_update_chunk(const fp::Incoming& frame) {
+    fp::Envelope envelope;
+    fp::Rejection rejection;
+    return fp::read_envelope(frame.bytes, fp::kDefaultMaxMessageBytes, envelope, rejection) &&
+           envelope.kind == fedmesh::wire::Message::UPDATE_CHUNK;
+  }
+
   std::unique_ptr<fp::ServerSocket> bind(fp::TransportOptions options = {}) {
     auto server = fp::ServerSocket::bind("tcp://127.0.0.1:*", fp::CurveKeys::from(*server_keys_), allowlist_, options);
     EXPECT_TRUE(server.is_ok()) << server.status().to_string();
@@ -191,10 +205,7 @@ TEST_F(Transport, AQuietReceiverIsRetriedAndTheTransferResumes) {
       if (!frame.is_ok() || !frame->has_value()) continue;
       if (quiet_until && std::chrono::steady_clock::now() < *quiet_until) continue;
       auto reply = service.handle(**frame);
-      fp::Envelope envelope;
-      fp::Rejection rejection;
-      if (fp::read_envelope((**frame).bytes, fp::kDefaultMaxMessageBytes, envelope, rejection) &&
-          envelope.kind == fedmesh::wire::Message::UPDATE_CHUNK && ++chunks_seen == 3 && !quiet_until) {
+      if (is_update_chunk(**frame) && ++chunks_seen == 3 && !quiet_until) {
         quiet_until = std::chrono::steady_clock::now() + 800ms;
         continue;  // this Ack is lost too
       }
@@ -205,10 +216,7 @@ TEST_F(Transport, AQuietReceiverIsRetriedAndTheTransferResumes) {
 
   std::vector<float> values(64 * 64);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
-  const std::vector<std::span<const float>> spans = {values};
-  const std::vector<fp::TensorPlan> plans(1);
-  auto update = fp::prepare_update({"fed", 0, 0, "site-a", "aggregator", 1, 10}, policy.manifest, spans, plans,
-                                   *site_keys_, 1024);
+  auto update = small_update(values);
   ASSERT_TRUE(update.is_ok());
   ASSERT_GE(update->chunks.size(), 10u);
 
@@ -229,6 +237,62 @@ TEST_F(Transport, AQuietReceiverIsRetriedAndTheTransferResumes) {
   EXPECT_TRUE(outcome->accepted);
   EXPECT_GE(attempts, 2);
   EXPECT_GT(outcome->started_at_chunk, 0u);  // resumed, not restarted
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].tensors[0], values);
+}
+
+// A receiver that is busy, not unreachable: it stops for 700 ms at the
+// third chunk (as an aggregator writing a large update to its store does)
+// and then works through everything queued, in order. The sender's attempt
+// times out and resumes; the Acks of the chunks still queued arrive before
+// the header's, and are taken as progress, not as the header's answer, so
+// no chunk is sent twice.
+TEST_F(Transport, ABusyReceiverIsNotSentTheChunksItStillHasQueued) {
+  auto server = bind();
+  ASSERT_TRUE(server);
+  const fc::Roster roster = site_roster();
+  const fp::ReceiverPolicy policy = aggregator_policy();
+  auto replay = fc::ReplayGuard::in_memory();
+  std::atomic<bool> stop{false};
+  std::atomic<int> chunks_seen{0};
+  std::vector<fp::ReceivedUpdate> received;
+  std::thread receiver([&] {
+    fp::UpdateService service(policy, roster, replay, {}, server->counters());
+    while (!stop.load()) {
+      auto frame = server->receive(20ms);
+      if (!frame.is_ok() || !frame->has_value()) continue;
+      if (is_update_chunk(**frame) && chunks_seen.fetch_add(1) + 1 == 3) {
+        std::this_thread::sleep_for(700ms);
+      }
+      auto reply = service.handle(**frame);
+      if (reply) (void)server->send((**frame).routing_id, std::move(*reply));
+      for (auto& update : service.take_completed()) received.push_back(std::move(update));
+    }
+  });
+  std::vector<float> values(64 * 64);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.75f;
+  auto update = small_update(values);
+  ASSERT_TRUE(update.is_ok());
+  ASSERT_GE(update->chunks.size(), 10u);
+  auto client = dial(*server, *site_keys_);
+  ASSERT_TRUE(fp::wait_connected(*client, 10s).is_ok());
+  fp::UploadOptions options;
+  options.window_chunks = 4;
+  options.reply_timeout = 200ms;
+  fp::RetryPolicy retry;
+  retry.first_backoff = 50ms;
+  retry.jitter_seed = 3;
+  retry.max_attempts = 20;
+  int attempts = 0;
+  auto outcome = fp::upload_with_retries(*client, *update, options, retry, &attempts);
+  // Let anything still in flight arrive before counting.
+  std::this_thread::sleep_for(300ms);
+  stop.store(true);
+  receiver.join();
+  ASSERT_TRUE(outcome.is_ok()) << outcome.status().to_string();
+  EXPECT_TRUE(outcome->accepted);
+  EXPECT_GE(attempts, 2) << "the sender never timed out: the test tested nothing";
+  EXPECT_EQ(chunks_seen.load(), static_cast<int>(update->chunks.size())) << "chunks sent more than once";
   ASSERT_EQ(received.size(), 1u);
   EXPECT_EQ(received[0].tensors[0], values);
 }
@@ -456,6 +520,80 @@ TEST_F(Transport, AModelFetchToldBusyKeepsItsProgressAndAsksAgain) {
   ASSERT_FALSE(given_up.is_ok());
   EXPECT_EQ(given_up.status().code(), fedmesh::StatusCode::kUnavailable);
   EXPECT_NE(given_up.status().message().find("busy 3 times in a row"), std::string::npos) << given_up.status().to_string();
+}
+
+// Four sites download one model at once from a publisher whose chunk copies
+// alive are bounded for all of them together (protocol/model_serving.h),
+// as the aggregator serves it: the copies alive never pass the budget by
+// more than the window one request may add, some requests are told BUSY,
+// and every site still gets the model whole.
+TEST_F(Transport, DownloadsTogetherStayWithinTheServingBudget) {
+  auto server = bind();
+  ASSERT_TRUE(server);
+  const std::vector<fp::TensorShape> manifest = {{"w", {256, 64}}};
+  std::vector<float> w(256 * 64);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 1000) * 0.125f - 9.0f;
+  const std::vector<std::span<const float>> tensors = {w};
+  fc::Hash v0{}, v1{};
+  v1.fill(6);
+  fp::ModelPublisher publisher(1024);  // 64 chunks of 1 KiB
+  ASSERT_TRUE(publisher.publish(1, {v0, v1}, manifest, tensors).is_ok());
+  constexpr uint32_t kWindow = 3;
+  constexpr uint64_t kBudget = 4 * 1024;
+  fp::ModelServingBudget budget(kBudget);
+  fp::QueuedModelReplies queued(2 * kWindow);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> most_alive{0};
+  std::atomic<int> busy{0};
+  std::thread answering = answer_model_requests(*server, stop, [&](const std::string& to, ModelRequest request) {
+    const auto admit = [&](size_t replies, uint64_t new_bytes, fp::Rejection& refused) {
+      if (queued.has_room(to, replies) &&
+          budget.admit(to, publisher.live_bytes(), new_bytes, std::chrono::steady_clock::now())) {
+        return true;
+      }
+      refused = {fedmesh::wire::RejectCode::BUSY, "over the serving budget"};
+      return false;
+    };
+    std::vector<fp::SharedMessage> chunks;
+    fp::Rejection rejection;
+    if (!publisher.answer(request, kWindow, chunks, rejection, admit)) {
+      busy.fetch_add(1);
+      (void)server->send(to, fp::make_reject(0, rejection));
+      return;
+    }
+    most_alive.store(std::max(most_alive.load(), publisher.live_bytes()));
+    for (const fp::SharedMessage& chunk : chunks) (void)server->send(to, queued.track(to, chunk));
+  });
+  constexpr int kSites = 4;
+  std::vector<std::unique_ptr<fp::ClientSocket>> clients;
+  for (int i = 0; i < kSites; ++i) {
+    clients.push_back(dial(*server, *site_keys_));
+    ASSERT_TRUE(clients.back() != nullptr);
+    ASSERT_TRUE(fp::wait_connected(*clients.back(), 10s).is_ok());
+  }
+  std::vector<fedmesh::Result<fp::FetchedModel>> fetched(kSites, fedmesh::unavailable("not fetched"));
+  std::vector<std::thread> sites;
+  for (int i = 0; i < kSites; ++i) {
+    sites.emplace_back([&, i] {
+      fp::FetchOptions options;
+      options.window = kWindow;
+      options.busy_pause = 2ms;
+      options.busy_max_pause = 20ms;
+      options.max_busy_answers = 100000;
+      for (int repeat = 0; repeat < 3 && (repeat == 0 || fetched[static_cast<size_t>(i)].is_ok()); ++repeat) {
+        fetched[static_cast<size_t>(i)] = fp::fetch_model(*clients[static_cast<size_t>(i)], 1, 0, manifest, options);
+      }
+    });
+  }
+  for (std::thread& site : sites) site.join();
+  stop.store(true);
+  answering.join();
+  for (int i = 0; i < kSites; ++i) {
+    ASSERT_TRUE(fetched[static_cast<size_t>(i)].is_ok()) << fetched[static_cast<size_t>(i)].status().to_string();
+    EXPECT_EQ(fetched[static_cast<size_t>(i)]->tensors[0], w);
+  }
+  EXPECT_GT(busy.load(), 0) << "no request waited: the budget was never reached";
+  EXPECT_LE(most_alive.load(), kBudget + kWindow * 1024);
 }
 
 // The publisher serves the model from the tensors where they lie (it keeps

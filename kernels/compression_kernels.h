@@ -32,16 +32,24 @@ struct BlockQuantization {
   uint64_t seed = 0;            // stochastic rounding's draws
 };
 
+inline constexpr uint64_t kMaxTopKSamples = uint64_t{1} << 18;
+
 struct TopKOptions {
   // Tensors of at most this many elements are selected exactly; larger ones
   // estimate a threshold from a sample first (Deep Gradient Compression).
   uint64_t exact_below = uint64_t{1} << 16;
-  double sample_fraction = 0.01;  // of the elements, at least 1024 of them
+  // Of the elements, at least 1024 and at most kMaxTopKSamples of them: a
+  // quarter million samples put the threshold within about 2 % of the
+  // quantile aimed at even for k = 1 % of a billion (more only cost time).
+  double sample_fraction = 0.01;
   uint64_t seed = 0;              // which elements are sampled
 };
 
 struct TopKSelection {
   std::vector<uint64_t> indices;  // ascending; exactly min(k, n) of them
+  // x[indices[i]], where the backend had them at hand (the CPU backend);
+  // empty otherwise: read them from x.
+  std::vector<float> values;
   bool sampled = false;           // the threshold came from a sample
   uint64_t candidates = 0;        // elements at or above the final threshold
   int refinements = 0;            // times the threshold was lowered
@@ -90,6 +98,14 @@ class CompressionKernels {
 
   // The k largest |x| (ties: the lower index), as ascending indices.
   virtual TopKSelection top_k(std::span<const float> x, uint64_t k, const TopKOptions& options) = 0;
+  // e[i] += delta[i] (error feedback's a, formed in the residual), then
+  // top_k(e): the same selection. The CPU backend does both in one pass
+  // over memory where the sampled threshold holds.
+  virtual TopKSelection add_top_k(std::span<float> e, std::span<const float> delta, uint64_t k,
+                                  const TopKOptions& options) {
+    add(e, delta, e);
+    return top_k(e, k, options);
+  }
 
   // dct_chunk / idct_chunk over consecutive 4096-element chunks; x.size() is
   // a multiple of kDctChunk.

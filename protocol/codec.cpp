@@ -642,10 +642,17 @@ template <class Load>
 Status apply_sparse_with(const SegmentView& s, std::span<const TensorShape> manifest, const Sink& sink, Load load) {
   float* const target = sink.out;  // target[offset]: index - offset below
   std::string prefix;
+  // Decoding with a runner, the validation pass keeps the positions, and
+  // the values are written from them on the runner's threads: each is a
+  // random write, which one thread would wait on one after another.
+  const bool scatter = !sink.accumulate && sink.runner != nullptr && s.nnz >= kWritePart;
+  std::vector<uint64_t> positions;
+  if (scatter) positions.resize(s.nnz);
   FEDMESH_RETURN_IF_ERROR(walk_sparse(s, manifest, [&](uint64_t k, uint64_t index) -> Status {
     const float value = load(k);
     const float current = sink.accumulate ? target[index - s.offset] : 0.0f;
     const float stored = sink.accumulate ? accumulated(current, sink.weight, value) : value;
+    if (scatter) positions[k] = index - s.offset;  // k < nnz: the walk counts them
     if (is_finite(stored) && is_finite(value)) return Status::ok();
     if (prefix.empty()) prefix = where(s, manifest);
     return describe_value(prefix, sink, index, current, value, "value");
@@ -653,6 +660,12 @@ Status apply_sparse_with(const SegmentView& s, std::span<const TensorShape> mani
   if (!sink.accumulate) {
     write_in_parts(sink, s.count, kWritePart,
                    [target](uint64_t first, uint64_t n) { std::fill(target + first, target + first + n, 0.0f); });
+  }
+  if (scatter) {
+    write_in_parts(sink, s.nnz, kWritePart, [&](uint64_t first, uint64_t n) {
+      for (uint64_t k = first; k < first + n; ++k) target[positions[k]] = load(k);
+    });
+    return Status::ok();
   }
   return walk_sparse(s, manifest, [&](uint64_t k, uint64_t index) -> Status {
     float& slot = target[index - s.offset];
@@ -768,10 +781,12 @@ Status check_input_value(float x, uint64_t position, Encoding encoding) {
   }
   // A finite fp32 can round to Inf in a half type; the receiver would reject
   // the segment, so refuse to build it.
-  const bool to_bf16_overflows = (to_bf16(x).bits & kBf16ExponentMask) == kBf16ExponentMask;
-  const bool to_fp16_overflows = (to_fp16(x).bits & kF16ExponentMask) == kF16ExponentMask;
-  const bool overflows = (encoding == Encoding::kDenseBf16 && to_bf16_overflows) ||
-                         ((encoding == Encoding::kDenseF16 || encoding == Encoding::kSparseF16) && to_fp16_overflows);
+  // (Converted only for the half encodings: the other encodings' checks
+  // are the finiteness above.)
+  const bool overflows =
+      (encoding == Encoding::kDenseBf16 && (to_bf16(x).bits & kBf16ExponentMask) == kBf16ExponentMask) ||
+      ((encoding == Encoding::kDenseF16 || encoding == Encoding::kSparseF16) &&
+       (to_fp16(x).bits & kF16ExponentMask) == kF16ExponentMask);
   if (overflows) {
     return invalid_argument(std::string(encoding_name(encoding)) + " input value at element " +
                             std::to_string(position) + " (" + format_float(x) + ") overflows " + value_type(encoding));
@@ -929,13 +944,21 @@ Status decode_segment_range(const SegmentView& segment, std::span<const TensorSh
 
 Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,
                             const std::function<void(uint64_t index, float value)>& visit) {
+  // Collected first so that a segment that fails part way visits nothing.
+  std::vector<std::pair<uint64_t, float>> entries;
+  FEDMESH_RETURN_IF_ERROR(sparse_entries(segment, manifest, entries));
+  for (const auto& [index, value] : entries) visit(index, value);
+  return Status::ok();
+}
+
+Status sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,
+                      std::vector<std::pair<uint64_t, float>>& entries) {
+  entries.clear();
   uint64_t element_count = 0;
   FEDMESH_RETURN_IF_ERROR(check_lengths(segment, manifest, element_count));
   if (!encoding_is_sparse(segment.encoding)) {
     return invalid_argument(where(segment, manifest) + "visit_sparse_entries needs a sparse segment");
   }
-  // Collected first so that a segment that fails part way visits nothing.
-  std::vector<std::pair<uint64_t, float>> entries;
   entries.reserve(segment.nnz);
   float scratch = 0.0f;
   const Sink collect{&scratch, 1.0f, /*accumulate=*/false};
@@ -960,9 +983,8 @@ Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorSh
       break;
     }
   }
-  FEDMESH_RETURN_IF_ERROR(status);
-  for (const auto& [index, value] : entries) visit(index, value);
-  return Status::ok();
+  if (!status.is_ok()) entries.clear();
+  return status;
 }
 
 Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values, Encoding encoding,

@@ -177,6 +177,10 @@ Status decode_segment_range(const SegmentView& segment, std::span<const TensorSh
 // element's position in the tensor. Costs O(nnz), not O(count).
 Status visit_sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,
                             const std::function<void(uint64_t index, float value)>& visit);
+// The same entries, (index, value) in order, into `entries` (empty when the
+// segment fails): for a caller that writes them on several threads.
+Status sparse_entries(const SegmentView& segment, std::span<const TensorShape> manifest,
+                      std::vector<std::pair<uint64_t, float>>& entries);
 
 // Encoders. Each cuts the tensor into segments whose payload_bytes() is at
 // most max_segment_bytes (and at least one element per segment), so the

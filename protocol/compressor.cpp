@@ -228,17 +228,69 @@ class TopKCompressor final : public TensorCompressor {
   }
 
   Result<EncodedTensor> compress(uint32_t index, std::span<const float> a, int64_t round, uint64_t seed) override {
-    const uint64_t n = a.size();
+    return encode_selection(index, a, kernels_.top_k(a, k_of(a.size(), round), kernels::TopKOptions{.seed = seed}),
+                            false);
+  }
+
+  Result<EncodedTensor> compress_with_residual(uint32_t index, std::span<const float> a, int64_t round, uint64_t seed,
+                                               std::span<const TensorShape> manifest, std::span<float> residual,
+                                               std::span<float> decoded, kernels::CompressionKernels& kernels,
+                                               std::vector<float>& scratch) override {
+    Result<EncodedTensor> encoded = encode_selection(
+        index, a, kernels_.top_k(a, k_of(a.size(), round), kernels::TopKOptions{.seed = seed}), true);
+    if (!encoded.is_ok()) return encoded;
+    FEDMESH_RETURN_IF_ERROR(update_residual(*encoded, manifest, a, residual, decoded, kernels, scratch));
+    return encoded;
+  }
+
+  // Without momentum, a = e + delta is formed in the pass that gathers the
+  // candidates (one read of e and delta instead of a pass forming a and a
+  // second reading it); the same selection, bytes and residual.
+  Result<EncodedTensor> compress_folding(uint32_t index, std::span<const float> delta, int64_t round, uint64_t seed,
+                                         std::span<const TensorShape> manifest, std::span<float> residual,
+                                         std::span<float> decoded, kernels::CompressionKernels& kernels,
+                                         std::vector<float>& scratch) override {
+    if (!momentum_.empty()) {
+      return TensorCompressor::compress_folding(index, delta, round, seed, manifest, residual, decoded, kernels,
+                                                scratch);
+    }
+    Result<EncodedTensor> encoded = encode_selection(
+        index, residual,
+        kernels.add_top_k(residual, delta, k_of(residual.size(), round), kernels::TopKOptions{.seed = seed}), true);
+    if (!encoded.is_ok()) return encoded;
+    FEDMESH_RETURN_IF_ERROR(update_residual(*encoded, manifest, residual, residual, decoded, kernels, scratch));
+    return encoded;
+  }
+
+  uint64_t k_of(uint64_t n, int64_t round) const {
     const double density = topk_density(spec_, round);
-    const uint64_t k = std::clamp<uint64_t>(static_cast<uint64_t>(std::llround(density * static_cast<double>(n))), 1, n);
-    kernels::TopKSelection selection = kernels_.top_k(a, k, kernels::TopKOptions{.seed = seed});
-    std::vector<float> values(selection.indices.size());
-    for (size_t i = 0; i < values.size(); ++i) values[i] = a[selection.indices[i]];
+    return std::clamp<uint64_t>(static_cast<uint64_t>(std::llround(density * static_cast<double>(n))), 1, n);
+  }
+
+  // The selection's values come with it from the CPU backend (read from a
+  // otherwise: a random read per value). The positions and values sent are
+  // kept for the residual step that follows, which then reads neither a
+  // again.
+  Result<EncodedTensor> encode_selection(uint32_t index, std::span<const float> a, kernels::TopKSelection selection,
+                                         bool keep_for_residual) {
+    const uint64_t n = a.size();
+    std::vector<float> values = std::move(selection.values);
+    if (values.size() != selection.indices.size()) {
+      values.resize(selection.indices.size());
+      for (size_t i = 0; i < values.size(); ++i) values[i] = a[selection.indices[i]];
+    }
     const bool bitmap = sparse_index_cost(selection.indices, n).bitmap_smaller();
     const Encoding encoding = sparse_with_bitmap(spec_.values, bitmap);
     Result<std::vector<EncodedSegment>> segments =
         encode_sparse(index, n, selection.indices, values, encoding, max_segment_bytes_);
     if (!segments.is_ok()) return segments.status();
+    if (keep_for_residual) {
+      sent_indices_ = std::move(selection.indices);
+      sent_values_ = std::move(values);
+      sent_from_ = a.data();
+    } else {
+      forget_sent();
+    }
     return EncodedTensor{descriptor_of(shape_, encoding), std::move(*segments)};
   }
 
@@ -252,18 +304,49 @@ class TopKCompressor final : public TensorCompressor {
                          std::vector<float>&) override {
     if (residual.data() != a.data()) parallel_copy(a, residual);
     if (!decoded.empty()) std::fill(decoded.begin(), decoded.end(), 0.0f);
-    kept_indices_.clear();
-    kept_values_.clear();
-    for (const EncodedSegment& segment : sent.segments) {
-      FEDMESH_RETURN_IF_ERROR(visit_sparse_entries(segment.view(), manifest, [&](uint64_t i, float value) {
-        residual[i] = a[i] - value;
-        kept_indices_.push_back(i);
-        kept_values_.push_back(value);
-        if (!decoded.empty()) decoded[i] = value;
-        if (!momentum_.empty()) momentum_[i] = 0.0f;
-      }));
+    // Entry j of the update (in the segments' order) is entry j - first[s]
+    // of segment s.
+    const size_t segments = sent.segments.size();
+    std::vector<uint64_t> first(segments + 1, 0);
+    for (size_t s = 0; s < segments; ++s) first[s + 1] = first[s] + sent.segments[s].nnz;
+    const uint64_t total = first[segments];
+    // a[i] at the j-th position sent, from what compress kept (in the same
+    // order as the segments carry them) where it is this a's: no read of a.
+    const bool kept_sent = sent_from_ == a.data() && sent_indices_.size() == total;
+    std::vector<uint64_t>& positions = kept_sent ? sent_indices_ : kept_indices_;
+    if (!kept_sent) kept_indices_.assign(total, 0);
+    kept_values_.resize(total);
+    std::vector<std::pair<uint64_t, float>> entries;
+    for (size_t s = 0; s < segments; ++s) {
+      FEDMESH_RETURN_IF_ERROR(sparse_entries(sent.segments[s].view(), manifest, entries));
+      if (entries.size() != first[s + 1] - first[s]) {
+        return corrupt("top-k: segment " + std::to_string(s) + " holds " + std::to_string(entries.size()) +
+                       " entries, its nnz says " + std::to_string(first[s + 1] - first[s]));
+      }
+      // Written on every core: each position is a random write, which one
+      // core would wait on one after another.
+      parallel_for(static_cast<int64_t>(entries.size()), kGrain, [&](int64_t begin, int64_t end) {
+        for (auto e = static_cast<size_t>(begin); e < static_cast<size_t>(end); ++e) {
+          const auto [i, value] = entries[e];
+          const uint64_t j = first[s] + e;
+          const float at = kept_sent && positions[j] == i ? sent_values_[j] : a[i];
+          positions[j] = i;
+          residual[i] = at - value;
+          kept_values_[j] = value;
+          if (!decoded.empty()) decoded[i] = value;
+          if (!momentum_.empty()) momentum_[i] = 0.0f;
+        }
+      });
     }
+    if (kept_sent) kept_indices_ = std::move(sent_indices_);
+    forget_sent();
     return Status::ok();
+  }
+
+  void forget_sent() {
+    std::vector<uint64_t>().swap(sent_indices_);
+    std::vector<float>().swap(sent_values_);
+    sent_from_ = nullptr;
   }
 
   Status take_back(std::span<float> residual, std::span<const TensorShape>, kernels::CompressionKernels&,
@@ -275,6 +358,7 @@ class TopKCompressor final : public TensorCompressor {
   void release() override {
     std::vector<uint64_t>().swap(kept_indices_);
     std::vector<float>().swap(kept_values_);
+    forget_sent();
   }
 
   std::vector<float>* momentum() override { return momentum_.empty() ? nullptr : &momentum_; }
@@ -287,6 +371,11 @@ class TopKCompressor final : public TensorCompressor {
   std::vector<float> momentum_;
   std::vector<uint64_t> kept_indices_;  // the last update's positions and decoded values, for take_back
   std::vector<float> kept_values_;
+  // What the last encode sent (positions, and a's values there) and from
+  // which a, until the residual step uses them.
+  std::vector<uint64_t> sent_indices_;
+  std::vector<float> sent_values_;
+  const float* sent_from_ = nullptr;
 };
 
 // DeMo-style: per 64 x 64 chunk, the K largest DCT coefficients as signs with

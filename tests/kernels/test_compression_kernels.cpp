@@ -5,6 +5,8 @@
 // orthonormal, and PowerSGD's orthonormalization gives P^T P = I.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -77,6 +79,46 @@ TEST(TopK, SampledThresholdSelectsTheSameSetAndRefinesWhenTheSampleMisses) {
   std::vector<float> ties(100'000, 1.0f);
   EXPECT_EQ(cpu.top_k(ties, 10, TopKOptions{.exact_below = 10}).indices,
             (std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+// add_top_k forms a = e + delta in e and selects from it in one pass: the
+// same sums bit for bit and the same selection as add then top_k, on the
+// exact path, the sampled path, a sample that must be refined (its later
+// gathers read the a already formed), ties, and the many equal magnitudes
+// the radix selection splits by index.
+TEST(TopK, AddTopKFormsTheSumAndSelectsAsAddThenTopK) {
+  CompressionKernels& cpu = cpu_compression_kernels();
+  const auto check = [&](const std::vector<float>& e0, const std::vector<float>& delta, uint64_t k,
+                         const TopKOptions& options, const std::string& what) {
+    std::vector<float> fused = e0, apart = e0;
+    const TopKSelection got = cpu.add_top_k(fused, delta, k, options);
+    cpu.add(apart, delta, apart);
+    const TopKSelection expected = cpu.top_k(apart, k, options);
+    EXPECT_EQ(got.indices, expected.indices) << what;
+    EXPECT_EQ(got.indices, exact_top_k(apart, k)) << what;
+    EXPECT_EQ(got.sampled, expected.sampled) << what;
+    EXPECT_EQ(got.refinements, expected.refinements) << what;
+    EXPECT_EQ(got.candidates, expected.candidates) << what;
+    EXPECT_EQ(0, std::memcmp(fused.data(), apart.data(), fused.size() * sizeof(float))) << what << ": e is not e + delta";
+    return got;
+  };
+  for (const size_t n : {5ul, 4096ul, 300'007ul}) {
+    for (const uint64_t k : {uint64_t{1}, uint64_t{n / 100 + 1}, uint64_t{n / 2}}) {
+      check(random_values(n, n + 1), random_values(n, n + 2), k, TopKOptions{.exact_below = 4096, .seed = 3},
+            "n " + std::to_string(n) + " k " + std::to_string(k));
+    }
+  }
+  const std::vector<float> skewed = fedmesh::testing::topk_refinement_input(1'000'000, 1);
+  const TopKSelection refined =
+      check(std::vector<float>(skewed.size(), 0.0f), skewed, 20'000, TopKOptions{.seed = 1}, "refined");
+  EXPECT_GE(refined.refinements, 1) << "the sample was meant to miss";
+  // Equal magnitudes: a half of them +1 and a half -1 after the add; the
+  // radix selection keeps the lowest indices among the equal ones.
+  std::vector<float> ones(200'000, 0.5f), halves(200'000);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = i % 2 == 0 ? 0.5f : -1.5f;
+  check(ones, halves, 1000, TopKOptions{.seed = 2}, "ties");
+  EXPECT_EQ(cpu.top_k(std::vector<float>(100'000, -2.0f), 3, TopKOptions{.seed = 4}).indices,
+            (std::vector<uint64_t>{0, 1, 2}));
 }
 
 TEST(BlockQuantization, NearestRoundingStaysWithinHalfAScaleAndStochasticIsUnbiased) {

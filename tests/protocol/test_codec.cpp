@@ -280,6 +280,52 @@ TEST(CodecRoundTrip, SegmentsDecodedInPartsOnThreadsGiveTheSameFloats) {
   for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(target[i], 0.5f) << "element " << i;
 }
 
+// A sparse segment of many entries (65536 or more) is decoded from the
+// positions its validation pass kept, written on the runner's threads: the
+// same floats as visiting its entries (zeros elsewhere), with or without a
+// runner; one with a non-finite value writes nothing.
+TEST(CodecRoundTrip, ManySparseEntriesAreWrittenOnThreadsAsVisited) {
+  const SegmentRunner backwards_on_threads = [](size_t count, const std::function<void(size_t)>& fill) {
+    std::vector<std::thread> threads;
+    for (size_t i = count; i-- > 0;) threads.emplace_back([&fill, i] { fill(i); });
+    for (std::thread& thread : threads) thread.join();
+  };
+  Rng rng(kSeed + 43);
+  const uint64_t n = 1000003;
+  const std::vector<float> values = random_values(rng, n, 2.0);
+  std::vector<uint64_t> picked;
+  std::vector<float> picked_values;
+  for (uint64_t i = rng.below(3); i < n; i += 1 + rng.below(6)) {
+    picked.push_back(i);
+    picked_values.push_back(values[i]);
+  }
+  const auto manifest = one_tensor(n);
+  for (Encoding e : {Encoding::kSparseF32, Encoding::kSparseInt8, Encoding::kSparseBitmapF16,
+                     Encoding::kSparseBitmapInt8}) {
+    SCOPED_TRACE(encoding_name(e));
+    const std::vector<EncodedSegment> segments = *encode_sparse(0, n, picked, picked_values, e, 1 << 22);
+    std::vector<float> expected(n, 0.0f), serial(n, 0.5f), threaded(n, 0.5f);
+    uint64_t largest = 0;
+    for (const EncodedSegment& segment : segments) {
+      largest = std::max(largest, segment.nnz);
+      ASSERT_TRUE(visit_sparse_entries(segment.view(), manifest, [&](uint64_t i, float v) { expected[i] = v; }).is_ok());
+      ASSERT_TRUE(decode_segment(segment.view(), manifest, serial).is_ok());
+      ASSERT_TRUE(decode_segment(segment.view(), manifest, threaded, backwards_on_threads).is_ok());
+    }
+    ASSERT_GE(largest, uint64_t{1} << 16) << "no segment took the threaded path";
+    for (uint64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bits_of(serial[i]), bits_of(expected[i])) << "element " << i;
+      ASSERT_EQ(bits_of(threaded[i]), bits_of(expected[i])) << "element " << i;
+    }
+  }
+  EncodedSegment bad = *encode_sparse(0, n, picked, picked_values, Encoding::kSparseF32, 1 << 22)->begin();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bad.values.data() + 4 * (bad.nnz - 7), &nan, 4);
+  std::vector<float> target(n, 0.5f);
+  EXPECT_EQ(decode_segment(bad.view(), manifest, target, backwards_on_threads).code(), StatusCode::kCorrupt);
+  for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(target[i], 0.5f) << "element " << i;
+}
+
 TEST(CodecRoundTrip, DenseHalvesWithinBound) {
   Rng rng(kSeed + 1);
   for (Encoding e : {Encoding::kDenseBf16, Encoding::kDenseF16}) {

@@ -393,6 +393,12 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
           revoked_reason = root.getReject().getText().cStr();
           return std::nullopt;
         }
+        // A late answer to something earlier, not to this heartbeat: a
+        // refusal naming an update (a chunk resent after its transfer
+        // ended), or BUSY (the aggregator answers a heartbeat with an
+        // announcement, never BUSY: a model request asked again after its
+        // fetch ended).
+        if (root.getReject().getSequence() != 0 || root.getReject().getCode() == wire::RejectCode::BUSY) continue;
         emit({{"event", "warning"}, {"message", std::string("the aggregator refused a heartbeat: ") +
                                                     root.getReject().getText().cStr()}});
         poll_timer.answered(clock().now());

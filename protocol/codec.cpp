@@ -645,14 +645,16 @@ Status apply_sparse_with(const SegmentView& s, std::span<const TensorShape> mani
   // Decoding with a runner, the validation pass keeps the positions, and
   // the values are written from them on the runner's threads: each is a
   // random write, which one thread would wait on one after another.
-  const bool scatter = !sink.accumulate && sink.runner != nullptr && s.nnz >= kWritePart;
-  std::vector<uint64_t> positions;
+  // (4 bytes a position: a segment's range is under 2^32 elements, or it
+  // takes the one-thread path.)
+  const bool scatter = !sink.accumulate && sink.runner != nullptr && s.nnz >= kWritePart && s.count <= UINT32_MAX;
+  std::vector<uint32_t> positions;
   if (scatter) positions.resize(s.nnz);
   FEDMESH_RETURN_IF_ERROR(walk_sparse(s, manifest, [&](uint64_t k, uint64_t index) -> Status {
     const float value = load(k);
     const float current = sink.accumulate ? target[index - s.offset] : 0.0f;
     const float stored = sink.accumulate ? accumulated(current, sink.weight, value) : value;
-    if (scatter) positions[k] = index - s.offset;  // k < nnz: the walk counts them
+    if (scatter) positions[k] = static_cast<uint32_t>(index - s.offset);  // k < nnz: the walk counts them
     if (is_finite(stored) && is_finite(value)) return Status::ok();
     if (prefix.empty()) prefix = where(s, manifest);
     return describe_value(prefix, sink, index, current, value, "value");

@@ -236,11 +236,8 @@ class TopKCompressor final : public TensorCompressor {
                                                std::span<const TensorShape> manifest, std::span<float> residual,
                                                std::span<float> decoded, kernels::CompressionKernels& kernels,
                                                std::vector<float>& scratch) override {
-    Result<EncodedTensor> encoded = encode_selection(
-        index, a, kernels_.top_k(a, k_of(a.size(), round), kernels::TopKOptions{.seed = seed}), true);
-    if (!encoded.is_ok()) return encoded;
-    FEDMESH_RETURN_IF_ERROR(update_residual(*encoded, manifest, a, residual, decoded, kernels, scratch));
-    return encoded;
+    return send_with_residual(index, a, kernels_.top_k(a, k_of(a.size(), round), kernels::TopKOptions{.seed = seed}),
+                              manifest, residual, decoded, kernels, scratch);
   }
 
   // Without momentum, a = e + delta is formed in the pass that gathers the
@@ -254,11 +251,20 @@ class TopKCompressor final : public TensorCompressor {
       return TensorCompressor::compress_folding(index, delta, round, seed, manifest, residual, decoded, kernels,
                                                 scratch);
     }
-    Result<EncodedTensor> encoded = encode_selection(
+    return send_with_residual(
         index, residual,
-        kernels.add_top_k(residual, delta, k_of(residual.size(), round), kernels::TopKOptions{.seed = seed}), true);
+        kernels.add_top_k(residual, delta, k_of(residual.size(), round), kernels::TopKOptions{.seed = seed}), manifest,
+        residual, decoded, kernels, scratch);
+  }
+
+  // The selection encoded, then the residual stepped from what was sent.
+  Result<EncodedTensor> send_with_residual(uint32_t index, std::span<const float> a, kernels::TopKSelection selection,
+                                           std::span<const TensorShape> manifest, std::span<float> residual,
+                                           std::span<float> decoded, kernels::CompressionKernels& kernels,
+                                           std::vector<float>& scratch) {
+    Result<EncodedTensor> encoded = encode_selection(index, a, std::move(selection), true);
     if (!encoded.is_ok()) return encoded;
-    FEDMESH_RETURN_IF_ERROR(update_residual(*encoded, manifest, residual, residual, decoded, kernels, scratch));
+    FEDMESH_RETURN_IF_ERROR(update_residual(*encoded, manifest, a, residual, decoded, kernels, scratch));
     return encoded;
   }
 

@@ -184,14 +184,16 @@ TEST(CodecRoundTrip, DenseF32IsBitExact) {
   }
 }
 
+// Fills every part on a thread of its own, last part first.
+void backwards_on_threads(size_t count, const std::function<void(size_t)>& fill) {
+  std::vector<std::thread> threads;
+  for (size_t i = count; i-- > 0;) threads.emplace_back([&fill, i] { fill(i); });
+  for (std::thread& thread : threads) thread.join();
+}
+
 // A SegmentRunner may fill the segments in any order on any threads: the
 // bytes are those of the codec's own one-after-the-other loop.
 TEST(CodecRoundTrip, SegmentsFilledOnThreadsInAnyOrderAreTheSameBytes) {
-  const SegmentRunner backwards_on_threads = [](size_t count, const std::function<void(size_t)>& fill) {
-    std::vector<std::thread> threads;
-    for (size_t i = count; i-- > 0;) threads.emplace_back([&fill, i] { fill(i); });
-    for (std::thread& thread : threads) thread.join();
-  };
   auto same = [](const std::vector<EncodedSegment>& a, const std::vector<EncodedSegment>& b) {
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
@@ -231,11 +233,6 @@ TEST(CodecRoundTrip, SegmentsFilledOnThreadsInAnyOrderAreTheSameBytes) {
 // threads, in any order: the same floats as one thread, added or written;
 // and a segment that fails validation still leaves the target untouched.
 TEST(CodecRoundTrip, SegmentsDecodedInPartsOnThreadsGiveTheSameFloats) {
-  const SegmentRunner backwards_on_threads = [](size_t count, const std::function<void(size_t)>& fill) {
-    std::vector<std::thread> threads;
-    for (size_t i = count; i-- > 0;) threads.emplace_back([&fill, i] { fill(i); });
-    for (std::thread& thread : threads) thread.join();
-  };
   Rng rng(kSeed + 41);
   const uint64_t n = 300001;  // several write parts per segment, an odd tail
   const std::vector<float> values = random_values(rng, n, 3.0);
@@ -285,11 +282,6 @@ TEST(CodecRoundTrip, SegmentsDecodedInPartsOnThreadsGiveTheSameFloats) {
 // same floats as visiting its entries (zeros elsewhere), with or without a
 // runner; one with a non-finite value writes nothing.
 TEST(CodecRoundTrip, ManySparseEntriesAreWrittenOnThreadsAsVisited) {
-  const SegmentRunner backwards_on_threads = [](size_t count, const std::function<void(size_t)>& fill) {
-    std::vector<std::thread> threads;
-    for (size_t i = count; i-- > 0;) threads.emplace_back([&fill, i] { fill(i); });
-    for (std::thread& thread : threads) thread.join();
-  };
   Rng rng(kSeed + 43);
   const uint64_t n = 1000003;
   const std::vector<float> values = random_values(rng, n, 2.0);

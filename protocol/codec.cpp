@@ -89,20 +89,20 @@ inline float round_small(float x) {
   return (x + kMagic) - kMagic;
 }
 
+// The value a receiver decodes for a sparse int8 byte: the one expression the
+// encoder (for its caller's residual) and the decoder share.
+inline float sparse_int8_value(uint8_t byte, float scale) {
+  return static_cast<float>(static_cast<int8_t>(byte)) * scale;
+}
+
 std::string format_float(double x) {
   char buffer[32];
   std::snprintf(buffer, sizeof buffer, "%.9g", x);
   return buffer;
 }
 
-size_t varint_bytes(uint64_t value) {
-  size_t n = 1;
-  while (value >= 0x80) {
-    value >>= 7;
-    ++n;
-  }
-  return n;
-}
+// 7 bits a byte: without a loop, so that sums of sizes vectorize.
+size_t varint_bytes(uint64_t value) { return 1 + static_cast<size_t>(std::bit_width(value | 1) - 1) / 7; }
 
 void append_varint(std::vector<uint8_t>& out, uint64_t value) {
   while (value >= 0x80) {
@@ -659,15 +659,20 @@ Status apply_sparse_with(const SegmentView& s, std::span<const TensorShape> mani
     if (prefix.empty()) prefix = where(s, manifest);
     return describe_value(prefix, sink, index, current, value, "value");
   }));
+  if (scatter) {
+    // Each part of the range is zeroed and then given its entries (the
+    // positions increase, so they are one run) while it is in cache.
+    write_in_parts(sink, s.count, kWritePart, [&](uint64_t first, uint64_t n) {
+      std::fill(target + first, target + first + n, 0.0f);
+      const auto begin = std::lower_bound(positions.begin(), positions.end(), static_cast<uint32_t>(first));
+      const auto end = std::lower_bound(begin, positions.end(), static_cast<uint32_t>(first + n));
+      for (auto at = begin; at != end; ++at) target[*at] = load(static_cast<uint64_t>(at - positions.begin()));
+    });
+    return Status::ok();
+  }
   if (!sink.accumulate) {
     write_in_parts(sink, s.count, kWritePart,
                    [target](uint64_t first, uint64_t n) { std::fill(target + first, target + first + n, 0.0f); });
-  }
-  if (scatter) {
-    write_in_parts(sink, s.nnz, kWritePart, [&](uint64_t first, uint64_t n) {
-      for (uint64_t k = first; k < first + n; ++k) target[positions[k]] = load(k);
-    });
-    return Status::ok();
   }
   return walk_sparse(s, manifest, [&](uint64_t k, uint64_t index) -> Status {
     float& slot = target[index - s.offset];
@@ -686,9 +691,8 @@ Status apply_sparse(const SegmentView& s, std::span<const TensorShape> manifest,
                                [values](uint64_t k) { return to_float(fp16{load_u16(values + 2 * k)}); });
     case Encoding::kSparseInt8: {
       const float scale = load_f32(s.scales.data());
-      return apply_sparse_with(s, manifest, sink, [values, scale](uint64_t k) {
-        return static_cast<float>(static_cast<int8_t>(values[k])) * scale;
-      });
+      return apply_sparse_with(s, manifest, sink,
+                               [values, scale](uint64_t k) { return sparse_int8_value(values[k], scale); });
     }
     default: break;
   }
@@ -981,7 +985,7 @@ Status sparse_entries(const SegmentView& segment, std::span<const TensorShape> m
       break;
     default: {
       const float scale = load_f32(segment.scales.data());
-      status = walk([values, scale](uint64_t k) { return static_cast<float>(static_cast<int8_t>(values[k])) * scale; });
+      status = walk([values, scale](uint64_t k) { return sparse_int8_value(values[k], scale); });
       break;
     }
   }
@@ -1042,19 +1046,12 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
   return segments;
 }
 
-Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t element_count,
-                                                  std::span<const uint64_t> indices, std::span<const float> values,
-                                                  Encoding encoding, size_t max_segment_bytes) {
-  if (!encoding_is_sparse(encoding)) {
-    return invalid_argument(std::string("encode_sparse: ") + encoding_name(encoding) + " is not a sparse encoding");
-  }
-  if (element_count > kMaxTensorElements) {
-    return invalid_argument("encode_sparse: element_count " + std::to_string(element_count) + " is more than 2^36");
-  }
-  if (indices.size() != values.size()) {
-    return invalid_argument("encode_sparse: " + std::to_string(indices.size()) + " indices but " +
-                            std::to_string(values.size()) + " values");
-  }
+namespace {
+
+// What encode_sparse refuses of its input, named for the first entry that
+// has it (run only once a parallel scan found one).
+Status describe_sparse_input(uint64_t element_count, std::span<const uint64_t> indices, std::span<const float> values,
+                             Encoding encoding) {
   for (size_t k = 0; k < indices.size(); ++k) {
     if (indices[k] >= element_count) {
       return invalid_argument("encode_sparse: index " + std::to_string(k) + " (" + std::to_string(indices[k]) +
@@ -1066,6 +1063,63 @@ Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t elem
                               std::to_string(indices[k - 1]) + "): indices must strictly increase");
     }
     FEDMESH_RETURN_IF_ERROR(check_input_value(values[k], indices[k], encoding));
+  }
+  return Status::ok();
+}
+
+// Entries a part of a sparse encode covers: one task each on the runner.
+constexpr uint64_t kEncodePart = uint64_t{1} << 16;
+
+inline uint8_t* put_varint(uint8_t* out, uint64_t value) {
+  while (value >= 0x80) {
+    *out++ = static_cast<uint8_t>(value | 0x80);
+    value >>= 7;
+  }
+  *out++ = static_cast<uint8_t>(value);
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t element_count,
+                                                  std::span<const uint64_t> indices, std::span<const float> values,
+                                                  Encoding encoding, size_t max_segment_bytes,
+                                                  const SegmentRunner& runner, std::span<float> decoded) {
+  if (!encoding_is_sparse(encoding)) {
+    return invalid_argument(std::string("encode_sparse: ") + encoding_name(encoding) + " is not a sparse encoding");
+  }
+  if (element_count > kMaxTensorElements) {
+    return invalid_argument("encode_sparse: element_count " + std::to_string(element_count) + " is more than 2^36");
+  }
+  if (indices.size() != values.size()) {
+    return invalid_argument("encode_sparse: " + std::to_string(indices.size()) + " indices but " +
+                            std::to_string(values.size()) + " values");
+  }
+  if (!decoded.empty() && decoded.size() != values.size()) {
+    return invalid_argument("encode_sparse: room for " + std::to_string(decoded.size()) + " decoded values, " +
+                            std::to_string(values.size()) + " entries");
+  }
+  // The entries checked in parts on the runner, branch-free; the first bad
+  // one is named by a second, ordered pass.
+  {
+    const bool half = value_form(encoding) == Encoding::kSparseF16;
+    const size_t parts = (indices.size() + kEncodePart - 1) / kEncodePart;
+    std::vector<uint8_t> bad(parts, 0);
+    run_segments(runner, parts, [&](size_t p) {
+      const uint64_t first = p * kEncodePart, last = std::min<uint64_t>(indices.size(), first + kEncodePart);
+      uint32_t flag = 0;
+      uint64_t previous = first > 0 ? indices[first - 1] : 0;
+      for (uint64_t k = first; k < last; ++k) {
+        flag |= static_cast<uint32_t>(indices[k] >= element_count) |
+                static_cast<uint32_t>(k > 0 && indices[k] <= previous) | non_finite(values[k]);
+        if (half) flag |= static_cast<uint32_t>((to_fp16(values[k]).bits & kF16ExponentMask) == kF16ExponentMask);
+        previous = indices[k];
+      }
+      bad[p] = static_cast<uint8_t>(flag != 0);
+    });
+    if (std::find(bad.begin(), bad.end(), uint8_t{1}) != bad.end()) {
+      FEDMESH_RETURN_IF_ERROR(describe_sparse_input(element_count, indices, values, encoding));
+    }
   }
   std::vector<EncodedSegment> segments;
   if (element_count == 0) return segments;
@@ -1138,33 +1192,82 @@ Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t elem
     segment.offset = range.offset;
     segment.count = (r + 1 < ranges.size() ? ranges[r + 1].offset : element_count) - range.offset;
     segment.nnz = range.last - range.first;
-    uint64_t previous = range.offset;
+    // The segment's entries in parts, each written on the runner where it
+    // lies: a bitmap part starts where a new byte of the bitmap does (so no
+    // two parts write one byte), a varint part where the sizes of the gaps
+    // before it put it.
+    std::vector<uint64_t> starts;
+    for (uint64_t k = range.first; k < range.last; k += kEncodePart) {
+      uint64_t start = k;
+      if (bitmap) {
+        while (start > range.first && start < range.last &&
+               (indices[start] - range.offset) / 8 == (indices[start - 1] - range.offset) / 8) {
+          ++start;
+        }
+      }
+      if (starts.empty() || start > starts.back()) starts.push_back(start);
+    }
+    starts.push_back(range.last);
+    const size_t parts = starts.size() - 1;
+    const auto gap_of = [&](uint64_t k) { return k == range.first ? indices[k] - range.offset : indices[k] - indices[k - 1]; };
     float scale = 0.0f;
-    if (bitmap) segment.indices.assign(bitmap_bytes(segment.count), 0);
     if (int8) {
+      std::vector<float> part_max(parts, 0.0f);
+      run_segments(runner, parts, [&](size_t p) {
+        float m = 0.0f;
+        for (uint64_t k = starts[p]; k < starts[p + 1]; ++k) m = std::max(m, std::fabs(values[k]));
+        part_max[p] = m;
+      });
       float max_abs = 0.0f;
-      for (uint64_t k = range.first; k < range.last; ++k) max_abs = std::max(max_abs, std::fabs(values[k]));
+      for (const float m : part_max) max_abs = std::max(max_abs, m);
       scale = kernels::quantization_scale(max_abs, kInt8Max);
       append_f32(segment.scales, scale);
     }
-    segment.values.reserve(segment.nnz * vb);
-    for (uint64_t k = range.first; k < range.last; ++k) {
-      if (bitmap) {
-        const uint64_t bit = indices[k] - range.offset;
-        segment.indices[bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
-      } else {
-        append_varint(segment.indices, indices[k] - previous);
-      }
-      previous = indices[k];
-      switch (value_form(encoding)) {
-        case Encoding::kSparseF32: append_f32(segment.values, values[k]); break;
-        case Encoding::kSparseF16: append_u16(segment.values, to_fp16(values[k]).bits); break;
-        default:
-          segment.values.push_back(
-              scale > 0.0f ? static_cast<uint8_t>(static_cast<int8_t>(quantize(values[k], scale, kInt8Max))) : 0);
-          break;
-      }
+    std::vector<uint64_t> index_at(parts + 1, 0);  // where each part's indices begin
+    if (bitmap) {
+      segment.indices.assign(bitmap_bytes(segment.count), 0);
+    } else {
+      run_segments(runner, parts, [&](size_t p) {
+        uint64_t bytes = 0;
+        for (uint64_t k = starts[p]; k < starts[p + 1]; ++k) bytes += varint_bytes(gap_of(k));
+        index_at[p + 1] = bytes;
+      });
+      for (size_t p = 0; p < parts; ++p) index_at[p + 1] += index_at[p];
+      segment.indices.resize(index_at[parts]);
     }
+    segment.values.resize(segment.nnz * vb);
+    run_segments(runner, parts, [&](size_t p) {
+      uint8_t* index_out = segment.indices.data() + index_at[p];
+      for (uint64_t k = starts[p]; k < starts[p + 1]; ++k) {
+        if (bitmap) {
+          const uint64_t bit = indices[k] - range.offset;
+          segment.indices[bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+        } else {
+          index_out = put_varint(index_out, gap_of(k));
+        }
+        uint8_t* value_out = segment.values.data() + (k - range.first) * vb;
+        float sent = 0.0f;
+        switch (value_form(encoding)) {
+          case Encoding::kSparseF32:
+            std::memcpy(value_out, &values[k], 4);
+            sent = values[k];
+            break;
+          case Encoding::kSparseF16: {
+            const uint16_t bits = to_fp16(values[k]).bits;
+            value_out[0] = static_cast<uint8_t>(bits);
+            value_out[1] = static_cast<uint8_t>(bits >> 8);
+            sent = to_float(fp16{bits});
+            break;
+          }
+          default:
+            value_out[0] =
+                scale > 0.0f ? static_cast<uint8_t>(static_cast<int8_t>(quantize(values[k], scale, kInt8Max))) : 0;
+            sent = sparse_int8_value(value_out[0], scale);
+            break;
+        }
+        if (!decoded.empty()) decoded[k] = sent;
+      }
+    });
   }
   return segments;
 }

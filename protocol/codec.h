@@ -195,10 +195,15 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
                                                  const SegmentRunner& runner = {});
 // indices: strictly increasing positions in [0, element_count); values: one each.
 // A bitmap encoding stores the positions as bitmaps, a varint one as gaps.
+// The entries are checked and written in parts on `runner`'s threads. When
+// `decoded` is given (one float per entry), it receives what a receiver
+// decodes for each entry, bit for bit: the sender's residual without parsing
+// the segments again.
 Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t element_count,
                                                   std::span<const uint64_t> indices,
                                                   std::span<const float> values, Encoding encoding,
-                                                  size_t max_segment_bytes);
+                                                  size_t max_segment_bytes, const SegmentRunner& runner = {},
+                                                  std::span<float> decoded = {});
 // Quantizes with kernels::quantize_blocks (round to nearest by default; with
 // kStochastic the draws depend on seed and each element's tensor position).
 Result<std::vector<EncodedSegment>> encode_blocks(uint32_t tensor, std::span<const float> values,

@@ -287,12 +287,17 @@ class TopKCompressor final : public TensorCompressor {
     }
     const bool bitmap = sparse_index_cost(selection.indices, n).bitmap_smaller();
     const Encoding encoding = sparse_with_bitmap(spec_.values, bitmap);
+    // For the residual step: what the receiver will decode at each position,
+    // from the encoder (bit for bit the decoder's expression).
+    std::vector<float> decoded;
+    if (keep_for_residual) decoded.resize(values.size());
     Result<std::vector<EncodedSegment>> segments =
-        encode_sparse(index, n, selection.indices, values, encoding, max_segment_bytes_);
+        encode_sparse(index, n, selection.indices, values, encoding, max_segment_bytes_, parallel_each, decoded);
     if (!segments.is_ok()) return segments.status();
     if (keep_for_residual) {
       sent_indices_ = std::move(selection.indices);
       sent_values_ = std::move(values);
+      sent_decoded_ = std::move(decoded);
       sent_from_ = a.data();
     } else {
       forget_sent();
@@ -319,6 +324,23 @@ class TopKCompressor final : public TensorCompressor {
     // a[i] at the j-th position sent, from what compress kept (in the same
     // order as the segments carry them) where it is this a's: no read of a.
     const bool kept_sent = sent_from_ == a.data() && sent_indices_.size() == total;
+    if (kept_sent && sent_decoded_.size() == total) {
+      // The encoder gave what the receiver decodes at each position sent:
+      // the residual is stepped from that, with no parse of the segments.
+      parallel_for(static_cast<int64_t>(total), kGrain, [&](int64_t begin, int64_t end) {
+        for (auto j = static_cast<size_t>(begin); j < static_cast<size_t>(end); ++j) {
+          const uint64_t i = sent_indices_[j];
+          const float value = sent_decoded_[j];
+          residual[i] = sent_values_[j] - value;
+          if (!decoded.empty()) decoded[i] = value;
+          if (!momentum_.empty()) momentum_[i] = 0.0f;
+        }
+      });
+      kept_indices_ = std::move(sent_indices_);
+      kept_values_ = std::move(sent_decoded_);
+      forget_sent();
+      return Status::ok();
+    }
     std::vector<uint64_t>& positions = kept_sent ? sent_indices_ : kept_indices_;
     if (!kept_sent) kept_indices_.assign(total, 0);
     kept_values_.resize(total);
@@ -352,6 +374,7 @@ class TopKCompressor final : public TensorCompressor {
   void forget_sent() {
     std::vector<uint64_t>().swap(sent_indices_);
     std::vector<float>().swap(sent_values_);
+    std::vector<float>().swap(sent_decoded_);
     sent_from_ = nullptr;
   }
 
@@ -381,6 +404,7 @@ class TopKCompressor final : public TensorCompressor {
   // which a, until the residual step uses them.
   std::vector<uint64_t> sent_indices_;
   std::vector<float> sent_values_;
+  std::vector<float> sent_decoded_;  // what the receiver decodes for each, from the encoder
   const float* sent_from_ = nullptr;
 };
 

@@ -318,6 +318,64 @@ TEST(CodecRoundTrip, ManySparseEntriesAreWrittenOnThreadsAsVisited) {
   for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(target[i], 0.5f) << "element " << i;
 }
 
+// encode_sparse checks and writes its entries in parts on the runner's
+// threads, in any order: the bytes of its one-thread loop (bitmap parts start
+// on a new byte; varint parts where the gaps before them end), and the
+// values it reports as decoded are, bit for bit, what the decoder gives.
+TEST(CodecRoundTrip, SparseEntriesEncodedOnThreadsAreTheSameBytesAndDecodeAsReported) {
+  Rng rng(kSeed + 44);
+  const uint64_t n = 2000003;
+  const std::vector<float> values = random_values(rng, n, 2.0);
+  for (const uint64_t stride : {2u, 9u, 300u}) {  // bytes of a bitmap shared by neighbours; gaps of 1 to 2 varint bytes
+    std::vector<uint64_t> picked;
+    std::vector<float> picked_values;
+    for (uint64_t i = rng.below(3); i < n; i += 1 + rng.below(stride)) {
+      picked.push_back(i);
+      picked_values.push_back(values[i]);
+    }
+    const auto manifest = one_tensor(n);
+    for (Encoding e : {Encoding::kSparseF32, Encoding::kSparseF16, Encoding::kSparseInt8, Encoding::kSparseBitmapF32,
+                       Encoding::kSparseBitmapF16, Encoding::kSparseBitmapInt8}) {
+      for (const size_t max_bytes : {size_t{1} << 22, size_t{300000}}) {
+        SCOPED_TRACE(std::string(encoding_name(e)) + " stride " + std::to_string(stride) + " segments of " +
+                     std::to_string(max_bytes) + " bytes");
+        std::vector<float> reported(picked.size(), -1.0f);
+        auto serial = encode_sparse(0, n, picked, picked_values, e, max_bytes);
+        auto threaded = encode_sparse(0, n, picked, picked_values, e, max_bytes, backwards_on_threads, reported);
+        ASSERT_TRUE(serial.is_ok() && threaded.is_ok()) << serial.status().message();
+        ASSERT_EQ(serial->size(), threaded->size());
+        uint64_t entry = 0;
+        for (size_t i = 0; i < serial->size(); ++i) {
+          const EncodedSegment &a = (*serial)[i], &b = (*threaded)[i];
+          ASSERT_EQ(a.offset, b.offset) << i;
+          ASSERT_EQ(a.count, b.count) << i;
+          ASSERT_EQ(a.nnz, b.nnz) << i;
+          ASSERT_EQ(a.indices, b.indices) << i;
+          ASSERT_EQ(a.values, b.values) << i;
+          ASSERT_EQ(a.scales, b.scales) << i;
+          ASSERT_TRUE(visit_sparse_entries(b.view(), manifest, [&](uint64_t index, float v) {
+                        ASSERT_EQ(index, picked[entry]);
+                        ASSERT_EQ(bits_of(reported[entry]), bits_of(v)) << "entry " << entry;
+                        ++entry;
+                      }).is_ok());
+        }
+        EXPECT_EQ(entry, picked.size());
+      }
+    }
+  }
+  // A refused entry is named as the one-thread loop names it.
+  std::vector<uint64_t> indices(200000);
+  std::vector<float> two(indices.size(), 1.0f);
+  for (size_t k = 0; k < indices.size(); ++k) indices[k] = 3 * k;
+  indices[150000] = indices[149999];
+  auto refused = encode_sparse(0, n, indices, two, Encoding::kSparseInt8, 1 << 22, backwards_on_threads);
+  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("index 150000"), std::string::npos) << refused.status().message();
+  std::vector<float> wrong_room(3);
+  EXPECT_EQ(encode_sparse(0, n, {}, {}, Encoding::kSparseF32, 64, {}, wrong_room).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(CodecRoundTrip, DenseHalvesWithinBound) {
   Rng rng(kSeed + 1);
   for (Encoding e : {Encoding::kDenseBf16, Encoding::kDenseF16}) {

@@ -10,6 +10,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/half.h"
+#include "kernels/half_arrays.h"
 #include "kernels/parallel.h"
 
 namespace fedmesh::kernels {
@@ -395,20 +396,22 @@ class CpuCompressionKernels final : public CompressionKernels {
 
   void cast_half(std::span<const float> x, HalfType type, std::span<uint16_t> out) override {
     parallel_for(static_cast<int64_t>(x.size()), kGrain, [&](int64_t begin, int64_t end) {
+      const auto n = static_cast<size_t>(end - begin);
       if (type == HalfType::kBf16) {
-        for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = to_bf16(x[static_cast<size_t>(i)]).bits;
+        fp32_to_bf16(x.data() + begin, out.data() + begin, n);
       } else {
-        for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = to_fp16(x[static_cast<size_t>(i)]).bits;
+        fp32_to_fp16(x.data() + begin, out.data() + begin, n);
       }
     });
   }
 
   void widen_half(std::span<const uint16_t> x, HalfType type, std::span<float> out) override {
     parallel_for(static_cast<int64_t>(x.size()), kGrain, [&](int64_t begin, int64_t end) {
+      const auto n = static_cast<size_t>(end - begin);
       if (type == HalfType::kBf16) {
-        for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = to_float(bf16{x[static_cast<size_t>(i)]});
+        bf16_to_fp32(x.data() + begin, out.data() + begin, n);
       } else {
-        for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = to_float(fp16{x[static_cast<size_t>(i)]});
+        fp16_to_fp32(x.data() + begin, out.data() + begin, n);
       }
     });
   }

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kernels/device_ops.h"
+#include "kernels/half_arrays.h"
 #include "kernels/parallel.h"
 #include "kernels/step_profile.h"
 
@@ -19,7 +20,13 @@ void widen_to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
       std::memcpy(dst, in, static_cast<size_t>(n) * sizeof(float));
     } else {
       parallel_for(n, kConvertGrain, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) dst[i] = to_float(in[i]);
+        const auto count = static_cast<size_t>(end - begin);
+        if constexpr (std::is_same_v<T, bf16>) {
+          bf16_to_fp32(in + begin, dst + begin, count);
+        } else {
+          static_assert(std::is_same_v<T, fp16>);
+          fp16_to_fp32(in + begin, dst + begin, count);
+        }
       });
     }
   });
@@ -33,7 +40,13 @@ void narrow_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
       std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));
     } else {
       parallel_for(n, kConvertGrain, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) out[i] = from_float<T>(src[i]);
+        const auto count = static_cast<size_t>(end - begin);
+        if constexpr (std::is_same_v<T, bf16>) {
+          fp32_to_bf16(src + begin, out + begin, count);
+        } else {
+          static_assert(std::is_same_v<T, fp16>);
+          fp32_to_fp16(src + begin, out + begin, count);
+        }
       });
     }
   });

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "kernels/half.h"
+#include "kernels/half_arrays.h"
 
 namespace fedmesh::protocol {
 
@@ -28,6 +29,10 @@ namespace {
 constexpr uint32_t kF32ExponentMask = 0x7f800000u;
 constexpr uint16_t kF16ExponentMask = 0x7c00u;
 constexpr uint16_t kBf16ExponentMask = 0x7f80u;
+// The smallest fp32 magnitudes (as bits) that round to a half's Inf: 65520,
+// halfway past fp16's largest 65504; halfway past bf16's largest 0x7f7f.
+constexpr uint32_t kF16OverflowBits = 0x477ff000u;
+constexpr uint32_t kBf16OverflowBits = 0x7f7f8000u;
 constexpr size_t kMaxVarintBytes = 10;
 constexpr size_t kScaleBytes = 4;
 using kernels::kInt4Max;
@@ -447,6 +452,26 @@ Status apply_dense(const SegmentView& s, std::span<const TensorShape> manifest, 
   return Status::ok();
 }
 
+// Decodes a dense half segment (not an accumulate) with kernels/half_arrays.h
+// when every value is finite, which the bits tell without converting (the
+// exponent all ones is Inf or NaN); false, writing nothing, when one is not:
+// the caller's apply_dense then names it.
+bool decode_dense_half(const SegmentView& s, const Sink& sink, bool brain) {
+  const uint8_t* values = s.values.data();
+  const uint16_t exponent = brain ? kBf16ExponentMask : kF16ExponentMask;
+  uint32_t bad = 0;
+  for (uint64_t i = 0; i < s.count; ++i) bad |= static_cast<uint32_t>((load_u16(values + 2 * i) & exponent) == exponent);
+  if (bad != 0) return false;
+  write_in_parts(sink, s.count, kWritePart, [&](uint64_t first, uint64_t n) {
+    if (brain) {
+      bf16_to_fp32(values + 2 * first, sink.out + first, n);
+    } else {
+      fp16_to_fp32(values + 2 * first, sink.out + first, n);
+    }
+  });
+  return true;
+}
+
 // Decodes int4 elements [first, first + n) of a segment's values times scale
 // into out: the odd element at either end alone, the rest a byte at a time.
 void unpack_int4(const uint8_t* values, uint64_t first, uint64_t n, float scale, float* out) {
@@ -762,8 +787,10 @@ Status apply_segment(const SegmentView& s, std::span<const TensorShape> manifest
     case Encoding::kDenseF32:
       return apply_dense(s, manifest, sink, [values](uint64_t i) { return load_f32(values + 4 * i); });
     case Encoding::kDenseBf16:
+      if (!accumulate && decode_dense_half(s, sink, true)) return Status::ok();
       return apply_dense(s, manifest, sink, [values](uint64_t i) { return to_float(bf16{load_u16(values + 2 * i)}); });
     case Encoding::kDenseF16:
+      if (!accumulate && decode_dense_half(s, sink, false)) return Status::ok();
       return apply_dense(s, manifest, sink, [values](uint64_t i) { return to_float(fp16{load_u16(values + 2 * i)}); });
     case Encoding::kSparseF32:
     case Encoding::kSparseF16:
@@ -804,20 +831,27 @@ Status check_input_value(float x, uint64_t position, Encoding encoding) {
 
 // All of values at once: a branch-free scan (finite in fp32, and for the
 // half types once rounded), then the slow path only to name the culprit.
-Status check_input_values(std::span<const float> values, Encoding encoding) {
+namespace {
+
+// check_input_values' scan: nonzero when a value is refused.
+uint32_t scan_input_values(std::span<const float> values, Encoding encoding) {
   uint32_t bad = 0;
-  if (encoding == Encoding::kDenseBf16) {
-    for (const float x : values) {
-      bad |= static_cast<uint32_t>((to_bf16(x).bits & kBf16ExponentMask) == kBf16ExponentMask);
-    }
-  } else if (encoding == Encoding::kDenseF16) {
-    for (const float x : values) {
-      bad |= static_cast<uint32_t>((to_fp16(x).bits & kF16ExponentMask) == kF16ExponentMask);
-    }
+  // A half cast is Inf or NaN exactly when |x| is at or past the magnitude
+  // that rounds (to nearest even) to Inf, NaN and Inf included: compared as
+  // bits, with no conversion (test_codec checks both sides of each bound).
+  if (encoding == Encoding::kDenseBf16 || encoding == Encoding::kDenseF16) {
+    const uint32_t overflow = encoding == Encoding::kDenseBf16 ? kBf16OverflowBits : kF16OverflowBits;
+    for (const float x : values) bad |= static_cast<uint32_t>((std::bit_cast<uint32_t>(x) & 0x7fffffffu) >= overflow);
   } else {
     for (const float x : values) bad |= non_finite(x);
   }
-  if (bad == 0) return Status::ok();
+  return bad;
+}
+
+}  // namespace
+
+Status check_input_values(std::span<const float> values, Encoding encoding) {
+  if (scan_input_values(values, encoding) == 0) return Status::ok();
   for (size_t i = 0; i < values.size(); ++i) FEDMESH_RETURN_IF_ERROR(check_input_value(values[i], i, encoding));
   return Status::ok();
 }
@@ -1007,8 +1041,6 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
     return invalid_argument("encode_dense: max_segment_bytes " + std::to_string(max_segment_bytes) +
                             " is smaller than one " + value_type(encoding) + " value");
   }
-  FEDMESH_RETURN_IF_ERROR(check_input_values(values, encoding));
-
   std::vector<EncodedSegment> segments;
   for (uint64_t offset = 0; offset < values.size(); offset += per_segment) {
     EncodedSegment& segment = segments.emplace_back();
@@ -1017,32 +1049,31 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
     segment.offset = offset;
     segment.count = std::min<uint64_t>(per_segment, values.size() - offset);
   }
+  // Each segment's values are checked where they are converted, on the
+  // runner's threads; a refused one is named by the ordered check after.
+  std::vector<uint8_t> refused(segments.size(), 0);
   run_segments(runner, segments.size(), [&](size_t i) {
     EncodedSegment& segment = segments[i];
     const uint64_t offset = segment.offset;
+    if (scan_input_values(values.subspan(offset, segment.count), encoding) != 0) {
+      refused[i] = 1;
+      return;
+    }
     segment.values.resize(segment.count * vb);
     const float* in = values.data() + offset;
     uint8_t* out = segment.values.data();
-    // A local bound: stores through `out` (bytes, which may alias anything)
-    // would otherwise make the compiler reload segment.count and give up
-    // vectorizing the conversions.
     const uint64_t count = segment.count;
     switch (encoding) {
       case Encoding::kDenseF32: std::memcpy(out, in, count * 4); break;
-      case Encoding::kDenseBf16:
-        for (uint64_t i = 0; i < count; ++i) {
-          const uint16_t bits = to_bf16(in[i]).bits;
-          std::memcpy(out + 2 * i, &bits, 2);
-        }
-        break;
-      default:  // kDenseF16
-        for (uint64_t i = 0; i < count; ++i) {
-          const uint16_t bits = to_fp16(in[i]).bits;
-          std::memcpy(out + 2 * i, &bits, 2);
-        }
-        break;
+      case Encoding::kDenseBf16: fp32_to_bf16(in, out, count); break;
+      default: fp32_to_fp16(in, out, count); break;  // kDenseF16
     }
   });
+  if (std::find(refused.begin(), refused.end(), uint8_t{1}) != refused.end()) {
+    const Status named = check_input_values(values, encoding);  // the same scan, then the first value named
+    FEDMESH_CHECK(!named.is_ok(), "encode_dense: a segment's scan refused a value the ordered check accepts");
+    return named;
+  }
   return segments;
 }
 

@@ -8,6 +8,7 @@
 
 #include "base/random.h"
 #include "kernels/half.h"
+#include "kernels/half_arrays.h"
 #include "kernels/parallel.h"
 
 namespace fedmesh::protocol {
@@ -35,8 +36,15 @@ bool all_finite(std::span<const float> values) {
   return !bad.load();
 }
 
-// Half bits back to fp32, as the codec decodes them.
-inline float widen(uint16_t bits, bool brain) { return brain ? to_float(bf16{bits}) : to_float(fp16{bits}); }
+// Half bits back to fp32, as the codec decodes them (kernels/half_arrays.h).
+void widen(const uint16_t* bits, float* out, size_t n, bool brain) {
+  if (brain) {
+    bf16_to_fp32(bits, out, n);
+  } else {
+    fp16_to_fp32(bits, out, n);
+  }
+}
+constexpr size_t kWidenBlock = 2048;  // floats widened at a time, on the stack
 
 TensorDescriptorFields descriptor_of(const TensorShape& shape, Encoding encoding, uint32_t block_size = 0) {
   return {shape.name, shape.dims, encoding, block_size};
@@ -73,10 +81,13 @@ class IdentityCompressor final : public TensorCompressor {
         float* out = decoded.empty() ? nullptr : decoded.data() + segment.offset;
         const uint64_t count = segment.count;
         std::memcpy(kept, bytes, count * sizeof(uint16_t));  // little-endian on the wire and here
-        for (uint64_t i = 0; i < count; ++i) {
-          const float d = widen(kept[i], brain);
-          if (out != nullptr) out[i] = d;
-          e[i] = x[i] - d;
+        // Widened a cache-sized block at a time (the codec's own conversion).
+        float d[kWidenBlock];
+        for (uint64_t first = 0; first < count; first += kWidenBlock) {
+          const uint64_t n = std::min<uint64_t>(kWidenBlock, count - first);
+          widen(kept + first, d, n, brain);
+          if (out != nullptr) std::memcpy(out + first, d, n * sizeof(float));
+          for (uint64_t i = 0; i < n; ++i) e[first + i] = x[first + i] - d[i];
         }
       }
     });
@@ -88,8 +99,11 @@ class IdentityCompressor final : public TensorCompressor {
     if (encoding_ == Encoding::kDenseF32) return TensorCompressor::take_back(residual, manifest, kernels, scratch);
     const bool brain = encoding_ == Encoding::kDenseBf16;
     parallel_for(static_cast<int64_t>(residual.size()), kGrain, [&](int64_t begin, int64_t end) {
-      for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
-        residual[i] += widen(kept_half_[i], brain);
+      float d[kWidenBlock];
+      for (auto first = static_cast<size_t>(begin); first < static_cast<size_t>(end); first += kWidenBlock) {
+        const size_t n = std::min<size_t>(kWidenBlock, static_cast<size_t>(end) - first);
+        widen(kept_half_.data() + first, d, n, brain);
+        for (size_t i = 0; i < n; ++i) residual[first + i] += d[i];
       }
     });
     return Status::ok();

@@ -13,6 +13,7 @@
 #include "base/random.h"
 #include "kernels/convert.h"
 #include "kernels/half.h"
+#include "kernels/half_arrays.h"
 #include "kernels/tensor.h"
 
 namespace fedmesh {
@@ -304,6 +305,70 @@ TEST(Fp16, NarrowingMatchesFloat16) {
 #else
 TEST(Fp16, Float16Oracle) { GTEST_SKIP() << "this compiler has no _Float16"; }
 #endif
+
+// ------------------------------------------------------- array conversion ----
+
+// kernels/half_arrays.h converts whole arrays (with F16C/AVX2 where the CPU
+// has them): the bits of half.h's element-wise functions, NaNs included, at
+// every length and alignment.
+TEST(HalfArrays, NarrowingGivesHalfHBitsForASweepOfAllPatterns) {
+  SCOPED_TRACE(half_arrays_use_f16c() ? "F16C/AVX2" : "portable loops");
+  // Every 1021st fp32 pattern (odd: every low-bit residue is visited),
+  // plus the ranges where rounding decides: around 65504..65520 and the
+  // subnormal boundary.
+  std::vector<float> x;
+  for (uint64_t u = 0; u <= 0xffffffffu; u += 1021) x.push_back(float_of(static_cast<uint32_t>(u)));
+  for (uint32_t u = 0x477fe000u; u <= 0x47800100u; ++u) x.push_back(float_of(u));
+  for (uint32_t u = 0x33000000u - 4096; u <= 0x38800000u + 4096; u += 7) x.push_back(float_of(u));
+  for (uint32_t u = 0x7f7f7000u; u <= 0x7f800010u; ++u) x.push_back(float_of(u));
+  const size_t n = x.size();
+  for (size_t i = 0; i < n; ++i) x.push_back(-x[i]);
+  std::vector<uint8_t> fp16_bytes(2 * x.size() + 1), bf16_bytes(2 * x.size() + 1);
+  // At an odd byte address: halves in a segment's bytes need not be aligned.
+  fp32_to_fp16(x.data(), fp16_bytes.data() + 1, x.size());
+  fp32_to_bf16(x.data(), bf16_bytes.data() + 1, x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint16_t h, b;
+    std::memcpy(&h, fp16_bytes.data() + 1 + 2 * i, 2);
+    std::memcpy(&b, bf16_bytes.data() + 1 + 2 * i, 2);
+    ASSERT_EQ(h, to_fp16(x[i]).bits) << "fp16 of bits 0x" << std::hex << bits_of(x[i]);
+    ASSERT_EQ(b, to_bf16(x[i]).bits) << "bf16 of bits 0x" << std::hex << bits_of(x[i]);
+  }
+}
+
+TEST(HalfArrays, WideningGivesHalfHBitsForAllPatterns) {
+  std::vector<uint16_t> halves(0x10000 + 5);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i);
+  for (const size_t skip : {size_t{0}, size_t{3}}) {  // lengths not a multiple of 8, starts not aligned
+    const size_t n = halves.size() - skip;
+    std::vector<float> from_fp16(n), from_bf16(n);
+    fp16_to_fp32(halves.data() + skip, from_fp16.data(), n);
+    bf16_to_fp32(halves.data() + skip, from_bf16.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t bits = halves[skip + i];
+      ASSERT_EQ(bits_of(from_fp16[i]), bits_of(to_float(fp16{bits}))) << "fp16 0x" << std::hex << bits;
+      ASSERT_EQ(bits_of(from_bf16[i]), bits_of(to_float(bf16{bits}))) << "bf16 0x" << std::hex << bits;
+    }
+  }
+}
+
+TEST(HalfArrays, EveryLengthUpToTwoVectorsAndNoWritePastTheEnd) {
+  Rng rng(17);
+  std::vector<float> x(40);
+  for (float& v : x) v = random_float(rng, 127 - 30, 127 + 17);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[9] = -std::numeric_limits<float>::infinity();
+  for (size_t n = 0; n <= 17; ++n) {
+    std::vector<uint16_t> out(n + 4, 0xabcd);
+    fp32_to_fp16(x.data(), out.data(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], to_fp16(x[i]).bits) << n << " " << i;
+    for (size_t i = n; i < out.size(); ++i) ASSERT_EQ(out[i], 0xabcd) << "written past " << n;
+    std::vector<float> back(n + 4, 7.0f);
+    fp16_to_fp32(out.data(), back.data(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits_of(back[i]), bits_of(to_float(fp16{out[i]}))) << n << " " << i;
+    for (size_t i = n; i < back.size(); ++i) ASSERT_EQ(back[i], 7.0f) << "written past " << n;
+  }
+}
 
 // ------------------------------------------------------- bulk conversion ----
 

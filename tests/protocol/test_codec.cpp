@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <utility>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -764,6 +765,23 @@ TEST(CodecEncode, RejectsNonFiniteInputs) {
   EXPECT_EQ(encode_dense(0, huge, Encoding::kDenseBf16, 64).status().code(), StatusCode::kInvalidArgument);
   const std::vector<uint64_t> one = {0};
   EXPECT_EQ(encode_sparse(0, 1, one, big, Encoding::kSparseF16, 64).status().code(), StatusCode::kInvalidArgument);
+  // Each side of the magnitude that rounds to Inf (the check compares bits
+  // instead of converting): fp16 below 65520 is kept, 65520 is not; bf16 the
+  // same halfway past its largest finite value. Both signs, among many
+  // values, and with the element named.
+  for (const auto& [e, last_finite] : {std::pair{Encoding::kDenseF16, 0x477fefffu},
+                                       std::pair{Encoding::kDenseBf16, 0x7f7f7fffu}}) {
+    for (const float sign : {1.0f, -1.0f}) {
+      SCOPED_TRACE(std::string(encoding_name(e)) + (sign < 0 ? " negative" : " positive"));
+      std::vector<float> values(1000, 0.5f);
+      values[777] = sign * std::bit_cast<float>(last_finite);
+      EXPECT_TRUE(encode_dense(0, values, e, 1 << 12).is_ok());
+      values[777] = sign * std::bit_cast<float>(last_finite + 1);
+      const auto refused = encode_dense(0, values, e, 1 << 12);
+      ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(refused.status().message().find("element 777"), std::string::npos) << refused.status().message();
+    }
+  }
 }
 
 TEST(CodecEncode, RejectsBadArguments) {

@@ -4,6 +4,8 @@
 
 #include <bit>
 
+#include "crypto/tree_hash.h"
+
 
 namespace fedmesh::crypto {
 
@@ -35,6 +37,9 @@ void append_field(std::vector<uint8_t>& out, std::string_view text) {
 //   field descriptor_hash, u64 chunk count, field BLAKE2b-256(chunk hashes in
 //   order). The chunk list enters by its hash, so what is signed stays small
 //   however many chunks an update has, and any reordering changes it.
+//   Chunk hashes other than BLAKE2b add a last u64, the ChunkHash (1:
+//   BLAKE2bp): a BLAKE2b update's bytes are as they always were, and no
+//   update's bytes are another's with a different chunk hash.
 // With peer fields the domain is "fedmesh-update-peer-v1" and u64 kind,
 // u64 weight (IEEE-754 binary64 bits), u64 slice, u64 slices follow
 // sample_count.
@@ -59,8 +64,15 @@ std::vector<uint8_t> canonical_bytes(const UpdateSigningFields& fields) {
   Hasher chunk_list;
   for (const Hash& hash : fields.chunk_hashes) chunk_list.update(hash);
   append_field(out, chunk_list.finish());
+  if (fields.chunk_hash != ChunkHash::kBlake2b) append_u64(out, static_cast<uint64_t>(fields.chunk_hash));
   return out;
 }
+
+Hash hash_chunk(ChunkHash kind, std::span<const uint8_t> bytes) {
+  return kind == ChunkHash::kBlake2bp ? tree_hash(bytes) : hash_bytes(bytes);
+}
+
+const char* chunk_hash_name(ChunkHash kind) { return kind == ChunkHash::kBlake2bp ? "BLAKE2bp-256" : "BLAKE2b-256"; }
 
 Signature sign_update(const UpdateSigningFields& fields, const SiteKeys& sender) {
   return sign_detached(canonical_bytes(fields), sender.sign_secret);

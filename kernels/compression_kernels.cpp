@@ -82,8 +82,9 @@ void keep_best(const CandidateParts& candidates, uint64_t k, TopKSelection& sele
   indices.clear();
   values.clear();
   if (k == 0) return;
-  const auto [kth, above] = kth_magnitude(candidates, k);
-  uint64_t equal_kept = k - above;  // of the candidates equal to the k-th, how many are kept
+  const auto kth_and_above = kth_magnitude(candidates, k);
+  const uint32_t kth = kth_and_above.first;  // (not a structured binding: clang 14 cannot capture one)
+  uint64_t equal_kept = k - kth_and_above.second;  // of the candidates equal to the k-th, how many are kept
   indices.resize(k);
   values.resize(k);
   uint64_t kept = 0;

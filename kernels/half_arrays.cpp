@@ -7,6 +7,7 @@
 #include "kernels/half.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define FEDMESH_HALF_F16C 1
 #endif
@@ -80,9 +81,13 @@ FEDMESH_F16C void fp16_to_fp32_f16c(const uint8_t* in, float* out, size_t n) {
 FEDMESH_F16C void fp32_to_bf16_avx2(const float* in, uint8_t* out, size_t n) { narrow_loop<bf16>(in, out, n); }
 FEDMESH_F16C void bf16_to_fp32_avx2(const uint8_t* in, float* out, size_t n) { widen_loop<bf16>(in, out, n); }
 
+// AVX2 as the compiler's runtime sees it (the OS saves the vector state
+// too); F16C from CPUID leaf 1 (ECX bit 29), which clang's
+// __builtin_cpu_supports does not name.
 bool detect_f16c() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
 }
 
 #endif

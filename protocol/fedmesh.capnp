@@ -161,12 +161,20 @@ struct UpdateHeader {
   sampleCount @6 :UInt64;
   tensors @7 :List(TensorDescriptor);
   chunkCount @8 :UInt32;
-  chunkHashes @9 :List(Data);  # BLAKE2b-256 of each chunk's segments
+  chunkHashes @9 :List(Data);  # the chunkHash (below) of each chunk's segments
   signature @10 :Data;         # Ed25519, 64 bytes
   # Gossip updates only (absent in an update to an aggregator): what the
   # update is beside its tensors. Signed with the other fields, under its
   # own signature domain (crypto/update_signature.h).
   peer @11 :PeerUpdate;
+  # Which hash chunkHashes are (signed: crypto/update_signature.h). Absent,
+  # BLAKE2b-256, as senders before it wrote; fedmesh's senders write blake2bp.
+  chunkHash @12 :ChunkHashKind;
+}
+
+enum ChunkHashKind {
+  blake2b @0;    # BLAKE2b-256
+  blake2bp @1;   # BLAKE2bp-256: four BLAKE2b leaves and a root (crypto/tree_hash.h)
 }
 
 enum PeerUpdateKind {

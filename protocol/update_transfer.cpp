@@ -23,9 +23,12 @@ void append_text(std::vector<uint8_t>& out, std::string_view text) {
 }
 
 crypto::UpdateSigningFields signing_fields(const UpdateMetadata& metadata, const crypto::Hash& descriptors,
-                                           std::vector<crypto::Hash> chunk_hashes) {
-  return {metadata, descriptors, std::move(chunk_hashes)};
+                                           std::vector<crypto::Hash> chunk_hashes, crypto::ChunkHash chunk_hash) {
+  return {metadata, descriptors, std::move(chunk_hashes), chunk_hash};
 }
+
+// The sender's chunk hash: BLAKE2bp, the schema's blake2bp.
+constexpr crypto::ChunkHash kSentChunkHash = crypto::ChunkHash::kBlake2bp;
 
 OutgoingMessage serialize_chunk(uint64_t sequence, uint32_t index, const std::vector<const EncodedSegment*>& segments) {
   size_t payload = 0;
@@ -174,10 +177,11 @@ bool descriptors_match(std::span<const TensorDescriptorFields> descriptors, std:
 }
 
 SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
-                                   std::span<const crypto::Hash> hashes, const crypto::SiteKeys& sender_keys) {
+                            std::span<const crypto::Hash> hashes, const crypto::SiteKeys& sender_keys,
+                            crypto::ChunkHash chunk_hash) {
   const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
-  const crypto::Signature signature =
-      crypto::sign_update(signing_fields(metadata, descriptors_digest, {hashes.begin(), hashes.end()}), sender_keys);
+  const crypto::Signature signature = crypto::sign_update(
+      signing_fields(metadata, descriptors_digest, {hashes.begin(), hashes.end()}, chunk_hash), sender_keys);
 
   capnp::MallocMessageBuilder builder;
   auto header = builder.initRoot<wire::Message>().initUpdateHeader();
@@ -206,6 +210,7 @@ SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const Tens
     hash_list.set(static_cast<unsigned>(i), kj::arrayPtr(hashes[i].data(), hashes[i].size()));
   }
   header.setSignature(kj::arrayPtr(signature.data(), signature.size()));
+  if (chunk_hash == crypto::ChunkHash::kBlake2bp) header.setChunkHash(wire::ChunkHashKind::BLAKE2BP);
   return SharedMessage(serialize(builder));
 }
 
@@ -236,11 +241,11 @@ PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vecto
   prepared.chunks.resize(groups.size());
   for_each_index_in_parallel(groups.size(), [&](size_t c) {
     OutgoingMessage chunk = serialize_chunk(metadata.sequence, static_cast<uint32_t>(c), groups[c]);
-    hashes[c] = crypto::hash_bytes(chunk.body());
+    hashes[c] = crypto::hash_chunk(kSentChunkHash, chunk.body());
     prepared.chunks[c] = SharedMessage(std::move(chunk));
   });
 
-  prepared.header = signed_header(metadata, descriptors, hashes, sender_keys);
+  prepared.header = signed_header(metadata, descriptors, hashes, sender_keys, kSentChunkHash);
   return prepared;
 }
 
@@ -409,6 +414,14 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
     }
     std::memcpy(transfer.chunk_hashes[i].data(), hash.begin(), crypto::kHashBytes);
   }
+  switch (header.getChunkHash()) {
+    case wire::ChunkHashKind::BLAKE2B: transfer.chunk_hash = crypto::ChunkHash::kBlake2b; break;
+    case wire::ChunkHashKind::BLAKE2BP: transfer.chunk_hash = crypto::ChunkHash::kBlake2bp; break;
+    default:
+      return fail(wire::RejectCode::MALFORMED, "chunk hash kind " +
+                                                   std::to_string(static_cast<unsigned>(header.getChunkHash())) +
+                                                   " is not one this receiver knows (blake2b, blake2bp)");
+  }
   std::vector<TensorDescriptorFields> descriptors;
   if (!read_descriptors(header.getTensors(), descriptors, rejection)) {
     last_rejection_ = rejection;
@@ -423,7 +436,7 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
   crypto::Signature signature{};
   std::memcpy(signature.data(), signature_bytes.begin(), signature.size());
   const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
-  const auto fields = signing_fields(m, descriptors_digest, transfer.chunk_hashes);
+  const auto fields = signing_fields(m, descriptors_digest, transfer.chunk_hashes, transfer.chunk_hash);
   if (!crypto::verify_update(fields, signature, entry->identity.sign_public)) {
     return fail(wire::RejectCode::BAD_SIGNATURE,
                 "signature on update " + std::to_string(m.sequence) + " from '" + m.sender + "' does not verify");
@@ -606,7 +619,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
 
   // Authenticate the bytes before parsing them.
   const auto body = frame.subspan(kEnvelopeBytes, envelope.body_bytes);
-  if (crypto::hash_bytes(body) != transfer.chunk_hashes[index]) {
+  if (crypto::hash_chunk(transfer.chunk_hash, body) != transfer.chunk_hashes[index]) {
     transfers_.erase(found);
     return reject(sequence, wire::RejectCode::BAD_CHUNK_HASH,
                   "chunk " + std::to_string(index) + " does not match the hash signed in its header; transfer dropped");

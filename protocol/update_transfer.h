@@ -116,9 +116,11 @@ constexpr uint64_t curve_message_bytes(uint64_t payload) {
 // What sending `update` costs on the wire: header and chunks, each framed as above.
 uint64_t wire_bytes(const PreparedUpdate& update);
 
-// The serialized, signed UpdateHeader for chunks whose hashes are given.
+// The serialized, signed UpdateHeader for chunks whose hashes are given
+// (`chunk_hash` says which hash they are; prepare_update's are BLAKE2bp).
 SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
-                                   std::span<const crypto::Hash> chunk_hashes, const crypto::SiteKeys& sender_keys);
+                            std::span<const crypto::Hash> chunk_hashes, const crypto::SiteKeys& sender_keys,
+                            crypto::ChunkHash chunk_hash = crypto::ChunkHash::kBlake2b);
 
 OutgoingMessage copy_message(std::span<const uint8_t> bytes);
 
@@ -257,6 +259,7 @@ class UpdateReceiver {
     UpdateMetadata metadata;
     crypto::Hash header_hash{};
     std::vector<crypto::Hash> chunk_hashes;
+    crypto::ChunkHash chunk_hash = crypto::ChunkHash::kBlake2b;  // what chunk_hashes are
     std::vector<Encoding> encodings;
     std::vector<uint32_t> block_sizes;
     std::vector<bool> received;

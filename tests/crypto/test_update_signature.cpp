@@ -1,8 +1,12 @@
 #include "crypto/update_signature.h"
 
+#include "crypto/tree_hash.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <functional>
 #include <string>
 #include <vector>
@@ -55,6 +59,63 @@ TEST(Hash, KnownValueAndIncrementalEqualsOneShot) {
   EXPECT_EQ(hasher.finish(), one_shot);
   data[500] ^= 1;
   EXPECT_NE(hash_bytes(data), one_shot);
+}
+
+// BLAKE2bp-256 (crypto/tree_hash.h) of bytes (7 i + 3) mod 256, as Python's
+// hashlib.blake2b computes the tree from its parameters: four leaves (digest
+// 64, fanout 4, depth 2, inner 64, node offset i, leaf 3 last node) over the
+// 128-byte blocks in turn, a root (digest 32, node depth 1, last node) over
+// their digests. Lengths around the block, the stripe of four blocks and
+// the point where the vector lanes (whole stripes before each leaf's last
+// block) hand over to the portable finish.
+TEST(TreeHash, MatchesPythonsHashlibTree) {
+  const std::pair<size_t, const char*> expected[] = {
+      {0, "7fb3222c1bce0810eb69450cc6ddfc6f5822c2e5b2fe0927e27f0e292e4e45a1"},
+      {1, "dfa89eab1b2ece42d1f77884cd56bf0fd479d2529b85916e87050f61fae0fdc7"},
+      {127, "14ad65b60bb9e82152c39f778eb7e92964e2f3cc961a28509e0f8f30caa00292"},
+      {128, "b6cb637f96bd081e0ef47b10ae97f7383300155c7206d7d8c8c86b1db38dc2ae"},
+      {129, "47ce32ee1b035383ad69008fbd9ff808fca1efb13be69dddac951bd105bb312c"},
+      {511, "5beb54340a3d52a83f15f01f4299cb58fee5ec26989bb0f96d54c591436213ac"},
+      {512, "5e350aa77d39b02330a3b95416ac623f21714fba6b4190c8f54d43fd834105ef"},
+      {513, "192d08d6d1820b593664083bf114ce91f757276f4582f537c8ce732ca498c27e"},
+      {1023, "12a9cbd390b6b5a19cad813099fcbe17985a29df253577b8935beb34c8fa2d6a"},
+      {1024, "94142c12c49415854850dde79b6487a5a68033b787230f474afb34731a8545c8"},
+      {1025, "5ba6c1abe4867185f516a06f056d63a7568a777bed49d524d361e5831c71decc"},
+      {3583, "d6801119ebdd48daf71ee972850c093fcd9c38296cdb0159c4104eac9da53e0f"},
+      {3584, "68743c4521d7e27177dc2a72fa26e87c8683b4d086dc13636c9b79f962f43297"},
+      {4113, "6f111a0df4c42a178d5139cd6940837fb2d5a9de92fd1878f90dc7786884a508"},
+      {65536, "c95ce8b43ee7517777a124ecfe8ec77d6e4c2c15aec7d6ca54815f9ee332ae47"},
+      {1000003, "6c4278e921b3e77dcddec0e89d8064b71e59bfdfcb60208f1da15a5ed9367e24"},
+  };
+  for (const auto& [n, hex] : expected) {
+    std::vector<uint8_t> data(n);
+    for (size_t i = 0; i < n; ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
+    EXPECT_EQ(to_hex(tree_hash(data)), hex) << n << " bytes (AVX2 lanes: " << tree_hash_uses_avx2() << ")";
+  }
+  std::vector<uint8_t> data(100000, 5);
+  const Hash before = tree_hash(data);
+  for (const size_t at : {size_t{0}, size_t{127}, size_t{640}, size_t{99999}}) {
+    data[at] ^= 1;
+    EXPECT_NE(tree_hash(data), before) << at;
+    data[at] ^= 1;
+  }
+  EXPECT_EQ(hash_chunk(ChunkHash::kBlake2bp, data), before);
+  EXPECT_EQ(hash_chunk(ChunkHash::kBlake2b, data), hash_bytes(data));
+}
+
+// The chunk hash kind is signed: a BLAKE2b update's bytes are as before it
+// existed (nothing appended), a BLAKE2bp update's differ, and a signature
+// made under one kind does not verify under the other.
+TEST_F(UpdateSignatureTest, TheChunkHashKindIsSigned) {
+  UpdateSigningFields tree = fields_;
+  tree.chunk_hash = ChunkHash::kBlake2bp;
+  const std::vector<uint8_t> plain = canonical_bytes(fields_), with_kind = canonical_bytes(tree);
+  ASSERT_EQ(with_kind.size(), plain.size() + 8);
+  EXPECT_TRUE(std::equal(plain.begin(), plain.end(), with_kind.begin()));
+  EXPECT_EQ(with_kind[plain.size()], 1);
+  EXPECT_FALSE(verify_update(tree, sign_update(fields_, sender_), sender_.identity.sign_public));
+  EXPECT_FALSE(verify_update(fields_, sign_update(tree, sender_), sender_.identity.sign_public));
+  EXPECT_TRUE(verify_update(tree, sign_update(tree, sender_), sender_.identity.sign_public));
 }
 
 TEST_F(UpdateSignatureTest, Verifies) {

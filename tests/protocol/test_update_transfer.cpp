@@ -3,6 +3,7 @@
 // exercised by a message that fails exactly that check.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +11,7 @@
 
 #include "base/random.h"
 #include "crypto/replay_guard.h"
+#include "crypto/tree_hash.h"
 #include "protocol/rate_limiter.h"
 #include "protocol/update_service.h"
 #include "protocol/update_transfer.h"
@@ -447,6 +449,60 @@ TEST_F(UpdateTransfer, ChunksAreAuthenticatedBeforeTheyAreParsed) {
   ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
   EXPECT_EQ(code_of(*parse(receiver.handle_chunk("site-b", envelope, update.chunks[1]).bytes())),
             wire::RejectCode::UNKNOWN_TRANSFER);
+}
+
+// fedmesh's senders hash chunks with BLAKE2bp and say so in the signed
+// header; a header that says nothing (a sender from before) has BLAKE2b
+// chunk hashes and is still taken; and the kind a header states is the one
+// its chunks are checked with.
+TEST_F(UpdateTransfer, ChunkHashesAreBlake2bpAndBlake2bIsStillTaken) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  const auto body_of = [](const fp::SharedMessage& chunk) {
+    fp::Envelope envelope;
+    fp::Rejection rejection;
+    EXPECT_TRUE(fp::read_envelope(chunk, fp::kDefaultMaxMessageBytes, envelope, rejection));
+    return chunk.bytes().subspan(fp::kEnvelopeBytes, envelope.body_bytes);
+  };
+  const auto completes = [&](const fp::PreparedUpdate& update) {
+    auto reply = deliver(receiver, update);
+    return reply->root().isAck() && reply->root().getAck().getComplete();
+  };
+  const std::vector<fp::TensorDescriptorFields> descriptors = {
+      {manifest_[0].name, manifest_[0].dims, fp::Encoding::kDenseF32, 0},
+      {manifest_[1].name, manifest_[1].dims, fp::Encoding::kDenseF32, 0}};
+
+  fp::PreparedUpdate sent = prepare(metadata(1));
+  ASSERT_GT(sent.chunks.size(), 2u);
+  {
+    auto header = parse(sent.header);
+    const auto h = header->root().getUpdateHeader();
+    EXPECT_EQ(h.getChunkHash(), wire::ChunkHashKind::BLAKE2BP);
+    for (size_t c = 0; c < sent.chunks.size(); ++c) {
+      const fc::Hash expected = fc::tree_hash(body_of(sent.chunks[c]));
+      const auto got = h.getChunkHashes()[static_cast<unsigned>(c)];
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), expected.begin())) << "chunk " << c;
+    }
+  }
+  EXPECT_TRUE(completes(sent));
+
+  // An older sender's: BLAKE2b hashes and no kind in the header.
+  fp::PreparedUpdate old = prepare(metadata(2));
+  std::vector<fc::Hash> blake2b;
+  for (const auto& chunk : old.chunks) blake2b.push_back(fc::hash_bytes(body_of(chunk)));
+  old.header = fp::signed_header(metadata(2), descriptors, blake2b, *site_);
+  EXPECT_EQ(parse(old.header)->root().getUpdateHeader().getChunkHash(), wire::ChunkHashKind::BLAKE2B);
+  EXPECT_TRUE(completes(old));
+  auto completed = receiver.take_completed();
+  ASSERT_EQ(completed.size(), 2u);
+  EXPECT_EQ(completed[1].tensors, values_);
+
+  // Signed as BLAKE2b over BLAKE2bp hashes: the chunks do not match.
+  fp::PreparedUpdate mislabeled = prepare(metadata(3));
+  std::vector<fc::Hash> tree;
+  for (const auto& chunk : mislabeled.chunks) tree.push_back(fc::tree_hash(body_of(chunk)));
+  mislabeled.header = fp::signed_header(metadata(3), descriptors, tree, *site_, fc::ChunkHash::kBlake2b);
+  EXPECT_EQ(code_of(*deliver(receiver, mislabeled)), wire::RejectCode::BAD_CHUNK_HASH);
 }
 
 TEST_F(UpdateTransfer, AResentHeaderResumesFromTheFirstMissingChunk) {

@@ -397,23 +397,13 @@ class CpuCompressionKernels final : public CompressionKernels {
 
   void cast_half(std::span<const float> x, HalfType type, std::span<uint16_t> out) override {
     parallel_for(static_cast<int64_t>(x.size()), kGrain, [&](int64_t begin, int64_t end) {
-      const auto n = static_cast<size_t>(end - begin);
-      if (type == HalfType::kBf16) {
-        fp32_to_bf16(x.data() + begin, out.data() + begin, n);
-      } else {
-        fp32_to_fp16(x.data() + begin, out.data() + begin, n);
-      }
+      fp32_to_half(x.data() + begin, out.data() + begin, static_cast<size_t>(end - begin), type == HalfType::kBf16);
     });
   }
 
   void widen_half(std::span<const uint16_t> x, HalfType type, std::span<float> out) override {
     parallel_for(static_cast<int64_t>(x.size()), kGrain, [&](int64_t begin, int64_t end) {
-      const auto n = static_cast<size_t>(end - begin);
-      if (type == HalfType::kBf16) {
-        bf16_to_fp32(x.data() + begin, out.data() + begin, n);
-      } else {
-        fp16_to_fp32(x.data() + begin, out.data() + begin, n);
-      }
+      half_to_fp32(x.data() + begin, out.data() + begin, static_cast<size_t>(end - begin), type == HalfType::kBf16);
     });
   }
 

@@ -20,13 +20,7 @@ void widen_to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
       std::memcpy(dst, in, static_cast<size_t>(n) * sizeof(float));
     } else {
       parallel_for(n, kConvertGrain, [&](int64_t begin, int64_t end) {
-        const auto count = static_cast<size_t>(end - begin);
-        if constexpr (std::is_same_v<T, bf16>) {
-          bf16_to_fp32(in + begin, dst + begin, count);
-        } else {
-          static_assert(std::is_same_v<T, fp16>);
-          fp16_to_fp32(in + begin, dst + begin, count);
-        }
+        half_to_fp32(in + begin, dst + begin, static_cast<size_t>(end - begin), std::is_same_v<T, bf16>);
       });
     }
   });
@@ -40,13 +34,7 @@ void narrow_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
       std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));
     } else {
       parallel_for(n, kConvertGrain, [&](int64_t begin, int64_t end) {
-        const auto count = static_cast<size_t>(end - begin);
-        if constexpr (std::is_same_v<T, bf16>) {
-          fp32_to_bf16(src + begin, out + begin, count);
-        } else {
-          static_assert(std::is_same_v<T, fp16>);
-          fp32_to_fp16(src + begin, out + begin, count);
-        }
+        fp32_to_half(src + begin, out + begin, static_cast<size_t>(end - begin), std::is_same_v<T, bf16>);
       });
     }
   });

@@ -109,12 +109,19 @@ std::string format_float(double x) {
 // 7 bits a byte: without a loop, so that sums of sizes vectorize.
 size_t varint_bytes(uint64_t value) { return 1 + static_cast<size_t>(std::bit_width(value | 1) - 1) / 7; }
 
-void append_varint(std::vector<uint8_t>& out, uint64_t value) {
+// Writes value's varint at out; returns the byte after it.
+inline uint8_t* put_varint(uint8_t* out, uint64_t value) {
   while (value >= 0x80) {
-    out.push_back(static_cast<uint8_t>(value | 0x80));
+    *out++ = static_cast<uint8_t>(value | 0x80);
     value >>= 7;
   }
-  out.push_back(static_cast<uint8_t>(value));
+  *out++ = static_cast<uint8_t>(value);
+  return out;
+}
+
+void append_varint(std::vector<uint8_t>& out, uint64_t value) {
+  uint8_t bytes[kMaxVarintBytes];
+  out.insert(out.end(), bytes, put_varint(bytes, value));
 }
 
 enum class VarintError { kNone, kTruncated, kTooLong, kOverflow, kNotMinimal };
@@ -462,13 +469,8 @@ bool decode_dense_half(const SegmentView& s, const Sink& sink, bool brain) {
   uint32_t bad = 0;
   for (uint64_t i = 0; i < s.count; ++i) bad |= static_cast<uint32_t>((load_u16(values + 2 * i) & exponent) == exponent);
   if (bad != 0) return false;
-  write_in_parts(sink, s.count, kWritePart, [&](uint64_t first, uint64_t n) {
-    if (brain) {
-      bf16_to_fp32(values + 2 * first, sink.out + first, n);
-    } else {
-      fp16_to_fp32(values + 2 * first, sink.out + first, n);
-    }
-  });
+  write_in_parts(sink, s.count, kWritePart,
+                 [&](uint64_t first, uint64_t n) { half_to_fp32(values + 2 * first, sink.out + first, n, brain); });
   return true;
 }
 
@@ -839,8 +841,9 @@ uint32_t scan_input_values(std::span<const float> values, Encoding encoding) {
   // A half cast is Inf or NaN exactly when |x| is at or past the magnitude
   // that rounds (to nearest even) to Inf, NaN and Inf included: compared as
   // bits, with no conversion (test_codec checks both sides of each bound).
-  if (encoding == Encoding::kDenseBf16 || encoding == Encoding::kDenseF16) {
-    const uint32_t overflow = encoding == Encoding::kDenseBf16 ? kBf16OverflowBits : kF16OverflowBits;
+  const bool fp16 = value_form(encoding) == Encoding::kDenseF16 || value_form(encoding) == Encoding::kSparseF16;
+  if (encoding == Encoding::kDenseBf16 || fp16) {
+    const uint32_t overflow = fp16 ? kF16OverflowBits : kBf16OverflowBits;
     for (const float x : values) bad |= static_cast<uint32_t>((std::bit_cast<uint32_t>(x) & 0x7fffffffu) >= overflow);
   } else {
     for (const float x : values) bad |= non_finite(x);
@@ -1065,8 +1068,7 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
     const uint64_t count = segment.count;
     switch (encoding) {
       case Encoding::kDenseF32: std::memcpy(out, in, count * 4); break;
-      case Encoding::kDenseBf16: fp32_to_bf16(in, out, count); break;
-      default: fp32_to_fp16(in, out, count); break;  // kDenseF16
+      default: fp32_to_half(in, out, count, encoding == Encoding::kDenseBf16); break;  // the half types
     }
   });
   if (std::find(refused.begin(), refused.end(), uint8_t{1}) != refused.end()) {
@@ -1101,15 +1103,6 @@ Status describe_sparse_input(uint64_t element_count, std::span<const uint64_t> i
 // Entries a part of a sparse encode covers: one task each on the runner.
 constexpr uint64_t kEncodePart = uint64_t{1} << 16;
 
-inline uint8_t* put_varint(uint8_t* out, uint64_t value) {
-  while (value >= 0x80) {
-    *out++ = static_cast<uint8_t>(value | 0x80);
-    value >>= 7;
-  }
-  *out++ = static_cast<uint8_t>(value);
-  return out;
-}
-
 }  // namespace
 
 Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t element_count,
@@ -1133,17 +1126,14 @@ Result<std::vector<EncodedSegment>> encode_sparse(uint32_t tensor, uint64_t elem
   // The entries checked in parts on the runner, branch-free; the first bad
   // one is named by a second, ordered pass.
   {
-    const bool half = value_form(encoding) == Encoding::kSparseF16;
     const size_t parts = (indices.size() + kEncodePart - 1) / kEncodePart;
     std::vector<uint8_t> bad(parts, 0);
     run_segments(runner, parts, [&](size_t p) {
       const uint64_t first = p * kEncodePart, last = std::min<uint64_t>(indices.size(), first + kEncodePart);
-      uint32_t flag = 0;
+      uint32_t flag = scan_input_values(values.subspan(first, last - first), encoding);
       uint64_t previous = first > 0 ? indices[first - 1] : 0;
       for (uint64_t k = first; k < last; ++k) {
-        flag |= static_cast<uint32_t>(indices[k] >= element_count) |
-                static_cast<uint32_t>(k > 0 && indices[k] <= previous) | non_finite(values[k]);
-        if (half) flag |= static_cast<uint32_t>((to_fp16(values[k]).bits & kF16ExponentMask) == kF16ExponentMask);
+        flag |= static_cast<uint32_t>(indices[k] >= element_count) | static_cast<uint32_t>(k > 0 && indices[k] <= previous);
         previous = indices[k];
       }
       bad[p] = static_cast<uint8_t>(flag != 0);

@@ -36,14 +36,8 @@ bool all_finite(std::span<const float> values) {
   return !bad.load();
 }
 
-// Half bits back to fp32, as the codec decodes them (kernels/half_arrays.h).
-void widen(const uint16_t* bits, float* out, size_t n, bool brain) {
-  if (brain) {
-    bf16_to_fp32(bits, out, n);
-  } else {
-    fp16_to_fp32(bits, out, n);
-  }
-}
+// Half bits are widened back to fp32 as the codec decodes them
+// (kernels/half_arrays.h), this many at a time.
 constexpr size_t kWidenBlock = 2048;  // floats widened at a time, on the stack
 
 TensorDescriptorFields descriptor_of(const TensorShape& shape, Encoding encoding, uint32_t block_size = 0) {
@@ -85,7 +79,7 @@ class IdentityCompressor final : public TensorCompressor {
         float d[kWidenBlock];
         for (uint64_t first = 0; first < count; first += kWidenBlock) {
           const uint64_t n = std::min<uint64_t>(kWidenBlock, count - first);
-          widen(kept + first, d, n, brain);
+          half_to_fp32(kept + first, d, n, brain);
           if (out != nullptr) std::memcpy(out + first, d, n * sizeof(float));
           for (uint64_t i = 0; i < n; ++i) e[first + i] = x[first + i] - d[i];
         }
@@ -102,7 +96,7 @@ class IdentityCompressor final : public TensorCompressor {
       float d[kWidenBlock];
       for (auto first = static_cast<size_t>(begin); first < static_cast<size_t>(end); first += kWidenBlock) {
         const size_t n = std::min<size_t>(kWidenBlock, static_cast<size_t>(end) - first);
-        widen(kept_half_.data() + first, d, n, brain);
+        half_to_fp32(kept_half_.data() + first, d, n, brain);
         for (size_t i = 0; i < n; ++i) residual[first + i] += d[i];
       }
     });

@@ -952,6 +952,7 @@ uint64_t staged_bytes(std::span<const TensorShape> manifest) {
 }
 
 SegmentView EncodedSegment::view() const {
+  FEDMESH_CHECK(dense_source.empty(), "view() of a deferred dense segment");
   SegmentView view;
   view.tensor = tensor;
   view.encoding = encoding;
@@ -1030,8 +1031,16 @@ Status sparse_entries(const SegmentView& segment, std::span<const TensorShape> m
   return status;
 }
 
+void write_dense_values(std::span<const float> values, Encoding encoding, uint8_t* out) {
+  switch (encoding) {
+    case Encoding::kDenseF32: std::memcpy(out, values.data(), values.size_bytes()); break;
+    default: fp32_to_half(values.data(), out, values.size(), encoding == Encoding::kDenseBf16); break;  // the half types
+  }
+}
+
 Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values, Encoding encoding,
-                                                 size_t max_segment_bytes, const SegmentRunner& runner) {
+                                                 size_t max_segment_bytes, const SegmentRunner& runner,
+                                                 bool defer_values) {
   if (!encoding_known(encoding) || encoding_is_sparse(encoding) || encoding_is_block(encoding)) {
     return invalid_argument(std::string("encode_dense: ") + encoding_name(encoding) + " is not a dense encoding");
   }
@@ -1062,14 +1071,14 @@ Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<cons
       refused[i] = 1;
       return;
     }
-    segment.values.resize(segment.count * vb);
-    const float* in = values.data() + offset;
-    uint8_t* out = segment.values.data();
-    const uint64_t count = segment.count;
-    switch (encoding) {
-      case Encoding::kDenseF32: std::memcpy(out, in, count * 4); break;
-      default: fp32_to_half(in, out, count, encoding == Encoding::kDenseBf16); break;  // the half types
+    const std::span<const float> source = values.subspan(offset, segment.count);
+    if (defer_values) {
+      segment.dense_source = source;
+      segment.deferred_bytes = segment.count * vb;
+      return;
     }
+    segment.values.resize(segment.count * vb);
+    write_dense_values(source, encoding, segment.values.data());
   });
   if (std::find(refused.begin(), refused.end(), uint8_t{1}) != refused.end()) {
     const Status named = check_input_values(values, encoding);  // the same scan, then the first value named

@@ -129,9 +129,15 @@ struct EncodedSegment {
   std::vector<uint8_t> indices;
   std::vector<uint8_t> values;
   std::vector<uint8_t> scales;
+  // A deferred dense segment (encode_dense with defer_values): `values`
+  // stays empty and these input values, already checked, are written in
+  // the segment's encoding where the segment is serialized (fill_segment),
+  // deferred_bytes of them. The input must outlive the segment.
+  std::span<const float> dense_source;
+  size_t deferred_bytes = 0;
 
-  SegmentView view() const;
-  size_t payload_bytes() const { return indices.size() + values.size() + scales.size(); }
+  SegmentView view() const;  // not of a deferred segment
+  size_t payload_bytes() const { return indices.size() + values.size() + deferred_bytes + scales.size(); }
 };
 
 // Errors about NaN/Inf values (or scales) carry this phrase, so a receiver
@@ -190,9 +196,16 @@ Status sparse_entries(const SegmentView& segment, std::span<const TensorShape> m
 // once cast for the half encodings (kCorrupt naming the first that is not).
 Status check_input_values(std::span<const float> values, Encoding encoding);
 
+// With defer_values, the values are checked but not copied: each segment
+// refers to its range of `values` (EncodedSegment::dense_source), written
+// once, where it is serialized.
 Result<std::vector<EncodedSegment>> encode_dense(uint32_t tensor, std::span<const float> values,
                                                  Encoding encoding, size_t max_segment_bytes,
-                                                 const SegmentRunner& runner = {});
+                                                 const SegmentRunner& runner = {}, bool defer_values = false);
+// A dense segment's bytes: `values` as fp32, or cast to fp16/bf16, into
+// out (values.size() x 4 or 2 bytes). The values must have passed
+// check_input_values for the encoding.
+void write_dense_values(std::span<const float> values, Encoding encoding, uint8_t* out);
 // indices: strictly increasing positions in [0, element_count); values: one each.
 // A bitmap encoding stores the positions as bitmaps, a varint one as gaps.
 // The entries are checked and written in parts on `runner`'s threads. When

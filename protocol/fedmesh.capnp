@@ -8,7 +8,8 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("fedmesh::wire");
 
-const protocolVersion :UInt16 = 3;  # 2: secure aggregation (SecAggUp, SecAggDown); 3: UpdateHeader.peer
+const protocolVersion :UInt16 = 4;  # 2: secure aggregation (SecAggUp, SecAggDown); 3: UpdateHeader.peer;
+                                    # 4: sealed updates (UpdateHeader.sealed, UpdateSeal)
 const minProtocolVersion :UInt16 = 1;  # the oldest version this build still speaks
 
 enum Role {
@@ -170,6 +171,23 @@ struct UpdateHeader {
   # Which hash chunkHashes are (signed: crypto/update_signature.h). Absent,
   # BLAKE2b-256, as senders before it wrote; fedmesh's senders write blake2bp.
   chunkHash @12 :ChunkHashKind;
+  # A sealed update's chunks are made while the first ones are sent: this
+  # header carries no chunkCount, chunkHashes or signature (they must be
+  # empty), the chunks follow as they are made, and an UpdateSeal after them
+  # carries the chunk hashes and the signature, over the same fields as a
+  # header that carries them. Nothing of it is accepted before the seal
+  # verifies. Version 4.
+  sealed @13 :Bool;
+}
+
+# The end of a sealed update (UpdateHeader.sealed): its chunk count, every
+# chunk's hash (of UpdateHeader.chunkHash's kind) and the Ed25519 signature
+# a header carrying them would have had.
+struct UpdateSeal {
+  sequence @0 :UInt64;
+  chunkCount @1 :UInt32;
+  chunkHashes @2 :List(Data);
+  signature @3 :Data;
 }
 
 enum ChunkHashKind {
@@ -217,7 +235,7 @@ enum RejectCode {
   rateLimited @8;
   wrongRound @9;         # round or base version the receiver will not take
   tooManyChunks @10;
-  unknownTransfer @11;   # a chunk with no accepted header
+  unknownTransfer @11;   # a chunk or seal with no accepted header
   badChunkHash @12;
   wrongRecipient @13;
   wrongFederation @14;
@@ -444,5 +462,6 @@ struct Message {
     statsMerged @18 :StatsMerged;
     updateRequest @19 :UpdateRequest;
     replicaHolds @20 :ReplicaHolds;
+    updateSeal @21 :UpdateSeal;
   }
 }

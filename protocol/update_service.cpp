@@ -117,6 +117,9 @@ std::optional<OutgoingMessage> UpdateService::handle(const Incoming& incoming) {
     case wire::Message::UPDATE_HEADER:
       if (!refuse_updates_.empty()) return refuse({wire::RejectCode::PRIVATE_MODE, refuse_updates_});
       return noted(receiver_.handle_header(incoming.peer, *parsed));
+    case wire::Message::UPDATE_SEAL:
+      if (!refuse_updates_.empty()) return refuse({wire::RejectCode::PRIVATE_MODE, refuse_updates_});
+      return noted(receiver_.handle_seal(incoming.peer, *parsed));
     case wire::Message::HELLO:
       return welcome(incoming.peer, *parsed);
     case wire::Message::HEARTBEAT:

@@ -1,5 +1,7 @@
 #include "protocol/update_transfer.h"
 
+#include "protocol/sealed_update.h"
+
 #include <kj/exception.h>
 
 #include <algorithm>
@@ -27,22 +29,6 @@ crypto::UpdateSigningFields signing_fields(const UpdateMetadata& metadata, const
   return {metadata, descriptors, std::move(chunk_hashes), chunk_hash};
 }
 
-// The sender's chunk hash: BLAKE2bp, the schema's blake2bp.
-constexpr crypto::ChunkHash kSentChunkHash = crypto::ChunkHash::kBlake2bp;
-
-OutgoingMessage serialize_chunk(uint64_t sequence, uint32_t index, const std::vector<const EncodedSegment*>& segments) {
-  size_t payload = 0;
-  for (const auto* segment : segments) payload += segment->payload_bytes();
-  // One segment for the whole message: serialization is then one copy.
-  capnp::MallocMessageBuilder builder(static_cast<unsigned>((payload + 8 * 64 * (segments.size() + 4)) / 8 + 64),
-                                      capnp::AllocationStrategy::FIXED_SIZE);
-  auto chunk = builder.initRoot<wire::Message>().initUpdateChunk();
-  chunk.setSequence(sequence);
-  chunk.setChunkIndex(index);
-  auto list = chunk.initSegments(static_cast<unsigned>(segments.size()));
-  for (size_t i = 0; i < segments.size(); ++i) fill_segment(list[static_cast<unsigned>(i)], *segments[i]);
-  return serialize(builder, index, sequence);
-}
 
 // Runs f(0..count-1) on up to hardware_concurrency threads. Preparing an
 // update (encode, serialize, hash) is the sender's whole job while it runs,
@@ -176,15 +162,25 @@ bool descriptors_match(std::span<const TensorDescriptorFields> descriptors, std:
   return true;
 }
 
-SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
-                            std::span<const crypto::Hash> hashes, const crypto::SiteKeys& sender_keys,
-                            crypto::ChunkHash chunk_hash) {
-  const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
-  const crypto::Signature signature = crypto::sign_update(
-      signing_fields(metadata, descriptors_digest, {hashes.begin(), hashes.end()}, chunk_hash), sender_keys);
+OutgoingMessage serialize_chunk(uint64_t sequence, uint32_t index, std::span<const EncodedSegment* const> segments) {
+  size_t payload = 0;
+  for (const auto* segment : segments) payload += segment->payload_bytes();
+  // One segment for the whole message, in the buffer it is sent from: the
+  // segments' bytes are copied once.
+  InPlaceMessage message((payload + 8 * 64 * (segments.size() + 4)) / 8 + 64);
+  auto chunk = message.builder().initRoot<wire::Message>().initUpdateChunk();
+  chunk.setSequence(sequence);
+  chunk.setChunkIndex(index);
+  auto list = chunk.initSegments(static_cast<unsigned>(segments.size()));
+  for (size_t i = 0; i < segments.size(); ++i) fill_segment(list[static_cast<unsigned>(i)], *segments[i]);
+  return message.finish(index, sequence);
+}
 
-  capnp::MallocMessageBuilder builder;
-  auto header = builder.initRoot<wire::Message>().initUpdateHeader();
+namespace {
+
+// The header's fields but its chunk hashes and signature.
+void fill_header(wire::UpdateHeader::Builder header, const UpdateMetadata& metadata,
+                 std::span<const TensorDescriptorFields> descriptors, crypto::ChunkHash chunk_hash) {
   header.setFederation(metadata.federation);
   header.setRound(metadata.round);
   header.setBaseVersion(metadata.base_version);
@@ -204,13 +200,54 @@ SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const Tens
     peer.setSlices(metadata.peer->slices);
   }
   fill_descriptors(header.initTensors(static_cast<unsigned>(descriptors.size())), descriptors);
-  header.setChunkCount(static_cast<uint32_t>(hashes.size()));
-  auto hash_list = header.initChunkHashes(static_cast<unsigned>(hashes.size()));
+  if (chunk_hash == crypto::ChunkHash::kBlake2bp) header.setChunkHash(wire::ChunkHashKind::BLAKE2BP);
+}
+
+crypto::Signature sign_chunks(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+                              std::span<const crypto::Hash> hashes, const crypto::SiteKeys& sender_keys,
+                              crypto::ChunkHash chunk_hash) {
+  return crypto::sign_update(
+      signing_fields(metadata, descriptor_hash(descriptors), {hashes.begin(), hashes.end()}, chunk_hash), sender_keys);
+}
+
+template <class Builder>
+void fill_chunk_hashes(Builder message, std::span<const crypto::Hash> hashes, const crypto::Signature& signature) {
+  message.setChunkCount(static_cast<uint32_t>(hashes.size()));
+  auto hash_list = message.initChunkHashes(static_cast<unsigned>(hashes.size()));
   for (size_t i = 0; i < hashes.size(); ++i) {
     hash_list.set(static_cast<unsigned>(i), kj::arrayPtr(hashes[i].data(), hashes[i].size()));
   }
-  header.setSignature(kj::arrayPtr(signature.data(), signature.size()));
-  if (chunk_hash == crypto::ChunkHash::kBlake2bp) header.setChunkHash(wire::ChunkHashKind::BLAKE2BP);
+  message.setSignature(kj::arrayPtr(signature.data(), signature.size()));
+}
+
+}  // namespace
+
+SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+                            std::span<const crypto::Hash> hashes, const crypto::SiteKeys& sender_keys,
+                            crypto::ChunkHash chunk_hash) {
+  capnp::MallocMessageBuilder builder;
+  auto header = builder.initRoot<wire::Message>().initUpdateHeader();
+  fill_header(header, metadata, descriptors, chunk_hash);
+  fill_chunk_hashes(header, hashes, sign_chunks(metadata, descriptors, hashes, sender_keys, chunk_hash));
+  return SharedMessage(serialize(builder));
+}
+
+SharedMessage sealed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+                            crypto::ChunkHash chunk_hash) {
+  capnp::MallocMessageBuilder builder;
+  auto header = builder.initRoot<wire::Message>().initUpdateHeader();
+  fill_header(header, metadata, descriptors, chunk_hash);
+  header.setSealed(true);
+  return SharedMessage(serialize(builder));
+}
+
+SharedMessage update_seal(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+                          std::span<const crypto::Hash> hashes, const crypto::SiteKeys& sender_keys,
+                          crypto::ChunkHash chunk_hash) {
+  capnp::MallocMessageBuilder builder;
+  auto seal = builder.initRoot<wire::Message>().initUpdateSeal();
+  seal.setSequence(metadata.sequence);
+  fill_chunk_hashes(seal, hashes, sign_chunks(metadata, descriptors, hashes, sender_keys, chunk_hash));
   return SharedMessage(serialize(builder));
 }
 
@@ -223,20 +260,15 @@ PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vecto
 
   // Pack segments into chunks of at most chunk_bytes of payload (pointers
   // only), then serialize and hash the chunks on every core.
-  std::vector<std::vector<const EncodedSegment*>> groups(1);
-  size_t pending_bytes = 0;
+  std::vector<std::vector<const EncodedSegment*>> groups;
+  ChunkGrouper grouper(chunk_bytes);
   for (const auto& tensor : tensors) {
     for (const auto& segment : tensor.segments) {
-      if (!groups.back().empty() && pending_bytes + segment.payload_bytes() > chunk_bytes) {
-        groups.emplace_back();
-        pending_bytes = 0;
-      }
+      if (grouper.starts_chunk(segment.payload_bytes())) groups.emplace_back();
       groups.back().push_back(&segment);
-      pending_bytes += segment.payload_bytes();
       prepared.encoded_payload_bytes += segment.payload_bytes();
     }
   }
-  if (groups.back().empty()) groups.pop_back();
   std::vector<crypto::Hash> hashes(groups.size());
   prepared.chunks.resize(groups.size());
   for_each_index_in_parallel(groups.size(), [&](size_t c) {
@@ -251,14 +283,17 @@ PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vecto
 
 uint64_t wire_bytes(const PreparedUpdate& update) {
   uint64_t total = curve_message_bytes(update.header.size());
+  if (update.stream) {
+    for (const SharedMessage& chunk : update.stream->all_chunks()) total += curve_message_bytes(chunk.size());
+    if (auto seal = update.stream->seal(); seal.is_ok()) total += curve_message_bytes(seal->size());
+    return total;
+  }
   for (const SharedMessage& chunk : update.chunks) total += curve_message_bytes(chunk.size());
   return total;
 }
 
-Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<const TensorShape> manifest,
-                                      std::span<const std::span<const float>> tensors,
-                                      std::span<const TensorPlan> plans, const crypto::SiteKeys& sender_keys,
-                                      size_t chunk_bytes) {
+Status check_update_inputs(std::span<const TensorShape> manifest, std::span<const std::span<const float>> tensors,
+                           std::span<const TensorPlan> plans, size_t chunk_bytes) {
   if (tensors.size() != manifest.size() || plans.size() != manifest.size()) {
     return invalid_argument("update has " + std::to_string(tensors.size()) + " tensors and " +
                             std::to_string(plans.size()) + " plans for a manifest of " +
@@ -271,30 +306,43 @@ Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<
                               " values; its shape holds " + std::to_string(manifest[t].element_count()));
     }
   }
+  return Status::ok();
+}
+
+TensorDescriptorFields descriptor_of(const TensorShape& shape, const TensorPlan& plan) {
+  return {shape.name, shape.dims, plan.encoding, encoding_is_block(plan.encoding) ? plan.block_size : 0};
+}
+
+Result<std::vector<EncodedSegment>> encode_with_plan(uint32_t tensor, std::span<const float> values,
+                                                     const TensorPlan& plan, size_t chunk_bytes) {
+  if (encoding_is_block(plan.encoding)) return encode_blocks(tensor, values, plan.encoding, plan.block_size, chunk_bytes);
+  if (encoding_is_sparse(plan.encoding)) {
+    std::vector<uint64_t> indices;
+    std::vector<float> nonzero;
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (values[i] != 0.0f) {
+        indices.push_back(i);
+        nonzero.push_back(values[i]);
+      }
+    }
+    return encode_sparse(tensor, values.size(), indices, nonzero, plan.encoding, chunk_bytes);
+  }
+  // Checked now, written where the chunk is serialized: the values are
+  // copied once (the caller's tensors outlive both).
+  return encode_dense(tensor, values, plan.encoding, chunk_bytes, {}, /*defer_values=*/true);
+}
+
+Result<PreparedUpdate> prepare_update(const UpdateMetadata& metadata, std::span<const TensorShape> manifest,
+                                      std::span<const std::span<const float>> tensors,
+                                      std::span<const TensorPlan> plans, const crypto::SiteKeys& sender_keys,
+                                      size_t chunk_bytes) {
+  FEDMESH_RETURN_IF_ERROR(check_update_inputs(manifest, tensors, plans, chunk_bytes));
   // Tensors encode independently: one per core at a time.
   std::vector<EncodedTensor> encoded(manifest.size());
   std::vector<Status> statuses(manifest.size());
   for_each_index_in_parallel(manifest.size(), [&](size_t t) {
-    const auto index = static_cast<uint32_t>(t);
-    encoded[t].descriptor = {manifest[t].name, manifest[t].dims, plans[t].encoding,
-                             encoding_is_block(plans[t].encoding) ? plans[t].block_size : 0};
-    Result<std::vector<EncodedSegment>> segments = [&]() -> Result<std::vector<EncodedSegment>> {
-      if (encoding_is_block(plans[t].encoding)) {
-        return encode_blocks(index, tensors[t], plans[t].encoding, plans[t].block_size, chunk_bytes);
-      }
-      if (encoding_is_sparse(plans[t].encoding)) {
-        std::vector<uint64_t> indices;
-        std::vector<float> values;
-        for (size_t i = 0; i < tensors[t].size(); ++i) {
-          if (tensors[t][i] != 0.0f) {
-            indices.push_back(i);
-            values.push_back(tensors[t][i]);
-          }
-        }
-        return encode_sparse(index, tensors[t].size(), indices, values, plans[t].encoding, chunk_bytes);
-      }
-      return encode_dense(index, tensors[t], plans[t].encoding, chunk_bytes);
-    }();
+    encoded[t].descriptor = descriptor_of(manifest[t], plans[t]);
+    auto segments = encode_with_plan(static_cast<uint32_t>(t), tensors[t], plans[t], chunk_bytes);
     if (segments.is_ok()) {
       encoded[t].segments = std::move(segments.value());
     } else {
@@ -331,13 +379,29 @@ OutgoingMessage UpdateReceiver::reject(uint64_t sequence, wire::RejectCode code,
   return make_reject(sequence, *last_rejection_);
 }
 
-OutgoingMessage UpdateReceiver::ack(const Transfer& transfer, bool complete) {
+namespace {
+
+OutgoingMessage make_ack(uint64_t sequence, uint32_t next_chunk, bool complete) {
   capnp::MallocMessageBuilder builder;
   auto ack = builder.initRoot<wire::Message>().initAck();
-  ack.setSequence(transfer.metadata.sequence);
-  ack.setNextChunk(transfer.next_chunk);
+  ack.setSequence(sequence);
+  ack.setNextChunk(next_chunk);
   ack.setComplete(complete);
   return serialize(builder);
+}
+
+}  // namespace
+
+OutgoingMessage UpdateReceiver::ack(const Transfer& transfer, bool complete) {
+  return make_ack(transfer.metadata.sequence, transfer.next_chunk, complete);
+}
+
+std::optional<OutgoingMessage> UpdateReceiver::answer_completed(const std::string& peer, uint64_t sequence) const {
+  const crypto::RosterEntry* entry = policy_.insecure ? nullptr : roster_.find(peer);
+  if (entry == nullptr) return std::nullopt;
+  const auto done = last_completed_.find(crypto::replay_key(entry->identity.sign_public));
+  if (done == last_completed_.end() || done->second.first != sequence) return std::nullopt;
+  return make_ack(sequence, 0, true);
 }
 
 
@@ -397,6 +461,15 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
   }
 
   const uint32_t chunk_count = header.getChunkCount();
+  transfer.sealed = header.getSealed();
+  if (transfer.sealed && (chunk_count != 0 || header.getChunkHashes().size() != 0 || header.getSignature().size() != 0)) {
+    return fail(wire::RejectCode::MALFORMED,
+                "a sealed update's header carries a chunk count, chunk hashes or a signature (they come in its UpdateSeal)");
+  }
+  if (transfer.sealed && policy_.insecure) {
+    return fail(wire::RejectCode::UNAUTHENTICATED,
+                "a sealed update needs a connection that proves its sender; this receiver has no transport identities");
+  }
   if (chunk_count > policy_.max_chunks) {
     return fail(wire::RejectCode::TOO_MANY_CHUNKS, "update declares " + std::to_string(chunk_count) +
                                                        " chunks; the limit is " + std::to_string(policy_.max_chunks));
@@ -427,21 +500,32 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
     last_rejection_ = rejection;
     return false;
   }
-  // The signature, before any state is touched.
-  const auto signature_bytes = header.getSignature();
-  if (signature_bytes.size() != crypto::kSignatureBytes) {
-    return fail(wire::RejectCode::BAD_SIGNATURE, "signature is " + std::to_string(signature_bytes.size()) +
-                                                     " bytes, not 64");
+  transfer.descriptors_digest = descriptor_hash(descriptors);
+  const auto fields = signing_fields(m, transfer.descriptors_digest, transfer.chunk_hashes, transfer.chunk_hash);
+  if (transfer.sealed) {
+    // Signed in its seal. Until then the sender is who the handshake
+    // proved (checked above); nothing it sends is accepted before the seal
+    // verifies. The header's hash names it (a resent header resumes it)
+    // and differs from any header that carries its chunk hashes.
+    std::vector<uint8_t> bytes = crypto::canonical_bytes(fields);
+    const std::string_view marker = "fedmesh sealed update header";
+    bytes.insert(bytes.end(), marker.begin(), marker.end());
+    transfer.header_hash = crypto::hash_bytes(bytes);
+  } else {
+    // The signature, before any state is touched.
+    const auto signature_bytes = header.getSignature();
+    if (signature_bytes.size() != crypto::kSignatureBytes) {
+      return fail(wire::RejectCode::BAD_SIGNATURE, "signature is " + std::to_string(signature_bytes.size()) +
+                                                       " bytes, not 64");
+    }
+    crypto::Signature signature{};
+    std::memcpy(signature.data(), signature_bytes.begin(), signature.size());
+    if (!crypto::verify_update(fields, signature, entry->identity.sign_public)) {
+      return fail(wire::RejectCode::BAD_SIGNATURE,
+                  "signature on update " + std::to_string(m.sequence) + " from '" + m.sender + "' does not verify");
+    }
+    transfer.header_hash = crypto::hash_bytes(crypto::canonical_bytes(fields));
   }
-  crypto::Signature signature{};
-  std::memcpy(signature.data(), signature_bytes.begin(), signature.size());
-  const crypto::Hash descriptors_digest = descriptor_hash(descriptors);
-  const auto fields = signing_fields(m, descriptors_digest, transfer.chunk_hashes, transfer.chunk_hash);
-  if (!crypto::verify_update(fields, signature, entry->identity.sign_public)) {
-    return fail(wire::RejectCode::BAD_SIGNATURE,
-                "signature on update " + std::to_string(m.sequence) + " from '" + m.sender + "' does not verify");
-  }
-  transfer.header_hash = crypto::hash_bytes(crypto::canonical_bytes(fields));
   transfer.replay_key = crypto::replay_key(entry->identity.sign_public);
 
   // Signed by the key, but too far ahead to be an honest site's: taken, it
@@ -506,7 +590,7 @@ bool UpdateReceiver::check_header(const std::string& peer, wire::UpdateHeader::R
     transfer.encodings.push_back(descriptors[t].encoding);
     transfer.block_sizes.push_back(descriptors[t].block_size);
   }
-  if (chunk_count == 0 && !policy_.manifest.empty()) {
+  if (chunk_count == 0 && !transfer.sealed && !policy_.manifest.empty()) {
     return fail(wire::RejectCode::MALFORMED, "update has no chunks");
   }
   if (admit_update_) {
@@ -593,33 +677,31 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
                                              std::span<const uint8_t> frame, std::shared_ptr<const void> keep_alive) {
   last_rejection_.reset();
   const uint64_t sequence = envelope.sequence;
-  // In insecure mode the key is the sender named in the header; chunks are
-  // matched by sequence among that peer's transfers. With no transport
-  // identity there is none to match: take the only transfer with the sequence.
-  auto found = transfers_.end();
-  if (policy_.insecure) {
-    for (auto it = transfers_.begin(); it != transfers_.end(); ++it) {
-      if (it->first.second == sequence) found = it;
-    }
-  } else {
-    found = transfers_.find({peer, sequence});
-  }
+  const auto found = find_transfer(peer, sequence);
   if (found == transfers_.end()) {
+    if (auto done = answer_completed(peer, sequence)) return std::move(*done);
     return reject(sequence, wire::RejectCode::UNKNOWN_TRANSFER,
                   "chunk of update " + std::to_string(sequence) + " with no accepted header from '" + peer + "'");
   }
   Transfer& transfer = found->second;
   const uint32_t index = envelope.chunk_index;
-  if (index >= transfer.chunk_hashes.size()) {
+  if (transfer.hashes_known() && index >= transfer.expected_chunks()) {
     return reject(sequence, wire::RejectCode::MALFORMED, "chunk " + std::to_string(index) + " of an update with " +
-                                                             std::to_string(transfer.chunk_hashes.size()) + " chunks");
+                                                             std::to_string(transfer.expected_chunks()) + " chunks");
+  }
+  if (!transfer.hashes_known() && index >= policy_.max_chunks) {
+    return reject(sequence, wire::RejectCode::TOO_MANY_CHUNKS, "chunk " + std::to_string(index) +
+                                                                   " of a sealed update; the limit is " +
+                                                                   std::to_string(policy_.max_chunks) + " chunks");
   }
   // A duplicate (after a resume) is answered but is no progress.
-  if (transfer.received[index]) return ack(transfer, false);
+  if (index < transfer.received.size() && transfer.received[index]) return ack(transfer, false);
 
-  // Authenticate the bytes before parsing them.
+  // Authenticate the bytes before parsing them, or, before a sealed
+  // transfer's seal, keep their hash for it to be checked against.
   const auto body = frame.subspan(kEnvelopeBytes, envelope.body_bytes);
-  if (crypto::hash_chunk(transfer.chunk_hash, body) != transfer.chunk_hashes[index]) {
+  const crypto::Hash hash = crypto::hash_chunk(transfer.chunk_hash, body);
+  if (transfer.hashes_known() && hash != transfer.chunk_hashes[index]) {
     transfers_.erase(found);
     return reject(sequence, wire::RejectCode::BAD_CHUNK_HASH,
                   "chunk " + std::to_string(index) + " does not match the hash signed in its header; transfer dropped");
@@ -672,12 +754,115 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
     transfers_.erase(found);
     return reject(sequence, wire::RejectCode::MALFORMED, std::string("chunk does not parse: ") + e.getDescription().cStr());
   }
+  if (!transfer.hashes_known()) {
+    transfer.arrived_hashes[index] = hash;
+    if (index >= transfer.received.size()) transfer.received.resize(index + 1, false);
+  }
   transfer.received[index] = true;
   ++transfer.chunks_held;
   transfer.last_progress = policy_.clock();
   while (transfer.next_chunk < transfer.received.size() && transfer.received[transfer.next_chunk]) ++transfer.next_chunk;
-  if (transfer.chunks_held < transfer.received.size()) return ack(transfer, false);
+  if (!transfer.hashes_known() || transfer.chunks_held < transfer.expected_chunks()) return ack(transfer, false);
+  return complete(found);
+}
 
+OutgoingMessage UpdateReceiver::handle_seal(const std::string& peer, const ParsedMessage& message) {
+  last_rejection_.reset();
+  uint64_t sequence = 0;
+  try {
+    const auto seal = message.root().getUpdateSeal();
+    sequence = seal.getSequence();
+    const auto found = find_transfer(peer, sequence);
+    if (found == transfers_.end()) {
+      if (auto done = answer_completed(peer, sequence)) return std::move(*done);
+      return reject(sequence, wire::RejectCode::UNKNOWN_TRANSFER,
+                    "seal of update " + std::to_string(sequence) + " with no accepted header from '" + peer + "'");
+    }
+    Transfer& transfer = found->second;
+    const auto drop = [&](wire::RejectCode code, std::string reason) {
+      transfers_.erase(found);
+      return reject(sequence, code, std::move(reason) + "; transfer dropped");
+    };
+    const std::string what = "the seal of update " + std::to_string(sequence);
+    if (!transfer.sealed) return drop(wire::RejectCode::MALFORMED, what + " came for a header that carried its chunk hashes");
+    const uint32_t count = seal.getChunkCount();
+    const auto list = seal.getChunkHashes();
+    if (count > policy_.max_chunks) {
+      return drop(wire::RejectCode::TOO_MANY_CHUNKS, what + " declares " + std::to_string(count) +
+                                                         " chunks; the limit is " + std::to_string(policy_.max_chunks));
+    }
+    if (count == 0 && !policy_.manifest.empty()) return drop(wire::RejectCode::MALFORMED, what + " declares no chunks");
+    if (list.size() != count) {
+      return drop(wire::RejectCode::MALFORMED, what + " declares " + std::to_string(count) + " chunks but carries " +
+                                                   std::to_string(list.size()) + " chunk hashes");
+    }
+    if (count < transfer.received.size()) {
+      return drop(wire::RejectCode::MALFORMED, what + " declares " + std::to_string(count) + " chunks, but chunk " +
+                                                   std::to_string(transfer.received.size() - 1) + " came");
+    }
+    std::vector<crypto::Hash> hashes(count);
+    for (uint32_t i = 0; i < count; ++i) {
+      if (list[i].size() != crypto::kHashBytes) {
+        return drop(wire::RejectCode::MALFORMED, what + ": chunk hash " + std::to_string(i) + " is not 32 bytes");
+      }
+      std::memcpy(hashes[i].data(), list[i].begin(), crypto::kHashBytes);
+    }
+    // A seal sent again (the sender resumed) is answered as the first was.
+    if (transfer.seal_received) {
+      if (hashes == transfer.chunk_hashes) return ack(transfer, false);
+      return drop(wire::RejectCode::MALFORMED, what + " came again with other chunk hashes");
+    }
+    const auto signature_bytes = seal.getSignature();
+    if (signature_bytes.size() != crypto::kSignatureBytes) {
+      return drop(wire::RejectCode::BAD_SIGNATURE,
+                  what + ": its signature is " + std::to_string(signature_bytes.size()) + " bytes, not 64");
+    }
+    crypto::Signature signature{};
+    std::memcpy(signature.data(), signature_bytes.begin(), signature.size());
+    const crypto::RosterEntry* entry = roster_.find(transfer.metadata.sender);
+    if (entry == nullptr) {
+      return drop(wire::RejectCode::UNAUTHENTICATED, "sender '" + transfer.metadata.sender + "' is not on the roster");
+    }
+    const auto fields = signing_fields(transfer.metadata, transfer.descriptors_digest, hashes, transfer.chunk_hash);
+    if (!crypto::verify_update(fields, signature, entry->identity.sign_public)) {
+      return drop(wire::RejectCode::BAD_SIGNATURE, "signature on " + what + " from '" + transfer.metadata.sender +
+                                                       "' does not verify");
+    }
+    for (const auto& [index, hash] : transfer.arrived_hashes) {
+      if (hash != hashes[index]) {
+        return drop(wire::RejectCode::BAD_CHUNK_HASH,
+                    "chunk " + std::to_string(index) + " does not match the hash signed in its seal");
+      }
+    }
+    transfer.chunk_hashes = std::move(hashes);
+    transfer.arrived_hashes.clear();
+    transfer.seal_received = true;
+    transfer.received.resize(count, false);
+    transfer.last_progress = policy_.clock();
+    if (transfer.chunks_held < transfer.expected_chunks()) return ack(transfer, false);
+    return complete(found);
+  } catch (const kj::Exception& e) {
+    return reject(sequence, wire::RejectCode::MALFORMED, std::string("update seal does not parse: ") +
+                                                             e.getDescription().cStr());
+  }
+}
+
+std::map<std::pair<std::string, uint64_t>, UpdateReceiver::Transfer>::iterator UpdateReceiver::find_transfer(
+    const std::string& peer, uint64_t sequence) {
+  // In insecure mode the key is the sender named in the header; chunks are
+  // matched by sequence among that peer's transfers. With no transport
+  // identity there is none to match: take the only transfer with the sequence.
+  if (!policy_.insecure) return transfers_.find({peer, sequence});
+  auto found = transfers_.end();
+  for (auto it = transfers_.begin(); it != transfers_.end(); ++it) {
+    if (it->first.second == sequence) found = it;
+  }
+  return found;
+}
+
+OutgoingMessage UpdateReceiver::complete(std::map<std::pair<std::string, uint64_t>, Transfer>::iterator found) {
+  Transfer& transfer = found->second;
+  const uint64_t sequence = found->first.second;
   // Every chunk verified. Another transfer of the same sequence may have
   // completed meanwhile: that one is the replay.
   const std::string sender = transfer.metadata.sender;

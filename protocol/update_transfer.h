@@ -80,6 +80,8 @@ struct TensorDescriptorFields {
 };
 crypto::Hash descriptor_hash(std::span<const TensorDescriptorFields> descriptors);
 
+class ChunkStream;  // protocol/sealed_update.h
+
 // An update ready to send: header and chunks serialized, chunk hashes
 // signed. Kept whole so that any chunk can be resent on resume.
 struct PreparedUpdate {
@@ -87,7 +89,46 @@ struct PreparedUpdate {
   SharedMessage header;               // envelope + body
   std::vector<SharedMessage> chunks;  // envelope + body each
   uint64_t encoded_payload_bytes = 0;
+  // A sealed update (protocol/sealed_update.h): the header names no chunks,
+  // `chunks` stays empty, and the stream makes the chunks and then the
+  // UpdateSeal while the first ones are sent.
+  std::shared_ptr<ChunkStream> stream;
 };
+
+// The chunk hash fedmesh's senders use: BLAKE2bp (the schema's blake2bp).
+inline constexpr crypto::ChunkHash kSentChunkHash = crypto::ChunkHash::kBlake2bp;
+
+// Packs segments into chunks of at most chunk_bytes of payload, in order
+// (a segment larger than that is a chunk of its own).
+class ChunkGrouper {
+ public:
+  explicit ChunkGrouper(size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {}
+  // Whether the next segment, of this many payload bytes, starts a chunk.
+  bool starts_chunk(size_t payload_bytes) {
+    const bool starts = !open_ || pending_ + payload_bytes > chunk_bytes_;
+    if (starts) pending_ = 0;
+    open_ = true;
+    pending_ += payload_bytes;
+    return starts;
+  }
+
+ private:
+  size_t chunk_bytes_;
+  size_t pending_ = 0;
+  bool open_ = false;
+};
+
+// prepare_update's pieces: its checks of the inputs, a tensor's descriptor,
+// and one tensor's (or a run of its elements') encoding by its plan (dense
+// segments deferred: `values` must outlive them, up to their serialization).
+Status check_update_inputs(std::span<const TensorShape> manifest, std::span<const std::span<const float>> tensors,
+                           std::span<const TensorPlan> plans, size_t chunk_bytes);
+TensorDescriptorFields descriptor_of(const TensorShape& shape, const TensorPlan& plan);
+Result<std::vector<EncodedSegment>> encode_with_plan(uint32_t tensor, std::span<const float> values,
+                                                     const TensorPlan& plan, size_t chunk_bytes);
+
+// One UpdateChunk message of these segments (one copy of their bytes).
+OutgoingMessage serialize_chunk(uint64_t sequence, uint32_t index, std::span<const EncodedSegment* const> segments);
 
 // Segments already encoded, one list per tensor (for senders that encode
 // themselves, e.g. sparse top-k, or tests that need hand-made bytes).
@@ -121,6 +162,15 @@ uint64_t wire_bytes(const PreparedUpdate& update);
 SharedMessage signed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
                             std::span<const crypto::Hash> chunk_hashes, const crypto::SiteKeys& sender_keys,
                             crypto::ChunkHash chunk_hash = crypto::ChunkHash::kBlake2b);
+
+// A sealed update's header (UpdateHeader.sealed: no chunk count, hashes or
+// signature) and its UpdateSeal: the chunk hashes and the signature that
+// signed_header would have put in the header.
+SharedMessage sealed_header(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+                            crypto::ChunkHash chunk_hash);
+SharedMessage update_seal(const UpdateMetadata& metadata, std::span<const TensorDescriptorFields> descriptors,
+                          std::span<const crypto::Hash> chunk_hashes, const crypto::SiteKeys& sender_keys,
+                          crypto::ChunkHash chunk_hash);
 
 OutgoingMessage copy_message(std::span<const uint8_t> bytes);
 
@@ -209,6 +259,13 @@ class UpdateReceiver {
   // keep_alive, if given, owns `frame`: the parse then reads it in place.
   OutgoingMessage handle_chunk(const std::string& peer, const Envelope& envelope, std::span<const uint8_t> frame,
                                std::shared_ptr<const void> keep_alive = nullptr);
+  // The UpdateSeal of a sealed transfer (UpdateHeader.sealed): its chunk
+  // hashes and signature. Chunks that came before it were hashed and
+  // decoded into staging on arrival; the seal is checked against the
+  // signature and those hashes (a mismatch drops the transfer), and chunks
+  // after it are checked as a header's would be. The transfer completes
+  // when it has the seal and every chunk, whichever comes last.
+  OutgoingMessage handle_seal(const std::string& peer, const ParsedMessage& message);
 
   // Makes a complete, verified update durable before it is acknowledged:
   // the hook stores the update together with its sender's replay counter in
@@ -271,6 +328,16 @@ class UpdateReceiver {
     bool already_complete = false;  // the header of the sender's newest completed update, sent again
     bool resumes_in_flight = false; // the header of a transfer in flight, sent again
     std::string replay_key;         // the sender's signing key (crypto::replay_key): what counters are kept by
+    // A sealed transfer (UpdateHeader.sealed): chunk_hashes come with its
+    // UpdateSeal; until then each chunk's hash is kept here as it arrives.
+    bool sealed = false;
+    bool seal_received = false;
+    crypto::Hash descriptors_digest{};
+    std::map<uint32_t, crypto::Hash> arrived_hashes;
+    // The chunks a header or seal declared; until a sealed transfer's seal
+    // comes, the chunks seen so far.
+    uint32_t expected_chunks() const { return static_cast<uint32_t>(received.size()); }
+    bool hashes_known() const { return !sealed || seal_received; }
   };
   using TransferKey = std::pair<std::string, uint64_t>;
 
@@ -279,9 +346,21 @@ class UpdateReceiver {
   OutgoingMessage reject(uint64_t sequence, wire::RejectCode code, std::string reason);
   void drop_superseded(const std::string& replay_key, uint64_t sequence);
   OutgoingMessage ack(const Transfer& transfer, bool complete);
+  // A chunk or seal of the update `peer` completed last here, come after it
+  // completed (resent in the same window as the message that completed it,
+  // the sender not yet having its Ack{complete}): that Ack again, as its
+  // resent header would get, not a refusal.
+  std::optional<OutgoingMessage> answer_completed(const std::string& peer, uint64_t sequence) const;
   // in_flight: the transfer already held under this header's key, if any.
   bool check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer,
                     const Transfer* in_flight);
+
+  // The transfer at `found` holds every chunk (and, sealed, its seal):
+  // checks the replay counter and the owner's admission, makes it durable
+  // and answers Ack{complete}, or refuses it.
+  OutgoingMessage complete(std::map<std::pair<std::string, uint64_t>, Transfer>::iterator found);
+  std::map<std::pair<std::string, uint64_t>, Transfer>::iterator find_transfer(const std::string& peer,
+                                                                               uint64_t sequence);
 
   // Writes a checked segment's decoded values into the transfer's staging.
   // A failure to write them to disk is kIoError; anything else is the

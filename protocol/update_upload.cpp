@@ -1,5 +1,7 @@
 #include "protocol/update_upload.h"
 
+#include "protocol/sealed_update.h"
+
 #include <kj/exception.h>
 
 #include <algorithm>
@@ -95,7 +97,10 @@ Result<UploadOutcome> attempt_upload(ClientChannel& socket, const PreparedUpdate
   Clock& clock = socket.clock();
   UploadOutcome outcome;
   RetransmitTimer* timer = options.timer;
-  const auto chunk_count = static_cast<uint32_t>(update.chunks.size());
+  // A sealed update's count is known once its stream has made the last
+  // chunk; until then, as many as there are.
+  uint32_t chunk_count = update.stream ? UINT32_MAX : static_cast<uint32_t>(update.chunks.size());
+  bool seal_sent = false;
   // The message the timer times: -1 the header, else a chunk. Its Ack (one
   // that names a later chunk) answers it.
   int64_t timed = -1;
@@ -110,7 +115,12 @@ Result<UploadOutcome> attempt_upload(ClientChannel& socket, const PreparedUpdate
     // Keep the window full.
     while (header_acked && next_to_send < chunk_count && next_to_send < acknowledged + options.window_chunks) {
       if (options.stop_after_chunks && outcome.chunks_sent >= *options.stop_after_chunks) break;
-      FEDMESH_RETURN_IF_ERROR(socket.send(update.chunks[next_to_send], options.reply_timeout));
+      const std::optional<SharedMessage> chunk = chunk_to_send(update, next_to_send);
+      if (!chunk) {
+        chunk_count = next_to_send;
+        break;
+      }
+      FEDMESH_RETURN_IF_ERROR(socket.send(*chunk, options.reply_timeout));
       if (timer != nullptr && !timer->outstanding()) {
         timer->sent(clock.now(), next_to_send < state.chunks_sent_through);
         timed = next_to_send;
@@ -118,6 +128,19 @@ Result<UploadOutcome> attempt_upload(ClientChannel& socket, const PreparedUpdate
       ++next_to_send;
       state.chunks_sent_through = std::max(state.chunks_sent_through, next_to_send);
       ++outcome.chunks_sent;
+    }
+    // A sealed update's seal follows its last chunk (its Ack{complete}
+    // answers the timer).
+    if (update.stream && header_acked && !seal_sent && next_to_send >= chunk_count &&
+        !(options.stop_after_chunks && outcome.chunks_sent >= *options.stop_after_chunks)) {
+      Result<SharedMessage> seal = update.stream->seal();
+      if (!seal.is_ok()) return seal.status();
+      FEDMESH_RETURN_IF_ERROR(socket.send(*seal, options.reply_timeout));
+      if (timer != nullptr && !timer->outstanding()) {
+        timer->sent(clock.now(), false);
+        timed = next_to_send;
+      }
+      seal_sent = true;
     }
     // Abandoning on purpose (tests of resume): once what was sent is
     // acknowledged, walk away mid-transfer.
@@ -220,7 +243,8 @@ Result<UploadOutcome> upload_with_retries(ClientChannel& socket, const PreparedU
                                  : static_cast<uint64_t>(socket.clock().unix_micros()));
   // An attempt is lost when its header, its first window of chunks or an
   // Ack of them is.
-  const int messages = 1 + static_cast<int>(std::min<size_t>(update.chunks.size(), std::max(1u, options.window_chunks)));
+  const size_t chunks = update.stream ? SIZE_MAX : update.chunks.size();
+  const int messages = 1 + static_cast<int>(std::min<size_t>(chunks, std::max(1u, options.window_chunks)));
   UploadState state;
   Status last = unavailable("no attempt made");
   int quiet = 0;  // attempts in a row without progress

@@ -2,6 +2,7 @@
 
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -26,7 +27,7 @@ void store_le(uint8_t* p, T value) {
 static_assert(static_cast<int>(wire::RejectCode::REVOKED) == kRejectCodeCount - 1,
               "kRejectCodeCount counts every RejectCode");
 
-constexpr uint16_t kLastKind = static_cast<uint16_t>(wire::Message::REPLICA_HOLDS);
+constexpr uint16_t kLastKind = static_cast<uint16_t>(wire::Message::UPDATE_SEAL);
 
 }  // namespace
 
@@ -127,24 +128,77 @@ OutgoingMessage OutgoingMessage::from_bytes(std::span<const uint8_t> bytes) {
   return out;
 }
 
+namespace {
+
+void write_envelope(uint8_t* data, wire::Message::Which kind, size_t body_bytes, uint32_t chunk_index,
+                    uint64_t sequence) {
+  FEDMESH_CHECK(body_bytes <= UINT32_MAX, "message body over 4 GiB");
+  store_le<uint32_t>(data, kEnvelopeMagic);
+  store_le<uint16_t>(data + 4, kProtocolVersion);
+  store_le<uint16_t>(data + 6, static_cast<uint16_t>(kind));
+  store_le<uint32_t>(data + 8, static_cast<uint32_t>(body_bytes));
+  store_le<uint32_t>(data + 12, chunk_index);
+  store_le<uint64_t>(data + 16, sequence);
+}
+
+}  // namespace
+
 OutgoingMessage serialize(capnp::MessageBuilder& builder, uint32_t chunk_index, uint64_t sequence) {
   auto root = builder.getRoot<wire::Message>();
   const size_t body_bytes = capnp::computeSerializedSizeInWords(builder) * sizeof(capnp::word);
-  FEDMESH_CHECK(body_bytes <= UINT32_MAX, "message body over 4 GiB");
   OutgoingMessage out;
   const size_t total = kEnvelopeBytes + body_bytes;
   uint8_t* data = OutgoingMessage::allocate(total);
   out.data_.reset(data);
   out.size_ = total;
-  store_le<uint32_t>(data, kEnvelopeMagic);
-  store_le<uint16_t>(data + 4, kProtocolVersion);
-  store_le<uint16_t>(data + 6, static_cast<uint16_t>(root.which()));
-  store_le<uint32_t>(data + 8, static_cast<uint32_t>(body_bytes));
-  store_le<uint32_t>(data + 12, chunk_index);
-  store_le<uint64_t>(data + 16, sequence);
+  write_envelope(data, root.which(), body_bytes, chunk_index, sequence);
   kj::ArrayOutputStream stream(kj::arrayPtr(reinterpret_cast<kj::byte*>(data + kEnvelopeBytes), body_bytes));
   capnp::writeMessage(stream, builder);
   FEDMESH_CHECK(stream.getArray().size() == body_bytes, "serialized size differs from computed size");
+  return out;
+}
+
+
+InPlaceMessage::Builder::~Builder() noexcept(false) {
+  for (void* segment : more_) std::free(segment);
+}
+
+kj::ArrayPtr<capnp::word> InPlaceMessage::Builder::allocateSegment(unsigned minimum_size) {
+  if (!first_given_ && minimum_size <= first_.size()) {
+    first_given_ = true;
+    return first_;
+  }
+  const size_t words = std::max<size_t>(minimum_size, 1024);
+  void* segment = std::calloc(words, sizeof(capnp::word));
+  if (segment == nullptr) throw std::bad_alloc();
+  more_.push_back(segment);
+  return kj::arrayPtr(static_cast<capnp::word*>(segment), words);
+}
+
+InPlaceMessage::InPlaceMessage(size_t body_words) {
+  const size_t words = std::max<size_t>(body_words, 1);
+  // Cap'n Proto wants a zeroed first segment: calloc's pages of a large
+  // buffer come zeroed from the system, without a pass over them.
+  auto* data = static_cast<uint8_t*>(std::calloc(kSegmentStart + words * sizeof(capnp::word), 1));
+  if (data == nullptr) throw std::bad_alloc();
+  data_.reset(data);
+  builder_ = std::make_unique<Builder>(kj::arrayPtr(reinterpret_cast<capnp::word*>(data + kSegmentStart), words));
+}
+
+OutgoingMessage InPlaceMessage::finish(uint32_t chunk_index, uint64_t sequence) {
+  const auto segments = builder_->getSegmentsForOutput();
+  uint8_t* data = data_.get();
+  if (segments.size() != 1 || segments[0].begin() != reinterpret_cast<const capnp::word*>(data + kSegmentStart)) {
+    return serialize(*builder_, chunk_index, sequence);
+  }
+  const size_t segment_bytes = segments[0].size() * sizeof(capnp::word);
+  store_le<uint32_t>(data + kEnvelopeBytes, 0);  // one segment
+  store_le<uint32_t>(data + kEnvelopeBytes + 4, static_cast<uint32_t>(segments[0].size()));
+  write_envelope(data, builder_->getRoot<wire::Message>().which(), 8 + segment_bytes, chunk_index, sequence);
+  builder_.reset();
+  OutgoingMessage out;
+  out.data_ = std::move(data_);
+  out.size_ = kSegmentStart + segment_bytes;
   return out;
 }
 
@@ -213,6 +267,10 @@ void fill_segment(wire::TensorSegment::Builder out, const EncodedSegment& segmen
   };
   if (!segment.indices.empty()) copy(out.initIndices(segment.indices.size()), segment.indices);
   if (!segment.values.empty()) copy(out.initValues(segment.values.size()), segment.values);
+  if (!segment.dense_source.empty()) {
+    write_dense_values(segment.dense_source, segment.encoding,
+                       out.initValues(static_cast<unsigned>(segment.deferred_bytes)).begin());
+  }
   if (!segment.scales.empty()) copy(out.initScales(segment.scales.size()), segment.scales);
 }
 

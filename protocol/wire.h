@@ -37,6 +37,8 @@ inline constexpr uint32_t kEnvelopeMagic = 0x48534d46;  // "FMSH" read little-en
 inline constexpr size_t kEnvelopeBytes = 24;
 inline constexpr uint16_t kProtocolVersion = wire::PROTOCOL_VERSION;
 inline constexpr uint16_t kMinProtocolVersion = wire::MIN_PROTOCOL_VERSION;
+// The first version that takes sealed updates (UpdateHeader.sealed, UpdateSeal).
+inline constexpr uint16_t kSealedUpdatesVersion = 4;
 
 // Every bound a peer's bytes meet, named. Chunks default to 4 MiB of
 // payload; a message may carry that plus its structure.
@@ -92,6 +94,7 @@ class OutgoingMessage {
 
  private:
   friend OutgoingMessage serialize(capnp::MessageBuilder& builder, uint32_t chunk_index, uint64_t sequence);
+  friend class InPlaceMessage;
   static uint8_t* allocate(size_t size);
   struct Free { void operator()(uint8_t* p) const; };
   std::unique_ptr<uint8_t, Free> data_;
@@ -120,6 +123,39 @@ class SharedMessage {
 // the root's union; chunk_index and sequence from the caller (nonzero only
 // for chunks).
 OutgoingMessage serialize(capnp::MessageBuilder& builder, uint32_t chunk_index = 0, uint64_t sequence = 0);
+
+// A message built in the buffer it is sent from: serialize() without its
+// copy of the body, for large messages whose size is known beforehand
+// (update chunks). The builder's first segment is that buffer's body, so
+// a message that fits in it is sent as built; one that outgrows it is
+// serialized as any other.
+class InPlaceMessage {
+ public:
+  explicit InPlaceMessage(size_t body_words);
+  capnp::MessageBuilder& builder() { return *builder_; }
+  // The message with its envelope (chunk_index and sequence as serialize()'s).
+  OutgoingMessage finish(uint32_t chunk_index = 0, uint64_t sequence = 0);
+
+ private:
+  // The first segment in our buffer (a MallocMessageBuilder would zero it
+  // again when destroyed, after the buffer is handed on); any further ones,
+  // zeroed, on the heap.
+  class Builder final : public capnp::MessageBuilder {
+   public:
+    explicit Builder(kj::ArrayPtr<capnp::word> first) : first_(first) {}
+    ~Builder() noexcept(false) override;
+    kj::ArrayPtr<capnp::word> allocateSegment(unsigned minimum_size) override;
+
+   private:
+    kj::ArrayPtr<capnp::word> first_;
+    bool first_given_ = false;
+    std::vector<void*> more_;
+  };
+  // Envelope, then the one-segment table (8 bytes), then the segment.
+  static constexpr size_t kSegmentStart = kEnvelopeBytes + 8;
+  std::unique_ptr<uint8_t, OutgoingMessage::Free> data_;
+  std::unique_ptr<Builder> builder_;
+};
 
 // A parsed message. Holds the aligned body (borrowed from the frame when it
 // was aligned: keep_alive then owns the frame) and the reader over it.

@@ -5,10 +5,15 @@
 // byte 0, bit 0 clear: the rest is one received frame. It is parsed; an
 //   UpdateHeader goes through UpdateReceiver::handle_header (a roster of one
 //   site, "site-a"), any other message has every field walked.
+//   An UpdateSeal goes to UpdateReceiver::handle_seal after a sealed header
+//   of sequence 1 opened a transfer for it.
 // byte 0, bit 0 set: the rest is the body of an UpdateChunk. The target
 //   signs a header whose one chunk hash is that body's (as an authenticated
 //   but hostile site could), then delivers header and chunk: this reaches
-//   segment decoding, which sits behind the hash check.
+//   segment decoding, which sits behind the hash check. Bits 1-6 pick the
+//   tensors' encoding. Bit 7 set: the update is sealed instead (the chunk
+//   is decoded on arrival, before anything is signed), and a seal signed
+//   over its hash follows it.
 // Either way the receiver must answer with an Ack or a Reject, never crash,
 // and never hand on an update with a non-finite value. A membership message
 // (Ping, PingReq, PingAck) goes through swim_from_wire and, if accepted,
@@ -71,6 +76,15 @@ void require(bool condition, const char* what) {
     std::fprintf(stderr, "fuzz_wire: %s\n", what);
     std::abort();
   }
+}
+
+// The fixture's tensors, all in one encoding (block ones with 4 per block).
+std::vector<fp::TensorDescriptorFields> dense_descriptors(const Fixture& f, fp::Encoding encoding) {
+  std::vector<fp::TensorDescriptorFields> descriptors;
+  for (const auto& shape : f.manifest) {
+    descriptors.push_back({shape.name, shape.dims, encoding, fp::encoding_is_block(encoding) ? 4u : 0u});
+  }
+  return descriptors;
 }
 
 // The reply must itself parse and be an Ack or a Reject.
@@ -246,6 +260,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (parsed->envelope().kind == fedmesh::wire::Message::UPDATE_HEADER) {
       check_reply(receiver.handle_header("site-a", *parsed));
+    } else if (parsed->envelope().kind == fedmesh::wire::Message::UPDATE_SEAL) {
+      std::unique_ptr<fp::ParsedMessage> header;
+      require(fp::parse_message(fp::sealed_header({"fed", 1, 1, "site-a", "aggregator", 1, 1},
+                                                  dense_descriptors(f, fp::Encoding::kDenseF32), fp::kSentChunkHash),
+                                fp::kDefaultMaxMessageBytes, nullptr, header, rejection),
+              "own sealed header does not parse");
+      check_reply(receiver.handle_header("site-a", *header));
+      require(!receiver.last_rejection().has_value(), "own sealed header refused");
+      check_reply(receiver.handle_seal("site-a", *parsed));
     } else if (parsed->envelope().kind == fedmesh::wire::Message::UPDATE_CHUNK) {
       check_reply(receiver.handle_chunk("site-a", parsed->envelope(), rest));
     } else {
@@ -273,23 +296,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A header signed over that body: built by the real sender path with an
   // empty update, then given this chunk's hash.
   fp::UpdateMetadata metadata{"fed", 1, 1, "site-a", "aggregator", sequence, 1};
-  std::vector<fp::TensorDescriptorFields> descriptors;
-  for (const auto& shape : f.manifest) {
-    const fp::Encoding encoding = static_cast<fp::Encoding>((data[0] >> 1) % fp::kEncodingCount);
-    descriptors.push_back({shape.name, shape.dims, encoding, fp::encoding_is_block(encoding) ? 4u : 0u});
-  }
-  const fc::Hash chunk_hash = fc::hash_bytes(std::span(frame).subspan(fp::kEnvelopeBytes));
-  const fp::SharedMessage signed_header = fp::signed_header(metadata, descriptors, {&chunk_hash, 1}, f.site);
+  const auto encoding = static_cast<fp::Encoding>(((data[0] >> 1) & 0x3f) % fp::kEncodingCount);
+  const std::vector<fp::TensorDescriptorFields> descriptors = dense_descriptors(f, encoding);
+  const bool sealed = (data[0] & 0x80) != 0;
+  const auto body = std::span<const uint8_t>(frame).subspan(fp::kEnvelopeBytes);
+  const fc::ChunkHash hash_kind = sealed ? fp::kSentChunkHash : fc::ChunkHash::kBlake2b;
+  const fc::Hash chunk_hash = fc::hash_chunk(hash_kind, body);
+  const fp::SharedMessage header_bytes = sealed ? fp::sealed_header(metadata, descriptors, hash_kind)
+                                                : fp::signed_header(metadata, descriptors, {&chunk_hash, 1}, f.site);
   std::unique_ptr<fp::ParsedMessage> header;
   fp::Rejection rejection;
-  require(fp::parse_message(signed_header, fp::kDefaultMaxMessageBytes, nullptr, header, rejection),
+  require(fp::parse_message(header_bytes, fp::kDefaultMaxMessageBytes, nullptr, header, rejection),
           "own header does not parse");
   const fp::OutgoingMessage accepted = receiver.handle_header("site-a", *header);
   check_reply(accepted);
-  require(!receiver.last_rejection().has_value(), "own signed header refused");
+  require(!receiver.last_rejection().has_value(), "own header refused");
   fp::Envelope envelope;
   require(fp::read_envelope(frame, fp::kDefaultMaxMessageBytes, envelope, rejection), "own envelope refused");
   check_reply(receiver.handle_chunk("site-a", envelope, frame));
+  if (sealed && !receiver.last_rejection().has_value()) {
+    const fp::SharedMessage seal = fp::update_seal(metadata, descriptors, {&chunk_hash, 1}, f.site, hash_kind);
+    std::unique_ptr<fp::ParsedMessage> parsed;
+    require(fp::parse_message(seal, fp::kDefaultMaxMessageBytes, nullptr, parsed, rejection), "own seal does not parse");
+    check_reply(receiver.handle_seal("site-a", *parsed));
+  }
   check_completed(receiver);
   return 0;
 }

@@ -19,7 +19,7 @@ OUT = os.path.join(ROOT, "tests", "fuzz", "corpus", "wire")
 KINDS = ["hello", "welcome", "roundAnnounce", "modelRequest", "modelChunk", "updateHeader",
          "updateChunk", "ack", "reject", "heartbeat", "ping", "pingReq", "pingAck", "siteReport",
          "catchUpRequest", "secAggUp", "secAggDown", "statsReport", "statsMerged", "updateRequest",
-         "replicaHolds"]
+         "replicaHolds", "updateSeal"]
 
 
 def encode(text):
@@ -89,8 +89,10 @@ def main():
         "update_chunk_frame": b"\x00" + frame("updateChunk", encode(
             '(updateChunk = (sequence = 1, chunkIndex = 0, segments = [(tensor = 1, encoding = denseF32, offset = 0, '
             'count = 2, values = %s)]))' % hexdata(floats(0.5, -0.5))), chunk=0, sequence=1),
+        "update_seal": b"\x00" + frame("updateSeal", encode(
+            '(updateSeal = (sequence = 1, chunkCount = 1, chunkHashes = [%s], signature = %s))' % (hash32, sig64))),
     }
-    # Chunk mode: byte 0 = 1 | encoding << 1, then a chunk body.
+    # Chunk mode: byte 0 = 1 | encoding << 1 (| 0x80: sealed), then a chunk body.
     dense = ('(updateChunk = (sequence = 1, chunkIndex = 0, segments = ['
              '(tensor = 0, encoding = denseF32, offset = 0, count = 32, values = %s), '
              '(tensor = 1, encoding = denseF32, offset = 0, count = 8, values = %s)]))'
@@ -110,6 +112,9 @@ def main():
             '(tensor = 1, encoding = blockInt4, offset = 0, count = 8, blockSize = 4, values = 0x"1f2e3d4c", '
             'scales = %s)]))' % hexdata(floats(0.5, 0.25)))
     seeds["chunk_block_int4"] = bytes([1 | (7 << 1)]) + encode(int4)
+    seeds["sealed_chunk_dense_f32"] = bytes([0x80 | 1 | (0 << 1)]) + encode(dense)
+    seeds["sealed_chunk_sparse_f32"] = bytes([0x80 | 1 | (3 << 1)]) + encode(sparse)
+    seeds["sealed_chunk_block_int8"] = bytes([0x80 | 1 | (6 << 1)]) + encode(block)
     for name, data in seeds.items():
         with open(os.path.join(OUT, name), "wb") as f:
             f.write(data)

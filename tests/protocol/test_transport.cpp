@@ -18,6 +18,7 @@
 #include "crypto/replay_guard.h"
 #include "protocol/model_transfer.h"
 #include "protocol/update_service.h"
+#include "protocol/sealed_update.h"
 #include "protocol/update_upload.h"
 
 namespace fp = fedmesh::protocol;
@@ -338,7 +339,9 @@ TEST_F(Transport, ALossySenderWithARetransmitTimerDeliversEveryUpdate) {
   options.timer = &timer;
   fp::RetryPolicy retry;
   retry.max_attempts = 12;  // in a row without an Ack: 0.6^12 at this loss, even for a slow machine
-  constexpr int kUpdates = 4;
+  // The last three are sealed: their chunks are made while the first are
+  // sent, and their seals are lost and resent as chunks are.
+  constexpr int kUpdates = 6;
   std::vector<std::vector<float>> sent;
   int total_attempts = 0;
   for (int u = 0; u < kUpdates; ++u) {
@@ -346,10 +349,11 @@ TEST_F(Transport, ALossySenderWithARetransmitTimerDeliversEveryUpdate) {
     for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.25f + static_cast<float>(u);
     const std::vector<std::span<const float>> spans = {values};
     const std::vector<fp::TensorPlan> plans(1);
-    auto update = fp::prepare_update({"fed", 0, 0, "site-a", "aggregator", static_cast<uint64_t>(u + 1), 10},
-                                     policy.manifest, spans, plans, *site_keys_, 1024);
+    const fp::UpdateMetadata metadata{"fed", 0, 0, "site-a", "aggregator", static_cast<uint64_t>(u + 1), 10};
+    auto update = u < 3 ? fp::prepare_update(metadata, policy.manifest, spans, plans, *site_keys_, 1024)
+                        : fp::prepare_sealed_update(metadata, policy.manifest, spans, plans, *site_keys_, 1024);
     ASSERT_TRUE(update.is_ok());
-    ASSERT_GE(update->chunks.size(), 10u);
+    ASSERT_GE(update->stream ? update->stream->all_chunks().size() : update->chunks.size(), 10u);
     int attempts = 0;
     auto outcome = fp::upload_with_retries(*client, *update, options, retry, &attempts);
     ASSERT_TRUE(outcome.is_ok()) << "update " << u << ": " << outcome.status().to_string();

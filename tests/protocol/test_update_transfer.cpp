@@ -13,6 +13,7 @@
 #include "crypto/replay_guard.h"
 #include "crypto/tree_hash.h"
 #include "protocol/rate_limiter.h"
+#include "protocol/sealed_update.h"
 #include "protocol/update_service.h"
 #include "protocol/update_transfer.h"
 
@@ -90,6 +91,46 @@ class UpdateTransfer : public ::testing::Test {
     return parsed;
   }
 
+  fp::PreparedUpdate prepare_sealed(const fp::UpdateMetadata& m, fp::Encoding encoding = fp::Encoding::kDenseF32,
+                                    size_t chunk_bytes = 256, const fc::SiteKeys* signer = nullptr) {
+    std::vector<std::span<const float>> spans(values_.begin(), values_.end());
+    std::vector<fp::TensorPlan> plans(manifest_.size(), fp::TensorPlan{encoding, 32});
+    auto prepared = fp::prepare_sealed_update(m, manifest_, spans, plans, signer ? *signer : *site_, chunk_bytes);
+    EXPECT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+    return std::move(prepared.value());
+  }
+
+  static std::unique_ptr<fp::ParsedMessage> send_chunk(fp::UpdateReceiver& receiver, const fp::SharedMessage& chunk,
+                                                       const std::string& peer = "site-a") {
+    fp::Envelope envelope;
+    fp::Rejection rejection;
+    EXPECT_TRUE(fp::read_envelope(chunk, fp::kDefaultMaxMessageBytes, envelope, rejection)) << rejection.reason;
+    return parse(receiver.handle_chunk(peer, envelope, chunk).bytes());
+  }
+
+  // A sealed update's header, its chunks from the first the receiver lacks,
+  // and its seal after `seal_after` of them (all, by default); returns the
+  // last reply, or the first Reject.
+  std::unique_ptr<fp::ParsedMessage> deliver_sealed(fp::UpdateReceiver& receiver, const fp::PreparedUpdate& update,
+                                                    size_t seal_after = SIZE_MAX, const std::string& peer = "site-a") {
+    auto parsed = parse(receiver.handle_header(peer, *parse(update.header)).bytes());
+    if (!parsed->root().isAck()) return parsed;
+    const std::vector<fp::SharedMessage> chunks = update.stream->all_chunks();
+    auto seal = update.stream->seal();
+    EXPECT_TRUE(seal.is_ok()) << seal.status().to_string();
+    const auto send_seal = [&] { return parse(receiver.handle_seal(peer, *parse(*seal)).bytes()); };
+    for (size_t c = parsed->root().getAck().getNextChunk(); c < chunks.size(); ++c) {
+      if (c == seal_after) {
+        parsed = send_seal();
+        if (!parsed->root().isAck()) return parsed;
+      }
+      parsed = send_chunk(receiver, chunks[c], peer);
+      if (!parsed->root().isAck()) return parsed;
+    }
+    if (seal_after >= chunks.size()) parsed = send_seal();
+    return parsed;
+  }
+
   static wire::RejectCode code_of(const fp::ParsedMessage& reply) {
     EXPECT_TRUE(reply.root().isReject());
     return reply.root().isReject() ? reply.root().getReject().getCode() : wire::RejectCode::MALFORMED;
@@ -155,7 +196,7 @@ TEST_F(UpdateTransfer, LosslessUpdateArrivesBitForBitInManyChunks) {
   const auto update = prepare(metadata(1));
   ASSERT_GT(update.chunks.size(), 5u);
   auto reply = deliver(receiver, update);
-  ASSERT_TRUE(reply->root().isAck());
+  ASSERT_TRUE(reply->root().isAck()) << reply->root().getReject().getText().cStr();
   EXPECT_TRUE(reply->root().getAck().getComplete());
   auto done = receiver.take_completed();
   ASSERT_EQ(done.size(), 1u);
@@ -503,6 +544,185 @@ TEST_F(UpdateTransfer, ChunkHashesAreBlake2bpAndBlake2bIsStillTaken) {
   for (const auto& chunk : mislabeled.chunks) tree.push_back(fc::tree_hash(body_of(chunk)));
   mislabeled.header = fp::signed_header(metadata(3), descriptors, tree, *site_, fc::ChunkHash::kBlake2b);
   EXPECT_EQ(code_of(*deliver(receiver, mislabeled)), wire::RejectCode::BAD_CHUNK_HASH);
+}
+
+// A sealed update (its chunks made while the first are sent, hashes and
+// signature in a seal after them) arrives as the same update would with
+// its hashes in the header, in every encoding, whether its seal comes after
+// the last chunk or between them; the header names no chunk and carries no
+// signature.
+TEST_F(UpdateTransfer, SealedUpdatesDecodeAsHeaderSignedOnesDo) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  uint64_t sequence = 1;
+  for (const fp::Encoding encoding :
+       {fp::Encoding::kDenseF32, fp::Encoding::kDenseF16, fp::Encoding::kDenseBf16, fp::Encoding::kBlockInt8,
+        fp::Encoding::kBlockInt4, fp::Encoding::kSparseF32}) {
+    for (const size_t chunk_bytes : {size_t{256}, size_t{64} << 10}) {
+      SCOPED_TRACE(std::string(fp::encoding_name(encoding)) + ", chunks of " + std::to_string(chunk_bytes) + " B");
+      const auto reference = prepare(metadata(sequence++), encoding, chunk_bytes);
+      ASSERT_TRUE(deliver(receiver, reference)->root().getAck().getComplete());
+      auto expected = receiver.take_completed();
+      ASSERT_EQ(expected.size(), 1u);
+
+      const auto sealed = prepare_sealed(metadata(sequence++), encoding, chunk_bytes);
+      const auto header = parse(sealed.header)->root().getUpdateHeader();
+      EXPECT_TRUE(header.getSealed());
+      EXPECT_EQ(header.getChunkCount(), 0u);
+      EXPECT_EQ(header.getChunkHashes().size(), 0u);
+      EXPECT_EQ(header.getSignature().size(), 0u);
+      const size_t chunks = sealed.stream->all_chunks().size();
+      ASSERT_GE(chunks, 1u);
+      for (const size_t seal_after : {chunks, chunks / 2}) {
+        const auto again = seal_after == chunks ? sealed : prepare_sealed(metadata(sequence++), encoding, chunk_bytes);
+        auto reply = deliver_sealed(receiver, again, seal_after);
+        ASSERT_TRUE(reply->root().isAck()) << reply->root().getReject().getText().cStr();
+        EXPECT_TRUE(reply->root().getAck().getComplete());
+        auto got = receiver.take_completed();
+        ASSERT_EQ(got.size(), 1u);
+        EXPECT_EQ(got[0].tensors, expected[0].tensors);
+        EXPECT_EQ(got[0].metadata.sequence, again.metadata.sequence);
+        // Its seal or a chunk resent after it completed (in the window that
+        // completed it) gets the Ack{complete} again, not a refusal.
+        const auto late_seal = parse(receiver.handle_seal("site-a", *parse(*again.stream->seal())).bytes());
+        ASSERT_TRUE(late_seal->root().isAck());
+        EXPECT_TRUE(late_seal->root().getAck().getComplete());
+        const auto late_chunk = send_chunk(receiver, again.stream->all_chunks().back());
+        ASSERT_TRUE(late_chunk->root().isAck());
+        EXPECT_TRUE(late_chunk->root().getAck().getComplete());
+        EXPECT_TRUE(receiver.take_completed().empty());
+      }
+    }
+  }
+  EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+}
+
+// Nothing of a sealed update is taken before its seal verifies: a chunk
+// changed on the way, a seal signed by another key, a seal that disowns a
+// chunk that came, or a second seal that differs drops the transfer; a seal
+// without its sealed header, a sealed header with hashes or a signature, or
+// one on a receiver without transport identities is refused by name.
+TEST_F(UpdateTransfer, ASealedUpdateIsTakenOnlyWhenItsSealVerifies) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  const auto refused = [&](const fp::ParsedMessage& reply, wire::RejectCode code) {
+    EXPECT_EQ(code_of(reply), code) << (reply.root().isReject() ? reply.root().getReject().getText().cStr() : "");
+    EXPECT_EQ(receiver.transfers_in_flight(), 0u);
+    EXPECT_TRUE(receiver.take_completed().empty());
+  };
+
+  // A chunk changed on the way: decoded on arrival, refused at the seal.
+  {
+    const auto update = prepare_sealed(metadata(1));
+    ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+    const auto chunks = update.stream->all_chunks();
+    ASSERT_GE(chunks.size(), 3u);
+    std::vector<uint8_t> tampered(chunks[1].bytes().begin(), chunks[1].bytes().end());
+    tampered[tampered.size() / 2] ^= 1;  // a low bit of a value near 0.1: still finite
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const auto reply = c == 1 ? send_chunk(receiver, fp::SharedMessage(fp::copy_message(tampered)))
+                                : send_chunk(receiver, chunks[c]);
+      ASSERT_TRUE(reply->root().isAck()) << "chunk " << c;
+    }
+    refused(*parse(receiver.handle_seal("site-a", *parse(*update.stream->seal())).bytes()),
+            wire::RejectCode::BAD_CHUNK_HASH);
+  }
+  // A seal signed by another key (site-b's, over site-a's update).
+  {
+    const auto update = prepare_sealed(metadata(2));
+    const auto forged = prepare_sealed(metadata(2), fp::Encoding::kDenseF32, 256, other_.get());
+    ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+    for (const auto& chunk : update.stream->all_chunks()) ASSERT_TRUE(send_chunk(receiver, chunk)->root().isAck());
+    refused(*parse(receiver.handle_seal("site-a", *parse(*forged.stream->seal())).bytes()),
+            wire::RejectCode::BAD_SIGNATURE);
+  }
+  // A seal naming fewer chunks than came.
+  {
+    const auto update = prepare_sealed(metadata(3));
+    const auto chunks = update.stream->all_chunks();
+    ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+    for (const auto& chunk : chunks) ASSERT_TRUE(send_chunk(receiver, chunk)->root().isAck());
+    std::vector<fc::Hash> fewer(chunks.size() - 1);
+    const std::vector<fp::TensorDescriptorFields> descriptors = {
+        {manifest_[0].name, manifest_[0].dims, fp::Encoding::kDenseF32, 0},
+        {manifest_[1].name, manifest_[1].dims, fp::Encoding::kDenseF32, 0}};
+    const auto short_seal = fp::update_seal(metadata(3), descriptors, fewer, *site_, fp::kSentChunkHash);
+    refused(*parse(receiver.handle_seal("site-a", *parse(short_seal)).bytes()), wire::RejectCode::MALFORMED);
+  }
+  // The seal sent again is answered as the first was; a different one drops
+  // the transfer.
+  {
+    const auto update = prepare_sealed(metadata(4));
+    const auto chunks = update.stream->all_chunks();
+    ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+    ASSERT_TRUE(send_chunk(receiver, chunks[0])->root().isAck());
+    const auto seal = *update.stream->seal();
+    for (int i = 0; i < 2; ++i) {
+      const auto reply = parse(receiver.handle_seal("site-a", *parse(seal)).bytes());
+      ASSERT_TRUE(reply->root().isAck());
+      EXPECT_EQ(reply->root().getAck().getNextChunk(), 1u);
+      EXPECT_FALSE(reply->root().getAck().getComplete());
+    }
+    // A resent header resumes it at the first chunk missing.
+    const auto resumed = parse(receiver.handle_header("site-a", *parse(update.header)).bytes());
+    ASSERT_TRUE(resumed->root().isAck());
+    EXPECT_EQ(resumed->root().getAck().getNextChunk(), 1u);
+    const auto other = prepare_sealed(metadata(4), fp::Encoding::kDenseF16);
+    refused(*parse(receiver.handle_seal("site-a", *parse(*other.stream->seal())).bytes()), wire::RejectCode::MALFORMED);
+  }
+  // A seal for an update whose header carried its hashes, and one for no
+  // transfer at all.
+  {
+    const auto update = prepare(metadata(5));
+    const auto sealed = prepare_sealed(metadata(5));
+    ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+    refused(*parse(receiver.handle_seal("site-a", *parse(*sealed.stream->seal())).bytes()), wire::RejectCode::MALFORMED);
+    refused(*parse(receiver.handle_seal("site-a", *parse(*sealed.stream->seal())).bytes()),
+            wire::RejectCode::UNKNOWN_TRANSFER);
+  }
+  // Before its seal, a sealed transfer's chunks are bounded by max_chunks.
+  {
+    auto p = policy();
+    p.max_chunks = 3;
+    fp::UpdateReceiver small(p, roster_, replay);
+    const auto update = prepare_sealed(metadata(6));
+    const auto chunks = update.stream->all_chunks();
+    ASSERT_GT(chunks.size(), 3u);
+    ASSERT_TRUE(parse(small.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+    EXPECT_EQ(code_of(*send_chunk(small, chunks[3])), wire::RejectCode::TOO_MANY_CHUNKS);
+  }
+  // A sealed header with hashes or a signature in it.
+  {
+    capnp::MallocMessageBuilder builder;
+    auto parsed = parse(prepare_sealed(metadata(7)).header);
+    builder.setRoot(parsed->root());
+    auto header = builder.getRoot<wire::Message>().getUpdateHeader();
+    header.setSignature(kj::heapArray<kj::byte>(64).asPtr());
+    const auto bytes = fp::serialize(builder);
+    refused(*parse(receiver.handle_header("site-a", *parse(bytes.bytes())).bytes()), wire::RejectCode::MALFORMED);
+  }
+  // A receiver that cannot tell who is on the other end takes no sealed header.
+  {
+    auto p = policy();
+    p.insecure = true;
+    fp::UpdateReceiver insecure(p, roster_, replay);
+    EXPECT_EQ(code_of(*parse(insecure.handle_header("site-a", *parse(prepare_sealed(metadata(8)).header)).bytes())),
+              wire::RejectCode::UNAUTHENTICATED);
+  }
+}
+
+// A sealed update's stream stops with a reason at a non-finite value, after
+// the chunks before it were made.
+TEST_F(UpdateTransfer, ASealedUpdatesStreamEndsAtANonFiniteValue) {
+  values_[0][300] = std::nanf("");
+  const auto update = prepare_sealed(metadata(1));
+  const auto seal = update.stream->seal();
+  ASSERT_FALSE(seal.is_ok());
+  EXPECT_EQ(seal.status().code(), fedmesh::StatusCode::kInvalidArgument) << seal.status().to_string();
+  EXPECT_NE(seal.status().message().find("tensor 'w', counting from its element 256: "), std::string::npos)
+      << seal.status().to_string();
+  EXPECT_NE(seal.status().message().find("element 44 is nan"), std::string::npos) << seal.status().to_string();
+  EXPECT_FALSE(fp::chunk_to_send(update, static_cast<uint32_t>(update.stream->all_chunks().size())).has_value());
 }
 
 TEST_F(UpdateTransfer, AResentHeaderResumesFromTheFirstMissingChunk) {

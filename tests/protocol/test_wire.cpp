@@ -289,3 +289,40 @@ TEST(Wire, EncodingsMapOneToOneOntoTheSchema) {
 }
 
 }  // namespace
+
+// A message built in the buffer it is sent from is the same bytes as the
+// one serialize() copies out of a builder, whether it fits the size given
+// (sent as built) or outgrows it (serialized after all, in more than one
+// segment, with the same content).
+TEST(Wire, AMessageBuiltInPlaceIsTheSerializedMessage) {
+  const auto build = [](capnp::MessageBuilder& builder, size_t values) {
+    auto chunk = builder.initRoot<fedmesh::wire::Message>().initUpdateChunk();
+    chunk.setSequence(7);
+    chunk.setChunkIndex(3);
+    auto segment = chunk.initSegments(1)[0];
+    segment.setCount(values);
+    auto bytes = segment.initValues(static_cast<unsigned>(values * 4));
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[static_cast<unsigned>(i)] = static_cast<uint8_t>(i * 7);
+  };
+  for (const size_t words : {size_t{4096}, size_t{8}}) {  // room enough; far too little
+    SCOPED_TRACE(words);
+    capnp::MallocMessageBuilder reference;
+    build(reference, 1000);
+    const fp::OutgoingMessage expected = fp::serialize(reference, 3, 7);
+    fp::InPlaceMessage in_place(words);
+    build(in_place.builder(), 1000);
+    const fp::OutgoingMessage got = in_place.finish(3, 7);
+    if (words > 8) {  // sent as built: one segment, as the reference's
+      ASSERT_EQ(got.size(), expected.size());
+      EXPECT_EQ(std::memcmp(got.bytes().data(), expected.bytes().data(), got.size()), 0);
+    }
+    std::unique_ptr<fp::ParsedMessage> parsed;
+    fp::Rejection rejection;
+    ASSERT_TRUE(fp::parse_message(got.bytes(), fp::kDefaultMaxMessageBytes, nullptr, parsed, rejection)) << rejection.reason;
+    EXPECT_EQ(parsed->envelope().chunk_index, 3u);
+    EXPECT_EQ(parsed->envelope().sequence, 7u);
+    const auto values = parsed->root().getUpdateChunk().getSegments()[0].getValues();
+    ASSERT_EQ(values.size(), 4000u);
+    for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(values[static_cast<unsigned>(i)], static_cast<uint8_t>(i * 7));
+  }
+}

@@ -28,6 +28,7 @@
 #include "protocol/compressor.h"
 #include "protocol/model_transfer.h"
 #include "protocol/retransmit_timer.h"
+#include "protocol/sealed_update.h"
 #include "protocol/update_upload.h"
 #include "store/checkpoint_store.h"
 
@@ -45,6 +46,7 @@ struct Announcement {
   std::string tokenizer;  // the federation's BPE tokenizer fingerprint; "": bytes
   std::string data_schema;  // the federation's data schema fingerprint; "": not announced
   std::string model_spec;   // the federation's model spec fingerprint; "": not announced
+  uint16_t protocol_version = 0;  // the aggregator's, from the announcement's envelope
 };
 
 // How long a tokenizer fingerprint from the aggregator may be in a message
@@ -420,6 +422,7 @@ std::optional<Announcement> SiteRuntime::Impl::poll() {
       a.tokenizer = r.getTokenizer().cStr();
       a.data_schema = r.getDataSchema().cStr();
       a.model_spec = r.getModelSpec().cStr();
+      a.protocol_version = parsed->envelope().version;
       last_heard = clock().now();
       poll_timer.answered(last_heard);
       return a;
@@ -632,8 +635,13 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   std::vector<std::span<const float>> spans(delta.begin(), delta.end());
   Result<protocol::CompressedUpdate> compressed = compressor->compress(spans, /*want_decoded=*/false);
   if (!compressed.is_ok()) return compressed.status();
+  // An aggregator that takes sealed updates gets the chunks while later
+  // ones are still being serialized and hashed; an older one, a header
+  // that signs them all first.
   Result<protocol::PreparedUpdate> prepared =
-      protocol::prepare_encoded_update(metadata, std::move(compressed->tensors), keys);
+      a.protocol_version >= protocol::kSealedUpdatesVersion
+          ? protocol::prepare_sealed_encoded_update(metadata, std::move(compressed->tensors), keys)
+          : protocol::prepare_encoded_update(metadata, std::move(compressed->tensors), keys);
   protocol::UploadOptions upload;
   upload.reply_timeout = std::chrono::milliseconds(5000);
   upload.timer = &upload_timer;

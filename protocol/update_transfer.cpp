@@ -656,9 +656,12 @@ OutgoingMessage UpdateReceiver::handle_header(const std::string& peer, const Par
       }
       candidate.spill = std::move(*spill);
     } else {
+      // Reserved, not zero-filled: each tensor's copy grows as segments
+      // arrive (zeros only for what a segment skips), and complete() zeroes
+      // whatever no segment reached.
       candidate.staging.resize(policy_.manifest.size());
       for (size_t t = 0; t < policy_.manifest.size(); ++t) {
-        candidate.staging[t].assign(policy_.manifest[t].element_count(), 0.0f);
+        candidate.staging[t].reserve(policy_.manifest[t].element_count());
       }
     }
     candidate.last_progress = policy_.clock();
@@ -881,6 +884,7 @@ OutgoingMessage UpdateReceiver::complete(std::map<std::pair<std::string, uint64_
     }
   }
   OutgoingMessage reply = ack(transfer, true);
+  for (size_t t = 0; t < transfer.staging.size(); ++t) transfer.staging[t].resize(policy_.manifest[t].element_count());
   if (store_update_) {
     // The update and its counter are durable together, or neither is.
     ReceivedUpdate update{std::move(transfer.metadata), std::move(transfer.staging), std::move(transfer.spill), key};
@@ -911,7 +915,14 @@ OutgoingMessage UpdateReceiver::complete(std::map<std::pair<std::string, uint64_
 
 Status UpdateReceiver::stage_segment(Transfer& transfer, const SegmentView& view) {
   if (!transfer.spill) {
-    return decode_segment(view, policy_.manifest, transfer.staging[view.tensor], policy_.decode_runner);
+    // The range is checked before the copy grows to hold it (it never
+    // grows past its tensor, so never past what was reserved).
+    FEDMESH_RETURN_IF_ERROR(check_segment(view, policy_.manifest));
+    std::vector<float>& staged = transfer.staging[view.tensor];
+    const uint64_t end = view.offset + view.count;
+    if (staged.size() < end) staged.resize(end);
+    return decode_segment_range(view, policy_.manifest, std::span<float>(staged).subspan(view.offset, view.count),
+                                policy_.decode_runner);
   }
   // Segments stay in their tensor (check_lengths): the range is in the file.
   const auto write = [&](uint64_t element, std::span<const float> values) {

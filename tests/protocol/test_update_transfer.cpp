@@ -725,6 +725,44 @@ TEST_F(UpdateTransfer, ASealedUpdatesStreamEndsAtANonFiniteValue) {
   EXPECT_FALSE(fp::chunk_to_send(update, static_cast<uint32_t>(update.stream->all_chunks().size())).has_value());
 }
 
+// A receiver staging in memory grows each tensor's copy as segments come
+// (nothing is zero-filled ahead of them): what no segment reaches, before,
+// between or after the segments, and chunks taken out of order, still come
+// out as zeros and values where they belong.
+TEST_F(UpdateTransfer, WhatNoSegmentReachesIsZeroWhateverTheOrder) {
+  auto replay = fc::ReplayGuard::in_memory();
+  fp::UpdateReceiver receiver(policy(), roster_, replay);
+  // Tensor w (407 values): its values [50, 120) and [300, 330) only; b: nothing.
+  std::vector<fp::EncodedTensor> tensors(2);
+  tensors[0].descriptor = {manifest_[0].name, manifest_[0].dims, fp::Encoding::kDenseF32, 0};
+  tensors[1].descriptor = {manifest_[1].name, manifest_[1].dims, fp::Encoding::kDenseF32, 0};
+  for (const auto& [first, count] : {std::pair<size_t, size_t>{300, 30}, {50, 70}}) {  // the later range first
+    auto segments = fp::encode_dense(0, std::span<const float>(values_[0]).subspan(first, count),
+                                     fp::Encoding::kDenseF32, 64);
+    ASSERT_TRUE(segments.is_ok());
+    for (auto& segment : *segments) {
+      segment.offset += first;
+      tensors[0].segments.push_back(std::move(segment));
+    }
+  }
+  const auto update = fp::prepare_encoded_update(metadata(1), std::move(tensors), *site_, 64);
+  ASSERT_GT(update.chunks.size(), 4u);
+  ASSERT_TRUE(parse(receiver.handle_header("site-a", *parse(update.header)).bytes())->root().isAck());
+  // Chunks in reverse order.
+  std::unique_ptr<fp::ParsedMessage> reply;
+  for (size_t c = update.chunks.size(); c-- > 0;) reply = send_chunk(receiver, update.chunks[c]);
+  ASSERT_TRUE(reply->root().isAck() && reply->root().getAck().getComplete());
+  auto done = receiver.take_completed();
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_EQ(done[0].tensors[0].size(), values_[0].size());
+  ASSERT_EQ(done[0].tensors[1].size(), values_[1].size());
+  for (size_t i = 0; i < values_[0].size(); ++i) {
+    const bool sent = (i >= 50 && i < 120) || (i >= 300 && i < 330);
+    ASSERT_EQ(done[0].tensors[0][i], sent ? values_[0][i] : 0.0f) << "w[" << i << "]";
+  }
+  for (const float v : done[0].tensors[1]) ASSERT_EQ(v, 0.0f);
+}
+
 TEST_F(UpdateTransfer, AResentHeaderResumesFromTheFirstMissingChunk) {
   auto replay = fc::ReplayGuard::in_memory();
   fp::UpdateReceiver receiver(policy(), roster_, replay);

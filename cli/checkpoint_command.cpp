@@ -130,7 +130,8 @@ int run_show(const CheckpointFlags& flags) {
                            {"shape", tensor.shape},
                            {"bytes", tensor.byte_size},
                            {"chunks", tensor.chunk_count},
-                           {"checksum", hex(tensor.checksum)}});
+                           {"checksum", hex(tensor.checksum)},
+                           {"checksum_kind", crypto::chunk_hash_name(tensor.checksum_kind)}});
   }
   if (flags.json) {
     nlohmann::json peer_list = nlohmann::json::array();
@@ -153,11 +154,12 @@ int run_show(const CheckpointFlags& flags) {
   std::printf("round %lld (model version %lld), committed %s\n", static_cast<long long>(info->round),
               static_cast<long long>(info->model_version), info->wall_time.c_str());
   std::printf("metrics: %s\nstate: %s\n", info->metrics_json.c_str(), info->state_json.c_str());
-  std::printf("%-10s %-32s %-5s %-18s %11s  %s\n", "role", "name", "dtype", "shape", "size", "blake2b");
+  std::printf("%-10s %-32s %-5s %-18s %11s  %s\n", "role", "name", "dtype", "shape", "size", "checksum");
   for (const store::TensorInfo& tensor : *tensors) {
-    std::printf("%-10s %-32s %-5s %-18s %11s  %.16s\n", tensor.role.c_str(), tensor.name.c_str(),
+    std::printf("%-10s %-32s %-5s %-18s %11s  %s %.16s\n", tensor.role.c_str(), tensor.name.c_str(),
                 dtype_name(tensor.dtype), shape_to_string(tensor.shape).c_str(),
-                format_bytes(tensor.byte_size).c_str(), hex(tensor.checksum).c_str());
+                format_bytes(tensor.byte_size).c_str(), crypto::chunk_hash_name(tensor.checksum_kind),
+                hex(tensor.checksum).c_str());
   }
   std::printf("pending updates: %zu, peers: %zu, replay counters: %zu\n", pending->size(), peers->size(),
               counters->size());

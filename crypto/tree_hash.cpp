@@ -1,5 +1,6 @@
 #include "crypto/tree_hash.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -36,13 +37,7 @@ inline uint64_t load64(const uint8_t* p) {
 
 inline uint64_t rotr(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
 
-// One BLAKE2b node: its chain value, the bytes it has compressed, and the
-// tree parameters it started from.
-struct Node {
-  std::array<uint64_t, 8> h;
-  uint64_t counter = 0;
-  bool last_node = false;
-};
+using Node = detail::TreeNode;
 
 Node start_node(uint8_t digest_bytes, uint64_t node_offset, uint8_t node_depth, bool last_node) {
   Node node;
@@ -135,15 +130,10 @@ FEDMESH_AVX2 inline __m256i rotr16(__m256i x) {
 }
 FEDMESH_AVX2 inline __m256i rotr63(__m256i x) { return _mm256_or_si256(_mm256_srli_epi64(x, 63), _mm256_add_epi64(x, x)); }
 
-// The four leaves' whole stripes that are none of their last blocks, one
-// leaf a lane: h[w] holds word w of the four chain values. Returns the
-// stripes compressed.
-FEDMESH_AVX2 size_t run_leaves_avx2(std::array<Node, kLeaves>& leaves, std::span<const uint8_t> bytes) {
-  // Every leaf keeps its last block for the scalar finish: a stripe s is
-  // taken here when each leaf has a block after it.
-  const size_t blocks = (bytes.size() + kBlock - 1) / kBlock;
-  const size_t stripes = blocks > kLeaves ? (blocks - kLeaves) / kLeaves : 0;
-  if (stripes == 0) return 0;
+// Whole stripes at `data` that are none of the leaves' last blocks, one
+// leaf a lane: h[w] holds word w of the four chain values.
+FEDMESH_AVX2 void run_stripes_avx2(std::array<Node, kLeaves>& leaves, const uint8_t* data, size_t stripes) {
+  if (stripes == 0) return;
   __m256i h[8];
   for (int w = 0; w < 8; ++w) {
     h[w] = _mm256_setr_epi64x(static_cast<long long>(leaves[0].h[w]), static_cast<long long>(leaves[1].h[w]),
@@ -154,7 +144,7 @@ FEDMESH_AVX2 size_t run_leaves_avx2(std::array<Node, kLeaves>& leaves, std::span
                          _mm256_set1_epi64x(static_cast<long long>(kIv[4])), _mm256_set1_epi64x(static_cast<long long>(kIv[5])),
                          _mm256_set1_epi64x(static_cast<long long>(kIv[6])), _mm256_set1_epi64x(static_cast<long long>(kIv[7]))};
   for (size_t s = 0; s < stripes; ++s) {
-    const uint8_t* stripe = bytes.data() + s * kStripe;
+    const uint8_t* stripe = data + s * kStripe;
     __m256i m[16];
     for (int w = 0; w < 16; w += 4) {
       const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(stripe + 0 * kBlock + 8 * w));
@@ -203,7 +193,6 @@ FEDMESH_AVX2 size_t run_leaves_avx2(std::array<Node, kLeaves>& leaves, std::span
     for (size_t leaf = 0; leaf < kLeaves; ++leaf) leaves[leaf].h[w] = lanes[leaf];
   }
   for (Node& leaf : leaves) leaf.counter += stripes * kBlock;
-  return stripes;
 }
 
 bool detect_avx2() {
@@ -212,6 +201,52 @@ bool detect_avx2() {
 }
 
 #endif
+
+// Whole stripes that are none of the leaves' last blocks, on AVX2 lanes
+// where the CPU has them.
+void run_stripes(std::array<Node, kLeaves>& leaves, const uint8_t* data, size_t stripes) {
+#ifdef FEDMESH_TREE_HASH_AVX2
+  static const bool avx2 = detect_avx2();
+  if (avx2) {
+    run_stripes_avx2(leaves, data, stripes);
+    return;
+  }
+#endif
+  for (size_t s = 0; s < stripes; ++s) {
+    for (size_t i = 0; i < kLeaves; ++i) {
+      leaves[i].counter += kBlock;
+      compress(leaves[i], data + s * kStripe + i * kBlock, false);
+    }
+  }
+}
+
+// The stripes of `bytes` bytes that can be compressed before the end: each
+// leaf keeps a block after them (its last, which finishes it). The bytes
+// after them (385 to 896, or all of fewer than 385) are the finish's.
+size_t stripes_before_the_last_blocks(size_t bytes) {
+  return bytes > 3 * kBlock ? (bytes - 3 * kBlock - 1) / kStripe : 0;
+}
+
+std::array<Node, kLeaves> start_leaves() {
+  std::array<Node, kLeaves> leaves;
+  for (size_t i = 0; i < kLeaves; ++i) leaves[i] = start_node(kLeafBytes, i, 0, i + 1 == kLeaves);
+  return leaves;
+}
+
+// Each leaf's remaining blocks of `rest` (which starts at a stripe), its
+// last finalizing it, then the root over the four digests.
+Hash finish_tree(std::array<Node, kLeaves>& leaves, std::span<const uint8_t> rest) {
+  uint8_t digests[kLeaves * kLeafBytes];
+  for (size_t i = 0; i < kLeaves; ++i) {
+    run_node(leaves[i], rest, i * kBlock, kStripe);
+    digest_bytes(leaves[i], digests + i * kLeafBytes, kLeafBytes);
+  }
+  Node root = start_node(static_cast<uint8_t>(kHashBytes), 0, 1, true);
+  run_node(root, digests, 0, kBlock);
+  Hash hash{};
+  digest_bytes(root, hash.data(), hash.size());
+  return hash;
+}
 
 }  // namespace
 
@@ -225,23 +260,37 @@ bool tree_hash_uses_avx2() {
 }
 
 Hash tree_hash(std::span<const uint8_t> bytes) {
-  std::array<Node, kLeaves> leaves;
-  for (size_t i = 0; i < kLeaves; ++i) leaves[i] = start_node(kLeafBytes, i, 0, i + 1 == kLeaves);
-  size_t done = 0;  // bytes of whole stripes the vector lanes took
-#ifdef FEDMESH_TREE_HASH_AVX2
-  if (tree_hash_uses_avx2()) done = run_leaves_avx2(leaves, bytes) * kStripe;
-#endif
-  const std::span<const uint8_t> rest = bytes.subspan(done);
-  uint8_t digests[kLeaves * kLeafBytes];
-  for (size_t i = 0; i < kLeaves; ++i) {
-    run_node(leaves[i], rest, i * kBlock, kStripe);
-    digest_bytes(leaves[i], digests + i * kLeafBytes, kLeafBytes);
-  }
-  Node root = start_node(static_cast<uint8_t>(kHashBytes), 0, 1, true);
-  run_node(root, digests, 0, kBlock);
-  Hash hash{};
-  digest_bytes(root, hash.data(), hash.size());
-  return hash;
+  std::array<Node, kLeaves> leaves = start_leaves();
+  const size_t stripes = stripes_before_the_last_blocks(bytes.size());
+  run_stripes(leaves, bytes.data(), stripes);
+  return finish_tree(leaves, bytes.subspan(stripes * kStripe));
 }
+
+TreeHasher::TreeHasher() : leaves_(start_leaves()) {}
+
+void TreeHasher::update(std::span<const uint8_t> bytes) {
+  if (!pending_.empty()) {
+    // Complete the pending stripe from the input; compress pending's whole
+    // stripes that keep every leaf a block after them.
+    const size_t take = std::min((kStripe - pending_.size() % kStripe) % kStripe, bytes.size());
+    pending_.insert(pending_.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+    bytes = bytes.subspan(take);
+    const size_t available = pending_.size() + bytes.size();
+    size_t stripes = pending_.size() / kStripe;
+    while (stripes > 0 && available - stripes * kStripe <= 3 * kBlock) --stripes;
+    run_stripes(leaves_, pending_.data(), stripes);
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(stripes * kStripe));
+    if (!pending_.empty()) {  // too little input to go past them: it waits with them
+      pending_.insert(pending_.end(), bytes.begin(), bytes.end());
+      return;
+    }
+  }
+  // Straight from the input, keeping the tail the finish needs.
+  const size_t stripes = stripes_before_the_last_blocks(bytes.size());
+  run_stripes(leaves_, bytes.data(), stripes);
+  pending_.assign(bytes.begin() + static_cast<std::ptrdiff_t>(stripes * kStripe), bytes.end());
+}
+
+Hash TreeHasher::finish() { return finish_tree(leaves_, pending_); }
 
 }  // namespace fedmesh::crypto

@@ -20,6 +20,7 @@
 
 #include "base/file_io.h"
 #include "crypto/keys.h"
+#include "crypto/tree_hash.h"
 #include "store/schema.h"
 
 namespace fedmesh::store {
@@ -35,6 +36,36 @@ constexpr int kNewDatabasePageSize = 65536;
 constexpr int64_t kWalSizeLimitBytes = int64_t{64} << 20;
 
 std::string round_name(int64_t round) { return "round " + std::to_string(round); }
+
+// A tensor checksum's stored form: BLAKE2b-256 as its 32 bytes (as before
+// schema version 8), BLAKE2bp-256 as this kind byte and its 32.
+constexpr uint8_t kBlake2bpChecksum = 1;
+
+std::vector<uint8_t> stored_checksum(const TensorInfo& tensor) {
+  std::vector<uint8_t> stored;
+  if (tensor.checksum_kind == crypto::ChunkHash::kBlake2bp) stored.push_back(kBlake2bpChecksum);
+  stored.insert(stored.end(), tensor.checksum.begin(), tensor.checksum.end());
+  return stored;
+}
+
+// A tensor's bytes hashed as they are read, with the kind its checksum is.
+class TensorHasher {
+ public:
+  explicit TensorHasher(crypto::ChunkHash kind) : tree_(kind == crypto::ChunkHash::kBlake2bp) {}
+  void update(std::span<const uint8_t> bytes) {
+    if (tree_) {
+      tree_hasher_.update(bytes);
+    } else {
+      hasher_.update(bytes);
+    }
+  }
+  crypto::Hash finish() { return tree_ ? tree_hasher_.finish() : hasher_.finish(); }
+
+ private:
+  bool tree_;
+  crypto::Hasher hasher_;
+  crypto::TreeHasher tree_hasher_;
+};
 
 // The first `limit` bytes in hex: enough to tell ids and checksums apart in a message.
 std::string hex(std::span<const uint8_t> bytes, size_t limit = 8) {
@@ -632,7 +663,7 @@ Status CheckpointStore::commit_round(const RoundToCommit& round) {
   auto hashes = std::async(std::launch::async, [&round] {
     std::vector<crypto::Hash> result;
     result.reserve(round.tensors.size());
-    for (const TensorToCommit& tensor : round.tensors) result.push_back(crypto::hash_bytes(tensor_bytes(*tensor.tensor)));
+    for (const TensorToCommit& tensor : round.tensors) result.push_back(crypto::tree_hash(tensor_bytes(*tensor.tensor)));
     return result;
   });
   // Whatever happens below, the hashing thread is joined before `round` can go away.
@@ -665,7 +696,9 @@ Status CheckpointStore::write_checksums(const RoundToCommit& round, std::vector<
   if (!set_tensor_checksum.is_ok()) return set_tensor_checksum.status();
   for (size_t i = 0; i < infos.size(); ++i) {
     infos[i].checksum = checksums[i];
-    set_tensor_checksum->bind(1, infos[i].id).bind_blob(2, infos[i].checksum);
+    infos[i].checksum_kind = crypto::ChunkHash::kBlake2bp;
+    const std::vector<uint8_t> stored = stored_checksum(infos[i]);
+    set_tensor_checksum->bind(1, infos[i].id).bind_blob(2, stored);
     FEDMESH_RETURN_IF_ERROR(set_tensor_checksum->run());
   }
   RoundInfo info;
@@ -697,6 +730,8 @@ Result<crypto::Hash> CheckpointStore::round_checksum(const RoundInfo& round, con
     hasher.update_text(tensor.encoding);
     hasher.update_u64(static_cast<uint64_t>(tensor.byte_size));
     hasher.update(tensor.checksum);
+    // Rounds of BLAKE2b tensors hash as they always did.
+    if (tensor.checksum_kind == crypto::ChunkHash::kBlake2bp) hasher.update_text("blake2bp");
   }
   return hasher.finish();
 }
@@ -760,9 +795,15 @@ Result<TensorInfo> CheckpointStore::read_tensor_info(Statement& statement) {
     return corrupt(what + ": " + std::to_string(info.chunk_count) + " chunks recorded for " +
                    std::to_string(info.byte_size) + " bytes");
   }
-  const std::span<const uint8_t> checksum = statement.column_blob(8);
-  if (checksum.size() != info.checksum.size()) return corrupt(what + ": checksum is not 32 bytes");
-  std::memcpy(info.checksum.data(), checksum.data(), checksum.size());
+  std::span<const uint8_t> checksum = statement.column_blob(8);
+  if (checksum.size() == info.checksum.size() + 1 && checksum[0] == kBlake2bpChecksum) {
+    info.checksum_kind = crypto::ChunkHash::kBlake2bp;
+    checksum = checksum.subspan(1);
+  } else if (checksum.size() != info.checksum.size()) {
+    return corrupt(what + ": checksum is " + std::to_string(checksum.size()) +
+                   " bytes, neither a BLAKE2b-256 (32) nor a kind byte 1 and a BLAKE2bp-256 (33)");
+  }
+  std::memcpy(info.checksum.data(), checksum.data(), info.checksum.size());
   return info;
 }
 
@@ -789,7 +830,7 @@ Status CheckpointStore::read_tensor(const TensorInfo& tensor,
       database_.prepare("SELECT chunk, data FROM tensor_chunks WHERE tensor_id = ?1 ORDER BY chunk");
   if (!statement.is_ok()) return statement.status();
   statement->bind(1, tensor.id);
-  crypto::Hasher hasher;
+  TensorHasher hasher(tensor.checksum_kind);
   int64_t expected_chunk = 0, bytes = 0;
   for (;;) {
     Result<bool> row = statement->step();

@@ -9,7 +9,8 @@
 //   it returns ok, the round is on disk and survives kill -9 or power loss;
 //   when the process dies inside it, the round is absent as a whole. Announce
 //   a new model version only after commit_round() returned ok.
-// - Every tensor carries a BLAKE2b-256 checksum of its bytes and every round
+// - Every tensor carries a checksum of its bytes (BLAKE2bp-256, on a second
+//   core while the bytes are written; BLAKE2b-256 in rounds from before) and every round
 //   a checksum over its metrics, state and tensor records; both are verified
 //   on load. load_latest() reports a corrupt round by number and what failed,
 //   and falls back to the newest round that verifies.
@@ -159,6 +160,10 @@ struct TensorInfo {
   int64_t byte_size = 0;
   int64_t chunk_count = 0;
   crypto::Hash checksum{};
+  // What `checksum` is: BLAKE2bp-256 for tensors committed since schema
+  // version 8 (stored as 33 bytes, the kind byte 1 first), BLAKE2b-256 for
+  // those before (32 bytes).
+  crypto::ChunkHash checksum_kind = crypto::ChunkHash::kBlake2b;
 };
 
 struct StoredTensor {

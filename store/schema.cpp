@@ -32,7 +32,7 @@ CREATE TABLE tensors(
   encoding TEXT NOT NULL,             -- raw: little-endian elements, row-major
   byte_size INTEGER NOT NULL,
   chunk_count INTEGER NOT NULL,
-  checksum BLOB NOT NULL,             -- BLAKE2b-256 of the bytes
+  checksum BLOB NOT NULL,             -- BLAKE2b-256 of the bytes (from version 8 also 0x01 + BLAKE2bp-256)
   UNIQUE(round, role, name));
 CREATE TABLE tensor_chunks(
   tensor_id INTEGER NOT NULL REFERENCES tensors(id) ON DELETE CASCADE,
@@ -159,6 +159,14 @@ CREATE TABLE replay_counters_by_name(
   sequence INTEGER NOT NULL);
 INSERT INTO replay_counters_by_name(sender, sequence) SELECT sender, sequence FROM replay_counters;
 DELETE FROM replay_counters;
+)sql",
+    // 8: a tensor's checksum (tensors.checksum, quarantined_tensors.checksum)
+    // may be BLAKE2bp-256, stored as 33 bytes: the kind byte 1, then the
+    // hash; 32 bytes stay BLAKE2b-256. Nothing to change in the rows: the
+    // version says that a store holding such checksums needs a fedmesh that
+    // reads them (an older one would report them as damaged).
+    R"sql(
+-- tensor checksums: 32 bytes BLAKE2b-256, or 0x01 and 32 bytes BLAKE2bp-256
 )sql",
 };
 

@@ -61,6 +61,35 @@ TEST(Hash, KnownValueAndIncrementalEqualsOneShot) {
   EXPECT_NE(hash_bytes(data), one_shot);
 }
 
+// The incremental tree hash is the one-shot's, however its input is cut:
+// every length up to a few stripes past the finish's window, cut at every
+// kind of place (bytes, blocks, stripes, the tail), and 1 MiB rows as the
+// checkpoint store reads them.
+TEST(TreeHash, PiecesOfAnySizeHashAsTheWhole) {
+  std::vector<uint8_t> bytes(3 * 1024 * 1024 + 777);
+  uint32_t state = 99;
+  for (auto& b : bytes) b = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 24);
+  const std::span<const uint8_t> all(bytes);
+  for (size_t n = 0; n <= 4096; n += (n < 1100 ? 1 : 61)) {
+    const auto whole = tree_hash(all.first(n));
+    for (const size_t piece : {size_t{1}, size_t{127}, size_t{128}, size_t{385}, size_t{512}, size_t{513}, size_t{1000}}) {
+      TreeHasher hasher;
+      for (size_t at = 0; at < n; at += piece) hasher.update(all.subspan(at, std::min(piece, n - at)));
+      ASSERT_EQ(hasher.finish(), whole) << n << " bytes in pieces of " << piece;
+    }
+    TreeHasher empty_pieces;
+    empty_pieces.update({});
+    empty_pieces.update(all.first(n));
+    empty_pieces.update({});
+    ASSERT_EQ(empty_pieces.finish(), whole) << n;
+  }
+  for (const size_t piece : {size_t{1} << 20, size_t{3} << 19, size_t{4099}}) {
+    TreeHasher hasher;
+    for (size_t at = 0; at < bytes.size(); at += piece) hasher.update(all.subspan(at, std::min(piece, bytes.size() - at)));
+    EXPECT_EQ(hasher.finish(), tree_hash(all)) << "pieces of " << piece;
+  }
+}
+
 // BLAKE2bp-256 (crypto/tree_hash.h) of bytes (7 i + 3) mod 256, as Python's
 // hashlib.blake2b computes the tree from its parameters: four leaves (digest
 // 64, fanout 4, depth 2, inner 64, node offset i, leaf 3 last node) over the

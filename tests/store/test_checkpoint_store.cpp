@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "store/checkpoint_store.h"
+#include "crypto/tree_hash.h"
 #include "store/schema.h"
 #include "store/sqlite.h"
 #include "tests/store/store_test_support.h"
@@ -583,6 +584,71 @@ TEST(CheckpointStoreCorruption, EditedRowsBreakTheRoundChecksum) {
   EXPECT_EQ(latest.status().code(), StatusCode::kCorrupt);
   EXPECT_TRUE(contains(latest.status(), "every one of the 5")) << latest.status().message();
   EXPECT_EQ(skipped.size(), 5u);
+}
+
+// Tensors are checksummed with BLAKE2bp-256 (33 bytes stored: the kind
+// byte 1, then the hash), and a round written before that (BLAKE2b-256
+// checksums of 32 bytes, a round checksum without the kind) still loads
+// and verifies; a checksum of another kind or length is reported as damage.
+TEST(CheckpointStoreChecksums, TensorsAreBlake2bpAndBlake2bRoundsStillVerify) {
+  const auto db = fresh_directory() / "store.db";
+  CheckpointStore store = open_store(db, options_with(false, 10));
+  const Tensor t = random_tensor({3000}, DType::kF32, 31);
+  ASSERT_TRUE(store.commit_round(simple_round(1, &t)).is_ok());
+  ASSERT_TRUE(store.commit_round(simple_round(2, &t)).is_ok());
+  ASSERT_TRUE(store.commit_round(simple_round(3, &t)).is_ok());
+  const std::span<const uint8_t> bytes(static_cast<const uint8_t*>(t.raw()), t.nbytes());
+  auto infos = store.tensors(1);
+  ASSERT_TRUE(infos.is_ok());
+  ASSERT_EQ(infos->size(), 1u);
+  EXPECT_EQ((*infos)[0].checksum_kind, fedmesh::crypto::ChunkHash::kBlake2bp);
+  EXPECT_EQ((*infos)[0].checksum, fedmesh::crypto::tree_hash(bytes));
+  Database raw = raw_connection(db);
+  EXPECT_EQ(*raw.query_int("SELECT length(checksum) FROM tensors WHERE round = 1"), 33);
+
+  // Round 1 as a fedmesh before BLAKE2bp wrote it: the tensor's BLAKE2b, the
+  // round checksum over the records without a kind.
+  const fedmesh::crypto::Hash old_checksum = fedmesh::crypto::hash_bytes(bytes);
+  const TensorInfo& info = (*infos)[0];
+  RoundInfo round = store.rounds().value()[0];
+  fedmesh::crypto::Hasher hasher;
+  hasher.update_text("fedmesh-round-v1");
+  hasher.update_u64(static_cast<uint64_t>(round.round));
+  hasher.update_u64(static_cast<uint64_t>(round.model_version));
+  hasher.update_text(round.metrics_json);
+  hasher.update_text(round.state_json);
+  hasher.update_u64(1);
+  hasher.update_text(info.role);
+  hasher.update_text(info.name);
+  hasher.update_text("fp32");
+  hasher.update_text("[3000]");
+  hasher.update_text(info.encoding);
+  hasher.update_u64(static_cast<uint64_t>(info.byte_size));
+  hasher.update(old_checksum);
+  const fedmesh::crypto::Hash old_round = hasher.finish();
+  {
+    auto set = raw.prepare("UPDATE tensors SET checksum = ?1 WHERE round = 1");
+    ASSERT_TRUE(set.is_ok());
+    ASSERT_TRUE(set->bind_blob(1, old_checksum).run().is_ok());
+    auto set_round = raw.prepare("UPDATE rounds SET checksum = ?1 WHERE round = 1");
+    ASSERT_TRUE(set_round.is_ok());
+    ASSERT_TRUE(set_round->bind_blob(1, old_round).run().is_ok());
+  }
+  EXPECT_TRUE(store.verify_round(1).is_ok()) << store.verify_round(1).to_string();
+  auto old = store.load_round(1);
+  ASSERT_TRUE(old.is_ok()) << old.status().to_string();
+  EXPECT_EQ(old->tensors[0].info.checksum_kind, fedmesh::crypto::ChunkHash::kBlake2b);
+  EXPECT_EQ(std::memcmp(old->tensors[0].value.raw(), t.raw(), t.nbytes()), 0);
+
+  // A BLAKE2bp checksum relabeled BLAKE2b (its kind byte dropped), and an
+  // unknown kind byte: damage, named.
+  ASSERT_TRUE(raw.execute("UPDATE tensors SET checksum = substr(checksum, 2) WHERE round = 2").is_ok());
+  ASSERT_TRUE(raw.execute("UPDATE tensors SET checksum = X'02' || substr(checksum, 2) WHERE round = 3").is_ok());
+  const Status relabeled = store.verify_round(2);
+  EXPECT_EQ(relabeled.code(), StatusCode::kCorrupt);
+  const Status unknown = store.verify_round(3);
+  EXPECT_EQ(unknown.code(), StatusCode::kCorrupt);
+  EXPECT_TRUE(contains(unknown, "neither a BLAKE2b-256")) << unknown.message();
 }
 
 TEST(CheckpointStoreCorruption, MissingOrExtraRowsAreCorruptNotACrash) {

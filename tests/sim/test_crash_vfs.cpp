@@ -209,7 +209,10 @@ TEST(FaultSimulator, AGossipSeedKeepsReplicasIdenticalAndReplaysExactly) {
 }
 
 TEST(FaultSimulator, ASeedReplaysExactlyAndHoldsTheInvariants) {
-  EXPECT_GT(run_twice(12, "sync").crashes, 0) << "the seed's faults crashed nothing";
+  // Seed 13: 3 crashes. (Seed 12, used before, no longer crashes anyone
+  // since sites send sealed updates and checkpoints hash with BLAKE2bp:
+  // its run goes another way and commits its rounds before a crash is drawn.)
+  EXPECT_GT(run_twice(13, "sync").crashes, 0) << "the seed's faults crashed nothing";
 }
 
 }  // namespace

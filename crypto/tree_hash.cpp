@@ -206,8 +206,7 @@ bool detect_avx2() {
 // where the CPU has them.
 void run_stripes(std::array<Node, kLeaves>& leaves, const uint8_t* data, size_t stripes) {
 #ifdef FEDMESH_TREE_HASH_AVX2
-  static const bool avx2 = detect_avx2();
-  if (avx2) {
+  if (tree_hash_uses_avx2()) {
     run_stripes_avx2(leaves, data, stripes);
     return;
   }

@@ -64,13 +64,13 @@ class ChunkPacker {
   // The segment must stay alive until its chunk is emitted (the next add()
   // that starts a chunk, or flush()).
   bool add(const EncodedSegment& segment) {
-    if (grouper_.starts_chunk(segment.payload_bytes()) && !flush()) return false;
+    if (!make_room(segment)) return false;
     pending_.push_back(&segment);
     return true;
   }
   // A segment the packer keeps until its chunk is emitted.
   bool add(EncodedSegment&& segment) {
-    if (grouper_.starts_chunk(segment.payload_bytes()) && !flush()) return false;
+    if (!make_room(segment)) return false;
     owned_.push_back(std::move(segment));
     pending_.push_back(&owned_.back());
     return true;
@@ -86,6 +86,11 @@ class ChunkPacker {
   }
 
  private:
+  // Emits the chunk being packed first if this segment starts a new one.
+  bool make_room(const EncodedSegment& segment) {
+    return !grouper_.starts_chunk(segment.payload_bytes()) || flush();
+  }
+
   uint64_t sequence_;
   ChunkGrouper grouper_;
   const ChunkStream::Emit& emit_;

@@ -396,12 +396,15 @@ OutgoingMessage UpdateReceiver::ack(const Transfer& transfer, bool complete) {
   return make_ack(transfer.metadata.sequence, transfer.next_chunk, complete);
 }
 
-std::optional<OutgoingMessage> UpdateReceiver::answer_completed(const std::string& peer, uint64_t sequence) const {
+OutgoingMessage UpdateReceiver::no_transfer(const std::string& peer, uint64_t sequence, const char* what) {
   const crypto::RosterEntry* entry = policy_.insecure ? nullptr : roster_.find(peer);
-  if (entry == nullptr) return std::nullopt;
-  const auto done = last_completed_.find(crypto::replay_key(entry->identity.sign_public));
-  if (done == last_completed_.end() || done->second.first != sequence) return std::nullopt;
-  return make_ack(sequence, 0, true);
+  if (entry != nullptr) {
+    const auto done = last_completed_.find(crypto::replay_key(entry->identity.sign_public));
+    if (done != last_completed_.end() && done->second.first == sequence) return make_ack(sequence, 0, true);
+  }
+  return reject(sequence, wire::RejectCode::UNKNOWN_TRANSFER,
+                std::string(what) + " of update " + std::to_string(sequence) + " with no accepted header from '" +
+                    peer + "'");
 }
 
 
@@ -681,11 +684,7 @@ OutgoingMessage UpdateReceiver::handle_chunk(const std::string& peer, const Enve
   last_rejection_.reset();
   const uint64_t sequence = envelope.sequence;
   const auto found = find_transfer(peer, sequence);
-  if (found == transfers_.end()) {
-    if (auto done = answer_completed(peer, sequence)) return std::move(*done);
-    return reject(sequence, wire::RejectCode::UNKNOWN_TRANSFER,
-                  "chunk of update " + std::to_string(sequence) + " with no accepted header from '" + peer + "'");
-  }
+  if (found == transfers_.end()) return no_transfer(peer, sequence, "chunk");
   Transfer& transfer = found->second;
   const uint32_t index = envelope.chunk_index;
   if (transfer.hashes_known() && index >= transfer.expected_chunks()) {
@@ -776,11 +775,7 @@ OutgoingMessage UpdateReceiver::handle_seal(const std::string& peer, const Parse
     const auto seal = message.root().getUpdateSeal();
     sequence = seal.getSequence();
     const auto found = find_transfer(peer, sequence);
-    if (found == transfers_.end()) {
-      if (auto done = answer_completed(peer, sequence)) return std::move(*done);
-      return reject(sequence, wire::RejectCode::UNKNOWN_TRANSFER,
-                    "seal of update " + std::to_string(sequence) + " with no accepted header from '" + peer + "'");
-    }
+    if (found == transfers_.end()) return no_transfer(peer, sequence, "seal");
     Transfer& transfer = found->second;
     const auto drop = [&](wire::RejectCode code, std::string reason) {
       transfers_.erase(found);

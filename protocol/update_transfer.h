@@ -346,11 +346,12 @@ class UpdateReceiver {
   OutgoingMessage reject(uint64_t sequence, wire::RejectCode code, std::string reason);
   void drop_superseded(const std::string& replay_key, uint64_t sequence);
   OutgoingMessage ack(const Transfer& transfer, bool complete);
-  // A chunk or seal of the update `peer` completed last here, come after it
-  // completed (resent in the same window as the message that completed it,
-  // the sender not yet having its Ack{complete}): that Ack again, as its
-  // resent header would get, not a refusal.
-  std::optional<OutgoingMessage> answer_completed(const std::string& peer, uint64_t sequence) const;
+  // The answer to a chunk or seal (`what`) of no transfer in flight:
+  // unknownTransfer, unless it is of the update `peer` completed last here,
+  // come after it completed (resent in the same window as the message that
+  // completed it, the sender not yet having its Ack{complete}): that Ack
+  // again, as its resent header would get.
+  OutgoingMessage no_transfer(const std::string& peer, uint64_t sequence, const char* what);
   // in_flight: the transfer already held under this header's key, if any.
   bool check_header(const std::string& peer, wire::UpdateHeader::Reader header, Transfer& transfer,
                     const Transfer* in_flight);

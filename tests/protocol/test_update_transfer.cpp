@@ -57,11 +57,15 @@ class UpdateTransfer : public ::testing::Test {
     return {"fed", 5, 5, "site-a", "aggregator", sequence, 40};
   }
 
+  // prepare_update of values_ (or, sealed, prepare_sealed_update), every
+  // tensor in `encoding` (blocks of 32).
   fp::PreparedUpdate prepare(const fp::UpdateMetadata& m, fp::Encoding encoding = fp::Encoding::kDenseF32,
-                             size_t chunk_bytes = 256, const fc::SiteKeys* signer = nullptr) {
+                             size_t chunk_bytes = 256, const fc::SiteKeys* signer = nullptr, bool sealed = false) {
     std::vector<std::span<const float>> spans(values_.begin(), values_.end());
     std::vector<fp::TensorPlan> plans(manifest_.size(), fp::TensorPlan{encoding, 32});
-    auto prepared = fp::prepare_update(m, manifest_, spans, plans, signer ? *signer : *site_, chunk_bytes);
+    const fc::SiteKeys& keys = signer ? *signer : *site_;
+    auto prepared = sealed ? fp::prepare_sealed_update(m, manifest_, spans, plans, keys, chunk_bytes)
+                           : fp::prepare_update(m, manifest_, spans, plans, keys, chunk_bytes);
     EXPECT_TRUE(prepared.is_ok()) << prepared.status().to_string();
     return std::move(prepared.value());
   }
@@ -93,11 +97,7 @@ class UpdateTransfer : public ::testing::Test {
 
   fp::PreparedUpdate prepare_sealed(const fp::UpdateMetadata& m, fp::Encoding encoding = fp::Encoding::kDenseF32,
                                     size_t chunk_bytes = 256, const fc::SiteKeys* signer = nullptr) {
-    std::vector<std::span<const float>> spans(values_.begin(), values_.end());
-    std::vector<fp::TensorPlan> plans(manifest_.size(), fp::TensorPlan{encoding, 32});
-    auto prepared = fp::prepare_sealed_update(m, manifest_, spans, plans, signer ? *signer : *site_, chunk_bytes);
-    EXPECT_TRUE(prepared.is_ok()) << prepared.status().to_string();
-    return std::move(prepared.value());
+    return prepare(m, encoding, chunk_bytes, signer, /*sealed=*/true);
   }
 
   static std::unique_ptr<fp::ParsedMessage> send_chunk(fp::UpdateReceiver& receiver, const fp::SharedMessage& chunk,

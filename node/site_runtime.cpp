@@ -635,16 +635,19 @@ Status SiteRuntime::Impl::train_and_send(const Announcement& a) {
   std::vector<std::span<const float>> spans(delta.begin(), delta.end());
   Result<protocol::CompressedUpdate> compressed = compressor->compress(spans, /*want_decoded=*/false);
   if (!compressed.is_ok()) return compressed.status();
-  // An aggregator that takes sealed updates gets the chunks while later
-  // ones are still being serialized and hashed; an older one, a header
-  // that signs them all first.
-  Result<protocol::PreparedUpdate> prepared =
-      a.protocol_version >= protocol::kSealedUpdatesVersion
-          ? protocol::prepare_sealed_encoded_update(metadata, std::move(compressed->tensors), keys)
-          : protocol::prepare_encoded_update(metadata, std::move(compressed->tensors), keys);
   protocol::UploadOptions upload;
   upload.reply_timeout = std::chrono::milliseconds(5000);
   upload.timer = &upload_timer;
+  // An aggregator that takes sealed updates gets the chunks while later
+  // ones are still being serialized and hashed, and the site holds a
+  // window of them, not a serialized copy of the whole update; an older
+  // one, a header that signs them all first.
+  Result<protocol::PreparedUpdate> prepared =
+      a.protocol_version >= protocol::kSealedUpdatesVersion
+          ? protocol::prepare_sealed_encoded_update(metadata, std::move(compressed->tensors), keys,
+                                                    protocol::kDefaultChunkBytes,
+                                                    protocol::held_limit_for_window(upload.window_chunks))
+          : protocol::prepare_encoded_update(metadata, std::move(compressed->tensors), keys);
   protocol::RetryPolicy retry;
   retry.max_attempts = 4;
   int attempts = 0;

@@ -6,38 +6,96 @@
 
 namespace fedmesh::protocol {
 
-ChunkStream::ChunkStream(Producer producer) {
-  thread_ = std::thread([this, producer = std::move(producer)] {
-    const Emit emit = [this](SharedMessage chunk, const crypto::Hash& hash) {
-      std::lock_guard lock(mutex_);
+ChunkStream::ChunkStream(Producer producer, uint32_t held_limit)
+    : producer_(std::move(producer)), held_limit_(held_limit) {
+  start(0);
+}
+
+void ChunkStream::start(uint32_t keep_from) {
+  base_ = keep_from;
+  made_ = 0;
+  chunks_.clear();
+  done_ = false;
+  stopping_ = false;
+  ++runs_;
+  thread_ = std::thread([this] {
+    bool differs = false;
+    const Emit emit = [this, &differs](SharedMessage chunk, const crypto::Hash& hash) {
+      std::unique_lock lock(mutex_);
+      // Room for it: chunks before the first one kept need none.
+      changed_.wait(lock, [&] { return stopping_ || held_limit_ == 0 || made_ < base_ || chunks_.size() < held_limit_; });
       if (stopping_) return false;
-      chunks_.push_back(std::move(chunk));
-      hashes_.push_back(hash);
+      const uint32_t index = made_++;
+      if (index < hashes_.size()) {
+        // Made again: it must be the chunk the seal will name.
+        if (hashes_[index] != hash) {
+          differs = true;
+          return false;
+        }
+      } else {
+        hashes_.push_back(hash);
+        sizes_.push_back(chunk.size());
+      }
+      if (index >= base_) {
+        chunks_.push_back(std::move(chunk));
+        most_held_ = std::max(most_held_, chunks_.size());
+      }
       changed_.notify_all();
       return true;
     };
     // The producer reads hashes_ only between its own emits (this thread).
-    Result<SharedMessage> seal = producer(emit, hashes_);
+    Result<SharedMessage> seal = producer_(emit, hashes_);
     std::lock_guard lock(mutex_);
-    seal_ = std::move(seal);
+    seal_ = differs ? Status(StatusCode::kInternal, "chunk " + std::to_string(made_ - 1) +
+                                                        " came out different when made again")
+                    : std::move(seal);
     done_ = true;
     changed_.notify_all();
   });
 }
 
-ChunkStream::~ChunkStream() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
+void ChunkStream::stop_producer(std::unique_lock<std::mutex>& lock) {
+  stopping_ = true;
+  changed_.notify_all();
+  lock.unlock();
   thread_.join();
+  lock.lock();
+}
+
+ChunkStream::~ChunkStream() {
+  std::unique_lock lock(mutex_);
+  stop_producer(lock);
 }
 
 std::optional<SharedMessage> ChunkStream::chunk(uint32_t index) {
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return done_ || index < chunks_.size(); });
-  if (index < chunks_.size()) return chunks_[index];
+  if (held_limit_ > 0 && index < base_) {
+    // Let go before: make it again, keeping from it on.
+    stop_producer(lock);
+    start(index);
+  } else if (held_limit_ > 0 && index - base_ >= held_limit_) {
+    const uint32_t keep_from = index + 1 - held_limit_;
+    while (!chunks_.empty() && base_ < keep_from) {
+      chunks_.pop_front();
+      ++base_;
+    }
+    base_ = std::max(base_, keep_from);
+    changed_.notify_all();
+  }
+  changed_.wait(lock, [&] { return done_ || index < base_ + chunks_.size(); });
+  if (index >= base_ && index < base_ + chunks_.size()) return chunks_[index - base_];
   return std::nullopt;
+}
+
+void ChunkStream::release_before(uint32_t index) {
+  std::lock_guard lock(mutex_);
+  if (held_limit_ == 0) return;
+  while (!chunks_.empty() && base_ < index) {
+    chunks_.pop_front();
+    ++base_;
+  }
+  base_ = std::max(base_, index);
+  changed_.notify_all();
 }
 
 Result<SharedMessage> ChunkStream::seal() {
@@ -49,7 +107,31 @@ Result<SharedMessage> ChunkStream::seal() {
 std::vector<SharedMessage> ChunkStream::all_chunks() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return done_; });
-  return chunks_;
+  return {chunks_.begin(), chunks_.end()};
+}
+
+uint64_t ChunkStream::chunk_wire_bytes() {
+  std::unique_lock lock(mutex_);
+  if (held_limit_ > 0 && !done_) {
+    // Nothing more will be sent from this run: let the producer finish.
+    chunks_.clear();
+    base_ = UINT32_MAX;
+    changed_.notify_all();
+  }
+  changed_.wait(lock, [&] { return done_; });
+  uint64_t total = 0;
+  for (const uint64_t size : sizes_) total += curve_message_bytes(size);
+  return total;
+}
+
+size_t ChunkStream::most_held() {
+  std::lock_guard lock(mutex_);
+  return most_held_;
+}
+
+int ChunkStream::runs() {
+  std::lock_guard lock(mutex_);
+  return runs_;
 }
 
 namespace {
@@ -100,11 +182,11 @@ class ChunkPacker {
 };
 
 PreparedUpdate sealed_update(const UpdateMetadata& metadata, const std::vector<TensorDescriptorFields>& descriptors,
-                             ChunkStream::Producer producer) {
+                             ChunkStream::Producer producer, uint32_t held_limit) {
   PreparedUpdate prepared;
   prepared.metadata = metadata;
   prepared.header = sealed_header(metadata, descriptors, kSentChunkHash);
-  prepared.stream = std::make_shared<ChunkStream>(std::move(producer));
+  prepared.stream = std::make_shared<ChunkStream>(std::move(producer), held_limit);
   return prepared;
 }
 
@@ -113,7 +195,7 @@ PreparedUpdate sealed_update(const UpdateMetadata& metadata, const std::vector<T
 Result<PreparedUpdate> prepare_sealed_update(const UpdateMetadata& metadata, std::span<const TensorShape> manifest,
                                              std::span<const std::span<const float>> tensors,
                                              std::span<const TensorPlan> plans, const crypto::SiteKeys& sender_keys,
-                                             size_t chunk_bytes) {
+                                             size_t chunk_bytes, uint32_t held_limit) {
   FEDMESH_RETURN_IF_ERROR(check_update_inputs(manifest, tensors, plans, chunk_bytes));
   std::vector<TensorDescriptorFields> descriptors;
   for (size_t t = 0; t < manifest.size(); ++t) descriptors.push_back(descriptor_of(manifest[t], plans[t]));
@@ -151,11 +233,12 @@ Result<PreparedUpdate> prepare_sealed_update(const UpdateMetadata& metadata, std
     if (!packer.flush()) return unavailable("the update's stream was stopped");
     return update_seal(metadata, descriptors, hashes, sender_keys, kSentChunkHash);
   };
-  return sealed_update(metadata, descriptors, std::move(producer));
+  return sealed_update(metadata, descriptors, std::move(producer), held_limit);
 }
 
 PreparedUpdate prepare_sealed_encoded_update(const UpdateMetadata& metadata, std::vector<EncodedTensor> tensors,
-                                             const crypto::SiteKeys& sender_keys, size_t chunk_bytes) {
+                                             const crypto::SiteKeys& sender_keys, size_t chunk_bytes,
+                                             uint32_t held_limit) {
   std::vector<TensorDescriptorFields> descriptors;
   for (const auto& tensor : tensors) descriptors.push_back(tensor.descriptor);
   auto owned = std::make_shared<std::vector<EncodedTensor>>(std::move(tensors));
@@ -170,7 +253,7 @@ PreparedUpdate prepare_sealed_encoded_update(const UpdateMetadata& metadata, std
     if (!packer.flush()) return unavailable("the update's stream was stopped");
     return update_seal(metadata, descriptors, hashes, sender_keys, kSentChunkHash);
   };
-  PreparedUpdate prepared = sealed_update(metadata, descriptors, std::move(producer));
+  PreparedUpdate prepared = sealed_update(metadata, descriptors, std::move(producer), held_limit);
   for (const EncodedTensor& tensor : *owned) {
     for (const EncodedSegment& segment : tensor.segments) prepared.encoded_payload_bytes += segment.payload_bytes();
   }

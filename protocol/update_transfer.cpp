@@ -284,7 +284,7 @@ PreparedUpdate prepare_encoded_update(const UpdateMetadata& metadata, std::vecto
 uint64_t wire_bytes(const PreparedUpdate& update) {
   uint64_t total = curve_message_bytes(update.header.size());
   if (update.stream) {
-    for (const SharedMessage& chunk : update.stream->all_chunks()) total += curve_message_bytes(chunk.size());
+    total += update.stream->chunk_wire_bytes();
     if (auto seal = update.stream->seal(); seal.is_ok()) total += curve_message_bytes(seal->size());
     return total;
   }

@@ -87,6 +87,12 @@ struct AttemptReport {
   bool timed_out = false;   // it ended waiting for a reply
 };
 
+// The receiver holds every chunk before its furthest Ack: a sealed
+// update's stream need not keep them (it does only without a held limit).
+void release_acknowledged(const PreparedUpdate& update, const UploadState& state) {
+  if (update.stream && state.acknowledged > 0) update.stream->release_before(static_cast<uint32_t>(state.acknowledged));
+}
+
 std::chrono::milliseconds wait_of(const UploadOptions& options) {
   if (options.timer == nullptr) return options.reply_timeout;
   return std::chrono::ceil<std::chrono::milliseconds>(options.timer->timeout());
@@ -190,6 +196,7 @@ Result<UploadOutcome> attempt_upload(ClientChannel& socket, const PreparedUpdate
         if (timer != nullptr) timer->progressed();
         report.progressed = true;
         state.acknowledged = named;
+        release_acknowledged(update, state);
         wait_from = now;
         continue;
       }
@@ -202,6 +209,7 @@ Result<UploadOutcome> attempt_upload(ClientChannel& socket, const PreparedUpdate
       }
       if (ack.getComplete() || named > state.acknowledged) report.progressed = true;
       state.acknowledged = std::max(state.acknowledged, named);
+      release_acknowledged(update, state);
       wait_from = now;
       if (ack.getComplete()) {
         outcome.accepted = true;

@@ -340,7 +340,8 @@ TEST_F(Transport, ALossySenderWithARetransmitTimerDeliversEveryUpdate) {
   fp::RetryPolicy retry;
   retry.max_attempts = 12;  // in a row without an Ack: 0.6^12 at this loss, even for a slow machine
   // The last three are sealed: their chunks are made while the first are
-  // sent, and their seals are lost and resent as chunks are.
+  // sent, and their seals are lost and resent as chunks are; their streams
+  // hold a window of chunks (those acknowledged let go).
   constexpr int kUpdates = 6;
   std::vector<std::vector<float>> sent;
   int total_attempts = 0;
@@ -350,13 +351,19 @@ TEST_F(Transport, ALossySenderWithARetransmitTimerDeliversEveryUpdate) {
     const std::vector<std::span<const float>> spans = {values};
     const std::vector<fp::TensorPlan> plans(1);
     const fp::UpdateMetadata metadata{"fed", 0, 0, "site-a", "aggregator", static_cast<uint64_t>(u + 1), 10};
+    const uint32_t held_limit = fp::held_limit_for_window(options.window_chunks);
     auto update = u < 3 ? fp::prepare_update(metadata, policy.manifest, spans, plans, *site_keys_, 1024)
-                        : fp::prepare_sealed_update(metadata, policy.manifest, spans, plans, *site_keys_, 1024);
+                        : fp::prepare_sealed_update(metadata, policy.manifest, spans, plans, *site_keys_, 1024,
+                                                    held_limit);
     ASSERT_TRUE(update.is_ok());
-    ASSERT_GE(update->stream ? update->stream->all_chunks().size() : update->chunks.size(), 10u);
+    if (!update->stream) ASSERT_GE(update->chunks.size(), 10u);
     int attempts = 0;
     auto outcome = fp::upload_with_retries(*client, *update, options, retry, &attempts);
     ASSERT_TRUE(outcome.is_ok()) << "update " << u << ": " << outcome.status().to_string();
+    if (update->stream) {
+      EXPECT_GE(fp::wire_bytes(*update), 16u * 1024u) << "fewer than 16 chunks of 1 KB";
+      EXPECT_LE(update->stream->most_held(), held_limit);
+    }
     EXPECT_TRUE(outcome->accepted) << "update " << u << ": "
                                    << (outcome->rejection ? outcome->rejection->reason : std::string("no rejection"));
     total_attempts += attempts;

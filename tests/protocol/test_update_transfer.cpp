@@ -725,6 +725,79 @@ TEST_F(UpdateTransfer, ASealedUpdatesStreamEndsAtANonFiniteValue) {
   EXPECT_FALSE(fp::chunk_to_send(update, static_cast<uint32_t>(update.stream->all_chunks().size())).has_value());
 }
 
+// A sealed stream with a held limit keeps a window of chunks, not the whole
+// update: those before the receiver's Ack are let go (and those too far
+// behind the chunk asked for), the producer waiting for room. It makes the
+// bytes of a stream that keeps every chunk, and makes a chunk let go again
+// when asked for it: a receiver that lost its staging (a restart) gets the
+// whole update again from the first chunk, and the same seal.
+TEST_F(UpdateTransfer, ASealedStreamHoldsAWindowAndMakesALetGoChunkAgain) {
+  const std::vector<std::span<const float>> spans(values_.begin(), values_.end());
+  const std::vector<fp::TensorPlan> plans(manifest_.size(), fp::TensorPlan{fp::Encoding::kDenseF32, 32});
+  const auto kept = prepare_sealed(metadata(1));
+  const std::vector<fp::SharedMessage> reference = kept.stream->all_chunks();
+  auto reference_seal = kept.stream->seal();
+  ASSERT_TRUE(reference_seal.is_ok());
+  ASSERT_GE(reference.size(), 6u);
+  const auto same = [](const fp::SharedMessage& a, const fp::SharedMessage& b) {
+    return std::ranges::equal(a.bytes(), b.bytes());
+  };
+  constexpr uint32_t kLimit = 3;
+  auto held = fp::prepare_sealed_update(metadata(1), manifest_, spans, plans, *site_, 256, kLimit);
+  ASSERT_TRUE(held.is_ok()) << held.status().to_string();
+  auto replay = fc::ReplayGuard::in_memory();
+  const auto send_acknowledged = [&](fp::UpdateReceiver& receiver, uint32_t c) {
+    const auto chunk = fp::chunk_to_send(*held, c);
+    if (!chunk) return false;
+    EXPECT_LT(c, reference.size());
+    if (c >= reference.size()) return false;
+    EXPECT_TRUE(same(*chunk, reference[c])) << "chunk " << c;
+    const auto reply = send_chunk(receiver, *chunk);
+    EXPECT_TRUE(reply->root().isAck());
+    held->stream->release_before(reply->root().getAck().getNextChunk());
+    return true;
+  };
+  {
+    // The first receiver takes half of them, then is gone with its staging.
+    fp::UpdateReceiver first(policy(), roster_, replay);
+    ASSERT_TRUE(parse(first.handle_header("site-a", *parse(held->header)).bytes())->root().isAck());
+    for (uint32_t c = 0; c < reference.size() / 2; ++c) ASSERT_TRUE(send_acknowledged(first, c));
+  }
+  EXPECT_EQ(held->stream->runs(), 1);
+  fp::UpdateReceiver second(policy(), roster_, replay);
+  auto reply = parse(second.handle_header("site-a", *parse(held->header)).bytes());
+  ASSERT_TRUE(reply->root().isAck());
+  ASSERT_EQ(reply->root().getAck().getNextChunk(), 0u);
+  uint32_t sent = 0;
+  while (send_acknowledged(second, sent)) ++sent;
+  EXPECT_EQ(sent, reference.size());
+  EXPECT_EQ(held->stream->runs(), 2);  // made again from the first chunk
+  EXPECT_LE(held->stream->most_held(), kLimit);
+  auto seal = held->stream->seal();
+  ASSERT_TRUE(seal.is_ok()) << seal.status().to_string();
+  EXPECT_TRUE(same(*seal, *reference_seal));
+  reply = parse(second.handle_seal("site-a", *parse(*seal)).bytes());
+  ASSERT_TRUE(reply->root().isAck());
+  EXPECT_TRUE(reply->root().getAck().getComplete());
+  const auto got = second.take_completed();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].tensors, values_);
+  EXPECT_EQ(held->stream->chunk_wire_bytes(), kept.stream->chunk_wire_bytes());
+
+  // Asking for a chunk far ahead lets go of those more than the limit
+  // before it, without a release; a stream nobody reads still counts its bytes.
+  auto ahead = fp::prepare_sealed_update(metadata(2), manifest_, spans, plans, *site_, 256, kLimit);
+  ASSERT_TRUE(ahead.is_ok());
+  const auto last = fp::chunk_to_send(*ahead, static_cast<uint32_t>(reference.size() - 1));
+  ASSERT_TRUE(last);
+  EXPECT_LE(ahead->stream->most_held(), kLimit);
+  EXPECT_FALSE(fp::chunk_to_send(*ahead, static_cast<uint32_t>(reference.size())).has_value());
+  auto unread = fp::prepare_sealed_update(metadata(1), manifest_, spans, plans, *site_, 256, kLimit);
+  ASSERT_TRUE(unread.is_ok());
+  EXPECT_EQ(unread->stream->chunk_wire_bytes(), kept.stream->chunk_wire_bytes());
+  EXPECT_LE(unread->stream->most_held(), kLimit);
+}
+
 // A receiver staging in memory grows each tensor's copy as segments come
 // (nothing is zero-filled ahead of them): what no segment reaches, before,
 // between or after the segments, and chunks taken out of order, still come

@@ -1,5 +1,7 @@
 #include "kernels/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -43,6 +45,23 @@ class CpuAllocator final : public Allocator {
   Device device() const override { return Device::kCpu; }
 };
 
+// Fresh anonymous pages, zero until written and given back when freed.
+class ZeroPagesAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED) throw std::bad_alloc();
+    return mapped;
+  }
+  void deallocate(void* pointer, size_t bytes) override { ::munmap(pointer, bytes); }
+  Device device() const override { return Device::kCpu; }
+};
+
+ZeroPagesAllocator& zero_pages_allocator() {
+  static ZeroPagesAllocator allocator;
+  return allocator;
+}
+
 }  // namespace
 
 Allocator& cpu_allocator() {
@@ -78,6 +97,11 @@ struct Tensor::Storage {
 };
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  return allocated(std::move(shape), dtype, device,
+                   device == Device::kCpu ? cpu_allocator() : cuda::device_allocator());
+}
+
+Tensor Tensor::allocated(Shape shape, DType dtype, Device device, Allocator& allocator) {
   Tensor t;
   t.numel_ = shape_numel(shape);
   t.shape_ = std::move(shape);
@@ -85,13 +109,16 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   t.device_ = device;
   t.storage_ = std::make_shared<Storage>();
   t.storage_->bytes = t.nbytes();
-  t.storage_->allocator = device == Device::kCpu ? &cpu_allocator() : &cuda::device_allocator();
+  t.storage_->allocator = &allocator;
   t.storage_->data = t.storage_->allocator->allocate(t.storage_->bytes);
   t.data_ = t.storage_->data;
   return t;
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+  if (device == Device::kCpu && static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype) >= kZeroMappedBytes) {
+    return allocated(std::move(shape), dtype, device, zero_pages_allocator());
+  }
   Tensor t = empty(std::move(shape), dtype, device);
   if (device == Device::kCpu) {
     std::memset(t.data_, 0, t.nbytes());

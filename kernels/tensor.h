@@ -64,7 +64,11 @@ class Tensor {
   // On Device::kCuda the storage comes from the CUDA backend's caching
   // allocator (kernels/cuda_ops.h; ask cuda::available() first).
   static Tensor empty(Shape shape, DType dtype = DType::kF32, Device device = Device::kCpu);
+  // On the host, kZeroMappedBytes or more are fresh pages of their own
+  // (mmap): zero until written, so a buffer never written (the gradient of
+  // a model that is not trained here) takes no memory.
   static Tensor zeros(Shape shape, DType dtype = DType::kF32, Device device = Device::kCpu);
+  static constexpr size_t kZeroMappedBytes = size_t{16} << 20;
   // Non-owning view of memory that must outlive the tensor and its views.
   static Tensor view_of(void* data, Shape shape, DType dtype, Device device = Device::kCpu);
 
@@ -113,6 +117,7 @@ class Tensor {
 
  private:
   struct Storage;
+  static Tensor allocated(Shape shape, DType dtype, Device device, Allocator& allocator);
   void check_type(DType requested) const;
 
   std::shared_ptr<Storage> storage_;

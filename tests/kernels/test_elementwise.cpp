@@ -11,6 +11,9 @@
 // so input rounding never enters the tolerance.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -68,6 +71,43 @@ double gelu_reference(double x) {
 }
 
 // ------------------------------------------------------------ unary ops ----
+
+namespace {
+int64_t resident_anonymous_kb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::stoll(line.substr(8));
+  }
+  return -1;
+}
+}  // namespace
+
+// A large zero tensor is fresh pages: it takes no memory until written (the
+// aggregator's model keeps gradients it never writes), reads as zeros, and
+// is written, copied and freed as any other.
+TEST(Tensor, ALargeZeroTensorTakesNoMemoryUntilWritten) {
+  constexpr int64_t kCount = 64 << 18;  // 64 MiB of fp32
+  static_assert(kCount * 4 >= static_cast<int64_t>(Tensor::kZeroMappedBytes));
+  const int64_t before = resident_anonymous_kb();
+  ASSERT_GE(before, 0);
+  Tensor zeros = Tensor::zeros({kCount});
+  EXPECT_LT(resident_anonymous_kb() - before, 16 << 10) << "64 MiB of zeros took memory before any write";
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(zeros.raw()) % 64, 0u);
+  const float* values = zeros.data<float>();
+  double sum = 0.0;
+  for (int64_t i = 0; i < kCount; i += 997) sum += values[i];
+  EXPECT_EQ(sum, 0.0);
+  EXPECT_EQ(values[kCount - 1], 0.0f);
+  float* written = zeros.data<float>();
+  for (int64_t i = 0; i < kCount; ++i) written[i] = static_cast<float>(i % 7);
+  EXPECT_GE(resident_anonymous_kb() - before, 60 << 10);
+  const Tensor copy = zeros.clone();
+  EXPECT_EQ(copy.data<float>()[kCount - 1], static_cast<float>((kCount - 1) % 7));
+  // Small ones are the usual allocation, zeroed.
+  const Tensor small = Tensor::zeros({1000});
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(small.data<float>()[i], 0.0f);
+}
 
 TEST(Elementwise, FillWritesTheRoundedValueEverywhere) {
   for (const DType dtype : kAllDtypes) {

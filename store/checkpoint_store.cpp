@@ -21,6 +21,7 @@
 #include "base/file_io.h"
 #include "crypto/keys.h"
 #include "crypto/tree_hash.h"
+#include "store/checksum.h"
 #include "store/schema.h"
 
 namespace fedmesh::store {
@@ -37,35 +38,18 @@ constexpr int64_t kWalSizeLimitBytes = int64_t{64} << 20;
 
 std::string round_name(int64_t round) { return "round " + std::to_string(round); }
 
-// A tensor checksum's stored form: BLAKE2b-256 as its 32 bytes (as before
-// schema version 8), BLAKE2bp-256 as this kind byte and its 32.
-constexpr uint8_t kBlake2bpChecksum = 1;
+// Pending updates are checksummed with BLAKE2bp from schema version 9
+// (before it, BLAKE2b, which is still read).
+constexpr crypto::ChunkHash kPendingChecksum = crypto::ChunkHash::kBlake2bp;
 
-std::vector<uint8_t> stored_checksum(const TensorInfo& tensor) {
-  std::vector<uint8_t> stored;
-  if (tensor.checksum_kind == crypto::ChunkHash::kBlake2bp) stored.push_back(kBlake2bpChecksum);
-  stored.insert(stored.end(), tensor.checksum.begin(), tensor.checksum.end());
-  return stored;
+std::string checksum_size_problem(size_t size) {
+  return "checksum is " + std::to_string(size) +
+         " bytes, neither a BLAKE2b-256 (32) nor a kind byte 1 and a BLAKE2bp-256 (33)";
 }
 
-// A tensor's bytes hashed as they are read, with the kind its checksum is.
-class TensorHasher {
- public:
-  explicit TensorHasher(crypto::ChunkHash kind) : tree_(kind == crypto::ChunkHash::kBlake2bp) {}
-  void update(std::span<const uint8_t> bytes) {
-    if (tree_) {
-      tree_hasher_.update(bytes);
-    } else {
-      hasher_.update(bytes);
-    }
-  }
-  crypto::Hash finish() { return tree_ ? tree_hasher_.finish() : hasher_.finish(); }
-
- private:
-  bool tree_;
-  crypto::Hasher hasher_;
-  crypto::TreeHasher tree_hasher_;
-};
+std::vector<uint8_t> stored_checksum(const TensorInfo& tensor) {
+  return checksum_blob({tensor.checksum_kind, tensor.checksum});
+}
 
 // The first `limit` bytes in hex: enough to tell ids and checksums apart in a message.
 std::string hex(std::span<const uint8_t> bytes, size_t limit = 8) {
@@ -159,7 +143,7 @@ Status check_json_array(Database& database, std::string_view what, const std::st
 // several pieces). `hasher`, if given, is fed every byte on the way.
 Status insert_chunks(Database& database, const char* table, Statement& insert,
                      const std::function<void(Statement&)>& bind_owner, PayloadSource& source,
-                     crypto::Hasher* hasher = nullptr) {
+                     ChecksumHasher* hasher = nullptr) {
   const uint64_t total = source.size();
   std::vector<std::span<const uint8_t>> parts;
   int64_t chunk = 0;
@@ -795,15 +779,11 @@ Result<TensorInfo> CheckpointStore::read_tensor_info(Statement& statement) {
     return corrupt(what + ": " + std::to_string(info.chunk_count) + " chunks recorded for " +
                    std::to_string(info.byte_size) + " bytes");
   }
-  std::span<const uint8_t> checksum = statement.column_blob(8);
-  if (checksum.size() == info.checksum.size() + 1 && checksum[0] == kBlake2bpChecksum) {
-    info.checksum_kind = crypto::ChunkHash::kBlake2bp;
-    checksum = checksum.subspan(1);
-  } else if (checksum.size() != info.checksum.size()) {
-    return corrupt(what + ": checksum is " + std::to_string(checksum.size()) +
-                   " bytes, neither a BLAKE2b-256 (32) nor a kind byte 1 and a BLAKE2bp-256 (33)");
-  }
-  std::memcpy(info.checksum.data(), checksum.data(), info.checksum.size());
+  const std::span<const uint8_t> checksum = statement.column_blob(8);
+  const std::optional<StoredChecksum> parsed = parse_checksum_blob(checksum);
+  if (!parsed) return corrupt(what + ": " + checksum_size_problem(checksum.size()));
+  info.checksum_kind = parsed->kind;
+  info.checksum = parsed->hash;
   return info;
 }
 
@@ -830,7 +810,7 @@ Status CheckpointStore::read_tensor(const TensorInfo& tensor,
       database_.prepare("SELECT chunk, data FROM tensor_chunks WHERE tensor_id = ?1 ORDER BY chunk");
   if (!statement.is_ok()) return statement.status();
   statement->bind(1, tensor.id);
-  TensorHasher hasher(tensor.checksum_kind);
+  ChecksumHasher hasher(tensor.checksum_kind);
   int64_t expected_chunk = 0, bytes = 0;
   for (;;) {
     Result<bool> row = statement->step();
@@ -995,9 +975,12 @@ Status CheckpointStore::add_pending_update_from(const PendingUpdate& update, Pay
     // A retransmission after a crash or a lost acknowledgement: same id, same
     // bytes (hashed here in a pass of their own; a new update is hashed as
     // it is written).
-    const std::span<const uint8_t> column = existing->column_blob(0);
-    const std::vector<uint8_t> stored(column.begin(), column.end());
-    crypto::Hasher hasher;
+    const std::optional<StoredChecksum> stored = parse_checksum_blob(existing->column_blob(0));
+    if (!stored) {
+      return corrupt("update " + hex(update.update_id) + " is pending with a damaged record: " +
+                     checksum_size_problem(existing->column_blob(0).size()));
+    }
+    ChecksumHasher hasher(stored->kind);
     std::vector<std::span<const uint8_t>> parts;
     source.rewind();
     for (uint64_t at = 0; at < payload_size;) {
@@ -1006,8 +989,7 @@ Status CheckpointStore::add_pending_update_from(const PendingUpdate& update, Pay
       for (const std::span<const uint8_t> part : parts) hasher.update(part);
       at += size;
     }
-    const crypto::Hash checksum = hasher.finish();
-    if (stored.size() != checksum.size() || std::memcmp(stored.data(), checksum.data(), checksum.size()) != 0) {
+    if (hasher.finish() != stored->hash) {
       return invalid_argument("update " + hex(update.update_id) + " from " + update.sender +
                               " is already pending with different bytes");
     }
@@ -1028,7 +1010,7 @@ Status CheckpointStore::add_pending_update_from(const PendingUpdate& update, Pay
       "INSERT INTO pending_updates(update_id, sender, base_version, sample_count, received_at, byte_size, "
       "chunk_count, checksum) VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?5, ?6, ?7)");
   if (!insert.is_ok()) return insert.status();
-  const crypto::Hash placeholder{};
+  const std::vector<uint8_t> placeholder = checksum_blob({kPendingChecksum, crypto::Hash{}});
   insert->bind_blob(1, update.update_id)
       .bind(2, std::string_view(update.sender))
       .bind(3, update.base_version)
@@ -1041,11 +1023,11 @@ Status CheckpointStore::add_pending_update_from(const PendingUpdate& update, Pay
       database_.prepare("INSERT INTO pending_update_chunks(update_id, chunk, data) VALUES (?1, ?2, ?3)");
   if (!insert_chunk.is_ok()) return insert_chunk.status();
   const std::span<const uint8_t> id = update.update_id;
-  crypto::Hasher hasher;
+  ChecksumHasher hasher(kPendingChecksum);
   source.rewind();
   FEDMESH_RETURN_IF_ERROR(insert_chunks(database_, "pending_update_chunks", *insert_chunk,
                                         [id](Statement& s) { s.bind_blob(1, id); }, source, &hasher));
-  const crypto::Hash checksum = hasher.finish();
+  const std::vector<uint8_t> checksum = checksum_blob({kPendingChecksum, hasher.finish()});
   Result<Statement> set_checksum = database_.prepare("UPDATE pending_updates SET checksum = ?1 WHERE update_id = ?2");
   if (!set_checksum.is_ok()) return set_checksum.status();
   set_checksum->bind_blob(1, checksum).bind_blob(2, update.update_id);
@@ -1094,12 +1076,12 @@ Result<PendingStream> CheckpointStore::open_pending_stream(std::span<const uint8
   if (!row.is_ok()) return row.status();
   if (!*row) return not_found(stream.what_ + " is not in the store");
   stream.size_ = header->column_int(0);
-  const std::span<const uint8_t> checksum = header->column_blob(2);
+  const std::optional<StoredChecksum> checksum = parse_checksum_blob(header->column_blob(2));
   if (stream.size_ < 0 || stream.size_ > kMaxUpdateBytes || header->column_int(1) != chunks_for(stream.size_) ||
-      checksum.size() != crypto::kHashBytes) {
+      !checksum) {
     return corrupt(stream.what_ + ": its record is out of bounds");
   }
-  std::memcpy(stream.expected_.data(), checksum.data(), stream.expected_.size());
+  stream.expected_ = *checksum;
   Result<Statement> rows =
       database_.prepare("SELECT chunk, data FROM pending_update_chunks WHERE update_id = ?1 ORDER BY chunk");
   if (!rows.is_ok()) return rows.status();
@@ -1109,7 +1091,7 @@ Result<PendingStream> CheckpointStore::open_pending_stream(std::span<const uint8
 }
 
 Status PendingStream::next_row() {
-  if (!hasher_) hasher_ = std::make_unique<crypto::Hasher>();
+  if (!hasher_) hasher_ = std::make_unique<ChecksumHasher>(expected_.kind);
   Result<bool> row = rows_.step();
   if (!row.is_ok()) return row.status();
   if (!*row) {
@@ -1148,8 +1130,8 @@ Status PendingStream::finish() {
     else if (*extra) status = corrupt(what_ + ": it holds more rows than its record says");
   }
   if (status.is_ok()) {
-    if (!hasher_) hasher_ = std::make_unique<crypto::Hasher>();  // an empty payload
-    if (hasher_->finish() != expected_) status = corrupt(what_ + ": its bytes do not match the recorded size and checksum");
+    if (!hasher_) hasher_ = std::make_unique<ChecksumHasher>(expected_.kind);  // an empty payload
+    if (hasher_->finish() != expected_.hash) status = corrupt(what_ + ": its bytes do not match the recorded size and checksum");
   }
   rewind();
   return status;

@@ -45,6 +45,7 @@
 #include "crypto/hash.h"
 #include "crypto/update_signature.h"
 #include "kernels/tensor.h"
+#include "store/checksum.h"
 #include "store/payload_source.h"
 #include "store/quarantine.h"
 #include "store/sqlite.h"
@@ -219,9 +220,9 @@ class PendingStream {
   std::vector<uint8_t> update_id_;  // bound in rows_
   std::string what_;
   int64_t size_ = 0;
-  crypto::Hash expected_{};
+  StoredChecksum expected_;
   Statement rows_;
-  std::unique_ptr<crypto::Hasher> hasher_;  // the pass's, once begun
+  std::unique_ptr<ChecksumHasher> hasher_;  // the pass's, once begun
   std::span<const uint8_t> row_;            // the current row's bytes not read yet
   int64_t next_chunk_ = 0, fetched_ = 0;    // rows and bytes taken so far in the pass
 };

@@ -168,6 +168,12 @@ DELETE FROM replay_counters;
     R"sql(
 -- tensor checksums: 32 bytes BLAKE2b-256, or 0x01 and 32 bytes BLAKE2bp-256
 )sql",
+    // 9: a pending update's checksum (pending_updates.checksum,
+    // quarantined_updates.checksum) may be BLAKE2bp-256 in the same form;
+    // as for 8, nothing changes in the rows.
+    R"sql(
+-- pending update checksums: 32 bytes BLAKE2b-256, or 0x01 and 32 bytes BLAKE2bp-256
+)sql",
 };
 
 }  // namespace

@@ -23,7 +23,7 @@
 
 namespace fedmesh::store {
 
-inline constexpr int kSchemaVersion = 8;
+inline constexpr int kSchemaVersion = 9;
 
 // The version the database is at (0 for an empty database).
 Result<int> schema_version(Database& database);

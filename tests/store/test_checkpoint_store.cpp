@@ -651,6 +651,60 @@ TEST(CheckpointStoreChecksums, TensorsAreBlake2bpAndBlake2bRoundsStillVerify) {
   EXPECT_TRUE(contains(unknown, "neither a BLAKE2b-256")) << unknown.message();
 }
 
+// Pending updates are checksummed with BLAKE2bp (33 bytes: the kind byte
+// 1 first); one a fedmesh before schema version 9 wrote (its 32-byte
+// BLAKE2b) still reads, verifies and is recognized when sent again, and a
+// checksum of the wrong kind or size is damage.
+TEST(CheckpointStoreChecksums, PendingUpdatesAreBlake2bpAndBlake2bOnesStillVerify) {
+  const auto db = fresh_directory() / "store.db";
+  CheckpointStore store = open_store(db, options_with(false, 10));
+  std::vector<uint8_t> payload(3 * 1024 * 1024 + 17);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7 + i / 1000);
+  for (const uint8_t id : {1, 2, 3}) {
+    ASSERT_TRUE(store.add_pending_update({{id}, "site-a", 3, 10, "", 0}, payload).is_ok());
+  }
+  Database raw = raw_connection(db);
+  EXPECT_EQ(*raw.query_int("SELECT count(*) FROM pending_updates WHERE length(checksum) = 33"), 3);
+  {
+    auto checksum = raw.prepare("SELECT checksum FROM pending_updates WHERE update_id = X'01'");
+    ASSERT_TRUE(checksum.is_ok());
+    ASSERT_TRUE(*checksum->step());
+    const std::span<const uint8_t> blob = checksum->column_blob(0);
+    ASSERT_EQ(blob.size(), 33u);
+    EXPECT_EQ(blob[0], 1);
+    const fedmesh::crypto::Hash expected = fedmesh::crypto::tree_hash(payload);
+    EXPECT_EQ(std::memcmp(blob.data() + 1, expected.data(), expected.size()), 0);
+  }
+  // Update 1 as an older fedmesh wrote it.
+  {
+    auto set = raw.prepare("UPDATE pending_updates SET checksum = ?1 WHERE update_id = X'01'");
+    ASSERT_TRUE(set.is_ok());
+    ASSERT_TRUE(set->bind_blob(1, fedmesh::crypto::hash_bytes(payload)).run().is_ok());
+  }
+  EXPECT_TRUE(store.verify_pending_updates().is_ok());
+  auto read = store.read_pending_update(std::vector<uint8_t>{1});
+  ASSERT_TRUE(read.is_ok()) << read.status().to_string();
+  EXPECT_EQ(*read, payload);
+  // Sent again with the same bytes: taken (hashed with the kind it was stored
+  // with); with other bytes: refused.
+  EXPECT_TRUE(store.add_pending_update({{1}, "site-a", 3, 10, "", 0}, payload).is_ok());
+  std::vector<uint8_t> other = payload;
+  other[12345] ^= 1;
+  const Status different = store.add_pending_update({{1}, "site-a", 3, 10, "", 0}, other);
+  EXPECT_TRUE(contains(different, "already pending with different bytes")) << different.to_string();
+  const Status different_new = store.add_pending_update({{2}, "site-a", 3, 10, "", 0}, other);
+  EXPECT_TRUE(contains(different_new, "already pending with different bytes")) << different_new.to_string();
+  // Relabeled (the kind byte dropped) and an unknown kind: damage.
+  ASSERT_TRUE(raw.execute("UPDATE pending_updates SET checksum = substr(checksum, 2) WHERE update_id = X'02'").is_ok());
+  ASSERT_TRUE(
+      raw.execute("UPDATE pending_updates SET checksum = X'02' || substr(checksum, 2) WHERE update_id = X'03'").is_ok());
+  EXPECT_EQ(store.read_pending_update(std::vector<uint8_t>{2}).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(store.read_pending_update(std::vector<uint8_t>{3}).status().code(), StatusCode::kCorrupt);
+  std::vector<CheckpointStore::DamagedPending> damaged;
+  EXPECT_EQ(store.verify_pending_updates(&damaged).code(), StatusCode::kCorrupt);
+  EXPECT_EQ(damaged.size(), 2u);
+}
+
 TEST(CheckpointStoreCorruption, MissingOrExtraRowsAreCorruptNotACrash) {
   const auto db = fresh_directory() / "store.db";
   CheckpointStore store = open_store(db, options_with(false, 10));

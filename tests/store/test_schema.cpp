@@ -42,6 +42,7 @@ const std::vector<std::vector<std::string>> kTablesOf = {
      "quarantined_update_chunks"},
     {"replay_counters_by_name"},
     {},  // 8: BLAKE2bp tensor checksums (no table)
+    {},  // 9: BLAKE2bp pending update checksums (no table)
 };
 
 bool contains(const Status& status, std::string_view text) { return status.message().find(text) != std::string::npos; }

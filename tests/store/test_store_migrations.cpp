@@ -28,6 +28,7 @@ const std::vector<std::vector<std::string>> kTablesAddedBy = {
      "quarantined_update_chunks"},
     {"replay_counters_by_name"},
     {},  // 8: BLAKE2bp tensor checksums, in the rows' own bytes
+    {},  // 9: BLAKE2bp pending update checksums, likewise
 };
 
 std::set<std::string> schema_of(Database& database) {

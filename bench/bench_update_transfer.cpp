@@ -803,11 +803,15 @@ EndToEndTimes end_to_end_run(const Options& o, const fedmesh::crypto::Roster& ro
   std::vector<fp::TensorPlan> plans(manifest.size());
 
   const auto t0 = Clock::now();
-  auto prepared = sealed ? fp::prepare_sealed_update(metadata, manifest, spans, plans, site_keys, o.chunk_bytes)
+  // Sealed, as a site sends it: the stream holds a window of chunks
+  // (those acknowledged let go), not the whole update.
+  const fp::UploadOptions upload;
+  auto prepared = sealed ? fp::prepare_sealed_update(metadata, manifest, spans, plans, site_keys, o.chunk_bytes,
+                                                     fp::held_limit_for_window(upload.window_chunks))
                          : fp::prepare_update(metadata, manifest, spans, plans, site_keys, o.chunk_bytes);
   if (!prepared.is_ok()) throw std::runtime_error(prepared.status().to_string());
   const auto t1 = Clock::now();
-  auto outcome = fp::upload_update(**client, *prepared, {});
+  auto outcome = fp::upload_update(**client, *prepared, upload);
   const double transfer = seconds_since(t1);
   stop.store(true);
   receiver.join();

@@ -356,7 +356,9 @@ TEST_F(Transport, ALossySenderWithARetransmitTimerDeliversEveryUpdate) {
                         : fp::prepare_sealed_update(metadata, policy.manifest, spans, plans, *site_keys_, 1024,
                                                     held_limit);
     ASSERT_TRUE(update.is_ok());
-    if (!update->stream) ASSERT_GE(update->chunks.size(), 10u);
+    if (!update->stream) {
+      ASSERT_GE(update->chunks.size(), 10u);
+    }
     int attempts = 0;
     auto outcome = fp::upload_with_retries(*client, *update, options, retry, &attempts);
     ASSERT_TRUE(outcome.is_ok()) << "update " << u << ": " << outcome.status().to_string();
